@@ -1,0 +1,314 @@
+/*
+ * kvtier/cache.h: per-layer cache state, the ops table every cache kind
+ * implements, the built-in host kinds and method attachments.
+ *
+ * A layer cache holds the state of one model layer after `offset` tokens.
+ * Every kind reports its reachable range [min_offset, offset]: the lengths it
+ * can be cut back to with kvt_cache_trim() (DESIGN.md section 2):
+ *   kv         plain attention K/V in blocks of B tokens    [0, offset]
+ *   rotating   sliding window W (ring, optional keep sinks) [0, offset] until
+ *              the ring wraps, [offset, offset] after
+ *   recurrent  fixed-size state (SSM / linear attention)    [offset, offset]
+ *   qkv        int8 codes + one f32 scale per group          [0, offset]
+ * Backends bring their own kinds by filling a kvt_cache_ops table and
+ * registering it (kvt_cache_register_kind) so stored state can be decoded.
+ *
+ * Sharing: kvt_cache_clone() returns an independent object that shares every
+ * immutable buffer with the source (zero bytes copied for full blocks); the
+ * first write into a shared buffer copies that one buffer (copy-on-write).
+ *
+ * Thread-safety: one kvt_cache object is used by one thread at a time. Two
+ * clones may be used by two threads at once (shared buffers are immutable and
+ * their reference counts atomic).
+ */
+#ifndef KVTIER_CACHE_H
+#define KVTIER_CACHE_H
+
+#include "kvtier/buffer.h"
+#include "kvtier/common.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- dtypes and named tensors (the codec the SSD tier writes) ---------- */
+
+typedef enum kvt_dtype {
+    KVT_DTYPE_F32 = 0,
+    KVT_DTYPE_F16,
+    KVT_DTYPE_BF16,
+    KVT_DTYPE_I8,
+    KVT_DTYPE_U8,
+    KVT_DTYPE_I32,
+    KVT_DTYPE_I64,
+    KVT_DTYPE_COUNT
+} kvt_dtype;
+
+/** Bytes per element of `dt` (0 for an unknown value). Thread-safe. */
+KVT_API size_t kvt_dtype_size(kvt_dtype dt);
+/** The safetensors name of `dt` ("F32", "F16", "BF16", "I8", "U8", "I32",
+ * "I64"); NULL for an unknown value. Thread-safe. */
+KVT_API const char *kvt_dtype_name(kvt_dtype dt);
+/** Parses a safetensors dtype name. @return 0 or KVT_EFORMAT. Thread-safe. */
+KVT_API int kvt_dtype_parse(const char *name, kvt_dtype *out);
+
+#define KVT_TENSOR_NAME_MAX 64
+#define KVT_TENSOR_MAX_DIMS 4
+
+/** One named tensor of an encoded cache.
+ * `data` is borrowed from `owner` (a retained reference released by
+ * kvt_cache_state_free) or, when owner is NULL, from the cache object that
+ * produced the state (valid until that object is next modified or disposed). */
+typedef struct kvt_tensor {
+    char name[KVT_TENSOR_NAME_MAX]; /* unique within one cache state, e.g. "blk3" */
+    kvt_dtype dtype;
+    int32_t ndim;                           /* 1..KVT_TENSOR_MAX_DIMS */
+    int64_t shape[KVT_TENSOR_MAX_DIMS];     /* elements per dim, outermost first */
+    const void *data;                       /* (bytes) */
+    size_t bytes;                           /* = product(shape) * dtype size */
+    kvt_buf *owner;                         /* retained, or NULL (see above) */
+    /* Token range [tok_begin, tok_end) when this tensor is exactly one full,
+     * immutable kv block of the layer (the SSD tier content-addresses those
+     * and stores them once); tok_begin = tok_end = -1 otherwise. */
+    int64_t tok_begin, tok_end;
+} kvt_tensor;
+
+#define KVT_CACHE_PARAMS_MAX 8
+
+/** A cache serialised to named tensors plus a few integer parameters.
+ * Produced by kvt_cache_encode(), consumed by kvt_cache_decode(). */
+typedef struct kvt_cache_state {
+    char kind[32];               /* registered kind name, e.g. "kv" */
+    int64_t offset;              /* tokens the state holds */
+    int64_t min_offset;          /* reachable range start (tokens) */
+    int32_t n_params;            /* used entries of params */
+    int64_t params[KVT_CACHE_PARAMS_MAX]; /* kind-specific, documented per kind */
+    int32_t n_tensors;
+    kvt_tensor *tensors;         /* (n_tensors), owned by the state */
+} kvt_cache_state;
+
+/** Releases a state's tensor array and every owner reference in it, then
+ * zeroes the struct. NULL is a no-op. */
+KVT_API void kvt_cache_state_free(kvt_cache_state *st);
+
+/* ---- the ops table ------------------------------------------------------ */
+
+typedef struct kvt_cache kvt_cache;
+
+/** Operations of one cache kind. Every pointer is required unless noted. */
+typedef struct kvt_cache_ops {
+    const char *kind; /* unique name, at most 31 bytes, e.g. "kv" */
+    /** Bytes held outside shared buffers (mutable tails, headers). */
+    size_t (*private_bytes)(const kvt_cache *c);
+    /** Calls fn once for every refcounted buffer the cache holds (full kv
+     * blocks, shared rings). Lets owners count a shared buffer once. */
+    void (*foreach_buf)(const kvt_cache *c, void (*fn)(kvt_buf *b, void *ctx), void *ctx);
+    /** Reachable range [*min_offset, *offset] in tokens. */
+    void (*range)(const kvt_cache *c, int64_t *min_offset, int64_t *offset);
+    /** Cuts the cache back to `length` tokens; length must be inside the range. */
+    int (*trim)(kvt_cache *c, int64_t length);
+    /** Zero-copy clone (shares buffers); the clone is owned by the caller. */
+    int (*clone)(const kvt_cache *c, kvt_cache **out);
+    /** Appends `n_tokens` tokens of state; `inputs` is kind-specific (see the
+     * built-in kinds below). */
+    int (*append)(kvt_cache *c, int64_t n_tokens, const void *const *inputs);
+    /** Frees the object and drops its buffer references. */
+    void (*dispose)(kvt_cache *c);
+    /** Serialises to named tensors (sharing buffers where possible). */
+    int (*encode)(const kvt_cache *c, kvt_cache_state *out);
+    /** Builds a new cache of this kind from a state (copies or retains the
+     * tensors' owners). Validates every parameter and tensor size. */
+    int (*decode)(const kvt_cache_state *st, kvt_cache **out);
+} kvt_cache_ops;
+
+/** Common header of every cache object; a kind's struct begins with it. */
+struct kvt_cache {
+    const kvt_cache_ops *ops;
+};
+
+/* ---- generic calls (dispatch through ops) -------------------------------- */
+
+/** Kind name of `c` (borrowed, static). */
+KVT_API const char *kvt_cache_kind(const kvt_cache *c);
+
+/** Total bytes `c` holds (private bytes + every buffer, shared or not).
+ * Owners that hold many caches count shared buffers once themselves with
+ * foreach_buf. */
+KVT_API size_t kvt_cache_bytes(const kvt_cache *c);
+
+/** Reachable range in tokens: *min_offset <= *offset. Either pointer may be NULL. */
+KVT_API void kvt_cache_range(const kvt_cache *c, int64_t *min_offset, int64_t *offset);
+
+/** Tokens the cache holds (its offset). */
+KVT_API int64_t kvt_cache_offset(const kvt_cache *c);
+
+/** Whether `length` tokens is inside the reachable range. */
+KVT_API int kvt_cache_can_trim(const kvt_cache *c, int64_t length);
+
+/** Cuts the cache back to `length` tokens.
+ * @return 0; KVT_ERANGE when length is outside [min_offset, offset] (the cache
+ * is unchanged); KVT_ENOMEM when a copy-on-write copy fails (unchanged). */
+KVT_API int kvt_cache_trim(kvt_cache *c, int64_t length);
+
+/** Zero-copy clone. @param out receives a new object the caller owns and
+ * disposes with kvt_cache_dispose(). @return 0, KVT_EINVAL, KVT_ENOMEM. */
+KVT_API int kvt_cache_clone(const kvt_cache *c, kvt_cache **out);
+
+/** Appends n_tokens tokens of state (kind-specific inputs, see each kind).
+ * @return 0; KVT_EINVAL (bad arguments); KVT_ERANGE (capacity); KVT_ENOMEM.
+ * On error the cache is unchanged. */
+KVT_API int kvt_cache_append(kvt_cache *c, int64_t n_tokens, const void *const *inputs);
+
+/** Frees `c` (NULL is a no-op). Buffers shared with clones stay alive
+ * until their last holder releases them. */
+KVT_API void kvt_cache_dispose(kvt_cache *c);
+
+/** Serialises `c` into `out` (zeroed first). On success the caller owns the
+ * state and frees it with kvt_cache_state_free(). @return 0, KVT_ENOMEM. */
+KVT_API int kvt_cache_encode(const kvt_cache *c, kvt_cache_state *out);
+
+/** Rebuilds a cache from a state, by the kind registered under st->kind.
+ * Untrusted input: every parameter and tensor size is checked.
+ * @return 0; KVT_EUNSUPPORTED (unknown kind); KVT_EFORMAT (a parameter or
+ * tensor that does not fit the kind; kvt_last_error names it); KVT_ENOMEM. */
+KVT_API int kvt_cache_decode(const kvt_cache_state *st, kvt_cache **out);
+
+/** Registers a backend kind so kvt_cache_decode() can rebuild it. The ops
+ * table is borrowed for the life of the process. Built-in kinds are always
+ * registered. @return 0; KVT_EINVAL (missing op or name); KVT_EBUSY (name
+ * taken); KVT_ENOMEM (more than 32 kinds). Thread-safe. */
+KVT_API int kvt_cache_register_kind(const kvt_cache_ops *ops);
+
+/** Clones `n` caches into out[0..n) (all or nothing: on error nothing is
+ * left allocated). @return as kvt_cache_clone. */
+KVT_API int kvt_caches_clone(kvt_cache *const *caches, int n, kvt_cache **out);
+/** Disposes `n` caches and NULLs the slots (NULL slots are skipped). */
+KVT_API void kvt_caches_dispose(kvt_cache **caches, int n);
+
+/* ---- kind "kv": plain attention K/V in blocks -------------------------- */
+
+/** Creates an empty kv cache for one layer.
+ *
+ * Layout: a list of blocks of `block_tokens` tokens; each block is one
+ * kvt_buf holding K then V, each (block_tokens, kv_dim) float32 row-major,
+ * i.e. 2 * block_tokens * kv_dim * 4 bytes. Full blocks are immutable and
+ * shared by clones; the last, partially filled block is the mutable tail,
+ * copied on first write when shared.
+ * append inputs: inputs[0] = K (n_tokens, kv_dim) f32, inputs[1] = V
+ * (n_tokens, kv_dim) f32; both copied in.
+ * encode: one tensor per block, named "blk<i>", F32 shape (2, n, kv_dim)
+ * with n = tokens in that block; params = {kv_dim, block_tokens}.
+ *
+ * @param kv_dim       floats per token per K (= n_kv_heads * head_dim), >= 1
+ * @param block_tokens tokens per block B, >= 1 (the default is 256)
+ * @return 0, KVT_EINVAL, KVT_ENOMEM.
+ */
+KVT_API int kvt_kv_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out);
+
+/** Borrowed pointers into block `index` of a kv cache.
+ * *k and *v point at (*n_tokens, kv_dim) f32 rows, valid until the cache is
+ * next modified or disposed. *n_tokens is block_tokens except for the tail.
+ * @return 0; KVT_EINVAL (not a kv cache); KVT_ERANGE (no such block). */
+KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, const float **v,
+                         int32_t *n_tokens);
+/** Tokens per block of a kv (or qkv) cache; 0 for other kinds. */
+KVT_API int32_t kvt_kv_block_tokens(const kvt_cache *c);
+/** Floats per token of K (and of V) of a kv, rotating or qkv cache; 0 otherwise. */
+KVT_API int32_t kvt_kv_dim(const kvt_cache *c);
+
+/* ---- kind "rotating": sliding-window ring ---------------------------------- */
+
+/** Creates an empty rotating (sliding-window) cache for one layer.
+ *
+ * The ring holds `window` token slots of K and V, each (window, kv_dim) f32.
+ * The first `keep` tokens (attention sinks) stay in slots [0, keep) forever;
+ * later tokens rotate through slots [keep, window). Before the ring wraps
+ * (offset <= window) the range is [0, offset]; after it only [offset, offset].
+ * append inputs: as kv. encode: tensor "ring" F32 (2, window, kv_dim) holding
+ * min(offset, window) valid slots; params = {kv_dim, window, keep}.
+ *
+ * @param window slots W >= 1; @param keep 0 <= keep < window.
+ * @return 0, KVT_EINVAL, KVT_ENOMEM.
+ */
+KVT_API int kvt_rotating_create(int32_t kv_dim, int32_t window, int32_t keep, kvt_cache **out);
+
+/** Borrowed view of the ring: *k, *v are (window, kv_dim) f32 with the first
+ * *n_valid slots filled (n_valid = min(offset, window)). Slot order is
+ * storage order, not token order: attention that is order-free over its keys
+ * (softmax with RoPE already applied to K) can use it as is.
+ * Valid until the cache is next modified or disposed.
+ * @return 0 or KVT_EINVAL (not a rotating cache). */
+KVT_API int kvt_rotating_view(const kvt_cache *c, const float **k, const float **v, int32_t *n_valid);
+
+/* ---- kind "recurrent": fixed-size state -------------------------------------- */
+
+/** Creates a recurrent-state cache of `state_bytes` bytes (zeros, offset 0).
+ * append inputs: inputs[0] = the whole new state (state_bytes) after the
+ * n_tokens new tokens; offset += n_tokens. Range is [offset, offset].
+ * encode: tensor "state" U8 (state_bytes); params = {state_bytes}.
+ * @return 0, KVT_EINVAL (state_bytes 0), KVT_ENOMEM. */
+KVT_API int kvt_recurrent_create(size_t state_bytes, kvt_cache **out);
+
+/** Borrowed pointer to the current state (state_bytes bytes), valid until the
+ * cache is next modified or disposed; NULL when c is not recurrent. */
+KVT_API const void *kvt_recurrent_state(const kvt_cache *c);
+
+/* ---- kind "qkv": int8 quantized kv ------------------------------------------ */
+
+/** Creates an empty int8-quantized kv cache.
+ *
+ * Blocks of block_tokens tokens; within each token row of K (and V) every
+ * `group_size` consecutive floats share one f32 scale = max|x| / 127 and are
+ * stored as round(x / scale) in int8. append inputs: as kv (f32 K and V,
+ * quantized on the way in). encode: tensors "blk<i>.q" I8 (2, n, kv_dim) and
+ * "blk<i>.s" F32 (2, n, kv_dim / group_size); params = {kv_dim, block_tokens,
+ * group_size}.
+ * @param group_size >= 1 and divides kv_dim. @return 0, KVT_EINVAL, KVT_ENOMEM.
+ */
+KVT_API int kvt_qkv_create(int32_t kv_dim, int32_t group_size, int32_t block_tokens, kvt_cache **out);
+
+/** Dequantizes block `index` into caller buffers k_out and v_out, each at
+ * least (block_tokens, kv_dim) floats; *n_tokens receives the tokens in it.
+ * @return 0, KVT_EINVAL (not qkv), KVT_ERANGE (no such block). */
+KVT_API int kvt_qkv_read_block(const kvt_cache *c, int64_t index, float *k_out, float *v_out,
+                               int32_t *n_tokens);
+
+/* ---- attachments: opaque method state -------------------------------------- */
+
+typedef struct kvt_attachment kvt_attachment;
+
+/** Operations of an attachment kind. */
+typedef struct kvt_attachment_ops {
+    const char *kind;                                   /* e.g. "blob" */
+    size_t (*bytes)(const kvt_attachment *a);           /* bytes held */
+    int (*clone)(const kvt_attachment *a, kvt_attachment **out); /* zero-copy where possible */
+    void (*dispose)(kvt_attachment *a);
+    /** Optional: the bytes to persist (borrowed, valid while `a` lives);
+     * NULL ops means the attachment is never written to a lower tier. */
+    int (*serialize)(const kvt_attachment *a, const void **data, size_t *bytes);
+} kvt_attachment_ops;
+
+/** Common header of every attachment. An entry that carries any attachment
+ * is untrimmable: it serves only prompts that extend all of its tokens. */
+struct kvt_attachment {
+    const kvt_attachment_ops *ops;
+    char name[KVT_TENSOR_NAME_MAX]; /* what the method calls it, e.g. "draft.hidden" */
+};
+
+/** Creates a "blob" attachment: a copy of `bytes` bytes of `data` in a
+ * refcounted buffer (clones share it). @return 0, KVT_EINVAL, KVT_ENOMEM. */
+KVT_API int kvt_attachment_blob(const char *name, const void *data, size_t bytes, kvt_attachment **out);
+/** Borrowed bytes of a blob attachment (NULL for other kinds). */
+KVT_API const void *kvt_attachment_blob_data(const kvt_attachment *a, size_t *bytes);
+KVT_API size_t kvt_attachment_bytes(const kvt_attachment *a);
+KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out);
+/** NULL is a no-op. */
+KVT_API void kvt_attachment_dispose(kvt_attachment *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_CACHE_H */

@@ -1,0 +1,98 @@
+/*
+ * kvtier/common.h: status codes, error messages, the export macro and the
+ * pluggable allocator shared by every kvtier module.
+ *
+ * Every kvtier call that can fail returns an int: 0 on success, a negative
+ * KVT_E* code from the list below, or -errno for a system failure.
+ * kvt_strerror() names both kinds. Calls that fail also leave a sentence
+ * naming what was wrong (the file, the field, the numbers) in a thread-local
+ * buffer read with kvt_last_error().
+ */
+#ifndef KVTIER_COMMON_H
+#define KVTIER_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVT_API __attribute__((visibility("default")))
+#define KVT_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define KVT_API
+#define KVT_PRINTF(f, a)
+#endif
+
+/* X-macro list of kvtier's own status codes: (name, value, message). */
+#define KVT_ERRORS(X)                                                          \
+    X(KVT_OK, 0, "success")                                                    \
+    X(KVT_EINVAL, -10001, "invalid argument")                                  \
+    X(KVT_ENOMEM, -10002, "out of memory")                                     \
+    X(KVT_ERANGE, -10003, "length outside the reachable range")                \
+    X(KVT_ENOTFOUND, -10004, "not found")                                      \
+    X(KVT_EFORMAT, -10005, "malformed file or data")                           \
+    X(KVT_ECORRUPT, -10006, "checksum mismatch")                               \
+    X(KVT_EIDENTITY, -10007, "state belongs to another model identity")        \
+    X(KVT_EBUSY, -10008, "resource busy")                                      \
+    X(KVT_ETOOBIG, -10009, "larger than the whole budget")                     \
+    X(KVT_EUNSUPPORTED, -10010, "unsupported kind or version")                 \
+    X(KVT_ECLOSED, -10011, "object already closed")                            \
+    X(KVT_ECANCELED, -10012, "operation canceled")                             \
+    X(KVT_EIO, -10013, "storage I/O failed")                                   \
+    X(KVT_ESTALE, -10014, "result discarded: the cache was cleared meanwhile") \
+    X(KVT_ELIMIT, -10015, "request exceeds a model or budget limit")           \
+    X(KVT_EAGAIN, -10016, "does not fit now; retry later")
+
+enum kvt_status {
+#define KVT__ENUM(name, value, msg) name = value,
+    KVT_ERRORS(KVT__ENUM)
+#undef KVT__ENUM
+};
+
+/** Names a status code.
+ *
+ * @param code 0, a KVT_E* code, or -errno.
+ * @return a static string, never NULL ("unknown error" for anything else).
+ * Thread-safe.
+ */
+KVT_API const char *kvt_strerror(int code);
+
+/** The detail sentence of the last failure on the calling thread.
+ *
+ * Set by every kvtier call that returns an error (e.g. "model.bin: file is
+ * 1000 bytes, header says 1056540"). Borrowed, valid until the next kvtier
+ * call on this thread. Returns "" when there is none. Thread-safe (the
+ * buffer is thread-local).
+ */
+KVT_API const char *kvt_last_error(void);
+
+/** Pluggable allocator. All heap memory kvtier owns goes through these
+ * three functions (same contracts as malloc/realloc/free), so tests can
+ * inject out-of-memory failures. */
+typedef struct kvt_allocator {
+    void *(*malloc_fn)(size_t bytes, void *ctx);
+    void *(*realloc_fn)(void *ptr, size_t bytes, void *ctx);
+    void (*free_fn)(void *ptr, void *ctx);
+    void *ctx;
+} kvt_allocator;
+
+/** Installs the process-wide allocator (NULL restores malloc/realloc/free).
+ *
+ * Must be called before any kvtier object exists and never while another
+ * thread uses kvtier: memory allocated by one allocator is freed by the one
+ * installed at the time. Not thread-safe.
+ */
+KVT_API void kvt_set_allocator(const kvt_allocator *alloc);
+
+/** Monotonic clock in milliseconds (CLOCK_MONOTONIC). Thread-safe. */
+KVT_API uint64_t kvt_now_ms(void);
+/** Monotonic clock in nanoseconds (CLOCK_MONOTONIC). Thread-safe. */
+KVT_API uint64_t kvt_now_ns(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_COMMON_H */

@@ -1,0 +1,86 @@
+/*
+ * common.c: status strings, the thread-local error detail, the pluggable
+ * allocator and the monotonic clock. Owns no other state.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local char kvt__errbuf[512];
+
+static void *default_malloc(size_t n, void *ctx) { (void)ctx; return malloc(n ? n : 1); }
+static void *default_realloc(void *p, size_t n, void *ctx) { (void)ctx; return realloc(p, n ? n : 1); }
+static void default_free(void *p, void *ctx) { (void)ctx; free(p); }
+
+static kvt_allocator kvt__alloc = {default_malloc, default_realloc, default_free, NULL};
+
+KVT_API const char *kvt_strerror(int code)
+{
+    switch (code) {
+#define KVT__CASE(name, value, msg) case value: return msg;
+        KVT_ERRORS(KVT__CASE)
+#undef KVT__CASE
+    default:
+        break;
+    }
+    if (code < 0 && code > -4096)
+        return strerror(-code); /* glibc: static table, thread-safe for valid errnos */
+    return "unknown error";
+}
+
+KVT_API const char *kvt_last_error(void) { return kvt__errbuf; }
+
+void kvt__clear_error(void) { kvt__errbuf[0] = '\0'; }
+
+int kvt__fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kvt__errbuf, sizeof kvt__errbuf, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+KVT_API void kvt_set_allocator(const kvt_allocator *alloc)
+{
+    if (alloc)
+        kvt__alloc = *alloc;
+    else
+        kvt__alloc = (kvt_allocator){default_malloc, default_realloc, default_free, NULL};
+}
+
+void *kvt__malloc(size_t bytes) { return kvt__alloc.malloc_fn(bytes, kvt__alloc.ctx); }
+void *kvt__realloc(void *p, size_t bytes) { return kvt__alloc.realloc_fn(p, bytes, kvt__alloc.ctx); }
+void kvt__free(void *p)
+{
+    if (p)
+        kvt__alloc.free_fn(p, kvt__alloc.ctx);
+}
+void *kvt__calloc(size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    void *p = kvt__malloc(n * size);
+    if (p)
+        memset(p, 0, n * size);
+    return p;
+}
+char *kvt__strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = kvt__malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+KVT_API uint64_t kvt_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+KVT_API uint64_t kvt_now_ms(void) { return kvt_now_ns() / 1000000ull; }

@@ -1,0 +1,28 @@
+/*
+ * internal.h: helpers shared by libkvtier's modules; never installed.
+ * Symbols here use the kvt__ prefix and stay hidden in the shared library.
+ */
+#ifndef KVTIER_INTERNAL_H
+#define KVTIER_INTERNAL_H
+
+#include "kvtier/common.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+
+void *kvt__malloc(size_t bytes);
+void *kvt__calloc(size_t n, size_t size);
+void *kvt__realloc(void *ptr, size_t bytes);
+void kvt__free(void *ptr);
+char *kvt__strdup(const char *s);
+
+/** Records the detail sentence for kvt_last_error() and returns code, so a
+ * failure reads `return kvt__fail(KVT_EFORMAT, "%s: ...", path);`. */
+int kvt__fail(int code, const char *fmt, ...) KVT_PRINTF(2, 3);
+/** Clears the calling thread's detail sentence. */
+void kvt__clear_error(void);
+
+#define KVT__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVT__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

@@ -1,0 +1,2 @@
+/* Keeps the test-support library non-empty. */
+int kvt__testsupport_dummy;
