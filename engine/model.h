@@ -1,0 +1,215 @@
+/*
+ * engine/model.h: the reference engine's model: a llama2.c checkpoint (legacy
+ * float32 format, optionally with kvtier's hybrid-shape extension) loaded by
+ * mmap, and its forward pass over per-layer kvtier caches.
+ *
+ * Checkpoint format (llama2.c run.c, "legacy" export, little-endian):
+ *   header  7 x int32: dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+ *           vocab_size (negative = separate classifier, |vocab_size| tokens),
+ *           seq_len
+ *   float32 tensors, in this order (head_size = dim / n_heads,
+ *   kv_dim = n_kv_heads * head_size, L = n_layers, V = |vocab_size|):
+ *     token_embedding (V, dim)       rms_att (L, dim)
+ *     wq (L, dim, dim)               wk (L, kv_dim, dim)
+ *     wv (L, kv_dim, dim)            wo (L, dim, dim)
+ *     rms_ffn (L, dim)               w1 (L, hidden_dim, dim)
+ *     w2 (L, dim, hidden_dim)        w3 (L, hidden_dim, dim)
+ *     rms_final (dim)
+ *     freq_cis_real (seq_len, head_size / 2)   (unused, skipped)
+ *     freq_cis_imag (seq_len, head_size / 2)   (unused, skipped)
+ *     wcls (V, dim)                  only when vocab_size < 0
+ *
+ * Hybrid-shape extension (kvtier, issue 4), version 1: an optional trailer
+ * right after the tensors above; a plain llama2.c file has none.
+ *   char    magic[4] = "KVTX"
+ *   int32   version  = 1            (any other value is refused)
+ *   int32   sliding_window W        (> 0 iff some layer is a window layer, else 0)
+ *   int32   n_layers                (must equal the header's)
+ *   int32   kind[n_layers]          (kvt_layer_kind values 0, 1, 2)
+ *   float32 for each recurrent layer l, ascending: wa (dim, dim), wx (dim, dim)
+ * and nothing after it. The file size must match exactly.
+ *
+ * Forward pass, per layer l with input x (dim) at position pos:
+ *   xb = rmsnorm(x, rms_att[l])          rmsnorm(v, w) = w * v / sqrt(mean(v^2) + 1e-5)
+ *   KVT_LAYER_ATTN    q = wq xb, k = wk xb, v = wv xb; RoPE on q and k exactly as
+ *                     llama2.c run.c (pairs (i, i+1) within each head rotated by
+ *                     pos * 10000^-((i % head_size) / head_size)); grouped-query
+ *                     attention (query head h reads kv head h / (n_heads / n_kv_heads))
+ *                     over positions 0..pos, softmax(q.k / sqrt(head_size));
+ *                     out = wo att.
+ *   KVT_LAYER_WINDOW  as ATTN but over positions max(0, pos - W + 1)..pos only.
+ *   KVT_LAYER_RECURRENT (gated linear recurrence; state h (dim), h_{-1} = 0):
+ *                     a_t = sigmoid(wa xb_t)              (elementwise, dim)
+ *                     h_t = a_t * h_{t-1} + (1 - a_t) * (wx xb_t)
+ *                     out = wo h_t
+ *   x += out
+ *   xb = rmsnorm(x, rms_ffn[l]); x += w2 (silu(w1 xb) * (w3 xb))   silu(v) = v / (1 + e^-v)
+ * then logits = wcls rmsnorm(x, rms_final), wcls = token_embedding when shared.
+ *
+ * Caches (one per layer, from kvt_model_new_caches): "kv" for ATTN layers,
+ * "rotating" (window W, keep 0) for WINDOW layers, "recurrent" (dim float32 =
+ * h) for RECURRENT layers. Positions come from the caches: a prefill or decode
+ * starts at kvt_cache_offset(caches[0]) and appends to every layer's cache, so
+ * a caller holding caches with p tokens (e.g. from the prompt cache) feeds
+ * only tokens[p..].
+ *
+ * Thread-safety: a kvt_model holds scratch buffers; one thread at a time may
+ * call prefill/decode on it (the caller serialises). Loading, freeing and the
+ * const getters of different models are independent. kvt_model_get_config,
+ * kvt_model_fingerprint and kvt_model_kv_bytes_per_token may be called
+ * concurrently with each other (they only read).
+ */
+#ifndef KVT_ENGINE_MODEL_H
+#define KVT_ENGINE_MODEL_H
+
+#include "kvtier/cache.h"
+#include "kvtier/common.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_model kvt_model;
+
+/** What replaces attention in a layer (hybrid-shape extension). */
+typedef enum { KVT_LAYER_ATTN = 0, KVT_LAYER_WINDOW = 1, KVT_LAYER_RECURRENT = 2 } kvt_layer_kind;
+
+#define KVT_MODEL_MAX_LAYERS 256
+
+/** Shape of a loaded model. */
+typedef struct kvt_model_config {
+    int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; /* llama2.c header;
+                                          vocab_size here is always positive (|header value|) */
+    int32_t head_size, kv_dim;          /* derived: dim / n_heads, n_kv_heads * head_size */
+    int shared_classifier;              /* 1 when the classifier is the token embedding */
+    int32_t sliding_window;             /* W tokens for KVT_LAYER_WINDOW layers, 0 if none */
+    kvt_layer_kind layer_kind[KVT_MODEL_MAX_LAYERS]; /* per layer (n_layers <= 256) */
+} kvt_model_config;
+
+/** Loads a checkpoint by mmap (read-only, private) and validates it.
+ *
+ * Untrusted input: every header value and the exact file size are checked
+ * before any tensor is touched; no read ever goes past the mapping.
+ * @param path checkpoint file (llama2.c legacy float32, optional KVTX trailer).
+ * @param out  receives the model; caller frees with kvt_model_free().
+ * @return 0; -errno when the file cannot be opened/stat'ed/mapped;
+ *   KVT_EFORMAT with kvt_last_error() naming the file and the fault: file
+ *   shorter than the header, a header value that is not positive or does not
+ *   add up (dim % n_heads, n_heads % n_kv_heads, odd head_size, more than 256
+ *   layers, sizes overflowing), file size != expected size (both in bytes),
+ *   trailing bytes that are not a KVTX trailer, a malformed trailer (layer
+ *   count, layer kind, window); KVT_EUNSUPPORTED for a KVTX trailer of an
+ *   unknown version; KVT_ENOMEM.
+ * Thread-safe (touches no shared state).
+ */
+KVT_API int kvt_model_load(const char *path, kvt_model **out);
+
+/** Unmaps and frees a model. NULL is a no-op. Caches made for it stay valid
+ * (they own their memory). */
+KVT_API void kvt_model_free(kvt_model *m);
+
+/** Shape of `m`. Borrowed, valid until kvt_model_free(m). */
+KVT_API const kvt_model_config *kvt_model_get_config(const kvt_model *m);
+
+/** 64-bit FNV-1a hash of the config (every shape field, shared_classifier,
+ * sliding_window and each layer's kind): the model part of a cache identity.
+ * Two models with equal configs hash equal even if their weights differ; the
+ * caller adds a model id (path, file hash) to tell weights apart. */
+KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m);
+
+/** Creates one empty cache per layer, of the kind the layer needs:
+ * kvt_kv_create(kv_dim, block_tokens) for ATTN, kvt_rotating_create(kv_dim,
+ * W, 0) for WINDOW, kvt_recurrent_create(dim * 4 bytes) for RECURRENT.
+ * @param block_tokens tokens per kv block (>= 1; 256 is the default).
+ * @param caches array of n_layers slots; on success every slot holds a cache
+ *   the caller owns (dispose with kvt_caches_dispose(caches, n_layers)); on
+ *   error every slot is NULL.
+ * @return 0, KVT_EINVAL, KVT_ENOMEM (or whatever the cache kind returns).
+ */
+KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_cache **caches);
+
+/** Bytes of cache state that grow with each token, summed over all ATTN
+ * layers: n_attn_layers * 2 * kv_dim * 4. Window and recurrent layers hold a
+ * fixed size and add nothing per token. For admission control (issue 4). */
+KVT_API size_t kvt_model_kv_bytes_per_token(const kvt_model *m);
+
+/** Bytes of fixed-size cache state per sequence (rings of window layers at
+ * full size + recurrent states), independent of length. */
+KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m);
+
+/** Prefill: runs n_tokens tokens through the model as one batch (GEMM,
+ * processed in chunks of at most KVT_MODEL_CHUNK tokens), appending their
+ * state to every layer's cache.
+ *
+ * Starts at position p = kvt_cache_offset(caches[0]); every cache must hold
+ * exactly p tokens and have the kind and kv_dim its layer needs.
+ * @param caches n_layers caches (borrowed; each one modified).
+ * @param tokens n_tokens ids, each in [0, vocab_size).
+ * @param n_tokens >= 1.
+ * @param logits NULL, or vocab_size floats receiving the logits of the last token.
+ * @return 0; KVT_EINVAL (NULL arguments, n_tokens < 1, a token id out of range,
+ *   a cache of the wrong kind/dim/offset; nothing is modified); KVT_ELIMIT when
+ *   p + n_tokens > seq_len (the message gives both numbers; nothing is
+ *   modified); an error from a cache append (KVT_ENOMEM...): the caches then
+ *   hold a partial chunk and must be discarded.
+ * Not thread-safe for one model (see above).
+ */
+KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *tokens, int64_t n_tokens,
+                              float *logits);
+
+/** Decode: one token at position kvt_cache_offset(caches[0]) (matrix-vector
+ * products), appending its state to every cache.
+ * @param logits vocab_size floats (required).
+ * @return as kvt_model_prefill with n_tokens = 1.
+ */
+KVT_API int kvt_model_decode(kvt_model *m, kvt_cache **caches, int32_t token, float *logits);
+
+/** Most tokens one prefill chunk holds (bounds the scratch memory). */
+#define KVT_MODEL_CHUNK 256
+
+/** Arguments of kvt_model_synth(). Zero-initialise, then set the shape. */
+typedef struct kvt_synth_params {
+    int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; /* all > 0 */
+    uint64_t seed;                 /* weights are a function of (shape, seed) only */
+    int separate_classifier;       /* 1: write wcls (header vocab_size negative) */
+    int32_t sliding_window;        /* W for WINDOW layers; must be > 0 iff any */
+    kvt_layer_kind layer_kind[KVT_MODEL_MAX_LAYERS]; /* per layer; 0 = ATTN */
+} kvt_synth_params;
+
+/** Writes a deterministic synthetic checkpoint.
+ *
+ * Weights: uniform in [-1, 1) from splitmix64(seed) per tensor, scaled by
+ * 1/sqrt(fan_in) (embedding unscaled), norm weights 1, freq_cis the llama2.c
+ * cos/sin tables. Plain layers only: the llama2.c format exactly; any WINDOW
+ * or RECURRENT layer adds the KVTX v1 trailer. Identical params give
+ * byte-identical files. Written to a temporary file in the same directory,
+ * then renamed over out_path (atomic; concurrent writers are safe).
+ * @return 0; KVT_EINVAL (a shape that kvt_model_load would refuse; the message
+ *   names the field); -errno on I/O failure (kvt_last_error names the path).
+ */
+KVT_API int kvt_model_synth(const kvt_synth_params *p, const char *out_path);
+
+/** Shape of the built-in default model (dim 768, hidden 2048, 12 layers,
+ * 12 heads, 12 kv heads, vocab 259, seq_len 4096, fixed seed). */
+KVT_API void kvt_default_model_params(kvt_synth_params *p);
+
+/** Paths of the built-in default model and its tokenizer, creating them on
+ * first use under $XDG_CACHE_HOME/kvtier (else $HOME/.cache/kvtier).
+ *
+ * Creation writes temporaries and renames them, so two processes racing make
+ * the same files safely. The tokenizer is written by
+ * kvt_tokenizer_write_default(path, 259) (engine/tokenizer.h).
+ * @param model_path, cap buffer for the checkpoint path (cap bytes).
+ * @param tokenizer_path, tok_cap buffer for the tokenizer path.
+ * @return 0; KVT_EINVAL (NULL buffer); KVT_ERANGE (a path does not fit);
+ *   KVT_ENOTFOUND (neither variable set); -errno or the synth error.
+ */
+KVT_API int kvt_default_model(char *model_path, size_t cap, char *tokenizer_path, size_t tok_cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVT_ENGINE_MODEL_H */
