@@ -1,0 +1,342 @@
+/*
+ * kvtier/prompt_cache.h: the RAM tier: a byte-capped prefix cache of entries
+ * (ns, tokens, layer caches, attachments, release hook), indexed by a radix
+ * tree per namespace, tiered over an optional cold tier (DESIGN.md section 3).
+ *
+ * Typical use by an engine:
+ *   kvt_hit hit;
+ *   kvt_prompt_cache_take(pc, prompt, n, "", "chat-7", &hit);
+ *   // prefill prompt[hit.prefix_len..n) into hit.entry.caches (or fresh
+ *   // caches on a miss), generate, then publish:
+ *   kvt_entry e = { .ns = "", .tokens = all, .n_tokens = n_all,
+ *                   .caches = hit.entry.caches, .n_caches = L,
+ *                   .hook = hit.entry.hook };
+ *   kvt_prompt_cache_put(pc, &e, "chat-7");   // adopts caches and hook
+ *   kvt_hit_dispose(&hit);                     // frees what put left behind
+ *
+ * Budget: bytes, never entries (3.1): the unique bytes of every refcounted
+ * buffer (kv block) held by resident entries, each counted once however many
+ * entries share it, plus each entry's private bytes (mutable tails, ring and
+ * recurrent state outside shared buffers, attachments). Views lent by take
+ * are not counted: they belong to the caller.
+ *
+ * Thread-safety: every function may be called from any thread at any time;
+ * one mutex guards the cache state. No storage I/O runs under that lock:
+ * cold-tier restores and spills run outside it, and the tier's find,
+ * find_exact and pending (index only) run inside it. The one exception is
+ * kvt_prompt_cache_relieve(), whose writes must finish by definition (3.7).
+ * Release hooks and cache disposal run outside the lock.
+ *
+ * Block-granular eviction (later, issue 6) trims resident entries in place:
+ * kvt_prompt_cache_trim() is that primitive (entries are trimmable in place
+ * and re-indexed).
+ */
+#ifndef KVTIER_PROMPT_CACHE_H
+#define KVTIER_PROMPT_CACHE_H
+
+#include "kvtier/cache.h"
+#include "kvtier/common.h"
+#include "kvtier/retention.h"
+#include "kvtier/tier.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_prompt_cache kvt_prompt_cache;
+typedef struct kvt_lease kvt_lease;
+
+/* ---- configuration ------------------------------------------------------- */
+
+/** Promote a prefix restored from the cold tier into RAM at once (a zero-copy
+ * clone is put as an entry), so a second request reuses it before the first
+ * finishes (DESIGN.md 3.4). */
+#define KVT_PC_PROMOTE_RESTORES 0x1u
+/** Tier policy (DESIGN.md 3.6): never evict (nor demote, nor reclaim) an
+ * entry whose lower-tier write is still pending (tier->pending says 1): a
+ * pending write is not a copy. Eviction stops at such a victim (the cache may
+ * stay over budget until the write lands). Eviction then spills only entries
+ * the tier does not already hold (tier->find_exact). */
+#define KVT_PC_EVICT_ONLY_DURABLE 0x2u
+
+typedef struct kvt_prompt_cache_config {
+    size_t max_bytes;                   /* RAM budget in bytes; 0 keeps nothing */
+    int32_t block_tokens;               /* block size hint B in tokens (0 = 256);
+                                           reported, not enforced */
+    const kvt_retention_ops *retention; /* NULL = kvt_retention_lru; borrowed
+                                           for the life of the cache */
+    const kvt_cold_tier *cold;          /* NULL = RAM only; the struct is copied,
+                                           cold->self is borrowed and must
+                                           outlive the cache */
+    uint32_t flags;                     /* KVT_PC_* */
+} kvt_prompt_cache_config;
+
+/** Creates a prompt cache.
+ * @param cfg borrowed for the call.
+ * @param out receives the cache; caller frees with kvt_prompt_cache_destroy().
+ * @return 0; KVT_EINVAL (cfg/out NULL, block_tokens < 0, a cold tier missing
+ * find/restore/store); KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prompt_cache **out);
+
+/** Waits for in-flight prefetch reads, then frees every entry (without
+ * spilling; release hooks run once their views are gone) and the cache.
+ * Every lease must have been released and no other thread may use the cache
+ * during or after the call. NULL is a no-op. */
+KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc);
+
+/* ---- take / put ------------------------------------------------------------ */
+
+/** Where a hit came from. */
+typedef enum kvt_hit_source {
+    KVT_HIT_NONE = 0,   /* miss: prefix_len 0, no caches */
+    KVT_HIT_RAM,        /* longest RAM candidate, found by the tree walk */
+    KVT_HIT_SESSION,    /* the session's latest entry, without a walk (3.10) */
+    KVT_HIT_COLD        /* restored from the cold tier (3.4) */
+} kvt_hit_source;
+
+/** What take lends. entry is an owned entry (see tier.h): tokens =
+ * prompt[0..prefix_len), caches = zero-copy views trimmed to prefix_len (one
+ * per layer of the donor), attachments = clones, hook = one share of the
+ * donor's release hook. Release it with kvt_hit_dispose(), or move parts out
+ * first (set the slots you keep to NULL and empty the hook you keep: e.g.
+ * pass them to kvt_prompt_cache_put, which does that for you). */
+typedef struct kvt_hit {
+    kvt_entry entry;
+    int64_t prefix_len;     /* tokens reused; 0 on a miss */
+    kvt_hit_source source;
+    uint64_t entry_id;      /* id of the RAM entry that served (0 if none);
+                               ids are unique for the life of the cache */
+} kvt_hit;
+
+/** Releases what a hit still owns (kvt_entry_clear on hit->entry) and zeroes
+ * it. NULL and a zeroed hit are no-ops. Thread-safe for distinct hits. */
+KVT_API void kvt_hit_dispose(kvt_hit *hit);
+
+/** Lends the longest usable prefix of `prompt` held in RAM or the cold tier
+ * (DESIGN.md 3.2, 3.3, 3.4, 3.10).
+ *
+ * Usable prefix of an entry: its common prefix with the prompt, capped at
+ * n - 1; the entry is a candidate at p >= 1 only if p is inside every layer's
+ * reachable range (an untrimmable entry: only when all its tokens are a
+ * prefix of the prompt). If `session` names an entry of this ns that is a
+ * strict prefix of the prompt and resident, it serves without a tree walk
+ * (session hit). Otherwise the radix tree is walked along the prompt
+ * (O(n), never a scan of entries); ties prefer an entry of exactly p tokens.
+ * If a cold tier is attached, its find (index only) is asked; it is restored
+ * (outside the lock) only when its prefix is STRICTLY longer than RAM's; a
+ * restored entry whose divergent tail cannot be trimmed is dropped and the
+ * RAM candidate serves; a restored prefix is promoted into RAM when
+ * KVT_PC_PROMOTE_RESTORES is set. The donor stays resident (non-consuming).
+ * A served RAM entry becomes the session's entry for ns.
+ * Counters: hits/misses count RAM candidacy only; session_hits/misses when
+ * `session` is set; prefix_walks per walk; cold_restores per restore used.
+ *
+ * @param prompt (n) tokens, borrowed; n >= 0 (n <= 1 is always a miss).
+ * @param ns     namespace (borrowed; "" = base model); must not be NULL.
+ * @param session session id (borrowed) or NULL.
+ * @param out    receives the hit (zeroed first); a miss is a success with
+ *               prefix_len 0 and source KVT_HIT_NONE. Caller frees with
+ *               kvt_hit_dispose().
+ * @return 0; KVT_EINVAL (NULL pc/ns/out, prompt NULL with n > 0, n < 0);
+ * KVT_ENOMEM (clone failed; nothing lent, counters unchanged except walks).
+ * A failing cold restore is not an error: the RAM candidate serves. */
+KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
+                                  const char *ns, const char *session, kvt_hit *out);
+
+/** Inserts an entry (DESIGN.md 3.5).
+ *
+ * e->ns and e->tokens are borrowed (copied). The caches, the attachments and
+ * the hook are adopted: ownership passes to the cache on success, and the
+ * cache then sets every e->caches[i] and e->attachments[i] to NULL and
+ * empties e->hook (the arrays themselves stay the caller's). On error
+ * nothing is adopted and *e is untouched.
+ * Every cache must hold exactly e->n_tokens tokens.
+ *
+ * An entry of equal tokens in the same ns is replaced (sessions pointing at
+ * it follow the new one). If the new entry is trimmable, same-ns entries
+ * whose tokens are a strict prefix of it (and that it can be trimmed back
+ * to) are superseded: dropped without spill. An untrimmable entry supersedes
+ * nothing. Then entries are evicted to the budget (spilling each to the cold
+ * tier, see 3.6). An entry whose own bytes exceed max_bytes is spilled to the
+ * cold tier and dropped (success; counted in oversize_drops). `session`
+ * (borrowed, may be NULL) then points at the new entry for ns.
+ *
+ * @return 0; KVT_EINVAL (NULL pc/e/ns, n_tokens < 0, tokens NULL with
+ * n_tokens > 0, a NULL cache or attachment slot, a cache whose offset is not
+ * n_tokens); KVT_ENOMEM. */
+KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char *session);
+
+/** Longest usable RAM prefix of `prompt` (n tokens) in `ns`, as take would
+ * find it by the tree walk, without lending anything, touching recency,
+ * counters or the cold tier (DESIGN.md 3.13).
+ * @param out_id optional: receives the id of the entry that would serve.
+ * @return the prefix length (0 = none, also on bad arguments). */
+KVT_API int64_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
+                                      const char *ns, uint64_t *out_id);
+
+/** Whether RAM holds an entry of exactly `tokens` (n, may be 0) in `ns`.
+ * @param out_id optional: receives its id.
+ * @return 1 found, 0 not (also on bad arguments). Does not touch recency. */
+KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
+                                        const char *ns, uint64_t *out_id);
+
+/** Lends views of the entry of exactly `tokens` in `ns` (RAM only; a use:
+ * touches recency, no counters). @param out as for take (prefix_len = n).
+ * @return 0; KVT_ENOTFOUND; KVT_EINVAL; KVT_ENOMEM. */
+KVT_API int kvt_prompt_cache_get_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
+                                       const char *ns, kvt_hit *out);
+
+/** Cuts the resident entry of exactly `tokens` (n) in `ns` back to `new_len`
+ * tokens in place (every layer trimmed; blocks nobody else holds are freed)
+ * and re-indexes it. If an entry of the shorter tokens already exists, the
+ * trimmed one replaces it (sessions follow). Pins and session affinity stay.
+ * @return 0; KVT_ENOTFOUND; KVT_ERANGE (new_len outside [1, n] or outside a
+ * layer's reachable range, or the entry has attachments: unchanged);
+ * KVT_EINVAL; KVT_ENOMEM (unchanged). */
+KVT_API int kvt_prompt_cache_trim(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
+                                  const char *ns, int64_t new_len);
+
+/* ---- budget, eviction, pressure ------------------------------------------- */
+
+/** Changes the budget (bytes) and evicts to it (spilling, as put). @return 0
+ * or KVT_EINVAL. */
+KVT_API int kvt_prompt_cache_set_max_bytes(kvt_prompt_cache *pc, size_t max_bytes);
+
+/** Evicts up to `count` entries chosen by the retention policy among
+ * unpinned entries, preferring entries no session points at, spilling each
+ * (DESIGN.md 3.6). @param n_out optional: entries evicted.
+ * @return 0 or KVT_EINVAL. */
+KVT_API int kvt_prompt_cache_evict(kvt_prompt_cache *pc, int64_t count, int64_t *n_out);
+
+/** Live-memory check the caller supplies: nonzero while over its budget. */
+typedef int (*kvt_over_budget_fn)(void *ctx);
+
+/** Pressure relief (DESIGN.md 3.7): while over_budget(ctx) says so, releases
+ * the retention victim: its write to the cold tier (tier->store) finishes
+ * NOW, under the cache lock, then its buffers are released. If a write
+ * fails, stops and keeps that entry (a failed write is never a demotion).
+ * Without a cold tier entries are released without a write. Call under the
+ * engine lock, after taking the request's prefix. over_budget runs under the
+ * cache lock and must not call into the cache.
+ * @param n_out optional: entries released (each counts as a demotion).
+ * @return 0; KVT_EIO or the tier's error (the first failed write; entries
+ * released before it stay released); KVT_EINVAL. */
+KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn over_budget,
+                                     void *ctx, int64_t *n_out);
+
+/** Reclaim at an execution boundary (DESIGN.md 3.8): while pressure(ctx)
+ * says the backend is over its budget, drops retention victims WITHOUT any
+ * storage I/O (no spill, no store). @param n_out optional: entries dropped.
+ * @return 0 or KVT_EINVAL. */
+KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pressure, void *ctx,
+                                     int64_t *n_out);
+
+/** Demotes idle entries (DESIGN.md 3.9): every unpinned entry not used for
+ * at least idle_ms milliseconds leaves RAM once the cold tier holds it:
+ * dropped at once if tier->find_exact finds it, else spilled (write-behind)
+ * and dropped if the tier accepts the spill (with KVT_PC_EVICT_ONLY_DURABLE
+ * it stays until a later call finds the write durable). No-op without a cold
+ * tier. @param n_out optional: entries that left RAM (counted as demotions).
+ * @return 0 or KVT_EINVAL. */
+KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms, int64_t *n_out);
+
+/* ---- sessions, pins, prefetch ---------------------------------------------- */
+
+/** Drops the session's affinity (every ns), never the data (DESIGN.md 3.10).
+ * Unknown sessions are a no-op. */
+KVT_API void kvt_prompt_cache_close_session(kvt_prompt_cache *pc, const char *session);
+
+/** Pins the resident entry of exactly `tokens` in `ns`: it is never evicted,
+ * demoted or reclaimed while the lease lives.
+ * @param out receives a lease; released by kvt_lease_release().
+ * @return 0; KVT_ENOTFOUND; KVT_EINVAL; KVT_ENOMEM. */
+KVT_API int kvt_prompt_cache_pin(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
+                                 const char *ns, kvt_lease **out);
+
+/** Starts the cold read for `prompt` while the request is being prepared
+ * (DESIGN.md 3.11). If the session's entry already serves the prompt from
+ * RAM, pins it. Else, if the cold tier holds a prefix strictly longer than
+ * RAM's, reads it (tier->restore_async, or a synchronous restore in this
+ * call when the tier has none); identical reads (same handle) coalesce into
+ * one; the loaded entry is published to RAM (as put, with the session) and
+ * pinned until the lease is released. A clear() during the read discards
+ * the result (KVT_ESTALE from kvt_lease_wait).
+ * @param out receives a lease (never NULL on success, even when there was
+ * nothing to read); released by kvt_lease_release().
+ * @return 0; KVT_EINVAL; KVT_ENOMEM; the tier's error if restore_async
+ * refused the read. */
+KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
+                                      const char *ns, const char *session, kvt_lease **out);
+
+/** Waits up to timeout_ms milliseconds (0 = do not wait, UINT64_MAX =
+ * forever) for a lease's read to end.
+ * @return 0 (published and pinned, or nothing to read); KVT_EAGAIN (still
+ * running); KVT_ESTALE (discarded by a clear); the restore's error. */
+KVT_API int kvt_lease_wait(kvt_lease *lease, uint64_t timeout_ms);
+
+/** Releases the caller's interest: unpins the entry (then evicts to budget);
+ * a read still running is no longer waited for (its result is still
+ * published). NULL is a no-op. Call exactly once per lease. */
+KVT_API void kvt_lease_release(kvt_lease *lease);
+
+/* ---- objects (DESIGN.md 3.12) ------------------------------------------------ */
+
+/** Stores an exact-key blob (e.g. a media encoder output) under ns
+ * "object:<key>" with no tokens and no caches: its attachments and hook are
+ * adopted as in put (on success the slots are NULLed and the hook emptied).
+ * Shares the budget, eviction and spill path of entries.
+ * @param key NUL-terminated, non-empty, borrowed.
+ * @return 0; KVT_EINVAL; KVT_ENOMEM. */
+KVT_API int kvt_prompt_cache_object_put(kvt_prompt_cache *pc, const char *key,
+                                        kvt_attachment **attachments, int32_t n_attachments,
+                                        kvt_hook *hook);
+
+/** Lends the object `key`: clones of its attachments and a hook share in
+ * out->entry (no caches, no tokens). On a RAM miss asks the cold tier
+ * (find_exact, then a restore outside the lock) and publishes what it reads
+ * (discarded if a clear ran meanwhile). Counters: object_hits,
+ * object_misses (RAM), object_restores.
+ * @return 0; KVT_ENOTFOUND (in no tier); KVT_EINVAL; KVT_ENOMEM; KVT_ESTALE. */
+KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, kvt_hit *out);
+
+/* ---- clear, stats ------------------------------------------------------------ */
+
+/** Drops every entry and session (no spill), advances the epoch so reads in
+ * flight are discarded, keeps counters. Pinned entries are dropped too (their
+ * leases then pin nothing). */
+KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
+
+/** Counters and occupancy (DESIGN.md 3.13). A consistent snapshot. */
+typedef struct kvt_prompt_cache_stats {
+    uint64_t hits, misses;               /* take: RAM candidacy only */
+    uint64_t session_hits, session_misses;
+    uint64_t prefix_walks;               /* radix walks made by take */
+    uint64_t object_hits, object_misses, object_restores;
+    uint64_t cold_restores;              /* restores that served a take */
+    uint64_t cold_unusable;              /* restored but untrimmable: dropped */
+    uint64_t cold_failures;              /* restore errors */
+    uint64_t promotions;                 /* restored prefixes put into RAM */
+    uint64_t prefetch_reads;             /* cold reads started by prefetch */
+    uint64_t prefetch_coalesced;         /* prefetches joined to a read */
+    uint64_t prefetch_discarded;         /* reads discarded by a clear */
+    uint64_t evictions;                  /* entries evicted for the budget */
+    uint64_t spills, spill_failures;     /* spills accepted / refused */
+    uint64_t demotions;                  /* relieve + demote_idle + reclaim */
+    uint64_t replacements, supersedes, oversize_drops;
+    int64_t entries;                     /* resident entries (objects too) */
+    int64_t pinned;                      /* entries with at least one pin */
+    size_t bytes;                        /* bytes held (see the budget) */
+    size_t max_bytes;
+    uint64_t epoch;                      /* advanced by clear */
+} kvt_prompt_cache_stats;
+
+/** Fills *out. NULL arguments are a no-op. */
+KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_PROMPT_CACHE_H */

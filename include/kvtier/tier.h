@@ -1,0 +1,183 @@
+/*
+ * kvtier/tier.h: an entry's parts (kvt_entry), the release hook, and the
+ * cold-tier interface (kvt_cold_tier) the RAM prompt cache tiers over.
+ *
+ * An entry (a checkpoint, DESIGN.md section 2) is (ns, tokens, layer caches,
+ * attachments, release hook). The same struct carries an entry in three
+ * ownership forms; every call that takes or returns one says which:
+ *   - owned: every pointer in it (ns, tokens, the two arrays and their
+ *     elements) was allocated by kvtier's allocator (kvt_entry_init) and is
+ *     released, hook last, by kvt_entry_clear();
+ *   - borrowed: the caller's memory, read during the call only;
+ *   - adopted elements: kvt_prompt_cache_put() reads ns/tokens and takes the
+ *     caches, attachments and hook (see prompt_cache.h).
+ *
+ * The cold tier is implemented by the SSD tier (src/store*), the remote tier,
+ * and tests/support/mem_tier.c. The prompt cache calls it as follows
+ * (DESIGN.md 3.4, 3.6, 3.7, 3.9, 3.11):
+ *   find / find_exact / pending  index only, never I/O; may be called with
+ *                                the prompt cache's lock held;
+ *   spill                        write-behind: enqueue and return, never
+ *                                block on I/O; called WITHOUT the lock;
+ *   restore / restore_async      real reads; called WITHOUT the lock;
+ *   store                        synchronous write; called WITH the lock held
+ *                                only by kvt_prompt_cache_relieve() (a write
+ *                                that must finish by definition, 3.7).
+ * A tier must never call back into the prompt cache from any of these.
+ * Every function may be called from any thread at any time: the tier does its
+ * own locking.
+ */
+#ifndef KVTIER_TIER_H
+#define KVTIER_TIER_H
+
+#include "kvtier/cache.h"
+#include "kvtier/common.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the release hook ------------------------------------------------------ */
+
+/** A release hook: `fn(ctx)` (the seeds' `retain`), e.g. unmapping the file
+ * the bytes of a restored entry live in. Whoever holds a kvt_hook with a
+ * non-NULL fn must call kvt_hook_run() on it exactly once, after disposing
+ * every cache and attachment that may alias the memory it releases. A hook
+ * with fn NULL is empty (nothing to run). The prompt cache refcounts an
+ * entry's hook: the donor entry and every lent view hold one share each and
+ * the underlying fn runs once, after the last share is run. */
+typedef struct kvt_hook {
+    void (*fn)(void *ctx);
+    void *ctx;
+} kvt_hook;
+
+/** Runs `h->fn(h->ctx)` if fn is set, then empties *h (so a second call is a
+ * no-op). NULL is a no-op. Thread-safe for distinct hooks. */
+KVT_API void kvt_hook_run(kvt_hook *h);
+
+/* ---- an entry's parts ------------------------------------------------------ */
+
+/** The parts of one entry. Ownership depends on the call (see the file
+ * comment). Shapes: tokens (n_tokens) int32 ids; caches (n_caches) one per
+ * model layer, each with offset == n_tokens; attachments (n_attachments). */
+typedef struct kvt_entry {
+    const char *ns;                /* namespace, "" = base model; NUL-terminated */
+    const int32_t *tokens;         /* (n_tokens) */
+    int64_t n_tokens;              /* >= 0; 0 for objects (ns "object:<key>") */
+    kvt_cache **caches;            /* (n_caches) */
+    int32_t n_caches;              /* >= 0 */
+    kvt_attachment **attachments;  /* (n_attachments); any makes it untrimmable */
+    int32_t n_attachments;         /* >= 0 */
+    kvt_hook hook;                 /* runs after caches and attachments are gone */
+} kvt_entry;
+
+/** Makes *e an owned entry: copies ns and tokens[0..n_tokens) and allocates
+ * zeroed caches (n_caches) and attachments (n_attachments) arrays for the
+ * caller to fill (slots left NULL are skipped by kvt_entry_clear). The hook
+ * is empty. Used by cold tiers to build what restore returns and by the
+ * prompt cache to build what spill receives.
+ * @param tokens may be NULL when n_tokens is 0.
+ * @return 0; KVT_EINVAL (e or ns NULL, n_tokens/n_caches/n_attachments
+ * negative, tokens NULL with n_tokens > 0); KVT_ENOMEM (then *e is zeroed and
+ * nothing is left allocated). Thread-safe. */
+KVT_API int kvt_entry_init(kvt_entry *e, const char *ns, const int32_t *tokens, int64_t n_tokens,
+                           int32_t n_caches, int32_t n_attachments);
+
+/** Releases an owned entry: disposes every non-NULL cache and attachment,
+ * then runs the hook, then frees ns, tokens and the arrays, and zeroes *e.
+ * NULL, and an all-zero entry, are no-ops. Never call it on a borrowed entry.
+ * Thread-safe for distinct entries. */
+KVT_API void kvt_entry_clear(kvt_entry *e);
+
+/** Whether an entry is trimmable (DESIGN.md section 2): no attachment and no
+ * layer whose reachable range is a single point (an entry with 0 tokens
+ * counts as trimmable). *min_reach (optional) receives the largest
+ * min_offset over its layers: the shortest length every layer can be cut
+ * back to. Reads only; thread-safe as the caches are. */
+KVT_API int kvt_entry_trimmable(const kvt_entry *e, int64_t *min_reach);
+
+/* ---- the cold tier -------------------------------------------------------- */
+
+/** What find / find_exact report: the usable prefix and an opaque handle. */
+typedef struct kvt_cold_hit {
+    int64_t prefix_len;  /* tokens of the prompt the stored entry can serve */
+    int64_t n_tokens;    /* tokens the stored entry holds (>= prefix_len) */
+    uint64_t handle;     /* the tier's id of the stored entry; a handle whose
+                            entry has gone makes restore fail KVT_ENOTFOUND */
+} kvt_cold_hit;
+
+/** Completion of restore_async. On status 0, *entry is an owned entry and
+ * ownership of its contents passes to the callee, which must move them out
+ * (struct copy) or kvt_entry_clear() it before returning; on error entry is
+ * NULL. Runs exactly once per accepted restore_async, on a tier worker
+ * thread (or inline, before restore_async returns). */
+typedef void (*kvt_restore_done_fn)(void *arg, int status, kvt_entry *entry);
+
+/** A cold (lower) tier: a table of functions over `self`. `find`, `restore`
+ * and `store` are required; the others are optional (NULL). All tokens and
+ * ns arguments are borrowed for the call. */
+typedef struct kvt_cold_tier {
+    void *self;
+
+    /** Longest usable stored prefix for `prompt` (n tokens) in `ns`: a
+     * stored entry whose common prefix with the prompt, capped at n - 1, is
+     * inside the reachable range of every stored layer (an untrimmable
+     * stored entry only when all its tokens are a prefix of the prompt).
+     * Index only: no I/O, does not block on I/O.
+     * @return 0 and *out filled; KVT_ENOTFOUND (nothing usable, prefix 0). */
+    int (*find)(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out);
+
+    /** The stored entry holding exactly `tokens` (n, may be 0 for objects)
+     * in `ns`; out->prefix_len = n. Index only.
+     * @return 0; KVT_ENOTFOUND. Optional (NULL: never found). */
+    int (*find_exact)(void *self, const int32_t *tokens, int64_t n, const char *ns,
+                      kvt_cold_hit *out);
+
+    /** Reads the stored entry `handle` into *out, an owned entry (built with
+     * kvt_entry_init; the caller releases it with kvt_entry_clear). The
+     * caches own their bytes, or alias a mapping that out->hook releases.
+     * The entry is returned whole (untrimmed); the caller trims.
+     * @return 0; KVT_ENOTFOUND (stale handle); KVT_EIO / KVT_ECORRUPT /
+     * KVT_EFORMAT / KVT_ENOMEM / -errno (then *out is zeroed). */
+    int (*restore)(void *self, uint64_t handle, kvt_entry *out);
+
+    /** Starts reading `handle` and returns at once; `done(arg, status,
+     * entry)` runs exactly once when the read ends (see kvt_restore_done_fn).
+     * @return 0 (accepted: done will run); KVT_EAGAIN (queue full) or
+     * another error (done never runs). Optional (NULL: the prompt cache
+     * restores synchronously instead). */
+    int (*restore_async)(void *self, uint64_t handle, kvt_restore_done_fn done, void *arg);
+
+    /** Writes *e (borrowed: caches and attachments are read, never kept or
+     * disposed) and returns once it is durable.
+     * @return 0 (durable); KVT_EIO / -errno / KVT_ENOMEM (nothing new is
+     * durable; the caller keeps its entry). */
+    int (*store)(void *self, const kvt_entry *e);
+
+    /** Write-behind: takes *e, an owned entry (zero-copy views and a token
+     * copy made for the tier, with a share of the release hook), queues its
+     * write and returns without blocking on I/O. Ownership passes to the
+     * tier on 0 (it calls kvt_entry_clear when the write ends, on success
+     * and failure alike); on error it stays with the caller, which disposes
+     * it: the spill degrades to no spill (DESIGN.md 3.6).
+     * @return 0; KVT_EAGAIN (queue full, refused); another error.
+     * Optional (NULL: the prompt cache never spills). */
+    int (*spill)(void *self, kvt_entry *e);
+
+    /** Whether a write of exactly (ns, tokens) is still pending (queued or in
+     * flight, not yet durable). Index only. @return 1 pending, 0 not.
+     * Optional (NULL: never pending). */
+    int (*pending)(void *self, const int32_t *tokens, int64_t n, const char *ns);
+
+    /** Makes every queued write durable before returning.
+     * @return 0 (all durable) or the first write error. Optional. */
+    int (*flush)(void *self);
+} kvt_cold_tier;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_TIER_H */
