@@ -1,0 +1,205 @@
+/*
+ * cmd_generate.c: `kvtier generate`: text generation with the reference
+ * engine, printing on stdout exactly what llama2.c `run` prints and the
+ * prefill/decode speed on stderr. It owns argument parsing and the lifetime
+ * of the model, tokenizer and sampler of one run. It must never print
+ * anything but the generated text on stdout (errors and timing go to stderr).
+ */
+#include "cli.h"
+#include "generate.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvtier generate [--model M.bin --tokenizer T.bin] [--prompt TEXT] [--steps N]\n"
+            "                       [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
+            "\n"
+            "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
+            "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
+            "\"prefill: X tok/s, decode: Y tok/s\".\n"
+            "\n"
+            "  --model M.bin       llama2.c checkpoint (legacy float32). Give it with --tokenizer;\n"
+            "                      without both, the built-in default model is used (random\n"
+            "                      weights, meaningless text; created on first use under\n"
+            "                      $XDG_CACHE_HOME/kvtier).\n"
+            "  --tokenizer T.bin   llama2.c tokenizer.bin for that model (same vocab_size).\n"
+            "  --prompt TEXT       prompt (default \"\": start from BOS alone).\n"
+            "  --steps N           positions to run, BOS and prompt included (default 256;\n"
+            "                      0 or more than seq_len = seq_len).\n"
+            "  --temperature T     0 = greedy argmax; default 1.0.\n"
+            "  --top-p P           nucleus sampling threshold in [0, 1]; 0 or 1 = plain\n"
+            "                      sampling; default 0.9.\n"
+            "  --seed S            random seed (nonzero integer); default (or 0): the current\n"
+            "                      time, as llama2.c.\n"
+            "  --block-tokens B    tokens per kv cache block (default 256).\n"
+            "\n"
+            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n"
+            "\n"
+            "Example (a real model):\n"
+            "  kvtier generate --model stories260K.bin --tokenizer tok512.bin \\\n"
+            "      --prompt \"Once upon a time\" --steps 128 --temperature 0\n");
+}
+
+static int bad(const char *flag, const char *value, const char *why)
+{
+    fprintf(stderr, "kvtier generate: %s: invalid value '%s' (%s)\n", flag, value, why);
+    fprintf(stderr, "(kvtier generate --help for usage)\n");
+    return 2;
+}
+
+static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end != '\0' || x < lo || x > hi) {
+        char why[96];
+        snprintf(why, sizeof why, "need an integer in [%lld, %lld]", lo, hi);
+        return bad(flag, v, why);
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_f32(const char *flag, const char *v, float lo, float hi, float *out)
+{
+    char *end;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || end == v || *end != '\0' || !isfinite(x) || x < lo || x > hi) {
+        char why[96];
+        if (isinf(hi))
+            snprintf(why, sizeof why, "need a number >= %g", (double)lo);
+        else
+            snprintf(why, sizeof why, "need a number in [%g, %g]", (double)lo, (double)hi);
+        return bad(flag, v, why);
+    }
+    *out = x;
+    return 0;
+}
+
+static int fail(const char *what, int rc)
+{
+    const char *detail = kvt_last_error();
+    fprintf(stderr, "kvtier generate: %s: %s%s%s\n", what, kvt_strerror(rc), detail[0] ? ": " : "", detail);
+    return 1;
+}
+
+int kvt_cmd_generate(int argc, char **argv)
+{
+    const char *model_path = NULL, *tok_path = NULL, *prompt = "";
+    long long steps = 256, seed = 0, block = 256;
+    float temperature = 1.0f, topp = 0.9f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "kvtier generate: unexpected argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        /* --flag value or --flag=value */
+        char name[32];
+        const char *eq = strchr(a, '=');
+        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
+        if (nlen >= sizeof name) {
+            fprintf(stderr, "kvtier generate: unknown flag '%s'\n", a);
+            return 2;
+        }
+        memcpy(name, a, nlen);
+        name[nlen] = '\0';
+        static const char *const known[] = {"--model", "--tokenizer", "--prompt", "--steps", "--temperature",
+                                            "--top-p", "--seed", "--block-tokens", NULL};
+        int k = 0;
+        while (known[k] && strcmp(known[k], name))
+            k++;
+        if (!known[k]) {
+            fprintf(stderr, "kvtier generate: unknown flag '%s' (kvtier generate --help for usage)\n", name);
+            return 2;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvtier generate: %s needs a value\n", name);
+                return 2;
+            }
+            v = argv[++i];
+        }
+        int rc = 0;
+        if (!strcmp(name, "--model"))
+            model_path = v;
+        else if (!strcmp(name, "--tokenizer"))
+            tok_path = v;
+        else if (!strcmp(name, "--prompt"))
+            prompt = v;
+        else if (!strcmp(name, "--steps"))
+            rc = parse_i64(name, v, 0, INT32_MAX, &steps);
+        else if (!strcmp(name, "--temperature"))
+            rc = parse_f32(name, v, 0.0f, INFINITY, &temperature);
+        else if (!strcmp(name, "--top-p"))
+            rc = parse_f32(name, v, 0.0f, 1.0f, &topp);
+        else if (!strcmp(name, "--seed"))
+            rc = parse_i64(name, v, INT64_MIN, INT64_MAX, &seed);
+        else if (!strcmp(name, "--block-tokens"))
+            rc = parse_i64(name, v, 1, 1 << 20, &block);
+        if (rc)
+            return rc;
+    }
+    if ((model_path != NULL) != (tok_path != NULL)) {
+        fprintf(stderr, "kvtier generate: %s given without %s (give both, or neither for the default model)\n",
+                model_path ? "--model" : "--tokenizer", model_path ? "--tokenizer" : "--model");
+        return 2;
+    }
+    char def_model[4096], def_tok[4096];
+    if (!model_path) {
+        int rc = kvt_default_model(def_model, sizeof def_model, def_tok, sizeof def_tok);
+        if (rc)
+            return fail("cannot create the default model", rc);
+        model_path = def_model;
+        tok_path = def_tok;
+    }
+    /* llama2.c: a seed of 0 means "seed with the time"; the int seed is
+     * converted to unsigned long long. */
+    uint64_t rng_seed = seed ? (uint64_t)seed : (uint64_t)time(NULL);
+
+    kvt_model *model = NULL;
+    kvt_tokenizer *tok = NULL;
+    kvt_sampler *sampler = NULL;
+    int status = 1, rc;
+    if ((rc = kvt_model_load(model_path, &model))) {
+        status = fail("cannot load the model", rc);
+        goto done;
+    }
+    const kvt_model_config *cfg = kvt_model_get_config(model);
+    if ((rc = kvt_tokenizer_load(tok_path, cfg->vocab_size, &tok))) {
+        status = fail("cannot load the tokenizer", rc);
+        goto done;
+    }
+    if ((rc = kvt_sampler_create(cfg->vocab_size, temperature, topp, rng_seed, &sampler))) {
+        status = fail("cannot create the sampler", rc);
+        goto done;
+    }
+    kvt_generate_stats st;
+    rc = kvt_generate(model, tok, sampler, prompt, steps, (int32_t)block, stdout, &st);
+    if (rc) {
+        status = fail("generation failed", rc);
+        goto done;
+    }
+    fprintf(stderr, "prefill: %.1f tok/s, decode: %.1f tok/s\n", st.prefill_tok_s, st.decode_tok_s);
+    status = 0;
+done:
+    kvt_sampler_free(sampler);
+    kvt_tokenizer_free(tok);
+    kvt_model_free(model);
+    return status;
+}

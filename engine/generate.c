@@ -1,0 +1,120 @@
+/*
+ * generate.c: the llama2.c generate loop over the reference engine (prompt as
+ * one batched prefill, then one decode per token). It owns only the state of
+ * one call: the prompt ids, the per-layer caches and the logits buffer, all
+ * freed before it returns. It must never print anything but the decoded
+ * pieces and the final "\n" (timing goes to the caller through stats), and
+ * never change which positions run or what is printed relative to llama2.c.
+ */
+#include "generate.h"
+
+#include "../src/internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+static int emit(FILE *out, const char *piece)
+{
+    const char *s = kvt_tokenizer_printable(piece);
+    if (s[0] != '\0' && fputs(s, out) == EOF)
+        return kvt__fail(-EIO, "generate: writing the output failed");
+    if (fflush(out) != 0)
+        return kvt__fail(-EIO, "generate: flushing the output failed");
+    return 0;
+}
+
+static void finish_stats(kvt_generate_stats *st)
+{
+    st->prefill_tok_s = st->prefill_ms > 0 ? (double)st->prefill_tokens / (st->prefill_ms / 1000.0) : 0.0;
+    st->decode_tok_s = st->decode_ms > 0 ? (double)st->decode_tokens / (st->decode_ms / 1000.0) : 0.0;
+}
+
+int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
+                 int64_t steps, int32_t block_tokens, FILE *out, kvt_generate_stats *stats)
+{
+    kvt_generate_stats st;
+    memset(&st, 0, sizeof st);
+    if (stats)
+        *stats = st;
+    if (!m || !tok || !sampler || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_generate: NULL %s",
+                         !m ? "model" : !tok ? "tokenizer" : !sampler ? "sampler" : "out");
+    if (steps < 0)
+        return kvt__fail(KVT_EINVAL, "generate: steps %lld is negative", (long long)steps);
+    const kvt_model_config *cfg = kvt_model_get_config(m);
+    if (kvt_tokenizer_vocab_size(tok) != cfg->vocab_size)
+        return kvt__fail(KVT_EINVAL, "generate: tokenizer has %d pieces, model vocab_size is %d",
+                         (int)kvt_tokenizer_vocab_size(tok), (int)cfg->vocab_size);
+    if (kvt_sampler_vocab_size(sampler) != cfg->vocab_size)
+        return kvt__fail(KVT_EINVAL, "generate: sampler is for %d tokens, model vocab_size is %d",
+                         (int)kvt_sampler_vocab_size(sampler), (int)cfg->vocab_size);
+    if (steps == 0 || steps > cfg->seq_len)
+        steps = cfg->seq_len;
+    st.steps = steps;
+
+    const char *text = prompt ? prompt : "";
+    int64_t cap = (int64_t)strlen(text) + 3;
+    int32_t *toks = kvt__malloc((size_t)cap * sizeof *toks);
+    kvt_cache **caches = kvt__calloc((size_t)cfg->n_layers, sizeof *caches);
+    float *logits = kvt__malloc((size_t)cfg->vocab_size * sizeof *logits);
+    int rc = 0, have_caches = 0;
+    if (!toks || !caches || !logits) {
+        rc = kvt__fail(KVT_ENOMEM, "generate: no memory for a %lld-token prompt", (long long)cap);
+        goto done;
+    }
+    int64_t n_prompt = 0;
+    if ((rc = kvt_tokenizer_encode(tok, text, 1, 0, toks, cap, &n_prompt)))
+        goto done;
+    st.prompt_tokens = n_prompt;
+
+    /* Positions 0..n_prompt-2 force the next prompt token (llama2.c). */
+    int64_t forced = KVT__MIN(n_prompt - 1, steps);
+    for (int64_t pos = 0; pos < forced; pos++) {
+        if (toks[pos + 1] == KVT_TOKEN_BOS)
+            goto newline; /* llama2.c stops at a BOS, even a forced one */
+        if ((rc = emit(out, kvt_tokenizer_decode(tok, toks[pos], toks[pos + 1]))))
+            goto done;
+    }
+    if (steps < n_prompt)
+        goto newline; /* the run ends before the first sample: nothing to compute */
+
+    if ((rc = kvt_model_new_caches(m, block_tokens, caches)))
+        goto done;
+    have_caches = 1;
+    uint64_t t0 = kvt_now_ns();
+    if ((rc = kvt_model_prefill(m, caches, toks, n_prompt, logits)))
+        goto done;
+    uint64_t t1 = kvt_now_ns();
+    st.prefill_tokens = n_prompt;
+    st.prefill_ms = (double)(t1 - t0) / 1e6;
+
+    int32_t token = toks[n_prompt - 1];
+    for (int64_t pos = n_prompt - 1; pos < steps; pos++) {
+        if (pos > n_prompt - 1) {
+            if ((rc = kvt_model_decode(m, caches, token, logits)))
+                goto done;
+            st.decode_tokens++;
+        }
+        int32_t next = kvt_sampler_sample(sampler, logits);
+        st.sampled_tokens++;
+        if (next == KVT_TOKEN_BOS)
+            break;
+        if ((rc = emit(out, kvt_tokenizer_decode(tok, token, next))))
+            goto done;
+        token = next;
+    }
+    st.decode_ms = (double)(kvt_now_ns() - t1) / 1e6;
+newline:
+    if (fputs("\n", out) == EOF || fflush(out) != 0)
+        rc = kvt__fail(-EIO, "generate: writing the output failed");
+done:
+    if (have_caches)
+        kvt_caches_dispose(caches, cfg->n_layers);
+    kvt__free(caches);
+    kvt__free(logits);
+    kvt__free(toks);
+    finish_stats(&st);
+    if (stats)
+        *stats = st;
+    return rc;
+}

@@ -1,0 +1,69 @@
+/*
+ * generate.h: the llama2.c run.c generate loop on the reference engine:
+ * encode the prompt with BOS, run it, then sample token after token, printing
+ * each decoded piece. The prompt runs as one batched prefill instead of
+ * llama2.c's token-at-a-time loop; the printed text is identical.
+ */
+#ifndef KVT_ENGINE_GENERATE_H
+#define KVT_ENGINE_GENERATE_H
+
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** What one kvt_generate() call did and how fast. */
+typedef struct kvt_generate_stats {
+    int64_t steps;           /* positions run, after clamping (llama2.c's steps) */
+    int64_t prompt_tokens;   /* prompt ids, BOS included */
+    int64_t prefill_tokens;  /* tokens run by the batched prefill (0 if steps ended inside the prompt) */
+    int64_t decode_tokens;   /* tokens run one at a time by kvt_model_decode */
+    int64_t sampled_tokens;  /* tokens chosen by the sampler (printed or the final BOS) */
+    double prefill_ms;       /* wall time of the prefill, ms */
+    double decode_ms;        /* wall time from the first sample to the end, ms */
+    double prefill_tok_s;    /* prefill_tokens / prefill time, tokens/s (0 if none) */
+    double decode_tok_s;     /* decode_tokens / decode time, tokens/s (0 if none) */
+} kvt_generate_stats;
+
+/** Generates text exactly as llama2.c run.c generate() prints it.
+ *
+ * The prompt is encoded with BOS, no EOS (kvt_tokenizer_encode). llama2.c's
+ * loop runs positions pos = 0..steps-1: at each it forwards the current token;
+ * while pos < n_prompt - 1 the next token is the next prompt token, after
+ * that the sampler picks it from the logits; a next token of BOS (id 1) ends
+ * the loop; otherwise the piece kvt_tokenizer_decode(token, next) is printed
+ * through kvt_tokenizer_printable(). Then "\n" is printed. Here the prompt
+ * pieces are printed, the prompt runs as one kvt_model_prefill(), and each
+ * later position is one kvt_model_decode(): the same positions are run and
+ * the same text printed (a run that ends inside the prompt runs nothing).
+ *
+ * @param m       the model (borrowed; used by this thread only during the call).
+ * @param tok     tokenizer whose vocab_size equals the model's.
+ * @param sampler sampler for the model's vocab_size (its generator advances).
+ * @param prompt  UTF-8 text, "" or NULL for BOS alone.
+ * @param steps   positions to run, BOS and prompt included; 0 or more than the
+ *                model's seq_len means seq_len (llama2.c). Must be >= 0.
+ * @param block_tokens kv block size for the caches, >= 1 (256 is the default).
+ * @param out     where text goes; flushed after every piece (llama2.c does).
+ * @param stats   NULL, or receives counts and timing (also on error, as far
+ *                as the run got).
+ * @return 0; KVT_EINVAL (NULL model/tokenizer/sampler/out, negative steps, a
+ *   vocab_size mismatch: the message gives both numbers); KVT_ENOMEM; -EIO
+ *   when writing to out fails; any error of kvt_tokenizer_encode,
+ *   kvt_model_new_caches, kvt_model_prefill or kvt_model_decode. On error
+ *   the text printed so far stays printed; no "\n" is added.
+ * Not thread-safe for one model or sampler.
+ */
+KVT_API int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
+                         int64_t steps, int32_t block_tokens, FILE *out, kvt_generate_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVT_ENGINE_GENERATE_H */
