@@ -1,0 +1,95 @@
+/*
+ * cache_internal.h: helpers shared by cache.c and the built-in cache kinds
+ * (cache_kv.c, cache_rotating.c, cache_recurrent.c, cache_qkv.c); never
+ * installed. The ops tables of the built-in kinds are declared here so the
+ * registry in cache.c can list them.
+ */
+#ifndef KVTIER_CACHE_INTERNAL_H
+#define KVTIER_CACHE_INTERNAL_H
+
+#include "kvtier/cache.h"
+
+#include <stdbool.h>
+
+extern const kvt_cache_ops kvt__kv_ops;
+extern const kvt_cache_ops kvt__rotating_ops;
+extern const kvt_cache_ops kvt__recurrent_ops;
+extern const kvt_cache_ops kvt__qkv_ops;
+
+/** Largest kv_dim, block_tokens, window or group count a built-in kind
+ * accepts (create and decode): keeps every byte size far from overflow. */
+#define KVT__DIM_MAX (1 << 20)
+
+/** Prepares `st` (already zeroed) for `n_tensors` tensors: copies kind,
+ * offsets and params, allocates the tensor array with every tok range -1.
+ * @return 0 or KVT_ENOMEM. */
+int kvt__state_begin(kvt_cache_state *st, const char *kind, int64_t offset, int64_t min_offset,
+                     int32_t n_params, const int64_t *params, int32_t n_tensors);
+
+/** Fills tensor `t`: name, dtype, shape (ndim dims), data and bytes, token
+ * range. Retains `owner` (may be NULL) for the state. */
+void kvt__tensor_set(kvt_tensor *t, const char *name, kvt_dtype dt, int ndim, const int64_t *shape,
+                     const void *data, size_t bytes, kvt_buf *owner, int64_t tok_begin, int64_t tok_end);
+
+/** Checks that tensor `i` of `st` is named `name` with dtype `dt` and the
+ * given shape (the generic structure of every tensor was already checked
+ * by kvt_cache_decode). @return 0 or KVT_EFORMAT naming the mismatch. */
+int kvt__tensor_expect(const kvt_cache_state *st, int32_t i, const char *name, kvt_dtype dt, int ndim,
+                       const int64_t *shape);
+
+/** Whether tensor `t` covers its owner buffer exactly (data is the start of
+ * the owner and bytes its size): decode may then retain the owner instead of
+ * copying (zero-copy restore). */
+bool kvt__tensor_is_whole_owner(const kvt_tensor *t);
+
+/** Checks st->n_params == n and each params[i] in [lo[i], hi[i]].
+ * @return 0 or KVT_EFORMAT naming the parameter (names[i]). */
+int kvt__params_expect(const kvt_cache_state *st, int32_t n, const char *const *names, const int64_t *lo,
+                       const int64_t *hi);
+
+/** kvt_buf_new + memcpy of `bytes` from src (counted with kvt_buf_count_copy
+ * when `count` is true). @return 0 or KVT_ENOMEM. */
+int kvt__buf_copy(const void *src, size_t bytes, bool count, kvt_buf **out);
+
+/* ---- block tables shared by the kv and qkv kinds (cache_kv.c) ------------- */
+
+/** One block of a blocked kind. `heap` is true when the buffer was made by
+ * kvt_buf_new in this library, so it may be written in place once no one
+ * else holds it (refs == 1); a retained foreign buffer (a decoded file
+ * region) is always copied before a write. */
+typedef struct kvt__blk {
+    kvt_buf *buf;
+    bool heap;
+} kvt__blk;
+
+/** Block table: v[0..n) hold the blocks of ceil(offset / B) tokens. */
+typedef struct kvt__blocks {
+    int64_t n, cap;
+    kvt__blk *v; /* (cap) */
+} kvt__blocks;
+
+/** Copies the first `rows` token rows of a block into an empty block of the
+ * same kind; returns the bytes copied. */
+typedef size_t (*kvt__copy_rows_fn)(void *dst, const void *src, int64_t rows, const void *ctx);
+
+/** Makes room to write tokens [offset, offset + n) (n >= 1): copies a partial
+ * tail block that is shared or foreign (copy-on-write, counted with
+ * kvt_buf_count_copy) and allocates the new blocks of block_bytes bytes.
+ * Afterwards b->n = ceil((offset + n) / B) and every block from the one
+ * holding token `offset` on is private and writable.
+ * @return 0 or KVT_ENOMEM (the table is then unchanged). */
+int kvt__blocks_prepare(kvt__blocks *b, int64_t offset, int64_t n, int32_t block_tokens, size_t block_bytes,
+                        kvt__copy_rows_fn copy_rows, const void *ctx);
+/** Retains every block of src into dst (zero bytes copied).
+ * @return 0 or KVT_ENOMEM (dst is then empty). */
+int kvt__blocks_clone(const kvt__blocks *src, kvt__blocks *dst);
+/** Releases blocks [keep, n) and sets n = keep. */
+void kvt__blocks_truncate(kvt__blocks *b, int64_t keep);
+/** Releases every block and the table. */
+void kvt__blocks_free(kvt__blocks *b);
+/** Appends one block (ownership of buf passes to the table on success).
+ * @return 0 or KVT_ENOMEM (buf stays the caller's). */
+int kvt__blocks_push(kvt__blocks *b, kvt_buf *buf, bool heap);
+void kvt__blocks_foreach(const kvt__blocks *b, void (*fn)(kvt_buf *buf, void *ctx), void *ctx);
+
+#endif

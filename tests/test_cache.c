@@ -1,0 +1,743 @@
+/*
+ * test_cache.c: layer caches (kvtier/cache.h): the kv kind's blocks, sharing
+ * and copy-on-write, trims at every boundary, encode/decode round trips and
+ * rejection of bad states, the kind registry, OOM atomicity, and a
+ * randomized differential test against a flat-array oracle (seed printed;
+ * set KVT_TEST_SEED to replay).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvtier/cache.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+/* Value of K (which = 0) or V (which = 1) at token t, element j. */
+static float val(int which, int64_t t, int j) { return which ? -(float)(t * 1000 + j) - 0.5f : (float)(t * 1000 + j); }
+
+/* Fills k, v with tokens [t0, t0 + n) of width d. */
+static void make_kv(int64_t t0, int64_t n, int d, float *k, float *v)
+{
+    for (int64_t i = 0; i < n; i++)
+        for (int j = 0; j < d; j++) {
+            k[i * d + j] = val(0, t0 + i, j);
+            v[i * d + j] = val(1, t0 + i, j);
+        }
+}
+
+static int append_tokens(kvt_cache *c, int64_t t0, int64_t n, int d)
+{
+    float *k = malloc(sizeof(float) * (size_t)(n * d + 1)), *v = malloc(sizeof(float) * (size_t)(n * d + 1));
+    make_kv(t0, n, d, k, v);
+    const void *in[2] = {k, v};
+    int rc = kvt_cache_append(c, n, in);
+    free(k);
+    free(v);
+    return rc;
+}
+
+/* Asserts a kv cache holds exactly tokens [0, n) made by make_kv. */
+static void check_kv(const kvt_cache *c, int64_t n)
+{
+    int32_t B = kvt_kv_block_tokens(c), d = kvt_kv_dim(c);
+    assert_int_equal(kvt_cache_offset(c), n);
+    int64_t nb = (n + B - 1) / B;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *k, *v;
+        int32_t nt;
+        assert_int_equal(kvt_kv_block(c, b, &k, &v, &nt), 0);
+        assert_int_equal(nt, b * B + B <= n ? B : n - b * B);
+        for (int32_t i = 0; i < nt; i++)
+            for (int j = 0; j < d; j++) {
+                if (k[i * d + j] != val(0, b * B + i, j) || v[i * d + j] != val(1, b * B + i, j))
+                    fail_msg("token %lld elem %d: K %g V %g", (long long)(b * B + i), j, k[i * d + j], v[i * d + j]);
+            }
+    }
+    assert_int_equal(kvt_kv_block(c, nb, NULL, NULL, NULL), KVT_ERANGE);
+}
+
+struct nth_buf {
+    int64_t want, seen;
+    kvt_buf *found;
+};
+static void nth_buf_fn(kvt_buf *b, void *ctx)
+{
+    struct nth_buf *n = ctx;
+    if (n->seen++ == n->want)
+        n->found = b;
+}
+
+/* The index-th buffer foreach_buf visits (for kv: block `index`), borrowed. */
+static kvt_buf *kv_buf_of(const kvt_cache *c, int64_t index)
+{
+    struct nth_buf n = {index, 0, NULL};
+    c->ops->foreach_buf(c, nth_buf_fn, &n);
+    assert_non_null(n.found);
+    return n.found;
+}
+
+static void add_bytes(kvt_buf *b, void *ctx) { *(size_t *)ctx += kvt_buf_bytes(b); }
+static void count_bufs(kvt_buf *b, void *ctx) { (void)b; ++*(int *)ctx; }
+
+/* ---- injected allocator --------------------------------------------------------- */
+
+static long alloc_budget = -1; /* allocations left before failing; -1 = never fail */
+static long alloc_live;
+
+static void *t_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    if (alloc_budget == 0)
+        return NULL;
+    if (alloc_budget > 0)
+        alloc_budget--;
+    alloc_live++;
+    return malloc(n ? n : 1);
+}
+static void *t_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    if (alloc_budget == 0)
+        return NULL;
+    if (alloc_budget > 0)
+        alloc_budget--;
+    if (!p)
+        alloc_live++;
+    return realloc(p, n ? n : 1);
+}
+static void t_free(void *p, void *ctx)
+{
+    (void)ctx;
+    if (p)
+        alloc_live--;
+    free(p);
+}
+static const kvt_allocator t_alloc = {t_malloc, t_realloc, t_free, NULL};
+
+static int setup_alloc(void **state)
+{
+    (void)state;
+    alloc_budget = -1;
+    alloc_live = 0;
+    kvt_set_allocator(&t_alloc);
+    return 0;
+}
+static int teardown_alloc(void **state)
+{
+    (void)state;
+    long live = alloc_live;
+    kvt_set_allocator(NULL);
+    if (live != 0)
+        fail_msg("%ld kvtier allocations leaked", live);
+    return 0;
+}
+
+/* ---- dtypes ------------------------------------------------------------------- */
+
+static void test_dtypes(void **state)
+{
+    (void)state;
+    assert_int_equal(kvt_dtype_size(KVT_DTYPE_F32), 4);
+    assert_int_equal(kvt_dtype_size(KVT_DTYPE_BF16), 2);
+    assert_int_equal(kvt_dtype_size(KVT_DTYPE_I64), 8);
+    assert_int_equal(kvt_dtype_size(KVT_DTYPE_COUNT), 0);
+    assert_string_equal(kvt_dtype_name(KVT_DTYPE_U8), "U8");
+    assert_null(kvt_dtype_name((kvt_dtype)99));
+    for (int i = 0; i < KVT_DTYPE_COUNT; i++) {
+        kvt_dtype dt;
+        assert_int_equal(kvt_dtype_parse(kvt_dtype_name((kvt_dtype)i), &dt), 0);
+        assert_int_equal(dt, i);
+    }
+    kvt_dtype dt;
+    assert_int_equal(kvt_dtype_parse("F64", &dt), KVT_EFORMAT);
+    assert_non_null(strstr(kvt_last_error(), "F64"));
+}
+
+/* ---- kv ----------------------------------------------------------------------- */
+
+static void test_kv_create_args(void **state)
+{
+    (void)state;
+    kvt_cache *c = (kvt_cache *)1;
+    assert_int_equal(kvt_kv_create(0, 4, &c), KVT_EINVAL);
+    assert_null(c);
+    assert_int_equal(kvt_kv_create(4, 0, &c), KVT_EINVAL);
+    assert_int_equal(kvt_kv_create(4, 4, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_kv_create(3, 4, &c), 0);
+    assert_string_equal(kvt_cache_kind(c), "kv");
+    assert_int_equal(kvt_kv_dim(c), 3);
+    assert_int_equal(kvt_kv_block_tokens(c), 4);
+    int64_t lo = -1, hi = -1;
+    kvt_cache_range(c, &lo, &hi);
+    assert_int_equal(lo, 0);
+    assert_int_equal(hi, 0);
+    /* append argument checks leave the cache empty */
+    float x[3] = {0};
+    const void *bad[2] = {x, NULL};
+    assert_int_equal(kvt_cache_append(c, 1, bad), KVT_EINVAL);
+    assert_int_equal(kvt_cache_append(c, -1, bad), KVT_EINVAL);
+    assert_int_equal(kvt_cache_append(c, 1, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_cache_append(c, 0, NULL), 0);
+    assert_int_equal(kvt_cache_offset(c), 0);
+    assert_int_equal(kvt_kv_block(c, 0, NULL, NULL, NULL), KVT_ERANGE);
+    assert_int_equal(kvt_kv_block(NULL, 0, NULL, NULL, NULL), KVT_EINVAL);
+    kvt_cache_dispose(c);
+    kvt_cache_dispose(NULL);
+}
+
+static void test_kv_append_read(void **state)
+{
+    (void)state;
+    kvt_cache *c;
+    assert_int_equal(kvt_kv_create(3, 4, &c), 0);
+    assert_int_equal(append_tokens(c, 0, 1, 3), 0);
+    check_kv(c, 1);
+    assert_int_equal(append_tokens(c, 1, 10, 3), 0); /* fills the tail, then 2 new blocks */
+    check_kv(c, 11);
+    assert_int_equal(append_tokens(c, 11, 1, 3), 0); /* exactly fills block 2 */
+    check_kv(c, 12);
+    assert_int_equal(append_tokens(c, 12, 4, 3), 0); /* one whole new block */
+    check_kv(c, 16);
+    /* bytes: private + 4 blocks of (2, 4, 3) f32 */
+    size_t bufs = 0;
+    int nbuf = 0;
+    const kvt_cache_ops *ops = c->ops;
+    ops->foreach_buf(c, add_bytes, &bufs);
+    ops->foreach_buf(c, count_bufs, &nbuf);
+    assert_int_equal(nbuf, 4);
+    assert_int_equal(bufs, 4 * 2 * 4 * 3 * sizeof(float));
+    assert_int_equal(kvt_cache_bytes(c), ops->private_bytes(c) + bufs);
+    assert_true(ops->private_bytes(c) > 0);
+    kvt_cache_dispose(c);
+}
+
+static void test_kv_clone_cow(void **state)
+{
+    (void)state;
+    const int d = 2, B = 4;
+    kvt_cache *a, *b;
+    assert_int_equal(kvt_kv_create(d, B, &a), 0);
+    assert_int_equal(append_tokens(a, 0, 10, d), 0); /* blocks 0, 1 full; tail of 2 */
+    uint64_t c0 = kvt_buf_bytes_copied();
+    assert_int_equal(kvt_cache_clone(a, &b), 0);
+    assert_int_equal(kvt_buf_bytes_copied(), c0); /* zero bytes copied */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kvt_buf_refs(kv_buf_of(a, i)), 2);
+    assert_ptr_equal(kv_buf_of(a, 2), kv_buf_of(b, 2));
+    check_kv(b, 10);
+
+    /* the first write into the shared tail copies that block only: 2 rows of K and V */
+    assert_int_equal(append_tokens(b, 10, 1, d), 0);
+    assert_int_equal(kvt_buf_bytes_copied() - c0, 2 * 2 * d * sizeof(float));
+    assert_ptr_not_equal(kv_buf_of(a, 2), kv_buf_of(b, 2));
+    assert_int_equal(kvt_buf_refs(kv_buf_of(a, 2)), 1);
+    assert_int_equal(kvt_buf_refs(kv_buf_of(b, 2)), 1);
+    assert_int_equal(kvt_buf_refs(kv_buf_of(a, 0)), 2);
+    assert_int_equal(kvt_buf_refs(kv_buf_of(a, 1)), 2);
+    check_kv(a, 10);
+    check_kv(b, 11);
+
+    /* the source now owns its tail alone: writes in place */
+    uint64_t c1 = kvt_buf_bytes_copied();
+    kvt_buf *tail = kv_buf_of(a, 2);
+    float k[2] = {77, 78}, v[2] = {79, 80};
+    const void *in[2] = {k, v};
+    assert_int_equal(kvt_cache_append(a, 1, in), 0);
+    assert_int_equal(kvt_buf_bytes_copied(), c1);
+    assert_ptr_equal(kv_buf_of(a, 2), tail);
+    const float *kk, *vv;
+    int32_t nt;
+    assert_int_equal(kvt_kv_block(a, 2, &kk, &vv, &nt), 0);
+    assert_int_equal(nt, 3);
+    assert_true(kk[2 * d] == 77 && kk[2 * d + 1] == 78 && vv[2 * d] == 79 && vv[2 * d + 1] == 80);
+    check_kv(b, 11); /* the clone did not see it */
+
+    /* a clone of a cache ending on a block boundary: next append makes a new block, no copy */
+    kvt_cache *e, *f;
+    assert_int_equal(kvt_kv_create(d, B, &e), 0);
+    assert_int_equal(append_tokens(e, 0, 8, d), 0);
+    assert_int_equal(kvt_cache_clone(e, &f), 0);
+    uint64_t c2 = kvt_buf_bytes_copied();
+    assert_int_equal(append_tokens(f, 8, 5, d), 0);
+    assert_int_equal(kvt_buf_bytes_copied(), c2);
+    check_kv(e, 8);
+    check_kv(f, 13);
+
+    /* the source disposed: the clone keeps the shared blocks alive */
+    kvt_cache_dispose(a);
+    check_kv(b, 11);
+    assert_int_equal(kvt_buf_refs(kv_buf_of(b, 0)), 1);
+    kvt_cache_dispose(b);
+    kvt_cache_dispose(e);
+    kvt_cache_dispose(f);
+}
+
+static void test_kv_trim_every_length(void **state)
+{
+    (void)state;
+    const int d = 3, B = 4;
+    const int64_t n = 13;
+    kvt_cache *src;
+    assert_int_equal(kvt_kv_create(d, B, &src), 0);
+    assert_int_equal(append_tokens(src, 0, n, d), 0);
+    assert_int_equal(kvt_cache_trim(src, n + 1), KVT_ERANGE);
+    assert_int_equal(kvt_cache_trim(src, -1), KVT_ERANGE);
+    assert_int_equal(kvt_cache_can_trim(src, n + 1), 0);
+    check_kv(src, n);
+    for (int64_t len = 0; len <= n; len++) {
+        kvt_cache *c;
+        assert_int_equal(kvt_cache_clone(src, &c), 0);
+        assert_int_equal(kvt_cache_can_trim(c, len), 1);
+        uint64_t c0 = kvt_buf_bytes_copied();
+        assert_int_equal(kvt_cache_trim(c, len), 0);
+        assert_int_equal(kvt_buf_bytes_copied(), c0); /* trimming copies nothing */
+        check_kv(c, len);
+        int nbuf = 0;
+        c->ops->foreach_buf(c, count_bufs, &nbuf);
+        assert_int_equal(nbuf, (len + B - 1) / B);
+        /* the next append copies the (shared) partial tail lazily, only its rows */
+        assert_int_equal(append_tokens(c, len, 6, d), 0);
+        assert_int_equal(kvt_buf_bytes_copied() - c0, (uint64_t)(len % B) * 2 * d * sizeof(float));
+        check_kv(c, len + 6);
+        check_kv(src, n);
+        kvt_cache_dispose(c);
+    }
+    kvt_cache_dispose(src);
+}
+
+static void test_kv_encode_decode(void **state)
+{
+    (void)state;
+    const int d = 3, B = 4;
+    kvt_cache *c, *r;
+    assert_int_equal(kvt_kv_create(d, B, &c), 0);
+    assert_int_equal(append_tokens(c, 0, 10, d), 0);
+    kvt_cache_state st;
+    assert_int_equal(kvt_cache_encode(c, &st), 0);
+    assert_string_equal(st.kind, "kv");
+    assert_int_equal(st.offset, 10);
+    assert_int_equal(st.min_offset, 0);
+    assert_int_equal(st.n_params, 2);
+    assert_int_equal(st.params[0], d);
+    assert_int_equal(st.params[1], B);
+    assert_int_equal(st.n_tensors, 3);
+    for (int i = 0; i < 3; i++) {
+        const kvt_tensor *t = &st.tensors[i];
+        char name[16];
+        snprintf(name, sizeof name, "blk%d", i);
+        assert_string_equal(t->name, name);
+        assert_int_equal(t->dtype, KVT_DTYPE_F32);
+        assert_int_equal(t->ndim, 3);
+        assert_int_equal(t->shape[0], 2);
+        assert_int_equal(t->shape[1], i < 2 ? 4 : 2);
+        assert_int_equal(t->shape[2], d);
+        assert_int_equal(t->bytes, 2 * t->shape[1] * d * sizeof(float));
+        assert_non_null(t->owner);
+        assert_int_equal(t->tok_begin, i < 2 ? i * B : -1);
+        assert_int_equal(t->tok_end, i < 2 ? i * B + B : -1);
+        const float *f = t->data;
+        for (int64_t r0 = 0; r0 < t->shape[1]; r0++)
+            for (int j = 0; j < d; j++) {
+                assert_true(f[r0 * d + j] == val(0, i * B + r0, j));
+                assert_true(f[(t->shape[1] + r0) * d + j] == val(1, i * B + r0, j));
+            }
+    }
+    /* full blocks are shared with the state, not copied */
+    assert_ptr_equal(st.tensors[0].owner, kv_buf_of(c, 0));
+    assert_int_equal(kvt_buf_refs(st.tensors[0].owner), 2);
+
+    assert_int_equal(kvt_cache_decode(&st, &r), 0);
+    check_kv(r, 10);
+    /* zero-copy restore: the decoded full blocks are the same buffers */
+    assert_ptr_equal(kv_buf_of(r, 0), kv_buf_of(c, 0));
+    assert_ptr_equal(kv_buf_of(r, 1), kv_buf_of(c, 1));
+    assert_ptr_not_equal(kv_buf_of(r, 2), kv_buf_of(c, 2));
+    kvt_cache_state_free(&st);
+    assert_int_equal(st.n_tensors, 0);
+    assert_null(st.tensors);
+    kvt_cache_dispose(c);
+    /* r holds a retained (foreign) block alone now; trimming into it and
+     * writing must still copy it rather than write into the decoded buffer */
+    kvt_buf *blk1 = kv_buf_of(r, 1);
+    assert_int_equal(kvt_buf_refs(blk1), 1);
+    assert_int_equal(kvt_cache_trim(r, 6), 0);
+    uint64_t c0 = kvt_buf_bytes_copied();
+    assert_int_equal(append_tokens(r, 6, 3, d), 0);
+    assert_int_equal(kvt_buf_bytes_copied() - c0, 2 * 2 * d * sizeof(float));
+    check_kv(r, 9);
+    kvt_cache_dispose(r);
+
+    /* empty cache round trip */
+    assert_int_equal(kvt_kv_create(d, B, &c), 0);
+    assert_int_equal(kvt_cache_encode(c, &st), 0);
+    assert_int_equal(st.n_tensors, 0);
+    assert_int_equal(kvt_cache_decode(&st, &r), 0);
+    check_kv(r, 0);
+    kvt_cache_state_free(&st);
+    kvt_cache_state_free(NULL);
+    kvt_cache_dispose(c);
+    kvt_cache_dispose(r);
+}
+
+/* A state decoded from copies the caller owns (no owner): decode copies. */
+static void test_kv_decode_copies_borrowed(void **state)
+{
+    (void)state;
+    kvt_cache *c, *r;
+    assert_int_equal(kvt_kv_create(2, 2, &c), 0);
+    assert_int_equal(append_tokens(c, 0, 5, 2), 0);
+    kvt_cache_state st;
+    assert_int_equal(kvt_cache_encode(c, &st), 0);
+    kvt_buf *owners[3];
+    for (int i = 0; i < 3; i++) {
+        owners[i] = st.tensors[i].owner;
+        st.tensors[i].owner = NULL; /* data stays valid: c and owners[] hold it */
+    }
+    uint64_t c0 = kvt_buf_bytes_copied();
+    assert_int_equal(kvt_cache_decode(&st, &r), 0);
+    assert_int_equal(kvt_buf_bytes_copied() - c0, 5 * 2 * 2 * sizeof(float));
+    assert_ptr_not_equal(kv_buf_of(r, 0), kv_buf_of(c, 0));
+    check_kv(r, 5);
+    for (int i = 0; i < 3; i++)
+        kvt_buf_release(owners[i]);
+    kvt_cache_state_free(&st);
+    kvt_cache_dispose(c);
+    check_kv(r, 5);
+    kvt_cache_dispose(r);
+}
+
+/* Each kind of bad kv state is rejected with its own message. */
+static void test_kv_decode_rejects(void **state)
+{
+    (void)state;
+    kvt_cache *c, *r = (kvt_cache *)1;
+    assert_int_equal(kvt_kv_create(2, 4, &c), 0);
+    assert_int_equal(append_tokens(c, 0, 6, 2), 0);
+    static char far[64];
+    enum { N_CASES = 17 };
+    for (int k = 0; k < N_CASES; k++) {
+        kvt_cache_state st;
+        assert_int_equal(kvt_cache_encode(c, &st), 0);
+        int want = KVT_EFORMAT;
+        const char *msg = NULL;
+        switch (k) {
+        case 0: strcpy(st.kind, "nope"); want = KVT_EUNSUPPORTED; msg = "unknown kind"; break;
+        case 1: memset(st.kind, 'x', sizeof st.kind); msg = "not terminated"; break;
+        case 2: st.n_params = 1; msg = "params, expected 2"; break;
+        case 3: st.params[0] = 0; msg = "kv_dim = 0"; break;
+        case 4: st.params[1] = -5; msg = "block_tokens = -5"; break;
+        case 5: st.min_offset = 3; msg = "min_offset"; break;
+        case 6: st.offset = 9; msg = "tensors, 9 tokens"; break;
+        case 7: st.offset = -1; msg = "bad range"; break;
+        case 8: strcpy(st.tensors[1].name, "blk7"); msg = "expected \"blk1\""; break;
+        case 9: st.tensors[0].dtype = KVT_DTYPE_I32; msg = "dtype I32"; break;
+        case 10: st.tensors[0].dtype = (kvt_dtype)42; msg = "unknown dtype"; break;
+        case 11: st.tensors[0].shape[1] = 3; st.tensors[0].bytes = 2 * 3 * 2 * 4; msg = "shape (2, 3, 2), expected (2, 4, 2)"; break;
+        case 12: st.tensors[0].bytes -= 4; msg = "bytes, its shape"; break;
+        case 13: st.tensors[0].data = NULL; msg = "no data"; break;
+        case 14: st.tensors[0].data = far; msg = "outside its owner"; break;
+        case 15: st.n_tensors = -1; msg = "-1 tensors"; break;
+        case 16: st.tensors[0].ndim = 5; msg = "5 dims"; break;
+        }
+        int rc = kvt_cache_decode(&st, &r);
+        if (rc != want || !strstr(kvt_last_error(), msg))
+            fail_msg("case %d: rc %d (%s), want %d and \"%s\"", k, rc, kvt_last_error(), want, msg);
+        assert_null(r);
+        if (k == 15)
+            st.n_tensors = 2;
+        kvt_cache_state_free(&st);
+    }
+    assert_int_equal(kvt_cache_decode(NULL, &r), KVT_EINVAL);
+    kvt_cache_dispose(c);
+}
+
+/* Every allocation failure leaves the cache as it was (and leaks nothing). */
+static void test_kv_oom(void **state)
+{
+    (void)state;
+    const int d = 2, B = 4;
+    int succeeded = 0;
+    for (long fail_at = 0; !succeeded && fail_at < 64; fail_at++) {
+        kvt_cache *a, *b;
+        alloc_budget = -1;
+        assert_int_equal(kvt_kv_create(d, B, &a), 0);
+        assert_int_equal(append_tokens(a, 0, 6, d), 0);
+        assert_int_equal(kvt_cache_clone(a, &b), 0);
+        size_t bytes = kvt_cache_bytes(b);
+        alloc_budget = fail_at;
+        /* shared tail copy + 5 new blocks + a larger table */
+        int rc = append_tokens(b, 6, 20, d);
+        alloc_budget = -1;
+        if (rc == 0) {
+            succeeded = 1;
+            check_kv(b, 26);
+        } else {
+            assert_int_equal(rc, KVT_ENOMEM);
+            check_kv(b, 6);
+            assert_true(kvt_cache_bytes(b) >= bytes);
+            assert_ptr_equal(kv_buf_of(a, 1), kv_buf_of(b, 1));
+            assert_int_equal(kvt_buf_refs(kv_buf_of(b, 1)), 2);
+        }
+        check_kv(a, 6);
+        /* clone, encode and decode under the same failure point */
+        kvt_cache *x = NULL;
+        kvt_cache_state st;
+        alloc_budget = fail_at;
+        rc = kvt_cache_clone(a, &x);
+        alloc_budget = -1;
+        assert_true(rc == 0 || (rc == KVT_ENOMEM && x == NULL));
+        kvt_cache_dispose(x);
+        alloc_budget = fail_at;
+        rc = kvt_cache_encode(a, &st);
+        alloc_budget = -1;
+        if (rc == 0) {
+            x = NULL;
+            alloc_budget = fail_at;
+            int rc2 = kvt_cache_decode(&st, &x);
+            alloc_budget = -1;
+            assert_true(rc2 == 0 || (rc2 == KVT_ENOMEM && x == NULL));
+            if (x)
+                check_kv(x, 6);
+            kvt_cache_dispose(x);
+        } else {
+            assert_int_equal(rc, KVT_ENOMEM);
+            assert_int_equal(st.n_tensors, 0);
+        }
+        kvt_cache_state_free(&st);
+        kvt_cache_dispose(a);
+        kvt_cache_dispose(b);
+    }
+    assert_true(succeeded);
+}
+
+static void test_caches_clone(void **state)
+{
+    (void)state;
+    kvt_cache *src[3], *dst[3];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kvt_kv_create(2, 4, &src[i]), 0);
+        assert_int_equal(append_tokens(src[i], 0, 5 + i, 2), 0);
+    }
+    assert_int_equal(kvt_caches_clone(src, 3, dst), 0);
+    for (int i = 0; i < 3; i++)
+        check_kv(dst[i], 5 + i);
+    kvt_caches_dispose(dst, 3);
+    for (int i = 0; i < 3; i++)
+        assert_null(dst[i]);
+    /* all or nothing */
+    for (long fail_at = 0; fail_at < 6; fail_at++) {
+        alloc_budget = fail_at;
+        int rc = kvt_caches_clone(src, 3, dst);
+        alloc_budget = -1;
+        if (rc == 0) {
+            kvt_caches_dispose(dst, 3);
+            continue;
+        }
+        assert_int_equal(rc, KVT_ENOMEM);
+        for (int i = 0; i < 3; i++)
+            assert_null(dst[i]);
+    }
+    kvt_caches_dispose(src, 3);
+}
+
+/* ---- registry ------------------------------------------------------------------ */
+
+static size_t dummy_private(const kvt_cache *c) { (void)c; return 8; }
+static void dummy_foreach(const kvt_cache *c, void (*fn)(kvt_buf *, void *), void *ctx) { (void)c; (void)fn; (void)ctx; }
+static void dummy_range(const kvt_cache *c, int64_t *lo, int64_t *hi) { (void)c; *lo = *hi = 7; }
+static int dummy_trim(kvt_cache *c, int64_t n) { (void)c; (void)n; return 0; }
+static int dummy_clone(const kvt_cache *c, kvt_cache **out) { (void)c; (void)out; return KVT_EINVAL; }
+static int dummy_append(kvt_cache *c, int64_t n, const void *const *in) { (void)c; (void)n; (void)in; return KVT_EINVAL; }
+static void dummy_dispose(kvt_cache *c) { free(c); }
+static int dummy_encode(const kvt_cache *c, kvt_cache_state *st) { (void)c; (void)st; return KVT_EINVAL; }
+static int dummy_decode(const kvt_cache_state *st, kvt_cache **out);
+static const kvt_cache_ops dummy_ops = {"test.dummy", dummy_private, dummy_foreach, dummy_range, dummy_trim,
+                                        dummy_clone, dummy_append, dummy_dispose, dummy_encode, dummy_decode};
+static int dummy_decode(const kvt_cache_state *st, kvt_cache **out)
+{
+    (void)st;
+    kvt_cache *c = malloc(sizeof *c);
+    c->ops = &dummy_ops;
+    *out = c;
+    return 0;
+}
+
+static void test_register_kind(void **state)
+{
+    (void)state;
+    assert_int_equal(kvt_cache_register_kind(NULL), KVT_EINVAL);
+    kvt_cache_ops bad = dummy_ops;
+    bad.trim = NULL;
+    assert_int_equal(kvt_cache_register_kind(&bad), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "trim"));
+    bad = dummy_ops;
+    bad.kind = "kv";
+    assert_int_equal(kvt_cache_register_kind(&bad), KVT_EBUSY);
+    bad.kind = "";
+    assert_int_equal(kvt_cache_register_kind(&bad), KVT_EINVAL);
+    bad.kind = "a-kind-name-that-is-longer-than-31-bytes";
+    assert_int_equal(kvt_cache_register_kind(&bad), KVT_EINVAL);
+
+    kvt_cache_state st;
+    memset(&st, 0, sizeof st);
+    strcpy(st.kind, "test.dummy");
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_cache_decode(&st, &c), KVT_EUNSUPPORTED);
+    assert_int_equal(kvt_cache_register_kind(&dummy_ops), 0);
+    assert_int_equal(kvt_cache_register_kind(&dummy_ops), KVT_EBUSY);
+    assert_int_equal(kvt_cache_decode(&st, &c), 0);
+    assert_string_equal(kvt_cache_kind(c), "test.dummy");
+    assert_int_equal(kvt_cache_offset(c), 7);
+    assert_int_equal(kvt_cache_bytes(c), 8);
+    kvt_cache_dispose(c);
+
+    /* the table is bounded */
+    static kvt_cache_ops many[40];
+    static char names[40][32];
+    int rc = 0, i;
+    for (i = 0; i < 40 && rc == 0; i++) {
+        many[i] = dummy_ops;
+        snprintf(names[i], sizeof names[i], "test.k%d", i);
+        many[i].kind = names[i];
+        rc = kvt_cache_register_kind(&many[i]);
+    }
+    assert_int_equal(rc, KVT_ENOMEM);
+    assert_true(i > 20);
+}
+
+/* ---- threads: two clones of one cache used by two threads --------------------- */
+
+struct thr {
+    kvt_cache *c;
+    int64_t base;
+    int rc;
+};
+
+static void *thr_main(void *arg)
+{
+    struct thr *t = arg;
+    const int d = 2;
+    for (int round = 0; round < 50 && t->rc == 0; round++) {
+        t->rc = append_tokens(t->c, t->base, 3, d);
+        if (t->rc == 0)
+            t->rc = kvt_cache_trim(t->c, t->base);
+        kvt_cache *x;
+        if (t->rc == 0 && (t->rc = kvt_cache_clone(t->c, &x)) == 0) {
+            t->rc = append_tokens(x, t->base, 5, d);
+            kvt_cache_dispose(x);
+        }
+    }
+    if (t->rc == 0)
+        t->rc = append_tokens(t->c, t->base, 7, d);
+    return NULL;
+}
+
+static void test_kv_two_threads(void **state)
+{
+    (void)state;
+    kvt_cache *src;
+    assert_int_equal(kvt_kv_create(2, 4, &src), 0);
+    assert_int_equal(append_tokens(src, 0, 10, 2), 0);
+    struct thr t[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        t[i].base = 10;
+        t[i].rc = 0;
+        assert_int_equal(kvt_cache_clone(src, &t[i].c), 0);
+    }
+    kvt_cache_dispose(src);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, thr_main, &t[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(t[i].rc, 0);
+        check_kv(t[i].c, 17);
+        kvt_cache_dispose(t[i].c);
+    }
+}
+
+/* ---- randomized differential test against a flat oracle ------------------------- */
+
+static uint64_t rng_state;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static void test_kv_random(void **state)
+{
+    (void)state;
+    const char *env = getenv("KVT_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+    printf("test_kv_random: seed %llu (set KVT_TEST_SEED to replay)\n", (unsigned long long)seed);
+    rng_state = seed * 2654435761u + 1;
+    enum { N = 6 };
+    kvt_cache *c[N] = {0};
+    int64_t len[N] = {0};
+    assert_int_equal(kvt_kv_create(3, 5, &c[0]), 0);
+    for (int step = 0; step < 3000; step++) {
+        int i = (int)(rnd() % N);
+        if (!c[i])
+            continue;
+        int op = (int)(rnd() % 4);
+        if (op == 0) {
+            int64_t n = 1 + (int64_t)(rnd() % 12);
+            assert_int_equal(append_tokens(c[i], len[i], n, 3), 0);
+            len[i] += n;
+        } else if (op == 1) {
+            int64_t l = len[i] ? (int64_t)(rnd() % (uint64_t)(len[i] + 1)) : 0;
+            assert_int_equal(kvt_cache_trim(c[i], l), 0);
+            len[i] = l;
+        } else if (op == 2) {
+            int j = (int)(rnd() % N);
+            if (j != i) {
+                kvt_cache_dispose(c[j]);
+                assert_int_equal(kvt_cache_clone(c[i], &c[j]), 0);
+                len[j] = len[i];
+            }
+        } else if (i != 0) {
+            kvt_cache_dispose(c[i]);
+            c[i] = NULL;
+        }
+        for (int j = 0; j < N; j++)
+            if (c[j])
+                check_kv(c[j], len[j]);
+        if (len[i] > 200) {
+            assert_int_equal(kvt_cache_trim(c[i], 0), 0);
+            len[i] = 0;
+        }
+    }
+    kvt_caches_dispose(c, N);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dtypes),
+        cmocka_unit_test(test_kv_create_args),
+        cmocka_unit_test(test_kv_append_read),
+        cmocka_unit_test(test_kv_clone_cow),
+        cmocka_unit_test(test_kv_trim_every_length),
+        cmocka_unit_test(test_kv_encode_decode),
+        cmocka_unit_test(test_kv_decode_copies_borrowed),
+        cmocka_unit_test(test_kv_decode_rejects),
+        cmocka_unit_test_setup_teardown(test_kv_oom, setup_alloc, teardown_alloc),
+        cmocka_unit_test_setup_teardown(test_caches_clone, setup_alloc, teardown_alloc),
+        cmocka_unit_test(test_register_kind),
+        cmocka_unit_test(test_kv_two_threads),
+        cmocka_unit_test(test_kv_random),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
