@@ -1,0 +1,167 @@
+/*
+ * cmd_model.c: `kvtier model synth` (write a deterministic synthetic
+ * checkpoint) and `kvtier model default` (print, creating on first use, the
+ * built-in default model's paths). Parses arguments only; the work is in
+ * engine/synth.c and engine/default_model.c. Never writes anything but the
+ * requested file.
+ */
+#include "cli.h"
+#include "model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvtier model synth --out FILE --dim D --hidden H --layers L --heads NH --kv-heads NKV\n"
+            "                          --vocab V --seq-len S --seed X [--separate-classifier]\n"
+            "                          [--sliding-window W --window-layers LIST] [--recurrent-layers LIST]\n"
+            "       kvtier model default      (prints the built-in model and tokenizer paths)\n"
+            "LIST is comma-separated layer indices, e.g. 1,3. Identical arguments give identical files.\n");
+}
+
+static int parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "kvtier model: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_layers(const char *flag, const char *list, kvt_synth_params *p, kvt_layer_kind kind)
+{
+    char buf[1024];
+    if (strlen(list) >= sizeof buf) {
+        fprintf(stderr, "kvtier model: %s list too long\n", flag);
+        return -1;
+    }
+    strcpy(buf, list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long long l;
+        if (parse_i64(flag, tok, 0, KVT_MODEL_MAX_LAYERS - 1, &l) != 0)
+            return -1;
+        if (p->layer_kind[l] != KVT_LAYER_ATTN && p->layer_kind[l] != kind) {
+            fprintf(stderr, "kvtier model: layer %lld is in both --window-layers and --recurrent-layers\n", l);
+            return -1;
+        }
+        p->layer_kind[l] = kind;
+    }
+    return 0;
+}
+
+static int cmd_synth(int argc, char **argv)
+{
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    const char *out = NULL;
+    int have_seed = 0;
+    struct {
+        const char *flag;
+        int32_t *dst;
+    } ints[] = {{"--dim", &p.dim},         {"--hidden", &p.hidden_dim}, {"--layers", &p.n_layers},
+                {"--heads", &p.n_heads},   {"--kv-heads", &p.n_kv_heads}, {"--vocab", &p.vocab_size},
+                {"--seq-len", &p.seq_len}, {"--sliding-window", &p.sliding_window}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--separate-classifier")) {
+            p.separate_classifier = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvtier model synth: %s needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long long x;
+        int done = 0;
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
+            if (!strcmp(a, ints[k].flag)) {
+                if (parse_i64(a, v, 0, INT32_MAX, &x) != 0)
+                    return 2;
+                *ints[k].dst = (int32_t)x;
+                done = 1;
+            }
+        if (done)
+            continue;
+        if (!strcmp(a, "--out")) {
+            out = v;
+        } else if (!strcmp(a, "--seed")) {
+            char *end;
+            errno = 0;
+            p.seed = strtoull(v, &end, 10);
+            if (errno || end == v || *end || v[0] == '-') {
+                fprintf(stderr, "kvtier model synth: --seed expects an unsigned integer, got '%s'\n", v);
+                return 2;
+            }
+            have_seed = 1;
+        } else if (!strcmp(a, "--window-layers")) {
+            if (parse_layers(a, v, &p, KVT_LAYER_WINDOW) != 0)
+                return 2;
+        } else if (!strcmp(a, "--recurrent-layers")) {
+            if (parse_layers(a, v, &p, KVT_LAYER_RECURRENT) != 0)
+                return 2;
+        } else {
+            fprintf(stderr, "kvtier model synth: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!out || !p.dim || !p.hidden_dim || !p.n_layers || !p.n_heads || !p.n_kv_heads || !p.vocab_size ||
+        !p.seq_len || !have_seed) {
+        fprintf(stderr, "kvtier model synth: --out, --dim, --hidden, --layers, --heads, --kv-heads, --vocab, "
+                        "--seq-len and --seed are required\n");
+        usage(stderr);
+        return 2;
+    }
+    for (int32_t l = p.n_layers; l < KVT_MODEL_MAX_LAYERS; l++)
+        if (p.layer_kind[l] != KVT_LAYER_ATTN) {
+            fprintf(stderr, "kvtier model synth: layer %d in a layer list, but the model has %d layers\n", l,
+                    p.n_layers);
+            return 2;
+        }
+    int rc = kvt_model_synth(&p, out);
+    if (rc != 0) {
+        fprintf(stderr, "kvtier model synth: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
+        return rc == KVT_EINVAL ? 2 : 1;
+    }
+    return 0;
+}
+
+static int cmd_default(void)
+{
+    char model[4096], tok[4096];
+    int rc = kvt_default_model(model, sizeof model, tok, sizeof tok);
+    if (rc != 0) {
+        fprintf(stderr, "kvtier model default: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
+        return 1;
+    }
+    printf("model %s\ntokenizer %s\n", model, tok);
+    return 0;
+}
+
+int kvt_cmd_model(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "synth"))
+        return cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "default"))
+        return cmd_default();
+    fprintf(stderr, "kvtier model: unknown subcommand '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
