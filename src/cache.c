@@ -58,6 +58,9 @@ static int kvt__n_kinds; /* backend kinds; the built-ins are not stored */
 
 static const kvt_cache_ops *const kvt__builtin_kinds[] = {
     &kvt__kv_ops,
+    &kvt__rotating_ops,
+    &kvt__recurrent_ops,
+    &kvt__qkv_ops,
 };
 #define KVT__N_BUILTIN ((int)(sizeof kvt__builtin_kinds / sizeof kvt__builtin_kinds[0]))
 
@@ -367,7 +370,8 @@ int kvt__tensor_expect(const kvt_cache_state *st, int32_t i, const char *name, k
 
 bool kvt__tensor_is_whole_owner(const kvt_tensor *t)
 {
-    return t->owner && t->data == kvt_buf_data(t->owner) && t->bytes == kvt_buf_bytes(t->owner);
+    return t->owner && t->data == kvt_buf_data(t->owner) && t->bytes == kvt_buf_bytes(t->owner) &&
+           (uintptr_t)t->data % kvt_dtype_size(t->dtype) == 0;
 }
 
 int kvt__params_expect(const kvt_cache_state *st, int32_t n, const char *const *names, const int64_t *lo,

@@ -16,6 +16,12 @@ extern const kvt_cache_ops kvt__rotating_ops;
 extern const kvt_cache_ops kvt__recurrent_ops;
 extern const kvt_cache_ops kvt__qkv_ops;
 
+/** kv_dim of a rotating cache (c must be one). */
+int32_t kvt__rotating_kv_dim(const kvt_cache *c);
+/** kv_dim and block_tokens of a qkv cache (c must be one). */
+int32_t kvt__qkv_kv_dim(const kvt_cache *c);
+int32_t kvt__qkv_block_tokens(const kvt_cache *c);
+
 /** Largest kv_dim, block_tokens, window or group count a built-in kind
  * accepts (create and decode): keeps every byte size far from overflow. */
 #define KVT__DIM_MAX (1 << 20)
@@ -38,8 +44,8 @@ int kvt__tensor_expect(const kvt_cache_state *st, int32_t i, const char *name, k
                        const int64_t *shape);
 
 /** Whether tensor `t` covers its owner buffer exactly (data is the start of
- * the owner and bytes its size): decode may then retain the owner instead of
- * copying (zero-copy restore). */
+ * the owner, aligned for its dtype, and bytes its size): decode may then
+ * retain the owner instead of copying (zero-copy restore). */
 bool kvt__tensor_is_whole_owner(const kvt_tensor *t);
 
 /** Checks st->n_params == n and each params[i] in [lo[i], hi[i]].

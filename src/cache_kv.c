@@ -373,6 +373,8 @@ KVT_API int32_t kvt_kv_block_tokens(const kvt_cache *c)
 {
     if (c && c->ops == &kvt__kv_ops)
         return ((const kv_cache *)c)->block_tokens;
+    if (c && c->ops == &kvt__qkv_ops)
+        return kvt__qkv_block_tokens(c);
     return 0;
 }
 
@@ -380,5 +382,9 @@ KVT_API int32_t kvt_kv_dim(const kvt_cache *c)
 {
     if (c && c->ops == &kvt__kv_ops)
         return ((const kv_cache *)c)->kv_dim;
+    if (c && c->ops == &kvt__rotating_ops)
+        return kvt__rotating_kv_dim(c);
+    if (c && c->ops == &kvt__qkv_ops)
+        return kvt__qkv_kv_dim(c);
     return 0;
 }

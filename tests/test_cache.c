@@ -549,6 +549,278 @@ static void test_caches_clone(void **state)
     kvt_caches_dispose(src, 3);
 }
 
+/* ---- rotating ------------------------------------------------------------------ */
+
+/* Oracle: token held by each slot after tokens [0, n) were written one by one. */
+static void ring_oracle(int64_t n, int window, int keep, int64_t *slot_tok)
+{
+    for (int s = 0; s < window; s++)
+        slot_tok[s] = -1;
+    for (int64_t t = 0; t < n; t++)
+        slot_tok[t < keep ? t : keep + (t - keep) % (window - keep)] = t;
+}
+
+static void check_ring(const kvt_cache *c, int64_t n, int window, int keep, int d)
+{
+    const float *k, *v;
+    int32_t nv;
+    int64_t slot_tok[64];
+    assert_int_equal(kvt_rotating_view(c, &k, &v, &nv), 0);
+    assert_int_equal(nv, n < window ? n : window);
+    assert_int_equal(kvt_cache_offset(c), n);
+    ring_oracle(n, window, keep, slot_tok);
+    for (int s = 0; s < nv; s++)
+        for (int j = 0; j < d; j++)
+            if (k[s * d + j] != val(0, slot_tok[s], j) || v[s * d + j] != val(1, slot_tok[s], j))
+                fail_msg("offset %lld slot %d elem %d: K %g V %g, want token %lld", (long long)n, s, j,
+                         k[s * d + j], v[s * d + j], (long long)slot_tok[s]);
+}
+
+static void test_rotating(void **state)
+{
+    (void)state;
+    const int d = 2;
+    kvt_cache *c = (kvt_cache *)1;
+    assert_int_equal(kvt_rotating_create(d, 4, 4, &c), KVT_EINVAL);
+    assert_null(c);
+    assert_int_equal(kvt_rotating_create(d, 0, 0, &c), KVT_EINVAL);
+    for (int keep = 0; keep < 3; keep++) {
+        const int W = 6;
+        assert_int_equal(kvt_rotating_create(d, W, keep, &c), 0);
+        assert_string_equal(kvt_cache_kind(c), "rotating");
+        assert_int_equal(kvt_kv_dim(c), d);
+        assert_int_equal(kvt_kv_block_tokens(c), 0);
+        int64_t n = 0;
+        for (int step = 1; n < 40; step = step % 9 + 1) { /* batches of 1..9 tokens */
+            assert_int_equal(append_tokens(c, n, step, d), 0);
+            n += step;
+            check_ring(c, n, W, keep, d);
+            int64_t lo, hi;
+            kvt_cache_range(c, &lo, &hi);
+            assert_int_equal(hi, n);
+            assert_int_equal(lo, n <= W ? 0 : n);
+        }
+        /* after the wrap only the offset itself */
+        assert_int_equal(kvt_cache_trim(c, n - 1), KVT_ERANGE);
+        assert_int_equal(kvt_cache_trim(c, n), 0);
+        check_ring(c, n, W, keep, d);
+        kvt_cache_dispose(c);
+    }
+    /* before the wrap: trims at every length, then refill past the window */
+    const int W = 5, keep = 1;
+    kvt_cache *src;
+    assert_int_equal(kvt_rotating_create(d, W, keep, &src), 0);
+    assert_int_equal(append_tokens(src, 0, W, d), 0); /* exactly full: still trimmable */
+    assert_int_equal(kvt_cache_can_trim(src, 0), 1);
+    for (int64_t len = 0; len <= W; len++) {
+        assert_int_equal(kvt_cache_clone(src, &c), 0);
+        assert_ptr_equal(kv_buf_of(c, 0), kv_buf_of(src, 0));
+        assert_int_equal(kvt_cache_trim(c, len), 0);
+        check_ring(c, len, W, keep, d);
+        uint64_t c0 = kvt_buf_bytes_copied();
+        assert_int_equal(append_tokens(c, len, 9, d), 0); /* copy-on-write of the valid slots */
+        assert_int_equal(kvt_buf_bytes_copied() - c0, (uint64_t)len * 2 * d * sizeof(float));
+        check_ring(c, len + 9, W, keep, d);
+        check_ring(src, W, W, keep, d);
+        uint64_t c1 = kvt_buf_bytes_copied();
+        assert_int_equal(append_tokens(c, len + 9, 2, d), 0); /* now private: in place */
+        assert_int_equal(kvt_buf_bytes_copied(), c1);
+        check_ring(c, len + 11, W, keep, d);
+        kvt_cache_dispose(c);
+    }
+    assert_int_equal(kvt_cache_bytes(src), sizeof(float) * 2 * W * d + src->ops->private_bytes(src));
+    kvt_cache_dispose(src);
+}
+
+static void test_rotating_encode_decode(void **state)
+{
+    (void)state;
+    const int d = 3, W = 4, keep = 1;
+    for (int64_t n = 0; n <= 9; n += 3) {
+        kvt_cache *c, *r;
+        assert_int_equal(kvt_rotating_create(d, W, keep, &c), 0);
+        assert_int_equal(append_tokens(c, 0, n, d), 0);
+        kvt_cache_state st;
+        assert_int_equal(kvt_cache_encode(c, &st), 0);
+        assert_string_equal(st.kind, "rotating");
+        assert_int_equal(st.offset, n);
+        assert_int_equal(st.min_offset, n <= W ? 0 : n);
+        assert_int_equal(st.n_params, 3);
+        assert_true(st.params[0] == d && st.params[1] == W && st.params[2] == keep);
+        assert_int_equal(st.n_tensors, 1);
+        assert_string_equal(st.tensors[0].name, "ring");
+        assert_int_equal(st.tensors[0].dtype, KVT_DTYPE_F32);
+        assert_true(st.tensors[0].ndim == 3 && st.tensors[0].shape[0] == 2 && st.tensors[0].shape[1] == W &&
+                    st.tensors[0].shape[2] == d);
+        assert_int_equal(st.tensors[0].tok_begin, -1);
+        assert_int_equal(kvt_cache_decode(&st, &r), 0);
+        assert_ptr_equal(kv_buf_of(r, 0), kv_buf_of(c, 0)); /* zero-copy */
+        check_ring(r, n, W, keep, d);
+        int64_t lo, hi;
+        kvt_cache_range(r, &lo, &hi);
+        assert_int_equal(lo, st.min_offset);
+        kvt_cache_state_free(&st);
+        kvt_cache_dispose(c);
+        /* r holds the decoded ring alone; it is foreign, so a write copies */
+        uint64_t c0 = kvt_buf_bytes_copied();
+        assert_int_equal(append_tokens(r, n, 2, d), 0);
+        assert_int_equal(kvt_buf_bytes_copied() - c0, (uint64_t)(n < W ? n : W) * 2 * d * sizeof(float));
+        check_ring(r, n + 2, W, keep, d);
+        kvt_cache_dispose(r);
+    }
+    /* rejects */
+    kvt_cache *c, *r = (kvt_cache *)1;
+    assert_int_equal(kvt_rotating_create(d, W, keep, &c), 0);
+    assert_int_equal(append_tokens(c, 0, 6, d), 0);
+    for (int k = 0; k < 6; k++) {
+        kvt_cache_state st;
+        assert_int_equal(kvt_cache_encode(c, &st), 0);
+        const char *msg = NULL;
+        switch (k) {
+        case 0: st.params[2] = W; msg = "keep = 4 is outside [0, 3]"; break;
+        case 1: st.params[1] = 0; msg = "window = 0"; break;
+        case 2: st.min_offset = 0; msg = "min_offset is 0"; break;
+        case 3: st.n_tensors = 0; msg = "0 tensors, expected 1"; break;
+        case 4: strcpy(st.tensors[0].name, "rung"); msg = "expected \"ring\""; break;
+        case 5: st.n_params = 4; msg = "4 params, expected 3"; break;
+        }
+        int rc = kvt_cache_decode(&st, &r);
+        if (rc != KVT_EFORMAT || !strstr(kvt_last_error(), msg))
+            fail_msg("case %d: rc %d (%s), want \"%s\"", k, rc, kvt_last_error(), msg);
+        assert_null(r);
+        if (k == 3)
+            st.n_tensors = 1;
+        kvt_cache_state_free(&st);
+    }
+    kvt_cache_dispose(c);
+}
+
+/* ---- recurrent ------------------------------------------------------------------ */
+
+static void test_recurrent(void **state)
+{
+    (void)state;
+    kvt_cache *c, *d2;
+    assert_int_equal(kvt_recurrent_create(0, &c), KVT_EINVAL);
+    assert_int_equal(kvt_recurrent_create(16, &c), 0);
+    assert_string_equal(kvt_cache_kind(c), "recurrent");
+    const unsigned char *s = kvt_recurrent_state(c);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(s[i], 0);
+    unsigned char s1[16], s2[16];
+    for (int i = 0; i < 16; i++) {
+        s1[i] = (unsigned char)(i + 1);
+        s2[i] = (unsigned char)(200 - i);
+    }
+    const void *in1[1] = {s1}, *in2[1] = {s2}, *bad[1] = {NULL};
+    assert_int_equal(kvt_cache_append(c, 3, bad), KVT_EINVAL);
+    assert_int_equal(kvt_cache_append(c, 3, in1), 0);
+    int64_t lo, hi;
+    kvt_cache_range(c, &lo, &hi);
+    assert_int_equal(lo, 3);
+    assert_int_equal(hi, 3);
+    assert_memory_equal(kvt_recurrent_state(c), s1, 16);
+    assert_int_equal(kvt_cache_trim(c, 2), KVT_ERANGE);
+    assert_int_equal(kvt_cache_trim(c, 0), KVT_ERANGE);
+    assert_int_equal(kvt_cache_trim(c, 3), 0);
+    assert_null(kvt_recurrent_state(NULL));
+    assert_int_equal(kvt_cache_bytes(c), 16 + c->ops->private_bytes(c));
+
+    /* clone shares; a write into the clone takes a new buffer, copies nothing */
+    assert_int_equal(kvt_cache_clone(c, &d2), 0);
+    assert_ptr_equal(kvt_recurrent_state(d2), kvt_recurrent_state(c));
+    assert_int_equal(kvt_buf_refs(kv_buf_of(c, 0)), 2);
+    uint64_t c0 = kvt_buf_bytes_copied();
+    assert_int_equal(kvt_cache_append(d2, 2, in2), 0);
+    assert_int_equal(kvt_buf_bytes_copied(), c0);
+    assert_memory_equal(kvt_recurrent_state(c), s1, 16);
+    assert_memory_equal(kvt_recurrent_state(d2), s2, 16);
+    assert_int_equal(kvt_cache_offset(d2), 5);
+    assert_int_equal(kvt_cache_offset(c), 3);
+    /* private now: in place */
+    const void *p = kvt_recurrent_state(d2);
+    assert_int_equal(kvt_cache_append(d2, 1, in1), 0);
+    assert_ptr_equal(kvt_recurrent_state(d2), p);
+    assert_memory_equal(p, s1, 16);
+    kvt_cache_dispose(d2);
+    kvt_cache_dispose(c);
+}
+
+static void test_recurrent_encode_decode(void **state)
+{
+    (void)state;
+    /* a state whose owner wraps memory kvtier does not own (a file region) */
+    static unsigned char region[32];
+    for (int i = 0; i < 32; i++)
+        region[i] = (unsigned char)(3 * i);
+    kvt_buf *owner;
+    assert_int_equal(kvt_buf_wrap(region, sizeof region, NULL, NULL, &owner), 0);
+    kvt_cache_state st;
+    memset(&st, 0, sizeof st);
+    strcpy(st.kind, "recurrent");
+    st.offset = st.min_offset = 7;
+    st.n_params = 1;
+    st.params[0] = 32;
+    kvt_tensor t;
+    memset(&t, 0, sizeof t);
+    strcpy(t.name, "state");
+    t.dtype = KVT_DTYPE_U8;
+    t.ndim = 1;
+    t.shape[0] = 32;
+    t.data = region;
+    t.bytes = 32;
+    t.owner = owner;
+    st.n_tensors = 1;
+    st.tensors = &t;
+    kvt_cache *r;
+    assert_int_equal(kvt_cache_decode(&st, &r), 0);
+    assert_ptr_equal(kvt_recurrent_state(r), region); /* zero-copy */
+    assert_int_equal(kvt_cache_offset(r), 7);
+    /* decode failures */
+    const char *msgs[4] = {"state_bytes = 0", "not a single point", "dtype I8", "has shape (31)"};
+    for (int k = 0; k < 4; k++) {
+        kvt_cache_state bad = st;
+        kvt_tensor bt = t;
+        bad.tensors = &bt;
+        if (k == 0)
+            bad.params[0] = 0;
+        if (k == 1)
+            bad.min_offset = 0;
+        if (k == 2)
+            bt.dtype = KVT_DTYPE_I8;
+        if (k == 3) {
+            bt.shape[0] = 31;
+            bt.bytes = 31;
+        }
+        kvt_cache *x = (kvt_cache *)1;
+        int rc = kvt_cache_decode(&bad, &x);
+        if (rc != KVT_EFORMAT || !strstr(kvt_last_error(), msgs[k]))
+            fail_msg("case %d: rc %d (%s), want \"%s\"", k, rc, kvt_last_error(), msgs[k]);
+        assert_null(x);
+    }
+    kvt_buf_release(owner); /* r holds the region alone now */
+    unsigned char s[32];
+    memset(s, 0xAB, sizeof s);
+    const void *in[1] = {s};
+    assert_int_equal(kvt_cache_append(r, 1, in), 0);
+    assert_int_equal(region[5], 15); /* the foreign region was never written */
+    assert_memory_equal(kvt_recurrent_state(r), s, 32);
+    /* round trip through encode */
+    kvt_cache_state st2;
+    kvt_cache *r2;
+    assert_int_equal(kvt_cache_encode(r, &st2), 0);
+    assert_int_equal(st2.offset, 8);
+    assert_int_equal(st2.min_offset, 8);
+    assert_int_equal(st2.params[0], 32);
+    assert_string_equal(st2.tensors[0].name, "state");
+    assert_int_equal(kvt_cache_decode(&st2, &r2), 0);
+    assert_memory_equal(kvt_recurrent_state(r2), s, 32);
+    assert_int_equal(kvt_cache_offset(r2), 8);
+    kvt_cache_state_free(&st2);
+    kvt_cache_dispose(r);
+    kvt_cache_dispose(r2);
+}
+
 /* ---- registry ------------------------------------------------------------------ */
 
 static size_t dummy_private(const kvt_cache *c) { (void)c; return 8; }
@@ -735,6 +1007,10 @@ int main(void)
         cmocka_unit_test(test_kv_decode_rejects),
         cmocka_unit_test_setup_teardown(test_kv_oom, setup_alloc, teardown_alloc),
         cmocka_unit_test_setup_teardown(test_caches_clone, setup_alloc, teardown_alloc),
+        cmocka_unit_test(test_rotating),
+        cmocka_unit_test(test_rotating_encode_decode),
+        cmocka_unit_test(test_recurrent),
+        cmocka_unit_test(test_recurrent_encode_decode),
         cmocka_unit_test(test_register_kind),
         cmocka_unit_test(test_kv_two_threads),
         cmocka_unit_test(test_kv_random),
