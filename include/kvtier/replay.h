@@ -1,0 +1,139 @@
+/*
+ * kvtier/replay.h: serving-trace replay: load a Mooncake-format trace, turn
+ * its requests into token sequences, and measure what a prefix cache of a
+ * given block capacity would have saved (issue 6).
+ *
+ * Trace format (JSON lines, ../shared/data/README.md): one request a line,
+ * {"timestamp": ms, "input_length": tokens, "output_length": tokens,
+ *  "hash_ids": [int, ...]}, one hash id per 512-token block of the input,
+ * each id standing for that block and every block before it.
+ *
+ * Two engines run a trace:
+ *   - the block-level simulator (kvt_replay_sim): ids only, no kv bytes.
+ *     Policies "lru-ref" (plain block LRU, every id touched in request order:
+ *     the cross-check against the README's table), "opt" (Belady's offline
+ *     optimum: evict the block whose next use is farthest, never admit a block
+ *     used later than everything resident) and every kvt_block_policy name
+ *     (driven like the prompt cache drives it).
+ *   - the real prompt cache (kvt_replay_cache, when the library has it): each
+ *     request's prompt is taken, extended and put back through the RAM tier.
+ * A simulator hit is a hash id resident at lookup; "prefix" hits count only
+ * the blocks before a request's first miss (what a prefix cache can use).
+ *
+ * Thread-safety: a loaded trace is read-only and may be shared by threads;
+ * each replay call uses only its own state.
+ */
+#ifndef KVTIER_REPLAY_H
+#define KVTIER_REPLAY_H
+
+#include "kvtier/common.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Tokens per trace hash id (Mooncake blocks). */
+#define KVT_TRACE_BLOCK_TOKENS 512
+
+/** One request of a trace. */
+typedef struct kvt_trace_request {
+    int64_t timestamp_ms;  /* arrival, ms from trace start */
+    int32_t input_length;  /* prompt tokens, >= 1 */
+    int32_t output_length; /* generated tokens, >= 0 */
+    int32_t n_blocks;      /* hash ids = ceil(input_length / 512) */
+    int64_t first;         /* index of its first id in kvt_trace.ids */
+} kvt_trace_request;
+
+/** A loaded trace (plain data, read-only after loading). */
+typedef struct kvt_trace {
+    int64_t n_requests;
+    kvt_trace_request *requests; /* (n_requests) */
+    int64_t n_ids;
+    int64_t *ids;                /* (n_ids) every request's hash ids, in order */
+    int64_t max_id;              /* largest id (ids are >= 0) */
+} kvt_trace;
+
+/** Loads a trace file.
+ *
+ * @param path         JSON lines file (borrowed).
+ * @param max_requests load at most this many requests (first lines); <= 0
+ *                     loads all.
+ * @param out          receives the trace; the caller frees it with
+ *                     kvt_trace_free().
+ * @return 0; -errno (cannot open or read); KVT_EFORMAT (a line that is not
+ *         a request object, a negative id or length, or a hash_ids length
+ *         that is not ceil(input_length / 512): kvt_last_error names the
+ *         line and field); KVT_EINVAL (NULL argument); KVT_ENOMEM. On error
+ *         *out is NULL.
+ */
+KVT_API int kvt_trace_load(const char *path, int64_t max_requests, kvt_trace **out);
+
+/** Frees a trace (NULL is a no-op). */
+KVT_API void kvt_trace_free(kvt_trace *t);
+
+/** The 512 tokens that stand for hash id `id`.
+ *
+ * Deterministic (splitmix64 seeded by the id): equal ids give equal tokens,
+ * different ids give different tokens from the first one on (ids map one to
+ * one to first tokens for ids < 2^31), so two prompts share a token prefix
+ * exactly as long as they share hash ids. Tokens are in [0, 2^31).
+ * @param out receives KVT_TRACE_BLOCK_TOKENS tokens. Thread-safe.
+ */
+KVT_API void kvt_trace_block_tokens(int64_t id, int32_t *out);
+
+/** The prompt of request `r`: its blocks' tokens, concatenated, cut to
+ * input_length. The partial last block (input_length not a multiple of 512)
+ * is the first input_length % 512 tokens of its id's 512 tokens: the trace
+ * gives that partial block its own id, so it is only ever shared with a
+ * prompt holding the very same partial block.
+ * @param out receives r->input_length tokens (the caller sizes it).
+ * @return 0 or KVT_EINVAL (NULL argument). Thread-safe.
+ */
+KVT_API int kvt_trace_prompt(const kvt_trace *t, const kvt_trace_request *r, int32_t *out);
+
+/** What a replay measured. Block figures count trace blocks (512 tokens). */
+typedef struct kvt_replay_result {
+    int64_t requests;         /* requests replayed */
+    int64_t blocks;           /* blocks requested (sum of n_blocks) */
+    int64_t block_hits;       /* simulator: ids resident at lookup; cache:
+                                 blocks whose reusable tokens all came from
+                                 the cache (RAM or SSD) */
+    int64_t prefix_block_hits; /* hits before each request's first miss */
+    int64_t tokens;           /* prompt tokens requested */
+    int64_t token_hits;       /* prompt tokens served from the cache */
+    int64_t ram_block_hits, ssd_block_hits; /* cache: hits by tier */
+    int64_t bytes_spilled, bytes_restored;  /* cache: to and from the SSD tier */
+    int64_t entries_evicted;  /* cache: entries dropped or spilled whole */
+    int64_t blocks_trimmed;   /* cache: blocks cut off entry tails */
+    int64_t peak_blocks;      /* most blocks resident at once */
+    double seconds;           /* wall time of the replay loop */
+} kvt_replay_result;
+
+/** Names the simulator accepts: "lru-ref", "opt", then the block policies.
+ * @param names receives `count` static strings (may be NULL): a static
+ *        array. @return the count. Thread-safe. */
+KVT_API int kvt_replay_sim_policies(const char *const **names);
+
+/** Progress callback: `done` of `total` requests replayed; return non-zero
+ * to stop early (the result then covers the requests done). */
+typedef int (*kvt_replay_progress_fn)(int64_t done, int64_t total, void *ctx);
+
+/** Replays a trace through the block-level simulator.
+ *
+ * @param t               the trace (borrowed for the call).
+ * @param policy          a kvt_replay_sim_policies() name.
+ * @param capacity_blocks resident blocks at most, >= 1.
+ * @param progress        called every 256 requests and at the end (may be NULL).
+ * @param out             receives the figures (zeroed first).
+ * @return 0; KVT_EINVAL (NULL argument, capacity < 1); KVT_ENOTFOUND
+ *         (unknown policy); KVT_ENOMEM.
+ */
+KVT_API int kvt_replay_sim(const kvt_trace *t, const char *policy, int64_t capacity_blocks,
+                           kvt_replay_progress_fn progress, void *ctx, kvt_replay_result *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_REPLAY_H */

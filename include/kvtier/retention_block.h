@@ -1,0 +1,111 @@
+/*
+ * kvtier/retention_block.h: block-granular retention policies for prefix
+ * caches: which resident kv block to evict next.
+ *
+ * A prefix cache holds kv blocks (B consecutive tokens each) that form a
+ * radix tree: block d of a prompt is only useful while blocks 0..d-1 of the
+ * same prompt are resident. A kvt_block_policy keeps the resident set's
+ * eviction order. The owner (the prompt cache, the trace replay) tells it
+ * which blocks a request used (kvt_block_policy_touch), asks for the next
+ * victim when it is over its byte or block budget (kvt_block_policy_victim)
+ * and reports removals (kvt_block_policy_remove). The policy never frees
+ * anything itself and has no budget of its own.
+ *
+ * Leaf first: when the caller names a block's parent, the child's priority is
+ * capped at the parent's, and ties go to the deeper block, so a victim never
+ * has a resident child whose priority is higher (a long conversation loses its
+ * cold end first, never its head). Issue 6.
+ *
+ * Policies (kvt_block_policy_names):
+ *   lru       block-level LRU: priority = time of last use (the request
+ *             clock the caller passes), deeper blocks first on ties.
+ *   lfu-aged  recency plus frequency: priority = last use + capacity *
+ *             min(uses - 1, 3), with uses counted in a count-min sketch of
+ *             16 counters per capacity block (so history survives eviction,
+ *             TinyLFU-style) and halved every 32 * capacity touches (aging).
+ *             A block used once has to wait one capacity of newer traffic to
+ *             outrank a block used twice: single-use blocks (most blocks of
+ *             real chat traffic, DESIGN.md notes on issue 6) leave first.
+ * Both put a prompt's partial last block (KVT_BLOCK_TAIL) first in line:
+ * the next turn re-sends it with more tokens, so it is rarely reused as is.
+ *
+ * Thread-safety: one policy object is used by one thread at a time (the
+ * prompt cache calls it under its own lock).
+ */
+#ifndef KVTIER_RETENTION_BLOCK_H
+#define KVTIER_RETENTION_BLOCK_H
+
+#include "kvtier/common.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_block_policy kvt_block_policy;
+
+/** Flag for kvt_block_policy_touch: the block is the partial last block of
+ * a prompt (fewer than B tokens). */
+#define KVT_BLOCK_TAIL 1u
+
+/** Names of the block policies, in a fixed order.
+ * @param names receives a static array of `count` static strings (may be NULL).
+ * @return the count (>= 2). Thread-safe. */
+KVT_API int kvt_block_policy_names(const char *const **names);
+
+/** Creates a block policy.
+ *
+ * @param name            one of kvt_block_policy_names() (borrowed).
+ * @param capacity_blocks the owner's budget in blocks (>= 1): scales the
+ *        frequency bonus and the sketch; the policy still holds any number
+ *        of blocks.
+ * @param out receives the policy; the caller frees it with
+ *        kvt_block_policy_destroy().
+ * @return 0; KVT_EINVAL (NULL argument, capacity < 1); KVT_ENOTFOUND
+ *         (unknown name; kvt_last_error lists the names); KVT_ENOMEM.
+ */
+KVT_API int kvt_block_policy_create(const char *name, int64_t capacity_blocks,
+                                    kvt_block_policy **out);
+
+/** Frees the policy (NULL is a no-op). */
+KVT_API void kvt_block_policy_destroy(kvt_block_policy *p);
+
+/** The policy's name (static string). */
+KVT_API const char *kvt_block_policy_name(const kvt_block_policy *p);
+
+/** Records a use of block `key`, inserting it when absent.
+ *
+ * @param key    the block's identity (e.g. a chained hash of its prefix);
+ *               any value but 0.
+ * @param parent the key of the block before it in the prompt, or 0 for the
+ *               first block. When the parent is tracked, the block's
+ *               priority is capped at the parent's (leaf first).
+ * @param now    the caller's clock, non-decreasing (the replay passes the
+ *               count of blocks requested before this request, so every
+ *               block of one request gets the same time).
+ * @param depth  block index in its prompt (0 for the first block).
+ * @param flags  0 or KVT_BLOCK_TAIL.
+ * @return 0; KVT_EINVAL (key 0); KVT_ENOMEM (the policy is unchanged).
+ */
+KVT_API int kvt_block_policy_touch(kvt_block_policy *p, uint64_t key, uint64_t parent, int64_t now,
+                                   int32_t depth, unsigned flags);
+
+/** Whether block `key` is tracked (1) or not (0). */
+KVT_API int kvt_block_policy_contains(const kvt_block_policy *p, uint64_t key);
+
+/** The next block to evict (the lowest priority), without removing it.
+ * @return 0; KVT_ENOTFOUND when no block is tracked. */
+KVT_API int kvt_block_policy_victim(const kvt_block_policy *p, uint64_t *key);
+
+/** Forgets block `key` (the owner evicted or dropped it). Its use count
+ * stays in the sketch. @return 0 or KVT_ENOTFOUND. */
+KVT_API int kvt_block_policy_remove(kvt_block_policy *p, uint64_t key);
+
+/** Blocks tracked. */
+KVT_API int64_t kvt_block_policy_count(const kvt_block_policy *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_RETENTION_BLOCK_H */
