@@ -1,0 +1,273 @@
+/*
+ * cmd_chat.c: `kvtier chat`, the main job: a multi-turn chat on the
+ * reference engine whose turns prefill only what the prompt cache does not
+ * already hold. Replies go to stdout; after each reply exactly one line goes
+ * to stderr: "turn N: reused R tokens, prefilled P tokens, ttft T ms"
+ * (scripts rely on it). Owns argument parsing and output; the work is in
+ * engine/chat.c. Must never print anything else on stderr between turns.
+ */
+#include "chat.h"
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvtier chat [--model M.bin --tokenizer T.bin] [--script FILE] [--session ID]\n"
+            "                   [--prompt-cache BYTES] [--kv-budget BYTES] [--max-tokens N]\n"
+            "                   [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
+            "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
+            "\n"
+            "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
+            "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
+            "already holds, so only new tokens are prefilled. Replies go to stdout; after each\n"
+            "reply one line goes to stderr:\n"
+            "    turn N: reused R tokens, prefilled P tokens, ttft T ms\n"
+            "\n"
+            "  --model, --tokenizer  llama2.c checkpoint and tokenizer.bin (default: the built-in\n"
+            "                        default model, created on first use)\n"
+            "  --script FILE         one user message per line (blank and '#' lines skipped);\n"
+            "                        default: read messages from stdin\n"
+            "  --session ID          session id for affinity (default \"chat\")\n"
+            "  --prompt-cache BYTES  RAM prompt cache (default 1G); 0 keeps nothing: the\n"
+            "                        cache-off baseline. Suffixes K, M, G, T (x1024).\n"
+            "  --kv-budget BYTES     admission budget of projected KV bytes (default unlimited)\n"
+            "  --max-tokens, --steps N  reply tokens per turn (default 64)\n"
+            "  --temperature T       0 = greedy (default); --top-p P, --seed S as kvtier generate\n"
+            "  --block-tokens B      kv block size in tokens (default 256)\n"
+            "  --adapter NAME --adapter-version V  state namespace \"NAME@V\" (default: base model)\n"
+            "  --multiline           let replies run past a newline (default: stop at '\\n')\n"
+            "  --stats               print the service report (JSON) to stderr at the end\n"
+            "\n"
+            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
+}
+
+static int usage_error(const char *msg, const char *arg)
+{
+    fprintf(stderr, "kvtier chat: %s%s%s (kvtier chat --help for usage)\n", msg, arg ? " " : "", arg ? arg : "");
+    return 2;
+}
+
+static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || !end || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "kvtier chat: %s wants an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, v);
+        return 2;
+    }
+    *out = x;
+    return 0;
+}
+
+static int parse_f32(const char *flag, const char *v, float lo, float hi, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    float x = strtof(v, &end);
+    if (errno || !end || *end || end == v || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "kvtier chat: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
+        return 2;
+    }
+    *out = x;
+    return 0;
+}
+
+/* Prints a reply: printable ASCII, tab and UTF-8 bytes as they are, other
+ * control bytes escaped (synthetic models emit arbitrary bytes). */
+static void print_reply(const char *r)
+{
+    for (const unsigned char *p = (const unsigned char *)r; *p; p++) {
+        if (*p >= 0x20 && *p != 0x7f)
+            fputc(*p, stdout);
+        else if (*p == '\t')
+            fputc('\t', stdout);
+        else
+            fprintf(stdout, "\\x%02x", *p);
+    }
+    fputc('\n', stdout);
+    fflush(stdout);
+}
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "kvtier chat: %s: %s (%s)\n", what, kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc),
+            kvt_strerror(rc));
+    return 1;
+}
+
+/* Reads one line from stdin into *buf (grown); 0 at EOF. */
+static int read_line(char **buf, size_t *cap)
+{
+    ssize_t n = getline(buf, cap, stdin);
+    if (n < 0)
+        return 0;
+    while (n > 0 && isspace((unsigned char)(*buf)[n - 1]))
+        (*buf)[--n] = '\0';
+    return 1;
+}
+
+int kvt_cmd_chat(int argc, char **argv)
+{
+    const char *model_path = NULL, *tok_path = NULL, *script = NULL, *session = "chat";
+    const char *adapter = NULL, *adapter_version = NULL;
+    uint64_t pc_bytes = 1ull << 30, kv_budget = 0;
+    long long max_tokens = 64, seed = 42, block = 256;
+    float temperature = 0.0f, topp = 0.9f;
+    int multiline = 0, stats = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--multiline")) {
+            multiline = 1;
+            continue;
+        }
+        if (!strcmp(a, "--stats")) {
+            stats = 1;
+            continue;
+        }
+        static const char *const with_value[] = {"--model", "--tokenizer", "--script", "--session",
+                                                 "--prompt-cache", "--kv-budget", "--max-tokens", "--steps",
+                                                 "--temperature", "--top-p", "--seed", "--block-tokens",
+                                                 "--adapter", "--adapter-version", NULL};
+        int known = 0;
+        for (int k = 0; with_value[k]; k++)
+            known |= !strcmp(a, with_value[k]);
+        if (!known)
+            return usage_error("unknown flag", a);
+        if (i + 1 >= argc)
+            return usage_error("missing value after", a);
+        const char *v = argv[++i];
+        int rc = 0;
+        if (!strcmp(a, "--model"))
+            model_path = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tok_path = v;
+        else if (!strcmp(a, "--script"))
+            script = v;
+        else if (!strcmp(a, "--session"))
+            session = v;
+        else if (!strcmp(a, "--adapter"))
+            adapter = v;
+        else if (!strcmp(a, "--adapter-version"))
+            adapter_version = v;
+        else if (!strcmp(a, "--prompt-cache") || !strcmp(a, "--kv-budget")) {
+            if (kvt_chat_parse_bytes(a, v, !strcmp(a, "--kv-budget") ? &kv_budget : &pc_bytes)) {
+                fprintf(stderr, "kvtier chat: %s\n", kvt_last_error());
+                return 2;
+            }
+        } else if (!strcmp(a, "--max-tokens") || !strcmp(a, "--steps"))
+            rc = parse_i64(a, v, 1, INT32_MAX, &max_tokens);
+        else if (!strcmp(a, "--temperature"))
+            rc = parse_f32(a, v, 0.0f, INFINITY, &temperature);
+        else if (!strcmp(a, "--top-p"))
+            rc = parse_f32(a, v, 0.0f, 1.0f, &topp);
+        else if (!strcmp(a, "--seed"))
+            rc = parse_i64(a, v, 1, LLONG_MAX, &seed);
+        else if (!strcmp(a, "--block-tokens"))
+            rc = parse_i64(a, v, 1, 1 << 20, &block);
+        if (rc)
+            return rc;
+    }
+    char ns[512];
+    if (kvt_service_ns(adapter, adapter_version, ns, sizeof ns)) {
+        fprintf(stderr, "kvtier chat: %s\n", kvt_last_error());
+        return 2;
+    }
+    if ((model_path != NULL) != (tok_path != NULL))
+        return usage_error(model_path ? "--model given without --tokenizer" : "--tokenizer given without --model",
+                           NULL);
+
+    char **lines = NULL;
+    int32_t n_lines = 0;
+    if (script) {
+        int rc = kvt_chat_script_load(script, &lines, &n_lines);
+        if (rc)
+            return fail("cannot read the script", rc);
+    }
+    kvt_model *m = NULL;
+    kvt_tokenizer *tok = NULL;
+    kvt_service *svc = NULL;
+    kvt_chat *chat = NULL;
+    char *line = NULL;
+    size_t line_cap = 0;
+    int status = 1, rc;
+    if ((rc = kvt_chat_load(model_path, tok_path, &m, &tok))) {
+        status = fail("cannot load the model", rc);
+        goto done;
+    }
+    kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,
+                                .block_tokens = (int32_t)block};
+    if ((rc = kvt_chat_service_create(m, &so, &svc))) {
+        status = fail("cannot create the cache service", rc);
+        goto done;
+    }
+    kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = temperature,
+                        .topp = topp, .seed = (uint64_t)seed, .multiline = multiline};
+    if ((rc = kvt_chat_create(m, tok, svc, &co, &chat))) {
+        status = fail("cannot start the chat", rc);
+        goto done;
+    }
+    int interactive = !script && isatty(STDIN_FILENO);
+    for (int32_t turn = 1;; turn++) {
+        const char *msg;
+        if (script) {
+            if (turn > n_lines)
+                break;
+            msg = lines[turn - 1];
+        } else {
+            if (interactive) {
+                fputs("> ", stderr);
+                fflush(stderr);
+            }
+            if (!read_line(&line, &line_cap))
+                break;
+            if (!line[0]) {
+                turn--;
+                continue;
+            }
+            msg = line;
+        }
+        const char *reply = NULL;
+        kvt_turn_stats st;
+        if ((rc = kvt_chat_turn(chat, msg, &reply, NULL, NULL, &st))) {
+            status = fail("turn failed", rc);
+            goto done;
+        }
+        print_reply(reply);
+        fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", turn,
+                (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
+        fflush(stderr);
+    }
+    if (stats) {
+        char *json = NULL;
+        if (kvt_service_report_json(svc, &json) == 0)
+            fprintf(stderr, "%s\n", json);
+        kvt_service_json_free(json);
+    }
+    status = 0;
+done:
+    free(line);
+    kvt_chat_free(chat);
+    if (svc) {
+        if ((rc = kvt_service_close(svc)) && status == 0)
+            status = fail("closing the cache service failed", rc);
+        kvt_service_destroy(svc);
+    }
+    kvt_tokenizer_free(tok);
+    kvt_model_free(m);
+    kvt_chat_script_free(lines, n_lines);
+    return status;
+}

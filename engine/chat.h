@@ -1,0 +1,178 @@
+/*
+ * chat.h: generation through the cache service, and multi-turn chat on the
+ * reference engine (issue 4: the main job).
+ *
+ * kvt_chat_generate() is the engine side of DESIGN.md 3.14 and section 6:
+ * admit, acquire (the longest reusable prefix), prefill only the tokens past
+ * it, publish a zero-copy snapshot of the caches taken exactly at the prompt
+ * boundary (before the first generated token), decode, publish the
+ * prompt+generation entry, release.
+ *
+ * kvt_chat is a conversation: every turn renders the whole conversation with
+ * the chat template and re-encodes it, as real chat traffic does (the reply
+ * is re-sent as text, so its tokens may differ from the generated ones:
+ * "drift"); the prompt cache makes the turn cost only its new tokens.
+ *
+ * Thread-safety: one generation or chat at a time per model (the model's
+ * scratch is not shared); the service may be shared by several.
+ */
+#ifndef KVT_ENGINE_CHAT_H
+#define KVT_ENGINE_CHAT_H
+
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+#include "kvtier/service.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the service of a model ------------------------------------------------- */
+
+/** Settings of kvt_chat_service_create(). Zero-initialise, then set. */
+typedef struct kvt_chat_service_opts {
+    uint64_t prompt_cache_bytes;  /* RAM prompt cache; 0 keeps nothing (cache off) */
+    uint64_t kv_budget_bytes;     /* admission budget; 0 = unlimited */
+    int32_t block_tokens;         /* kv block size in tokens; 0 = 256 */
+    const kvt_cold_tier *cold;    /* optional cold tier (borrowed; must outlive the service) */
+} kvt_chat_service_opts;
+
+/** Creates a cache service for `m`: layer growth from the model's layer
+ * kinds (ATTN per token in whole blocks, WINDOW capped at W, RECURRENT
+ * fixed), position limit seq_len, fresh caches from kvt_model_new_caches.
+ * @param m borrowed: must outlive the service.
+ * @param out caller frees with kvt_service_destroy().
+ * @return 0, KVT_EINVAL, KVT_ENOMEM, or kvt_service_create's error. */
+KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_opts *o, kvt_service **out);
+
+/* ---- one generation ------------------------------------------------------------- */
+
+/** What one generation did. Times in milliseconds. */
+typedef struct kvt_turn_stats {
+    int64_t prompt_tokens;     /* tokens of the prompt */
+    int64_t reused_tokens;     /* prompt tokens served by the service (not prefilled) */
+    int64_t prefilled_tokens;  /* prompt tokens run by prefill */
+    int64_t generated_tokens;  /* tokens of the reply (stop token excluded) */
+    double ttft_ms;            /* admit start to the first generated token chosen */
+    double prefill_ms;         /* time inside kvt_model_prefill */
+    double total_ms;           /* admit start to release */
+} kvt_turn_stats;
+
+/** Settings of one generation. Zero-initialise, then set. */
+typedef struct kvt_gen_opts {
+    int64_t max_tokens;        /* reply tokens at most (>= 1); clamped to the
+                                  positions the model has left after the prompt */
+    const char *ns;            /* state namespace (kvt_service_ns), NULL = "" */
+    const char *session;       /* session id, NULL = none */
+    int64_t admit_timeout_ms;  /* wait for room in the KV budget; < 0 forever, 0 not at all */
+    const kvt_tokenizer *stop_tok; /* optional: stop before a token whose decoded
+                                  piece holds '\n' (one-line replies) */
+} kvt_gen_opts;
+
+/** Generates a reply to `prompt` through the service.
+ *
+ * Stops before EOS or BOS, before a newline piece (when stop_tok is set), or
+ * after max_tokens. Prompt-boundary snapshots (when the service keeps state):
+ * the caches holding exactly the prompt are cloned (zero-copy) and published
+ * before the first generated token is fed; when some layer could not be cut
+ * back to n_prompt - 1 tokens at that point (recurrent state, a wrapped
+ * window) a snapshot of n_prompt - 1 tokens is published too, so an exact
+ * repeat of the prompt reuses n_prompt - 1 tokens on every cache kind. At
+ * the end the caches holding prompt + fed reply tokens are published.
+ * A failing publish is not an error of the generation (the state is simply
+ * not kept); it is counted in the service's report.
+ *
+ * @param m, svc, sampler borrowed; svc built for m.
+ * @param prompt (n_prompt) token ids, n_prompt >= 1.
+ * @param reply  receives the reply tokens, (reply_cap,) int32; reply_cap >= max_tokens.
+ * @param n_reply receives the reply length.
+ * @param st     NULL or receives the figures.
+ * @return 0; KVT_EINVAL; KVT_ELIMIT / KVT_EAGAIN from admission (the message
+ *   says what to lower); an error of acquire, prefill or decode (the request
+ *   is released, nothing is published after the error).
+ * Not thread-safe for one model or sampler. */
+KVT_API int kvt_chat_generate(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, const int32_t *prompt,
+                              int64_t n_prompt, const kvt_gen_opts *o, int32_t *reply, int64_t reply_cap,
+                              int64_t *n_reply, kvt_turn_stats *st);
+
+/* ---- chat template and scripts ----------------------------------------------------- */
+
+/** Renders the conversation as the template's text:
+ *   for each earlier turn i: "User: <user[i]>\nAssistant:<reply[i]>\n"
+ *   then for the current turn: "User: <user[n-1]>\nAssistant:"
+ * Replies are stored as decoded (they usually start with a space).
+ * @param user (n_turns) messages, reply (n_turns - 1) replies, borrowed.
+ * @param out  receives a NUL-terminated string; caller frees with free().
+ * @return 0, KVT_EINVAL (n_turns < 1, NULL message), KVT_ENOMEM. */
+KVT_API int kvt_chat_render(const char *const *user, const char *const *reply, int32_t n_turns, char **out);
+
+/** Splits a script into user messages: one per line, '\r' and trailing
+ * whitespace stripped, empty lines and lines starting with '#' skipped.
+ * @param text NUL-terminated, borrowed.
+ * @param lines receives (n) strings; caller frees with kvt_chat_script_free().
+ * @return 0, KVT_EINVAL (NULL), KVT_ENOMEM. */
+KVT_API int kvt_chat_script_parse(const char *text, char ***lines, int32_t *n);
+/** Reads and parses a script file. @return as parse, or -errno naming the path. */
+KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n);
+/** Frees what kvt_chat_script_parse returned. NULL is a no-op. */
+KVT_API void kvt_chat_script_free(char **lines, int32_t n);
+
+/* ---- a conversation ---------------------------------------------------------------- */
+
+typedef struct kvt_chat kvt_chat;
+
+/** Settings of a conversation. Zero-initialise, then set. */
+typedef struct kvt_chat_opts {
+    int64_t max_tokens;       /* reply tokens per turn, >= 1 */
+    const char *session;      /* session id (copied), NULL = none */
+    const char *ns;           /* namespace (copied), NULL = "" */
+    float temperature;        /* 0 = greedy (the default) */
+    float topp;               /* as kvt_sampler_create */
+    uint64_t seed;            /* sampler seed, 0 = 42 */
+    int multiline;            /* 1: replies may span lines (default: stop at '\n') */
+} kvt_chat_opts;
+
+/** Creates a conversation over a model, its tokenizer and a service.
+ * All three are borrowed and must outlive the chat.
+ * @param out caller frees with kvt_chat_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. */
+KVT_API int kvt_chat_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *svc, const kvt_chat_opts *o,
+                            kvt_chat **out);
+/** Frees a conversation (closes its session's affinity). NULL is a no-op. */
+KVT_API void kvt_chat_free(kvt_chat *c);
+
+/** Runs one turn: appends `user`, renders and encodes the whole conversation
+ * (with BOS), generates, appends the decoded reply.
+ * @param reply receives the reply text, borrowed, valid until the next turn
+ *   or kvt_chat_free. May be NULL.
+ * @param reply_tokens,n_reply_tokens optional: the generated ids (borrowed, same lifetime).
+ * @param st NULL or the turn's figures.
+ * @return 0; KVT_EINVAL; an error of kvt_chat_generate (the turn is not
+ *   added to the conversation). */
+KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, const int32_t **reply_tokens,
+                          int64_t *n_reply_tokens, kvt_turn_stats *st);
+
+/** The prompt tokens of the last turn (borrowed, valid until the next turn). */
+KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
+
+/* ---- helpers of the chat command and benchmark ----------------------------------------- */
+
+/** Parses a byte count: digits with an optional suffix K, M, G, T (powers
+ * of 1024, optional trailing "B" or "iB"). @return 0 or KVT_EINVAL naming
+ * `what` and the text. */
+KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *out);
+
+/** Loads a model and its tokenizer; both paths NULL means the built-in
+ * default model (kvt_default_model). One path without the other is
+ * KVT_EINVAL. @param m, tok receive objects the caller frees with
+ * kvt_model_free / kvt_tokenizer_free (both NULL on error).
+ * @return 0 or the loader's error (kvt_last_error names the file). */
+KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVT_ENGINE_CHAT_H */

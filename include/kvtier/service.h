@@ -1,0 +1,298 @@
+/*
+ * kvtier/service.h: the cache service a scheduler talks to (DESIGN.md
+ * section 6). One service per loaded model. It owns the state requests run
+ * on: fresh caches, prefix reuse from the prompt cache (and its cold tier),
+ * the KV byte budget requests are admitted under, and the report (/stats).
+ *
+ * A request's life:
+ *
+ *     kvt_service_admit()       reserve its projected KV bytes (or wait)
+ *     kvt_service_acquire()     longest reusable prefix, else fresh caches
+ *       ... prefill tokens [reused, n_prompt) ...
+ *     kvt_service_publish()     prompt-boundary snapshot (DESIGN.md 3.14)
+ *       ... decode ...
+ *     kvt_service_publish()     prompt + generation
+ *     kvt_service_release()     bytes return to the budget
+ *
+ * The scheduler never learns what is resident or where (RAM, SSD); what the
+ * service holds is in kvt_service_report().
+ *
+ * Namespaces: state made under one namespace never seeds a prompt in another
+ * (DESIGN.md section 2). An adapter's namespace carries its identity AND its
+ * version (kvt_service_ns()), so state computed under adapter "fr" version 2
+ * never serves "fr" version 3, nor adapter "de", nor the base model ("").
+ *
+ * Thread-safety: every kvt_service_* call on one service is serialised by the
+ * service's own mutex, so several threads (one per request) may share a
+ * service. kvt_service_admit_wait() blocks without holding it. The caches a
+ * request acquires belong to that request's thread.
+ */
+#ifndef KVTIER_SERVICE_H
+#define KVTIER_SERVICE_H
+
+#include "kvtier/cache.h"
+#include "kvtier/common.h"
+#include "kvtier/tier.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_service kvt_service;
+typedef struct kvt_admission kvt_admission;
+
+/* ---- model description --------------------------------------------------- */
+
+/** How one layer's cache grows with the sequence, for KV projection. */
+typedef enum kvt_growth {
+    KVT_GROWTH_PER_TOKEN = 0, /* plain kv: bytes_per_token for every token */
+    KVT_GROWTH_WINDOW = 1,    /* sliding window: bytes_per_token for at most `window` tokens */
+    KVT_GROWTH_FIXED = 2      /* recurrent: fixed_bytes whatever the length */
+} kvt_growth;
+
+/** One layer as the service projects it. */
+typedef struct kvt_service_layer {
+    kvt_growth growth;
+    size_t bytes_per_token; /* PER_TOKEN, WINDOW: bytes per token (K and V) */
+    int32_t block_tokens;   /* PER_TOKEN: storage is whole blocks of this many
+                               tokens (rounded up); 0 = no rounding */
+    int32_t window;         /* WINDOW: W tokens (>= 1) */
+    size_t fixed_bytes;     /* FIXED: bytes of state */
+} kvt_service_layer;
+
+/** Makes `n_layers` empty caches for one request (the model's fresh state).
+ * Fills caches[0..n_layers); on error leaves every slot NULL and returns a
+ * negative status. Called with the service mutex held. */
+typedef int (*kvt_new_caches_fn)(void *ctx, kvt_cache **caches);
+
+/** How to build a service. Zero-initialise, then fill. */
+typedef struct kvt_service_config {
+    int32_t n_layers;                 /* 1..256 */
+    const kvt_service_layer *layers;  /* (n_layers); copied by create */
+    int64_t max_positions;            /* the model's position limit (seq_len), >= 1 */
+    kvt_new_caches_fn new_caches;     /* required */
+    void *new_caches_ctx;             /* passed to new_caches; borrowed for the service's life */
+    void (*new_caches_ctx_free)(void *ctx); /* optional: run on new_caches_ctx by
+                                         kvt_service_destroy; if create fails the
+                                         context stays the caller's */
+    /** Prompt-cache RAM budget in bytes. 0 keeps nothing and reuses nothing:
+     * the cache-off baseline (keeps() is false, acquire always fresh). */
+    uint64_t prompt_cache_bytes;
+    /** kv block size in tokens, passed to the prompt cache as its hint; 0 = 256. */
+    int32_t block_tokens;
+    /** Aggregate projected KV bytes admitted requests may hold; 0 = unlimited. */
+    uint64_t kv_budget_bytes;
+    /** Optional backend pressure check for kvt_service_boundary(): nonzero
+     * while live memory is over what optional state may use (DESIGN.md 3.8).
+     * NULL: boundaries release nothing. Called with the service mutex held;
+     * must not call into the service. */
+    int (*pressure)(void *ctx);
+    void *pressure_ctx;
+    /** Optional cold tier under the prompt cache (the SSD store), borrowed:
+     * it must outlive the service. NULL: RAM only. */
+    const kvt_cold_tier *cold;
+} kvt_service_config;
+
+/** Creates a service.
+ * @param cfg  borrowed during the call (layers are copied).
+ * @param out  receives the service; caller frees with kvt_service_destroy().
+ * @return 0; KVT_EINVAL (a NULL argument, n_layers outside 1..256,
+ *   max_positions < 1, a layer with bytes_per_token 0 for a growing kind or a
+ *   window < 1; kvt_last_error() names the layer); KVT_ENOMEM; an error of
+ *   the prompt cache's construction. Thread-safe.
+ */
+KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out);
+
+/** Closes (if not yet closed) and frees the service. NULL is a no-op.
+ * Every lease must have been released. Not thread-safe with other calls on it. */
+KVT_API void kvt_service_destroy(kvt_service *svc);
+
+/* ---- namespaces ------------------------------------------------------------ */
+
+/** Builds the state namespace of an adapter: "" for the base model
+ * (adapter NULL or ""), else "<adapter>@<version>".
+ *
+ * Adapter names may not contain '@' or control characters and may not start
+ * with "object:" (reserved for exact-key objects, DESIGN.md 3.12), so two
+ * different (adapter, version) pairs never build the same namespace.
+ * @param adapter  NULL or "" for the base model.
+ * @param version  required (non-empty, no control characters) with an adapter;
+ *                 ignored without one.
+ * @param buf,cap  receives the NUL-terminated namespace (cap bytes).
+ * @return 0; KVT_EINVAL (bad name or version, with the reason); KVT_ERANGE
+ *   (does not fit in cap bytes). Thread-safe.
+ */
+KVT_API int kvt_service_ns(const char *adapter, const char *version, char *buf, size_t cap);
+
+/* ---- admission ------------------------------------------------------------- */
+
+/** One request as the service sees it. */
+typedef struct kvt_request {
+    const int32_t *prompt;   /* (n_prompt) token ids; copied by admit */
+    int64_t n_prompt;        /* >= 1 */
+    int64_t max_tokens;      /* tokens it may generate, >= 0 */
+    const char *ns;          /* state namespace (kvt_service_ns), NULL = "" */
+    const char *session;     /* session id for affinity, NULL = none */
+    int no_reuse;            /* 1: takes fresh state and its state is never kept
+                                (a prefix without identity) */
+} kvt_request;
+
+/** Projected KV bytes of `n_tokens` tokens of one sequence under this
+ * service's model: per-token layers grow with every token (rounded up to
+ * whole blocks), window layers stop at W tokens, fixed layers count their
+ * fixed bytes. Thread-safe. */
+KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tokens);
+
+/** Admits a request beside the ones already holding state.
+ *
+ * The request holds its projected bytes (n_prompt + max_tokens tokens) until
+ * kvt_service_release().
+ * @param out receives the lease (the request's identity until release) on
+ *   success; NULL otherwise.
+ * @return 0 admitted;
+ *   KVT_EAGAIN: does not fit beside the admitted requests now; retry after a
+ *     release (or use kvt_service_admit_wait);
+ *   KVT_ELIMIT: can never be admitted: n_prompt + max_tokens exceeds the
+ *     model's position limit (the message names both numbers and the limit),
+ *     or the request alone needs more than the whole KV budget (the message
+ *     says how many bytes it needs, the budget, and to lower max_tokens or the
+ *     prompt, or raise --kv-budget);
+ *   KVT_EINVAL (NULL or malformed request); KVT_ECLOSED; KVT_ENOMEM.
+ * Thread-safe. Source: DESIGN.md 6, seeds/003 admit().
+ */
+KVT_API int kvt_service_admit(kvt_service *svc, const kvt_request *req, kvt_admission **out);
+
+/** As kvt_service_admit, but waits up to timeout_ms milliseconds (< 0: no
+ * limit) for a release to make room. @return as kvt_service_admit; KVT_EAGAIN
+ * when the wait timed out. Thread-safe (waits without holding the mutex). */
+KVT_API int kvt_service_admit_wait(kvt_service *svc, const kvt_request *req, int64_t timeout_ms,
+                                   kvt_admission **out);
+
+/** Whether kvt_service_admit would admit `req` now; holds nothing.
+ * @return 1 fits, 0 must wait, or the KVT_ELIMIT/KVT_EINVAL/KVT_ECLOSED of
+ * kvt_service_admit. Thread-safe. */
+KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req);
+
+/* ---- request state ----------------------------------------------------------- */
+
+/** A request's state, owned by the caller. */
+typedef struct kvt_state {
+    int32_t n_layers;
+    kvt_cache **caches;          /* (n_layers) the caller owns each */
+    int64_t reused_tokens;       /* prompt tokens the caches already cover; 0 = miss */
+    int32_t n_attachments;
+    kvt_attachment **attachments; /* (n_attachments) stored with a reused prefix */
+    kvt_hook hook;               /* runs after the caches and attachments are gone
+                                    (keeps a restored donor's backing alive) */
+} kvt_state;
+
+/** The request's state: the longest reusable prefix of its prompt in its
+ * namespace (at most n_prompt - 1 tokens: one must run to give logits), else
+ * fresh caches.
+ *
+ * @param out filled on success; the caller owns it and ends it with
+ *   kvt_state_dispose() or by handing its caches to kvt_service_publish().
+ * @return 0; KVT_EINVAL (NULL, unknown or released lease); KVT_ECLOSED;
+ *   KVT_ENOMEM or a cache-creation error (nothing is left allocated).
+ * Thread-safe. Source: DESIGN.md 3.2, 6.
+ */
+KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_state *out);
+
+/** Disposes a state's caches and attachments, then runs its hook; zeroes it. NULL and a zeroed
+ * state are no-ops. Thread-safe (touches only `st`). */
+KVT_API void kvt_state_dispose(kvt_state *st);
+
+/** Whether state the request publishes may be kept (a prompt cache exists and
+ * the request reuses prefixes): a caller skips snapshots the service would
+ * drop. @return 1 or 0 (0 for NULL arguments). Thread-safe. */
+KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *lease);
+
+/** Offers state covering tokens[0..n_tokens) for reuse in the request's
+ * namespace and session; the prompt cache keeps or drops it by its budget
+ * and retention policy.
+ *
+ * Every cache must hold exactly n_tokens tokens. Ownership of the caches and
+ * attachments in `st` passes to the service on success (st is zeroed); on
+ * error it stays with the caller. Publish a clone (kvt_caches_clone) to keep
+ * using the live caches: that is the zero-copy prompt-boundary snapshot,
+ * which must be taken while the caches hold exactly the prompt
+ * (DESIGN.md 3.14).
+ * @return 0; KVT_EINVAL (bad lease, n_tokens < 1, a cache whose offset is
+ *   not n_tokens, wrong layer count; kvt_last_error says which);
+ *   KVT_EUNSUPPORTED (the service keeps nothing for this request: see
+ *   kvt_service_keeps); KVT_ECLOSED; KVT_ENOMEM.
+ * Thread-safe.
+ */
+KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const int32_t *tokens,
+                                int64_t n_tokens, kvt_state *st);
+
+/** Ends a request: its projected KV bytes return to the budget and waiting
+ * admissions are woken. `completed` says whether the generation finished
+ * (reserved for generation checkpoints: an interrupted one would keep them).
+ * The lease is freed; NULL is a no-op. Thread-safe. */
+KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *lease, int completed);
+
+/** An execution boundary passed: while the config's pressure check says so,
+ * the prompt cache gives optional RAM snapshots back (DESIGN.md 3.8). Never
+ * changes a running request; no storage I/O. No-op without a pressure check.
+ * Thread-safe. */
+KVT_API void kvt_service_boundary(kvt_service *svc);
+
+/** Longest usable prefix of prompt (tokens) held in RAM under `ns` (NULL =
+ * ""), without taking it; 0 without a prompt cache. Thread-safe. */
+KVT_API int64_t kvt_service_peek(kvt_service *svc, const int32_t *prompt, int64_t n_prompt, const char *ns);
+
+/** Drops a session's affinity; never the data (DESIGN.md 3.10). NULL is a
+ * no-op. Thread-safe. */
+KVT_API void kvt_service_close_session(kvt_service *svc, const char *session);
+
+/* ---- report ------------------------------------------------------------------ */
+
+/** What the service holds, as it reports itself (/stats). */
+typedef struct kvt_service_report {
+    /* prompt cache (RAM) */
+    uint64_t entries, bytes, max_bytes;
+    uint64_t hits, misses, session_hits, session_misses, demotions;
+    uint64_t evictions;       /* entries evicted for the RAM budget */
+    uint64_t cold_restores, spills; /* cold tier: restores that served, spills accepted */
+    /* the service's own counters */
+    uint64_t acquires;        /* kvt_service_acquire calls that succeeded */
+    uint64_t reused_tokens;   /* sum of reused_tokens over those acquires */
+    uint64_t publishes;       /* states accepted by kvt_service_publish */
+    /* admission */
+    uint64_t admitted;        /* leases now held */
+    uint64_t kv_projected_bytes; /* their projected KV bytes */
+    uint64_t kv_budget_bytes;    /* 0 = unlimited */
+    uint64_t rejected, waited;   /* KVT_ELIMIT refusals; KVT_EAGAIN answers */
+} kvt_service_report;
+
+/** Fills `out` with a snapshot of the counters. @return 0, KVT_EINVAL. Thread-safe. */
+KVT_API int kvt_service_report_get(kvt_service *svc, kvt_service_report *out);
+
+/** The report as one JSON document:
+ *   {"prefixes": {"entries", "bytes", "max_bytes", "hits", "misses",
+ *                 "session_hits", "session_misses", "demotions", "evictions",
+ *                 "cold_restores", "spills"},
+ *    "requests": {"acquires", "reused_tokens", "publishes", "admitted",
+ *                 "rejected", "waited"},
+ *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)}}
+ * @param out receives a NUL-terminated string; caller frees with
+ *   kvt_service_json_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_service_report_json(kvt_service *svc, char **out);
+/** Frees a string from kvt_service_report_json(). NULL is a no-op. */
+KVT_API void kvt_service_json_free(char *s);
+
+/** Closes the service: clears the prompt cache and refuses new work
+ * (KVT_ECLOSED). Idempotent: a second call returns 0 and does nothing.
+ * Errors of every step are aggregated (the first code is returned, the
+ * message lists each); no step is skipped because an earlier one failed.
+ * Leases still held stay valid for release. Thread-safe. */
+KVT_API int kvt_service_close(kvt_service *svc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_SERVICE_H */

@@ -1,0 +1,631 @@
+/*
+ * service.c: the cache service a scheduler talks to (DESIGN.md section 6).
+ *
+ * Owns: admission under the model's position limit and the KV byte budget
+ * (projected from the layers' growth kinds), the leases of admitted requests,
+ * namespaces with adapter identity and version, and the glue to the prompt
+ * cache (acquire = take, publish = put) and its report.
+ *
+ * Must never: hand state across namespaces, keep state for a request that
+ * reuses nothing, swallow an error of close, or block while holding its mutex
+ * (admit_wait sleeps on a condition variable that releases it).
+ */
+#include "kvtier/service.h"
+
+#include "internal.h"
+#include "service_pc.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct kvt_admission {
+    kvt_admission *next, *prev;      /* the service's list of held leases */
+    int32_t *prompt;             /* (n_prompt) copied at admit */
+    int64_t n_prompt, max_tokens;
+    char *ns;                    /* "" for the base model */
+    char *session;               /* NULL = none */
+    int no_reuse;
+    uint64_t bytes;              /* projected KV bytes it holds */
+};
+
+struct kvt_service {
+    pthread_mutex_t mu;
+    pthread_cond_t released;     /* signalled on every release */
+    int32_t n_layers;
+    kvt_service_layer *layers;   /* (n_layers) */
+    int64_t max_positions;
+    kvt_new_caches_fn new_caches;
+    void *new_caches_ctx;
+    void (*new_caches_ctx_free)(void *ctx);
+    uint64_t kv_budget;          /* 0 = unlimited */
+    int (*pressure)(void *ctx);  /* boundary check, NULL = none */
+    void *pressure_ctx;
+    kvt__service_pc *pc;         /* NULL: keeps nothing */
+    kvt_admission leases;            /* sentinel of the held-lease list */
+    uint64_t projected;          /* sum of held leases' bytes */
+    uint64_t n_leases;
+    int closed;
+    uint64_t acquires, reused_tokens, publishes, rejected, waited;
+};
+
+/* ---- creation ----------------------------------------------------------------- */
+
+static int check_layer(const kvt_service_layer *l, int32_t i)
+{
+    switch (l->growth) {
+    case KVT_GROWTH_PER_TOKEN:
+        if (l->bytes_per_token == 0 || l->block_tokens < 0)
+            return kvt__fail(KVT_EINVAL, "service: layer %d grows per token but bytes_per_token is 0 "
+                             "or block_tokens %d < 0", i, l->block_tokens);
+        return 0;
+    case KVT_GROWTH_WINDOW:
+        if (l->bytes_per_token == 0 || l->window < 1)
+            return kvt__fail(KVT_EINVAL, "service: window layer %d needs bytes_per_token > 0 and "
+                             "window >= 1 (got %zu, %d)", i, l->bytes_per_token, l->window);
+        return 0;
+    case KVT_GROWTH_FIXED:
+        return 0;
+    }
+    return kvt__fail(KVT_EINVAL, "service: layer %d has unknown growth kind %d", i, (int)l->growth);
+}
+
+KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "service: out is NULL");
+    *out = NULL;
+    if (!cfg || !cfg->layers || !cfg->new_caches)
+        return kvt__fail(KVT_EINVAL, "service: config, layers and new_caches are required");
+    if (cfg->n_layers < 1 || cfg->n_layers > 256)
+        return kvt__fail(KVT_EINVAL, "service: n_layers %d outside 1..256", cfg->n_layers);
+    if (cfg->block_tokens < 0)
+        return kvt__fail(KVT_EINVAL, "service: block_tokens %d < 0", cfg->block_tokens);
+    if (cfg->max_positions < 1)
+        return kvt__fail(KVT_EINVAL, "service: max_positions %lld < 1", (long long)cfg->max_positions);
+    for (int32_t i = 0; i < cfg->n_layers; i++) {
+        int rc = check_layer(&cfg->layers[i], i);
+        if (rc)
+            return rc;
+    }
+    kvt_service *s = kvt__calloc(1, sizeof *s);
+    if (!s)
+        return kvt__fail(KVT_ENOMEM, "service: out of memory");
+    int rc = KVT_ENOMEM;
+    s->layers = kvt__calloc((size_t)cfg->n_layers, sizeof *s->layers);
+    if (!s->layers) {
+        rc = kvt__fail(KVT_ENOMEM, "service: out of memory");
+        goto fail;
+    }
+    memcpy(s->layers, cfg->layers, (size_t)cfg->n_layers * sizeof *s->layers);
+    s->n_layers = cfg->n_layers;
+    s->max_positions = cfg->max_positions;
+    s->new_caches = cfg->new_caches;
+    s->new_caches_ctx = cfg->new_caches_ctx;
+    s->new_caches_ctx_free = cfg->new_caches_ctx_free;
+    s->kv_budget = cfg->kv_budget_bytes;
+    s->pressure = cfg->pressure;
+    s->pressure_ctx = cfg->pressure_ctx;
+    s->leases.next = s->leases.prev = &s->leases;
+    if (cfg->prompt_cache_bytes > 0) {
+        rc = kvt__service_pc_create(cfg->prompt_cache_bytes, cfg->block_tokens, cfg->cold, &s->pc);
+        if (rc)
+            goto fail;
+    }
+    if (pthread_mutex_init(&s->mu, NULL)) {
+        rc = kvt__fail(KVT_ENOMEM, "service: cannot create mutex");
+        goto fail;
+    }
+    if (pthread_cond_init(&s->released, NULL)) {
+        pthread_mutex_destroy(&s->mu);
+        rc = kvt__fail(KVT_ENOMEM, "service: cannot create condition variable");
+        goto fail;
+    }
+    *out = s;
+    return 0;
+fail:
+    kvt__service_pc_destroy(s->pc);
+    kvt__free(s->layers);
+    kvt__free(s);
+    return rc;
+}
+
+static void lease_free(kvt_admission *l)
+{
+    if (!l)
+        return;
+    kvt__free(l->prompt);
+    kvt__free(l->ns);
+    kvt__free(l->session);
+    kvt__free(l);
+}
+
+KVT_API void kvt_service_destroy(kvt_service *svc)
+{
+    if (!svc)
+        return;
+    (void)kvt_service_close(svc);
+    /* Leases never released are the caller's bug; free them so nothing leaks. */
+    while (svc->leases.next != &svc->leases) {
+        kvt_admission *l = svc->leases.next;
+        l->prev->next = l->next;
+        l->next->prev = l->prev;
+        lease_free(l);
+    }
+    kvt__service_pc_destroy(svc->pc);
+    pthread_cond_destroy(&svc->released);
+    pthread_mutex_destroy(&svc->mu);
+    kvt__free(svc->layers);
+    if (svc->new_caches_ctx_free)
+        svc->new_caches_ctx_free(svc->new_caches_ctx);
+    kvt__free(svc);
+}
+
+/* ---- namespaces ---------------------------------------------------------------- */
+
+static int has_control(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f)
+            return 1;
+    return 0;
+}
+
+KVT_API int kvt_service_ns(const char *adapter, const char *version, char *buf, size_t cap)
+{
+    if (!buf || cap == 0)
+        return kvt__fail(KVT_EINVAL, "namespace: no output buffer");
+    buf[0] = '\0';
+    if (!adapter || !*adapter)
+        return 0;
+    if (strchr(adapter, '@'))
+        return kvt__fail(KVT_EINVAL, "namespace: adapter name '%s' contains '@'", adapter);
+    if (has_control(adapter))
+        return kvt__fail(KVT_EINVAL, "namespace: adapter name contains a control character");
+    if (!strncmp(adapter, "object:", 7))
+        return kvt__fail(KVT_EINVAL, "namespace: adapter name '%s' starts with the reserved 'object:'",
+                         adapter);
+    if (!version || !*version)
+        return kvt__fail(KVT_EINVAL, "namespace: adapter '%s' needs a version (state of one version "
+                         "never serves another)", adapter);
+    if (has_control(version))
+        return kvt__fail(KVT_EINVAL, "namespace: version of adapter '%s' contains a control character",
+                         adapter);
+    int n = snprintf(buf, cap, "%s@%s", adapter, version);
+    if (n < 0 || (size_t)n >= cap) {
+        buf[0] = '\0';
+        return kvt__fail(KVT_ERANGE, "namespace: '%s@%s' needs %d bytes, buffer holds %zu", adapter,
+                         version, n + 1, cap);
+    }
+    return 0;
+}
+
+/* ---- admission ------------------------------------------------------------------- */
+
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
+static uint64_t sat_mul(uint64_t a, uint64_t b) { return b && a > UINT64_MAX / b ? UINT64_MAX : a * b; }
+
+KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tokens)
+{
+    if (!svc || n_tokens < 0)
+        return 0;
+    uint64_t n = (uint64_t)n_tokens, total = 0;
+    for (int32_t i = 0; i < svc->n_layers; i++) {
+        const kvt_service_layer *l = &svc->layers[i];
+        switch (l->growth) {
+        case KVT_GROWTH_PER_TOKEN: {
+            uint64_t t = n;
+            if (l->block_tokens > 0) {
+                uint64_t b = (uint64_t)l->block_tokens;
+                t = (n + b - 1) / b * b;
+            }
+            total = sat_add(total, sat_mul(t, l->bytes_per_token));
+            break;
+        }
+        case KVT_GROWTH_WINDOW:
+            total = sat_add(total, sat_mul(n < (uint64_t)l->window ? n : (uint64_t)l->window,
+                                           l->bytes_per_token));
+            break;
+        case KVT_GROWTH_FIXED:
+            total = sat_add(total, l->fixed_bytes);
+            break;
+        }
+    }
+    return total;
+}
+
+static int check_request(const kvt_request *req)
+{
+    if (!req || !req->prompt)
+        return kvt__fail(KVT_EINVAL, "service: request or its prompt is NULL");
+    if (req->n_prompt < 1)
+        return kvt__fail(KVT_EINVAL, "service: prompt of %lld tokens (at least 1 is needed)",
+                         (long long)req->n_prompt);
+    if (req->max_tokens < 0)
+        return kvt__fail(KVT_EINVAL, "service: max_tokens %lld < 0", (long long)req->max_tokens);
+    return 0;
+}
+
+/* 1 fits, 0 must wait, < 0 never fits. Called with the mutex held. */
+static int fits_locked(kvt_service *s, const kvt_request *req, uint64_t *need_out)
+{
+    int rc = check_request(req);
+    if (rc)
+        return rc;
+    if (s->closed)
+        return kvt__fail(KVT_ECLOSED, "service: closed");
+    int64_t want = req->n_prompt > INT64_MAX - req->max_tokens ? INT64_MAX : req->n_prompt + req->max_tokens;
+    if (want > s->max_positions) {
+        s->rejected++;
+        return kvt__fail(KVT_ELIMIT, "context limit: prompt %lld + max_tokens %lld = %lld tokens exceeds "
+                         "the model's %lld positions; shorten the prompt or lower max_tokens",
+                         (long long)req->n_prompt, (long long)req->max_tokens, (long long)want,
+                         (long long)s->max_positions);
+    }
+    uint64_t need = kvt_service_project_bytes(s, want);
+    *need_out = need;
+    if (!s->kv_budget)
+        return 1;
+    if (need > s->kv_budget && s->n_leases == 0) {
+        s->rejected++;
+        return kvt__fail(KVT_ELIMIT, "kv budget: request needs %llu bytes of KV (%.2f MB; prompt %lld + "
+                         "max_tokens %lld tokens), over --kv-budget %llu bytes (%.2f MB); lower max_tokens "
+                         "or the prompt, or raise --kv-budget", (unsigned long long)need, need / 1e6,
+                         (long long)req->n_prompt, (long long)req->max_tokens,
+                         (unsigned long long)s->kv_budget, s->kv_budget / 1e6);
+    }
+    if (sat_add(s->projected, need) > s->kv_budget)
+        return 0;
+    return 1;
+}
+
+static int lease_new(const kvt_request *req, uint64_t bytes, kvt_admission **out)
+{
+    kvt_admission *l = kvt__calloc(1, sizeof *l);
+    if (!l)
+        goto oom;
+    l->prompt = kvt__malloc((size_t)req->n_prompt * sizeof *l->prompt);
+    l->ns = kvt__strdup(req->ns ? req->ns : "");
+    l->session = req->session ? kvt__strdup(req->session) : NULL;
+    if (!l->prompt || !l->ns || (req->session && !l->session))
+        goto oom;
+    memcpy(l->prompt, req->prompt, (size_t)req->n_prompt * sizeof *l->prompt);
+    l->n_prompt = req->n_prompt;
+    l->max_tokens = req->max_tokens;
+    l->no_reuse = req->no_reuse;
+    l->bytes = bytes;
+    *out = l;
+    return 0;
+oom:
+    lease_free(l);
+    return kvt__fail(KVT_ENOMEM, "service: out of memory for a lease");
+}
+
+/* Admits under the held mutex: 0, KVT_EAGAIN or an error. */
+static int admit_locked(kvt_service *s, const kvt_request *req, kvt_admission **out)
+{
+    uint64_t need = 0;
+    int f = fits_locked(s, req, &need);
+    if (f < 0)
+        return f;
+    if (f == 0) {
+        s->waited++;
+        return kvt__fail(KVT_EAGAIN, "kv budget: request needs %llu bytes, %llu of %llu are held by %llu "
+                         "admitted requests; wait for a release", (unsigned long long)need,
+                         (unsigned long long)s->projected, (unsigned long long)s->kv_budget,
+                         (unsigned long long)s->n_leases);
+    }
+    kvt_admission *l = NULL;
+    int rc = lease_new(req, need, &l);
+    if (rc)
+        return rc;
+    l->next = &s->leases;
+    l->prev = s->leases.prev;
+    l->prev->next = l;
+    s->leases.prev = l;
+    s->projected = sat_add(s->projected, need);
+    s->n_leases++;
+    *out = l;
+    return 0;
+}
+
+KVT_API int kvt_service_admit(kvt_service *svc, const kvt_request *req, kvt_admission **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "service: out is NULL");
+    *out = NULL;
+    if (!svc)
+        return kvt__fail(KVT_EINVAL, "service: NULL service");
+    pthread_mutex_lock(&svc->mu);
+    int rc = admit_locked(svc, req, out);
+    pthread_mutex_unlock(&svc->mu);
+    return rc;
+}
+
+KVT_API int kvt_service_admit_wait(kvt_service *svc, const kvt_request *req, int64_t timeout_ms,
+                                   kvt_admission **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "service: out is NULL");
+    *out = NULL;
+    if (!svc)
+        return kvt__fail(KVT_EINVAL, "service: NULL service");
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    if (timeout_ms > 0) {
+        deadline.tv_sec += (time_t)(timeout_ms / 1000);
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&svc->mu);
+    int rc;
+    for (;;) {
+        rc = admit_locked(svc, req, out);
+        if (rc != KVT_EAGAIN || timeout_ms == 0)
+            break;
+        int w = timeout_ms < 0 ? pthread_cond_wait(&svc->released, &svc->mu)
+                               : pthread_cond_timedwait(&svc->released, &svc->mu, &deadline);
+        if (w == ETIMEDOUT) {
+            rc = admit_locked(svc, req, out);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&svc->mu);
+    return rc;
+}
+
+KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req)
+{
+    if (!svc)
+        return kvt__fail(KVT_EINVAL, "service: NULL service");
+    uint64_t need = 0;
+    pthread_mutex_lock(&svc->mu);
+    uint64_t rejected = svc->rejected;
+    int rc = fits_locked(svc, req, &need);
+    svc->rejected = rejected; /* a question is not a refusal */
+    pthread_mutex_unlock(&svc->mu);
+    return rc;
+}
+
+KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *lease, int completed)
+{
+    (void)completed; /* generation checkpoints are not kept yet: nothing differs */
+    if (!svc || !lease)
+        return;
+    pthread_mutex_lock(&svc->mu);
+    lease->prev->next = lease->next;
+    lease->next->prev = lease->prev;
+    svc->projected = svc->projected >= lease->bytes ? svc->projected - lease->bytes : 0;
+    svc->n_leases--;
+    pthread_cond_broadcast(&svc->released);
+    pthread_mutex_unlock(&svc->mu);
+    lease_free(lease);
+}
+
+/* ---- request state ------------------------------------------------------------------ */
+
+KVT_API void kvt_state_dispose(kvt_state *st)
+{
+    if (!st)
+        return;
+    if (st->caches) {
+        kvt_caches_dispose(st->caches, st->n_layers);
+        kvt__free(st->caches);
+    }
+    for (int32_t i = 0; i < st->n_attachments; i++)
+        kvt_attachment_dispose(st->attachments[i]);
+    kvt__free(st->attachments);
+    kvt_hook_run(&st->hook);
+    memset(st, 0, sizeof *st);
+}
+
+static int lease_keeps(const kvt_service *s, const kvt_admission *l) { return s->pc && !l->no_reuse; }
+
+KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_state *out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "service: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!svc || !lease)
+        return kvt__fail(KVT_EINVAL, "service: NULL service or lease");
+    pthread_mutex_lock(&svc->mu);
+    int rc = 0;
+    if (svc->closed) {
+        rc = kvt__fail(KVT_ECLOSED, "service: closed");
+        goto done;
+    }
+    out->n_layers = svc->n_layers;
+    out->caches = kvt__calloc((size_t)svc->n_layers, sizeof *out->caches);
+    if (!out->caches) {
+        rc = kvt__fail(KVT_ENOMEM, "service: out of memory");
+        goto done;
+    }
+    if (lease_keeps(svc, lease)) {
+        rc = kvt__service_pc_take(svc->pc, lease->prompt, lease->n_prompt, lease->ns, lease->session,
+                                  svc->n_layers, out);
+        if (rc)
+            goto done;
+    }
+    if (out->reused_tokens == 0) {
+        rc = svc->new_caches(svc->new_caches_ctx, out->caches);
+        if (rc) {
+            kvt__fail(rc, "service: cannot make fresh caches: %s", kvt_strerror(rc));
+            goto done;
+        }
+    }
+    svc->acquires++;
+    svc->reused_tokens += (uint64_t)out->reused_tokens;
+done:
+    pthread_mutex_unlock(&svc->mu);
+    if (rc)
+        kvt_state_dispose(out);
+    return rc;
+}
+
+KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *lease)
+{
+    if (!svc || !lease)
+        return 0;
+    pthread_mutex_lock(&svc->mu);
+    int k = lease_keeps(svc, lease) && !svc->closed;
+    pthread_mutex_unlock(&svc->mu);
+    return k;
+}
+
+KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const int32_t *tokens,
+                                int64_t n_tokens, kvt_state *st)
+{
+    if (!svc || !lease || !tokens || !st || !st->caches)
+        return kvt__fail(KVT_EINVAL, "publish: NULL service, lease, tokens or state");
+    if (n_tokens < 1)
+        return kvt__fail(KVT_EINVAL, "publish: %lld tokens (at least 1)", (long long)n_tokens);
+    if (st->n_layers != svc->n_layers)
+        return kvt__fail(KVT_EINVAL, "publish: state has %d layers, the model %d", st->n_layers,
+                         svc->n_layers);
+    for (int32_t i = 0; i < st->n_layers; i++) {
+        if (!st->caches[i])
+            return kvt__fail(KVT_EINVAL, "publish: layer %d has no cache", i);
+        int64_t off = kvt_cache_offset(st->caches[i]);
+        if (off != n_tokens)
+            return kvt__fail(KVT_EINVAL, "publish: layer %d cache holds %lld tokens, published as %lld", i,
+                             (long long)off, (long long)n_tokens);
+    }
+    pthread_mutex_lock(&svc->mu);
+    int rc;
+    if (svc->closed)
+        rc = kvt__fail(KVT_ECLOSED, "service: closed");
+    else if (!lease_keeps(svc, lease))
+        rc = kvt__fail(KVT_EUNSUPPORTED, "publish: this service keeps no state for the request "
+                       "(no prompt cache, or the request reuses nothing)");
+    else
+        rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, lease->ns, lease->session, st);
+    if (!rc)
+        svc->publishes++;
+    pthread_mutex_unlock(&svc->mu);
+    return rc;
+}
+
+KVT_API void kvt_service_boundary(kvt_service *svc)
+{
+    if (!svc)
+        return;
+    pthread_mutex_lock(&svc->mu);
+    if (svc->pc && !svc->closed)
+        kvt__service_pc_reclaim(svc->pc, svc->pressure, svc->pressure_ctx);
+    pthread_mutex_unlock(&svc->mu);
+}
+
+KVT_API int64_t kvt_service_peek(kvt_service *svc, const int32_t *prompt, int64_t n_prompt, const char *ns)
+{
+    if (!svc || !prompt || n_prompt < 1)
+        return 0;
+    pthread_mutex_lock(&svc->mu);
+    int64_t p = svc->pc && !svc->closed ? kvt__service_pc_peek(svc->pc, prompt, n_prompt, ns ? ns : "") : 0;
+    pthread_mutex_unlock(&svc->mu);
+    return p;
+}
+
+KVT_API void kvt_service_close_session(kvt_service *svc, const char *session)
+{
+    if (!svc || !session)
+        return;
+    pthread_mutex_lock(&svc->mu);
+    if (svc->pc)
+        kvt__service_pc_close_session(svc->pc, session);
+    pthread_mutex_unlock(&svc->mu);
+}
+
+/* ---- report ---------------------------------------------------------------------------- */
+
+KVT_API int kvt_service_report_get(kvt_service *svc, kvt_service_report *out)
+{
+    if (!svc || !out)
+        return kvt__fail(KVT_EINVAL, "report: NULL argument");
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&svc->mu);
+    if (svc->pc)
+        kvt__service_pc_stats(svc->pc, out);
+    out->acquires = svc->acquires;
+    out->reused_tokens = svc->reused_tokens;
+    out->publishes = svc->publishes;
+    out->admitted = svc->n_leases;
+    out->kv_projected_bytes = svc->projected;
+    out->kv_budget_bytes = svc->kv_budget;
+    out->rejected = svc->rejected;
+    out->waited = svc->waited;
+    pthread_mutex_unlock(&svc->mu);
+    return 0;
+}
+
+static int set_u64(json_t *o, const char *k, uint64_t v)
+{
+    return json_object_set_new(o, k, json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v));
+}
+
+KVT_API int kvt_service_report_json(kvt_service *svc, char **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "report: out is NULL");
+    *out = NULL;
+    kvt_service_report r;
+    int rc = kvt_service_report_get(svc, &r);
+    if (rc)
+        return rc;
+    json_t *root = json_object(), *p = json_object(), *q = json_object(), *kv = json_object();
+    char *text = NULL;
+    int bad = !root || !p || !q || !kv;
+    if (!bad) {
+        bad |= set_u64(p, "entries", r.entries) | set_u64(p, "bytes", r.bytes) |
+               set_u64(p, "max_bytes", r.max_bytes) | set_u64(p, "hits", r.hits) |
+               set_u64(p, "misses", r.misses) | set_u64(p, "session_hits", r.session_hits) |
+               set_u64(p, "session_misses", r.session_misses) | set_u64(p, "demotions", r.demotions) |
+               set_u64(p, "evictions", r.evictions) | set_u64(p, "cold_restores", r.cold_restores) |
+               set_u64(p, "spills", r.spills);
+        bad |= set_u64(q, "acquires", r.acquires) | set_u64(q, "reused_tokens", r.reused_tokens) |
+               set_u64(q, "publishes", r.publishes) | set_u64(q, "admitted", r.admitted) |
+               set_u64(q, "rejected", r.rejected) | set_u64(q, "waited", r.waited);
+        bad |= set_u64(kv, "projected_bytes", r.kv_projected_bytes);
+        bad |= json_object_set_new(kv, "budget_bytes",
+                                   r.kv_budget_bytes ? json_integer((json_int_t)r.kv_budget_bytes) : json_null());
+        bad |= json_object_set(root, "prefixes", p) | json_object_set(root, "requests", q) |
+               json_object_set(root, "kv", kv);
+    }
+    if (!bad)
+        text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(p);
+    json_decref(q);
+    json_decref(kv);
+    json_decref(root);
+    if (!text)
+        return kvt__fail(KVT_ENOMEM, "report: cannot build the JSON document");
+    *out = kvt__strdup(text);
+    free(text);
+    if (!*out)
+        return kvt__fail(KVT_ENOMEM, "report: out of memory");
+    return 0;
+}
+
+KVT_API void kvt_service_json_free(char *s) { kvt__free(s); }
+
+KVT_API int kvt_service_close(kvt_service *svc)
+{
+    if (!svc)
+        return 0;
+    pthread_mutex_lock(&svc->mu);
+    int rc = 0;
+    if (!svc->closed) {
+        svc->closed = 1;
+        if (svc->pc)
+            rc = kvt__service_pc_clear(svc->pc);
+        pthread_cond_broadcast(&svc->released); /* waiters see ECLOSED */
+    }
+    pthread_mutex_unlock(&svc->mu);
+    return rc;
+}
