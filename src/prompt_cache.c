@@ -1,0 +1,1674 @@
+/*
+ * prompt_cache.c: the RAM tier (DESIGN.md section 3): resident entries, the
+ * byte budget with shared buffers counted once, the radix index per
+ * namespace, retention, sessions, pins, prefetch reads and objects, tiered
+ * over an optional cold tier.
+ *
+ * Owns its entries (their caches, attachments and hook shares), the index,
+ * the retention instance and the session table. One mutex guards all of it.
+ * It must never run storage I/O under that lock (restore, spill and
+ * demote_idle's store run outside it) except kvt_prompt_cache_relieve(),
+ * whose write must finish by definition; it must never dispose caches or run
+ * release hooks under the lock except in relieve and reclaim, whose pressure
+ * check must see the memory freed. Entries that leave are collected on a
+ * local list ("gone") and spilled / disposed after the lock is dropped.
+ */
+#include "kvtier/prompt_cache.h"
+
+#include "hmap.h"
+#include "index.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- refcounted release hook ------------------------------------------------ */
+
+/* One share per holder (the donor entry, every lent view, every spill); the
+ * hook runs once the last share is run. */
+typedef struct pc_share {
+    atomic_int_fast64_t refs;
+    kvt_hook hook;
+} pc_share;
+
+static void share_run(void *ctx)
+{
+    pc_share *s = ctx;
+    if (atomic_fetch_sub(&s->refs, 1) == 1) {
+        kvt_hook_run(&s->hook);
+        kvt__free(s);
+    }
+}
+
+static kvt_hook share_acquire(pc_share *s)
+{
+    if (!s)
+        return (kvt_hook){NULL, NULL};
+    atomic_fetch_add(&s->refs, 1);
+    return (kvt_hook){share_run, s};
+}
+
+/* ---- entries ----------------------------------------------------------------- */
+
+typedef struct pc_entry {
+    uint64_t id;              /* unique for the life of the cache, never 0 */
+    char *ns;
+    int32_t *tokens;          /* (n_tokens) */
+    int64_t n_tokens;
+    kvt_cache **caches;       /* (n_caches) owned */
+    int32_t n_caches;
+    kvt_attachment **atts;    /* (n_atts) owned */
+    int32_t n_atts;
+    pc_share *share;          /* the donor's share holder, NULL = no hook */
+    int trimmable;
+    int64_t reach;            /* shortest length every layer reaches (tokens) */
+    size_t private_bytes;     /* bytes outside refcounted buffers */
+    kvt_buf **bufs;           /* (n_bufs) buffers held, as counted in the budget */
+    size_t n_bufs;
+    int64_t pins;
+    int64_t sessions;         /* session slots pointing here */
+    uint64_t last_used_ms;
+    int spill;                /* when gone: hand to the cold tier first */
+    struct pc_entry *prev, *next; /* all resident entries */
+    struct pc_entry *gone;        /* leaving entries, processed off-lock */
+} pc_entry;
+
+typedef struct pc_slot {
+    char *ns;
+    uint64_t id;
+} pc_slot;
+
+typedef struct pc_session {
+    pc_slot *slots; /* (n) one per namespace */
+    size_t n;
+} pc_session;
+
+typedef struct pc_read pc_read;
+
+struct kvt_prompt_cache {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;         /* prefetch reads ending */
+    size_t max_bytes;
+    int32_t block_tokens;
+    uint32_t flags;
+    int has_cold;
+    kvt_cold_tier cold;
+    const kvt_retention_ops *rops;
+    kvt_retention *ret;
+    kvt__index *ix;
+    kvt__umap by_id;           /* id -> pc_entry* */
+    kvt__umap buf_refs;        /* kvt_buf* -> resident holders */
+    kvt__umap forward;         /* replaced id -> replacing id (pins follow) */
+    kvt__smap sessions;        /* session -> pc_session* */
+    pc_entry *head;            /* resident entries, most recently inserted first */
+    size_t buf_bytes, private_bytes;
+    uint64_t next_id;
+    uint64_t epoch;
+    pc_read *reads;            /* prefetch reads in flight */
+    int64_t pinned;
+    kvt_prompt_cache_stats st;
+    atomic_uint_fast64_t spills, spill_failures;
+};
+
+struct pc_read {
+    kvt_prompt_cache *pc;
+    uint64_t handle;
+    char *ns;
+    char *session;
+    uint64_t epoch;
+    int64_t refs;      /* leases holding it + the read in flight */
+    int64_t interest;  /* live leases waiting */
+    int done;
+    int status;
+    uint64_t entry_id; /* published entry (0 = none) */
+    pc_read *next;
+};
+
+struct kvt_lease {
+    kvt_prompt_cache *pc;
+    uint64_t entry_id; /* pinned entry, 0 = none */
+    pc_read *read;     /* prefetch read, or NULL */
+};
+
+/* ---- small helpers ----------------------------------------------------------- */
+
+static int tokens_equal(const int32_t *a, const int32_t *b, int64_t n)
+{
+    return n == 0 || memcmp(a, b, (size_t)n * sizeof(int32_t)) == 0;
+}
+
+static pc_entry *by_id(const kvt_prompt_cache *pc, uint64_t id)
+{
+    uint64_t *v = kvt__umap_get(&pc->by_id, id);
+    return v ? (pc_entry *)(uintptr_t)*v : NULL;
+}
+
+static size_t total_bytes(const kvt_prompt_cache *pc) { return pc->buf_bytes + pc->private_bytes; }
+
+/* Frees an entry shell whose parts were never adopted (or were moved out). */
+static void entry_free_shell(pc_entry *e)
+{
+    if (!e)
+        return;
+    kvt__free(e->ns);
+    kvt__free(e->tokens);
+    kvt__free(e->caches);
+    kvt__free(e->atts);
+    kvt__free(e->bufs);
+    kvt__free(e);
+}
+
+/* Disposes an entry and its parts: caches, attachments, then its hook share. */
+static void entry_dispose(pc_entry *e)
+{
+    for (int32_t i = 0; i < e->n_caches; i++)
+        kvt_cache_dispose(e->caches[i]);
+    for (int32_t i = 0; i < e->n_atts; i++)
+        kvt_attachment_dispose(e->atts[i]);
+    if (e->share)
+        share_run(e->share);
+    e->share = NULL;
+    entry_free_shell(e);
+}
+
+typedef struct buf_list {
+    kvt_buf **v;
+    size_t n, cap;
+    int failed;
+} buf_list;
+
+static void collect_buf(kvt_buf *b, void *ctx)
+{
+    buf_list *l = ctx;
+    if (l->failed)
+        return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16;
+        kvt_buf **v = kvt__realloc(l->v, cap * sizeof *v);
+        if (!v) {
+            l->failed = 1;
+            return;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = b;
+}
+
+/* Measures an entry: trimmability, reach, private bytes and its buffers.
+ * *standalone receives the bytes it holds alone (each buffer once). */
+static int entry_measure(pc_entry *e, size_t *standalone)
+{
+    kvt_entry view = {e->ns, e->tokens, e->n_tokens, e->caches, e->n_caches, e->atts, e->n_atts, {0}};
+    e->trimmable = kvt_entry_trimmable(&view, &e->reach);
+    size_t priv = 0;
+    buf_list l = {0};
+    for (int32_t i = 0; i < e->n_caches; i++) {
+        priv += e->caches[i]->ops->private_bytes(e->caches[i]);
+        e->caches[i]->ops->foreach_buf(e->caches[i], collect_buf, &l);
+    }
+    for (int32_t i = 0; i < e->n_atts; i++)
+        priv += kvt_attachment_bytes(e->atts[i]);
+    if (l.failed) {
+        kvt__free(l.v);
+        return kvt__fail(KVT_ENOMEM, "prompt cache: out of memory listing an entry's buffers");
+    }
+    kvt__free(e->bufs);
+    e->bufs = l.v;
+    e->n_bufs = l.n;
+    e->private_bytes = priv;
+    size_t alone = priv;
+    kvt__umap seen = {0};
+    for (size_t i = 0; i < l.n; i++) {
+        if (kvt__umap_get(&seen, (uint64_t)(uintptr_t)l.v[i]))
+            continue;
+        if (kvt__umap_put(&seen, (uint64_t)(uintptr_t)l.v[i], 1) != 0) {
+            kvt__umap_free(&seen);
+            return kvt__fail(KVT_ENOMEM, "prompt cache: out of memory measuring an entry");
+        }
+        alone += kvt_buf_bytes(l.v[i]);
+    }
+    kvt__umap_free(&seen);
+    *standalone = alone;
+    return 0;
+}
+
+/* Budget accounting: a buffer counts once however many entries hold it. */
+static void account_remove(kvt_prompt_cache *pc, pc_entry *e)
+{
+    for (size_t i = 0; i < e->n_bufs; i++) {
+        uint64_t key = (uint64_t)(uintptr_t)e->bufs[i];
+        uint64_t *c = kvt__umap_get(&pc->buf_refs, key);
+        if (!c)
+            continue;
+        if (--*c == 0) {
+            kvt__umap_del(&pc->buf_refs, key);
+            pc->buf_bytes -= kvt_buf_bytes(e->bufs[i]);
+        }
+    }
+    pc->private_bytes -= e->private_bytes;
+}
+
+static int account_add(kvt_prompt_cache *pc, pc_entry *e)
+{
+    for (size_t i = 0; i < e->n_bufs; i++) {
+        uint64_t key = (uint64_t)(uintptr_t)e->bufs[i];
+        uint64_t *c = kvt__umap_get(&pc->buf_refs, key);
+        if (c) {
+            ++*c;
+            continue;
+        }
+        if (kvt__umap_put(&pc->buf_refs, key, 1) != 0) {
+            size_t added = i;
+            e->n_bufs = added; /* undo exactly what was added */
+            pc->private_bytes += e->private_bytes;
+            account_remove(pc, e);
+            return kvt__fail(KVT_ENOMEM, "prompt cache: out of memory counting buffers");
+        }
+        pc->buf_bytes += kvt_buf_bytes(e->bufs[i]);
+    }
+    pc->private_bytes += e->private_bytes;
+    return 0;
+}
+
+/* Unlinks a resident entry from every structure (index, id map, retention,
+ * budget, list) and pushes it on *gone. Sessions pointing at it dangle (a
+ * dangling id is simply not resident). */
+static void entry_unlink(kvt_prompt_cache *pc, pc_entry *e, int spill, pc_entry **gone)
+{
+    void *at = kvt__index_exact(pc->ix, e->ns, e->tokens, e->n_tokens);
+    if (at == e)
+        kvt__index_remove(pc->ix, e->ns, e->tokens, e->n_tokens);
+    kvt__umap_del(&pc->by_id, e->id);
+    pc->rops->on_remove(pc->ret, e->id);
+    account_remove(pc, e);
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        pc->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    e->prev = e->next = NULL;
+    if (e->pins > 0)
+        pc->pinned--;
+    e->spill = spill;
+    e->gone = *gone;
+    *gone = e;
+    pc->st.entries--;
+}
+
+/* Builds the owned kvt_entry a spill hands to the tier, moving the parts of
+ * a leaving entry (no copy: the entry is gone from the cache). */
+static int entry_to_owned(pc_entry *e, kvt_entry *out)
+{
+    int rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_atts);
+    if (rc)
+        return rc;
+    for (int32_t i = 0; i < e->n_caches; i++) {
+        out->caches[i] = e->caches[i];
+        e->caches[i] = NULL;
+    }
+    for (int32_t i = 0; i < e->n_atts; i++) {
+        out->attachments[i] = e->atts[i];
+        e->atts[i] = NULL;
+    }
+    out->hook = (kvt_hook){e->share ? share_run : NULL, e->share};
+    e->share = NULL;
+    return 0;
+}
+
+/* Processes leaving entries off-lock: spill (write-behind) then dispose. */
+static void gone_process(kvt_prompt_cache *pc, pc_entry *gone)
+{
+    while (gone) {
+        pc_entry *e = gone;
+        gone = e->gone;
+        if (e->spill && pc->has_cold && pc->cold.spill) {
+            kvt_entry owned;
+            if (entry_to_owned(e, &owned) == 0) {
+                if (pc->cold.spill(pc->cold.self, &owned) == 0) {
+                    atomic_fetch_add(&pc->spills, 1);
+                } else {
+                    atomic_fetch_add(&pc->spill_failures, 1);
+                    kvt_entry_clear(&owned); /* degrades to no spill (3.6) */
+                }
+            } else {
+                atomic_fetch_add(&pc->spill_failures, 1);
+            }
+        }
+        entry_dispose(e);
+    }
+}
+
+/* ---- sessions ------------------------------------------------------------------ */
+
+static void session_release_slots(kvt_prompt_cache *pc, pc_session *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        pc_entry *e = by_id(pc, s->slots[i].id);
+        if (e)
+            e->sessions--;
+        kvt__free(s->slots[i].ns);
+    }
+    kvt__free(s->slots);
+    kvt__free(s);
+}
+
+static pc_slot *session_slot(const kvt_prompt_cache *pc, const char *session, const char *ns)
+{
+    pc_session *s = kvt__smap_get(&pc->sessions, session);
+    for (size_t i = 0; s && i < s->n; i++)
+        if (strcmp(s->slots[i].ns, ns) == 0)
+            return &s->slots[i];
+    return NULL;
+}
+
+/* Points (session, ns) at e. Best effort: on out of memory the affinity is
+ * simply not recorded (a session is a hint, never data). */
+static void session_associate(kvt_prompt_cache *pc, const char *session, const char *ns, pc_entry *e)
+{
+    if (!session)
+        return;
+    pc_slot *slot = session_slot(pc, session, ns);
+    if (!slot) {
+        pc_session *s = kvt__smap_get(&pc->sessions, session);
+        if (!s) {
+            s = kvt__calloc(1, sizeof *s);
+            if (!s || kvt__smap_put(&pc->sessions, session, s) != 0) {
+                kvt__free(s);
+                return;
+            }
+        }
+        pc_slot *v = kvt__realloc(s->slots, (s->n + 1) * sizeof *v);
+        if (!v)
+            return;
+        s->slots = v;
+        char *nsc = kvt__strdup(ns);
+        if (!nsc)
+            return;
+        slot = &s->slots[s->n++];
+        slot->ns = nsc;
+        slot->id = 0;
+    }
+    if (slot->id == e->id)
+        return;
+    pc_entry *old = by_id(pc, slot->id);
+    if (old)
+        old->sessions--;
+    slot->id = e->id;
+    e->sessions++;
+}
+
+typedef struct follow_ctx {
+    const char *ns;
+    uint64_t from, to;
+} follow_ctx;
+
+static void follow_session(const char *key, void *val, void *ctx)
+{
+    (void)key;
+    pc_session *s = val;
+    follow_ctx *f = ctx;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->slots[i].id == f->from && strcmp(s->slots[i].ns, f->ns) == 0)
+            s->slots[i].id = f->to;
+}
+
+/* `to` replaces `from` (equal tokens): sessions and pins follow (3.5). */
+static void entry_follow(kvt_prompt_cache *pc, pc_entry *from, pc_entry *to)
+{
+    if (from->sessions > 0) {
+        follow_ctx f = {from->ns, from->id, to->id};
+        kvt__smap_foreach(&pc->sessions, follow_session, &f);
+        to->sessions += from->sessions;
+        from->sessions = 0;
+    }
+    if (from->pins > 0) {
+        if (to->pins == 0)
+            pc->pinned++;
+        to->pins += from->pins;
+        /* leases still name the old id: unpin follows this link */
+        kvt__umap_put(&pc->forward, from->id, to->id);
+    }
+}
+
+/* ---- eviction ------------------------------------------------------------------- */
+
+typedef struct elig_ctx {
+    kvt_prompt_cache *pc;
+    int session_free;
+} elig_ctx;
+
+static int eligible(void *ctx, uint64_t id)
+{
+    elig_ctx *c = ctx;
+    pc_entry *e = by_id(c->pc, id);
+    return e && e->pins == 0 && (!c->session_free || e->sessions == 0);
+}
+
+/* Retention victim among unpinned entries, session-free ones first (3.6). */
+static pc_entry *victim(kvt_prompt_cache *pc)
+{
+    uint64_t id;
+    elig_ctx c = {pc, 1};
+    if (pc->rops->victim(pc->ret, eligible, &c, &id) == 0)
+        return by_id(pc, id);
+    c.session_free = 0;
+    if (pc->rops->victim(pc->ret, eligible, &c, &id) == 0)
+        return by_id(pc, id);
+    return NULL;
+}
+
+static int write_pending(kvt_prompt_cache *pc, const pc_entry *e)
+{
+    return pc->has_cold && pc->cold.pending &&
+           pc->cold.pending(pc->cold.self, e->tokens, e->n_tokens, e->ns) == 1;
+}
+
+static int tier_holds(kvt_prompt_cache *pc, const pc_entry *e)
+{
+    kvt_cold_hit h;
+    return pc->has_cold && pc->cold.find_exact &&
+           pc->cold.find_exact(pc->cold.self, e->tokens, e->n_tokens, e->ns, &h) == 0;
+}
+
+/* Whether an entry leaving by eviction needs a spill. */
+static int needs_spill(kvt_prompt_cache *pc, const pc_entry *e)
+{
+    if (!pc->has_cold || !pc->cold.spill)
+        return 0;
+    if ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && tier_holds(pc, e))
+        return 0;
+    return 1;
+}
+
+/* Evicts until the budget holds, or at most `limit` entries when limit >= 0. */
+static int64_t evict(kvt_prompt_cache *pc, int64_t limit, pc_entry **gone)
+{
+    int64_t n = 0;
+    while (limit < 0 ? total_bytes(pc) > pc->max_bytes : n < limit) {
+        pc_entry *v = victim(pc);
+        if (!v)
+            break;
+        /* tier policy: a pending write is not a copy (3.6) */
+        if ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && write_pending(pc, v))
+            break;
+        entry_unlink(pc, v, needs_spill(pc, v), gone);
+        pc->st.evictions++;
+        n++;
+    }
+    return n;
+}
+
+/* ---- insert --------------------------------------------------------------------- */
+
+/* Builds an entry from e: copies ns and tokens and the pointer arrays (the
+ * elements are not yet adopted). */
+static int entry_build(kvt_prompt_cache *pc, const kvt_entry *e, pc_entry **out)
+{
+    if (!e || !e->ns)
+        return kvt__fail(KVT_EINVAL, "prompt cache put: entry or ns is NULL");
+    if (e->n_tokens < 0 || e->n_caches < 0 || e->n_attachments < 0)
+        return kvt__fail(KVT_EINVAL, "prompt cache put: negative count (tokens %lld, caches %d, attachments %d)",
+                         (long long)e->n_tokens, (int)e->n_caches, (int)e->n_attachments);
+    if (!e->tokens && e->n_tokens > 0)
+        return kvt__fail(KVT_EINVAL, "prompt cache put: tokens NULL with %lld tokens", (long long)e->n_tokens);
+    if ((e->n_caches && !e->caches) || (e->n_attachments && !e->attachments))
+        return kvt__fail(KVT_EINVAL, "prompt cache put: caches or attachments array is NULL");
+    for (int32_t i = 0; i < e->n_caches; i++) {
+        if (!e->caches[i])
+            return kvt__fail(KVT_EINVAL, "prompt cache put: cache %d is NULL", (int)i);
+        int64_t off = kvt_cache_offset(e->caches[i]);
+        if (off != e->n_tokens)
+            return kvt__fail(KVT_EINVAL, "prompt cache put: cache %d holds %lld tokens, the entry has %lld",
+                             (int)i, (long long)off, (long long)e->n_tokens);
+    }
+    for (int32_t i = 0; i < e->n_attachments; i++)
+        if (!e->attachments[i])
+            return kvt__fail(KVT_EINVAL, "prompt cache put: attachment %d is NULL", (int)i);
+    pc_entry *x = kvt__calloc(1, sizeof *x);
+    if (!x)
+        return kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory");
+    x->ns = kvt__strdup(e->ns);
+    x->tokens = kvt__malloc((size_t)(e->n_tokens ? e->n_tokens : 1) * sizeof(int32_t));
+    x->caches = kvt__calloc((size_t)(e->n_caches ? e->n_caches : 1), sizeof *x->caches);
+    x->atts = kvt__calloc((size_t)(e->n_attachments ? e->n_attachments : 1), sizeof *x->atts);
+    if (!x->ns || !x->tokens || !x->caches || !x->atts) {
+        entry_free_shell(x);
+        return kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory for %lld tokens", (long long)e->n_tokens);
+    }
+    if (e->n_tokens)
+        memcpy(x->tokens, e->tokens, (size_t)e->n_tokens * sizeof(int32_t));
+    x->n_tokens = e->n_tokens;
+    x->n_caches = e->n_caches;
+    x->n_atts = e->n_attachments;
+    for (int32_t i = 0; i < e->n_caches; i++)
+        x->caches[i] = e->caches[i];
+    for (int32_t i = 0; i < e->n_attachments; i++)
+        x->atts[i] = e->attachments[i];
+    *out = x;
+    return 0;
+}
+
+typedef struct super_ctx {
+    pc_entry **v; /* (n) strict prefix ancestors to supersede */
+    size_t n, cap;
+    int64_t reach;
+} super_ctx;
+
+static void collect_ancestor(void *val, int64_t depth, void *ctx)
+{
+    super_ctx *s = ctx;
+    pc_entry *e = val;
+    if (depth < s->reach || e->pins > 0)
+        return;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 8;
+        pc_entry **v = kvt__realloc(s->v, cap * sizeof *v);
+        if (!v)
+            return; /* best effort: an ancestor left in place still serves */
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = e;
+}
+
+/* Links a built, measured entry into the cache (under the lock) and applies
+ * put's rules. On error nothing is linked and x is untouched. `pins` pins
+ * the new entry at once (prefetch publication). */
+static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, const char *session,
+                         int64_t pins, pc_entry **gone)
+{
+    if (standalone > pc->max_bytes && pins == 0) {
+        /* larger than the whole budget: spilled and dropped (3.5) */
+        x->id = ++pc->next_id;
+        x->spill = pc->has_cold && pc->cold.spill;
+        x->gone = *gone;
+        *gone = x;
+        pc->st.oversize_drops++;
+        return 0;
+    }
+    x->id = ++pc->next_id;
+    x->last_used_ms = kvt_now_ms();
+    int rc = kvt__umap_put(&pc->by_id, x->id, (uint64_t)(uintptr_t)x);
+    if (rc)
+        return kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory");
+    rc = pc->rops->on_insert(pc->ret, x->id, standalone, x->n_tokens);
+    if (rc) {
+        kvt__umap_del(&pc->by_id, x->id);
+        return rc;
+    }
+    rc = account_add(pc, x);
+    if (rc) {
+        pc->rops->on_remove(pc->ret, x->id);
+        kvt__umap_del(&pc->by_id, x->id);
+        return rc;
+    }
+    void *replaced = NULL;
+    rc = kvt__index_insert(pc->ix, x->ns, x->tokens, x->n_tokens, x, x->trimmable, x->reach, &replaced);
+    if (rc) {
+        account_remove(pc, x);
+        pc->rops->on_remove(pc->ret, x->id);
+        kvt__umap_del(&pc->by_id, x->id);
+        return rc;
+    }
+    x->next = pc->head;
+    if (pc->head)
+        pc->head->prev = x;
+    pc->head = x;
+    pc->st.entries++;
+    if (pins > 0) {
+        x->pins = pins;
+        pc->pinned++;
+    }
+    if (replaced) {
+        /* equal tokens: the new entry replaces the old (sessions follow) */
+        pc_entry *old = replaced;
+        entry_follow(pc, old, x);
+        entry_unlink(pc, old, 0, gone);
+        pc->st.replacements++;
+    }
+    if (x->trimmable && x->n_tokens > 0) {
+        /* supersede strict prefix ancestors it can be trimmed back to */
+        super_ctx s = {NULL, 0, 0, x->reach};
+        kvt__index_prefixes(pc->ix, x->ns, x->tokens, x->n_tokens, collect_ancestor, &s);
+        for (size_t i = 0; i < s.n; i++) {
+            entry_unlink(pc, s.v[i], 0, gone);
+            pc->st.supersedes++;
+        }
+        kvt__free(s.v);
+    }
+    session_associate(pc, session, x->ns, x);
+    evict(pc, -1, gone);
+    return 0;
+}
+
+/* ---- lending ---------------------------------------------------------------------- */
+
+/* Fills out with views of e at p tokens (under the lock: clones only; the
+ * views are trimmed by lend_finish off-lock). */
+static int lend_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t p, kvt_hit *out)
+{
+    int rc = kvt_entry_init(&out->entry, e->ns, e->tokens, p, e->n_caches, e->n_atts);
+    if (rc)
+        return rc;
+    rc = e->n_caches ? kvt_caches_clone(e->caches, e->n_caches, out->entry.caches) : 0;
+    for (int32_t i = 0; rc == 0 && i < e->n_atts; i++)
+        rc = kvt_attachment_clone(e->atts[i], &out->entry.attachments[i]);
+    if (rc) {
+        kvt_entry_clear(&out->entry);
+        return rc;
+    }
+    out->entry.hook = share_acquire(e->share);
+    out->prefix_len = p;
+    out->entry_id = e->id;
+    e->last_used_ms = kvt_now_ms();
+    pc->rops->on_access(pc->ret, e->id, p);
+    return 0;
+}
+
+static int lend_finish(kvt_hit *out)
+{
+    for (int32_t i = 0; i < out->entry.n_caches; i++) {
+        if (kvt_cache_offset(out->entry.caches[i]) == out->prefix_len)
+            continue;
+        int rc = kvt_cache_trim(out->entry.caches[i], out->prefix_len);
+        if (rc) {
+            kvt_hit_dispose(out);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+KVT_API void kvt_hit_dispose(kvt_hit *hit)
+{
+    if (!hit)
+        return;
+    kvt_entry_clear(&hit->entry);
+    memset(hit, 0, sizeof *hit);
+}
+
+/* ---- create / destroy ------------------------------------------------------------- */
+
+KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prompt_cache **out)
+{
+    if (!cfg || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_create: cfg or out is NULL");
+    *out = NULL;
+    if (cfg->block_tokens < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_create: block_tokens %d < 0", (int)cfg->block_tokens);
+    if (cfg->cold && (!cfg->cold->find || !cfg->cold->restore || !cfg->cold->store))
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_create: the cold tier lacks find, restore or store");
+    kvt_prompt_cache *pc = kvt__calloc(1, sizeof *pc);
+    if (!pc)
+        return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_create: out of memory");
+    pc->max_bytes = cfg->max_bytes;
+    pc->block_tokens = cfg->block_tokens ? cfg->block_tokens : 256;
+    pc->flags = cfg->flags;
+    if (cfg->cold) {
+        pc->cold = *cfg->cold;
+        pc->has_cold = 1;
+    }
+    pc->rops = cfg->retention ? cfg->retention : &kvt_retention_lru;
+    int rc = pc->rops->create(&pc->ret);
+    if (rc == 0)
+        rc = kvt__index_create(&pc->ix);
+    if (rc) {
+        if (pc->ret)
+            pc->rops->destroy(pc->ret);
+        kvt__free(pc);
+        return rc;
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&pc->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&pc->mu, NULL);
+    *out = pc;
+    return 0;
+}
+
+static void free_session(const char *key, void *val, void *ctx)
+{
+    (void)key;
+    session_release_slots(ctx, val);
+}
+
+/* Drops every entry and session (under the lock); entries go to *gone. */
+static void clear_locked(kvt_prompt_cache *pc, pc_entry **gone)
+{
+    kvt__smap_foreach(&pc->sessions, free_session, pc);
+    kvt__smap_free(&pc->sessions);
+    while (pc->head)
+        entry_unlink(pc, pc->head, 0, gone);
+    kvt__umap_free(&pc->forward);
+    pc->epoch++;
+}
+
+KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc)
+{
+    if (!pc)
+        return;
+    pc_entry *gone = NULL;
+    pthread_mutex_lock(&pc->mu);
+    while (pc->reads)
+        pthread_cond_wait(&pc->cv, &pc->mu);
+    clear_locked(pc, &gone);
+    pthread_mutex_unlock(&pc->mu);
+    gone_process(pc, gone);
+    kvt__index_destroy(pc->ix);
+    pc->rops->destroy(pc->ret);
+    kvt__umap_free(&pc->by_id);
+    kvt__umap_free(&pc->buf_refs);
+    pthread_cond_destroy(&pc->cv);
+    pthread_mutex_destroy(&pc->mu);
+    kvt__free(pc);
+}
+
+/* ---- put -------------------------------------------------------------------------- */
+
+/* Takes e's parts on success: NULLs the slots and empties the hook. */
+static void adopt_parts(kvt_entry *e)
+{
+    for (int32_t i = 0; i < e->n_caches; i++)
+        e->caches[i] = NULL;
+    for (int32_t i = 0; i < e->n_attachments; i++)
+        e->attachments[i] = NULL;
+    e->hook = (kvt_hook){NULL, NULL};
+}
+
+static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, int64_t pins,
+                      uint64_t *id_out, uint64_t epoch_check)
+{
+    pc_entry *x = NULL;
+    int rc = entry_build(pc, e, &x);
+    if (rc)
+        return rc;
+    size_t standalone = 0;
+    rc = entry_measure(x, &standalone);
+    if (rc == 0 && e->hook.fn) {
+        x->share = kvt__malloc(sizeof *x->share);
+        if (!x->share)
+            rc = kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory");
+        else {
+            atomic_init(&x->share->refs, 1);
+            x->share->hook = e->hook;
+        }
+    }
+    if (rc) {
+        kvt__free(x->share);
+        x->share = NULL;
+        entry_free_shell(x);
+        return rc;
+    }
+    pc_entry *gone = NULL;
+    pthread_mutex_lock(&pc->mu);
+    if (epoch_check != UINT64_MAX && epoch_check != pc->epoch) {
+        pthread_mutex_unlock(&pc->mu);
+        kvt__free(x->share);
+        x->share = NULL;
+        entry_free_shell(x);
+        return kvt__fail(KVT_ESTALE, "prompt cache: cleared while the entry was read");
+    }
+    rc = insert_locked(pc, x, standalone, session, pins, &gone);
+    if (rc == 0 && id_out)
+        *id_out = x->id;
+    pthread_mutex_unlock(&pc->mu);
+    if (rc) {
+        kvt__free(x->share);
+        x->share = NULL;
+        entry_free_shell(x);
+        return rc;
+    }
+    adopt_parts(e);
+    gone_process(pc, gone);
+    return 0;
+}
+
+KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char *session)
+{
+    if (!pc)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put: cache is NULL");
+    return put_common(pc, e, session, 0, NULL, UINT64_MAX);
+}
+
+/* ---- take ------------------------------------------------------------------------- */
+
+static int check_prompt(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns, const void *out,
+                        const char *fn)
+{
+    if (!pc || !ns || !out)
+        return kvt__fail(KVT_EINVAL, "%s: cache, ns or out is NULL", fn);
+    if (n < 0 || (!prompt && n > 0))
+        return kvt__fail(KVT_EINVAL, "%s: prompt NULL or negative length %lld", fn, (long long)n);
+    return 0;
+}
+
+/* Session entry serving the prompt (strict prefix, resident), or NULL. */
+static pc_entry *session_entry(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
+                               const char *session)
+{
+    if (!session)
+        return NULL;
+    pc_slot *slot = session_slot(pc, session, ns);
+    pc_entry *e = slot ? by_id(pc, slot->id) : NULL;
+    if (e && e->n_tokens >= 1 && e->n_tokens < n && tokens_equal(e->tokens, prompt, e->n_tokens))
+        return e;
+    return NULL;
+}
+
+/* Validates and trims a restored entry to p tokens of the prompt.
+ * @return 1 usable, 0 not. */
+static int restored_usable(kvt_entry *r, const int32_t *prompt, int64_t p)
+{
+    if (r->n_tokens < p || !tokens_equal(r->tokens, prompt, p))
+        return 0;
+    for (int32_t i = 0; i < r->n_caches; i++)
+        if (!r->caches[i] || kvt_cache_offset(r->caches[i]) != r->n_tokens)
+            return 0;
+    int64_t reach;
+    int trimmable = kvt_entry_trimmable(r, &reach);
+    if (r->n_tokens > p && (!trimmable || p < reach))
+        return 0; /* untrimmable divergent tail (3.4) */
+    for (int32_t i = 0; i < r->n_caches; i++)
+        if (kvt_cache_offset(r->caches[i]) > p && kvt_cache_trim(r->caches[i], p) != 0)
+            return 0;
+    r->n_tokens = p;
+    return 1;
+}
+
+/* Promotes a restored prefix into RAM: zero-copy clones put as an entry
+ * sharing the hook of the served views (3.4). Best effort. */
+static void promote(kvt_prompt_cache *pc, kvt_entry *r, const char *session, uint64_t epoch)
+{
+    pc_share *s = kvt__malloc(sizeof *s);
+    kvt_entry copy;
+    if (!s)
+        return;
+    if (kvt_entry_init(&copy, r->ns, r->tokens, r->n_tokens, r->n_caches, r->n_attachments) != 0) {
+        kvt__free(s);
+        return;
+    }
+    int rc = r->n_caches ? kvt_caches_clone(r->caches, r->n_caches, copy.caches) : 0;
+    for (int32_t i = 0; rc == 0 && i < r->n_attachments; i++)
+        rc = kvt_attachment_clone(r->attachments[i], &copy.attachments[i]);
+    if (rc) {
+        kvt_entry_clear(&copy);
+        kvt__free(s);
+        return;
+    }
+    /* one hook, two holders: the served views and the promoted entry */
+    atomic_init(&s->refs, 1);
+    s->hook = r->hook;
+    r->hook = (kvt_hook){share_run, s};
+    copy.hook = share_acquire(s);
+    if (put_common(pc, &copy, session, 0, NULL, epoch) == 0) {
+        pthread_mutex_lock(&pc->mu);
+        pc->st.promotions++;
+        pthread_mutex_unlock(&pc->mu);
+    }
+    kvt_entry_clear(&copy); /* what put did not adopt */
+}
+
+KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
+                                  const char *session, kvt_hit *out)
+{
+    int rc = check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_take");
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *se = session_entry(pc, prompt, n, ns, session);
+    if (se) {
+        rc = lend_locked(pc, se, se->n_tokens, out);
+        if (rc == 0) {
+            pc->st.hits++;
+            pc->st.session_hits++;
+            out->source = KVT_HIT_SESSION;
+        }
+        pthread_mutex_unlock(&pc->mu);
+        return rc ? rc : lend_finish(out);
+    }
+    if (session)
+        pc->st.session_misses++;
+    pc->st.prefix_walks++;
+    void *val = NULL;
+    int64_t p = kvt__index_lookup(pc->ix, ns, prompt, n, &val);
+    if (p > 0)
+        pc->st.hits++;
+    else
+        pc->st.misses++;
+    kvt_cold_hit ch;
+    if (pc->has_cold && pc->cold.find(pc->cold.self, prompt, n, ns, &ch) == 0 && ch.prefix_len > p &&
+        ch.prefix_len <= n - 1) {
+        /* the cold tier holds a strictly longer prefix: restore off-lock */
+        uint64_t epoch = pc->epoch;
+        pthread_mutex_unlock(&pc->mu);
+        kvt_entry r;
+        memset(&r, 0, sizeof r);
+        int rrc = pc->cold.restore(pc->cold.self, ch.handle, &r);
+        int usable = rrc == 0 && restored_usable(&r, prompt, ch.prefix_len);
+        if (usable) {
+            if (pc->flags & KVT_PC_PROMOTE_RESTORES)
+                promote(pc, &r, session, epoch);
+            out->entry = r;
+            out->prefix_len = ch.prefix_len;
+            out->source = KVT_HIT_COLD;
+            pthread_mutex_lock(&pc->mu);
+            pc->st.cold_restores++;
+            pthread_mutex_unlock(&pc->mu);
+            return 0;
+        }
+        kvt_entry_clear(&r);
+        pthread_mutex_lock(&pc->mu);
+        if (rrc)
+            pc->st.cold_failures++;
+        else
+            pc->st.cold_unusable++;
+        /* the RAM candidate (as it is now) serves */
+        p = kvt__index_lookup(pc->ix, ns, prompt, n, &val);
+    }
+    if (p > 0) {
+        pc_entry *e = val;
+        rc = lend_locked(pc, e, p, out);
+        if (rc == 0) {
+            out->source = KVT_HIT_RAM;
+            session_associate(pc, session, ns, e);
+        }
+    }
+    pthread_mutex_unlock(&pc->mu);
+    if (rc)
+        return rc;
+    return p > 0 ? lend_finish(out) : 0;
+}
+
+KVT_API int64_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
+                                      uint64_t *out_id)
+{
+    if (out_id)
+        *out_id = 0;
+    if (!pc || !ns || n < 0 || (!prompt && n > 0))
+        return 0;
+    void *val = NULL;
+    pthread_mutex_lock(&pc->mu);
+    int64_t p = kvt__index_lookup(pc->ix, ns, prompt, n, &val);
+    if (p > 0 && out_id)
+        *out_id = ((pc_entry *)val)->id;
+    pthread_mutex_unlock(&pc->mu);
+    return p;
+}
+
+KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
+                                        uint64_t *out_id)
+{
+    if (out_id)
+        *out_id = 0;
+    if (!pc || !ns || n < 0 || (!tokens && n > 0))
+        return 0;
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *e = kvt__index_exact(pc->ix, ns, tokens, n);
+    if (e && out_id)
+        *out_id = e->id;
+    pthread_mutex_unlock(&pc->mu);
+    return e != NULL;
+}
+
+KVT_API int kvt_prompt_cache_get_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
+                                       kvt_hit *out)
+{
+    int rc = check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_get_exact");
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *e = kvt__index_exact(pc->ix, ns, tokens, n);
+    if (!e) {
+        pthread_mutex_unlock(&pc->mu);
+        return kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_get_exact: no entry of %lld tokens in ns '%s'",
+                         (long long)n, ns);
+    }
+    rc = lend_locked(pc, e, n, out);
+    if (rc == 0)
+        out->source = KVT_HIT_RAM;
+    pthread_mutex_unlock(&pc->mu);
+    return rc;
+}
+
+/* ---- trim in place ---------------------------------------------------------------- */
+
+KVT_API int kvt_prompt_cache_trim(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
+                                  int64_t new_len)
+{
+    if (!pc || !ns || n < 0 || (!tokens && n > 0))
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_trim: bad arguments");
+    pc_entry *gone = NULL;
+    int rc = 0;
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *e = kvt__index_exact(pc->ix, ns, tokens, n);
+    if (!e) {
+        rc = kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_trim: no entry of %lld tokens in ns '%s'", (long long)n, ns);
+        goto out;
+    }
+    if (new_len == n)
+        goto out;
+    if (new_len < 1 || new_len > n || e->n_atts > 0) {
+        rc = kvt__fail(KVT_ERANGE, "kvt_prompt_cache_trim: cannot cut %lld tokens to %lld%s", (long long)n,
+                       (long long)new_len, e->n_atts ? " (the entry has attachments)" : "");
+        goto out;
+    }
+    for (int32_t i = 0; i < e->n_caches; i++)
+        if (!kvt_cache_can_trim(e->caches[i], new_len)) {
+            rc = kvt__fail(KVT_ERANGE, "kvt_prompt_cache_trim: layer %d cannot reach %lld tokens", (int)i,
+                           (long long)new_len);
+            goto out;
+        }
+    kvt__index_remove(pc->ix, e->ns, e->tokens, e->n_tokens);
+    account_remove(pc, e);
+    for (int32_t i = 0; i < e->n_caches && rc == 0; i++)
+        rc = kvt_cache_trim(e->caches[i], new_len);
+    e->n_tokens = new_len;
+    size_t standalone;
+    if (rc == 0)
+        rc = entry_measure(e, &standalone);
+    if (rc == 0)
+        rc = account_add(pc, e);
+    void *replaced = NULL;
+    if (rc == 0)
+        rc = kvt__index_insert(pc->ix, e->ns, e->tokens, e->n_tokens, e, e->trimmable, e->reach, &replaced);
+    if (rc) {
+        /* layers may disagree now: the entry cannot stay (its budget share is
+         * already removed, so unlink without counting it twice) */
+        e->n_bufs = 0;
+        e->private_bytes = 0;
+        entry_unlink(pc, e, 0, &gone);
+        goto out;
+    }
+    if (replaced && replaced != e) {
+        entry_follow(pc, replaced, e);
+        entry_unlink(pc, replaced, 0, &gone);
+        pc->st.replacements++;
+    }
+out:
+    pthread_mutex_unlock(&pc->mu);
+    gone_process(pc, gone);
+    return rc;
+}
+
+/* ---- budget, eviction, pressure ---------------------------------------------------- */
+
+KVT_API int kvt_prompt_cache_set_max_bytes(kvt_prompt_cache *pc, size_t max_bytes)
+{
+    if (!pc)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_set_max_bytes: cache is NULL");
+    pc_entry *gone = NULL;
+    pthread_mutex_lock(&pc->mu);
+    pc->max_bytes = max_bytes;
+    evict(pc, -1, &gone);
+    pthread_mutex_unlock(&pc->mu);
+    gone_process(pc, gone);
+    return 0;
+}
+
+KVT_API int kvt_prompt_cache_evict(kvt_prompt_cache *pc, int64_t count, int64_t *n_out)
+{
+    if (!pc || count < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_evict: cache NULL or negative count");
+    pc_entry *gone = NULL;
+    pthread_mutex_lock(&pc->mu);
+    int64_t n = evict(pc, count, &gone);
+    pthread_mutex_unlock(&pc->mu);
+    gone_process(pc, gone);
+    if (n_out)
+        *n_out = n;
+    return 0;
+}
+
+KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn over_budget, void *ctx,
+                                     int64_t *n_out)
+{
+    if (n_out)
+        *n_out = 0;
+    if (!pc || !over_budget)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_relieve: cache or over_budget is NULL");
+    int rc = 0;
+    int64_t n = 0;
+    pthread_mutex_lock(&pc->mu);
+    while (over_budget(ctx)) {
+        pc_entry *v = victim(pc);
+        if (!v)
+            break;
+        if (pc->has_cold) {
+            kvt_entry view = {v->ns, v->tokens, v->n_tokens, v->caches, v->n_caches, v->atts, v->n_atts, {0}};
+            rc = pc->cold.store(pc->cold.self, &view); /* must finish now (3.7) */
+            if (rc) {
+                kvt__fail(rc, "kvt_prompt_cache_relieve: writing %lld tokens to the cold tier failed (%s); kept",
+                          (long long)v->n_tokens, kvt_strerror(rc));
+                break;
+            }
+        }
+        pc_entry *gone = NULL;
+        entry_unlink(pc, v, 0, &gone);
+        entry_dispose(v); /* now: the next check must see the memory freed */
+        pc->st.demotions++;
+        n++;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    if (n_out)
+        *n_out = n;
+    return rc;
+}
+
+KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pressure, void *ctx,
+                                     int64_t *n_out)
+{
+    if (n_out)
+        *n_out = 0;
+    if (!pc || !pressure)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_reclaim: cache or pressure is NULL");
+    int64_t n = 0;
+    pthread_mutex_lock(&pc->mu);
+    while (pressure(ctx)) {
+        pc_entry *v = victim(pc);
+        if (!v)
+            break;
+        if ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && write_pending(pc, v))
+            break;
+        pc_entry *gone = NULL;
+        entry_unlink(pc, v, 0, &gone); /* no storage I/O at a reclaim boundary (3.8) */
+        entry_dispose(v);
+        pc->st.demotions++;
+        n++;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    if (n_out)
+        *n_out = n;
+    return 0;
+}
+
+typedef struct demote_job {
+    uint64_t id;
+    kvt_entry copy;
+} demote_job;
+
+KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms, int64_t *n_out)
+{
+    if (n_out)
+        *n_out = 0;
+    if (!pc)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_demote_idle: cache is NULL");
+    if (!pc->has_cold)
+        return 0;
+    int64_t n = 0;
+    pc_entry *gone = NULL;
+    demote_job *jobs = NULL;
+    size_t n_jobs = 0, cap_jobs = 0;
+    uint64_t now = kvt_now_ms();
+    pthread_mutex_lock(&pc->mu);
+    for (pc_entry *e = pc->head, *next; e; e = next) {
+        next = e->next;
+        if (e->pins > 0 || now - e->last_used_ms < idle_ms)
+            continue;
+        if (tier_holds(pc, e) && !write_pending(pc, e)) {
+            entry_unlink(pc, e, 0, &gone);
+            pc->st.demotions++;
+            n++;
+            continue;
+        }
+        if (write_pending(pc, e))
+            continue; /* a pending write is not a copy: keep it for now */
+        if (n_jobs == cap_jobs) {
+            size_t cap = cap_jobs ? cap_jobs * 2 : 8;
+            demote_job *j = kvt__realloc(jobs, cap * sizeof *j);
+            if (!j)
+                break;
+            jobs = j;
+            cap_jobs = cap;
+        }
+        demote_job *j = &jobs[n_jobs];
+        if (kvt_entry_init(&j->copy, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_atts) != 0)
+            break;
+        int rc = e->n_caches ? kvt_caches_clone(e->caches, e->n_caches, j->copy.caches) : 0;
+        for (int32_t i = 0; rc == 0 && i < e->n_atts; i++)
+            rc = kvt_attachment_clone(e->atts[i], &j->copy.attachments[i]);
+        if (rc) {
+            kvt_entry_clear(&j->copy);
+            break;
+        }
+        j->copy.hook = share_acquire(e->share);
+        j->id = e->id;
+        n_jobs++;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    gone_process(pc, gone);
+    gone = NULL;
+    /* write what the tier does not hold yet, off-lock; drop once durable */
+    for (size_t i = 0; i < n_jobs; i++) {
+        int rc = pc->cold.store(pc->cold.self, &jobs[i].copy);
+        kvt_entry_clear(&jobs[i].copy);
+        if (rc)
+            continue; /* a failed write is never a demotion */
+        pthread_mutex_lock(&pc->mu);
+        pc_entry *e = by_id(pc, jobs[i].id);
+        if (e && e->pins == 0) {
+            entry_unlink(pc, e, 0, &gone);
+            pc->st.demotions++;
+            n++;
+        }
+        pthread_mutex_unlock(&pc->mu);
+    }
+    kvt__free(jobs);
+    gone_process(pc, gone);
+    if (n_out)
+        *n_out = n;
+    return 0;
+}
+
+/* ---- sessions, pins ------------------------------------------------------------------ */
+
+KVT_API void kvt_prompt_cache_close_session(kvt_prompt_cache *pc, const char *session)
+{
+    if (!pc || !session)
+        return;
+    pthread_mutex_lock(&pc->mu);
+    pc_session *s = kvt__smap_del(&pc->sessions, session);
+    if (s)
+        session_release_slots(pc, s);
+    pthread_mutex_unlock(&pc->mu);
+}
+
+static void pin_locked(kvt_prompt_cache *pc, pc_entry *e)
+{
+    if (e->pins++ == 0)
+        pc->pinned++;
+}
+
+/* Unpins the entry a lease names, following replacements. */
+static void unpin_locked(kvt_prompt_cache *pc, uint64_t id)
+{
+    pc_entry *e = by_id(pc, id);
+    for (int hops = 0; !e && hops < 64; hops++) {
+        uint64_t *f = kvt__umap_get(&pc->forward, id);
+        if (!f)
+            break;
+        id = *f;
+        e = by_id(pc, id);
+    }
+    if (e && e->pins > 0 && --e->pins == 0)
+        pc->pinned--;
+}
+
+static int lease_new(kvt_prompt_cache *pc, kvt_lease **out)
+{
+    *out = kvt__calloc(1, sizeof **out);
+    if (!*out)
+        return kvt__fail(KVT_ENOMEM, "prompt cache: out of memory for a lease");
+    (*out)->pc = pc;
+    return 0;
+}
+
+KVT_API int kvt_prompt_cache_pin(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
+                                 kvt_lease **out)
+{
+    int rc = check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_pin");
+    if (rc)
+        return rc;
+    *out = NULL;
+    kvt_lease *l;
+    if ((rc = lease_new(pc, &l)) != 0)
+        return rc;
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *e = kvt__index_exact(pc->ix, ns, tokens, n);
+    if (e) {
+        pin_locked(pc, e);
+        l->entry_id = e->id;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    if (!e) {
+        kvt__free(l);
+        return kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_pin: no entry of %lld tokens in ns '%s'", (long long)n, ns);
+    }
+    *out = l;
+    return 0;
+}
+
+/* ---- prefetch ------------------------------------------------------------------------- */
+
+static void read_unref_locked(kvt_prompt_cache *pc, pc_read *r)
+{
+    if (--r->refs > 0)
+        return;
+    kvt__free(r->ns);
+    kvt__free(r->session);
+    kvt__free(r);
+}
+
+static void read_unlist_locked(kvt_prompt_cache *pc, pc_read *r)
+{
+    for (pc_read **pp = &pc->reads; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            return;
+        }
+}
+
+/* Completion of a prefetch read (any thread, never under the lock). */
+static void read_done(void *arg, int status, kvt_entry *loaded)
+{
+    pc_read *r = arg;
+    kvt_prompt_cache *pc = r->pc;
+    kvt_entry mine;
+    memset(&mine, 0, sizeof mine);
+    if (status == 0 && loaded) {
+        mine = *loaded;
+        memset(loaded, 0, sizeof *loaded);
+    }
+    pc_entry *x = NULL;
+    size_t standalone = 0;
+    int rc = status;
+    if (rc == 0) {
+        rc = entry_build(pc, &mine, &x);
+        if (rc == 0)
+            rc = entry_measure(x, &standalone);
+        if (rc == 0 && mine.hook.fn) {
+            x->share = kvt__malloc(sizeof *x->share);
+            if (!x->share)
+                rc = KVT_ENOMEM;
+            else {
+                atomic_init(&x->share->refs, 1);
+                x->share->hook = mine.hook;
+            }
+        }
+    }
+    pc_entry *gone = NULL;
+    int adopted = 0;
+    pthread_mutex_lock(&pc->mu);
+    if (rc == 0 && r->epoch != pc->epoch) {
+        rc = KVT_ESTALE; /* a clear ran during the read (3.11) */
+        pc->st.prefetch_discarded++;
+    }
+    if (rc == 0) {
+        rc = insert_locked(pc, x, standalone, r->session, r->interest, &gone);
+        if (rc == 0) {
+            adopted = 1;
+            r->entry_id = x->id;
+        }
+    }
+    r->status = rc;
+    r->done = 1;
+    pthread_cond_broadcast(&pc->cv);
+    pthread_mutex_unlock(&pc->mu);
+    if (adopted) {
+        adopt_parts(&mine);
+    } else if (x) {
+        kvt__free(x->share);
+        x->share = NULL;
+        entry_free_shell(x);
+    }
+    kvt_entry_clear(&mine);
+    gone_process(pc, gone);
+    /* last: destroy waits for the list to empty before freeing pc */
+    pthread_mutex_lock(&pc->mu);
+    read_unlist_locked(pc, r);
+    read_unref_locked(pc, r);
+    pthread_cond_broadcast(&pc->cv);
+    pthread_mutex_unlock(&pc->mu);
+}
+
+KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
+                                      const char *session, kvt_lease **out)
+{
+    int rc = check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_prefetch");
+    if (rc)
+        return rc;
+    *out = NULL;
+    kvt_lease *l;
+    if ((rc = lease_new(pc, &l)) != 0)
+        return rc;
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *se = session_entry(pc, prompt, n, ns, session);
+    if (se) {
+        pin_locked(pc, se);
+        l->entry_id = se->id;
+        pthread_mutex_unlock(&pc->mu);
+        *out = l;
+        return 0;
+    }
+    kvt_cold_hit ch;
+    void *val;
+    if (!pc->has_cold || pc->cold.find(pc->cold.self, prompt, n, ns, &ch) != 0 ||
+        ch.prefix_len <= kvt__index_lookup(pc->ix, ns, prompt, n, &val)) {
+        pthread_mutex_unlock(&pc->mu);
+        *out = l; /* nothing to read */
+        return 0;
+    }
+    for (pc_read *r = pc->reads; r; r = r->next)
+        if (!r->done && r->handle == ch.handle && strcmp(r->ns, ns) == 0 && r->epoch == pc->epoch) {
+            r->refs++;
+            r->interest++;
+            l->read = r;
+            pc->st.prefetch_coalesced++;
+            pthread_mutex_unlock(&pc->mu);
+            *out = l;
+            return 0;
+        }
+    pc_read *r = kvt__calloc(1, sizeof *r);
+    char *nsc = kvt__strdup(ns);
+    char *sc = session ? kvt__strdup(session) : NULL;
+    if (!r || !nsc || (session && !sc)) {
+        pthread_mutex_unlock(&pc->mu);
+        kvt__free(r);
+        kvt__free(nsc);
+        kvt__free(sc);
+        kvt__free(l);
+        return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_prefetch: out of memory");
+    }
+    r->pc = pc;
+    r->handle = ch.handle;
+    r->ns = nsc;
+    r->session = sc;
+    r->epoch = pc->epoch;
+    r->refs = 2; /* the lease and the read in flight */
+    r->interest = 1;
+    r->next = pc->reads;
+    pc->reads = r;
+    l->read = r;
+    pc->st.prefetch_reads++;
+    pthread_mutex_unlock(&pc->mu);
+    if (pc->cold.restore_async) {
+        rc = pc->cold.restore_async(pc->cold.self, ch.handle, read_done, r);
+        if (rc) {
+            pthread_mutex_lock(&pc->mu);
+            r->status = rc;
+            r->done = 1;
+            read_unlist_locked(pc, r);
+            read_unref_locked(pc, r); /* the read that never started */
+            r->interest--;
+            read_unref_locked(pc, r); /* our lease */
+            pthread_cond_broadcast(&pc->cv);
+            pthread_mutex_unlock(&pc->mu);
+            kvt__free(l);
+            return kvt__fail(rc, "kvt_prompt_cache_prefetch: the cold tier refused the read (%s)", kvt_strerror(rc));
+        }
+    } else {
+        kvt_entry loaded;
+        memset(&loaded, 0, sizeof loaded);
+        int st = pc->cold.restore(pc->cold.self, ch.handle, &loaded);
+        read_done(r, st, st == 0 ? &loaded : NULL);
+    }
+    *out = l;
+    return 0;
+}
+
+KVT_API int kvt_lease_wait(kvt_lease *lease, uint64_t timeout_ms)
+{
+    if (!lease)
+        return kvt__fail(KVT_EINVAL, "kvt_lease_wait: lease is NULL");
+    if (!lease->read)
+        return 0;
+    kvt_prompt_cache *pc = lease->pc;
+    pc_read *r = lease->read;
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    if (timeout_ms != UINT64_MAX) {
+        uint64_t ns = (uint64_t)dl.tv_nsec + (timeout_ms % 1000) * 1000000ULL;
+        dl.tv_sec += (time_t)(timeout_ms / 1000 + ns / 1000000000ULL);
+        dl.tv_nsec = (long)(ns % 1000000000ULL);
+    }
+    pthread_mutex_lock(&pc->mu);
+    while (!r->done) {
+        if (timeout_ms == UINT64_MAX)
+            pthread_cond_wait(&pc->cv, &pc->mu);
+        else if (pthread_cond_timedwait(&pc->cv, &pc->mu, &dl) == ETIMEDOUT)
+            break;
+    }
+    int rc = r->done ? r->status : KVT_EAGAIN;
+    pthread_mutex_unlock(&pc->mu);
+    if (rc)
+        return kvt__fail(rc, "kvt_lease_wait: %s", kvt_strerror(rc));
+    return 0;
+}
+
+KVT_API void kvt_lease_release(kvt_lease *lease)
+{
+    if (!lease)
+        return;
+    kvt_prompt_cache *pc = lease->pc;
+    pc_entry *gone = NULL;
+    pthread_mutex_lock(&pc->mu);
+    if (lease->entry_id)
+        unpin_locked(pc, lease->entry_id);
+    pc_read *r = lease->read;
+    if (r) {
+        if (r->done) {
+            if (r->status == 0 && r->entry_id)
+                unpin_locked(pc, r->entry_id);
+        } else {
+            r->interest--;
+        }
+        read_unref_locked(pc, r);
+    }
+    evict(pc, -1, &gone);
+    pthread_mutex_unlock(&pc->mu);
+    kvt__free(lease);
+    gone_process(pc, gone);
+}
+
+/* ---- objects --------------------------------------------------------------------------- */
+
+static char *object_ns(const char *key)
+{
+    size_t n = strlen(key);
+    char *ns = kvt__malloc(n + 8);
+    if (ns) {
+        memcpy(ns, "object:", 7);
+        memcpy(ns + 7, key, n + 1);
+    }
+    return ns;
+}
+
+KVT_API int kvt_prompt_cache_object_put(kvt_prompt_cache *pc, const char *key, kvt_attachment **attachments,
+                                        int32_t n_attachments, kvt_hook *hook)
+{
+    if (!pc || !key || !*key || n_attachments < 0 || (n_attachments && !attachments))
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_object_put: bad arguments (key empty or NULL?)");
+    char *ns = object_ns(key);
+    if (!ns)
+        return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_object_put: out of memory");
+    kvt_entry e = {ns, NULL, 0, NULL, 0, attachments, n_attachments, hook ? *hook : (kvt_hook){NULL, NULL}};
+    int rc = put_common(pc, &e, NULL, 0, NULL, UINT64_MAX);
+    if (rc == 0 && hook)
+        *hook = (kvt_hook){NULL, NULL};
+    kvt__free(ns);
+    return rc;
+}
+
+KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, kvt_hit *out)
+{
+    if (!pc || !key || !*key || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_object_take: bad arguments");
+    memset(out, 0, sizeof *out);
+    char *ns = object_ns(key);
+    if (!ns)
+        return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_object_take: out of memory");
+    int rc;
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *e = kvt__index_exact(pc->ix, ns, NULL, 0);
+    if (e) {
+        pc->st.object_hits++;
+        rc = lend_locked(pc, e, 0, out);
+        if (rc == 0)
+            out->source = KVT_HIT_RAM;
+        pthread_mutex_unlock(&pc->mu);
+        kvt__free(ns);
+        return rc;
+    }
+    pc->st.object_misses++;
+    kvt_cold_hit ch;
+    if (!pc->has_cold || !pc->cold.find_exact || pc->cold.find_exact(pc->cold.self, NULL, 0, ns, &ch) != 0) {
+        pthread_mutex_unlock(&pc->mu);
+        rc = kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_object_take: no object '%s' in any tier", key);
+        kvt__free(ns);
+        return rc;
+    }
+    uint64_t epoch = pc->epoch;
+    pthread_mutex_unlock(&pc->mu);
+    kvt_entry r;
+    memset(&r, 0, sizeof r);
+    rc = pc->cold.restore(pc->cold.self, ch.handle, &r);
+    if (rc) {
+        kvt__free(ns);
+        return kvt__fail(rc, "kvt_prompt_cache_object_take: restoring '%s' failed (%s)", key, kvt_strerror(rc));
+    }
+    pthread_mutex_lock(&pc->mu);
+    pc->st.object_restores++;
+    pthread_mutex_unlock(&pc->mu);
+    /* publish (if another request published it meanwhile, this equal-key
+     * copy replaces it: the same immutable object), then lend from RAM */
+    kvt__free((void *)r.ns);
+    r.ns = ns; /* freed by kvt_entry_clear below */
+    rc = put_common(pc, &r, NULL, 0, NULL, epoch);
+    if (rc == 0) {
+        pthread_mutex_lock(&pc->mu);
+        e = kvt__index_exact(pc->ix, ns, NULL, 0);
+        rc = e ? lend_locked(pc, e, 0, out)
+               : kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_object_take: '%s' did not fit the budget", key);
+        if (rc == 0)
+            out->source = KVT_HIT_COLD;
+        pthread_mutex_unlock(&pc->mu);
+    }
+    kvt_entry_clear(&r);
+    return rc;
+}
+
+/* ---- clear, stats ------------------------------------------------------------------------ */
+
+KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc)
+{
+    if (!pc)
+        return;
+    pc_entry *gone = NULL;
+    pthread_mutex_lock(&pc->mu);
+    clear_locked(pc, &gone);
+    pthread_mutex_unlock(&pc->mu);
+    gone_process(pc, gone);
+}
+
+KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out)
+{
+    if (!pc || !out)
+        return;
+    pthread_mutex_lock(&pc->mu);
+    *out = pc->st;
+    out->pinned = pc->pinned;
+    out->bytes = total_bytes(pc);
+    out->max_bytes = pc->max_bytes;
+    out->epoch = pc->epoch;
+    pthread_mutex_unlock(&pc->mu);
+    out->spills = atomic_load(&pc->spills);
+    out->spill_failures = atomic_load(&pc->spill_failures);
+}

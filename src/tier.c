@@ -1,0 +1,91 @@
+/*
+ * tier.c: the helpers of tier.h: running release hooks and building,
+ * releasing and classifying owned entries (kvt_entry). Owns no state; never
+ * does I/O and never touches a cold tier.
+ */
+#include "kvtier/tier.h"
+
+#include "internal.h"
+
+#include <string.h>
+
+KVT_API void kvt_hook_run(kvt_hook *h)
+{
+    if (!h || !h->fn)
+        return;
+    kvt_hook copy = *h;
+    h->fn = NULL;
+    h->ctx = NULL;
+    copy.fn(copy.ctx);
+}
+
+KVT_API int kvt_entry_init(kvt_entry *e, const char *ns, const int32_t *tokens, int64_t n_tokens,
+                           int32_t n_caches, int32_t n_attachments)
+{
+    if (!e)
+        return kvt__fail(KVT_EINVAL, "kvt_entry_init: entry is NULL");
+    memset(e, 0, sizeof *e);
+    if (!ns)
+        return kvt__fail(KVT_EINVAL, "kvt_entry_init: ns is NULL");
+    if (n_tokens < 0 || n_caches < 0 || n_attachments < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_entry_init: negative count (tokens %lld, caches %d, attachments %d)",
+                         (long long)n_tokens, (int)n_caches, (int)n_attachments);
+    if (!tokens && n_tokens > 0)
+        return kvt__fail(KVT_EINVAL, "kvt_entry_init: tokens NULL with n_tokens %lld", (long long)n_tokens);
+    if ((uint64_t)n_tokens > SIZE_MAX / sizeof(int32_t))
+        return kvt__fail(KVT_EINVAL, "kvt_entry_init: %lld tokens is too many", (long long)n_tokens);
+    char *ns_copy = kvt__strdup(ns);
+    int32_t *tok = kvt__malloc((size_t)n_tokens * sizeof *tok);
+    kvt_cache **caches = kvt__calloc((size_t)n_caches, sizeof *caches);
+    kvt_attachment **att = kvt__calloc((size_t)n_attachments, sizeof *att);
+    if (!ns_copy || !tok || !caches || !att) {
+        kvt__free(ns_copy);
+        kvt__free(tok);
+        kvt__free(caches);
+        kvt__free(att);
+        return kvt__fail(KVT_ENOMEM, "kvt_entry_init: out of memory for %lld tokens", (long long)n_tokens);
+    }
+    if (n_tokens)
+        memcpy(tok, tokens, (size_t)n_tokens * sizeof *tok);
+    e->ns = ns_copy;
+    e->tokens = tok;
+    e->n_tokens = n_tokens;
+    e->caches = caches;
+    e->n_caches = n_caches;
+    e->attachments = att;
+    e->n_attachments = n_attachments;
+    return 0;
+}
+
+KVT_API void kvt_entry_clear(kvt_entry *e)
+{
+    if (!e)
+        return;
+    for (int32_t i = 0; e->caches && i < e->n_caches; i++)
+        kvt_cache_dispose(e->caches[i]);
+    for (int32_t i = 0; e->attachments && i < e->n_attachments; i++)
+        kvt_attachment_dispose(e->attachments[i]);
+    kvt_hook_run(&e->hook); /* after every view of the memory it releases */
+    kvt__free((void *)e->ns);
+    kvt__free((void *)e->tokens);
+    kvt__free(e->caches);
+    kvt__free(e->attachments);
+    memset(e, 0, sizeof *e);
+}
+
+KVT_API int kvt_entry_trimmable(const kvt_entry *e, int64_t *min_reach)
+{
+    int64_t reach = 0;
+    int trimmable = e->n_attachments == 0;
+    for (int32_t i = 0; i < e->n_caches; i++) {
+        int64_t lo = 0, off = 0;
+        kvt_cache_range(e->caches[i], &lo, &off);
+        if (lo > reach)
+            reach = lo;
+        if (lo >= off && off > 0)
+            trimmable = 0;
+    }
+    if (min_reach)
+        *min_reach = reach;
+    return trimmable;
+}
