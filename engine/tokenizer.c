@@ -292,6 +292,125 @@ static int push_byte(const kvt_tokenizer *t, unsigned char byte, int32_t *toks, 
     return 0;
 }
 
+/* One candidate merge: nodes left and right (adjacent when pushed) make the
+ * piece id with score. Stale once either node changed (version mismatch). */
+typedef struct {
+    float score;
+    int32_t id;
+    int64_t left, right;
+    uint32_t ver_left, ver_right;
+} merge_cand;
+
+/* Heap order: higher score first, then the leftmost pair (node indices keep
+ * the text order, so the smallest left index is the leftmost pair). */
+static int cand_before(const merge_cand *a, const merge_cand *b)
+{
+    if (a->score != b->score)
+        return a->score > b->score;
+    return a->left < b->left;
+}
+
+static void heap_push(merge_cand *h, int64_t *n, merge_cand c)
+{
+    int64_t i = (*n)++;
+    while (i > 0) {
+        int64_t up = (i - 1) / 2;
+        if (!cand_before(&c, &h[up]))
+            break;
+        h[i] = h[up];
+        i = up;
+    }
+    h[i] = c;
+}
+
+static merge_cand heap_pop(merge_cand *h, int64_t *n)
+{
+    merge_cand top = h[0], last = h[--(*n)];
+    int64_t i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && cand_before(&h[c + 1], &h[c]))
+            c++;
+        if (!cand_before(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+/* Pushes the merge of nodes a and b if it is a piece scoring above -1e10
+ * (run.c only takes scores > its initial best_score of -1e10). */
+static void push_pair(const kvt_tokenizer *t, const int32_t *toks, const uint32_t *ver, int64_t a, int64_t b,
+                      char *buf, merge_cand *h, int64_t *hn)
+{
+    int32_t id = pair_id(t, toks[a], toks[b], buf);
+    if (id < 0 || !(t->scores[id] > -1e10f))
+        return;
+    merge_cand c = {t->scores[id], id, a, b, ver[a], ver[b]};
+    heap_push(h, hn, c);
+}
+
+/* llama2.c's merge loop: while some adjacent pair concatenates to a piece,
+ * merge the pair with the best score (leftmost on ties). run.c rescans every
+ * pair per merge (O(n^2) lookups); this keeps the candidates in a heap over a
+ * linked list of nodes, O(n log n), and picks the same pair every time: the
+ * valid candidates are exactly the adjacent pairs run.c would score, ordered
+ * the same way. Rewrites toks[0..*n) in place. */
+static int merge_pairs(const kvt_tokenizer *t, int32_t *toks, int64_t *n_io, char *buf)
+{
+    int64_t n = *n_io;
+    if (n < 2)
+        return 0;
+    int64_t *next = kvt__malloc((size_t)n * sizeof *next);
+    int64_t *prev = kvt__malloc((size_t)n * sizeof *prev);
+    uint32_t *ver = kvt__calloc((size_t)n, sizeof *ver);
+    merge_cand *heap = kvt__malloc((size_t)(3 * n) * sizeof *heap); /* n-1 initial + 2 per merge */
+    if (!next || !prev || !ver || !heap) {
+        kvt__free(next);
+        kvt__free(prev);
+        kvt__free(ver);
+        kvt__free(heap);
+        return kvt__fail(KVT_ENOMEM, "kvt_tokenizer_encode: no memory to merge %lld tokens", (long long)n);
+    }
+    int64_t hn = 0;
+    for (int64_t i = 0; i < n; i++) {
+        next[i] = i + 1 < n ? i + 1 : -1;
+        prev[i] = i - 1;
+    }
+    for (int64_t i = 0; i + 1 < n; i++)
+        push_pair(t, toks, ver, i, i + 1, buf, heap, &hn);
+    while (hn > 0) {
+        merge_cand c = heap_pop(heap, &hn);
+        if (ver[c.left] != c.ver_left || ver[c.right] != c.ver_right || next[c.left] != c.right)
+            continue; /* a node changed since this pair was scored */
+        toks[c.left] = c.id;
+        ver[c.left]++;
+        ver[c.right]++; /* dead from now on */
+        next[c.left] = next[c.right];
+        if (next[c.right] >= 0)
+            prev[next[c.right]] = c.left;
+        next[c.right] = -1;
+        if (prev[c.left] >= 0)
+            push_pair(t, toks, ver, prev[c.left], c.left, buf, heap, &hn);
+        if (next[c.left] >= 0)
+            push_pair(t, toks, ver, c.left, next[c.left], buf, heap, &hn);
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i >= 0; i = next[i])
+        toks[m++] = toks[i];
+    *n_io = m;
+    kvt__free(next);
+    kvt__free(prev);
+    kvt__free(ver);
+    kvt__free(heap);
+    return 0;
+}
+
 int kvt_tokenizer_encode(const kvt_tokenizer *t, const char *text, int bos, int eos, int32_t *tokens,
                          int64_t cap, int64_t *n_tokens)
 {
@@ -301,10 +420,9 @@ int kvt_tokenizer_encode(const kvt_tokenizer *t, const char *text, int bos, int 
     size_t text_len = strlen(text);
     size_t max_n = text_len + 3;
     int32_t *toks = kvt__malloc(max_n * sizeof *toks);
-    int32_t *pid = kvt__malloc(max_n * sizeof *pid); /* merge id of (toks[i], toks[i+1]) or -1 */
     char *buf = kvt__malloc(2 * t->max_piece_len + 8);
     int rc = 0;
-    if (!toks || !pid || !buf) {
+    if (!toks || !buf) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_tokenizer_encode: no memory for %zu tokens", max_n);
         goto done;
     }
@@ -337,31 +455,8 @@ int kvt_tokenizer_encode(const kvt_tokenizer *t, const char *text, int bos, int 
         }
         cp_len = 0;
     }
-    /* Greedy merges: best score wins, leftmost on ties (run.c). Pair ids are
-     * cached; a merge at i only changes the pairs at i-1 and i. */
-    for (int64_t i = 0; i + 1 < n; i++)
-        pid[i] = pair_id(t, toks[i], toks[i + 1], buf);
-    for (;;) {
-        float best_score = -1e10f;
-        int64_t best_idx = -1;
-        for (int64_t i = 0; i + 1 < n; i++) {
-            if (pid[i] != -1 && t->scores[pid[i]] > best_score) {
-                best_score = t->scores[pid[i]];
-                best_idx = i;
-            }
-        }
-        if (best_idx == -1)
-            break;
-        toks[best_idx] = pid[best_idx];
-        memmove(toks + best_idx + 1, toks + best_idx + 2, (size_t)(n - best_idx - 2) * sizeof *toks);
-        if (n - best_idx - 3 > 0) /* old pairs best_idx+2..n-2 move down one */
-            memmove(pid + best_idx + 1, pid + best_idx + 2, (size_t)(n - best_idx - 3) * sizeof *pid);
-        n--;
-        if (best_idx > 0)
-            pid[best_idx - 1] = pair_id(t, toks[best_idx - 1], toks[best_idx], buf);
-        if (best_idx + 1 < n)
-            pid[best_idx] = pair_id(t, toks[best_idx], toks[best_idx + 1], buf);
-    }
+    if ((rc = merge_pairs(t, toks, &n, buf)))
+        goto done;
     if (eos)
         toks[n++] = KVT_TOKEN_EOS;
     if (n > cap) {
@@ -373,7 +468,6 @@ int kvt_tokenizer_encode(const kvt_tokenizer *t, const char *text, int bos, int 
     *n_tokens = n;
 done:
     kvt__free(toks);
-    kvt__free(pid);
     kvt__free(buf);
     return rc;
 }

@@ -86,8 +86,9 @@ KVT_API float kvt_tokenizer_score(const kvt_tokenizer *t, int32_t id);
  * absent each of its bytes becomes id byte + 3; then repeatedly the adjacent
  * pair whose concatenation is a piece with the highest score (leftmost on a
  * tie, scores must exceed -1e10) is merged, until no pair merges; optional
- * EOS (id 2). Same output as llama2.c for every input, in O(n^2) time with
- * n = strlen(text) (each merge rescans cached pair scores, no lookups).
+ * EOS (id 2). Same output as llama2.c for every input, in O(n log n) time
+ * with n = strlen(text) (a heap of candidate pairs instead of llama2.c's full
+ * rescan per merge).
  *
  * @param text     NUL-terminated UTF-8 (invalid UTF-8 is allowed: bytes fall
  *                 back to byte pieces exactly as in llama2.c).

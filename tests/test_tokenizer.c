@@ -551,11 +551,11 @@ static void test_encode_matches_reference(void **state)
     srand(seed);
     static const char *const words[] = {"the ", "cat", " sat", "Lily", " and", ",", ".", "\n", "\xC3\xA9",
                                         "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xFF", "\x80", "  ", "ing", "Once"};
-    char text[600];
-    int32_t got[700], want[700];
-    for (int iter = 0; iter < 300; iter++) {
+    static char text[2400];
+    static int32_t got[2500], want[2500];
+    for (int iter = 0; iter < 303; iter++) {
         size_t len = 0;
-        int parts = rand() % 40;
+        int parts = iter < 300 ? rand() % 40 : 500; /* a few long texts too */
         for (int p = 0; p < parts; p++) {
             if (rand() % 3 == 0) {
                 text[len++] = (char)(1 + rand() % 255); /* any byte but NUL */
@@ -567,7 +567,7 @@ static void test_encode_matches_reference(void **state)
         }
         text[len] = '\0';
         int bos = rand() % 2, eos = rand() % 2;
-        int64_t n = encode(t, text, bos, eos, got, 700);
+        int64_t n = encode(t, text, bos, eos, got, 2500);
         int m = ref_encode(t, text, bos, eos, want);
         if (n != m)
             fail_msg("seed %u iter %d: %lld tokens, reference %d", seed, iter, (long long)n, m);
