@@ -374,6 +374,16 @@ bool kvt__tensor_is_whole_owner(const kvt_tensor *t)
            (uintptr_t)t->data % kvt_dtype_size(t->dtype) == 0;
 }
 
+int kvt__tensor_adopt(const kvt_tensor *t, kvt_buf **out, bool *heap)
+{
+    *heap = !kvt__tensor_is_whole_owner(t);
+    if (!*heap) {
+        *out = kvt_buf_retain(t->owner);
+        return 0;
+    }
+    return kvt__buf_copy(t->data, t->bytes, true, out);
+}
+
 int kvt__params_expect(const kvt_cache_state *st, int32_t n, const char *const *names, const int64_t *lo,
                        const int64_t *hi)
 {

@@ -48,6 +48,11 @@ int kvt__tensor_expect(const kvt_cache_state *st, int32_t i, const char *name, k
  * retain the owner instead of copying (zero-copy restore). */
 bool kvt__tensor_is_whole_owner(const kvt_tensor *t);
 
+/** The buffer a single-buffer kind decodes tensor `t` into: its owner,
+ * retained, when the tensor covers it exactly (zero-copy restore; *heap =
+ * false), else a new counted copy (*heap = true). @return 0 or KVT_ENOMEM. */
+int kvt__tensor_adopt(const kvt_tensor *t, kvt_buf **out, bool *heap);
+
 /** Checks st->n_params == n and each params[i] in [lo[i], hi[i]].
  * @return 0 or KVT_EFORMAT naming the parameter (names[i]). */
 int kvt__params_expect(const kvt_cache_state *st, int32_t n, const char *const *names, const int64_t *lo,

@@ -129,17 +129,10 @@ static int rec_decode(const kvt_cache_state *st, kvt_cache **out)
     rec_cache *r = rec_alloc((size_t)st->params[0]);
     if (!r)
         return kvt__fail(KVT_ENOMEM, "recurrent decode: cannot allocate the cache");
-    const kvt_tensor *t = &st->tensors[0];
-    if (kvt__tensor_is_whole_owner(t)) {
-        r->state = kvt_buf_retain(t->owner); /* zero-copy restore */
-        r->heap = false;
-    } else {
-        rc = kvt__buf_copy(t->data, t->bytes, true, &r->state);
-        if (rc) {
-            kvt__free(r);
-            return rc;
-        }
-        r->heap = true;
+    rc = kvt__tensor_adopt(&st->tensors[0], &r->state, &r->heap);
+    if (rc) {
+        kvt__free(r);
+        return rc;
     }
     r->offset = st->offset;
     *out = &r->base;

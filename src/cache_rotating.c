@@ -175,17 +175,10 @@ static int rot_decode(const kvt_cache_state *st, kvt_cache **out)
     rot_cache *r = rot_alloc((int32_t)D, (int32_t)W, (int32_t)keep);
     if (!r)
         return kvt__fail(KVT_ENOMEM, "rotating decode: cannot allocate the cache");
-    const kvt_tensor *t = &st->tensors[0];
-    if (kvt__tensor_is_whole_owner(t)) {
-        r->ring = kvt_buf_retain(t->owner); /* zero-copy restore */
-        r->heap = false;
-    } else {
-        rc = kvt__buf_copy(t->data, t->bytes, true, &r->ring);
-        if (rc) {
-            kvt__free(r);
-            return rc;
-        }
-        r->heap = true;
+    rc = kvt__tensor_adopt(&st->tensors[0], &r->ring, &r->heap);
+    if (rc) {
+        kvt__free(r);
+        return rc;
     }
     r->offset = st->offset;
     *out = &r->base;

@@ -13,6 +13,7 @@
 
 #include "kvtier/cache.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +84,16 @@ static kvt_buf *kv_buf_of(const kvt_cache *c, int64_t index)
     c->ops->foreach_buf(c, nth_buf_fn, &n);
     assert_non_null(n.found);
     return n.found;
+}
+
+/* Decodes a state that must fail with `want` and a detail containing msg. */
+static void expect_decode_fail(const kvt_cache_state *st, int want, const char *msg, int case_no)
+{
+    kvt_cache *r = (kvt_cache *)1;
+    int rc = kvt_cache_decode(st, &r);
+    if (rc != want || !strstr(kvt_last_error(), msg))
+        fail_msg("case %d: rc %d (%s), want %d and \"%s\"", case_no, rc, kvt_last_error(), want, msg);
+    assert_null(r);
 }
 
 static void add_bytes(kvt_buf *b, void *ctx) { *(size_t *)ctx += kvt_buf_bytes(b); }
@@ -448,10 +459,7 @@ static void test_kv_decode_rejects(void **state)
         case 15: st.n_tensors = -1; msg = "-1 tensors"; break;
         case 16: st.tensors[0].ndim = 5; msg = "5 dims"; break;
         }
-        int rc = kvt_cache_decode(&st, &r);
-        if (rc != want || !strstr(kvt_last_error(), msg))
-            fail_msg("case %d: rc %d (%s), want %d and \"%s\"", k, rc, kvt_last_error(), want, msg);
-        assert_null(r);
+        expect_decode_fail(&st, want, msg, k);
         if (k == 15)
             st.n_tensors = 2;
         kvt_cache_state_free(&st);
@@ -669,7 +677,7 @@ static void test_rotating_encode_decode(void **state)
         kvt_cache_dispose(r);
     }
     /* rejects */
-    kvt_cache *c, *r = (kvt_cache *)1;
+    kvt_cache *c;
     assert_int_equal(kvt_rotating_create(d, W, keep, &c), 0);
     assert_int_equal(append_tokens(c, 0, 6, d), 0);
     for (int k = 0; k < 6; k++) {
@@ -684,10 +692,7 @@ static void test_rotating_encode_decode(void **state)
         case 4: strcpy(st.tensors[0].name, "rung"); msg = "expected \"ring\""; break;
         case 5: st.n_params = 4; msg = "4 params, expected 3"; break;
         }
-        int rc = kvt_cache_decode(&st, &r);
-        if (rc != KVT_EFORMAT || !strstr(kvt_last_error(), msg))
-            fail_msg("case %d: rc %d (%s), want \"%s\"", k, rc, kvt_last_error(), msg);
-        assert_null(r);
+        expect_decode_fail(&st, KVT_EFORMAT, msg, k);
         if (k == 3)
             st.n_tensors = 1;
         kvt_cache_state_free(&st);
@@ -792,11 +797,7 @@ static void test_recurrent_encode_decode(void **state)
             bt.shape[0] = 31;
             bt.bytes = 31;
         }
-        kvt_cache *x = (kvt_cache *)1;
-        int rc = kvt_cache_decode(&bad, &x);
-        if (rc != KVT_EFORMAT || !strstr(kvt_last_error(), msgs[k]))
-            fail_msg("case %d: rc %d (%s), want \"%s\"", k, rc, kvt_last_error(), msgs[k]);
-        assert_null(x);
+        expect_decode_fail(&bad, KVT_EFORMAT, msgs[k], k);
     }
     kvt_buf_release(owner); /* r holds the region alone now */
     unsigned char s[32];
@@ -819,6 +820,391 @@ static void test_recurrent_encode_decode(void **state)
     kvt_cache_state_free(&st2);
     kvt_cache_dispose(r);
     kvt_cache_dispose(r2);
+}
+
+/* ---- qkv ------------------------------------------------------------------------ */
+
+/* Input value of K (which 0) or V (1) at token t, element j; every 7th token
+ * has an all-zero first group. */
+static float qval(int which, int64_t t, int j, int gs)
+{
+    if (t % 7 == 0 && j < gs)
+        return 0.0f;
+    return sinf((float)t * 0.37f + (float)j * 1.3f + (float)which) * (float)(1 + j % 5);
+}
+
+static int qkv_append_tokens(kvt_cache *c, int64_t t0, int64_t n, int d, int gs)
+{
+    float *k = malloc(sizeof(float) * (size_t)(n * d + 1)), *v = malloc(sizeof(float) * (size_t)(n * d + 1));
+    for (int64_t i = 0; i < n; i++)
+        for (int j = 0; j < d; j++) {
+            k[i * d + j] = qval(0, t0 + i, j, gs);
+            v[i * d + j] = qval(1, t0 + i, j, gs);
+        }
+    const void *in[2] = {k, v};
+    int rc = kvt_cache_append(c, n, in);
+    free(k);
+    free(v);
+    return rc;
+}
+
+/* Asserts a qkv cache holds tokens [0, n) within the quantization bound. */
+static void check_qkv(const kvt_cache *c, int64_t n, int gs)
+{
+    int32_t B = kvt_kv_block_tokens(c), d = kvt_kv_dim(c);
+    assert_int_equal(kvt_cache_offset(c), n);
+    float *k = malloc(sizeof(float) * (size_t)(B * d)), *v = malloc(sizeof(float) * (size_t)(B * d));
+    int64_t nb = (n + B - 1) / B;
+    for (int64_t b = 0; b < nb; b++) {
+        int32_t nt;
+        assert_int_equal(kvt_qkv_read_block(c, b, k, v, &nt), 0);
+        assert_int_equal(nt, b * B + B <= n ? B : n - b * B);
+        for (int32_t i = 0; i < nt; i++)
+            for (int which = 0; which < 2; which++)
+                for (int g = 0; g < d / gs; g++) {
+                    int64_t t = b * B + i;
+                    float amax = 0;
+                    for (int j = g * gs; j < g * gs + gs; j++)
+                        amax = fmaxf(amax, fabsf(qval(which, t, j, gs)));
+                    float scale = amax / 127.0f;
+                    for (int j = g * gs; j < g * gs + gs; j++) {
+                        float x = qval(which, t, j, gs), y = (which ? v : k)[i * d + j];
+                        if (scale == 0.0f ? y != 0.0f : fabsf(x - y) > scale * 0.5f * (1 + 1e-5f))
+                            fail_msg("token %lld %c[%d]: %g dequantized to %g (scale %g)", (long long)t,
+                                     which ? 'V' : 'K', j, x, y, scale);
+                    }
+                }
+    }
+    assert_int_equal(kvt_qkv_read_block(c, nb, k, v, NULL), KVT_ERANGE);
+    free(k);
+    free(v);
+}
+
+static void test_qkv(void **state)
+{
+    (void)state;
+    const int d = 8, gs = 4, B = 3;
+    kvt_cache *c = (kvt_cache *)1, *x;
+    assert_int_equal(kvt_qkv_create(d, 3, B, &c), KVT_EINVAL);
+    assert_null(c);
+    assert_int_equal(kvt_qkv_create(d, 0, B, &c), KVT_EINVAL);
+    assert_int_equal(kvt_qkv_create(d, gs, B, &c), 0);
+    assert_string_equal(kvt_cache_kind(c), "qkv");
+    assert_int_equal(kvt_kv_dim(c), d);
+    assert_int_equal(kvt_kv_block_tokens(c), B);
+    assert_int_equal(kvt_qkv_read_block(NULL, 0, NULL, NULL, NULL), KVT_EINVAL);
+    assert_int_equal(qkv_append_tokens(c, 0, 1, d, gs), 0);
+    check_qkv(c, 1, gs);
+    assert_int_equal(qkv_append_tokens(c, 1, 10, d, gs), 0);
+    check_qkv(c, 11, gs);
+    /* the largest element of a group comes back exactly (code 127) */
+    float k[24], v[24];
+    assert_int_equal(kvt_qkv_read_block(c, 0, k, v, NULL), 0);
+    assert_true(fabsf(k[1 * d + 4] - qval(0, 1, 4, gs)) <= fabsf(qval(0, 1, 4, gs)) * 1e-6f);
+    /* bytes: 4 blocks of scales (2, 3, 2) f32 + codes (2, 3, 8) i8 */
+    size_t bufs = 0;
+    c->ops->foreach_buf(c, add_bytes, &bufs);
+    assert_int_equal(bufs, 4 * (2 * 3 * 2 * 4 + 2 * 3 * 8));
+    assert_int_equal(kvt_cache_bytes(c), bufs + c->ops->private_bytes(c));
+
+    /* clone shares every block; the shared tail is copied on the first write */
+    uint64_t c0 = kvt_buf_bytes_copied();
+    assert_int_equal(kvt_cache_clone(c, &x), 0);
+    assert_int_equal(kvt_buf_bytes_copied(), c0);
+    assert_ptr_equal(kv_buf_of(c, 3), kv_buf_of(x, 3));
+    assert_int_equal(kvt_buf_refs(kv_buf_of(c, 0)), 2);
+    assert_int_equal(qkv_append_tokens(x, 11, 4, d, gs), 0);
+    assert_int_equal(kvt_buf_bytes_copied() - c0, 2 * (2 * 2 * 4 + 2 * 8)); /* 2 rows */
+    check_qkv(c, 11, gs);
+    check_qkv(x, 15, gs);
+    kvt_cache_dispose(x);
+
+    /* trims at every length, then appends */
+    for (int64_t len = 0; len <= 11; len++) {
+        assert_int_equal(kvt_cache_clone(c, &x), 0);
+        assert_int_equal(kvt_cache_trim(x, len), 0);
+        check_qkv(x, len, gs);
+        c0 = kvt_buf_bytes_copied();
+        assert_int_equal(qkv_append_tokens(x, len, 5, d, gs), 0);
+        assert_int_equal(kvt_buf_bytes_copied() - c0, (uint64_t)(len % B) * 2 * (2 * 4 + 8));
+        check_qkv(x, len + 5, gs);
+        kvt_cache_dispose(x);
+    }
+    assert_int_equal(kvt_cache_trim(c, 12), KVT_ERANGE);
+    check_qkv(c, 11, gs);
+    kvt_cache_dispose(c);
+}
+
+static void test_qkv_encode_decode(void **state)
+{
+    (void)state;
+    const int d = 8, gs = 2, B = 4;
+    kvt_cache *c, *r;
+    assert_int_equal(kvt_qkv_create(d, gs, B, &c), 0);
+    assert_int_equal(qkv_append_tokens(c, 0, 10, d, gs), 0);
+    kvt_cache_state st;
+    assert_int_equal(kvt_cache_encode(c, &st), 0);
+    assert_string_equal(st.kind, "qkv");
+    assert_int_equal(st.n_params, 3);
+    assert_true(st.params[0] == d && st.params[1] == B && st.params[2] == gs);
+    assert_int_equal(st.n_tensors, 6);
+    for (int i = 0; i < 3; i++) {
+        const kvt_tensor *q = &st.tensors[2 * i], *sc = &st.tensors[2 * i + 1];
+        char name[16];
+        int64_t rows = i < 2 ? 4 : 2;
+        snprintf(name, sizeof name, "blk%d.q", i);
+        assert_string_equal(q->name, name);
+        snprintf(name, sizeof name, "blk%d.s", i);
+        assert_string_equal(sc->name, name);
+        assert_int_equal(q->dtype, KVT_DTYPE_I8);
+        assert_int_equal(sc->dtype, KVT_DTYPE_F32);
+        assert_true(q->shape[0] == 2 && q->shape[1] == rows && q->shape[2] == d);
+        assert_true(sc->shape[0] == 2 && sc->shape[1] == rows && sc->shape[2] == d / gs);
+        assert_int_equal(q->tok_begin, i < 2 ? i * B : -1);
+        assert_int_equal(sc->tok_end, i < 2 ? i * B + B : -1);
+        /* token 1, K, group 1: the code of its largest element is +-127 */
+        const int8_t *codes = q->data;
+        const float *scales = sc->data;
+        if (i == 0) {
+            float amax = fmaxf(fabsf(qval(0, 1, 2, gs)), fabsf(qval(0, 1, 3, gs)));
+            assert_true(fabsf(scales[1 * (d / gs) + 1] - amax / 127.0f) <= 1e-7f);
+            assert_true(abs(codes[1 * d + 2]) == 127 || abs(codes[1 * d + 3]) == 127);
+        }
+    }
+    assert_int_equal(kvt_cache_decode(&st, &r), 0);
+    assert_ptr_equal(kv_buf_of(r, 0), kv_buf_of(c, 0)); /* zero-copy */
+    assert_ptr_equal(kv_buf_of(r, 1), kv_buf_of(c, 1));
+    check_qkv(r, 10, gs);
+    float k1[32], v1[32], k2[32], v2[32];
+    for (int b = 0; b < 3; b++) {
+        assert_int_equal(kvt_qkv_read_block(c, b, k1, v1, NULL), 0);
+        assert_int_equal(kvt_qkv_read_block(r, b, k2, v2, NULL), 0);
+        assert_memory_equal(k1, k2, sizeof(float) * (b < 2 ? 32 : 16));
+        assert_memory_equal(v1, v2, sizeof(float) * (b < 2 ? 32 : 16));
+    }
+    kvt_cache_state_free(&st);
+    kvt_cache_dispose(r);
+
+    /* rejects */
+    for (int k = 0; k < 6; k++) {
+        assert_int_equal(kvt_cache_encode(c, &st), 0);
+        const char *msg = NULL;
+        switch (k) {
+        case 0: st.params[2] = 3; msg = "does not divide"; break;
+        case 1: st.params[2] = 16; msg = "group_size = 16 is outside [1, 8]"; break;
+        case 2: st.n_tensors = 5; msg = "5 tensors"; break;
+        case 3: strcpy(st.tensors[3].name, "blk1.q"); msg = "expected \"blk1.s\""; break;
+        case 4: ((float *)st.tensors[5].data)[0] = -1.0f; msg = "scale -1"; break; /* tail copy: ours */
+        case 5: ((float *)st.tensors[5].data)[1] = NAN; msg = "must be finite"; break;
+        }
+        expect_decode_fail(&st, KVT_EFORMAT, msg, k);
+        if (k == 2)
+            st.n_tensors = 6;
+        kvt_cache_state_free(&st);
+    }
+    check_qkv(c, 10, gs);
+    kvt_cache_dispose(c);
+}
+
+/* ---- attachments ------------------------------------------------------------------ */
+
+static void test_attachment_blob(void **state)
+{
+    (void)state;
+    char data[100];
+    for (int i = 0; i < 100; i++)
+        data[i] = (char)i;
+    kvt_attachment *a = (kvt_attachment *)1, *b;
+    assert_int_equal(kvt_attachment_blob(NULL, data, 100, &a), KVT_EINVAL);
+    assert_null(a);
+    assert_int_equal(kvt_attachment_blob("x", NULL, 5, &a), KVT_EINVAL);
+    char longname[80];
+    memset(longname, 'n', sizeof longname);
+    longname[64] = '\0';
+    assert_int_equal(kvt_attachment_blob(longname, data, 100, &a), KVT_EINVAL);
+    longname[63] = '\0';
+    assert_int_equal(kvt_attachment_blob(longname, data, 100, &a), 0);
+    assert_string_equal(a->name, longname);
+    kvt_attachment_dispose(a);
+
+    assert_int_equal(kvt_attachment_blob("draft.hidden", data, 100, &a), 0);
+    data[5] = 99; /* the blob holds a copy */
+    size_t n = 0;
+    const char *p = kvt_attachment_blob_data(a, &n);
+    assert_int_equal(n, 100);
+    assert_int_equal(p[5], 5);
+    assert_string_equal(a->name, "draft.hidden");
+    assert_string_equal(a->ops->kind, "blob");
+    assert_true(kvt_attachment_bytes(a) >= 100 && kvt_attachment_bytes(a) < 100 + 256);
+    assert_int_equal(kvt_attachment_clone(a, &b), 0);
+    assert_ptr_equal(kvt_attachment_blob_data(b, NULL), p); /* shared, not copied */
+    assert_string_equal(b->name, "draft.hidden");
+    const void *sd;
+    size_t sn;
+    assert_int_equal(b->ops->serialize(b, &sd, &sn), 0);
+    assert_ptr_equal(sd, p);
+    assert_int_equal(sn, 100);
+    kvt_attachment_dispose(a);
+    assert_int_equal(((const char *)kvt_attachment_blob_data(b, NULL))[99], 99);
+    kvt_attachment_dispose(b);
+    kvt_attachment_dispose(NULL);
+    assert_int_equal(kvt_attachment_bytes(NULL), 0);
+    assert_int_equal(kvt_attachment_clone(NULL, &b), KVT_EINVAL);
+    assert_null(kvt_attachment_blob_data(NULL, NULL));
+
+    assert_int_equal(kvt_attachment_blob("empty", NULL, 0, &a), 0);
+    assert_non_null(kvt_attachment_blob_data(a, &n));
+    assert_int_equal(n, 0);
+    kvt_attachment_dispose(a);
+}
+
+/* ---- every kind: OOM atomicity, round trips --------------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* A fingerprint of everything a cache holds, through its encoded state. */
+static uint64_t fingerprint(const kvt_cache *c)
+{
+    kvt_cache_state st;
+    assert_int_equal(kvt_cache_encode(c, &st), 0);
+    uint64_t h = fnv(14695981039346656037ull, st.kind, strlen(st.kind));
+    h = fnv(h, &st.offset, sizeof st.offset);
+    h = fnv(h, &st.min_offset, sizeof st.min_offset);
+    h = fnv(h, st.params, sizeof st.params[0] * (size_t)st.n_params);
+    for (int i = 0; i < st.n_tensors; i++) {
+        h = fnv(h, st.tensors[i].name, strlen(st.tensors[i].name));
+        h = fnv(h, st.tensors[i].shape, sizeof st.tensors[i].shape);
+        h = fnv(h, st.tensors[i].data, st.tensors[i].bytes);
+    }
+    kvt_cache_state_free(&st);
+    return h;
+}
+
+static int append_any(kvt_cache *c, int64_t n)
+{
+    if (strcmp(kvt_cache_kind(c), "recurrent") == 0) {
+        unsigned char s[24];
+        memset(s, (int)(kvt_cache_offset(c) + n), sizeof s);
+        const void *in[1] = {s};
+        return kvt_cache_append(c, n, in);
+    }
+    return append_tokens(c, kvt_cache_offset(c), n, kvt_kv_dim(c));
+}
+
+static void make_all_kinds(kvt_cache *c[4])
+{
+    assert_int_equal(kvt_kv_create(4, 3, &c[0]), 0);
+    assert_int_equal(kvt_rotating_create(4, 5, 1, &c[1]), 0);
+    assert_int_equal(kvt_recurrent_create(24, &c[2]), 0);
+    assert_int_equal(kvt_qkv_create(4, 2, 3, &c[3]), 0);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(append_any(c[i], 4), 0);
+}
+
+static void test_all_kinds_oom(void **state)
+{
+    (void)state;
+    for (int kind = 0; kind < 4; kind++) {
+        int done = 0;
+        for (long fail_at = 0; !done && fail_at < 64; fail_at++) {
+            kvt_cache *c[4], *x = NULL, *y = NULL;
+            make_all_kinds(c);
+            assert_int_equal(kvt_cache_clone(c[kind], &x), 0); /* everything shared */
+            uint64_t before = fingerprint(x);
+            size_t bytes = kvt_cache_bytes(x);
+            alloc_budget = fail_at;
+            int rc = append_any(x, 7);
+            alloc_budget = -1;
+            if (rc) {
+                assert_int_equal(rc, KVT_ENOMEM);
+                assert_true(fingerprint(x) == before);
+                assert_int_equal(kvt_cache_offset(x), 4);
+                assert_true(kvt_cache_bytes(x) >= bytes); /* the block table may have grown */
+            } else {
+                assert_int_equal(kvt_cache_offset(x), 11);
+                done = 1;
+            }
+            assert_true(fingerprint(c[kind]) != 0);
+            kvt_cache_state st;
+            alloc_budget = fail_at;
+            rc = kvt_cache_encode(x, &st);
+            alloc_budget = -1;
+            if (rc == 0) {
+                alloc_budget = fail_at;
+                rc = kvt_cache_decode(&st, &y);
+                alloc_budget = -1;
+                if (rc == 0)
+                    assert_true(fingerprint(y) == fingerprint(x));
+                else
+                    assert_true(rc == KVT_ENOMEM && y == NULL);
+                kvt_cache_state_free(&st);
+            } else {
+                assert_int_equal(rc, KVT_ENOMEM);
+            }
+            kvt_cache_dispose(y);
+            y = NULL;
+            alloc_budget = fail_at;
+            rc = kvt_cache_clone(x, &y);
+            alloc_budget = -1;
+            assert_true(rc == 0 || (rc == KVT_ENOMEM && y == NULL));
+            kvt_cache_dispose(y);
+            kvt_cache_dispose(x);
+            kvt_caches_dispose(c, 4);
+        }
+        assert_true(done);
+    }
+    /* creation under failure */
+    for (long fail_at = 0; fail_at < 3; fail_at++) {
+        kvt_cache *c = NULL;
+        kvt_attachment *a = NULL;
+        alloc_budget = fail_at;
+        int r1 = kvt_rotating_create(2, 4, 0, &c);
+        kvt_cache_dispose(c);
+        alloc_budget = fail_at;
+        int r2 = kvt_recurrent_create(8, &c);
+        kvt_cache_dispose(c);
+        alloc_budget = fail_at;
+        int r3 = kvt_attachment_blob("a", "xyz", 3, &a);
+        kvt_attachment_dispose(a);
+        alloc_budget = -1;
+        assert_true(fail_at >= 2 ? r1 == 0 && r2 == 0 && r3 == 0 : r1 == KVT_ENOMEM && r2 == KVT_ENOMEM && r3 == KVT_ENOMEM);
+    }
+}
+
+/* encode -> decode -> encode gives the same state, for every kind. */
+static void test_all_kinds_round_trip(void **state)
+{
+    (void)state;
+    kvt_cache *c[4];
+    make_all_kinds(c);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(append_any(c[i], 3), 0); /* the rotating one wraps */
+        kvt_cache_state st;
+        kvt_cache *r;
+        assert_int_equal(kvt_cache_encode(c[i], &st), 0);
+        assert_int_equal(kvt_cache_decode(&st, &r), 0);
+        kvt_cache_state_free(&st);
+        assert_string_equal(kvt_cache_kind(r), kvt_cache_kind(c[i]));
+        int64_t l1, h1, l2, h2;
+        kvt_cache_range(c[i], &l1, &h1);
+        kvt_cache_range(r, &l2, &h2);
+        assert_int_equal(l1, l2);
+        assert_int_equal(h1, h2);
+        assert_true(fingerprint(r) == fingerprint(c[i]));
+        assert_int_equal(kvt_cache_bytes(r) - r->ops->private_bytes(r), kvt_cache_bytes(c[i]) - c[i]->ops->private_bytes(c[i]));
+        /* both go on the same way */
+        assert_int_equal(append_any(r, 2), 0);
+        assert_int_equal(append_any(c[i], 2), 0);
+        assert_true(fingerprint(r) == fingerprint(c[i]));
+        kvt_cache_dispose(r);
+    }
+    kvt_caches_dispose(c, 4);
 }
 
 /* ---- registry ------------------------------------------------------------------ */
@@ -937,6 +1323,66 @@ static void test_kv_two_threads(void **state)
     }
 }
 
+struct thr_all {
+    kvt_cache *c[4];
+    int rc;
+};
+
+static void *thr_all_main(void *arg)
+{
+    struct thr_all *t = arg;
+    for (int round = 0; round < 30 && t->rc == 0; round++)
+        for (int i = 0; i < 4 && t->rc == 0; i++) {
+            int64_t off = kvt_cache_offset(t->c[i]);
+            kvt_cache *x = NULL, *y = NULL;
+            kvt_cache_state st;
+            if ((t->rc = kvt_cache_clone(t->c[i], &x)) || (t->rc = append_any(x, 2)) ||
+                (t->rc = kvt_cache_encode(x, &st)))
+                goto next;
+            t->rc = kvt_cache_decode(&st, &y);
+            kvt_cache_state_free(&st);
+            if (t->rc || (t->rc = append_any(y, 1)))
+                goto next;
+            if ((t->rc = append_any(t->c[i], 3)))
+                goto next;
+            if (kvt_cache_can_trim(t->c[i], off + 1))
+                t->rc = kvt_cache_trim(t->c[i], off + 1);
+        next:
+            kvt_cache_dispose(x);
+            kvt_cache_dispose(y);
+        }
+    return NULL;
+}
+
+/* Two threads work on two clones of the same caches of every kind at once
+ * (run under TSan: shared buffers, copy-on-write, atomic refcounts). */
+static void test_all_kinds_two_threads(void **state)
+{
+    (void)state;
+    kvt_cache *src[4];
+    make_all_kinds(src);
+    struct thr_all t[2];
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) {
+        t[k].rc = 0;
+        assert_int_equal(kvt_caches_clone(src, 4, t[k].c), 0);
+    }
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(pthread_create(&th[k], NULL, thr_all_main, &t[k]), 0);
+    for (int k = 0; k < 2; k++) {
+        pthread_join(th[k], NULL);
+        assert_int_equal(t[k].rc, 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        assert_true(fingerprint(t[0].c[i]) == fingerprint(t[1].c[i]));
+        assert_int_equal(kvt_cache_offset(src[i]), 4);
+    }
+    assert_true(kvt_cache_offset(t[0].c[0]) == 4 + 30);
+    kvt_caches_dispose(t[0].c, 4);
+    kvt_caches_dispose(t[1].c, 4);
+    kvt_caches_dispose(src, 4);
+}
+
 /* ---- randomized differential test against a flat oracle ------------------------- */
 
 static uint64_t rng_state;
@@ -1011,8 +1457,14 @@ int main(void)
         cmocka_unit_test(test_rotating_encode_decode),
         cmocka_unit_test(test_recurrent),
         cmocka_unit_test(test_recurrent_encode_decode),
+        cmocka_unit_test(test_qkv),
+        cmocka_unit_test(test_qkv_encode_decode),
+        cmocka_unit_test(test_attachment_blob),
+        cmocka_unit_test_setup_teardown(test_all_kinds_oom, setup_alloc, teardown_alloc),
+        cmocka_unit_test(test_all_kinds_round_trip),
         cmocka_unit_test(test_register_kind),
         cmocka_unit_test(test_kv_two_threads),
+        cmocka_unit_test(test_all_kinds_two_threads),
         cmocka_unit_test(test_kv_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
