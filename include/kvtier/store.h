@@ -1,0 +1,334 @@
+/*
+ * kvtier/store.h: the SSD tier. Crash-safe persistent prefixes that survive
+ * restarts and are never served wrong (DESIGN.md section 4, issue 5).
+ *
+ * Layout on disk: a root directory holds one subdirectory per identity (the
+ * hex SHA-256 of the model id, the config fingerprint and the tokenizer hash,
+ * cut to 32 characters). Each holds:
+ *   IDENTITY           the identity as JSON (what `kvtier store inspect` shows)
+ *   b<32 hex>.safetensors  one full kv block range of every layer, content
+ *                      addressed by a chained XXH3-128 over (identity, ns,
+ *                      parent block key, block tokens); stored once, shared
+ *                      by every entry whose tokens extend it
+ *   e<32 hex>.safetensors  one entry: its tokens, its layers' non-block state
+ *                      (tails, rings, recurrent state), its attachments, and
+ *                      the keys of the blocks it references
+ * Every shard is a safetensors file (8-byte little-endian header length, JSON
+ * header with string-only "__metadata__", contiguous tensor bytes), so any
+ * safetensors reader opens it. The metadata holds the identity, ns, tokens
+ * (base64 of int32 little-endian), per-layer kinds, params and ranges, and the
+ * SHA-256 of the payload. Headers over KVT_STORE_MAX_HEADER bytes are refused.
+ *
+ * Durability: a shard is written under a temporary name, fsync'd, renamed,
+ * and the directory fsync'd; an interrupted or failed write is never visible
+ * under a final name and never indexed. Opening the store scans headers only
+ * (no tensor bytes), removes temporary files of dead writers and rebuilds the
+ * index; a shard that fails validation is refused and counted under its own
+ * reason (kvt_store_refusal), never served.
+ *
+ * Lookup (kvt_store_find, kvt_store_find_exact) touches the in-memory index
+ * only. kvt_store_restore reads the shards into owned buffers, checks the
+ * stored tokens against the requested prefix (a mismatch is a miss), checks
+ * SHA-256 when the store was opened with verify, and rebuilds the caches
+ * with kvt_cache_decode. An entry whose write-behind is still pending is not
+ * in the index: a lookup misses it (the RAM tier still holds the copy).
+ *
+ * Thread-safety: every function on one kvt_store may be called from any
+ * thread concurrently, except kvt_store_close (no other call may be running
+ * or start on that store).
+ */
+#ifndef KVTIER_STORE_H
+#define KVTIER_STORE_H
+
+#include "kvtier/cache.h"
+#include "kvtier/common.h"
+#include "kvtier/tier.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Fixed bound on a shard's JSON header, in bytes (16 MiB). A larger header
+ * length is refused with KVT_STORE_REFUSED_HEADER_BOUND before anything is read. */
+#define KVT_STORE_MAX_HEADER (16u << 20)
+
+/** Length of a hex fingerprint string including its NUL (SHA-256: 64 + 1). */
+#define KVT_STORE_FINGERPRINT_LEN 65
+
+typedef struct kvt_store kvt_store;
+
+/** What a store's shards belong to. Shards written under another identity are
+ * never served. All three strings are borrowed for the call only; each must be
+ * non-NULL, at most 1024 bytes ("" is allowed). */
+typedef struct kvt_store_identity {
+    const char *model_id;           /* e.g. the checkpoint's name or hash */
+    const char *config_fingerprint; /* layer count, shapes, kinds, dtypes:
+                                       see kvt_store_config_fingerprint() */
+    const char *tokenizer_hash;     /* e.g. SHA-256 of tokenizer.bin */
+} kvt_store_identity;
+
+/** The write layer shards go through: real pwrite/fsync by default; tests
+ * replace it to inject ENOSPC, EIO or short writes.
+ * pwrite_fn returns bytes written (may be short) or -1 with errno set, like
+ * pwrite(2); fsync_fn returns 0 or -1 with errno set, like fsync(2). Both are
+ * called from the writer thread and from kvt_store_put callers, concurrently. */
+typedef struct kvt_store_io {
+    ssize_t (*pwrite_fn)(void *ctx, int fd, const void *buf, size_t bytes, off_t offset);
+    int (*fsync_fn)(void *ctx, int fd);
+    void *ctx;
+} kvt_store_io;
+
+/** Options of kvt_store_open. Zero-initialise, then set what you need. */
+typedef struct kvt_store_options {
+    /** Byte budget over the whole root (every identity directory counts),
+     * bytes; 0 = unlimited (`--ssd-cache-max`). When a write takes the root
+     * over it, least recently used entries go first (own entries by last
+     * use, idle directories of other identities by file time). */
+    uint64_t max_bytes;
+    /** Write-behind queue bound in bytes of queued cache state; 0 = 256 MiB.
+     * kvt_store_put_async refuses (and counts as dropped) what does not fit. */
+    uint64_t queue_max_bytes;
+    /** Non-zero: check the SHA-256 of every shard on every load
+     * (`--ssd-cache-verify`); a mismatch is a miss, counted. */
+    int verify;
+    /** Threads serving kvt_store_restore_async; 0 = 1, at most 16. */
+    int restore_threads;
+    /** Fault-injection write layer (borrowed for the life of the store);
+     * NULL = pwrite(2)/fsync(2). */
+    const kvt_store_io *io;
+} kvt_store_options;
+
+/** Why a shard was refused (counted per reason in kvt_store_stats.refused). */
+typedef enum kvt_store_refusal {
+    KVT_STORE_REFUSED_TRUNCATED = 0, /* file shorter than its header says */
+    KVT_STORE_REFUSED_HEADER_BOUND,  /* header length over KVT_STORE_MAX_HEADER */
+    KVT_STORE_REFUSED_OFFSETS,       /* data_offsets outside the payload, overlapping,
+                                        unsorted, or the file longer than declared */
+    KVT_STORE_REFUSED_MALFORMED,     /* bad JSON, missing/ill-typed field, dtype or
+                                        shape that does not match its byte count */
+    KVT_STORE_REFUSED_IDENTITY,      /* written under another identity */
+    KVT_STORE_REFUSED_CHECKSUM,      /* payload SHA-256 mismatch (verify) */
+    KVT_STORE_REFUSED_TOKENS,        /* stored tokens differ from the request/index */
+    KVT_STORE_REFUSED_MISSING_BLOCK, /* an entry references a block that is gone */
+    KVT_STORE_REFUSED_IO,            /* read error */
+    KVT_STORE_REFUSED_COUNT
+} kvt_store_refusal;
+
+/** Short name of a refusal reason ("truncated", "header-bound", "offsets",
+ * "malformed", "identity", "checksum", "tokens", "missing-block", "io"); static. */
+KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r);
+
+/** Counters of one open store. A snapshot; fields are independent reads. */
+typedef struct kvt_store_stats {
+    uint64_t entries;          /* indexed (durable) entries */
+    uint64_t blocks;           /* indexed block shards */
+    uint64_t bytes;            /* bytes of this identity's directory (files) */
+    uint64_t root_bytes;       /* bytes of the whole root, as last measured */
+    uint64_t max_bytes;        /* the budget (0 = unlimited) */
+    uint64_t pending;          /* write-behind jobs queued or being written */
+    uint64_t pending_bytes;    /* cache bytes those jobs hold */
+    uint64_t dropped;          /* write-behind refused: queue full or store closing */
+    uint64_t failed;           /* writes that failed (I/O, ENOSPC, bad state) */
+    uint64_t written;          /* entries made durable */
+    uint64_t skipped;          /* puts of an entry already durable (no write) */
+    uint64_t blocks_written;   /* block shards written */
+    uint64_t blocks_shared;    /* block references satisfied by an existing shard */
+    uint64_t bytes_written;    /* shard bytes written */
+    uint64_t superseded;       /* entries removed because a longer trimmable one serves them */
+    uint64_t evicted;          /* entries evicted by the byte budget */
+    uint64_t evicted_foreign_files; /* files of other identities' idle directories evicted */
+    uint64_t restores;         /* successful restores */
+    uint64_t restore_misses;   /* restores that found the entry unusable or gone */
+    uint64_t restore_bytes;    /* shard bytes read by restores */
+    uint64_t restore_ns_last;  /* duration of the last successful restore, ns */
+    uint64_t temp_removed;     /* leftover temporary files removed */
+    uint64_t refused[KVT_STORE_REFUSED_COUNT]; /* refusals per reason, since open */
+    int64_t longest_prefix_tokens; /* tokens of the longest indexed entry */
+} kvt_store_stats;
+
+/** Computes a config fingerprint from a model's (empty) per-layer caches: the
+ * layer count and, per layer, the kind and its parameters (which fix shapes
+ * and dtypes), hashed with SHA-256.
+ * @param caches (n_layers) borrowed for the call; @param out receives 64 hex
+ * digits and a NUL. @return 0, KVT_EINVAL (NULL, n_layers < 0), KVT_ENOMEM.
+ * Thread-safe. */
+KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_layers,
+                                         char out[KVT_STORE_FINGERPRINT_LEN]);
+
+/** Opens (creating when absent) the store of `identity` under `root`.
+ *
+ * Creates root and root/<identity dir>/ (mode 0755), writes IDENTITY, scans
+ * the directory's shard headers (no tensor bytes) to rebuild the index,
+ * removes temporary files left by dead writers, counts refused shards, then
+ * measures the root and applies the budget. Starts the writer thread and
+ * the restore threads.
+ * @param root     directory path, borrowed for the call.
+ * @param identity borrowed for the call (copied).
+ * @param opts     NULL for defaults; borrowed for the call (opts->io is
+ *                 borrowed for the life of the store).
+ * @param out      receives the store; close it with kvt_store_close().
+ * @return 0; KVT_EINVAL (NULL argument, string too long, restore_threads
+ * out of range); -errno (cannot create or open a directory); KVT_ENOMEM.
+ * Thread-safe (different stores are independent).
+ */
+KVT_API int kvt_store_open(const char *root, const kvt_store_identity *identity,
+                           const kvt_store_options *opts, kvt_store **out);
+
+/** Flushes the write-behind queue, stops the threads and frees the store.
+ * NULL is a no-op (returns 0). Queued async restores still complete (their
+ * callbacks run) before it returns.
+ * @return 0 when every write since open was made durable, else the status of
+ * the last failure (KVT_EIO, -ENOSPC, ...). The store is freed either way.
+ * Not thread-safe with other calls on the same store. */
+KVT_API int kvt_store_close(kvt_store *s);
+
+/** Longest usable prefix of `prompt` held by the store, from the index only
+ * (no I/O): the common prefix of an entry's tokens with the prompt, capped at
+ * n_prompt - 1 (one token must still run), counted only if it lies inside
+ * every layer's reachable range of that entry (an entry with attachments or
+ * a wrapped ring / recurrent layer serves only prompts that extend all of its
+ * tokens). Among entries giving the longest prefix a shortest one is chosen.
+ * O(n_prompt) walk of a radix tree (DESIGN.md 3.2-3.4, 4). An entry whose
+ * write is still pending is not found.
+ * @param prompt (n_prompt) token ids, borrowed; @param ns namespace, non-NULL.
+ * @param hit receives prefix_len, n_tokens and the handle on success; the
+ *        handle stays valid until the entry is evicted or superseded (then
+ *        restore returns KVT_ENOTFOUND).
+ * @return 0; KVT_ENOTFOUND (no usable prefix of at least 1 token); KVT_EINVAL.
+ * Thread-safe. */
+KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt, const char *ns,
+                           kvt_cold_hit *hit);
+
+/** Exact lookup: the durable entry whose tokens equal `tokens` in `ns`
+ * (n_tokens may be 0: objects). Index only. hit->prefix_len = n_tokens.
+ * @return 0; KVT_ENOTFOUND; KVT_EINVAL. Thread-safe. */
+KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns,
+                                 kvt_cold_hit *hit);
+
+/** Reads a found entry back into owned buffers and rebuilds its caches.
+ *
+ * The whole entry (hit n_tokens tokens) is restored; trimming is the
+ * caller's (kvt_cache_trim). Before anything is returned the stored tokens
+ * are compared with the index's copy and, when `prompt` is given, their first
+ * min(n_prompt, n_tokens) tokens with the prompt: any difference is a miss
+ * (counted as refused: tokens), never served. Under verify the SHA-256 of
+ * every shard read is checked.
+ * @param handle from kvt_store_find / kvt_store_find_exact.
+ * @param prompt (n_prompt) the tokens the caller will use, borrowed; may be
+ *        NULL with n_prompt 0.
+ * @param out receives an owned entry (kvt_entry_init; the caches own their
+ *        bytes, the hook is empty); the caller releases it with
+ *        kvt_entry_clear(). Zeroed on error.
+ * @return 0; KVT_ENOTFOUND (evicted meanwhile, tokens differ); KVT_ECORRUPT
+ * (SHA-256 mismatch under verify); KVT_EFORMAT (shard invalid, or a layer
+ * that does not decode); KVT_EIDENTITY; -errno (read failure); KVT_ENOMEM.
+ * Every failure is a miss: nothing partial is returned. Thread-safe.
+ */
+KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
+                              kvt_entry *out);
+
+/** Queues kvt_store_restore(s, handle, NULL, 0, ...) on a restore thread.
+ * `done(arg, status, entry)` runs exactly once, on a restore thread, also
+ * when the restore fails (see kvt_restore_done_fn in tier.h: on status 0 the
+ * callee owns the entry's contents).
+ * @return 0 (queued); KVT_ECLOSED (store closing: done is not called);
+ * KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_done_fn done, void *arg);
+
+/** Writes an entry now; durable on return (temp name, fsync, rename, fsync
+ * of the directory). An entry with equal tokens in the same ns that is
+ * already durable is not written again (counted as skipped). A trimmable
+ * entry supersedes same-ns entries whose tokens are a strict prefix of it
+ * and that it can serve (DESIGN.md 3.5, the store's rule).
+ *
+ * @param e borrowed: ns, tokens, caches and attachments are read during the
+ *        call, never kept or disposed; no other thread may modify the caches
+ *        during the call. Every cache must hold exactly e->n_tokens tokens;
+ *        each attachment needs ops->serialize.
+ * @return 0; KVT_EINVAL (offsets differ from n_tokens, NULL); KVT_EUNSUPPORTED
+ * (an attachment that cannot be serialized); KVT_ETOOBIG (larger than the
+ * whole budget); -ENOSPC, KVT_EIO or -errno (write failed: the entry is not
+ * indexed, temporary files are removed); KVT_ENOMEM. A failure is counted in
+ * stats.failed. Thread-safe.
+ */
+KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
+
+/** Queues an entry for write-behind; returns at once.
+ *
+ * @param e an owned entry (kvt_entry_init; e.g. zero-copy clones of the
+ *        caches). Ownership passes to the store on 0: the writer clears it
+ *        (kvt_entry_clear) after the write, whether it succeeds or fails, and
+ *        *e is zeroed. On error it stays with the caller.
+ * Until the write is durable the entry is not indexed (find misses it) and
+ * kvt_store_pending() reports it.
+ * @return 0 (queued); KVT_EAGAIN (queue bytes would exceed queue_max_bytes:
+ * counted as dropped); KVT_ECLOSED (closing: dropped); KVT_EINVAL; KVT_ENOMEM.
+ * Thread-safe. */
+KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e);
+
+/** Whether a write of exactly (ns, tokens) is queued or in flight (1) or
+ * not (0). Index only. Thread-safe. */
+KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
+
+/** Waits until the write-behind queue is empty.
+ * @return 0 when everything queued or written since the previous flush is
+ * durable; else the last failure's status (nothing was dropped silently:
+ * see stats.failed / stats.dropped). Thread-safe. */
+KVT_API int kvt_store_flush(kvt_store *s);
+
+/** Fills *tier with the kvt_cold_tier table over this store (find,
+ * find_exact, restore, restore_async, store, spill, pending, flush), for
+ * kvt_prompt_cache's config. tier->self = s: borrowed, valid until
+ * kvt_store_close; close the prompt cache first. Thread-safe. */
+KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier);
+
+/** Whether an exact entry (tokens, ns) is durable in the index (1) or not (0). */
+KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
+
+/** Fills *out with the current counters. Thread-safe. */
+KVT_API void kvt_store_get_stats(kvt_store *s, kvt_store_stats *out);
+
+/** The identity directory's path (borrowed, valid until kvt_store_close). */
+KVT_API const char *kvt_store_dir(const kvt_store *s);
+
+/* ---- offline tools over a root (the `kvtier store` command) ---------------- */
+
+/** One shard (or leftover file) seen by kvt_store_walk. Borrowed, valid during
+ * the callback only. */
+typedef struct kvt_store_shard_info {
+    const char *dir;          /* identity directory name */
+    const char *identity;     /* its IDENTITY JSON, "" when missing */
+    const char *file;         /* file name */
+    char type;                /* 'e' entry, 'b' block, 't' temporary, '?' other */
+    uint64_t bytes;           /* file size */
+    int64_t mtime_ms;         /* modification time, ms since the epoch */
+    int status;               /* 0 valid, else the refusal reason + 1 */
+    const char *ns;           /* entry/block ns ("" when unknown) */
+    int64_t n_tokens;         /* entry tokens, block tok_end - tok_begin */
+    int32_t n_layers;         /* entry layers */
+    int32_t n_blocks;         /* entry's referenced blocks */
+    int32_t n_tensors;        /* tensors in this shard */
+} kvt_store_shard_info;
+
+/** Calls cb for every file of every identity directory under root. Reads
+ * headers only unless `verify` is non-zero (then the whole payload is hashed
+ * and compared). A non-zero return from cb stops the walk.
+ * @return 0; -errno (root cannot be read); or cb's non-zero return. Thread-safe. */
+KVT_API int kvt_store_walk(const char *root, int verify,
+                           int (*cb)(void *ctx, const kvt_store_shard_info *info), void *ctx);
+
+/** Evicts least recently used entries (and the blocks only they use), refused
+ * shards and leftover temporary files of idle identity directories under
+ * root until the root holds at most max_bytes. Directories held open by a
+ * live store are skipped. *freed (may be NULL) receives the bytes removed.
+ * @return 0; -errno. Thread-safe. */
+KVT_API int kvt_store_gc(const char *root, uint64_t max_bytes, uint64_t *freed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_STORE_H */

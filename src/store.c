@@ -1,0 +1,2270 @@
+/*
+ * store.c: the SSD tier (kvtier/store.h, DESIGN.md section 4). Owns one
+ * identity directory under a root: its index (entries in a radix tree per
+ * namespace, content-addressed blocks with reference counts), the startup
+ * scan, put (blocks first, then the entry shard, each crash-safe), restore
+ * into owned buffers, the write-behind queue and its writer thread, the
+ * restore threads, the byte budget over the whole root, and the kvt_cold_tier
+ * table the prompt cache tiers over.
+ * It must never serve bytes it has not validated (identity, tokens, offsets,
+ * checksum under verify), never index an entry before it is durable, never
+ * delete a block some indexed entry or in-flight put still references, and
+ * never touch the files of an identity directory another live store holds.
+ */
+#include "internal.h"
+#include "store_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define KVT__QUEUE_DEFAULT (256ull << 20)
+#define KVT__ID_MAX 1024
+
+/* ---- index records ------------------------------------------------------------ */
+
+typedef struct st_block {
+    kvt__skey key;
+    uint64_t bytes;   /* file size */
+    int64_t refs;     /* indexed entries + in-flight puts referencing it */
+} st_block;
+
+typedef struct st_entry {
+    kvt__rent r;          /* radix view: tokens, n_tokens, min_reach */
+    kvt__skey key;
+    uint64_t id;          /* the handle given out by find */
+    char *ns;
+    int32_t *tokens;      /* (r.n_tokens) */
+    kvt__skey *blocks;    /* (n_blocks) in chain order */
+    int32_t n_blocks;
+    uint64_t bytes;       /* entry file size */
+    int64_t last_use_ms;  /* wall clock; file mtime at scan */
+    struct st_entry *next, *prev;
+} st_entry;
+
+typedef struct st_ns {
+    char *ns;
+    kvt__radix tree;
+    struct st_ns *next;
+} st_ns;
+
+typedef struct st_orphan { /* refused or unreferenced files, evicted first */
+    char name[256];
+    uint64_t bytes;
+} st_orphan;
+
+typedef struct wjob {
+    kvt_entry e;
+    uint64_t bytes;
+    kvt__skey key;
+    struct wjob *next;
+} wjob;
+
+typedef struct rjob {
+    uint64_t handle;
+    kvt_restore_done_fn done;
+    void *arg;
+    struct rjob *next;
+} rjob;
+
+struct kvt_store {
+    char *root, *dir, *dir_name;
+    int dirfd, lockfd;
+    char *identity;       /* canonical identity JSON */
+    kvt__skey id_seed;    /* XXH3-128 of identity */
+    kvt_store_options opts;
+
+    pthread_mutex_t mu;
+    kvt__kmap by_key, by_id, blocks, pending;
+    st_ns *nss;
+    st_entry *head;       /* all entries */
+    uint64_t next_id;
+    st_orphan *orphans;
+    int32_t n_orphans, cap_orphans;
+    uint64_t own_bytes, foreign_bytes;
+    kvt_store_stats st;
+
+    /* write-behind */
+    pthread_t writer;
+    int writer_started;
+    pthread_cond_t q_cv, idle_cv;
+    wjob *q_head, *q_tail;
+    int closing;
+    int flush_rc;
+
+    /* restore threads */
+    pthread_t *rthreads;
+    int n_rthreads;
+    pthread_cond_t r_cv;
+    rjob *r_head, *r_tail;
+};
+
+KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r)
+{
+    static const char *const names[KVT_STORE_REFUSED_COUNT] = {
+        "truncated", "header-bound", "offsets", "malformed", "identity",
+        "checksum", "tokens", "missing-block", "io"};
+    return (unsigned)r < KVT_STORE_REFUSED_COUNT ? names[r] : "unknown";
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- keys ----------------------------------------------------------------------- */
+
+static kvt__skey digest_key(XXH3_state_t *x)
+{
+    XXH128_hash_t h = XXH3_128bits_digest(x);
+    return (kvt__skey){h.low64, h.high64};
+}
+
+static kvt__skey seed_of(const char *identity)
+{
+    XXH128_hash_t h = XXH3_128bits(identity, strlen(identity));
+    return (kvt__skey){h.low64, h.high64};
+}
+
+/* Entry key: (identity, ns, all tokens). Tokens are hashed as host int32,
+ * which is little-endian on every supported target. */
+static kvt__skey entry_key(kvt__skey seed, const char *ns, const int32_t *tok, int64_t n)
+{
+    XXH3_state_t *x = XXH3_createState();
+    if (!x)
+        return (kvt__skey){0, 0};
+    XXH3_128bits_reset(x);
+    XXH3_128bits_update(x, "e", 1);
+    XXH3_128bits_update(x, &seed, sizeof seed);
+    XXH3_128bits_update(x, ns, strlen(ns) + 1);
+    if (n)
+        XXH3_128bits_update(x, tok, sizeof(int32_t) * (size_t)n);
+    kvt__skey k = digest_key(x);
+    XXH3_freeState(x);
+    return k;
+}
+
+/* Block key: chained over (identity, ns, parent block key, block tokens). */
+static kvt__skey block_key(kvt__skey seed, const char *ns, kvt__skey parent, const int32_t *tok, int64_t n)
+{
+    XXH3_state_t *x = XXH3_createState();
+    if (!x)
+        return (kvt__skey){0, 0};
+    XXH3_128bits_reset(x);
+    XXH3_128bits_update(x, "b", 1);
+    XXH3_128bits_update(x, &seed, sizeof seed);
+    XXH3_128bits_update(x, &parent, sizeof parent);
+    XXH3_128bits_update(x, ns, strlen(ns) + 1);
+    if (n)
+        XXH3_128bits_update(x, tok, sizeof(int32_t) * (size_t)n);
+    kvt__skey k = digest_key(x);
+    XXH3_freeState(x);
+    return k;
+}
+
+static kvt__skey id_key(uint64_t id) { return (kvt__skey){id, 0x5eed}; }
+
+static void file_name(char type, kvt__skey k, char out[64])
+{
+    char hex[33];
+    kvt__skey_hex(k, hex);
+    snprintf(out, 64, "%c%s" KVT__SHARD_SUFFIX, type, hex);
+}
+
+/* ---- identity / fingerprint --------------------------------------------------- */
+
+static char *identity_json(const kvt_store_identity *id)
+{
+    json_t *o = json_pack("{s:s, s:s, s:s}", "model", id->model_id, "config", id->config_fingerprint,
+                          "tokenizer", id->tokenizer_hash);
+    char *s = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(o);
+    if (!s)
+        return NULL;
+    char *d = kvt__strdup(s);
+    free(s);
+    return d;
+}
+
+static void sha256_hex(const void *data, size_t n, char out[65])
+{
+    uint8_t md[32];
+    unsigned int len = 0;
+    EVP_Digest(data, n, md, &len, EVP_sha256(), NULL);
+    kvt__hex(md, 32, out);
+}
+
+KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_layers,
+                                         char out[KVT_STORE_FINGERPRINT_LEN])
+{
+    if (!out || n_layers < 0 || (n_layers && !caches))
+        return kvt__fail(KVT_EINVAL, "kvt_store_config_fingerprint: bad arguments");
+    size_t cap = 64 + (size_t)n_layers * 256, len = 0;
+    char *s = kvt__malloc(cap);
+    if (!s)
+        return kvt__fail(KVT_ENOMEM, "kvt_store_config_fingerprint: out of memory");
+    len += (size_t)snprintf(s + len, cap - len, "layers=%d", (int)n_layers);
+    for (int32_t l = 0; l < n_layers; l++) {
+        kvt_cache_state st;
+        int rc = kvt_cache_encode(caches[l], &st);
+        if (rc) {
+            kvt__free(s);
+            return rc;
+        }
+        len += (size_t)snprintf(s + len, cap - len, ";%s(", st.kind);
+        for (int32_t p = 0; p < st.n_params && p < KVT_CACHE_PARAMS_MAX; p++)
+            len += (size_t)snprintf(s + len, cap - len, "%s%lld", p ? "," : "", (long long)st.params[p]);
+        len += (size_t)snprintf(s + len, cap - len, ")");
+        kvt_cache_state_free(&st);
+    }
+    sha256_hex(s, len, out);
+    kvt__free(s);
+    return 0;
+}
+
+/* ---- namespaces and entries (call with mu held) --------------------------------- */
+
+static st_ns *ns_get(kvt_store *s, const char *ns, int create)
+{
+    for (st_ns *n = s->nss; n; n = n->next)
+        if (!strcmp(n->ns, ns))
+            return n;
+    if (!create)
+        return NULL;
+    st_ns *n = kvt__calloc(1, sizeof *n);
+    if (!n || !(n->ns = kvt__strdup(ns))) {
+        kvt__free(n);
+        return NULL;
+    }
+    n->next = s->nss;
+    s->nss = n;
+    return n;
+}
+
+static void entry_free(st_entry *e)
+{
+    if (!e)
+        return;
+    kvt__free(e->ns);
+    kvt__free(e->tokens);
+    kvt__free(e->blocks);
+    kvt__free(e);
+}
+
+static void orphan_add(kvt_store *s, const char *name, uint64_t bytes)
+{
+    if (s->n_orphans == s->cap_orphans) {
+        int32_t c = s->cap_orphans ? s->cap_orphans * 2 : 16;
+        st_orphan *o = kvt__realloc(s->orphans, sizeof *o * (size_t)c);
+        if (!o)
+            return; /* still counted in own_bytes; gc can remove it */
+        s->orphans = o;
+        s->cap_orphans = c;
+    }
+    snprintf(s->orphans[s->n_orphans].name, sizeof s->orphans[0].name, "%s", name);
+    s->orphans[s->n_orphans++].bytes = bytes;
+}
+
+/* Indexes an entry (takes ownership of e on success). */
+static int index_entry(kvt_store *s, st_entry *e)
+{
+    st_ns *n = ns_get(s, e->ns, 1);
+    if (!n)
+        return KVT_ENOMEM;
+    e->id = ++s->next_id;
+    e->r.tokens = e->tokens;
+    if (kvt__radix_insert(&n->tree, &e->r))
+        return KVT_ENOMEM;
+    if (kvt__kmap_put(&s->by_key, e->key, e) || kvt__kmap_put(&s->by_id, id_key(e->id), e)) {
+        kvt__kmap_del(&s->by_key, e->key);
+        kvt__radix_remove(&n->tree, &e->r);
+        return KVT_ENOMEM;
+    }
+    e->next = s->head;
+    e->prev = NULL;
+    if (s->head)
+        s->head->prev = e;
+    s->head = e;
+    s->own_bytes += e->bytes;
+    s->st.entries++;
+    if (e->r.n_tokens > s->st.longest_prefix_tokens)
+        s->st.longest_prefix_tokens = e->r.n_tokens;
+    return 0;
+}
+
+static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
+{
+    st_block *b = kvt__kmap_get(&s->blocks, k);
+    if (!b || --b->refs > 0)
+        return;
+    if (!delete_file)
+        return; /* stays indexed with refs 0: evicted first under the budget */
+    char name[64];
+    file_name('b', k, name);
+    unlinkat(s->dirfd, name, 0);
+    s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
+    s->st.blocks--;
+    kvt__kmap_del(&s->blocks, k);
+    kvt__free(b);
+}
+
+static void recompute_longest(kvt_store *s)
+{
+    int64_t m = 0;
+    for (st_entry *e = s->head; e; e = e->next)
+        m = KVT__MAX(m, e->r.n_tokens);
+    s->st.longest_prefix_tokens = m;
+}
+
+
+/* Removes an entry from the index and deletes its file (or, when keep_file,
+ * leaves it as an orphan: a refused shard) and the blocks only it used. */
+static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
+{
+    st_ns *n = ns_get(s, e->ns, 0);
+    if (n)
+        kvt__radix_remove(&n->tree, &e->r);
+    kvt__kmap_del(&s->by_key, e->key);
+    kvt__kmap_del(&s->by_id, id_key(e->id));
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        s->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    char name[64];
+    file_name('e', e->key, name);
+    if (keep_file)
+        orphan_add(s, name, e->bytes);
+    else {
+        unlinkat(s->dirfd, name, 0);
+        s->own_bytes -= KVT__MIN(s->own_bytes, e->bytes);
+    }
+    s->st.entries--;
+    for (int32_t i = 0; i < e->n_blocks; i++)
+        block_unref(s, e->blocks[i], 1);
+    int longest = e->r.n_tokens == s->st.longest_prefix_tokens;
+    entry_free(e);
+    if (longest)
+        recompute_longest(s);
+}
+
+static void drop_entry(kvt_store *s, st_entry *e) { drop_entry_ex(s, e, 0); }
+
+/* ---- metadata parsing (shared by scan, restore, walk) ------------------------------ */
+
+typedef struct pentry {
+    const char *ns;
+    int32_t *tokens;
+    int64_t n_tokens, min_reach;
+    kvt__skey key;
+    kvt__skey *blocks;
+    int64_t (*ranges)[2]; /* (n_blocks) [tok_begin, tok_end) of each block */
+    int32_t n_blocks;
+    json_t *layers;      /* owned */
+    json_t *atts;        /* owned */
+} pentry;
+
+static void pentry_free(pentry *p)
+{
+    kvt__free(p->tokens);
+    kvt__free(p->blocks);
+    kvt__free(p->ranges);
+    json_decref(p->layers);
+    json_decref(p->atts);
+    memset(p, 0, sizeof *p);
+}
+
+static int parse_i64(const char *s, int64_t *out)
+{
+    if (!s || !*s)
+        return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end || errno)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int bad(int *reason, int r, const char *path, const char *what)
+{
+    *reason = r;
+    return kvt__fail(r == KVT_STORE_REFUSED_IDENTITY ? KVT_EIDENTITY : KVT_EFORMAT, "%s: refused (%s): %s", path,
+                     kvt_store_refusal_name((kvt_store_refusal)r), what);
+}
+
+/* Validates an entry shard's metadata. identity NULL: accept the shard's own. */
+static int parse_entry(const kvt__shard *sh, const char *path, const char *identity, pentry *p, int *reason)
+{
+    memset(p, 0, sizeof *p);
+    const char *type = kvt__meta_str(sh, "type"), *id = kvt__meta_str(sh, "identity");
+    if (!type || strcmp(type, "entry") || !id)
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "not an entry shard with an identity");
+    if (identity && strcmp(id, identity))
+        return bad(reason, KVT_STORE_REFUSED_IDENTITY, path, "written under another identity");
+    p->ns = kvt__meta_str(sh, "ns");
+    const char *toks = kvt__meta_str(sh, "tokens"), *key = kvt__meta_str(sh, "key");
+    int64_t n_decl = -1;
+    if (!p->ns || !toks || !key || parse_i64(kvt__meta_str(sh, "n_tokens"), &n_decl) ||
+        parse_i64(kvt__meta_str(sh, "min_reach"), &p->min_reach))
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "missing ns, tokens, key, n_tokens or min_reach");
+    if (kvt__tokens_unb64(toks, &p->tokens, &p->n_tokens) || p->n_tokens != n_decl) {
+        pentry_free(p);
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "tokens do not decode to n_tokens ids");
+    }
+    kvt__skey want = entry_key(seed_of(id), p->ns, p->tokens, p->n_tokens);
+    if (kvt__skey_parse(key, &p->key) || !kvt__skey_eq(want, p->key)) {
+        pentry_free(p);
+        return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "key does not match (identity, ns, tokens)");
+    }
+    if (p->min_reach < 0 || p->min_reach > p->n_tokens) {
+        pentry_free(p);
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "min_reach outside [0, n_tokens]");
+    }
+    const char *ls = kvt__meta_str(sh, "layers"), *bs = kvt__meta_str(sh, "blocks"),
+               *as = kvt__meta_str(sh, "attachments");
+    json_t *blocks = bs ? json_loads(bs, 0, NULL) : NULL;
+    p->layers = ls ? json_loads(ls, 0, NULL) : NULL;
+    p->atts = as ? json_loads(as, 0, NULL) : NULL;
+    if (!json_is_array(p->layers) || !json_is_array(blocks) || !json_is_array(p->atts)) {
+        json_decref(blocks);
+        pentry_free(p);
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "layers, blocks or attachments is not a JSON array");
+    }
+    size_t nb = json_array_size(blocks);
+    p->blocks = kvt__calloc(nb ? nb : 1, sizeof *p->blocks);
+    p->ranges = kvt__calloc(nb ? nb : 1, sizeof *p->ranges);
+    if (!p->blocks || !p->ranges) {
+        json_decref(blocks);
+        pentry_free(p);
+        return kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+    }
+    /* Each block: [key hex, tok_begin, tok_end]; the chain must start at 0,
+     * be contiguous, and its keys must follow from the tokens. */
+    kvt__skey parent = {0, 0}, seed = seed_of(id);
+    int64_t at = 0;
+    const char *why = NULL;
+    for (size_t i = 0; i < nb && !why; i++) {
+        json_t *b = json_array_get(blocks, i);
+        const char *kh = json_string_value(json_array_get(b, 0));
+        json_t *jb = json_array_get(b, 1), *je = json_array_get(b, 2);
+        if (!kh || !json_is_integer(jb) || !json_is_integer(je) || kvt__skey_parse(kh, &p->blocks[i])) {
+            why = "a block reference is not [key, begin, end]";
+            break;
+        }
+        int64_t bb = json_integer_value(jb), be = json_integer_value(je);
+        if (bb != at || be <= bb || be > p->n_tokens) {
+            why = "block ranges are not a contiguous chain inside the tokens";
+            break;
+        }
+        kvt__skey k = block_key(seed, p->ns, parent, p->tokens + bb, be - bb);
+        if (!kvt__skey_eq(k, p->blocks[i])) {
+            json_decref(blocks);
+            pentry_free(p);
+            return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "a block key does not follow from the tokens");
+        }
+        p->ranges[i][0] = bb;
+        p->ranges[i][1] = be;
+        parent = k;
+        at = be;
+    }
+    json_decref(blocks);
+    if (why) {
+        pentry_free(p);
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, why);
+    }
+    p->n_blocks = (int32_t)nb;
+    return 0;
+}
+
+typedef struct pblock {
+    const char *ns;
+    kvt__skey key, parent;
+    int64_t tok_begin, tok_end;
+    int32_t *tokens;
+    int64_t n_tokens;
+} pblock;
+
+static int parse_block(const kvt__shard *sh, const char *path, const char *identity, pblock *p, int *reason)
+{
+    memset(p, 0, sizeof *p);
+    const char *type = kvt__meta_str(sh, "type"), *id = kvt__meta_str(sh, "identity");
+    if (!type || strcmp(type, "block") || !id)
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "not a block shard with an identity");
+    if (identity && strcmp(id, identity))
+        return bad(reason, KVT_STORE_REFUSED_IDENTITY, path, "written under another identity");
+    p->ns = kvt__meta_str(sh, "ns");
+    const char *k = kvt__meta_str(sh, "key"), *par = kvt__meta_str(sh, "parent"), *toks = kvt__meta_str(sh, "tokens");
+    if (!p->ns || !k || !par || !toks || kvt__skey_parse(k, &p->key) || kvt__skey_parse(par, &p->parent) ||
+        parse_i64(kvt__meta_str(sh, "tok_begin"), &p->tok_begin) ||
+        parse_i64(kvt__meta_str(sh, "tok_end"), &p->tok_end))
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "missing ns, key, parent, tokens or range");
+    if (kvt__tokens_unb64(toks, &p->tokens, &p->n_tokens) || p->tok_begin < 0 ||
+        p->n_tokens != p->tok_end - p->tok_begin || p->n_tokens <= 0) {
+        kvt__free(p->tokens);
+        p->tokens = NULL;
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "tokens do not match the block range");
+    }
+    kvt__skey want = block_key(seed_of(id), p->ns, p->parent, p->tokens, p->n_tokens);
+    if (!kvt__skey_eq(want, p->key)) {
+        kvt__free(p->tokens);
+        p->tokens = NULL;
+        return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "key does not follow from (parent, tokens)");
+    }
+    return 0;
+}
+
+/* Opens and validates a shard's header. */
+static int open_shard(int dirfd, const char *dir, const char *name, kvt__shard *sh, int *fd_out, int *reason)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *reason = KVT_STORE_REFUSED_IO;
+        return kvt__fail(errno == ENOENT ? KVT_ENOTFOUND : -errno, "%s: %s", path, strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st)) {
+        int e = errno;
+        close(fd);
+        *reason = KVT_STORE_REFUSED_IO;
+        return kvt__fail(-e, "%s: %s", path, strerror(e));
+    }
+    int rc = kvt__shard_read_header(fd, path, (uint64_t)st.st_size, sh, reason);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/* ---- scan ------------------------------------------------------------------------ */
+
+static int pid_alive(const char *tmpname)
+{
+    long pid = strtol(tmpname + strlen(KVT__TMP_PREFIX), NULL, 10);
+    if (pid <= 0)
+        return 0;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+static void refuse_count(kvt_store *s, int reason)
+{
+    if (reason >= 0 && reason < KVT_STORE_REFUSED_COUNT)
+        s->st.refused[reason]++;
+}
+
+static int scan(kvt_store *s)
+{
+    DIR *d = fdopendir(dup(s->dirfd));
+    if (!d)
+        return kvt__fail(-errno, "%s: cannot list: %s", s->dir, strerror(errno));
+    rewinddir(d);
+    /* Two passes: blocks first (entries reference them), then entries. */
+    for (int pass = 0; pass < 2; pass++) {
+        rewinddir(d);
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            const char *nm = de->d_name;
+            struct stat fst;
+            if (nm[0] == '.' && strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX)))
+                continue;
+            if (fstatat(s->dirfd, nm, &fst, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fst.st_mode))
+                continue;
+            if (!strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX))) {
+                if (pass == 0 && !pid_alive(nm) && !unlinkat(s->dirfd, nm, 0))
+                    s->st.temp_removed++;
+                continue;
+            }
+            size_t len = strlen(nm);
+            if (len != 1 + 32 + strlen(KVT__SHARD_SUFFIX) || strcmp(nm + 33, KVT__SHARD_SUFFIX))
+                continue;
+            char type = nm[0];
+            if ((pass == 0) != (type == 'b') || (type != 'b' && type != 'e'))
+                continue;
+            kvt__shard sh;
+            int fd = -1, reason = -1;
+            int rc = open_shard(s->dirfd, s->dir, nm, &sh, &fd, &reason);
+            if (!rc && type == 'b') {
+                pblock pb;
+                rc = parse_block(&sh, nm, s->identity, &pb, &reason);
+                char want[64];
+                if (!rc) {
+                    file_name('b', pb.key, want);
+                    if (strcmp(want, nm))
+                        rc = bad(&reason, KVT_STORE_REFUSED_MALFORMED, nm, "file name does not match its key");
+                }
+                if (!rc && !kvt__kmap_get(&s->blocks, pb.key)) {
+                    st_block *b = kvt__calloc(1, sizeof *b);
+                    if (b && !kvt__kmap_put(&s->blocks, pb.key, b)) {
+                        b->key = pb.key;
+                        b->bytes = (uint64_t)fst.st_size;
+                        s->own_bytes += b->bytes;
+                        s->st.blocks++;
+                    } else {
+                        kvt__free(b);
+                        rc = KVT_ENOMEM;
+                    }
+                }
+                kvt__free(pb.tokens);
+            } else if (!rc) {
+                pentry pe;
+                rc = parse_entry(&sh, nm, s->identity, &pe, &reason);
+                char want[64];
+                if (!rc) {
+                    file_name('e', pe.key, want);
+                    if (strcmp(want, nm))
+                        rc = bad(&reason, KVT_STORE_REFUSED_MALFORMED, nm, "file name does not match its key");
+                }
+                for (int32_t i = 0; !rc && i < pe.n_blocks; i++)
+                    if (!kvt__kmap_get(&s->blocks, pe.blocks[i]))
+                        rc = bad(&reason, KVT_STORE_REFUSED_MISSING_BLOCK, nm, "references a block that is gone");
+                st_entry *e = NULL;
+                if (!rc && !kvt__kmap_get(&s->by_key, pe.key)) {
+                    e = kvt__calloc(1, sizeof *e);
+                    if (!e || !(e->ns = kvt__strdup(pe.ns))) {
+                        entry_free(e);
+                        rc = KVT_ENOMEM;
+                    } else {
+                        e->key = pe.key;
+                        e->tokens = pe.tokens;
+                        pe.tokens = NULL;
+                        e->r.n_tokens = pe.n_tokens;
+                        e->r.min_reach = pe.min_reach;
+                        e->blocks = pe.blocks;
+                        pe.blocks = NULL;
+                        e->n_blocks = pe.n_blocks;
+                        e->bytes = (uint64_t)fst.st_size;
+                        e->last_use_ms = (int64_t)fst.st_mtim.tv_sec * 1000 + fst.st_mtim.tv_nsec / 1000000;
+                        if (index_entry(s, e)) {
+                            entry_free(e);
+                            rc = KVT_ENOMEM;
+                        } else {
+                            for (int32_t i = 0; i < e->n_blocks; i++)
+                                ((st_block *)kvt__kmap_get(&s->blocks, e->blocks[i]))->refs++;
+                        }
+                    }
+                }
+                pentry_free(&pe);
+            }
+            if (fd >= 0)
+                close(fd);
+            kvt__shard_free(&sh);
+            if (rc == KVT_ENOMEM) {
+                closedir(d);
+                return rc;
+            }
+            if (rc) {
+                refuse_count(s, reason);
+                s->own_bytes += (uint64_t)fst.st_size;
+                orphan_add(s, nm, (uint64_t)fst.st_size);
+            }
+        }
+    }
+    closedir(d);
+    kvt__clear_error();
+    return 0;
+}
+
+/* ---- foreign directories and the budget ----------------------------------------------- */
+
+typedef struct fcand {
+    int dir;              /* index into the dir list */
+    char name[256];
+    uint64_t bytes;
+    int64_t mtime_ms;
+    int orphan;           /* temp / refused / unreferenced: goes first */
+    kvt__skey *blocks;    /* entries: referenced blocks */
+    int32_t n_blocks;
+    kvt__skey key;
+    char type;
+} fcand;
+
+typedef struct fdirs {
+    char **paths;
+    int *dirfds, *lockfds;
+    int n;
+    fcand *c;
+    size_t n_c, cap_c;
+    uint64_t bytes;       /* of all listed dirs (idle or not) */
+} fdirs;
+
+static void fdirs_free(fdirs *f)
+{
+    for (int i = 0; i < f->n; i++) {
+        kvt__free(f->paths[i]);
+        if (f->lockfds[i] >= 0)
+            close(f->lockfds[i]); /* releases the flock */
+        if (f->dirfds[i] >= 0)
+            close(f->dirfds[i]);
+    }
+    for (size_t i = 0; i < f->n_c; i++)
+        kvt__free(f->c[i].blocks);
+    kvt__free(f->paths);
+    kvt__free(f->dirfds);
+    kvt__free(f->lockfds);
+    kvt__free(f->c);
+    memset(f, 0, sizeof *f);
+}
+
+static fcand *fc_push(fdirs *f)
+{
+    if (f->n_c == f->cap_c) {
+        size_t c = f->cap_c ? f->cap_c * 2 : 64;
+        fcand *n = kvt__realloc(f->c, sizeof *n * c);
+        if (!n)
+            return NULL;
+        f->c = n;
+        f->cap_c = c;
+    }
+    fcand *x = &f->c[f->n_c++];
+    memset(x, 0, sizeof *x);
+    return x;
+}
+
+/* Lists the identity directories under root except `skip`; measures every
+ * file; for directories nobody holds (flock LOCK_EX succeeds; the lock is kept
+ * until fdirs_free) collects eviction candidates with their block references. */
+static int list_foreign(const char *root, const char *skip, int collect, fdirs *f)
+{
+    memset(f, 0, sizeof *f);
+    DIR *d = opendir(root);
+    if (!d)
+        return -errno;
+    struct dirent *de;
+    int cap = 0;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || (skip && !strcmp(de->d_name, skip)))
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", root, de->d_name);
+        struct stat st;
+        if (stat(path, &st) || !S_ISDIR(st.st_mode))
+            continue;
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+            continue;
+        if (f->n == cap) {
+            cap = cap ? cap * 2 : 8;
+            char **p = kvt__realloc(f->paths, sizeof *p * (size_t)cap);
+            if (p)
+                f->paths = p;
+            int *a = kvt__realloc(f->dirfds, sizeof *a * (size_t)cap);
+            if (a)
+                f->dirfds = a;
+            int *b = kvt__realloc(f->lockfds, sizeof *b * (size_t)cap);
+            if (b)
+                f->lockfds = b;
+            if (!p || !a || !b) {
+                close(dfd);
+                closedir(d);
+                return KVT_ENOMEM;
+            }
+        }
+        int i = f->n++;
+        f->paths[i] = kvt__strdup(path);
+        f->dirfds[i] = dfd;
+        f->lockfds[i] = -1;
+        int lfd = openat(dfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        int idle = collect && lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0;
+        if (idle)
+            f->lockfds[i] = lfd;
+        else if (lfd >= 0)
+            close(lfd);
+        DIR *dd = fdopendir(dup(dfd));
+        if (!dd)
+            continue;
+        struct dirent *fe;
+        while ((fe = readdir(dd))) {
+            struct stat fs;
+            if (!strcmp(fe->d_name, ".") || !strcmp(fe->d_name, "..") || !strcmp(fe->d_name, ".lock") ||
+                !strcmp(fe->d_name, "IDENTITY"))
+                continue;
+            if (fstatat(dfd, fe->d_name, &fs, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fs.st_mode))
+                continue;
+            f->bytes += (uint64_t)fs.st_size;
+            if (!idle)
+                continue;
+            fcand *x = fc_push(f);
+            if (!x)
+                break;
+            x->dir = i;
+            snprintf(x->name, sizeof x->name, "%s", fe->d_name);
+            x->bytes = (uint64_t)fs.st_size;
+            x->mtime_ms = (int64_t)fs.st_mtim.tv_sec * 1000 + fs.st_mtim.tv_nsec / 1000000;
+            x->type = fe->d_name[0];
+            int is_tmp = !strncmp(fe->d_name, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX));
+            x->orphan = 1;
+            if (is_tmp || (x->type != 'e' && x->type != 'b'))
+                continue;
+            kvt__shard sh;
+            int fd = -1, reason;
+            if (open_shard(dfd, path, fe->d_name, &sh, &fd, &reason))
+                continue;
+            if (x->type == 'e') {
+                pentry pe;
+                if (!parse_entry(&sh, fe->d_name, NULL, &pe, &reason)) {
+                    x->orphan = 0;
+                    x->blocks = pe.blocks;
+                    x->n_blocks = pe.n_blocks;
+                    pe.blocks = NULL;
+                    pentry_free(&pe);
+                }
+            } else {
+                pblock pb;
+                if (!parse_block(&sh, fe->d_name, NULL, &pb, &reason)) {
+                    x->orphan = 0;
+                    x->key = pb.key;
+                    kvt__free(pb.tokens);
+                }
+            }
+            close(fd);
+            kvt__shard_free(&sh);
+        }
+        closedir(dd);
+    }
+    closedir(d);
+    kvt__clear_error();
+    return 0;
+}
+
+static int64_t fc_block_refs(const fdirs *f, int dir, kvt__skey k)
+{
+    int64_t n = 0;
+    for (size_t i = 0; i < f->n_c; i++)
+        if (f->c[i].dir == dir && f->c[i].type == 'e' && f->c[i].name[0])
+            for (int32_t j = 0; j < f->c[i].n_blocks; j++)
+                n += kvt__skey_eq(f->c[i].blocks[j], k);
+    return n;
+}
+
+/* Deletes candidate i (and, for an entry, the blocks nobody else references). */
+static uint64_t fc_evict(fdirs *f, size_t i)
+{
+    fcand *x = &f->c[i];
+    if (!x->name[0])
+        return 0;
+    uint64_t freed = 0;
+    if (!unlinkat(f->dirfds[x->dir], x->name, 0))
+        freed += x->bytes;
+    x->name[0] = '\0';
+    if (x->type != 'e')
+        return freed;
+    for (int32_t j = 0; j < x->n_blocks; j++) {
+        if (fc_block_refs(f, x->dir, x->blocks[j]))
+            continue;
+        for (size_t b = 0; b < f->n_c; b++)
+            if (f->c[b].dir == x->dir && f->c[b].type == 'b' && f->c[b].name[0] && !f->c[b].orphan &&
+                kvt__skey_eq(f->c[b].key, x->blocks[j])) {
+                if (!unlinkat(f->dirfds[x->dir], f->c[b].name, 0))
+                    freed += f->c[b].bytes;
+                f->c[b].name[0] = '\0';
+            }
+    }
+    return freed;
+}
+
+/* Marks unreferenced blocks of idle directories as orphans. */
+static void fc_mark_orphans(fdirs *f)
+{
+    for (size_t i = 0; i < f->n_c; i++)
+        if (f->c[i].type == 'b' && !f->c[i].orphan && !fc_block_refs(f, f->c[i].dir, f->c[i].key))
+            f->c[i].orphan = 1;
+}
+
+/* Oldest remaining candidate: orphans first, then entries by time. */
+static ssize_t fc_oldest(const fdirs *f)
+{
+    ssize_t best = -1;
+    for (size_t i = 0; i < f->n_c; i++) {
+        const fcand *x = &f->c[i];
+        if (!x->name[0] || (!x->orphan && x->type != 'e'))
+            continue;
+        if (best < 0 || x->orphan > f->c[best].orphan ||
+            (x->orphan == f->c[best].orphan && x->mtime_ms < f->c[best].mtime_ms))
+            best = (ssize_t)i;
+    }
+    return best;
+}
+
+static st_entry *own_oldest(kvt_store *s, kvt__skey protect)
+{
+    st_entry *best = NULL;
+    for (st_entry *e = s->head; e; e = e->next)
+        if (!kvt__skey_eq(e->key, protect) && (!best || e->last_use_ms < best->last_use_ms))
+            best = e;
+    return best;
+}
+
+/* Applies the budget over the root (call with mu held). */
+static void enforce_budget(kvt_store *s, kvt__skey protect)
+{
+    uint64_t max = s->opts.max_bytes;
+    if (!max || s->own_bytes + s->foreign_bytes <= max)
+        return;
+    /* 1. own orphans (refused shards) and unreferenced blocks */
+    for (int32_t i = 0; i < s->n_orphans && s->own_bytes + s->foreign_bytes > max; i++) {
+        if (!unlinkat(s->dirfd, s->orphans[i].name, 0) || errno == ENOENT)
+            s->own_bytes -= KVT__MIN(s->own_bytes, s->orphans[i].bytes);
+        s->orphans[i] = s->orphans[--s->n_orphans];
+        i--;
+    }
+    for (size_t i = 0; i < s->blocks.cap && s->own_bytes + s->foreign_bytes > max; i++) {
+        st_block *b = s->blocks.vals[i];
+        if (!b || b == (void *)1 || b->refs > 0)
+            continue;
+        b->refs = 1;
+        block_unref(s, b->key, 1);
+    }
+    /* 2. LRU over own entries and idle foreign directories */
+    fdirs f;
+    int have_f = list_foreign(s->root, s->dir_name, 1, &f) == 0;
+    if (have_f) {
+        s->foreign_bytes = f.bytes;
+        fc_mark_orphans(&f);
+    }
+    while (s->own_bytes + s->foreign_bytes > max) {
+        ssize_t fi = have_f ? fc_oldest(&f) : -1;
+        st_entry *oe = own_oldest(s, protect);
+        if (fi < 0 && !oe)
+            break;
+        if (fi >= 0 && (!oe || f.c[fi].orphan || f.c[fi].mtime_ms <= oe->last_use_ms)) {
+            uint64_t freed = fc_evict(&f, (size_t)fi);
+            s->foreign_bytes -= KVT__MIN(s->foreign_bytes, freed);
+            s->st.evicted_foreign_files++;
+        } else {
+            drop_entry(s, oe);
+            s->st.evicted++;
+        }
+    }
+    if (have_f)
+        fdirs_free(&f);
+}
+
+/* ---- put ------------------------------------------------------------------------ */
+
+typedef struct brange {
+    int64_t b, e;
+    int chained;
+    int32_t idx;   /* index in the chain */
+} brange;
+
+static int cmp_range(const void *a, const void *b)
+{
+    const brange *x = a, *y = b;
+    if (x->b != y->b)
+        return x->b < y->b ? -1 : 1;
+    return (x->e > y->e) - (x->e < y->e);
+}
+
+static int find_range(const brange *r, int32_t n, int64_t b, int64_t e)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (r[i].b == b && r[i].e == e)
+            return i;
+    return -1;
+}
+
+static int fsync_dir(kvt_store *s)
+{
+    int (*fs)(void *, int) = s->opts.io && s->opts.io->fsync_fn ? s->opts.io->fsync_fn : NULL;
+    int r = fs ? fs(s->opts.io->ctx, s->dirfd) : fsync(s->dirfd);
+    if (r)
+        return kvt__fail(-(errno ? errno : EIO), "%s: directory fsync failed: %s", s->dir, strerror(errno));
+    return 0;
+}
+
+static json_t *meta_base(kvt_store *s, const char *type, const char *ns)
+{
+    return json_pack("{s:s, s:s, s:s}", "type", type, "identity", s->identity, "ns", ns);
+}
+
+static int set_i64(json_t *m, const char *k, int64_t v)
+{
+    char b[32];
+    snprintf(b, sizeof b, "%lld", (long long)v);
+    return json_object_set_new(m, k, json_string(b));
+}
+
+static int set_key(json_t *m, const char *k, kvt__skey v)
+{
+    char h[33];
+    kvt__skey_hex(v, h);
+    return json_object_set_new(m, k, json_string(h));
+}
+
+static int set_dumped(json_t *m, const char *k, json_t *v)
+{
+    char *str = json_dumps(v, JSON_COMPACT);
+    json_decref(v);
+    if (!str)
+        return -1;
+    int rc = json_object_set_new(m, k, json_string(str));
+    free(str);
+    return rc;
+}
+
+static int st_out_set(kvt__st_out *o, int32_t layer, const kvt_tensor *t)
+{
+    snprintf(o->name, sizeof o->name, "L%d.%s", (int)layer, t->name);
+    o->dtype = t->dtype;
+    o->ndim = t->ndim;
+    memcpy(o->shape, t->shape, sizeof o->shape);
+    o->data = t->data;
+    o->bytes = t->bytes;
+    return 0;
+}
+
+typedef struct sup_ctx {
+    kvt_store *s;
+    int64_t min_reach;
+} sup_ctx;
+
+static void supersede_one(kvt__rent *r, void *ctx)
+{
+    sup_ctx *c = ctx;
+    st_entry *old = (st_entry *)r; /* r is the first member */
+    if (old->r.n_tokens == 0 || old->r.n_tokens < c->min_reach)
+        return;
+    drop_entry(c->s, old);
+    c->s->st.superseded++;
+}
+
+static int do_put(kvt_store *s, const kvt_entry *e)
+{
+    int rc = 0;
+    const int32_t L = e->n_caches, A = e->n_attachments;
+    int64_t n = e->n_tokens;
+    kvt_cache_state *st = kvt__calloc((size_t)(L ? L : 1), sizeof *st);
+    brange *rg = NULL;
+    int32_t n_rg = 0, n_chain = 0;
+    kvt__skey *keys = NULL;
+    int8_t *pinned = NULL;
+    kvt__st_out *outs = NULL;
+    json_t *meta = NULL;
+    const char *ns = e->ns;
+    kvt__skey ekey = entry_key(s->id_seed, ns, e->tokens, n);
+    int64_t min_reach = A ? n : 0;
+    uint64_t write_bytes = 0;
+    if (!st)
+        return kvt__fail(KVT_ENOMEM, "store put: out of memory");
+
+    /* 1. encode every layer; collect block ranges */
+    size_t n_tensors = 0;
+    for (int32_t l = 0; l < L; l++) {
+        if ((rc = kvt_cache_encode(e->caches[l], &st[l])))
+            goto out;
+        if (st[l].offset != n) {
+            rc = kvt__fail(KVT_EINVAL, "store put: layer %d holds %lld tokens, the entry %lld", (int)l,
+                           (long long)st[l].offset, (long long)n);
+            goto out;
+        }
+        min_reach = KVT__MAX(min_reach, st[l].min_offset);
+        n_tensors += (size_t)st[l].n_tensors;
+    }
+    for (int32_t a = 0; a < A; a++)
+        if (!e->attachments[a] || !e->attachments[a]->ops->serialize) {
+            rc = kvt__fail(KVT_EUNSUPPORTED, "store put: attachment %d (%s) cannot be serialized", (int)a,
+                           e->attachments[a] ? e->attachments[a]->name : "NULL");
+            goto out;
+        }
+    rg = kvt__calloc(n_tensors ? n_tensors : 1, sizeof *rg);
+    outs = kvt__calloc(n_tensors + (size_t)A + 1, sizeof *outs);
+    if (!rg || !outs) {
+        rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+        goto out;
+    }
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t t = 0; t < st[l].n_tensors; t++) {
+            const kvt_tensor *x = &st[l].tensors[t];
+            write_bytes += x->bytes;
+            if (x->tok_begin < 0 || x->tok_end <= x->tok_begin || x->tok_end > n)
+                continue;
+            if (find_range(rg, n_rg, x->tok_begin, x->tok_end) < 0)
+                rg[n_rg++] = (brange){x->tok_begin, x->tok_end, 0, -1};
+        }
+    qsort(rg, (size_t)n_rg, sizeof *rg, cmp_range);
+    int64_t at = 0;
+    for (int32_t i = 0; i < n_rg; i++)
+        if (rg[i].b == at) {
+            rg[i].chained = 1;
+            rg[i].idx = n_chain++;
+            at = rg[i].e;
+        }
+    if (s->opts.max_bytes && write_bytes > s->opts.max_bytes) {
+        rc = kvt__fail(KVT_ETOOBIG, "store put: %llu bytes of state, the budget is %llu",
+                       (unsigned long long)write_bytes, (unsigned long long)s->opts.max_bytes);
+        goto out;
+    }
+    keys = kvt__calloc((size_t)(n_chain ? n_chain : 1), sizeof *keys);
+    pinned = kvt__calloc((size_t)(n_chain ? n_chain : 1), 1);
+    if (!keys || !pinned) {
+        rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+        goto out;
+    }
+    kvt__skey parent = {0, 0};
+    for (int32_t i = 0, c = 0; i < n_rg; i++) {
+        if (!rg[i].chained)
+            continue;
+        keys[c] = block_key(s->id_seed, ns, parent, e->tokens + rg[i].b, rg[i].e - rg[i].b);
+        parent = keys[c++];
+    }
+
+    /* 2. already durable? pin the blocks that exist */
+    pthread_mutex_lock(&s->mu);
+    if (kvt__kmap_get(&s->by_key, ekey)) {
+        s->st.skipped++;
+        pthread_mutex_unlock(&s->mu);
+        goto out;
+    }
+    for (int32_t c = 0; c < n_chain; c++) {
+        st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+        if (b) {
+            b->refs++;
+            pinned[c] = 1;
+            s->st.blocks_shared++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+
+    /* 3. write missing blocks */
+    int wrote_block = 0;
+    for (int32_t i = 0; i < n_rg; i++) {
+        if (!rg[i].chained || pinned[rg[i].idx])
+            continue;
+        int32_t c = rg[i].idx, k = 0;
+        for (int32_t l = 0; l < L; l++)
+            for (int32_t t = 0; t < st[l].n_tensors; t++)
+                if (st[l].tensors[t].tok_begin == rg[i].b && st[l].tensors[t].tok_end == rg[i].e)
+                    st_out_set(&outs[k++], l, &st[l].tensors[t]);
+        char *toks = kvt__tokens_b64(e->tokens + rg[i].b, rg[i].e - rg[i].b);
+        meta = meta_base(s, "block", ns);
+        if (!toks || !meta || set_key(meta, "key", keys[c]) ||
+            set_key(meta, "parent", c ? keys[c - 1] : (kvt__skey){0, 0}) || set_i64(meta, "tok_begin", rg[i].b) ||
+            set_i64(meta, "tok_end", rg[i].e) || json_object_set_new(meta, "tokens", json_string(toks))) {
+            kvt__free(toks);
+            rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+            goto out;
+        }
+        kvt__free(toks);
+        char name[64];
+        uint64_t fb = 0;
+        file_name('b', keys[c], name);
+        rc = kvt__shard_write(s->dirfd, s->dir, name, meta, outs, k, s->opts.io, &fb);
+        json_decref(meta);
+        meta = NULL;
+        if (rc)
+            goto out;
+        wrote_block = 1;
+        pthread_mutex_lock(&s->mu);
+        st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+        if (b) {
+            b->refs++;
+        } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put(&s->blocks, keys[c], b)) {
+            b->key = keys[c];
+            b->bytes = fb;
+            b->refs = 1;
+            s->own_bytes += fb;
+            s->st.blocks++;
+        } else {
+            kvt__free(b);
+            pthread_mutex_unlock(&s->mu);
+            unlinkat(s->dirfd, name, 0);
+            rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+            goto out;
+        }
+        pinned[c] = 1;
+        s->st.blocks_written++;
+        s->st.bytes_written += fb;
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (wrote_block && (rc = fsync_dir(s)))
+        goto out;
+
+    /* 4. the entry shard: local tensors, attachments, layer descriptions */
+    {
+        json_t *layers = json_array(), *blocks = json_array(), *atts = json_array();
+        int32_t k = 0;
+        for (int32_t i = 0; i < n_rg; i++)
+            if (rg[i].chained) {
+                char h[33];
+                kvt__skey_hex(keys[rg[i].idx], h);
+                json_array_append_new(blocks, json_pack("[s,I,I]", h, (json_int_t)rg[i].b, (json_int_t)rg[i].e));
+            }
+        for (int32_t l = 0; l < L; l++) {
+            json_t *params = json_array(), *tens = json_array();
+            for (int32_t p = 0; p < st[l].n_params && p < KVT_CACHE_PARAMS_MAX; p++)
+                json_array_append_new(params, json_integer(st[l].params[p]));
+            for (int32_t t = 0; t < st[l].n_tensors; t++) {
+                const kvt_tensor *x = &st[l].tensors[t];
+                int r = x->tok_begin >= 0 ? find_range(rg, n_rg, x->tok_begin, x->tok_end) : -1;
+                int bidx = r >= 0 && rg[r].chained ? rg[r].idx : -1;
+                json_t *shape = json_array();
+                for (int32_t d = 0; d < x->ndim; d++)
+                    json_array_append_new(shape, json_integer(x->shape[d]));
+                json_array_append_new(tens, json_pack("{s:s, s:s, s:o, s:[I,I], s:i}", "name", x->name, "dtype",
+                                                      kvt_dtype_name(x->dtype), "shape", shape, "tok",
+                                                      (json_int_t)x->tok_begin, (json_int_t)x->tok_end, "block",
+                                                      bidx));
+                if (bidx < 0)
+                    st_out_set(&outs[k++], l, x);
+            }
+            json_array_append_new(layers, json_pack("{s:s, s:I, s:I, s:o, s:o}", "kind", st[l].kind, "offset",
+                                                    (json_int_t)st[l].offset, "min_offset",
+                                                    (json_int_t)st[l].min_offset, "params", params, "tensors",
+                                                    tens));
+        }
+        for (int32_t a = 0; a < A; a++) {
+            const void *data = NULL;
+            size_t bytes = 0;
+            const kvt_attachment *att = e->attachments[a];
+            if ((rc = att->ops->serialize(att, &data, &bytes)))
+                break;
+            json_array_append_new(atts, json_pack("{s:s, s:s}", "name", att->name, "kind", att->ops->kind));
+            kvt__st_out *o = &outs[k++];
+            snprintf(o->name, sizeof o->name, "A%d", (int)a);
+            o->dtype = KVT_DTYPE_U8;
+            o->ndim = 1;
+            o->shape[0] = (int64_t)bytes;
+            o->data = data;
+            o->bytes = bytes;
+        }
+        char *toks = kvt__tokens_b64(e->tokens, n);
+        meta = meta_base(s, "entry", ns);
+        if (rc || !toks || !meta || !layers || !blocks || !atts || set_key(meta, "key", ekey) ||
+            set_i64(meta, "n_tokens", n) || set_i64(meta, "min_reach", min_reach) ||
+            json_object_set_new(meta, "tokens", json_string(toks)) || set_dumped(meta, "layers", layers) ||
+            set_dumped(meta, "blocks", blocks) || set_dumped(meta, "attachments", atts)) {
+            kvt__free(toks);
+            if (!rc)
+                rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+            goto out;
+        }
+        kvt__free(toks);
+        char name[64];
+        uint64_t fb = 0;
+        file_name('e', ekey, name);
+        if ((rc = kvt__shard_write(s->dirfd, s->dir, name, meta, outs, k, s->opts.io, &fb)))
+            goto out;
+        if ((rc = fsync_dir(s))) {
+            unlinkat(s->dirfd, name, 0);
+            goto out;
+        }
+        /* 5. index it (the pins become the entry's references) */
+        st_entry *en = kvt__calloc(1, sizeof *en);
+        if (en) {
+            en->ns = kvt__strdup(ns);
+            en->tokens = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+            en->blocks = kvt__malloc(sizeof(kvt__skey) * (size_t)(n_chain ? n_chain : 1));
+        }
+        if (!en || !en->ns || !en->tokens || !en->blocks) {
+            entry_free(en);
+            unlinkat(s->dirfd, name, 0);
+            rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+            goto out;
+        }
+        if (n)
+            memcpy(en->tokens, e->tokens, sizeof(int32_t) * (size_t)n);
+        memcpy(en->blocks, keys, sizeof(kvt__skey) * (size_t)n_chain);
+        en->n_blocks = n_chain;
+        en->key = ekey;
+        en->r.n_tokens = n;
+        en->r.min_reach = min_reach;
+        en->bytes = fb;
+        en->last_use_ms = wall_ms();
+        pthread_mutex_lock(&s->mu);
+        st_entry *dup_e = kvt__kmap_get(&s->by_key, ekey);
+        if (dup_e) { /* a concurrent put of the same entry won: same file */
+            entry_free(en);
+            s->st.skipped++;
+            pthread_mutex_unlock(&s->mu);
+            goto out;
+        }
+        if (index_entry(s, en)) {
+            pthread_mutex_unlock(&s->mu);
+            entry_free(en);
+            unlinkat(s->dirfd, name, 0);
+            rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+            goto out;
+        }
+        memset(pinned, 0, (size_t)(n_chain ? n_chain : 1)); /* transferred */
+        s->st.written++;
+        s->st.bytes_written += fb;
+        /* supersede: a trimmable entry serves its strict same-ns prefixes */
+        if (min_reach < n && A == 0) {
+            st_ns *nsr = ns_get(s, ns, 0);
+            sup_ctx sc = {s, min_reach};
+            if (nsr)
+                kvt__radix_ancestors(&nsr->tree, e->tokens, n, supersede_one, &sc);
+        }
+        enforce_budget(s, ekey);
+        pthread_mutex_unlock(&s->mu);
+    }
+out:
+    if (pinned) {
+        int any = 0;
+        for (int32_t c = 0; c < n_chain; c++)
+            any |= pinned[c];
+        if (any) {
+            pthread_mutex_lock(&s->mu);
+            for (int32_t c = 0; c < n_chain; c++)
+                if (pinned[c])
+                    block_unref(s, keys[c], 0);
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    if (rc) {
+        pthread_mutex_lock(&s->mu);
+        s->st.failed++;
+        pthread_mutex_unlock(&s->mu);
+    }
+    json_decref(meta);
+    for (int32_t l = 0; l < L; l++)
+        kvt_cache_state_free(&st[l]);
+    kvt__free(st);
+    kvt__free(rg);
+    kvt__free(keys);
+    kvt__free(pinned);
+    kvt__free(outs);
+    return rc;
+}
+
+/* ---- restore ------------------------------------------------------------------- */
+
+static void free_base(void *ctx, void *data, size_t bytes)
+{
+    (void)data;
+    (void)bytes;
+    kvt__free(ctx);
+}
+
+/* Reads a shard's payload into a 64-byte aligned owned buffer; checks the
+ * SHA-256 when verify is set. */
+static int read_payload(int fd, const kvt__shard *sh, const char *path, int verify, kvt_buf **out, int *reason)
+{
+    *out = NULL;
+    size_t n = (size_t)sh->payload_bytes;
+    uint8_t *base = kvt__malloc(n + 64);
+    if (!base)
+        return kvt__fail(KVT_ENOMEM, "%s: cannot allocate %zu bytes", path, n);
+    uint8_t *p = base + ((64 - ((uintptr_t)base & 63)) & 63);
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, p + got, n - got, (off_t)(sh->payload_off + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : 0;
+            kvt__free(base);
+            *reason = r < 0 ? KVT_STORE_REFUSED_IO : KVT_STORE_REFUSED_TRUNCATED;
+            return kvt__fail(r < 0 ? -e : KVT_EFORMAT, "%s: payload read failed at %zu of %zu bytes", path, got, n);
+        }
+        got += (size_t)r;
+    }
+    if (verify) {
+        uint8_t md[32];
+        unsigned int len = 0;
+        EVP_Digest(p, n, md, &len, EVP_sha256(), NULL);
+        if (memcmp(md, sh->sha, 32)) {
+            kvt__free(base);
+            *reason = KVT_STORE_REFUSED_CHECKSUM;
+            return kvt__fail(KVT_ECORRUPT, "%s: refused (checksum): payload SHA-256 differs from the header", path);
+        }
+    }
+    int rc = kvt_buf_wrap(p, n, free_base, base, out);
+    if (rc)
+        kvt__free(base);
+    return rc;
+}
+
+static const kvt__st_in *tensor_named(const kvt__shard *sh, const char *name)
+{
+    for (int32_t i = 0; i < sh->n; i++)
+        if (!strcmp(sh->t[i].name, name))
+            return &sh->t[i];
+    return NULL;
+}
+
+typedef struct rshard {
+    kvt__shard sh;
+    kvt_buf *buf;
+} rshard;
+
+/* Builds layer l's state from its JSON description and decodes it. */
+static int build_layer(const json_t *lj, int32_t l, const rshard *ent, const rshard *blk, int32_t n_blk,
+                       int64_t n_tokens, kvt_cache **out, const char *path, int *reason)
+{
+    kvt_cache_state cs;
+    memset(&cs, 0, sizeof cs);
+    const char *kind = json_string_value(json_object_get(lj, "kind"));
+    json_t *params = json_object_get(lj, "params"), *tens = json_object_get(lj, "tensors");
+    json_t *jo = json_object_get(lj, "offset"), *jm = json_object_get(lj, "min_offset");
+    if (!kind || strlen(kind) >= sizeof cs.kind || !json_is_array(params) ||
+        json_array_size(params) > KVT_CACHE_PARAMS_MAX || !json_is_array(tens) || !json_is_integer(jo) ||
+        !json_is_integer(jm) || json_integer_value(jo) != n_tokens)
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "a layer description is malformed");
+    snprintf(cs.kind, sizeof cs.kind, "%s", kind);
+    cs.offset = json_integer_value(jo);
+    cs.min_offset = json_integer_value(jm);
+    cs.n_params = (int32_t)json_array_size(params);
+    for (int32_t p = 0; p < cs.n_params; p++) {
+        json_t *v = json_array_get(params, (size_t)p);
+        if (!json_is_integer(v))
+            return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "a layer parameter is not an integer");
+        cs.params[p] = json_integer_value(v);
+    }
+    size_t nt = json_array_size(tens);
+    cs.tensors = kvt__calloc(nt ? nt : 1, sizeof(kvt_tensor));
+    if (!cs.tensors)
+        return kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+    int rc = 0;
+    for (size_t i = 0; i < nt; i++) {
+        json_t *tj = json_array_get(tens, i);
+        kvt_tensor *t = &cs.tensors[i];
+        const char *name = json_string_value(json_object_get(tj, "name"));
+        const char *dt = json_string_value(json_object_get(tj, "dtype"));
+        json_t *shape = json_object_get(tj, "shape"), *tok = json_object_get(tj, "tok"), *jb = json_object_get(tj, "block");
+        if (!name || strlen(name) >= KVT_TENSOR_NAME_MAX || !dt || kvt_dtype_parse(dt, &t->dtype) ||
+            !json_is_array(shape) || json_array_size(shape) > KVT_TENSOR_MAX_DIMS || !json_is_array(tok) ||
+            json_array_size(tok) != 2 || !json_is_integer(jb)) {
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "a tensor description is malformed");
+            break;
+        }
+        snprintf(t->name, sizeof t->name, "%s", name);
+        t->ndim = (int32_t)json_array_size(shape);
+        for (int32_t d = 0; d < t->ndim; d++)
+            t->shape[d] = json_integer_value(json_array_get(shape, (size_t)d));
+        t->tok_begin = json_integer_value(json_array_get(tok, 0));
+        t->tok_end = json_integer_value(json_array_get(tok, 1));
+        json_int_t bi = json_integer_value(jb);
+        if (bi < -1 || bi >= n_blk) {
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "a tensor references a block outside the chain");
+            break;
+        }
+        const rshard *src = bi < 0 ? ent : &blk[bi];
+        char sname[96];
+        snprintf(sname, sizeof sname, "L%d.%s", (int)l, name);
+        const kvt__st_in *x = tensor_named(&src->sh, sname);
+        int same = x && x->dtype == t->dtype && x->ndim == t->ndim;
+        for (int32_t d = 0; same && d < t->ndim; d++)
+            same = x->shape[d] == t->shape[d];
+        if (!same) {
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "a tensor is missing or differs in dtype/shape");
+            break;
+        }
+        t->data = (const uint8_t *)kvt_buf_data(src->buf) + x->begin;
+        t->bytes = (size_t)(x->end - x->begin);
+        t->owner = kvt_buf_retain(src->buf);
+        cs.n_tensors++;
+    }
+    if (!rc) {
+        rc = kvt_cache_decode(&cs, out);
+        if (rc && rc != KVT_ENOMEM)
+            *reason = KVT_STORE_REFUSED_MALFORMED;
+    }
+    kvt_cache_state_free(&cs);
+    return rc;
+}
+
+static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out,
+                        int *reason)
+{
+    uint64_t t0 = kvt_now_ns();
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&s->mu);
+    st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+    if (!e) {
+        pthread_mutex_unlock(&s->mu);
+        return kvt__fail(KVT_ENOTFOUND, "store restore: entry %llu is gone", (unsigned long long)handle);
+    }
+    kvt__skey key = e->key;
+    int64_t n = e->r.n_tokens;
+    int32_t *itok = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    if (itok && n)
+        memcpy(itok, e->tokens, sizeof(int32_t) * (size_t)n);
+    pthread_mutex_unlock(&s->mu);
+    if (!itok)
+        return kvt__fail(KVT_ENOMEM, "store restore: out of memory");
+    int64_t cmpn = KVT__MIN(n_prompt, n);
+    if (prompt && cmpn && memcmp(prompt, itok, sizeof(int32_t) * (size_t)cmpn)) {
+        kvt__free(itok);
+        *reason = KVT_STORE_REFUSED_TOKENS;
+        return kvt__fail(KVT_ENOTFOUND, "store restore: stored tokens differ from the requested prefix");
+    }
+    char name[64];
+    file_name('e', key, name);
+    rshard ent;
+    memset(&ent, 0, sizeof ent);
+    rshard *blk = NULL;
+    pentry pe;
+    memset(&pe, 0, sizeof pe);
+    int fd = -1, rc;
+    uint64_t bytes = 0;
+    if ((rc = open_shard(s->dirfd, s->dir, name, &ent.sh, &fd, reason))) {
+        if (rc == KVT_ENOTFOUND)
+            *reason = -1; /* evicted meanwhile: a plain miss */
+        goto out;
+    }
+    if ((rc = parse_entry(&ent.sh, name, s->identity, &pe, reason)))
+        goto out;
+    if (!kvt__skey_eq(pe.key, key) || pe.n_tokens != n ||
+        (n && memcmp(pe.tokens, itok, sizeof(int32_t) * (size_t)n))) {
+        rc = bad(reason, KVT_STORE_REFUSED_TOKENS, name, "stored tokens differ from the index");
+        goto out;
+    }
+    if ((rc = read_payload(fd, &ent.sh, name, s->opts.verify, &ent.buf, reason)))
+        goto out;
+    bytes += ent.sh.file_bytes;
+    close(fd);
+    fd = -1;
+    blk = kvt__calloc((size_t)(pe.n_blocks ? pe.n_blocks : 1), sizeof *blk);
+    if (!blk) {
+        rc = kvt__fail(KVT_ENOMEM, "store restore: out of memory");
+        goto out;
+    }
+    for (int32_t i = 0; i < pe.n_blocks; i++) {
+        char bname[64];
+        file_name('b', pe.blocks[i], bname);
+        if ((rc = open_shard(s->dirfd, s->dir, bname, &blk[i].sh, &fd, reason))) {
+            if (rc == KVT_ENOTFOUND) {
+                *reason = KVT_STORE_REFUSED_MISSING_BLOCK;
+                rc = kvt__fail(KVT_EFORMAT, "%s: references block %s that is gone", name, bname);
+            }
+            goto out;
+        }
+        pblock pb;
+        if ((rc = parse_block(&blk[i].sh, bname, s->identity, &pb, reason)))
+            goto out;
+        int ok = kvt__skey_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
+                 pb.tok_end == pe.ranges[i][1] &&
+                 !memcmp(pb.tokens, pe.tokens + pb.tok_begin, sizeof(int32_t) * (size_t)pb.n_tokens);
+        kvt__free(pb.tokens);
+        if (!ok) {
+            rc = bad(reason, KVT_STORE_REFUSED_TOKENS, bname, "block does not match the entry's tokens");
+            goto out;
+        }
+        if ((rc = read_payload(fd, &blk[i].sh, bname, s->opts.verify, &blk[i].buf, reason)))
+            goto out;
+        bytes += blk[i].sh.file_bytes;
+        close(fd);
+        fd = -1;
+    }
+    int32_t L = (int32_t)json_array_size(pe.layers), A = (int32_t)json_array_size(pe.atts);
+    if ((rc = kvt_entry_init(out, pe.ns, pe.tokens, n, L, A)))
+        goto out;
+    for (int32_t l = 0; l < L && !rc; l++)
+        rc = build_layer(json_array_get(pe.layers, (size_t)l), l, &ent, blk, pe.n_blocks, n, &out->caches[l], name,
+                         reason);
+    for (int32_t a = 0; a < A && !rc; a++) {
+        const char *an = json_string_value(json_object_get(json_array_get(pe.atts, (size_t)a), "name"));
+        char tn[16];
+        snprintf(tn, sizeof tn, "A%d", (int)a);
+        const kvt__st_in *x = tensor_named(&ent.sh, tn);
+        if (!an || !x || x->dtype != KVT_DTYPE_U8) {
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "an attachment is missing");
+            break;
+        }
+        rc = kvt_attachment_blob(an, (const uint8_t *)kvt_buf_data(ent.buf) + x->begin, (size_t)(x->end - x->begin),
+                                 &out->attachments[a]);
+    }
+    if (rc)
+        goto out;
+    {
+        int efd = openat(s->dirfd, name, O_RDONLY | O_CLOEXEC);
+        if (efd >= 0) {
+            futimens(efd, NULL); /* the last use survives a restart */
+            close(efd);
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    if ((e = kvt__kmap_get(&s->by_key, key)))
+        e->last_use_ms = wall_ms();
+    s->st.restores++;
+    s->st.restore_bytes += bytes;
+    s->st.restore_ns_last = kvt_now_ns() - t0;
+    pthread_mutex_unlock(&s->mu);
+out:
+    if (fd >= 0)
+        close(fd);
+    for (int32_t i = 0; blk && i < pe.n_blocks; i++) {
+        kvt__shard_free(&blk[i].sh);
+        kvt_buf_release(blk[i].buf);
+    }
+    kvt__free(blk);
+    kvt__shard_free(&ent.sh);
+    kvt_buf_release(ent.buf);
+    pentry_free(&pe);
+    kvt__free(itok);
+    if (rc)
+        kvt_entry_clear(out);
+    return rc;
+}
+
+KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
+                              kvt_entry *out)
+{
+    if (!s || !out || (n_prompt && !prompt) || n_prompt < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
+    int reason = -1;
+    int rc = restore_impl(s, handle, prompt, n_prompt, out, &reason);
+    if (rc) {
+        pthread_mutex_lock(&s->mu);
+        s->st.restore_misses++;
+        refuse_count(s, reason);
+        /* A shard that failed validation is never offered again. */
+        if (reason >= 0 && reason != KVT_STORE_REFUSED_IO) {
+            st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+            if (e)
+                drop_entry_ex(s, e, 1);
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (rc == KVT_EFORMAT && reason == KVT_STORE_REFUSED_TOKENS)
+            rc = KVT_ENOTFOUND;
+    }
+    return rc;
+}
+
+/* ---- lookups --------------------------------------------------------------------- */
+
+KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt, const char *ns,
+                           kvt_cold_hit *hit)
+{
+    if (!s || !ns || !hit || n_prompt < 0 || (n_prompt && !prompt))
+        return kvt__fail(KVT_EINVAL, "kvt_store_find: bad arguments");
+    pthread_mutex_lock(&s->mu);
+    st_ns *n = ns_get(s, ns, 0);
+    int64_t p = 0;
+    kvt__rent *r = n ? kvt__radix_find(&n->tree, prompt, n_prompt, &p) : NULL;
+    if (r) {
+        st_entry *e = (st_entry *)r;
+        hit->prefix_len = p;
+        hit->n_tokens = e->r.n_tokens;
+        hit->handle = e->id;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r ? 0 : KVT_ENOTFOUND;
+}
+
+KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns,
+                                 kvt_cold_hit *hit)
+{
+    if (!s || !ns || !hit || n_tokens < 0 || (n_tokens && !tokens))
+        return kvt__fail(KVT_EINVAL, "kvt_store_find_exact: bad arguments");
+    pthread_mutex_lock(&s->mu);
+    st_ns *n = ns_get(s, ns, 0);
+    kvt__rent *r = n ? kvt__radix_exact(&n->tree, tokens, n_tokens) : NULL;
+    if (r) {
+        hit->prefix_len = n_tokens;
+        hit->n_tokens = n_tokens;
+        hit->handle = ((st_entry *)r)->id;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r ? 0 : KVT_ENOTFOUND;
+}
+
+KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns)
+{
+    if (!s || !ns || n_tokens < 0 || (n_tokens && !tokens))
+        return 0;
+    kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
+    pthread_mutex_lock(&s->mu);
+    int p = kvt__kmap_get(&s->pending, k) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return p;
+}
+
+/* ---- writes ---------------------------------------------------------------------- */
+
+static int check_entry(const kvt_entry *e, const char *fn)
+{
+    if (!e || !e->ns || e->n_tokens < 0 || (e->n_tokens && !e->tokens) || e->n_caches < 0 ||
+        (e->n_caches && !e->caches) || e->n_attachments < 0 || (e->n_attachments && !e->attachments))
+        return kvt__fail(KVT_EINVAL, "%s: entry is NULL or inconsistent", fn);
+    for (int32_t l = 0; l < e->n_caches; l++)
+        if (!e->caches[l])
+            return kvt__fail(KVT_EINVAL, "%s: layer %d is NULL", fn, (int)l);
+    return 0;
+}
+
+KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e)
+{
+    if (!s)
+        return kvt__fail(KVT_EINVAL, "kvt_store_put: store is NULL");
+    int rc = check_entry(e, "kvt_store_put");
+    return rc ? rc : do_put(s, e);
+}
+
+static uint64_t entry_bytes(const kvt_entry *e)
+{
+    uint64_t b = 0;
+    for (int32_t l = 0; l < e->n_caches; l++)
+        b += kvt_cache_bytes(e->caches[l]);
+    for (int32_t a = 0; a < e->n_attachments; a++)
+        if (e->attachments[a])
+            b += kvt_attachment_bytes(e->attachments[a]);
+    return b;
+}
+
+static void pending_add(kvt_store *s, kvt__skey k, int delta)
+{
+    uintptr_t c = (uintptr_t)kvt__kmap_get(&s->pending, k);
+    c = (uintptr_t)((intptr_t)c + delta);
+    if (c)
+        kvt__kmap_put(&s->pending, k, (void *)c);
+    else
+        kvt__kmap_del(&s->pending, k);
+}
+
+KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
+{
+    if (!s)
+        return kvt__fail(KVT_EINVAL, "kvt_store_put_async: store is NULL");
+    int rc = check_entry(e, "kvt_store_put_async");
+    if (rc)
+        return rc;
+    wjob *j = kvt__calloc(1, sizeof *j);
+    if (!j)
+        return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
+    j->bytes = entry_bytes(e);
+    j->key = entry_key(s->id_seed, e->ns, e->tokens, e->n_tokens);
+    pthread_mutex_lock(&s->mu);
+    if (s->closing || (s->st.pending && s->st.pending_bytes + j->bytes > s->opts.queue_max_bytes)) {
+        s->st.dropped++;
+        int closing = s->closing;
+        pthread_mutex_unlock(&s->mu);
+        kvt__free(j);
+        return closing ? kvt__fail(KVT_ECLOSED, "kvt_store_put_async: the store is closing")
+                       : kvt__fail(KVT_EAGAIN, "kvt_store_put_async: the write-behind queue is full");
+    }
+    if (kvt__kmap_put(&s->pending, j->key, kvt__kmap_get(&s->pending, j->key))) {
+        pthread_mutex_unlock(&s->mu);
+        kvt__free(j);
+        return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
+    }
+    kvt__kmap_del(&s->pending, j->key);
+    pending_add(s, j->key, 1);
+    j->e = *e;
+    memset(e, 0, sizeof *e);
+    if (s->q_tail)
+        s->q_tail->next = j;
+    else
+        s->q_head = j;
+    s->q_tail = j;
+    s->st.pending++;
+    s->st.pending_bytes += j->bytes;
+    pthread_cond_signal(&s->q_cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static void *writer_main(void *arg)
+{
+    kvt_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->q_head && !s->closing)
+            pthread_cond_wait(&s->q_cv, &s->mu);
+        wjob *j = s->q_head;
+        if (!j)
+            break; /* closing and drained */
+        s->q_head = j->next;
+        if (!s->q_head)
+            s->q_tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        int rc = do_put(s, &j->e);
+        kvt_entry_clear(&j->e);
+        pthread_mutex_lock(&s->mu);
+        if (rc)
+            s->flush_rc = rc;
+        pending_add(s, j->key, -1);
+        s->st.pending--;
+        s->st.pending_bytes -= j->bytes;
+        kvt__free(j);
+        pthread_cond_broadcast(&s->idle_cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+KVT_API int kvt_store_flush(kvt_store *s)
+{
+    if (!s)
+        return kvt__fail(KVT_EINVAL, "kvt_store_flush: store is NULL");
+    pthread_mutex_lock(&s->mu);
+    while (s->st.pending)
+        pthread_cond_wait(&s->idle_cv, &s->mu);
+    int rc = s->flush_rc;
+    s->flush_rc = 0;
+    pthread_mutex_unlock(&s->mu);
+    if (rc)
+        return kvt__fail(rc, "store flush: a write-behind write failed (%s)", kvt_strerror(rc));
+    return 0;
+}
+
+/* ---- async restore ---------------------------------------------------------------- */
+
+static void *restore_main(void *arg)
+{
+    kvt_store *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->r_head && !s->closing)
+            pthread_cond_wait(&s->r_cv, &s->mu);
+        rjob *j = s->r_head;
+        if (!j)
+            break;
+        s->r_head = j->next;
+        if (!s->r_head)
+            s->r_tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        kvt_entry e;
+        int rc = kvt_store_restore(s, j->handle, NULL, 0, &e);
+        j->done(j->arg, rc, rc ? NULL : &e);
+        kvt__free(j);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_done_fn done, void *arg)
+{
+    if (!s || !done)
+        return kvt__fail(KVT_EINVAL, "kvt_store_restore_async: bad arguments");
+    rjob *j = kvt__calloc(1, sizeof *j);
+    if (!j)
+        return kvt__fail(KVT_ENOMEM, "kvt_store_restore_async: out of memory");
+    j->handle = handle;
+    j->done = done;
+    j->arg = arg;
+    pthread_mutex_lock(&s->mu);
+    if (s->closing) {
+        pthread_mutex_unlock(&s->mu);
+        kvt__free(j);
+        return kvt__fail(KVT_ECLOSED, "kvt_store_restore_async: the store is closing");
+    }
+    if (s->r_tail)
+        s->r_tail->next = j;
+    else
+        s->r_head = j;
+    s->r_tail = j;
+    pthread_cond_signal(&s->r_cv);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+/* ---- open / close / stats ------------------------------------------------------------ */
+
+static int write_identity_file(kvt_store *s)
+{
+    char buf[4 * KVT__ID_MAX];
+    int fd = openat(s->dirfd, "IDENTITY", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t r = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (r >= 0 && (size_t)r == strlen(s->identity) + 1 && !memcmp(buf, s->identity, strlen(s->identity)))
+            return 0;
+    }
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, KVT__TMP_PREFIX "%ld.IDENTITY", (long)getpid());
+    fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kvt__fail(-errno, "%s/IDENTITY: %s", s->dir, strerror(errno));
+    size_t n = strlen(s->identity);
+    int ok = write(fd, s->identity, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && !fsync(fd);
+    close(fd);
+    if (!ok || renameat(s->dirfd, tmp, s->dirfd, "IDENTITY")) {
+        unlinkat(s->dirfd, tmp, 0);
+        return kvt__fail(KVT_EIO, "%s/IDENTITY: cannot write", s->dir);
+    }
+    return 0;
+}
+
+static void store_free(kvt_store *s)
+{
+    for (st_entry *e = s->head, *nx; e; e = nx) {
+        nx = e->next;
+        entry_free(e);
+    }
+    for (st_ns *n = s->nss, *nx; n; n = nx) {
+        nx = n->next;
+        kvt__radix_free(&n->tree);
+        kvt__free(n->ns);
+        kvt__free(n);
+    }
+    for (size_t i = 0; i < s->blocks.cap; i++)
+        if (s->blocks.vals[i] && s->blocks.vals[i] != (void *)1)
+            kvt__free(s->blocks.vals[i]);
+    kvt__kmap_free(&s->blocks);
+    kvt__kmap_free(&s->by_key);
+    kvt__kmap_free(&s->by_id);
+    kvt__kmap_free(&s->pending);
+    kvt__free(s->orphans);
+    kvt__free(s->rthreads);
+    if (s->lockfd >= 0)
+        close(s->lockfd);
+    if (s->dirfd >= 0)
+        close(s->dirfd);
+    kvt__free(s->root);
+    kvt__free(s->dir);
+    kvt__free(s->dir_name);
+    kvt__free(s->identity);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->q_cv);
+    pthread_cond_destroy(&s->idle_cv);
+    pthread_cond_destroy(&s->r_cv);
+    kvt__free(s);
+}
+
+KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const kvt_store_options *opts,
+                           kvt_store **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "kvt_store_open: out is NULL");
+    *out = NULL;
+    if (!root || !*root || !id || !id->model_id || !id->config_fingerprint || !id->tokenizer_hash)
+        return kvt__fail(KVT_EINVAL, "kvt_store_open: root or an identity field is NULL");
+    if (strlen(id->model_id) > KVT__ID_MAX || strlen(id->config_fingerprint) > KVT__ID_MAX ||
+        strlen(id->tokenizer_hash) > KVT__ID_MAX || strlen(root) > 3000)
+        return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is over %d bytes", KVT__ID_MAX);
+    if (opts && (opts->restore_threads < 0 || opts->restore_threads > 16))
+        return kvt__fail(KVT_EINVAL, "kvt_store_open: restore_threads %d outside 0..16", opts->restore_threads);
+    kvt_store *s = kvt__calloc(1, sizeof *s);
+    if (!s)
+        return kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
+    s->dirfd = s->lockfd = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->q_cv, NULL);
+    pthread_cond_init(&s->idle_cv, NULL);
+    pthread_cond_init(&s->r_cv, NULL);
+    if (opts)
+        s->opts = *opts;
+    if (!s->opts.queue_max_bytes)
+        s->opts.queue_max_bytes = KVT__QUEUE_DEFAULT;
+    if (!s->opts.restore_threads)
+        s->opts.restore_threads = 1;
+    s->st.max_bytes = s->opts.max_bytes;
+    int rc = 0;
+    char hex[65];
+    s->identity = identity_json(id);
+    s->root = kvt__strdup(root);
+    if (!s->identity || !s->root) {
+        rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
+        goto fail;
+    }
+    s->id_seed = seed_of(s->identity);
+    sha256_hex(s->identity, strlen(s->identity), hex);
+    hex[32] = '\0';
+    s->dir_name = kvt__strdup(hex);
+    size_t dl = strlen(root) + 40;
+    s->dir = kvt__malloc(dl);
+    if (!s->dir_name || !s->dir) {
+        rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
+        goto fail;
+    }
+    snprintf(s->dir, dl, "%s/%s", root, hex);
+    if ((mkdir(root, 0755) && errno != EEXIST) || (mkdir(s->dir, 0755) && errno != EEXIST)) {
+        rc = kvt__fail(-errno, "%s: cannot create: %s", s->dir, strerror(errno));
+        goto fail;
+    }
+    s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (s->dirfd < 0) {
+        rc = kvt__fail(-errno, "%s: cannot open: %s", s->dir, strerror(errno));
+        goto fail;
+    }
+    s->lockfd = openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
+        rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
+        goto fail;
+    }
+    if ((rc = write_identity_file(s)) || (rc = scan(s)))
+        goto fail;
+    fdirs f;
+    if (!list_foreign(root, s->dir_name, 0, &f)) {
+        s->foreign_bytes = f.bytes;
+        fdirs_free(&f);
+    }
+    pthread_mutex_lock(&s->mu);
+    enforce_budget(s, (kvt__skey){0, 0});
+    pthread_mutex_unlock(&s->mu);
+    if (pthread_create(&s->writer, NULL, writer_main, s)) {
+        rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: cannot start the writer thread");
+        goto fail;
+    }
+    s->writer_started = 1;
+    s->rthreads = kvt__calloc((size_t)s->opts.restore_threads, sizeof(pthread_t));
+    if (!s->rthreads) {
+        rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < s->opts.restore_threads; i++) {
+        if (pthread_create(&s->rthreads[i], NULL, restore_main, s)) {
+            rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: cannot start a restore thread");
+            goto fail;
+        }
+        s->n_rthreads++;
+    }
+    *out = s;
+    return 0;
+fail:
+    pthread_mutex_lock(&s->mu);
+    s->closing = 1;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_cond_broadcast(&s->r_cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->writer_started)
+        pthread_join(s->writer, NULL);
+    for (int i = 0; i < s->n_rthreads; i++)
+        pthread_join(s->rthreads[i], NULL);
+    store_free(s);
+    return rc;
+}
+
+KVT_API int kvt_store_close(kvt_store *s)
+{
+    if (!s)
+        return 0;
+    int rc = kvt_store_flush(s);
+    pthread_mutex_lock(&s->mu);
+    s->closing = 1;
+    pthread_cond_broadcast(&s->q_cv);
+    pthread_cond_broadcast(&s->r_cv);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->writer, NULL);
+    for (int i = 0; i < s->n_rthreads; i++)
+        pthread_join(s->rthreads[i], NULL);
+    /* anything queued after the flush (raced with close) was written by the
+     * writer before it exited; record its failure too */
+    if (!rc && s->flush_rc)
+        rc = s->flush_rc;
+    store_free(s);
+    return rc;
+}
+
+KVT_API void kvt_store_get_stats(kvt_store *s, kvt_store_stats *out)
+{
+    if (!s || !out)
+        return;
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->bytes = s->own_bytes;
+    out->root_bytes = s->own_bytes + s->foreign_bytes;
+    out->max_bytes = s->opts.max_bytes;
+    pthread_mutex_unlock(&s->mu);
+}
+
+KVT_API const char *kvt_store_dir(const kvt_store *s) { return s ? s->dir : NULL; }
+
+/* ---- the cold-tier table ----------------------------------------------------------- */
+
+static int ct_find(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    return kvt_store_find(self, prompt, n, ns, out);
+}
+static int ct_find_exact(void *self, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    return kvt_store_find_exact(self, tokens, n, ns, out);
+}
+static int ct_restore(void *self, uint64_t handle, kvt_entry *out)
+{
+    return kvt_store_restore(self, handle, NULL, 0, out);
+}
+static int ct_restore_async(void *self, uint64_t handle, kvt_restore_done_fn done, void *arg)
+{
+    return kvt_store_restore_async(self, handle, done, arg);
+}
+static int ct_store(void *self, const kvt_entry *e) { return kvt_store_put(self, e); }
+static int ct_spill(void *self, kvt_entry *e) { return kvt_store_put_async(self, e); }
+static int ct_pending(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    return kvt_store_pending(self, tokens, n, ns);
+}
+static int ct_flush(void *self) { return kvt_store_flush(self); }
+
+KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier)
+{
+    if (!tier)
+        return;
+    *tier = (kvt_cold_tier){.self = s,
+                            .find = ct_find,
+                            .find_exact = ct_find_exact,
+                            .restore = ct_restore,
+                            .restore_async = ct_restore_async,
+                            .store = ct_store,
+                            .spill = ct_spill,
+                            .pending = ct_pending,
+                            .flush = ct_flush};
+}
+
+/* ---- offline: walk and gc ------------------------------------------------------------ */
+
+static char *read_small(int dirfd, const char *name)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *b = kvt__malloc(8192);
+    ssize_t r = b ? read(fd, b, 8191) : -1;
+    close(fd);
+    if (r < 0) {
+        kvt__free(b);
+        return NULL;
+    }
+    while (r > 0 && (b[r - 1] == '\n'))
+        r--;
+    b[r] = '\0';
+    return b;
+}
+
+KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, const kvt_store_shard_info *info),
+                           void *ctx)
+{
+    if (!root || !cb)
+        return kvt__fail(KVT_EINVAL, "kvt_store_walk: bad arguments");
+    DIR *d = opendir(root);
+    if (!d)
+        return kvt__fail(-errno, "%s: %s", root, strerror(errno));
+    int rc = 0;
+    struct dirent *de;
+    while (!rc && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", root, de->d_name);
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+            continue;
+        char *ident = read_small(dfd, "IDENTITY");
+        DIR *dd = fdopendir(dup(dfd));
+        struct dirent *fe;
+        while (!rc && dd && (fe = readdir(dd))) {
+            struct stat fs;
+            const char *nm = fe->d_name;
+            if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, ".lock") || !strcmp(nm, "IDENTITY"))
+                continue;
+            if (fstatat(dfd, nm, &fs, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fs.st_mode))
+                continue;
+            kvt_store_shard_info in;
+            memset(&in, 0, sizeof in);
+            in.dir = de->d_name;
+            in.identity = ident ? ident : "";
+            in.file = nm;
+            in.bytes = (uint64_t)fs.st_size;
+            in.mtime_ms = (int64_t)fs.st_mtim.tv_sec * 1000 + fs.st_mtim.tv_nsec / 1000000;
+            in.ns = "";
+            int is_tmp = !strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX));
+            in.type = is_tmp ? 't' : (nm[0] == 'e' || nm[0] == 'b') ? nm[0] : '?';
+            kvt__shard sh;
+            memset(&sh, 0, sizeof sh);
+            pentry pe;
+            memset(&pe, 0, sizeof pe);
+            pblock pb;
+            memset(&pb, 0, sizeof pb);
+            int fd = -1, reason = -1;
+            if (in.type == 'e' || in.type == 'b') {
+                int r = open_shard(dfd, path, nm, &sh, &fd, &reason);
+                if (!r && in.type == 'e') {
+                    r = parse_entry(&sh, nm, ident, &pe, &reason);
+                    if (!r) {
+                        in.ns = pe.ns;
+                        in.n_tokens = pe.n_tokens;
+                        in.n_layers = (int32_t)json_array_size(pe.layers);
+                        in.n_blocks = pe.n_blocks;
+                        for (int32_t i = 0; !r && i < pe.n_blocks; i++) {
+                            char bn[64];
+                            struct stat bs;
+                            file_name('b', pe.blocks[i], bn);
+                            if (fstatat(dfd, bn, &bs, 0))
+                                r = bad(&reason, KVT_STORE_REFUSED_MISSING_BLOCK, nm, "a referenced block is gone");
+                        }
+                    }
+                } else if (!r) {
+                    r = parse_block(&sh, nm, ident, &pb, &reason);
+                    if (!r) {
+                        in.ns = pb.ns;
+                        in.n_tokens = pb.n_tokens;
+                    }
+                }
+                in.n_tensors = sh.n;
+                if (!r && verify) {
+                    uint8_t md[32];
+                    r = kvt__shard_hash_fd(fd, &sh, md);
+                    if (r)
+                        reason = KVT_STORE_REFUSED_IO;
+                    else if (memcmp(md, sh.sha, 32)) {
+                        reason = KVT_STORE_REFUSED_CHECKSUM;
+                        r = KVT_ECORRUPT;
+                    }
+                }
+                in.status = r ? (reason >= 0 ? reason : KVT_STORE_REFUSED_IO) + 1 : 0;
+            }
+            rc = cb(ctx, &in);
+            if (fd >= 0)
+                close(fd);
+            kvt__free(pb.tokens);
+            pentry_free(&pe);
+            kvt__shard_free(&sh);
+        }
+        if (dd)
+            closedir(dd);
+        kvt__free(ident);
+        close(dfd);
+    }
+    closedir(d);
+    return rc;
+}
+
+KVT_API int kvt_store_gc(const char *root, uint64_t max_bytes, uint64_t *freed)
+{
+    if (freed)
+        *freed = 0;
+    if (!root)
+        return kvt__fail(KVT_EINVAL, "kvt_store_gc: root is NULL");
+    fdirs f;
+    int rc = list_foreign(root, NULL, 1, &f);
+    if (rc)
+        return kvt__fail(rc, "%s: cannot list: %s", root, kvt_strerror(rc));
+    fc_mark_orphans(&f);
+    uint64_t total = f.bytes, done = 0;
+    /* temp files of dead writers always go */
+    for (size_t i = 0; i < f.n_c; i++)
+        if (!strncmp(f.c[i].name, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX)) && !pid_alive(f.c[i].name)) {
+            uint64_t b = fc_evict(&f, i);
+            done += b;
+            total -= KVT__MIN(total, b);
+        }
+    while (total > max_bytes) {
+        ssize_t i = fc_oldest(&f);
+        if (i < 0)
+            break;
+        if (!strncmp(f.c[i].name, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX))) {
+            f.c[i].name[0] = '\0'; /* a live writer's temp file */
+            continue;
+        }
+        uint64_t b = fc_evict(&f, (size_t)i);
+        done += b;
+        total -= KVT__MIN(total, b);
+    }
+    fdirs_free(&f);
+    if (freed)
+        *freed = done;
+    return 0;
+}

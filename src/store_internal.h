@@ -1,0 +1,137 @@
+/*
+ * store_internal.h: pieces of the SSD tier shared by src/store*.c; never
+ * installed. The shard format (safetensors writer and validating header
+ * reader), the 128-bit keys and the radix index used by store.c.
+ */
+#ifndef KVTIER_STORE_INTERNAL_H
+#define KVTIER_STORE_INTERNAL_H
+
+#include "kvtier/store.h"
+
+#include <jansson.h>
+#include <stdint.h>
+
+/* ---- shard format (store_format.c) --------------------------------------- */
+
+#define KVT__SHARD_FORMAT "kvtier-shard"
+#define KVT__SHARD_VERSION "1"
+#define KVT__SHARD_SUFFIX ".safetensors"
+#define KVT__TMP_PREFIX ".tmp."
+
+/** One tensor to write: data borrowed for the call. */
+typedef struct kvt__st_out {
+    char name[96];
+    kvt_dtype dtype;
+    int32_t ndim;
+    int64_t shape[KVT_TENSOR_MAX_DIMS];
+    const void *data; /* (bytes) */
+    size_t bytes;
+} kvt__st_out;
+
+/** One tensor described by a validated header; offsets relative to the payload. */
+typedef struct kvt__st_in {
+    const char *name; /* borrowed from the shard's JSON */
+    kvt_dtype dtype;
+    int32_t ndim;
+    int64_t shape[KVT_TENSOR_MAX_DIMS];
+    uint64_t begin, end; /* [begin, end) bytes within the payload */
+} kvt__st_in;
+
+/** A validated shard header. */
+typedef struct kvt__shard {
+    json_t *root;          /* parsed header, owned */
+    json_t *meta;          /* "__metadata__" object of strings, borrowed from root */
+    kvt__st_in *t;         /* (n), sorted by begin */
+    int32_t n;
+    uint64_t header_len;   /* JSON bytes */
+    uint64_t payload_off;  /* 8 + header_len */
+    uint64_t payload_bytes;
+    uint64_t file_bytes;
+    uint8_t sha[32];       /* payload SHA-256 from the metadata */
+} kvt__shard;
+
+/** Writes `meta` (an object of string values; "sha256", "payload_bytes" and
+ * "format"/"version" are added) and tensors t[0..n) as `final_name` in dirfd:
+ * temp name, pwrite, fsync, rename. The directory itself is not fsync'd.
+ * On failure the temp file is removed. *file_bytes (may be NULL) receives the
+ * size. @return 0, -errno, KVT_EIO (short write / size check), KVT_ENOMEM. */
+int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, uint64_t *file_bytes);
+
+/** Reads and validates the header of the open shard `fd` of `file_bytes` bytes.
+ * On failure *reason receives a kvt_store_refusal and the shard is zeroed.
+ * @return 0, KVT_EFORMAT, -errno, KVT_ENOMEM. */
+int kvt__shard_read_header(int fd, const char *path, uint64_t file_bytes, kvt__shard *out, int *reason);
+
+/** Frees what kvt__shard_read_header allocated; zeroes *sh. */
+void kvt__shard_free(kvt__shard *sh);
+
+/** Metadata string value or NULL. */
+const char *kvt__meta_str(const kvt__shard *sh, const char *key);
+
+/** SHA-256 of payload bytes read from fd (streamed). @return 0 or -errno. */
+int kvt__shard_hash_fd(int fd, const kvt__shard *sh, uint8_t out[32]);
+
+/** base64 of n int32 tokens (little-endian); caller frees with kvt__free. */
+char *kvt__tokens_b64(const int32_t *tokens, int64_t n);
+/** Decodes base64 tokens; *out caller frees with kvt__free (may be NULL when
+ * *n == 0). @return 0 or KVT_EFORMAT / KVT_ENOMEM. */
+int kvt__tokens_unb64(const char *s, int32_t **out, int64_t *n);
+
+void kvt__hex(const uint8_t *bytes, size_t n, char *out); /* out: 2n + 1 */
+int kvt__unhex(const char *s, uint8_t *out, size_t n);   /* 0 or -1 */
+
+/* ---- keys ------------------------------------------------------------------ */
+
+typedef struct kvt__skey {
+    uint64_t lo, hi;
+} kvt__skey;
+
+static inline int kvt__skey_eq(kvt__skey a, kvt__skey b) { return a.lo == b.lo && a.hi == b.hi; }
+/** 32 hex digits + NUL. */
+void kvt__skey_hex(kvt__skey k, char out[33]);
+int kvt__skey_parse(const char *s, kvt__skey *out);
+
+/* ---- open-addressing map from kvt__skey to a pointer (store_index.c) ------ */
+
+typedef struct kvt__kmap {
+    kvt__skey *keys;
+    void **vals; /* NULL = empty slot; tombstones are (void *)1 */
+    size_t cap, used, live;
+} kvt__kmap;
+
+void *kvt__kmap_get(const kvt__kmap *m, kvt__skey k);
+int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v); /* replaces; 0 or KVT_ENOMEM */
+void kvt__kmap_del(kvt__kmap *m, kvt__skey k);
+void kvt__kmap_free(kvt__kmap *m);
+
+/* ---- radix tree over token sequences (store_index.c) ---------------------- */
+
+typedef struct kvt__rnode kvt__rnode;
+
+/** What the tree indexes: an entry's tokens and its minimum reachable length. */
+typedef struct kvt__rent {
+    const int32_t *tokens; /* (n_tokens), owned by the caller, stable while indexed */
+    int64_t n_tokens;
+    int64_t min_reach;     /* smallest usable prefix length (tokens) */
+    kvt__rnode *node;      /* set by insert */
+} kvt__rent;
+
+typedef struct kvt__radix {
+    kvt__rnode *root;
+} kvt__radix;
+
+int kvt__radix_insert(kvt__radix *r, kvt__rent *e);  /* 0 or KVT_ENOMEM */
+void kvt__radix_remove(kvt__radix *r, kvt__rent *e);
+/** Longest usable prefix for the prompt (see kvt_store_find): returns the
+ * chosen entry and *prefix_len, or NULL. */
+kvt__rent *kvt__radix_find(const kvt__radix *r, const int32_t *prompt, int64_t n, int64_t *prefix_len);
+/** The entry with exactly these tokens, or NULL. */
+kvt__rent *kvt__radix_exact(const kvt__radix *r, const int32_t *tokens, int64_t n);
+/** Calls fn for every entry in the subtree of tokens whose tokens are a
+ * strict prefix of `tokens` (ancestors). */
+void kvt__radix_ancestors(const kvt__radix *r, const int32_t *tokens, int64_t n,
+                          void (*fn)(kvt__rent *e, void *ctx), void *ctx);
+void kvt__radix_free(kvt__radix *r);
+
+#endif
