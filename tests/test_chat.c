@@ -1,0 +1,528 @@
+/*
+ * test_chat.c: the main job end to end (engine/chat.h over the cache
+ * service): a scripted multi-turn chat gives token-for-token the same greedy
+ * replies with the prompt cache as without it, on stories260K (skipped with
+ * a message when KVT_SHARED_DIR is absent) and on small synthetic models
+ * with plain, sliding-window (short window: the ring wraps), recurrent and
+ * mixed layers, while later turns prefill only their new tokens. Also: the
+ * drift case (the reply re-sent as text re-encodes to other tokens; on a
+ * wrapped window model the turn still reuses the whole previous prompt via
+ * the prompt-boundary snapshot), exact repeats (reused = len - 1 on every
+ * kind), an evicted and re-admitted conversation under a tiny budget, the
+ * chat template and script parsing, and admission errors.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "chat.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- fixtures: synthetic models and a tokenizer with merges ------------------------ */
+
+#define VOCAB 320
+static char dir[256];
+static char tok_path[300];
+
+enum { M_PLAIN, M_WINDOW, M_RECURRENT, M_HYBRID, M_COUNT };
+static const char *const model_name[M_COUNT] = {"plain", "window", "recurrent", "hybrid"};
+static char model_path[M_COUNT][300];
+#define WINDOW 12
+
+/* A llama2.c tokenizer: <unk>, BOS, EOS, 256 byte pieces, then merges of
+ * frequent English pairs (so re-encoding generated text can merge tokens the
+ * model emitted apart: drift). */
+static void write_tokenizer(const char *path)
+{
+    static const char *const merges[] = {
+        " t", "th", "he", "in", "er", "an", " a", "re", "on", "at", "en", "nd", "ti", "es", "or",
+        "te", "of", "ed", "is", "it", "al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou",
+        "io", "le", "ve", "co", "me", "de", "hi", "ri", "ro", "ic", "ne", "ea", "ra", "ce", "li",
+        "ch", "ll", "be", "ma", "si", "om", "ur", " the", "the", "ing", "and", " s", " w", " b", "Us",
+        "er:"};
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    int32_t max_len = 6;
+    fwrite(&max_len, 4, 1, f);
+    for (int id = 0; id < VOCAB; id++) {
+        char piece[16];
+        float score = 0.0f;
+        if (id == 0)
+            strcpy(piece, "<unk>");
+        else if (id == 1)
+            strcpy(piece, "\n<s>\n");
+        else if (id == 2)
+            strcpy(piece, "\n</s>\n");
+        else if (id < 259)
+            snprintf(piece, sizeof piece, "<0x%02X>", id - 3);
+        else {
+            assert_true(id - 259 < (int)(sizeof merges / sizeof *merges));
+            strcpy(piece, merges[id - 259]);
+            score = -(float)(id - 259);
+        }
+        int32_t len = (int32_t)strlen(piece);
+        fwrite(&score, 4, 1, f);
+        fwrite(&len, 4, 1, f);
+        fwrite(piece, 1, (size_t)len, f);
+    }
+    assert_int_equal(fclose(f), 0);
+}
+
+static void synth(int which, const char *path)
+{
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 32;
+    p.hidden_dim = 64;
+    p.n_layers = 3;
+    p.n_heads = 4;
+    p.n_kv_heads = 2;
+    p.vocab_size = VOCAB;
+    p.seq_len = 1024;
+    p.seed = 7 + (uint64_t)which;
+    p.separate_classifier = 1; /* a tied classifier with random weights repeats its input */
+    switch (which) {
+    case M_WINDOW:
+        p.layer_kind[1] = p.layer_kind[2] = KVT_LAYER_WINDOW;
+        p.sliding_window = WINDOW;
+        break;
+    case M_RECURRENT:
+        p.layer_kind[0] = p.layer_kind[2] = KVT_LAYER_RECURRENT;
+        break;
+    case M_HYBRID:
+        p.layer_kind[1] = KVT_LAYER_WINDOW;
+        p.layer_kind[2] = KVT_LAYER_RECURRENT;
+        p.sliding_window = WINDOW;
+        break;
+    default:
+        break;
+    }
+    int rc = kvt_model_synth(&p, path);
+    if (rc)
+        print_message("synth %s: %s\n", path, kvt_last_error());
+    assert_int_equal(rc, 0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/kvt_test_chat_XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(tok_path, sizeof tok_path, "%s/tok.bin", dir);
+    write_tokenizer(tok_path);
+    for (int i = 0; i < M_COUNT; i++) {
+        snprintf(model_path[i], sizeof model_path[i], "%s/%s.bin", dir, model_name[i]);
+        synth(i, model_path[i]);
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    unlink(tok_path);
+    for (int i = 0; i < M_COUNT; i++)
+        unlink(model_path[i]);
+    rmdir(dir);
+    return 0;
+}
+
+/* ---- running a conversation ------------------------------------------------------------ */
+
+#define MAX_TURNS 8
+#define MAX_REPLY 16
+
+typedef struct {
+    int n_turns;
+    int64_t reply[MAX_TURNS][MAX_REPLY];
+    int64_t n_reply[MAX_TURNS];
+    int64_t n_prompt[MAX_TURNS];
+    int32_t prompt[MAX_TURNS][2048]; /* each turn's prompt ids */
+    kvt_turn_stats st[MAX_TURNS];
+    kvt_service_report rep;
+} run_result;
+
+typedef struct {
+    kvt_model *m;
+    kvt_tokenizer *tok;
+} loaded;
+
+static loaded load(const char *mp, const char *tp)
+{
+    loaded l = {0};
+    int rc = kvt_chat_load(mp, tp, &l.m, &l.tok);
+    if (rc)
+        print_message("load %s: %s\n", mp, kvt_last_error());
+    assert_int_equal(rc, 0);
+    return l;
+}
+
+static void unload(loaded *l)
+{
+    kvt_tokenizer_free(l->tok);
+    kvt_model_free(l->m);
+}
+
+static kvt_service *service(const loaded *l, uint64_t pc_bytes, int32_t block)
+{
+    kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .block_tokens = block};
+    kvt_service *svc = NULL;
+    assert_int_equal(kvt_chat_service_create(l->m, &so, &svc), 0);
+    return svc;
+}
+
+/* Runs turns [0, n) of `script` in chat `c`, recording into r. */
+static void chat_turns(kvt_chat *c, const char *const *script, int from, int n, run_result *r)
+{
+    for (int t = from; t < n; t++) {
+        const char *reply = NULL;
+        const int32_t *ids = NULL;
+        int64_t n_ids = 0;
+        int rc = kvt_chat_turn(c, script[t], &reply, &ids, &n_ids, &r->st[t]);
+        if (rc)
+            print_message("turn %d: %s\n", t + 1, kvt_last_error());
+        assert_int_equal(rc, 0);
+        assert_non_null(reply);
+        assert_true(n_ids <= MAX_REPLY);
+        r->n_reply[t] = n_ids;
+        for (int64_t i = 0; i < n_ids; i++)
+            r->reply[t][i] = ids[i];
+        int64_t np = 0;
+        const int32_t *p = kvt_chat_last_prompt(c, &np);
+        assert_true(np <= 2048);
+        r->n_prompt[t] = np;
+        memcpy(r->prompt[t], p, (size_t)np * sizeof *p);
+        /* accounting: every prompt token is either reused or prefilled */
+        assert_int_equal(r->st[t].reused_tokens + r->st[t].prefilled_tokens, np);
+        assert_int_equal(r->st[t].prompt_tokens, np);
+    }
+    r->n_turns = n;
+}
+
+static run_result *run_chat(const loaded *l, const char *const *script, int n, uint64_t pc_bytes, int32_t block)
+{
+    run_result *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    kvt_service *svc = service(l, pc_bytes, block);
+    kvt_chat_opts o = {.max_tokens = MAX_REPLY, .session = "s"};
+    kvt_chat *c = NULL;
+    assert_int_equal(kvt_chat_create(l->m, l->tok, svc, &o, &c), 0);
+    chat_turns(c, script, 0, n, r);
+    kvt_service_report_get(svc, &r->rep);
+    kvt_chat_free(c);
+    assert_int_equal(kvt_service_close(svc), 0);
+    kvt_service_destroy(svc);
+    return r;
+}
+
+static void assert_same_replies(const run_result *a, const run_result *b)
+{
+    assert_int_equal(a->n_turns, b->n_turns);
+    for (int t = 0; t < a->n_turns; t++) {
+        assert_int_equal(a->n_prompt[t], b->n_prompt[t]);
+        assert_memory_equal(a->prompt[t], b->prompt[t], (size_t)a->n_prompt[t] * sizeof(int32_t));
+        assert_int_equal(a->n_reply[t], b->n_reply[t]);
+        for (int64_t i = 0; i < a->n_reply[t]; i++)
+            assert_int_equal(a->reply[t][i], b->reply[t][i]);
+    }
+}
+
+static const char *const script5[] = {
+    "Hello there, who are you?",
+    "Tell me a story about the sea.",
+    "And then what happened?",
+    "Was it a happy ending?",
+    "Thanks, that is all.",
+};
+
+/* Same replies with the cache on and off; turns 2.. reuse and prefill only
+ * what is new (at most the new text plus the drifted reply). */
+static void check_invariant(const loaded *l, int32_t block)
+{
+    run_result *off = run_chat(l, script5, 5, 0, block);
+    run_result *on = run_chat(l, script5, 5, 64u << 20, block);
+    assert_same_replies(on, off);
+    for (int t = 0; t < 5; t++)
+        assert_int_equal(off->st[t].reused_tokens, 0);
+    assert_int_equal(on->st[0].reused_tokens, 0);
+    int64_t total_on = 0, total_off = 0;
+    for (int t = 1; t < 5; t++) {
+        /* at least the whole previous prompt minus nothing: the boundary
+         * snapshot is a prefix of the next turn whatever the reply drift */
+        assert_true(on->st[t].reused_tokens >= on->n_prompt[t - 1]);
+        assert_true(on->st[t].prefilled_tokens < off->st[t].prefilled_tokens);
+        total_on += on->st[t].prefilled_tokens;
+        total_off += off->st[t].prefilled_tokens;
+    }
+    print_message("  prefilled tokens in turns 2-5: %lld with the cache, %lld without\n", (long long)total_on,
+                  (long long)total_off);
+    assert_true(on->rep.hits >= 4);
+    free(on);
+    free(off);
+}
+
+static void test_invariant_plain(void **state)
+{
+    (void)state;
+    loaded l = load(model_path[M_PLAIN], tok_path);
+    check_invariant(&l, 16);
+    check_invariant(&l, 256);
+    unload(&l);
+}
+
+static void test_invariant_window(void **state)
+{
+    (void)state;
+    loaded l = load(model_path[M_WINDOW], tok_path);
+    check_invariant(&l, 16);
+    unload(&l);
+}
+
+static void test_invariant_recurrent(void **state)
+{
+    (void)state;
+    loaded l = load(model_path[M_RECURRENT], tok_path);
+    check_invariant(&l, 16);
+    unload(&l);
+}
+
+static void test_invariant_hybrid(void **state)
+{
+    (void)state;
+    loaded l = load(model_path[M_HYBRID], tok_path);
+    check_invariant(&l, 7);
+    unload(&l);
+}
+
+static void test_invariant_stories260k(void **state)
+{
+    (void)state;
+    const char *shared = getenv("KVT_SHARED_DIR");
+    if (!shared) {
+        print_message("skipping: KVT_SHARED_DIR is not set (ctest sets it to <source>/../shared)\n");
+        skip();
+    }
+    char mp[1024], tp[1024];
+    snprintf(mp, sizeof mp, "%s/data/models/stories260K.bin", shared);
+    snprintf(tp, sizeof tp, "%s/data/models/tok512.bin", shared);
+    if (access(mp, R_OK) || access(tp, R_OK)) {
+        print_message("skipping: %s or %s is missing\n", mp, tp);
+        skip();
+    }
+    loaded l = load(mp, tp);
+    check_invariant(&l, 256);
+    check_invariant(&l, 16);
+    unload(&l);
+}
+
+/* ---- drift on a wrapped sliding window ------------------------------------------------- */
+
+static void test_drift_window(void **state)
+{
+    (void)state;
+    loaded l = load(model_path[M_WINDOW], tok_path);
+    run_result *off = run_chat(&l, script5, 3, 0, 16);
+    run_result *on = run_chat(&l, script5, 3, 64u << 20, 16);
+    assert_same_replies(on, off);
+    int drifted = 0;
+    for (int t = 1; t < 3; t++) {
+        int64_t n1 = on->n_prompt[t - 1];
+        assert_true(n1 > WINDOW); /* the ring wrapped during the previous prompt */
+        /* the previous prompt's tokens are a prefix of this prompt */
+        assert_memory_equal(on->prompt[t], on->prompt[t - 1], (size_t)n1 * sizeof(int32_t));
+        /* drift: the reply re-sent as text re-encodes to other tokens */
+        int same = 1;
+        for (int64_t i = 0; i < on->n_reply[t - 1]; i++)
+            same &= on->prompt[t][n1 + i] == on->reply[t - 1][i];
+        if (!same) {
+            drifted++;
+            /* the generated tokens are not a prefix, the wrapped ring cannot be
+             * cut back: only the prompt-boundary snapshot serves, whole */
+            assert_int_equal(on->st[t].reused_tokens, n1);
+        }
+    }
+    print_message("  turns with drift: %d of 2\n", drifted);
+    assert_true(drifted >= 1);
+    free(on);
+    free(off);
+    unload(&l);
+}
+
+/* ---- exact repeat ------------------------------------------------------------------ */
+
+static void exact_repeat(const char *mp, const char *tp)
+{
+    loaded l = load(mp, tp);
+    kvt_service *svc = service(&l, 64u << 20, 16);
+    kvt_sampler *s = NULL;
+    assert_int_equal(kvt_sampler_create(VOCAB, 0.0f, 0.9f, 1, &s), 0);
+    int32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = 3 + (i * 37) % (VOCAB - 3);
+    prompt[0] = KVT_TOKEN_BOS;
+    kvt_gen_opts o = {.max_tokens = 8, .admit_timeout_ms = -1};
+    int32_t r1[8], r2[8];
+    int64_t n1 = 0, n2 = 0;
+    kvt_turn_stats st;
+    assert_int_equal(kvt_chat_generate(l.m, svc, s, prompt, 40, &o, r1, 8, &n1, &st), 0);
+    assert_int_equal(st.reused_tokens, 0);
+    assert_int_equal(kvt_chat_generate(l.m, svc, s, prompt, 40, &o, r2, 8, &n2, &st), 0);
+    assert_int_equal(st.reused_tokens, 39);
+    assert_int_equal(st.prefilled_tokens, 1);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(r1, r2, (size_t)n1 * sizeof(int32_t));
+    kvt_sampler_free(s);
+    kvt_service_destroy(svc);
+    unload(&l);
+}
+
+static void test_exact_repeat_every_kind(void **state)
+{
+    (void)state;
+    for (int i = 0; i < M_COUNT; i++) {
+        print_message("  %s\n", model_name[i]);
+        exact_repeat(model_path[i], tok_path);
+    }
+}
+
+/* ---- eviction under a tiny budget --------------------------------------------------------- */
+
+static const char *const script_b[] = {
+    "Where do birds go in winter?",
+    "How far can they fly?",
+    "Do they come back?",
+    "Which ones stay?",
+};
+
+static void test_evicted_conversation(void **state)
+{
+    (void)state;
+    for (int k = M_PLAIN; k <= M_HYBRID; k += M_HYBRID - M_PLAIN) {
+        loaded l = load(model_path[k], tok_path);
+        run_result *off_a = run_chat(&l, script5, 4, 0, 16);
+        run_result *off_b = run_chat(&l, script_b, 4, 0, 16);
+        /* A budget that holds about one conversation: A and B evict each other. */
+        uint64_t budget = 3 * 2 * 16 * 4 * 112; /* 112 tokens of kv on 3 layers */
+        kvt_service *svc = service(&l, budget, 16);
+        kvt_chat_opts oa = {.max_tokens = MAX_REPLY, .session = "a"};
+        kvt_chat_opts ob = {.max_tokens = MAX_REPLY, .session = "b"};
+        kvt_chat *a = NULL, *b = NULL;
+        assert_int_equal(kvt_chat_create(l.m, l.tok, svc, &oa, &a), 0);
+        assert_int_equal(kvt_chat_create(l.m, l.tok, svc, &ob, &b), 0);
+        run_result *ra = calloc(1, sizeof *ra), *rb = calloc(1, sizeof *rb);
+        for (int t = 0; t < 4; t++) {
+            chat_turns(a, script5, t, t + 1, ra);
+            chat_turns(b, script_b, t, t + 1, rb);
+        }
+        kvt_service_report rep;
+        kvt_service_report_get(svc, &rep);
+        print_message("  %s: evictions %llu, entries %llu, bytes %llu of %llu\n", model_name[k],
+                      (unsigned long long)rep.evictions, (unsigned long long)rep.entries,
+                      (unsigned long long)rep.bytes, (unsigned long long)rep.max_bytes);
+        assert_true(rep.evictions > 0);
+        assert_true(rep.bytes <= budget);
+        /* A was evicted at least once: some turn reused less than its whole
+         * previous prompt; outputs are still those of the cache-off run. */
+        int short_reuse = 0;
+        for (int t = 1; t < 4; t++)
+            short_reuse |= ra->st[t].reused_tokens < ra->n_prompt[t - 1];
+        assert_true(short_reuse);
+        assert_same_replies(ra, off_a);
+        assert_same_replies(rb, off_b);
+        kvt_chat_free(a);
+        kvt_chat_free(b);
+        kvt_service_destroy(svc);
+        free(ra);
+        free(rb);
+        free(off_a);
+        free(off_b);
+        unload(&l);
+    }
+}
+
+/* ---- template, script, admission ---------------------------------------------------- */
+
+static void test_template_and_script(void **state)
+{
+    (void)state;
+    const char *user[] = {"Hi", "More"};
+    const char *reply[] = {" Hello."};
+    char *text = NULL;
+    assert_int_equal(kvt_chat_render(user, reply, 2, &text), 0);
+    assert_string_equal(text, "User: Hi\nAssistant: Hello.\nUser: More\nAssistant:");
+    free(text);
+    assert_int_equal(kvt_chat_render(user, reply, 1, &text), 0);
+    assert_string_equal(text, "User: Hi\nAssistant:");
+    free(text);
+    assert_int_equal(kvt_chat_render(user, NULL, 2, &text), KVT_EINVAL);
+    assert_int_equal(kvt_chat_render(user, reply, 0, &text), KVT_EINVAL);
+
+    char **lines = NULL;
+    int32_t n = 0;
+    assert_int_equal(kvt_chat_script_parse("first  \r\n\n# comment\n  second\nthird", &lines, &n), 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(lines[0], "first");
+    assert_string_equal(lines[1], "  second");
+    assert_string_equal(lines[2], "third");
+    kvt_chat_script_free(lines, n);
+    assert_int_equal(kvt_chat_script_parse("", &lines, &n), 0);
+    assert_int_equal(n, 0);
+    kvt_chat_script_free(lines, n);
+    assert_true(kvt_chat_script_load("/nonexistent/script.txt", &lines, &n) < 0);
+    assert_non_null(strstr(kvt_last_error(), "/nonexistent/script.txt"));
+
+    uint64_t b = 0;
+    assert_int_equal(kvt_chat_parse_bytes("x", "512M", &b), 0);
+    assert_int_equal(b, 512ull << 20);
+    assert_int_equal(kvt_chat_parse_bytes("x", "2GiB", &b), 0);
+    assert_int_equal(b, 2ull << 30);
+    assert_int_equal(kvt_chat_parse_bytes("x", "0", &b), 0);
+    assert_int_equal(b, 0);
+    assert_int_equal(kvt_chat_parse_bytes("x", "12Q", &b), KVT_EINVAL);
+    assert_int_equal(kvt_chat_parse_bytes("x", "-1", &b), KVT_EINVAL);
+}
+
+static void test_admission_errors(void **state)
+{
+    (void)state;
+    loaded l = load(model_path[M_PLAIN], tok_path);
+    kvt_chat_service_opts so = {.prompt_cache_bytes = 1 << 20, .kv_budget_bytes = 1000, .block_tokens = 16};
+    kvt_service *svc = NULL;
+    assert_int_equal(kvt_chat_service_create(l.m, &so, &svc), 0);
+    kvt_sampler *s = NULL;
+    assert_int_equal(kvt_sampler_create(VOCAB, 0.0f, 0.9f, 1, &s), 0);
+    int32_t prompt[8] = {1, 40, 41, 42, 43, 44, 45, 46};
+    int32_t r[4];
+    int64_t n = 0;
+    kvt_gen_opts o = {.max_tokens = 4};
+    /* 12 tokens round up to one block of 16: 3 layers * 16 * 2 * 16 * 4 bytes */
+    assert_int_equal(kvt_chat_generate(l.m, svc, s, prompt, 8, &o, r, 4, &n, NULL), KVT_ELIMIT);
+    assert_non_null(strstr(kvt_last_error(), "needs 6144 bytes"));
+    kvt_service_destroy(svc);
+    kvt_sampler_free(s);
+    unload(&l);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_template_and_script),
+        cmocka_unit_test(test_invariant_plain),
+        cmocka_unit_test(test_invariant_window),
+        cmocka_unit_test(test_invariant_recurrent),
+        cmocka_unit_test(test_invariant_hybrid),
+        cmocka_unit_test(test_invariant_stories260k),
+        cmocka_unit_test(test_drift_window),
+        cmocka_unit_test(test_exact_repeat_every_kind),
+        cmocka_unit_test(test_evicted_conversation),
+        cmocka_unit_test(test_admission_errors),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

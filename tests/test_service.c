@@ -1,0 +1,457 @@
+/*
+ * test_service.c: the cache service (kvtier/service.h): namespaces with
+ * adapter identity and version, KV projection per growth kind, admission
+ * (position limit, budget alone, waiting beside others, blocking admit with
+ * a timeout and across threads), acquire/publish through the prompt cache
+ * (fresh state, reuse, namespace isolation, no_reuse, cache off), the
+ * report as a struct and as JSON, and close.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvtier/service.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- a small fake model: layer 0 kv (d 4, B 16), layer 1 window W 8 (d 4),
+ * layer 2 recurrent (64 bytes) ------------------------------------------------ */
+
+#define D 4
+#define W 8
+#define REC 64
+
+static int new_caches(void *ctx, kvt_cache **c)
+{
+    (void)ctx;
+    int rc = kvt_kv_create(D, 16, &c[0]);
+    if (!rc)
+        rc = kvt_rotating_create(D, W, 0, &c[1]);
+    if (!rc)
+        rc = kvt_recurrent_create(REC, &c[2]);
+    if (rc)
+        kvt_caches_dispose(c, 3);
+    return rc;
+}
+
+static const kvt_service_layer layers[3] = {
+    {.growth = KVT_GROWTH_PER_TOKEN, .bytes_per_token = 2 * D * 4, .block_tokens = 16},
+    {.growth = KVT_GROWTH_WINDOW, .bytes_per_token = 2 * D * 4, .window = W},
+    {.growth = KVT_GROWTH_FIXED, .fixed_bytes = REC},
+};
+
+static kvt_service *make(uint64_t pc_bytes, uint64_t budget, int64_t max_pos)
+{
+    kvt_service_config cfg = {.n_layers = 3, .layers = layers, .max_positions = max_pos,
+                              .new_caches = new_caches, .prompt_cache_bytes = pc_bytes,
+                              .kv_budget_bytes = budget, .block_tokens = 16};
+    kvt_service *s = NULL;
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    assert_non_null(s);
+    return s;
+}
+
+/* Appends tokens [from, to) of deterministic state to the three caches. */
+static void run_tokens(kvt_cache **c, int64_t from, int64_t to)
+{
+    for (int64_t t = from; t < to; t++) {
+        float k[D], v[D];
+        for (int j = 0; j < D; j++) {
+            k[j] = (float)(t * 10 + j);
+            v[j] = -(float)(t * 10 + j);
+        }
+        const void *in[2] = {k, v};
+        assert_int_equal(kvt_cache_append(c[0], 1, in), 0);
+        assert_int_equal(kvt_cache_append(c[1], 1, in), 0);
+        unsigned char st[REC];
+        memset(st, (int)(t & 0xff), sizeof st);
+        const void *rin[1] = {st};
+        assert_int_equal(kvt_cache_append(c[2], 1, rin), 0);
+    }
+}
+
+/* ---- namespaces ---------------------------------------------------------------- */
+
+static void test_namespaces(void **state)
+{
+    (void)state;
+    char b[64];
+    assert_int_equal(kvt_service_ns(NULL, "3", b, sizeof b), 0);
+    assert_string_equal(b, "");
+    assert_int_equal(kvt_service_ns("", NULL, b, sizeof b), 0);
+    assert_string_equal(b, "");
+    assert_int_equal(kvt_service_ns("fr", "2", b, sizeof b), 0);
+    assert_string_equal(b, "fr@2");
+    char b3[64];
+    assert_int_equal(kvt_service_ns("fr", "3", b3, sizeof b3), 0);
+    assert_string_not_equal(b, b3); /* another version: another namespace */
+    assert_int_equal(kvt_service_ns("fr", NULL, b, sizeof b), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "needs a version"));
+    assert_int_equal(kvt_service_ns("fr", "", b, sizeof b), KVT_EINVAL);
+    assert_int_equal(kvt_service_ns("a@1", "2", b, sizeof b), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "'@'"));
+    assert_int_equal(kvt_service_ns("object:x", "1", b, sizeof b), KVT_EINVAL);
+    assert_int_equal(kvt_service_ns("a\nb", "1", b, sizeof b), KVT_EINVAL);
+    assert_int_equal(kvt_service_ns("a", "1\t", b, sizeof b), KVT_EINVAL);
+    char tiny[4];
+    assert_int_equal(kvt_service_ns("lora", "1", tiny, sizeof tiny), KVT_ERANGE);
+    assert_string_equal(tiny, "");
+    assert_int_equal(kvt_service_ns("a", "1", NULL, 0), KVT_EINVAL);
+}
+
+/* ---- projection and admission -------------------------------------------------------- */
+
+static void test_projection(void **state)
+{
+    (void)state;
+    kvt_service *s = make(0, 0, 1000);
+    /* n = 0: only the recurrent state. */
+    assert_int_equal(kvt_service_project_bytes(s, 0), REC);
+    /* n = 1: one whole kv block of 16 tokens, one window slot, the state. */
+    assert_int_equal(kvt_service_project_bytes(s, 1), 16 * 32 + 1 * 32 + REC);
+    /* n = 20: two kv blocks, the window capped at 8 tokens. */
+    assert_int_equal(kvt_service_project_bytes(s, 20), 32 * 32 + 8 * 32 + REC);
+    assert_int_equal(kvt_service_project_bytes(s, 32), 32 * 32 + 8 * 32 + REC);
+    assert_int_equal(kvt_service_project_bytes(s, 33), 48 * 32 + 8 * 32 + REC);
+    kvt_service_destroy(s);
+}
+
+static void test_bad_config(void **state)
+{
+    (void)state;
+    kvt_service *s = (kvt_service *)1;
+    kvt_service_layer bad[1] = {{.growth = KVT_GROWTH_WINDOW, .bytes_per_token = 8, .window = 0}};
+    kvt_service_config cfg = {.n_layers = 1, .layers = bad, .max_positions = 10, .new_caches = new_caches};
+    assert_int_equal(kvt_service_create(&cfg, &s), KVT_EINVAL);
+    assert_null(s);
+    assert_non_null(strstr(kvt_last_error(), "layer 0"));
+    cfg.layers = layers;
+    cfg.n_layers = 0;
+    assert_int_equal(kvt_service_create(&cfg, &s), KVT_EINVAL);
+    cfg.n_layers = 3;
+    cfg.max_positions = 0;
+    assert_int_equal(kvt_service_create(&cfg, &s), KVT_EINVAL);
+    cfg.max_positions = 10;
+    cfg.new_caches = NULL;
+    assert_int_equal(kvt_service_create(&cfg, &s), KVT_EINVAL);
+    assert_int_equal(kvt_service_create(NULL, &s), KVT_EINVAL);
+}
+
+static int32_t prompt100[100];
+
+static void test_admit_context_limit(void **state)
+{
+    (void)state;
+    kvt_service *s = make(0, 0, 100);
+    kvt_request r = {.prompt = prompt100, .n_prompt = 60, .max_tokens = 50};
+    kvt_admission *a = (kvt_admission *)1;
+    assert_int_equal(kvt_service_admit(s, &r, &a), KVT_ELIMIT);
+    assert_null(a);
+    const char *msg = kvt_last_error();
+    assert_non_null(strstr(msg, "prompt 60"));
+    assert_non_null(strstr(msg, "max_tokens 50"));
+    assert_non_null(strstr(msg, "100 positions"));
+    assert_int_equal(kvt_service_fits(s, &r), KVT_ELIMIT);
+    r.max_tokens = 40; /* exactly the limit */
+    assert_int_equal(kvt_service_fits(s, &r), 1);
+    assert_int_equal(kvt_service_admit(s, &r, &a), 0);
+    assert_non_null(a);
+    kvt_service_release(s, a, 1);
+    /* malformed requests */
+    r.n_prompt = 0;
+    assert_int_equal(kvt_service_admit(s, &r, &a), KVT_EINVAL);
+    r.n_prompt = 5;
+    r.max_tokens = -1;
+    assert_int_equal(kvt_service_admit(s, &r, &a), KVT_EINVAL);
+    kvt_service_report rep;
+    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    assert_int_equal(rep.rejected, 1); /* fits() asked, admit() refused once */
+    kvt_service_destroy(s);
+}
+
+static void test_admit_budget(void **state)
+{
+    (void)state;
+    /* 20 + 12 = 32 tokens: 32*32 + 8*32 + 64 = 1344 bytes per request. */
+    const uint64_t one = 32 * 32 + 8 * 32 + REC;
+    kvt_service *s = make(0, 2 * one + 10, 1000);
+    kvt_request r = {.prompt = prompt100, .n_prompt = 20, .max_tokens = 12};
+    assert_int_equal(kvt_service_project_bytes(s, 32), one);
+    kvt_admission *a1 = NULL, *a2 = NULL, *a3 = NULL;
+    assert_int_equal(kvt_service_admit(s, &r, &a1), 0);
+    assert_int_equal(kvt_service_admit(s, &r, &a2), 0);
+    assert_int_equal(kvt_service_fits(s, &r), 0);
+    assert_int_equal(kvt_service_admit(s, &r, &a3), KVT_EAGAIN); /* waits: does not fit beside two */
+    assert_null(a3);
+    kvt_service_report rep;
+    kvt_service_report_get(s, &rep);
+    assert_int_equal(rep.admitted, 2);
+    assert_int_equal(rep.kv_projected_bytes, 2 * one);
+    assert_int_equal(rep.kv_budget_bytes, 2 * one + 10);
+    assert_int_equal(rep.waited, 1);
+    /* a request over the whole budget alone is an error only when alone */
+    kvt_request big = {.prompt = prompt100, .n_prompt = 100, .max_tokens = 500};
+    assert_int_equal(kvt_service_admit(s, &big, &a3), KVT_EAGAIN);
+    kvt_service_release(s, a1, 1);
+    assert_int_equal(kvt_service_fits(s, &r), 1);
+    kvt_service_release(s, a2, 1);
+    kvt_service_report_get(s, &rep);
+    assert_int_equal(rep.admitted, 0);
+    assert_int_equal(rep.kv_projected_bytes, 0);
+    assert_int_equal(kvt_service_admit(s, &big, &a3), KVT_ELIMIT);
+    const char *msg = kvt_last_error();
+    char need[64];
+    snprintf(need, sizeof need, "needs %llu bytes", (unsigned long long)kvt_service_project_bytes(s, 600));
+    assert_non_null(strstr(msg, need));
+    assert_non_null(strstr(msg, "lower max_tokens"));
+    assert_non_null(strstr(msg, "--kv-budget"));
+    kvt_service_destroy(s);
+}
+
+static void test_admit_wait_timeout(void **state)
+{
+    (void)state;
+    const uint64_t one = 32 * 32 + 8 * 32 + REC;
+    kvt_service *s = make(0, one, 1000);
+    kvt_request r = {.prompt = prompt100, .n_prompt = 20, .max_tokens = 12};
+    kvt_admission *a1 = NULL, *a2 = NULL;
+    assert_int_equal(kvt_service_admit(s, &r, &a1), 0);
+    uint64_t t0 = kvt_now_ms();
+    assert_int_equal(kvt_service_admit_wait(s, &r, 50, &a2), KVT_EAGAIN);
+    uint64_t dt = kvt_now_ms() - t0;
+    assert_true(dt >= 45);
+    assert_true(dt < 5000);
+    assert_null(a2);
+    kvt_service_release(s, a1, 1);
+    kvt_service_destroy(s);
+}
+
+typedef struct {
+    kvt_service *s;
+    kvt_request *r;
+    int rc;
+    kvt_admission *a;
+} waiter;
+
+static void *wait_thread(void *arg)
+{
+    waiter *w = arg;
+    w->rc = kvt_service_admit_wait(w->s, w->r, -1, &w->a);
+    return NULL;
+}
+
+static void test_admit_wait_release(void **state)
+{
+    (void)state;
+    const uint64_t one = 32 * 32 + 8 * 32 + REC;
+    kvt_service *s = make(0, one, 1000);
+    kvt_request r = {.prompt = prompt100, .n_prompt = 20, .max_tokens = 12};
+    kvt_admission *a1 = NULL;
+    assert_int_equal(kvt_service_admit(s, &r, &a1), 0);
+    waiter w = {.s = s, .r = &r, .rc = 1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, wait_thread, &w), 0);
+    /* let the waiter block, then make room */
+    for (int i = 0; i < 100; i++) {
+        kvt_service_report rep;
+        kvt_service_report_get(s, &rep);
+        if (rep.waited > 0)
+            break;
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    kvt_service_release(s, a1, 1);
+    pthread_join(th, NULL);
+    assert_int_equal(w.rc, 0);
+    assert_non_null(w.a);
+    kvt_service_report rep;
+    kvt_service_report_get(s, &rep);
+    assert_int_equal(rep.admitted, 1);
+    kvt_service_release(s, w.a, 1);
+    kvt_service_destroy(s);
+}
+
+/* ---- acquire / publish ---------------------------------------------------------------- */
+
+static int32_t toks[64];
+
+static void setup_tokens(void)
+{
+    for (int i = 0; i < 64; i++)
+        toks[i] = 100 + i;
+}
+
+/* Admits and acquires a request for toks[0..n) in ns; returns the state. */
+static kvt_admission *start(kvt_service *s, int64_t n, const char *ns, const char *session, int no_reuse,
+                            kvt_state *st)
+{
+    kvt_request r = {.prompt = toks, .n_prompt = n, .max_tokens = 4, .ns = ns, .session = session,
+                     .no_reuse = no_reuse};
+    kvt_admission *a = NULL;
+    assert_int_equal(kvt_service_admit(s, &r, &a), 0);
+    assert_int_equal(kvt_service_acquire(s, a, st), 0);
+    assert_int_equal(st->n_layers, 3);
+    for (int i = 0; i < 3; i++)
+        assert_non_null(st->caches[i]);
+    return a;
+}
+
+static void test_acquire_publish_reuse(void **state)
+{
+    (void)state;
+    setup_tokens();
+    kvt_service *s = make(1 << 20, 0, 1000);
+    /* a miss: fresh caches */
+    kvt_state st;
+    kvt_admission *a = start(s, 6, "", "s1", 0, &st);
+    assert_int_equal(st.reused_tokens, 0);
+    assert_int_equal(kvt_cache_offset(st.caches[0]), 0);
+    assert_int_equal(kvt_service_keeps(s, a), 1);
+    run_tokens(st.caches, 0, 6);
+    /* wrong token count is refused and ownership stays */
+    assert_int_equal(kvt_service_publish(s, a, toks, 5, &st), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "holds 6 tokens"));
+    assert_non_null(st.caches);
+    assert_int_equal(kvt_service_publish(s, a, toks, 6, &st), 0);
+    assert_null(st.caches); /* adopted */
+    kvt_service_release(s, a, 1);
+    assert_int_equal(kvt_service_peek(s, toks, 10, ""), 6);
+
+    /* The entry (recurrent layer: untrimmable) serves a prompt extending it. */
+    a = start(s, 10, "", "s1", 0, &st);
+    assert_int_equal(st.reused_tokens, 6);
+    assert_int_equal(kvt_cache_offset(st.caches[0]), 6);
+    assert_int_equal(kvt_cache_offset(st.caches[2]), 6);
+    const unsigned char *rs = kvt_recurrent_state(st.caches[2]);
+    assert_int_equal(rs[0], 5); /* the state after token 5 */
+    kvt_state_dispose(&st);
+    kvt_service_release(s, a, 1);
+
+    /* Another namespace, or another version of an adapter, never reuses it. */
+    a = start(s, 10, "fr@1", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 0);
+    run_tokens(st.caches, 0, 10);
+    assert_int_equal(kvt_service_publish(s, a, toks, 10, &st), 0);
+    kvt_service_release(s, a, 1);
+    a = start(s, 12, "fr@2", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 0);
+    kvt_state_dispose(&st);
+    kvt_service_release(s, a, 1);
+    a = start(s, 12, "fr@1", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 10);
+    kvt_state_dispose(&st);
+    kvt_service_release(s, a, 1);
+
+    /* A request without prefix identity reuses nothing and keeps nothing. */
+    a = start(s, 10, "", NULL, 1, &st);
+    assert_int_equal(st.reused_tokens, 0);
+    assert_int_equal(kvt_service_keeps(s, a), 0);
+    run_tokens(st.caches, 0, 10);
+    assert_int_equal(kvt_service_publish(s, a, toks, 10, &st), KVT_EUNSUPPORTED);
+    kvt_state_dispose(&st);
+    kvt_service_release(s, a, 1);
+
+    kvt_service_report rep;
+    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    assert_int_equal(rep.acquires, 6);
+    assert_int_equal(rep.reused_tokens, 16);
+    assert_int_equal(rep.publishes, 2);
+    assert_int_equal(rep.entries, 2);
+    assert_true(rep.bytes > 0);
+    assert_int_equal(rep.max_bytes, 1 << 20);
+    assert_true(rep.hits >= 2);
+    kvt_service_destroy(s);
+}
+
+static void test_cache_off(void **state)
+{
+    (void)state;
+    setup_tokens();
+    kvt_service *s = make(0, 0, 1000);
+    kvt_state st;
+    kvt_admission *a = start(s, 6, "", NULL, 0, &st);
+    assert_int_equal(kvt_service_keeps(s, a), 0);
+    run_tokens(st.caches, 0, 6);
+    assert_int_equal(kvt_service_publish(s, a, toks, 6, &st), KVT_EUNSUPPORTED);
+    kvt_state_dispose(&st);
+    kvt_service_release(s, a, 1);
+    a = start(s, 8, "", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 0);
+    kvt_state_dispose(&st);
+    kvt_service_release(s, a, 1);
+    assert_int_equal(kvt_service_peek(s, toks, 8, ""), 0);
+    kvt_service_destroy(s);
+}
+
+/* ---- report JSON and close -------------------------------------------------------------- */
+
+static void test_report_json_close(void **state)
+{
+    (void)state;
+    setup_tokens();
+    kvt_service *s = make(1 << 20, 100000, 1000);
+    kvt_state st;
+    kvt_admission *a = start(s, 6, "", NULL, 0, &st);
+    char *text = NULL;
+    assert_int_equal(kvt_service_report_json(s, &text), 0);
+    json_error_t err;
+    json_t *doc = json_loads(text, 0, &err);
+    assert_non_null(doc);
+    kvt_service_json_free(text);
+    json_t *kv = json_object_get(doc, "kv");
+    assert_int_equal(json_integer_value(json_object_get(kv, "projected_bytes")),
+                     (json_int_t)kvt_service_project_bytes(s, 10));
+    assert_int_equal(json_integer_value(json_object_get(kv, "budget_bytes")), 100000);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(doc, "requests"), "admitted")), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(doc, "prefixes"), "max_bytes")), 1 << 20);
+    json_decref(doc);
+    run_tokens(st.caches, 0, 6);
+    assert_int_equal(kvt_service_publish(s, a, toks, 6, &st), 0);
+
+    assert_int_equal(kvt_service_close(s), 0);
+    assert_int_equal(kvt_service_close(s), 0); /* idempotent */
+    kvt_service_report rep;
+    kvt_service_report_get(s, &rep);
+    assert_int_equal(rep.entries, 0); /* cleared */
+    kvt_request r = {.prompt = toks, .n_prompt = 4, .max_tokens = 1};
+    kvt_admission *b = NULL;
+    assert_int_equal(kvt_service_admit(s, &r, &b), KVT_ECLOSED);
+    kvt_state st2;
+    assert_int_equal(kvt_service_acquire(s, a, &st2), KVT_ECLOSED);
+    kvt_service_release(s, a, 0); /* still valid after close */
+    kvt_service_destroy(s);
+
+    /* unlimited budget reports null */
+    s = make(0, 0, 1000);
+    assert_int_equal(kvt_service_report_json(s, &text), 0);
+    doc = json_loads(text, 0, &err);
+    kvt_service_json_free(text);
+    assert_true(json_is_null(json_object_get(json_object_get(doc, "kv"), "budget_bytes")));
+    json_decref(doc);
+    kvt_service_destroy(s);
+    kvt_service_destroy(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_namespaces),
+        cmocka_unit_test(test_projection),
+        cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_admit_context_limit),
+        cmocka_unit_test(test_admit_budget),
+        cmocka_unit_test(test_admit_wait_timeout),
+        cmocka_unit_test(test_admit_wait_release),
+        cmocka_unit_test(test_acquire_publish_reuse),
+        cmocka_unit_test(test_cache_off),
+        cmocka_unit_test(test_report_json_close),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
