@@ -1394,35 +1394,70 @@ static uint64_t rnd(void)
     return rng_state;
 }
 
-static void test_kv_random(void **state)
+enum { RK_KV, RK_ROT, RK_QKV };
+#define RK_D 4
+#define RK_GS 2
+#define RK_W 9
+#define RK_KEEP 2
+
+static void rk_check(int kind, const kvt_cache *c, int64_t n)
 {
-    (void)state;
-    const char *env = getenv("KVT_TEST_SEED");
-    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-    printf("test_kv_random: seed %llu (set KVT_TEST_SEED to replay)\n", (unsigned long long)seed);
-    rng_state = seed * 2654435761u + 1;
+    if (kind == RK_KV)
+        check_kv(c, n);
+    else if (kind == RK_ROT)
+        check_ring(c, n, RK_W, RK_KEEP, RK_D);
+    else
+        check_qkv(c, n, RK_GS);
+}
+
+/* Random appends, trims (anywhere in the reachable range), clones, encode ->
+ * decode restores and disposals on a family of caches sharing buffers; after
+ * every step every cache is checked against the oracle (token values are a
+ * function of position, so the expected contents follow from the length). */
+static void random_family(int kind, uint64_t seed)
+{
+    rng_state = seed * 2654435761u + 1 + (uint64_t)kind;
     enum { N = 6 };
     kvt_cache *c[N] = {0};
     int64_t len[N] = {0};
-    assert_int_equal(kvt_kv_create(3, 5, &c[0]), 0);
-    for (int step = 0; step < 3000; step++) {
+    if (kind == RK_KV)
+        assert_int_equal(kvt_kv_create(RK_D, 5, &c[0]), 0);
+    else if (kind == RK_ROT)
+        assert_int_equal(kvt_rotating_create(RK_D, RK_W, RK_KEEP, &c[0]), 0);
+    else
+        assert_int_equal(kvt_qkv_create(RK_D, RK_GS, 5, &c[0]), 0);
+    for (int step = 0; step < 1500; step++) {
         int i = (int)(rnd() % N);
         if (!c[i])
             continue;
-        int op = (int)(rnd() % 4);
+        int op = (int)(rnd() % 5);
         if (op == 0) {
             int64_t n = 1 + (int64_t)(rnd() % 12);
-            assert_int_equal(append_tokens(c[i], len[i], n, 3), 0);
+            int rc = kind == RK_QKV ? qkv_append_tokens(c[i], len[i], n, RK_D, RK_GS)
+                                    : append_tokens(c[i], len[i], n, RK_D);
+            assert_int_equal(rc, 0);
             len[i] += n;
         } else if (op == 1) {
-            int64_t l = len[i] ? (int64_t)(rnd() % (uint64_t)(len[i] + 1)) : 0;
+            int64_t lo, hi;
+            kvt_cache_range(c[i], &lo, &hi);
+            assert_int_equal(hi, len[i]);
+            int64_t l = lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1));
             assert_int_equal(kvt_cache_trim(c[i], l), 0);
+            if (lo > 0)
+                assert_int_equal(kvt_cache_trim(c[i], lo - 1), KVT_ERANGE);
             len[i] = l;
-        } else if (op == 2) {
+        } else if (op == 2 || op == 3) {
             int j = (int)(rnd() % N);
             if (j != i) {
                 kvt_cache_dispose(c[j]);
-                assert_int_equal(kvt_cache_clone(c[i], &c[j]), 0);
+                if (op == 2) {
+                    assert_int_equal(kvt_cache_clone(c[i], &c[j]), 0);
+                } else {
+                    kvt_cache_state st;
+                    assert_int_equal(kvt_cache_encode(c[i], &st), 0);
+                    assert_int_equal(kvt_cache_decode(&st, &c[j]), 0);
+                    kvt_cache_state_free(&st);
+                }
                 len[j] = len[i];
             }
         } else if (i != 0) {
@@ -1431,13 +1466,30 @@ static void test_kv_random(void **state)
         }
         for (int j = 0; j < N; j++)
             if (c[j])
-                check_kv(c[j], len[j]);
-        if (len[i] > 200) {
+                rk_check(kind, c[j], len[j]);
+        if (len[i] > 150 && kvt_cache_can_trim(c[i], 0)) {
             assert_int_equal(kvt_cache_trim(c[i], 0), 0);
+            len[i] = 0;
+        } else if (len[i] > 150) {
+            kvt_cache_dispose(c[i]);
+            c[i] = NULL;
+            if (i == 0)
+                assert_int_equal(kvt_rotating_create(RK_D, RK_W, RK_KEEP, &c[0]), 0);
             len[i] = 0;
         }
     }
     kvt_caches_dispose(c, N);
+}
+
+static void test_random_families(void **state)
+{
+    (void)state;
+    const char *env = getenv("KVT_TEST_SEED");
+    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+    printf("test_random_families: seed %llu (set KVT_TEST_SEED to replay)\n", (unsigned long long)seed);
+    random_family(RK_KV, seed);
+    random_family(RK_ROT, seed);
+    random_family(RK_QKV, seed);
 }
 
 int main(void)
@@ -1465,7 +1517,7 @@ int main(void)
         cmocka_unit_test(test_register_kind),
         cmocka_unit_test(test_kv_two_threads),
         cmocka_unit_test(test_all_kinds_two_threads),
-        cmocka_unit_test(test_kv_random),
+        cmocka_unit_test(test_random_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
