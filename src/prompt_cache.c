@@ -18,6 +18,7 @@
 #include "hmap.h"
 #include "index.h"
 #include "internal.h"
+#include "pc_blocks.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -71,6 +72,9 @@ typedef struct pc_entry {
     int64_t pins;
     int64_t sessions;         /* session slots pointing here */
     uint64_t last_used_ms;
+    uint64_t *bkeys;          /* (n_bkeys) block keys when block eviction
+                                 tracks the entry (pc_blocks.h), else NULL */
+    int64_t n_bkeys;
     int spill;                /* when gone: hand to the cold tier first */
     struct pc_entry *prev, *next; /* all resident entries */
     struct pc_entry *gone;        /* leaving entries, processed off-lock */
@@ -98,6 +102,7 @@ struct kvt_prompt_cache {
     kvt_cold_tier cold;
     const kvt_retention_ops *rops;
     kvt_retention *ret;
+    kvt__pc_blocks *blocks;    /* block-granular eviction, or NULL */
     kvt__index *ix;
     kvt__umap by_id;           /* id -> pc_entry* */
     kvt__umap buf_refs;        /* kvt_buf* -> resident holders */
@@ -158,6 +163,7 @@ static void entry_free_shell(pc_entry *e)
     kvt__free(e->caches);
     kvt__free(e->atts);
     kvt__free(e->bufs);
+    kvt__free(e->bkeys);
     kvt__free(e);
 }
 
@@ -284,6 +290,8 @@ static void entry_unlink(kvt_prompt_cache *pc, pc_entry *e, int spill, pc_entry 
         kvt__index_remove(pc->ix, e->ns, e->tokens, e->n_tokens);
     kvt__umap_del(&pc->by_id, e->id);
     pc->rops->on_remove(pc->ret, e->id);
+    if (pc->blocks)
+        kvt__pc_blocks_drop(pc->blocks, e, e->bkeys, 0, e->n_bkeys);
     account_remove(pc, e);
     if (e->prev)
         e->prev->next = e->next;
@@ -485,11 +493,47 @@ static int needs_spill(kvt_prompt_cache *pc, const pc_entry *e)
     return 1;
 }
 
-/* Evicts until the budget holds, or at most `limit` entries when limit >= 0. */
+static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_entry **gone);
+
+/* Block-granular eviction (issue 6): cuts the block policy's victim block,
+ * and every block after it, off the entry that ends in it; an entry cut back
+ * to nothing (or below its reach) leaves whole, spilled as by evict. A cut
+ * tail is dropped without a spill: the prefix that stays is what serves.
+ * @return 1 when something went (or an uncuttable block was forgotten), 0
+ * when no block can go now (none tracked, or the victim's entry is pinned
+ * or has a pending lower-tier write): the caller falls back to entries. */
+static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
+{
+    void *owner;
+    int64_t depth;
+    if (kvt__pc_blocks_victim(pc->blocks, &owner, &depth) != 0)
+        return 0;
+    if (!owner)
+        return 1;
+    pc_entry *e = owner;
+    if (e->pins > 0 || ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && write_pending(pc, e)))
+        return 0;
+    int64_t new_len = depth * kvt__pc_blocks_block_tokens(pc->blocks), before = e->n_bkeys;
+    if (new_len < 1 || new_len < e->reach) {
+        entry_unlink(pc, e, needs_spill(pc, e), gone);
+        pc->st.evictions++;
+        return 1;
+    }
+    if (trim_locked(pc, e, new_len, gone) == 0) {
+        pc->st.block_cuts++;
+        pc->st.blocks_cut += (uint64_t)(before - depth);
+    }
+    return 1; /* a failed trim unlinked the entry: progress either way */
+}
+
+/* Evicts until the budget holds, or at most `limit` entries when limit >= 0.
+ * With a block policy, budget eviction cuts blocks first (cut_block). */
 static int64_t evict(kvt_prompt_cache *pc, int64_t limit, pc_entry **gone)
 {
     int64_t n = 0;
     while (limit < 0 ? total_bytes(pc) > pc->max_bytes : n < limit) {
+        if (pc->blocks && limit < 0 && cut_block(pc, gone))
+            continue;
         pc_entry *v = victim(pc);
         if (!v)
             break;
@@ -624,6 +668,11 @@ static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, c
         x->pins = pins;
         pc->pinned++;
     }
+    if (pc->blocks && x->bkeys && kvt__pc_blocks_add(pc->blocks, x, x->bkeys, x->n_bkeys, x->n_tokens) != 0) {
+        kvt__free(x->bkeys); /* untracked: entry-level eviction still covers it */
+        x->bkeys = NULL;
+        x->n_bkeys = 0;
+    }
     if (replaced) {
         /* equal tokens: the new entry replaces the old (sessions follow) */
         pc_entry *old = replaced;
@@ -667,6 +716,10 @@ static int lend_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t p, kvt_hit *ou
     out->entry_id = e->id;
     e->last_used_ms = kvt_now_ms();
     pc->rops->on_access(pc->ret, e->id, p);
+    if (pc->blocks) {
+        int64_t B = kvt__pc_blocks_block_tokens(pc->blocks);
+        kvt__pc_blocks_touch(pc->blocks, e->bkeys, (p + B - 1) / B, e->n_bkeys, e->n_tokens);
+    }
     return 0;
 }
 
@@ -717,9 +770,12 @@ KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prom
     int rc = pc->rops->create(&pc->ret);
     if (rc == 0)
         rc = kvt__index_create(&pc->ix);
+    if (rc == 0 && cfg->block_policy)
+        rc = kvt__pc_blocks_create(cfg->block_policy, pc->block_tokens, &pc->blocks);
     if (rc) {
         if (pc->ret)
             pc->rops->destroy(pc->ret);
+        kvt__index_destroy(pc->ix);
         kvt__free(pc);
         return rc;
     }
@@ -762,6 +818,7 @@ KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc)
     pthread_mutex_unlock(&pc->mu);
     gone_process(pc, gone);
     kvt__index_destroy(pc->ix);
+    kvt__pc_blocks_destroy(pc->blocks);
     pc->rops->destroy(pc->ret);
     kvt__umap_free(&pc->by_id);
     kvt__umap_free(&pc->buf_refs);
@@ -791,6 +848,8 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
         return rc;
     size_t standalone = 0;
     rc = entry_measure(x, &standalone);
+    if (rc == 0 && pc->blocks && x->trimmable)
+        rc = kvt__pc_blocks_keys(pc->blocks, x->ns, x->tokens, x->n_tokens, &x->bkeys, &x->n_bkeys);
     if (rc == 0 && e->hook.fn) {
         x->share = kvt__malloc(sizeof *x->share);
         if (!x->share)
@@ -923,6 +982,8 @@ KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, i
         return rc;
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&pc->mu);
+    if (pc->blocks)
+        kvt__pc_blocks_clock(pc->blocks, n); /* one use time per request */
     pc_entry *se = session_entry(pc, prompt, n, ns, session);
     if (se) {
         rc = lend_locked(pc, se, se->n_tokens, out);
@@ -1039,6 +1100,71 @@ KVT_API int kvt_prompt_cache_get_exact(kvt_prompt_cache *pc, const int32_t *toke
     return rc;
 }
 
+/* Block keys of an entry cut back in place: a cut at a block boundary keeps
+ * the first keys; any other cut re-keys the entry (its last block changed). */
+static void blocks_after_trim(kvt_prompt_cache *pc, pc_entry *e)
+{
+    if (!pc->blocks || !e->bkeys)
+        return;
+    int64_t B = kvt__pc_blocks_block_tokens(pc->blocks);
+    if (e->n_tokens % B == 0 && e->n_tokens / B <= e->n_bkeys) {
+        kvt__pc_blocks_drop(pc->blocks, e, e->bkeys, e->n_tokens / B, e->n_bkeys);
+        e->n_bkeys = e->n_tokens / B;
+        return;
+    }
+    kvt__pc_blocks_drop(pc->blocks, e, e->bkeys, 0, e->n_bkeys);
+    kvt__free(e->bkeys);
+    e->bkeys = NULL;
+    e->n_bkeys = 0;
+    uint64_t *keys;
+    int64_t nk;
+    if (kvt__pc_blocks_keys(pc->blocks, e->ns, e->tokens, e->n_tokens, &keys, &nk) != 0)
+        return; /* untracked from now on: entry-level eviction still covers it */
+    if (kvt__pc_blocks_add(pc->blocks, e, keys, nk, e->n_tokens) != 0) {
+        kvt__free(keys);
+        return;
+    }
+    e->bkeys = keys;
+    e->n_bkeys = nk;
+}
+
+/* Cuts resident entry e back to new_len tokens in place (checked by the
+ * caller: inside every layer's range, no attachments) and re-indexes it; an
+ * entry of the shorter tokens is replaced by it. On failure e is unlinked
+ * (its layers may disagree) and the error returned. */
+static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_entry **gone)
+{
+    int rc = 0;
+    kvt__index_remove(pc->ix, e->ns, e->tokens, e->n_tokens);
+    account_remove(pc, e);
+    for (int32_t i = 0; i < e->n_caches && rc == 0; i++)
+        rc = kvt_cache_trim(e->caches[i], new_len);
+    e->n_tokens = new_len;
+    size_t standalone;
+    if (rc == 0)
+        rc = entry_measure(e, &standalone);
+    if (rc == 0)
+        rc = account_add(pc, e);
+    void *replaced = NULL;
+    if (rc == 0)
+        rc = kvt__index_insert(pc->ix, e->ns, e->tokens, e->n_tokens, e, e->trimmable, e->reach, &replaced);
+    if (rc) {
+        /* layers may disagree now: the entry cannot stay (its budget share is
+         * already removed, so unlink without counting it twice) */
+        e->n_bufs = 0;
+        e->private_bytes = 0;
+        entry_unlink(pc, e, 0, gone);
+        return rc;
+    }
+    blocks_after_trim(pc, e);
+    if (replaced && replaced != e) {
+        entry_follow(pc, replaced, e);
+        entry_unlink(pc, replaced, 0, gone);
+        pc->st.replacements++;
+    }
+    return 0;
+}
+
 /* ---- trim in place ---------------------------------------------------------------- */
 
 KVT_API int kvt_prompt_cache_trim(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
@@ -1067,32 +1193,7 @@ KVT_API int kvt_prompt_cache_trim(kvt_prompt_cache *pc, const int32_t *tokens, i
                            (long long)new_len);
             goto out;
         }
-    kvt__index_remove(pc->ix, e->ns, e->tokens, e->n_tokens);
-    account_remove(pc, e);
-    for (int32_t i = 0; i < e->n_caches && rc == 0; i++)
-        rc = kvt_cache_trim(e->caches[i], new_len);
-    e->n_tokens = new_len;
-    size_t standalone;
-    if (rc == 0)
-        rc = entry_measure(e, &standalone);
-    if (rc == 0)
-        rc = account_add(pc, e);
-    void *replaced = NULL;
-    if (rc == 0)
-        rc = kvt__index_insert(pc->ix, e->ns, e->tokens, e->n_tokens, e, e->trimmable, e->reach, &replaced);
-    if (rc) {
-        /* layers may disagree now: the entry cannot stay (its budget share is
-         * already removed, so unlink without counting it twice) */
-        e->n_bufs = 0;
-        e->private_bytes = 0;
-        entry_unlink(pc, e, 0, &gone);
-        goto out;
-    }
-    if (replaced && replaced != e) {
-        entry_follow(pc, replaced, e);
-        entry_unlink(pc, replaced, 0, &gone);
-        pc->st.replacements++;
-    }
+    rc = trim_locked(pc, e, new_len, &gone);
 out:
     pthread_mutex_unlock(&pc->mu);
     gone_process(pc, gone);

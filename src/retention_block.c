@@ -25,6 +25,7 @@ static const char *const kvt__block_policy_names[] = {"lru", "lfu-aged"};
 typedef struct slot {
     uint64_t key;
     int64_t prio;  /* higher = kept longer */
+    int64_t last;  /* clock of its last use */
     int32_t depth; /* block index in its prompt; deeper goes first on ties */
     int32_t heap;  /* position in heap[] */
 } slot;
@@ -155,12 +156,25 @@ static int table_reserve(kvt_block_policy *p)
 
 /* ---- sketch ------------------------------------------------------------- */
 
-static int sketch_add(kvt_block_policy *p, uint64_t key)
+static void sketch_cells(kvt_block_policy *p, uint64_t key, uint8_t **a, uint8_t **b)
 {
     uint64_t h = mix64(key ^ 0x9e3779b97f4a7c15ULL);
     uint64_t mask = (uint64_t)p->sketch_size - 1;
-    uint8_t *a = &p->sketch[h & mask];
-    uint8_t *b = &p->sketch[p->sketch_size + ((h >> 32) & mask)];
+    *a = &p->sketch[h & mask];
+    *b = &p->sketch[p->sketch_size + ((h >> 32) & mask)];
+}
+
+static int sketch_get(kvt_block_policy *p, uint64_t key)
+{
+    uint8_t *a, *b;
+    sketch_cells(p, key, &a, &b);
+    return KVT__MIN(*a, *b);
+}
+
+static int sketch_add(kvt_block_policy *p, uint64_t key)
+{
+    uint8_t *a, *b;
+    sketch_cells(p, key, &a, &b);
     if (*a < 255)
         (*a)++;
     if (*b < 255)
@@ -272,8 +286,12 @@ KVT_API int kvt_block_policy_touch(kvt_block_policy *p, uint64_t key, uint64_t p
     if (!p || key == 0)
         return kvt__fail(KVT_EINVAL, "block policy touch: %s", p ? "key 0 is reserved" : "NULL policy");
     int64_t prio = now;
+    int64_t ti = table_find(p, key);
     if (p->kind == POL_LFU_AGED) {
-        int uses = sketch_add(p, key);
+        /* a second touch at the same clock (take, then put, of one request)
+         * is the same use: counted once */
+        int uses = ti >= 0 && p->slots[p->table[ti] - 1].last == now ? sketch_get(p, key)
+                                                                       : sketch_add(p, key);
         prio += p->capacity * KVT__MIN(KVT__MAX(uses - 1, 0), KVT__FREQ_CAP);
     }
     if (flags & KVT_BLOCK_TAIL)
@@ -285,9 +303,9 @@ KVT_API int kvt_block_policy_touch(kvt_block_policy *p, uint64_t key, uint64_t p
             prio = KVT__MIN(prio, cap);
         }
     }
-    int64_t ti = table_find(p, key);
     if (ti >= 0) {
         slot *s = &p->slots[p->table[ti] - 1];
+        s->last = KVT__MAX(s->last, now);
         if (prio > s->prio) { /* never lowers: keeps every child <= its parent */
             s->prio = prio;
             s->depth = depth;
@@ -301,7 +319,7 @@ KVT_API int kvt_block_policy_touch(kvt_block_policy *p, uint64_t key, uint64_t p
     if (rc)
         return rc;
     int32_t si = p->n_free > 0 ? p->free[--p->n_free] : p->n_slots++;
-    p->slots[si] = (slot){.key = key, .prio = prio, .depth = depth, .heap = p->n_heap};
+    p->slots[si] = (slot){.key = key, .prio = prio, .last = now, .depth = depth, .heap = p->n_heap};
     p->heap[p->n_heap++] = si;
     sift_up(p, p->n_heap - 1);
     table_put(p, key, si);

@@ -37,6 +37,7 @@
 #include "kvtier/cache.h"
 #include "kvtier/common.h"
 #include "kvtier/retention.h"
+#include "kvtier/retention_block.h"
 #include "kvtier/tier.h"
 
 #include <stddef.h>
@@ -72,6 +73,15 @@ typedef struct kvt_prompt_cache_config {
                                            cold->self is borrowed and must
                                            outlive the cache */
     uint32_t flags;                     /* KVT_PC_* */
+    /* Block-granular eviction (issue 6): NULL = entry-level only. When set,
+     * eviction cuts trimmable entries back block by block (blocks of
+     * block_tokens tokens, the lowest-priority block first, leaf first along
+     * the radix tree) and drops an entry whole only when its first block
+     * goes; untrimmable entries (and entries whose cut block is pinned)
+     * still leave whole by `retention`. Borrowed: must outlive the cache and
+     * be used by no one else meanwhile (the cache calls it under its lock).
+     * Create it with kvt_block_policy_create (kvtier/retention_block.h). */
+    kvt_block_policy *block_policy;
 } kvt_prompt_cache_config;
 
 /** Creates a prompt cache.
@@ -326,6 +336,9 @@ typedef struct kvt_prompt_cache_stats {
     uint64_t spills, spill_failures;     /* spills accepted / refused */
     uint64_t demotions;                  /* relieve + demote_idle + reclaim */
     uint64_t replacements, supersedes, oversize_drops;
+    uint64_t block_cuts;                 /* entries cut back by block-granular
+                                            eviction (one per cut) */
+    uint64_t blocks_cut;                 /* blocks those cuts removed */
     int64_t entries;                     /* resident entries (objects too) */
     int64_t pinned;                      /* entries with at least one pin */
     size_t bytes;                        /* bytes held (see the budget) */
