@@ -25,7 +25,7 @@ struct mem_tier {
     stored *v;
     size_t n, cap;
     uint64_t next_handle;
-    int fail_writes, refuse_spills, manual_spills, delay_ms, gate_closed, no_async;
+    int fail_writes, refuse_spills, manual_spills, delay_ms, gate_closed, no_async, loose, fail_restores;
     int active_async;
     mem_tier_counts c;
     atomic_int_fast64_t hooks_run;
@@ -133,6 +133,10 @@ static int mt_find(void *self, const int32_t *prompt, int64_t n, const char *ns,
         if (t->v[i].pending || strcmp(t->v[i].e.ns, ns) != 0)
             continue;
         int64_t p = usable(&t->v[i].e, prompt, n);
+        if (t->loose) {
+            p = common_prefix(t->v[i].e.tokens, t->v[i].e.n_tokens, prompt, n);
+            p = p > n - 1 ? n - 1 : p;
+        }
         if (p > best) {
             best = p;
             bs = &t->v[i];
@@ -167,6 +171,8 @@ static int mt_find_exact(void *self, const int32_t *tokens, int64_t n, const cha
 static int restore_locked(mem_tier *t, uint64_t handle, kvt_entry *out)
 {
     memset(out, 0, sizeof *out);
+    if (t->fail_restores)
+        return KVT_EIO;
     stored *s = by_handle(t, handle);
     if (!s || s->pending)
         return KVT_ENOTFOUND;
@@ -391,6 +397,8 @@ MT_SETTER(mem_tier_manual_spills, manual_spills)
 MT_SETTER(mem_tier_async_delay, delay_ms)
 MT_SETTER(mem_tier_gate, gate_closed)
 MT_SETTER(mem_tier_no_async, no_async)
+MT_SETTER(mem_tier_loose_find, loose)
+MT_SETTER(mem_tier_fail_restores, fail_restores)
 
 mem_tier_counts mem_tier_counts_get(mem_tier *t)
 {

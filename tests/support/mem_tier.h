@@ -32,6 +32,10 @@ void mem_tier_manual_spills(mem_tier *t, int on); /* spills stay pending until d
 void mem_tier_async_delay(mem_tier *t, int ms);   /* async reads sleep first */
 void mem_tier_gate(mem_tier *t, int closed);      /* closed: async reads wait until opened */
 void mem_tier_no_async(mem_tier *t, int on);      /* restore_async refuses (KVT_EAGAIN) */
+/* find reports the common prefix without checking reachable ranges (like an
+ * index that does not know them), so take must check what it restores */
+void mem_tier_loose_find(mem_tier *t, int on);
+void mem_tier_fail_restores(mem_tier *t, int on); /* restores fail KVT_EIO */
 /** Writes every pending spill. @return the number written. */
 int mem_tier_drain(mem_tier *t);
 /** Waits until no async read is running. */

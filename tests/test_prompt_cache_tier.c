@@ -1,0 +1,316 @@
+/*
+ * test_prompt_cache_tier.c: the tiering rules of DESIGN.md 3.4 and 3.11
+ * against the in-memory cold tier (tests/support/mem_tier.c): the cold tier
+ * wins only when strictly longer; an untrimmable divergent cold tail is
+ * dropped and the RAM candidate serves; restored prefixes are promoted when
+ * configured; prefetch coalesces identical reads, pins what it loads and is
+ * discarded by a clear during the read; restore failures fall back to RAM.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvtier/prompt_cache.h"
+#include "mem_tier.h"
+#include "pc_util.h"
+
+#define MB ((size_t)1 << 20)
+
+static kvt_prompt_cache *mk(mem_tier *mt, uint32_t flags)
+{
+    kvt_prompt_cache_config cfg = {.max_bytes = 64 * MB, .cold = mem_tier_iface(mt), .flags = flags};
+    kvt_prompt_cache *pc = NULL;
+    assert_int_equal(kvt_prompt_cache_create(&cfg, &pc), 0);
+    return pc;
+}
+
+static kvt_prompt_cache_stats stats(kvt_prompt_cache *pc)
+{
+    kvt_prompt_cache_stats s;
+    kvt_prompt_cache_stats_get(pc, &s);
+    return s;
+}
+
+static void seq(int32_t *t, int64_t n, int32_t base)
+{
+    for (int64_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)i;
+}
+
+/* stores (ns, tokens) with fresh caches of `kinds` in the cold tier */
+static void tier_put(mem_tier *mt, const char *ns, const int32_t *t, int64_t n, const char *kinds)
+{
+    kvt_entry e;
+    int nc = (int)strlen(kinds);
+    assert_int_equal(kvt_entry_init(&e, ns, t, n, nc, 0), 0);
+    assert_int_equal(pcu_fresh(kinds, e.caches, t, n), 0);
+    assert_int_equal(mem_tier_insert(mt, &e), 0);
+}
+
+static void test_cold_only_when_strictly_longer(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_prompt_cache *pc = mk(mt, 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", NULL), 0);
+    tier_put(mt, "", t, 8, "k");
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_RAM); /* equal length: RAM serves */
+    assert_int_equal(h.prefix_len, 8);
+    kvt_hit_dispose(&h);
+    assert_int_equal(mem_tier_counts_get(mt).restores, 0);
+    tier_put(mt, "", t, 10, "k");
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_COLD);
+    assert_int_equal(h.prefix_len, 10);
+    assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 10);
+    assert_memory_equal(h.entry.tokens, t, 10 * sizeof(int32_t));
+    kvt_hit_dispose(&h);
+    /* longer than the prompt allows: the cold entry is trimmed to n - 1 */
+    tier_put(mt, "", t, 16, "k");
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_COLD);
+    assert_int_equal(h.prefix_len, 11);
+    assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 11);
+    kvt_hit_dispose(&h);
+    kvt_prompt_cache_stats s = stats(pc);
+    assert_int_equal(s.hits, 3); /* RAM candidacy only */
+    assert_int_equal(s.misses, 0);
+    assert_int_equal(s.cold_restores, 2);
+    assert_int_equal(mem_tier_counts_get(mt).restores, 2);
+    /* RAM miss, cold hit: a miss for RAM */
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "lora", NULL, &h), 0);
+    assert_int_equal(h.prefix_len, 0);
+    assert_int_equal(stats(pc).misses, 1);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_counts c = mem_tier_counts_get(mt);
+    mem_tier_destroy(mt);
+    assert_int_equal(c.hooks_given, c.hooks_run);
+}
+
+static void test_untrimmable_cold_tail_dropped(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    mem_tier_loose_find(mt, 1);
+    kvt_prompt_cache *pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
+    int32_t t[16];
+    seq(t, 16, 1);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 6, "k", NULL), 0);
+    tier_put(mt, "", t, 12, "kr"); /* recurrent layer: single point */
+    int32_t p[14];
+    memcpy(p, t, sizeof p);
+    p[9] = -1; /* diverges at 9: the cold entry would need a trim */
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(pc, p, 14, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_RAM);
+    assert_int_equal(h.prefix_len, 6);
+    kvt_hit_dispose(&h);
+    kvt_prompt_cache_stats s = stats(pc);
+    assert_int_equal(s.cold_unusable, 1);
+    assert_int_equal(s.cold_restores, 0);
+    assert_int_equal(s.promotions, 0);
+    assert_int_equal(s.entries, 1);
+    mem_tier_counts c = mem_tier_counts_get(mt);
+    assert_int_equal(c.restores, 1);
+    assert_int_equal(c.hooks_given, c.hooks_run); /* the dropped restore was released */
+    /* a prompt extending all of it: served from the cold tier */
+    int32_t q[14];
+    seq(q, 14, 1);
+    assert_int_equal(kvt_prompt_cache_take(pc, q, 14, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_COLD);
+    assert_int_equal(h.prefix_len, 12);
+    kvt_hit_dispose(&h);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+}
+
+static void test_promotion(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    tier_put(mt, "", t, 12, "kk");
+    kvt_prompt_cache *plain = mk(mt, 0);
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(plain, t, 14, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_COLD);
+    kvt_hit_dispose(&h);
+    assert_false(kvt_prompt_cache_find_exact(plain, t, 12, "", NULL)); /* not promoted */
+    kvt_prompt_cache_destroy(plain);
+
+    kvt_prompt_cache *pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
+    int64_t runs0 = mem_tier_counts_get(mt).hooks_run;
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(h.source, KVT_HIT_COLD);
+    assert_int_equal(h.prefix_len, 12);
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
+    assert_int_equal(stats(pc).promotions, 1);
+    /* a second request reuses RAM before the first one finishes */
+    kvt_hit h2;
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 15, "", NULL, &h2), 0);
+    assert_int_equal(h2.source, KVT_HIT_RAM);
+    assert_int_equal(h2.prefix_len, 12);
+    assert_int_equal(mem_tier_counts_get(mt).restores, 2);
+    /* the session follows the promoted entry */
+    kvt_hit h3;
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 16, "", "s", &h3), 0);
+    assert_int_equal(h3.source, KVT_HIT_SESSION);
+    kvt_hit_dispose(&h3);
+    /* the restore's release hook runs once: after the views and the RAM copy */
+    kvt_hit_dispose(&h);
+    kvt_hit_dispose(&h2);
+    assert_int_equal(mem_tier_counts_get(mt).hooks_run, runs0);
+    kvt_prompt_cache_clear(pc);
+    assert_int_equal(mem_tier_counts_get(mt).hooks_run, runs0 + 1);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+}
+
+static void test_prefetch_coalesces_and_pins(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_prompt_cache *pc = mk(mt, 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    tier_put(mt, "", t, 12, "kk");
+    mem_tier_gate(mt, 1);
+    kvt_lease *l1, *l2, *l3;
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", NULL, &l1), 0);
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 13, "", NULL, &l2), 0); /* same stored entry */
+    assert_int_equal(kvt_lease_wait(l1, 0), KVT_EAGAIN);
+    assert_int_equal(kvt_lease_wait(l1, 20), KVT_EAGAIN);
+    assert_int_equal(mem_tier_counts_get(mt).async_restores, 1);
+    kvt_prompt_cache_stats s = stats(pc);
+    assert_int_equal(s.prefetch_reads, 1);
+    assert_int_equal(s.prefetch_coalesced, 1);
+    mem_tier_gate(mt, 0);
+    assert_int_equal(kvt_lease_wait(l1, UINT64_MAX), 0);
+    assert_int_equal(kvt_lease_wait(l2, 5000), 0);
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
+    assert_int_equal(stats(pc).pinned, 1);
+    /* RAM holds it now: another prefetch reads nothing */
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", NULL, &l3), 0);
+    assert_int_equal(kvt_lease_wait(l3, 0), 0);
+    kvt_lease_release(l3);
+    assert_int_equal(mem_tier_counts_get(mt).async_restores, 1);
+    /* pinned while any interest remains */
+    assert_int_equal(kvt_prompt_cache_set_max_bytes(pc, 0), 0);
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
+    kvt_lease_release(l1);
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
+    kvt_lease_release(l2);
+    assert_false(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
+    assert_int_equal(stats(pc).pinned, 0);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+}
+
+static void test_prefetch_session_and_refusal(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_prompt_cache *pc = mk(mt, 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
+    kvt_lease *l;
+    /* the session's resident entry serves: pinned, no read */
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 12, "", "s", &l), 0);
+    assert_int_equal(stats(pc).pinned, 1);
+    assert_int_equal(mem_tier_counts_get(mt).finds, 0);
+    kvt_lease_release(l);
+    assert_int_equal(stats(pc).pinned, 0);
+    /* a tier that refuses the async read: the error comes back, no lease */
+    tier_put(mt, "", t, 12, "k");
+    mem_tier_no_async(mt, 1);
+    l = (kvt_lease *)&l;
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", NULL, &l), KVT_EAGAIN);
+    assert_null(l);
+    assert_int_equal(stats(pc).pinned, 0);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+}
+
+static void test_clear_during_read_discards(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_prompt_cache *pc = mk(mt, 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    tier_put(mt, "", t, 12, "kk");
+    mem_tier_gate(mt, 1);
+    kvt_lease *l;
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", NULL, &l), 0);
+    kvt_prompt_cache_clear(pc);
+    mem_tier_gate(mt, 0);
+    assert_int_equal(kvt_lease_wait(l, UINT64_MAX), KVT_ESTALE);
+    kvt_lease_release(l);
+    mem_tier_quiesce(mt);
+    kvt_prompt_cache_stats s = stats(pc);
+    assert_int_equal(s.entries, 0);
+    assert_int_equal(s.prefetch_discarded, 1);
+    mem_tier_counts c = mem_tier_counts_get(mt);
+    assert_int_equal(c.hooks_given, 1);
+    assert_int_equal(c.hooks_run, 1); /* the discarded read was released */
+    /* a delayed read with no interest left is still published */
+    mem_tier_async_delay(mt, 10);
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", NULL, &l), 0);
+    kvt_lease_release(l);
+    mem_tier_quiesce(mt);
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
+    assert_int_equal(stats(pc).pinned, 0);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+}
+
+static void test_restore_failure_falls_back(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_prompt_cache *pc = mk(mt, 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 4, "k", NULL), 0);
+    tier_put(mt, "", t, 12, "k");
+    mem_tier_fail_restores(mt, 1);
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_RAM);
+    assert_int_equal(h.prefix_len, 4);
+    kvt_hit_dispose(&h);
+    assert_int_equal(stats(pc).cold_failures, 1);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cold_only_when_strictly_longer),
+        cmocka_unit_test(test_untrimmable_cold_tail_dropped),
+        cmocka_unit_test(test_promotion),
+        cmocka_unit_test(test_prefetch_coalesces_and_pins),
+        cmocka_unit_test(test_prefetch_session_and_refusal),
+        cmocka_unit_test(test_clear_during_read_discards),
+        cmocka_unit_test(test_restore_failure_falls_back),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
