@@ -15,7 +15,7 @@ struct kvt_buf {
     size_t bytes;
     void (*release)(void *ctx, void *data, size_t bytes); /* NULL: data is inline */
     void *ctx;
-    _Alignas(64) unsigned char inline_data[]; /* (bytes) for kvt_buf_new */
+    _Alignas(16) unsigned char inline_data[]; /* (bytes) for kvt_buf_new; 16 = what malloc guarantees */
 };
 
 static _Atomic uint64_t kvt__copied;

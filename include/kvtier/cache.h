@@ -101,7 +101,7 @@ typedef struct kvt_cache kvt_cache;
 /** Operations of one cache kind. Every pointer is required unless noted. */
 typedef struct kvt_cache_ops {
     const char *kind; /* unique name, at most 31 bytes, e.g. "kv" */
-    /** Bytes held outside shared buffers (mutable tails, headers). */
+    /** Bytes held outside the buffers foreach_buf visits (headers, tables). */
     size_t (*private_bytes)(const kvt_cache *c);
     /** Calls fn once for every refcounted buffer the cache holds (full kv
      * blocks, shared rings). Lets owners count a shared buffer once. */
