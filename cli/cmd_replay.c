@@ -47,9 +47,13 @@ static void usage(FILE *f)
             "TRACE defaults to $KVT_SHARED_DIR/data/traces/mooncake_conversation_trace.jsonl\n"
             "(both shared traces for --sweep). Capacity is in 512-token blocks (default %d);\n"
             "--ram BYTES sets it to BYTES / (512 * B). B defaults to %d bytes per token.\n"
-            "--policy: lru-ref (plain LRU over ids, the README cross-check), opt (Belady's\n"
-            "offline optimum), lru (block LRU, leaf first), lfu-aged (default: recency plus\n"
-            "frequency). --sim replays ids only (block-level simulator).\n"
+            "--policy (kvtier replay --list-policies):\n"
+            "  lru-ref     plain LRU over hash ids (block simulator; the README cross-check)\n"
+            "  opt         Belady's offline optimum (block simulator)\n"
+            "  lru         prompt cache, block-granular LRU, leaf first along the radix tree\n"
+            "  lfu-aged    prompt cache, block-granular recency plus frequency (default)\n"
+            "  entry-lru, entry-slru  prompt cache, whole entries leave (entry-level)\n"
+            "--sim runs lru and lfu-aged in the block simulator (ids only, no kv bytes).\n"
             "--sweep: capacities 1000 10000 30000 100000, every policy; a table and a PNG\n"
             "chart (default replay-sweep.png) drawn by gnuplot.\n",
             DEFAULT_CAPACITY, DEFAULT_BYTES_PER_TOKEN);
@@ -148,14 +152,41 @@ static int parse_args(int argc, char **argv, opts *o)
 
 /* ---- policies --------------------------------------------------------------- */
 
-static int known_policy(const char *name)
+/* Every policy name: the simulator-only ones (lru-ref, opt), then the
+ * prompt cache's. */
+static int all_policies(const char **out, int cap)
 {
     const char *const *names;
-    int n = kvt_replay_sim_policies(&names);
+    int n = 0, k = kvt_replay_sim_policies(&names);
+    for (int i = 0; i < k && n < cap; i++)
+        if (!strcmp(names[i], "lru-ref") || !strcmp(names[i], "opt"))
+            out[n++] = names[i];
+    k = kvt_replay_cache_policies(&names);
+    for (int i = 0; i < k && n < cap; i++)
+        out[n++] = names[i];
+    return n;
+}
+
+static int in_list(const char *name, const char *const *names, int n)
+{
     for (int i = 0; i < n; i++)
         if (!strcmp(names[i], name))
             return 1;
     return 0;
+}
+
+static int known_policy(const char *name)
+{
+    const char *names[16];
+    return in_list(name, names, all_policies(names, 16));
+}
+
+/* Whether `policy` runs in the block simulator (ids only). */
+static int use_sim(const char *policy, const opts *o)
+{
+    const char *const *names;
+    int n = kvt_replay_cache_policies(&names);
+    return o->sim || !in_list(policy, names, n);
 }
 
 /* ---- progress bar ---------------------------------------------------------- */
@@ -195,8 +226,16 @@ static int run_one(const kvt_trace *t, const char *policy, int64_t capacity, con
 {
     progress_ctx pc = {.label = policy};
     int show = !o->quiet && isatty(STDERR_FILENO);
-    *engine = "block simulator";
-    int rc = kvt_replay_sim(t, policy, capacity, show ? progress_bar : NULL, &pc, res);
+    int rc;
+    if (use_sim(policy, o)) {
+        *engine = "block simulator";
+        rc = kvt_replay_sim(t, policy, capacity, show ? progress_bar : NULL, &pc, res);
+    } else {
+        *engine = "prompt cache";
+        kvt_replay_config cfg = {.policy = policy, .capacity_blocks = capacity,
+                                 .bytes_per_token = (int32_t)o->bytes_per_token};
+        rc = kvt_replay_cache(t, &cfg, show ? progress_bar : NULL, &pc, res);
+    }
     if (rc)
         fprintf(stderr, "kvtier replay: %s: %s\n", kvt_strerror(rc), kvt_last_error());
     return rc;
@@ -320,8 +359,8 @@ static int have_gnuplot(void)
 
 static int sweep(const opts *o, kvt_trace **traces, const char *const *paths, int n_traces)
 {
-    const char *const *pols;
-    int n_pols = kvt_replay_sim_policies(&pols);
+    const char *pols[16];
+    int n_pols = all_policies(pols, 16);
     double *ratios = calloc((size_t)n_traces * n_pols * N_CAPS, sizeof *ratios);
     if (!ratios)
         return 1;
@@ -387,8 +426,8 @@ int kvt_cmd_replay(int argc, char **argv)
     if (prc)
         return prc > 0 ? 0 : 2;
     if (o.list) {
-        const char *const *names;
-        int n = kvt_replay_sim_policies(&names);
+        const char *names[16];
+        int n = all_policies(names, 16);
         for (int i = 0; i < n; i++)
             printf("%s\n", names[i]);
         return 0;

@@ -133,6 +133,41 @@ typedef int (*kvt_replay_progress_fn)(int64_t done, int64_t total, void *ctx);
 KVT_API int kvt_replay_sim(const kvt_trace *t, const char *policy, int64_t capacity_blocks,
                            kvt_replay_progress_fn progress, void *ctx, kvt_replay_result *out);
 
+/** Names kvt_replay_cache accepts: the block policies ("lru": block-level
+ * LRU, leaf first; "lfu-aged"), which cut entries block by block, then
+ * "entry-lru" and "entry-slru", the prompt cache's entry-level retention
+ * (whole entries leave). @param names receives a static array (may be
+ * NULL). @return the count. Thread-safe. */
+KVT_API int kvt_replay_cache_policies(const char *const **names);
+
+/** How kvt_replay_cache runs. */
+typedef struct kvt_replay_config {
+    const char *policy;        /* a kvt_replay_cache_policies() name */
+    int64_t capacity_blocks;   /* RAM budget in 512-token blocks, >= 1 */
+    int32_t bytes_per_token;   /* kv bytes per token (K and V, f32): a
+                                  multiple of 8, >= 8 */
+} kvt_replay_config;
+
+/** Replays a trace through the real RAM prompt cache (kvtier/prompt_cache.h).
+ *
+ * One kv layer of bytes_per_token / 8 floats per token for K (and as many
+ * for V) in blocks of 512 tokens. The RAM budget is capacity_blocks * 512 *
+ * bytes_per_token bytes plus 64 bytes per block for the caches' own
+ * bookkeeping (private bytes). Each request: take(prompt), append the
+ * prompt's tokens after the prefix it lent (zeros: the values do not
+ * matter here), put the whole prompt back (it supersedes the entry it
+ * extends). A block is a hit when every token of it that the request could
+ * reuse (all but the prompt's final token) came from the cache.
+ *
+ * @param out receives the figures (zeroed first); peak_blocks is the most
+ *        block bytes resident at once, in blocks.
+ * @return 0; KVT_EINVAL (NULL argument, capacity < 1, bytes_per_token not
+ *         a positive multiple of 8); KVT_ENOTFOUND (unknown policy);
+ *         KVT_ENOMEM; an error of the prompt cache (kvt_last_error says).
+ */
+KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
+                             kvt_replay_progress_fn progress, void *ctx, kvt_replay_result *out);
+
 #ifdef __cplusplus
 }
 #endif
