@@ -9,6 +9,8 @@
  */
 #include "model_internal.h"
 
+#include "pool.h"
+
 #include "../src/internal.h"
 
 #include <cblas.h>
@@ -44,33 +46,47 @@ int kvt__model_alloc_scratch(kvt_model *m)
     s->rope_cos = p, p += T * half;
     s->rope_sin = p;
     s->scores = NULL;
-    return 0;
+    /* The engine splits work over its own threads; OpenBLAS runs each piece
+     * single-threaded (its own threads would fight ours and spin). */
+    openblas_set_num_threads(1);
+    return kvt__pool_create(0, &m->pool);
 }
 
 void kvt__model_free_scratch(kvt_model *m)
 {
+    kvt__pool_free(m->pool);
     kvt__free(m->scratch_block);
     kvt__free(m->s.scores);
+    kvt__free(m->segs);
+    m->pool = NULL;
     m->scratch_block = NULL;
     m->s.scores = NULL;
+    m->segs = NULL;
 }
 
-/* Attention scores scratch: grown (never shrunk) to at least n floats;
- * *cap is the capacity in floats (kept in the model between calls). */
-static int ensure_scores(kvt_model *m, size_t n, size_t *cap)
+/* Grows a scratch array (never shrinks) to at least n elements of `size`
+ * bytes; *cap is its capacity in elements, kept in the model. */
+static int ensure_array(kvt_model *m, void **arr, size_t *cap, size_t n, size_t size, const char *what)
 {
     if (n <= *cap)
         return 0;
-    size_t want = n < 4096 ? 4096 : n;
+    size_t want = n < 1024 ? 1024 : n;
     if (want < *cap * 2)
         want = *cap * 2;
-    float *p = kvt__realloc(m->s.scores, want * sizeof(float));
+    void *p = kvt__realloc(*arr, want * size);
     if (!p)
-        return kvt__fail(KVT_ENOMEM, "%s: out of memory for %zu bytes of attention scores", m->path,
-                         want * sizeof(float));
-    m->s.scores = p;
+        return kvt__fail(KVT_ENOMEM, "%s: out of memory for %zu bytes of %s", m->path, want * size, what);
+    *arr = p;
     *cap = want;
     return 0;
+}
+
+static int ensure_scores(kvt_model *m, size_t n)
+{
+    void *a = m->s.scores;
+    int rc = ensure_array(m, &a, &m->scores_cap, n, sizeof(float), "attention scores");
+    m->s.scores = a;
+    return rc;
 }
 
 /* ---- kernels ---------------------------------------------------------- */
@@ -87,14 +103,38 @@ static void rmsnorm(float *o, const float *x, const float *w, int n)
         o[j] = w[j] * (ss * x[j]);
 }
 
-/* out (T, n_out) = x (T, n_in) . W^T, W (n_out, n_in) row-major. */
-static void matmul(float *out, const float *x, const float *W, int T, int n_in, int n_out)
+/* Below this many multiply-adds a product runs on the calling thread only:
+ * waking a worker costs more than it saves. */
+#define PAR_MIN_MACS (1 << 17)
+
+typedef struct {
+    float *out;
+    const float *x, *W;
+    int T, n_in, n_out;
+} mm_job;
+
+static void mm_part(void *vj, int i, int n)
 {
-    if (T == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n_out, n_in, 1.0f, W, n_in, x, 1, 0.0f, out, 1);
+    const mm_job *j = vj;
+    int r0 = (int)((int64_t)j->n_out * i / n) & ~7, r1 = i == n - 1 ? j->n_out : (int)((int64_t)j->n_out * (i + 1) / n) & ~7;
+    if (r1 <= r0)
+        return;
+    const float *W = j->W + (size_t)r0 * j->n_in;
+    if (j->T == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, r1 - r0, j->n_in, 1.0f, W, j->n_in, j->x, 1, 0.0f, j->out + r0, 1);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n_out, n_in, 1.0f, x, n_in, W, n_in, 0.0f, out,
-                    n_out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, r1 - r0, j->n_in, 1.0f, j->x, j->n_in, W, j->n_in,
+                    0.0f, j->out + r0, j->n_out);
+}
+
+/* out (T, n_out) = x (T, n_in) . W^T, W (n_out, n_in) row-major; rows of W
+ * split over the pool. */
+static void matmul(kvt_model *m, float *out, const float *x, const float *W, int T, int n_in, int n_out)
+{
+    mm_job j = {out, x, W, T, n_in, n_out};
+    double macs = (double)T * n_in * n_out;
+    int parts = macs >= PAR_MIN_MACS && n_out >= 16 ? kvt__pool_size(m->pool) : 1;
+    kvt__pool_run(m->pool, mm_part, &j, parts);
 }
 
 static void softmax(float *x, int n)
@@ -138,139 +178,132 @@ static void rope_apply(float *vec, int n, int hs, const float *fcos, const float
     }
 }
 
-/* One segment of keys/values: n rows of kv_dim floats. */
-typedef struct {
-    const float *k, *v;
-    int32_t n;
-} kv_seg;
+/* ---- attention ---------------------------------------------------------- */
 
-/* Attention of one query token (q: dim floats, RoPE applied) over the
- * concatenated segments (n_total keys); writes dim floats to out. scores
- * holds n_total floats. */
-static void attend_one(const kvt_model_config *c, const float *q, const kv_seg *segs, int n_segs, int n_total,
-                       float *scores, float *out)
-{
-    int hs = c->head_size, kv = c->kv_dim, kv_mul = c->n_heads / c->n_kv_heads;
-    float scale = 1.0f / sqrtf((float)hs);
-    for (int h = 0; h < c->n_heads; h++) {
-        const float *qh = q + (size_t)h * hs;
-        size_t koff = (size_t)(h / kv_mul) * hs;
-        int base = 0;
-        for (int s = 0; s < n_segs; s++) {
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, segs[s].n, hs, scale, segs[s].k + koff, kv, qh, 1, 0.0f,
-                        scores + base, 1);
-            base += segs[s].n;
-        }
-        softmax(scores, n_total);
-        float *oh = out + (size_t)h * hs;
-        base = 0;
-        for (int s = 0; s < n_segs; s++) {
-            cblas_sgemv(CblasRowMajor, CblasTrans, segs[s].n, hs, 1.0f, segs[s].v + koff, kv, scores + base, 1,
-                        s ? 1.0f : 0.0f, oh, 1);
-            base += segs[s].n;
-        }
-    }
-}
-
-/* ---- layers ----------------------------------------------------------- */
-
+/* One attention job: T queries (s.q rows, RoPE applied) at positions p0..
+ * over n_segs segments of keys/values holding ctx tokens in position order
+ * (or, for a ring, any order with T = 1). Heads are split over the parts;
+ * each part uses its own stripe of s.scores (stride floats). */
 typedef struct {
     kvt_model *m;
-    size_t scores_cap; /* floats allocated at m->s.scores */
-} fwd_ctx;
+    const kvt__seg *segs;
+    int n_segs;
+    int64_t p0, ctx;
+    int T;
+    const float *q; /* (T, dim) */
+    float *out;     /* (T, dim) */
+    size_t stride;  /* floats of scores per part */
+} attn_job;
 
-/* Causal attention of T queries at positions p0.. over a kv cache that
- * already holds p0 + T tokens (the chunk's K/V appended). att (T, dim). */
-static int attn_kv(fwd_ctx *fc, const kvt_cache *cache, int64_t p0, int T)
+static void attn_part(void *vj, int part, int n_parts)
 {
-    kvt_model *m = fc->m;
-    const kvt_model_config *c = &m->cfg;
-    int64_t ctx = p0 + T;
-    int32_t B = kvt_kv_block_tokens(cache);
-    int64_t n_blocks = (ctx + B - 1) / B;
-    int rc;
-    if (T == 1) {
-        /* decode: segments = blocks; at most ctx scores + block pointers */
-        if ((rc = ensure_scores(m, (size_t)ctx, &fc->scores_cap)) != 0)
-            return rc;
-        enum { SEG_BATCH = 64 };
-        /* attend_one needs all segments at once for the softmax; gather them
-         * in a small on-stack array per group of blocks when it fits, else
-         * score block by block below. */
-        if (n_blocks <= SEG_BATCH) {
-            kv_seg segs[SEG_BATCH];
-            int total = 0;
-            for (int64_t b = 0; b < n_blocks; b++) {
-                if ((rc = kvt_kv_block(cache, b, &segs[b].k, &segs[b].v, &segs[b].n)) != 0)
-                    return rc;
-                total += segs[b].n;
-            }
-            attend_one(c, m->s.q, segs, (int)n_blocks, total, m->s.scores, m->s.att);
-            return 0;
-        }
-    }
-    /* batched (or decode over many blocks): per head, S (T, ctx) = Q_h K_h^T by
-     * blocks, causal mask + softmax per row, O_h = S V_h by blocks. */
-    if ((rc = ensure_scores(m, (size_t)T * (size_t)ctx, &fc->scores_cap)) != 0)
-        return rc;
+    const attn_job *j = vj;
+    const kvt_model_config *c = &j->m->cfg;
     int hs = c->head_size, d = c->dim, kv = c->kv_dim, kv_mul = c->n_heads / c->n_kv_heads;
+    int h0 = c->n_heads * part / n_parts, h1 = c->n_heads * (part + 1) / n_parts;
     float scale = 1.0f / sqrtf((float)hs);
-    float *S = m->s.scores;
-    for (int h = 0; h < c->n_heads; h++) {
+    float *S = j->m->s.scores + (size_t)part * j->stride; /* (T, ctx) */
+    int ctx = (int)j->ctx;
+    for (int h = h0; h < h1; h++) {
         size_t koff = (size_t)(h / kv_mul) * hs;
-        const float *qh = m->s.q + (size_t)h * hs;
-        for (int64_t b = 0; b < n_blocks; b++) {
-            const float *kb, *vb;
-            int32_t nb;
-            if ((rc = kvt_kv_block(cache, b, &kb, &vb, &nb)) != 0)
-                return rc;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, nb, hs, scale, qh, d, kb + koff, kv, 0.0f,
-                        S + b * B, (int)ctx);
+        const float *qh = j->q + (size_t)h * hs;
+        float *oh = j->out + (size_t)h * hs;
+        int base = 0;
+        for (int s = 0; s < j->n_segs; s++) {
+            const kvt__seg *g = &j->segs[s];
+            if (j->T == 1)
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, g->n, hs, scale, g->k + koff, kv, qh, 1, 0.0f, S + base, 1);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, g->n, hs, scale, qh, d, g->k + koff, kv,
+                            0.0f, S + base, ctx);
+            base += g->n;
         }
-        for (int t = 0; t < T; t++) {
+        for (int t = 0; t < j->T; t++) {
             float *row = S + (size_t)t * ctx;
-            int64_t n = p0 + t + 1;
-            softmax(row, (int)n);
+            int n = j->T == 1 ? ctx : (int)(j->p0 + t + 1); /* causal inside the batch */
+            softmax(row, n);
             if (n < ctx)
                 memset(row + n, 0, (size_t)(ctx - n) * sizeof(float));
         }
-        float *oh = m->s.att + (size_t)h * hs;
-        for (int64_t b = 0; b < n_blocks; b++) {
-            const float *kb, *vb;
-            int32_t nb;
-            if ((rc = kvt_kv_block(cache, b, &kb, &vb, &nb)) != 0)
-                return rc;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, nb, 1.0f, S + b * B, (int)ctx, vb + koff,
-                        kv, b ? 1.0f : 0.0f, oh, d);
+        base = 0;
+        for (int s = 0; s < j->n_segs; s++) {
+            const kvt__seg *g = &j->segs[s];
+            if (j->T == 1)
+                cblas_sgemv(CblasRowMajor, CblasTrans, g->n, hs, 1.0f, g->v + koff, kv, S + base, 1, s ? 1.0f : 0.0f,
+                            oh, 1);
+            else
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T, hs, g->n, 1.0f, S + base, ctx,
+                            g->v + koff, kv, s ? 1.0f : 0.0f, oh, d);
+            base += g->n;
         }
     }
+}
+
+static int run_attention(kvt_model *m, const kvt__seg *segs, int n_segs, int64_t p0, int64_t ctx, int T,
+                         const float *q, float *out)
+{
+    const kvt_model_config *c = &m->cfg;
+    double macs = 2.0 * T * (double)ctx * c->dim;
+    int parts = macs >= PAR_MIN_MACS ? kvt__pool_size(m->pool) : 1;
+    if (parts > c->n_heads)
+        parts = c->n_heads;
+    size_t stride = (size_t)T * (size_t)ctx;
+    int rc = ensure_scores(m, stride * (size_t)parts);
+    if (rc != 0)
+        return rc;
+    attn_job j = {m, segs, n_segs, p0, ctx, T, q, out, stride};
+    kvt__pool_run(m->pool, attn_part, &j, parts);
     return 0;
 }
 
-/* Sliding-window attention: token by token, append then attend the ring. */
-static int attn_window(fwd_ctx *fc, kvt_cache *cache, int T)
+/* Causal attention of T queries at positions p0.. over a kv cache that
+ * already holds p0 + T tokens (the chunk's K/V appended). Writes s.att. */
+static int attn_kv(kvt_model *m, const kvt_cache *cache, int64_t p0, int T)
 {
-    kvt_model *m = fc->m;
+    int64_t ctx = p0 + T;
+    int32_t B = kvt_kv_block_tokens(cache);
+    int64_t n_blocks = (ctx + B - 1) / B;
+    void *a = m->segs;
+    int rc = ensure_array(m, &a, &m->segs_cap, (size_t)n_blocks, sizeof(kvt__seg), "block pointers");
+    m->segs = a;
+    if (rc != 0)
+        return rc;
+    int64_t total = 0;
+    for (int64_t b = 0; b < n_blocks; b++) {
+        kvt__seg *g = &m->segs[b];
+        if ((rc = kvt_kv_block(cache, b, &g->k, &g->v, &g->n)) != 0)
+            return rc;
+        total += g->n;
+    }
+    if (total != ctx)
+        return kvt__fail(KVT_EINVAL, "%s: kv cache blocks hold %lld tokens, expected %lld", m->path,
+                         (long long)total, (long long)ctx);
+    return run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, m->s.q, m->s.att);
+}
+
+/* Sliding-window attention: token by token, append then attend the ring
+ * (slot order is not position order; softmax attention does not care). */
+static int attn_window(kvt_model *m, kvt_cache *cache, int T)
+{
     const kvt_model_config *c = &m->cfg;
     int rc;
-    if ((rc = ensure_scores(m, (size_t)c->sliding_window, &fc->scores_cap)) != 0)
-        return rc;
     for (int t = 0; t < T; t++) {
         const void *in[2] = {m->s.k + (size_t)t * c->kv_dim, m->s.v + (size_t)t * c->kv_dim};
         if ((rc = kvt_cache_append(cache, 1, in)) != 0)
             return rc;
-        kv_seg seg;
+        kvt__seg seg;
         if ((rc = kvt_rotating_view(cache, &seg.k, &seg.v, &seg.n)) != 0)
             return rc;
-        attend_one(c, m->s.q + (size_t)t * c->dim, &seg, 1, seg.n, m->s.scores, m->s.att + (size_t)t * c->dim);
+        if ((rc = run_attention(m, &seg, 1, 0, seg.n, 1, m->s.q + (size_t)t * c->dim,
+                                m->s.att + (size_t)t * c->dim)) != 0)
+            return rc;
     }
     return 0;
 }
 
 /* Gated linear recurrence over the chunk; leaves out (T, dim) in s.att. */
-static int recurrent(fwd_ctx *fc, kvt_cache *cache, int l, int T)
+static int recurrent(kvt_model *m, kvt_cache *cache, int l, int T)
 {
-    kvt_model *m = fc->m;
     const kvt_model_config *c = &m->cfg;
     int d = c->dim;
     const float *h0 = kvt_recurrent_state(cache);
@@ -278,8 +311,8 @@ static int recurrent(fwd_ctx *fc, kvt_cache *cache, int l, int T)
         return kvt__fail(KVT_EINVAL, "layer %d: cache is not recurrent", l);
     float *A = m->s.q, *U = m->s.att, *h = m->s.state;
     memcpy(h, h0, (size_t)d * sizeof(float));
-    matmul(A, m->s.xb, m->w.rec_wa[l], T, d, d);
-    matmul(U, m->s.xb, m->w.rec_wx[l], T, d, d);
+    matmul(m, A, m->s.xb, m->w.rec_wa[l], T, d, d);
+    matmul(m, U, m->s.xb, m->w.rec_wx[l], T, d, d);
     for (int t = 0; t < T; t++) {
         float *a = A + (size_t)t * d;
         const float *u = U + (size_t)t * d;
@@ -293,14 +326,13 @@ static int recurrent(fwd_ctx *fc, kvt_cache *cache, int l, int T)
     int rc = kvt_cache_append(cache, T, in);
     if (rc != 0)
         return rc;
-    matmul(m->s.att, A, m->w.wo + (size_t)l * d * d, T, d, d);
+    matmul(m, m->s.att, A, m->w.wo + (size_t)l * d * d, T, d, d);
     return 0;
 }
 
 /* One chunk of T tokens at positions p0.. through every layer. */
-static int forward_chunk(fwd_ctx *fc, kvt_cache **caches, const int32_t *tokens, int T, int64_t p0)
+static int forward_chunk(kvt_model *m, kvt_cache **caches, const int32_t *tokens, int T, int64_t p0)
 {
-    kvt_model *m = fc->m;
     const kvt_model_config *c = &m->cfg;
     const kvt__weights *w = &m->w;
     kvt__scratch *s = &m->s;
@@ -314,28 +346,28 @@ static int forward_chunk(fwd_ctx *fc, kvt_cache **caches, const int32_t *tokens,
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, w->rms_att + (size_t)l * d, d);
         if (c->layer_kind[l] == KVT_LAYER_RECURRENT) {
-            if ((rc = recurrent(fc, caches[l], l, T)) != 0)
+            if ((rc = recurrent(m, caches[l], l, T)) != 0)
                 return rc;
         } else {
-            matmul(s->q, s->xb, w->wq + l * dd, T, d, d);
-            matmul(s->k, s->xb, w->wk + l * kd, T, d, kv);
-            matmul(s->v, s->xb, w->wv + l * kd, T, d, kv);
+            matmul(m, s->q, s->xb, w->wq + l * dd, T, d, d);
+            matmul(m, s->k, s->xb, w->wk + l * kd, T, d, kv);
+            matmul(m, s->v, s->xb, w->wv + l * kd, T, d, kv);
             for (int t = 0; t < T; t++) {
                 const float *fc_ = s->rope_cos + (size_t)t * half, *fs = s->rope_sin + (size_t)t * half;
                 rope_apply(s->q + (size_t)t * d, d, c->head_size, fc_, fs);
                 rope_apply(s->k + (size_t)t * kv, kv, c->head_size, fc_, fs);
             }
             if (c->layer_kind[l] == KVT_LAYER_WINDOW) {
-                rc = attn_window(fc, caches[l], T);
+                rc = attn_window(m, caches[l], T);
             } else {
                 const void *in[2] = {s->k, s->v};
                 rc = kvt_cache_append(caches[l], T, in);
                 if (rc == 0)
-                    rc = attn_kv(fc, caches[l], p0, T);
+                    rc = attn_kv(m, caches[l], p0, T);
             }
             if (rc != 0)
                 return rc;
-            matmul(s->xb, s->att, w->wo + l * dd, T, d, d);
+            matmul(m, s->xb, s->att, w->wo + l * dd, T, d, d);
             for (size_t i = 0; i < (size_t)T * d; i++)
                 s->x[i] += s->xb[i];
             goto ffn;
@@ -345,14 +377,14 @@ static int forward_chunk(fwd_ctx *fc, kvt_cache **caches, const int32_t *tokens,
     ffn:
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, w->rms_ffn + (size_t)l * d, d);
-        matmul(s->hb, s->xb, w->w1 + l * hdd, T, d, hd);
-        matmul(s->hb2, s->xb, w->w3 + l * hdd, T, d, hd);
+        matmul(m, s->hb, s->xb, w->w1 + l * hdd, T, d, hd);
+        matmul(m, s->hb2, s->xb, w->w3 + l * hdd, T, d, hd);
         for (size_t i = 0; i < (size_t)T * hd; i++) {
             float v = s->hb[i];
             v *= 1.0f / (1.0f + expf(-v));
             s->hb[i] = v * s->hb2[i];
         }
-        matmul(s->xb, s->hb, w->w2 + l * hdd, T, hd, d);
+        matmul(m, s->xb, s->hb, w->w2 + l * hdd, T, hd, d);
         for (size_t i = 0; i < (size_t)T * d; i++)
             s->x[i] += s->xb[i];
     }
@@ -412,12 +444,10 @@ KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *t
     int rc = check_args(m, caches, tokens, n_tokens, &p0);
     if (rc != 0)
         return rc;
-    fwd_ctx fc = {m, m->scores_cap};
     int last = 0;
     for (int64_t i = 0; i < n_tokens; i += KVT_MODEL_CHUNK) {
         int T = (int)KVT__MIN((int64_t)KVT_MODEL_CHUNK, n_tokens - i);
-        rc = forward_chunk(&fc, caches, tokens + i, T, p0 + i);
-        m->scores_cap = fc.scores_cap;
+        rc = forward_chunk(m, caches, tokens + i, T, p0 + i);
         if (rc != 0)
             return rc;
         last = T - 1;

@@ -46,6 +46,14 @@ typedef struct kvt__scratch {
     float *rope_cos, *rope_sin; /* (chunk, head_size / 2) */
 } kvt__scratch;
 
+/* One run of keys/values: n rows of kv_dim floats each (borrowed from a cache). */
+typedef struct kvt__seg {
+    const float *k, *v; /* (n, kv_dim) */
+    int32_t n;
+} kvt__seg;
+
+struct kvt__pool;
+
 struct kvt_model {
     char *path;
     void *map;       /* mmap of the whole file */
@@ -55,6 +63,9 @@ struct kvt_model {
     kvt__scratch s;
     float *scratch_block; /* one allocation behind every kvt__scratch pointer */
     size_t scores_cap;    /* floats allocated at s.scores */
+    kvt__seg *segs;       /* (segs_cap) block pointers of the attention being run */
+    size_t segs_cap;
+    struct kvt__pool *pool; /* worker threads of the forward pass */
 };
 
 #endif
