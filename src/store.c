@@ -1723,14 +1723,18 @@ static uint64_t entry_bytes(const kvt_entry *e)
     return b;
 }
 
-static void pending_add(kvt_store *s, kvt__skey k, int delta)
+/* Pending writes per entry key; a count c is stored as (c + 1) << 1 so a
+ * value is never NULL (empty) or 1 (tombstone). */
+static int pending_add(kvt_store *s, kvt__skey k, int delta)
 {
-    uintptr_t c = (uintptr_t)kvt__kmap_get(&s->pending, k);
-    c = (uintptr_t)((intptr_t)c + delta);
-    if (c)
-        kvt__kmap_put(&s->pending, k, (void *)c);
-    else
+    uintptr_t v = (uintptr_t)kvt__kmap_get(&s->pending, k);
+    int64_t c = v ? (int64_t)(v >> 1) - 1 : 0;
+    c += delta;
+    if (c <= 0) {
         kvt__kmap_del(&s->pending, k);
+        return 0;
+    }
+    return kvt__kmap_put(&s->pending, k, (void *)(uintptr_t)((uint64_t)(c + 1) << 1));
 }
 
 KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
@@ -1754,13 +1758,11 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
         return closing ? kvt__fail(KVT_ECLOSED, "kvt_store_put_async: the store is closing")
                        : kvt__fail(KVT_EAGAIN, "kvt_store_put_async: the write-behind queue is full");
     }
-    if (kvt__kmap_put(&s->pending, j->key, kvt__kmap_get(&s->pending, j->key))) {
+    if (pending_add(s, j->key, 1)) {
         pthread_mutex_unlock(&s->mu);
         kvt__free(j);
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     }
-    kvt__kmap_del(&s->pending, j->key);
-    pending_add(s, j->key, 1);
     j->e = *e;
     memset(e, 0, sizeof *e);
     if (s->q_tail)

@@ -1,0 +1,932 @@
+/*
+ * test_store.c: the SSD tier (kvtier/store.h, issue 5): round trips of every
+ * cache kind and attachments, content-addressed block sharing, find rules
+ * (trimmable vs untrimmable, the n - 1 cap, namespaces), persistence across
+ * reopen with temp-file cleanup, superseding, the byte budget over the root
+ * (own LRU and idle foreign identities), injected write faults (ENOSPC, EIO,
+ * short and lying writes, fsync failures), refused shards with their own
+ * counted reason (truncated, header over bound, offsets outside the file,
+ * malformed, other identity, checksum under verify), lookups during a pending
+ * write, the write-behind bound, async restore, walk/gc, and the cold-tier
+ * table. Randomized parts print their seed (KVT_TEST_SEED replays).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "store_util.h"
+
+#include "kvtier/cache.h"
+#include "kvtier/store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const store_cfg CFG = {.n_kv = 2, .kv_dim = 8, .block = 4};
+static const store_cfg CFG_ALL = {.n_kv = 1, .kv_dim = 8, .block = 4, .qkv = 1, .window = 6, .recurrent = 40,
+                                  .attach = 33};
+
+typedef struct fx {
+    char root[512];
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    kvt_store_identity id;
+    store_cfg cfg;
+} fx;
+
+static void fx_init(fx *f, const store_cfg *cfg, const char *tag)
+{
+    f->cfg = *cfg;
+    store_tmpdir(f->root, sizeof f->root, tag);
+    assert_true(f->root[0] != '\0');
+    store_identity(cfg, "model-a", f->fp, &f->id);
+}
+
+static kvt_store *fx_open(fx *f, const kvt_store_options *o)
+{
+    kvt_store *s = NULL;
+    int rc = kvt_store_open(f->root, &f->id, o, &s);
+    if (rc)
+        fprintf(stderr, "open: %s\n", kvt_last_error());
+    assert_int_equal(rc, 0);
+    return s;
+}
+
+static void seq(int32_t *t, int64_t n, int32_t base)
+{
+    for (int64_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)i;
+}
+
+static void put_tokens(kvt_store *s, const store_cfg *cfg, const char *ns, const int32_t *t, int64_t n)
+{
+    kvt_entry e;
+    assert_int_equal(store_make_entry(cfg, ns, t, n, &e), 0);
+    int rc = kvt_store_put(s, &e);
+    if (rc)
+        fprintf(stderr, "put: %s\n", kvt_last_error());
+    assert_int_equal(rc, 0);
+    kvt_entry_clear(&e);
+}
+
+static void expect_restores(kvt_store *s, const store_cfg *cfg, const char *ns, const int32_t *t, int64_t n)
+{
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, n, ns, &hit), 0);
+    kvt_entry got, want;
+    int rc = kvt_store_restore(s, hit.handle, t, n, &got);
+    if (rc)
+        fprintf(stderr, "restore: %s\n", kvt_last_error());
+    assert_int_equal(rc, 0);
+    assert_int_equal(store_make_entry(cfg, ns, t, n, &want), 0);
+    assert_int_equal(store_entry_diff(&got, &want), 0);
+    kvt_entry_clear(&got);
+    kvt_entry_clear(&want);
+}
+
+/* ---- round trips and lookups ---------------------------------------------------- */
+
+static void roundtrip_all_kinds(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG_ALL, "rt");
+    kvt_store_options o = {.verify = 1};
+    kvt_store *s = fx_open(&f, &o);
+    int32_t t[11];
+    seq(t, 11, 100);
+    put_tokens(s, &f.cfg, "", t, 5); /* window 6 not wrapped */
+    put_tokens(s, &f.cfg, "", t, 11); /* wrapped ring */
+    expect_restores(s, &f.cfg, "", t, 5);
+    expect_restores(s, &f.cfg, "", t, 11);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 2);     /* untrimmable: no superseding */
+    assert_int_equal(st.written, 2);
+    assert_int_equal(st.restores, 2);
+    assert_int_equal(st.blocks, 2);      /* [0,4) and [4,8): kv + qkv tensors each */
+    assert_int_equal(st.blocks_shared, 1); /* the 11-token entry reused [0,4) */
+    assert_int_equal(st.longest_prefix_tokens, 11);
+    /* a second put of an equal entry writes nothing */
+    put_tokens(s, &f.cfg, "", t, 11);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.skipped, 1);
+    assert_int_equal(st.written, 2);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void find_rules(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "find");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t a[20], p[30];
+    seq(a, 20, 1);
+    put_tokens(s, &f.cfg, "", a, 20);
+    kvt_cold_hit hit;
+    /* prompt extends the entry: whole entry usable */
+    seq(p, 30, 1);
+    assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 20);
+    assert_int_equal(hit.n_tokens, 20);
+    /* prompt equal to the entry: capped at n - 1 */
+    assert_int_equal(kvt_store_find(s, p, 20, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 19);
+    /* divergent prompt: a trimmable entry serves the common prefix */
+    seq(p, 30, 1);
+    p[7] = 9999;
+    assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 7);
+    /* other namespace, one-token prompt, first token differs */
+    assert_int_equal(kvt_store_find(s, p, 30, "lora:x", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find(s, p, 1, "", &hit), KVT_ENOTFOUND);
+    p[0] = 5000;
+    assert_int_equal(kvt_store_find(s, p, 30, "", &hit), KVT_ENOTFOUND);
+    /* restore with a prompt that differs from the stored tokens is a miss */
+    seq(p, 30, 1);
+    assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
+    p[3] = -1;
+    kvt_entry e;
+    assert_int_equal(kvt_store_restore(s, hit.handle, p, 30, &e), KVT_ENOTFOUND);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_TOKENS], 1);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+
+    /* untrimmable (recurrent layer): only prompts extending all its tokens */
+    store_cfg u = CFG;
+    u.recurrent = 16;
+    fx_init(&f, &u, "find-u");
+    s = fx_open(&f, NULL);
+    put_tokens(s, &f.cfg, "", a, 20);
+    seq(p, 30, 1);
+    assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 20);
+    assert_int_equal(kvt_store_find(s, p, 20, "", &hit), KVT_ENOTFOUND); /* would need a trim */
+    p[7] = 9999;
+    assert_int_equal(kvt_store_find(s, p, 30, "", &hit), KVT_ENOTFOUND);
+    /* a shorter untrimmable snapshot serves the divergent prompt */
+    put_tokens(s, &f.cfg, "", a, 6);
+    assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 6);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void shared_prefix_stored_once(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "share");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t sys[64], t[80];
+    seq(sys, 64, 7);
+    for (int c = 0; c < 5; c++) { /* five conversations on one 64-token system prompt */
+        memcpy(t, sys, sizeof sys);
+        seq(t + 64, 16, 1000 * (c + 1));
+        put_tokens(s, &f.cfg, "", t, 80);
+    }
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 5);
+    /* 16 shared blocks once + 4 own blocks per conversation */
+    assert_int_equal(st.blocks, 16 + 5 * 4);
+    assert_int_equal(st.blocks_shared, 4 * 16);
+    assert_int_equal(store_count_files(kvt_store_dir(s), "b"), 36);
+    for (int c = 0; c < 5; c++) {
+        memcpy(t, sys, sizeof sys);
+        seq(t + 64, 16, 1000 * (c + 1));
+        expect_restores(s, &f.cfg, "", t, 80);
+    }
+    /* the same tokens in another namespace are other blocks */
+    put_tokens(s, &f.cfg, "lora:a", t, 80);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.blocks, 36 + 20);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void supersede_prefixes(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "sup");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[40];
+    seq(t, 40, 3);
+    put_tokens(s, &f.cfg, "", t, 10);
+    put_tokens(s, &f.cfg, "", t, 25);
+    put_tokens(s, &f.cfg, "", t, 40);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.superseded, 2);
+    assert_int_equal(store_count_files(kvt_store_dir(s), "e"), 1);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find(s, t, 11, "", &hit), 0); /* served by the 40-token entry */
+    assert_int_equal(hit.prefix_len, 10);
+    assert_int_equal(hit.n_tokens, 40);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void objects_and_attachments(void **state)
+{
+    (void)state;
+    store_cfg oc = {.attach = 100};
+    fx f;
+    fx_init(&f, &oc, "obj");
+    kvt_store *s = fx_open(&f, NULL);
+    put_tokens(s, &f.cfg, "object:img-1", NULL, 0);
+    expect_restores(s, &f.cfg, "object:img-1", NULL, 0);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, NULL, 0, "object:img-2", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* ---- persistence ------------------------------------------------------------------ */
+
+static void reopen_and_temp_cleanup(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG_ALL, "reopen");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[30];
+    seq(t, 30, 50);
+    put_tokens(s, &f.cfg, "", t, 30);
+    put_tokens(s, &f.cfg, "ns2", t, 12);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", kvt_store_dir(s));
+    assert_int_equal(kvt_store_close(s), 0);
+    /* a dead writer's leftover temp file (pid far above pid_max) */
+    char p[1200];
+    snprintf(p, sizeof p, "%s/.tmp.2000000000.7.eabc.safetensors", dir);
+    int fd = open(p, O_CREAT | O_WRONLY, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "partial", 7), 7);
+    close(fd);
+    s = fx_open(&f, NULL);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 2);
+    assert_int_equal(st.temp_removed, 1);
+    assert_int_equal(store_count_files(dir, ".tmp."), 0);
+    expect_restores(s, &f.cfg, "", t, 30);
+    expect_restores(s, &f.cfg, "ns2", t, 12);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* ---- faults ------------------------------------------------------------------------ */
+
+static void fault_case(int err, int shortw, int lie, int fsync_fail, int expect)
+{
+    fx f;
+    fx_init(&f, &CFG, "fault");
+    store_faults fl;
+    kvt_store_io io;
+    store_faults_init(&fl, &io);
+    kvt_store_options o = {.io = &io};
+    kvt_store *s = fx_open(&f, &o);
+    int32_t t[10];
+    seq(t, 10, 1);
+    pthread_mutex_lock(&fl.mu);
+    fl.err = err;
+    fl.short_write = shortw;
+    fl.lie = lie;
+    if (fsync_fail)
+        fl.fail_fsync_after = fsync_fail;
+    else
+        fl.fail_pwrite_after = 4; /* inside the second block or the entry */
+    pthread_mutex_unlock(&fl.mu);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
+    int rc = kvt_store_put(s, &e);
+    if (lie) {
+        /* A device that acknowledges bytes it did not write is silent: the
+         * put succeeds, and the damage is caught when the entry is loaded. */
+        assert_int_equal(rc, 0);
+        kvt_cold_hit hit;
+        kvt_entry got;
+        assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+        assert_int_not_equal(kvt_store_restore(s, hit.handle, t, 10, &got), 0);
+        assert_null(got.caches);
+        kvt_store_stats st;
+        kvt_store_get_stats(s, &st);
+        assert_int_equal(st.restore_misses, 1);
+        assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+        kvt_entry_clear(&e);
+        assert_int_equal(kvt_store_close(s), 0);
+        store_rmtree(f.root);
+        return;
+    }
+    assert_int_equal(rc, expect);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.failed, 1);
+    assert_int_equal(st.entries, 0);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(store_count_files(kvt_store_dir(s), ".tmp."), 0);
+    assert_int_equal(store_count_files(kvt_store_dir(s), "e"), 0);
+    /* the same entry goes through once the fault is gone */
+    assert_int_equal(kvt_store_put(s, &e), 0);
+    expect_restores(s, &f.cfg, "", t, 10);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void fault_enospc(void **state) { (void)state; fault_case(ENOSPC, 0, 0, 0, -ENOSPC); }
+static void fault_eio(void **state) { (void)state; fault_case(EIO, 0, 0, 0, -EIO); }
+static void fault_short_write(void **state) { (void)state; fault_case(ENOSPC, 1, 0, 0, -ENOSPC); }
+static void fault_lying_write(void **state) { (void)state; fault_case(EIO, 0, 1, 0, 0); }
+static void fault_fsync(void **state) { (void)state; fault_case(EIO, 0, 0, 2, -EIO); }
+
+static void write_behind_failure_counts(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "wbfail");
+    store_faults fl;
+    kvt_store_io io;
+    store_faults_init(&fl, &io);
+    kvt_store_options o = {.io = &io};
+    kvt_store *s = fx_open(&f, &o);
+    pthread_mutex_lock(&fl.mu);
+    fl.err = ENOSPC;
+    fl.fail_pwrite_after = 1;
+    pthread_mutex_unlock(&fl.mu);
+    int32_t t[10];
+    seq(t, 10, 1);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
+    assert_int_equal(kvt_store_put_async(s, &e), 0);
+    assert_null(e.caches); /* ownership passed */
+    assert_int_equal(kvt_store_flush(s), -ENOSPC);
+    assert_int_equal(kvt_store_flush(s), 0); /* reported once */
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.failed, 1);
+    assert_int_equal(st.pending, 0);
+    assert_int_equal(st.entries, 0);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* ---- pending writes and the queue bound -------------------------------------------- */
+
+static void lookup_while_pending(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "pending");
+    store_faults fl;
+    kvt_store_io io;
+    store_faults_init(&fl, &io);
+    kvt_store_options o = {.io = &io, .queue_max_bytes = 1};
+    kvt_store *s = fx_open(&f, &o);
+    int32_t t[10];
+    seq(t, 10, 1);
+    store_faults_gate(&fl, 1);
+    kvt_entry e, e2;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
+    assert_int_equal(kvt_store_put_async(s, &e), 0);
+    store_faults_wait_blocked(&fl, 1); /* the writer is inside a pwrite */
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_pending(s, t, 10, ""), 1);
+    assert_int_equal(kvt_store_find(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(store_count_files(kvt_store_dir(s), "e"), 0);
+    assert_int_equal(store_count_files(kvt_store_dir(s), "b"), 0);
+    /* the queue is bounded: a second entry does not fit while one is pending */
+    int32_t t2[10];
+    seq(t2, 10, 500);
+    assert_int_equal(store_make_entry(&f.cfg, "", t2, 10, &e2), 0);
+    assert_int_equal(kvt_store_put_async(s, &e2), KVT_EAGAIN);
+    assert_non_null(e2.caches); /* still the caller's */
+    kvt_entry_clear(&e2);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.pending, 1);
+    assert_true(st.pending_bytes > 0);
+    assert_int_equal(st.dropped, 1);
+    store_faults_gate(&fl, 0);
+    assert_int_equal(kvt_store_flush(s), 0);
+    assert_int_equal(kvt_store_pending(s, t, 10, ""), 0);
+    expect_restores(s, &f.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+typedef struct acb {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, status;
+    kvt_entry e;
+} acb;
+
+static void async_done(void *arg, int status, kvt_entry *e)
+{
+    acb *a = arg;
+    pthread_mutex_lock(&a->mu);
+    a->status = status;
+    if (e)
+        a->e = *e; /* move */
+    a->done = 1;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void async_restore(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG_ALL, "async");
+    kvt_store_options o = {.restore_threads = 2};
+    kvt_store *s = fx_open(&f, &o);
+    int32_t t[21];
+    seq(t, 21, 9);
+    put_tokens(s, &f.cfg, "", t, 21);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 21, "", &hit), 0);
+    acb a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &a), 0);
+    pthread_mutex_lock(&a.mu);
+    while (!a.done)
+        pthread_cond_wait(&a.cv, &a.mu);
+    pthread_mutex_unlock(&a.mu);
+    assert_int_equal(a.status, 0);
+    kvt_entry want;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 21, &want), 0);
+    assert_int_equal(store_entry_diff(&a.e, &want), 0);
+    kvt_entry_clear(&a.e);
+    kvt_entry_clear(&want);
+    /* a stale handle: the callback still runs once, with the error */
+    acb b = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(kvt_store_restore_async(s, 987654, async_done, &b), 0);
+    pthread_mutex_lock(&b.mu);
+    while (!b.done)
+        pthread_cond_wait(&b.cv, &b.mu);
+    pthread_mutex_unlock(&b.mu);
+    assert_int_equal(b.status, KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* ---- refused shards ------------------------------------------------------------------ */
+
+/* Writes one 10-token entry, closes, and returns the entry file's path. */
+static kvt_store *one_entry(fx *f, const kvt_store_options *o, char *path, size_t cap)
+{
+    kvt_store *s = fx_open(f, o);
+    int32_t t[10];
+    seq(t, 10, 1);
+    put_tokens(s, &f->cfg, "", t, 10);
+    char name[256];
+    assert_int_equal(store_first_file(kvt_store_dir(s), "e", name, sizeof name), 0);
+    snprintf(path, cap, "%s/%s", kvt_store_dir(s), name);
+    assert_int_equal(kvt_store_close(s), 0);
+    return NULL;
+}
+
+static uint64_t reopen_refused(fx *f, int reason, const kvt_store_options *o)
+{
+    kvt_store *s = fx_open(f, o);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    int32_t t[10];
+    seq(t, 10, 1);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    for (int r = 0; r < KVT_STORE_REFUSED_COUNT; r++)
+        if (r != reason && st.refused[r])
+            fail_msg("refused for %s, expected only %s", kvt_store_refusal_name((kvt_store_refusal)r),
+                     kvt_store_refusal_name((kvt_store_refusal)reason));
+    assert_int_equal(kvt_store_close(s), 0);
+    return st.refused[reason];
+}
+
+static void rewrite_header(const char *path, const char *field, uint64_t hlen_override)
+{
+    /* Re-serialises the header after editing it; payload kept. */
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    uint8_t lb[8];
+    assert_int_equal(fread(lb, 1, 8, fp), 8);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)lb[i] << (8 * i);
+    char *h = malloc(hlen + 1);
+    assert_int_equal(fread(h, 1, hlen, fp), hlen);
+    h[hlen] = 0;
+    fseek(fp, 0, SEEK_END);
+    long size = ftell(fp);
+    size_t pl = (size_t)size - 8 - hlen;
+    char *payload = malloc(pl + 1);
+    fseek(fp, (long)(8 + hlen), SEEK_SET);
+    assert_int_equal(fread(payload, 1, pl, fp), pl);
+    fclose(fp);
+    json_t *root = json_loads(h, 0, NULL);
+    assert_non_null(root);
+    if (!strcmp(field, "offsets")) { /* push the last tensor's end past the payload */
+        const char *k;
+        json_t *v;
+        json_object_foreach(root, k, v)
+        {
+            json_t *o = json_object_get(v, "data_offsets");
+            if (o && (uint64_t)json_integer_value(json_array_get(o, 1)) == pl)
+                json_array_set_new(o, 1, json_integer((json_int_t)pl + 4096));
+        }
+    } else if (!strcmp(field, "identity")) {
+        json_object_set_new(json_object_get(root, "__metadata__"), "identity", json_string("{\"model\":\"other\"}"));
+    } else if (!strcmp(field, "dtype")) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(root, k, v) if (json_object_get(v, "dtype")) json_object_set_new(v, "dtype", json_string("F16"));
+    }
+    char *out = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    uint64_t nl = hlen_override ? hlen_override : strlen(out);
+    fp = fopen(path, "wb");
+    for (int i = 0; i < 8; i++)
+        lb[i] = (uint8_t)(nl >> (8 * i));
+    fwrite(lb, 1, 8, fp);
+    fwrite(out, 1, strlen(out), fp);
+    fwrite(payload, 1, pl, fp);
+    fclose(fp);
+    free(out);
+    free(h);
+    free(payload);
+}
+
+static void refused_truncated(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "trunc");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(truncate(path, st.st_size - 10), 0);
+    assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_TRUNCATED, NULL), 1);
+    store_rmtree(f.root);
+}
+
+static void refused_header_bound(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "hbound");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    char copy[1300];
+    snprintf(copy, sizeof copy, "%s.orig", path);
+    char cmd[3000];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
+    assert_int_equal(system(cmd), 0);
+    rewrite_header(path, "none", (uint64_t)KVT_STORE_MAX_HEADER + 1);
+    assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_HEADER_BOUND, NULL), 1);
+    /* a header length pointing past the end is a truncation */
+    assert_int_equal(rename(copy, path), 0);
+    rewrite_header(path, "none", 1u << 20);
+    assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_TRUNCATED, NULL), 1);
+    store_rmtree(f.root);
+}
+
+static void refused_offsets(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "offs");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "offsets", 0);
+    assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_OFFSETS, NULL), 1);
+    store_rmtree(f.root);
+}
+
+static void refused_malformed(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "malf");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "dtype", 0); /* F16 with an F32 byte count */
+    assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_MALFORMED, NULL), 1);
+    FILE *fp = fopen(path, "r+b");
+    fseek(fp, 8, SEEK_SET);
+    fputc('[', fp); /* not a JSON object any more */
+    fclose(fp);
+    assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_MALFORMED, NULL), 1);
+    store_rmtree(f.root);
+}
+
+static void refused_identity(void **state)
+{
+    (void)state;
+    /* model-a with another shape writes into its own directory; a shard of
+     * it copied into this identity's directory is refused, never served */
+    fx f;
+    fx_init(&f, &CFG, "ident");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "identity", 0);
+    assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_IDENTITY, NULL), 1);
+    /* same model name, other shape: its own directory, none of these entries */
+    fx g = f;
+    store_cfg other = CFG;
+    other.kv_dim = 16;
+    store_identity(&other, "model-a", g.fp, &g.id);
+    assert_string_not_equal(g.fp, f.fp);
+    kvt_store *s = fx_open(&g, NULL);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 0);
+    assert_true(strcmp(kvt_store_dir(s), path) != 0);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void bitflip_caught(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "flip");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    FILE *fp = fopen(path, "r+b");
+    fseek(fp, sb.st_size - 3, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, sb.st_size - 3, SEEK_SET);
+    fputc(c ^ 0x10, fp);
+    fclose(fp);
+    kvt_store_options o = {.verify = 1};
+    kvt_store *s = fx_open(&f, &o); /* headers are fine: indexed */
+    int32_t t[10];
+    seq(t, 10, 1);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    kvt_entry e;
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(st.restore_misses, 1);
+    /* never offered again */
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+typedef struct walk_acc {
+    int files, entries, blocks, bad, checksum;
+} walk_acc;
+
+static int walk_count(void *ctx, const kvt_store_shard_info *in)
+{
+    walk_acc *a = ctx;
+    if (in->status)
+        fprintf(stderr, "walk: %s/%s status %d\n", in->dir, in->file, in->status);
+    a->files++;
+    a->entries += in->type == 'e';
+    a->blocks += in->type == 'b';
+    a->bad += in->status != 0;
+    a->checksum += in->status == KVT_STORE_REFUSED_CHECKSUM + 1;
+    return 0;
+}
+
+static void walk_verify_and_gc(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "walk");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    walk_acc a = {0};
+    assert_int_equal(kvt_store_walk(f.root, 1, walk_count, &a), 0);
+    assert_int_equal(a.entries, 1);
+    assert_int_equal(a.blocks, 2);
+    assert_int_equal(a.bad, 0);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    FILE *fp = fopen(path, "r+b");
+    fseek(fp, sb.st_size - 1, SEEK_SET);
+    int ch = fgetc(fp);
+    fseek(fp, sb.st_size - 1, SEEK_SET);
+    fputc(0x5a ^ ch, fp);
+    fclose(fp);
+    memset(&a, 0, sizeof a);
+    assert_int_equal(kvt_store_walk(f.root, 0, walk_count, &a), 0);
+    assert_int_equal(a.bad, 0); /* headers only: not seen */
+    assert_int_equal(kvt_store_walk(f.root, 1, walk_count, &a), 0);
+    assert_int_equal(a.checksum, 1);
+    uint64_t freed = 0;
+    assert_int_equal(kvt_store_gc(f.root, 0, &freed), 0);
+    assert_true(freed > 0);
+    memset(&a, 0, sizeof a);
+    assert_int_equal(kvt_store_walk(f.root, 0, walk_count, &a), 0);
+    assert_int_equal(a.files, 0);
+    store_rmtree(f.root);
+}
+
+/* ---- budget --------------------------------------------------------------------------- */
+
+static void budget_lru(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "budget");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[40];
+    seq(t, 40, 1);
+    put_tokens(s, &f.cfg, "", t, 40);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    uint64_t one = st.bytes; /* one 40-token entry with its blocks */
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+
+    fx_init(&f, &CFG, "budget");
+    kvt_store_options o = {.max_bytes = one * 3 + one / 2};
+    s = fx_open(&f, &o);
+    for (int c = 0; c < 6; c++) {
+        seq(t, 40, 100 * (c + 1));
+        put_tokens(s, &f.cfg, "", t, 40);
+        if (c >= 1) { /* touch the first entry: it stays recently used */
+            usleep(3000);
+            seq(t, 40, 100);
+            kvt_cold_hit hit;
+            kvt_entry e;
+            assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0);
+            usleep(5000);
+            assert_int_equal(kvt_store_restore(s, hit.handle, t, 40, &e), 0);
+            kvt_entry_clear(&e);
+        }
+        usleep(5000);
+    }
+    kvt_store_get_stats(s, &st);
+    assert_true(st.root_bytes <= o.max_bytes);
+    assert_int_equal(st.entries, 3);
+    assert_int_equal(st.evicted, 3);
+    kvt_cold_hit hit;
+    seq(t, 40, 100);
+    assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0); /* kept: recently used */
+    seq(t, 40, 200);
+    assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), KVT_ENOTFOUND);
+    seq(t, 40, 500);
+    assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0);
+    seq(t, 40, 600);
+    assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0);
+    /* larger than the whole budget */
+    kvt_store_close(s);
+    kvt_store_options tiny = {.max_bytes = 100};
+    s = fx_open(&f, &tiny);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 40, &e), 0);
+    assert_int_equal(kvt_store_put(s, &e), KVT_ETOOBIG);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void budget_foreign_idle(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "foreign");
+    fx g = f;
+    store_identity(&CFG, "model-b", g.fp, &g.id);
+    kvt_store *sb = fx_open(&g, NULL);
+    int32_t t[40];
+    for (int c = 0; c < 3; c++) {
+        seq(t, 40, 10 * (c + 1));
+        put_tokens(sb, &g.cfg, "", t, 40);
+    }
+    kvt_store_stats st;
+    kvt_store_get_stats(sb, &st);
+    uint64_t b_bytes = st.bytes;
+    /* while model-b's store is open its directory is not idle */
+    kvt_store_options o = {.max_bytes = b_bytes / 2};
+    kvt_store *sa = fx_open(&f, &o);
+    seq(t, 40, 7000);
+    put_tokens(sa, &f.cfg, "", t, 40);
+    kvt_store_get_stats(sa, &st);
+    assert_int_equal(st.evicted_foreign_files, 0);
+    assert_int_equal(kvt_store_close(sb), 0);
+    /* now idle: the next write evicts model-b's oldest entries first */
+    seq(t, 40, 8000);
+    put_tokens(sa, &f.cfg, "", t, 40);
+    kvt_store_get_stats(sa, &st);
+    assert_true(st.evicted_foreign_files > 0);
+    assert_true(st.root_bytes <= o.max_bytes);
+    assert_int_equal(kvt_store_close(sa), 0);
+    store_rmtree(f.root);
+}
+
+/* ---- cold-tier table -------------------------------------------------------------------- */
+
+static void cold_tier_table(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "tier");
+    kvt_store *s = fx_open(&f, NULL);
+    kvt_cold_tier tier;
+    kvt_store_cold_tier(s, &tier);
+    assert_ptr_equal(tier.self, s);
+    int32_t t[12];
+    seq(t, 12, 4);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 12, &e), 0);
+    assert_int_equal(tier.spill(tier.self, &e), 0);
+    assert_int_equal(tier.flush(tier.self), 0);
+    assert_int_equal(tier.pending(tier.self, t, 12, ""), 0);
+    kvt_cold_hit hit;
+    assert_int_equal(tier.find(tier.self, t, 12, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 11);
+    kvt_entry got, want;
+    assert_int_equal(tier.restore(tier.self, hit.handle, &got), 0);
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 12, &want), 0);
+    assert_int_equal(store_entry_diff(&got, &want), 0);
+    assert_int_equal(tier.store(tier.self, &want), 0); /* already durable: skipped */
+    kvt_entry_clear(&got);
+    kvt_entry_clear(&want);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+static void bad_arguments(void **state)
+{
+    (void)state;
+    kvt_store *s = NULL;
+    kvt_store_identity id = {"m", "c", "t"};
+    assert_int_equal(kvt_store_open(NULL, &id, NULL, &s), KVT_EINVAL);
+    assert_int_equal(kvt_store_open("/tmp", NULL, NULL, &s), KVT_EINVAL);
+    kvt_store_options o = {.restore_threads = 99};
+    assert_int_equal(kvt_store_open("/tmp", &id, &o, &s), KVT_EINVAL);
+    assert_int_equal(kvt_store_close(NULL), 0);
+    fx f;
+    fx_init(&f, &CFG, "args");
+    s = fx_open(&f, NULL);
+    int32_t t[8];
+    seq(t, 8, 1);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 8, &e), 0);
+    e.n_tokens = 7; /* layers hold 8 */
+    assert_int_equal(kvt_store_put(s, &e), KVT_EINVAL);
+    e.n_tokens = 8;
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(roundtrip_all_kinds),
+        cmocka_unit_test(find_rules),
+        cmocka_unit_test(shared_prefix_stored_once),
+        cmocka_unit_test(supersede_prefixes),
+        cmocka_unit_test(objects_and_attachments),
+        cmocka_unit_test(reopen_and_temp_cleanup),
+        cmocka_unit_test(fault_enospc),
+        cmocka_unit_test(fault_eio),
+        cmocka_unit_test(fault_short_write),
+        cmocka_unit_test(fault_lying_write),
+        cmocka_unit_test(fault_fsync),
+        cmocka_unit_test(write_behind_failure_counts),
+        cmocka_unit_test(lookup_while_pending),
+        cmocka_unit_test(async_restore),
+        cmocka_unit_test(refused_truncated),
+        cmocka_unit_test(refused_header_bound),
+        cmocka_unit_test(refused_offsets),
+        cmocka_unit_test(refused_malformed),
+        cmocka_unit_test(refused_identity),
+        cmocka_unit_test(bitflip_caught),
+        cmocka_unit_test(walk_verify_and_gc),
+        cmocka_unit_test(budget_lru),
+        cmocka_unit_test(budget_foreign_idle),
+        cmocka_unit_test(cold_tier_table),
+        cmocka_unit_test(bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
