@@ -25,6 +25,8 @@ static void usage(FILE *f)
             "                   [--prompt-cache BYTES] [--kv-budget BYTES] [--max-tokens N]\n"
             "                   [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
+            "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
+            "                    [--demote-idle MS]]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
@@ -46,6 +48,12 @@ static void usage(FILE *f)
             "  --adapter NAME --adapter-version V  state namespace \"NAME@V\" (default: base model)\n"
             "  --multiline           let replies run past a newline (default: stop at '\\n')\n"
             "  --stats               print the service report (JSON) to stderr at the end\n"
+            "  --ssd-cache DIR       SSD tier under the prompt cache: evicted prefixes spill there,\n"
+            "                        and at exit every prefix is written, so a later run (a restart)\n"
+            "                        reuses the conversation from disk\n"
+            "  --ssd-cache-max BYTES byte budget over DIR (default unlimited)\n"
+            "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
+            "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
 }
@@ -123,7 +131,10 @@ int kvt_cmd_chat(int argc, char **argv)
     uint64_t pc_bytes = 1ull << 30, kv_budget = 0;
     long long max_tokens = 64, seed = 42, block = 256;
     float temperature = 0.0f, topp = 0.9f;
-    int multiline = 0, stats = 0;
+    int multiline = 0, stats = 0, ssd_verify = 0;
+    const char *ssd_dir = NULL;
+    uint64_t ssd_max = 0;
+    long long demote_idle = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -138,10 +149,15 @@ int kvt_cmd_chat(int argc, char **argv)
             stats = 1;
             continue;
         }
+        if (!strcmp(a, "--ssd-cache-verify")) {
+            ssd_verify = 1;
+            continue;
+        }
         static const char *const with_value[] = {"--model", "--tokenizer", "--script", "--session",
                                                  "--prompt-cache", "--kv-budget", "--max-tokens", "--steps",
                                                  "--temperature", "--top-p", "--seed", "--block-tokens",
-                                                 "--adapter", "--adapter-version", NULL};
+                                                 "--adapter", "--adapter-version", "--ssd-cache",
+                                                 "--ssd-cache-max", "--demote-idle", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -163,8 +179,13 @@ int kvt_cmd_chat(int argc, char **argv)
             adapter = v;
         else if (!strcmp(a, "--adapter-version"))
             adapter_version = v;
-        else if (!strcmp(a, "--prompt-cache") || !strcmp(a, "--kv-budget")) {
-            if (kvt_chat_parse_bytes(a, v, !strcmp(a, "--kv-budget") ? &kv_budget : &pc_bytes)) {
+        else if (!strcmp(a, "--ssd-cache"))
+            ssd_dir = v;
+        else if (!strcmp(a, "--demote-idle"))
+            rc = parse_i64(a, v, 0, LLONG_MAX, &demote_idle);
+        else if (!strcmp(a, "--prompt-cache") || !strcmp(a, "--kv-budget") || !strcmp(a, "--ssd-cache-max")) {
+            uint64_t *dst = !strcmp(a, "--kv-budget") ? &kv_budget : !strcmp(a, "--ssd-cache-max") ? &ssd_max : &pc_bytes;
+            if (kvt_chat_parse_bytes(a, v, dst)) {
                 fprintf(stderr, "kvtier chat: %s\n", kvt_last_error());
                 return 2;
             }
@@ -189,6 +210,10 @@ int kvt_cmd_chat(int argc, char **argv)
     if ((model_path != NULL) != (tok_path != NULL))
         return usage_error(model_path ? "--model given without --tokenizer" : "--tokenizer given without --model",
                            NULL);
+    if (!ssd_dir && (ssd_max || ssd_verify || demote_idle))
+        return usage_error("--ssd-cache-max, --ssd-cache-verify and --demote-idle need --ssd-cache DIR", NULL);
+    if (ssd_dir && pc_bytes == 0)
+        return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
 
     char **lines = NULL;
     int32_t n_lines = 0;
@@ -201,15 +226,26 @@ int kvt_cmd_chat(int argc, char **argv)
     kvt_tokenizer *tok = NULL;
     kvt_service *svc = NULL;
     kvt_chat *chat = NULL;
+    kvt_store *store = NULL;
+    kvt_cold_tier tier;
+    static char used_model[4096], used_tok[4096];
     char *line = NULL;
     size_t line_cap = 0;
     int status = 1, rc;
-    if ((rc = kvt_chat_load(model_path, tok_path, &m, &tok))) {
+    if ((rc = kvt_chat_load_paths(model_path, tok_path, &m, &tok, used_model, used_tok, sizeof used_model))) {
         status = fail("cannot load the model", rc);
         goto done;
     }
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,
-                                .block_tokens = (int32_t)block};
+                                .block_tokens = (int32_t)block, .demote_idle_ms = (uint64_t)demote_idle};
+    if (ssd_dir) {
+        if ((rc = kvt_chat_store_open(m, used_model, used_tok, ssd_dir, ssd_max, ssd_verify, &store))) {
+            status = fail("cannot open the SSD cache", rc);
+            goto done;
+        }
+        kvt_store_cold_tier(store, &tier);
+        so.cold = &tier;
+    }
     if ((rc = kvt_chat_service_create(m, &so, &svc))) {
         status = fail("cannot create the cache service", rc);
         goto done;
@@ -266,6 +302,8 @@ done:
             status = fail("closing the cache service failed", rc);
         kvt_service_destroy(svc);
     }
+    if (store && (rc = kvt_store_close(store)) && status == 0)
+        status = fail("closing the SSD cache failed (not every prefix is durable)", rc);
     kvt_tokenizer_free(tok);
     kvt_model_free(m);
     kvt_chat_script_free(lines, n_lines);

@@ -15,6 +15,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,7 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         .kv_budget_bytes = o->kv_budget_bytes,
         .block_tokens = B,
         .cold = o->cold,
+        .demote_idle_ms = o->demote_idle_ms,
     };
     int rc = kvt_service_create(&cfg, out);
     if (rc)
@@ -605,7 +607,8 @@ KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *o
     return 0;
 }
 
-KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok)
+KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
+                                char *model_out, char *tok_out, size_t cap)
 {
     if (!m || !tok)
         return kvt__fail(KVT_EINVAL, "chat load: NULL output");
@@ -623,6 +626,12 @@ KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_mode
         model_path = def_model;
         tok_path = def_tok;
     }
+    if (model_out && tok_out) {
+        if (strlen(model_path) >= cap || strlen(tok_path) >= cap)
+            return kvt__fail(KVT_ERANGE, "chat load: path longer than %zu bytes", cap);
+        strcpy(model_out, model_path);
+        strcpy(tok_out, tok_path);
+    }
     rc = kvt_model_load(model_path, m);
     if (rc)
         return rc;
@@ -632,4 +641,91 @@ KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_mode
         *m = NULL;
     }
     return rc;
+}
+
+KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok)
+{
+    return kvt_chat_load_paths(model_path, tok_path, m, tok, NULL, NULL, 0);
+}
+
+/* SHA-256 (hex) of `path`: the whole file, or when `sample` its size and its
+ * first and last 16 MiB. */
+static int file_hash(const char *path, int sample, char hex[65])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kvt__fail(-errno, "%s: cannot open: %s", path, strerror(errno));
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned char *buf = malloc(1 << 20);
+    int rc = 0;
+    if (!ctx || !buf || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+        rc = kvt__fail(KVT_ENOMEM, "%s: cannot hash: out of memory", path);
+        goto done;
+    }
+    fseeko(f, 0, SEEK_END);
+    off_t size = ftello(f);
+    uint64_t sz = (uint64_t)size;
+    EVP_DigestUpdate(ctx, &sz, sizeof sz);
+    const off_t part = (off_t)16 << 20;
+    off_t ranges[2][2] = {{0, size}, {0, 0}};
+    if (sample && size > 2 * part) {
+        ranges[0][1] = part;
+        ranges[1][0] = size - part;
+        ranges[1][1] = size;
+    }
+    for (int r = 0; r < 2 && !rc; r++) {
+        if (fseeko(f, ranges[r][0], SEEK_SET)) {
+            rc = kvt__fail(-errno, "%s: cannot seek", path);
+            break;
+        }
+        for (off_t left = ranges[r][1] - ranges[r][0]; left > 0;) {
+            size_t want = left < (1 << 20) ? (size_t)left : (1 << 20);
+            size_t got = fread(buf, 1, want, f);
+            if (got != want) {
+                rc = kvt__fail(-EIO, "%s: short read while hashing", path);
+                break;
+            }
+            EVP_DigestUpdate(ctx, buf, got);
+            left -= (off_t)got;
+        }
+    }
+    unsigned char md[32];
+    unsigned len = 0;
+    if (!rc && !EVP_DigestFinal_ex(ctx, md, &len))
+        rc = kvt__fail(KVT_ENOMEM, "%s: cannot hash", path);
+    for (unsigned i = 0; !rc && i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+done:
+    free(buf);
+    EVP_MD_CTX_free(ctx);
+    fclose(f);
+    return rc;
+}
+
+KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, const char *tok_path, const char *root,
+                                uint64_t max_bytes, int verify, kvt_store **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "chat store: out is NULL");
+    *out = NULL;
+    if (!m || !model_path || !tok_path || !root)
+        return kvt__fail(KVT_EINVAL, "chat store: model, paths and root are required");
+    char model_hash[65], tok_hash[65], fp[KVT_STORE_FINGERPRINT_LEN];
+    int rc = file_hash(model_path, 1, model_hash);
+    if (!rc)
+        rc = file_hash(tok_path, 0, tok_hash);
+    if (rc)
+        return rc;
+    const kvt_model_config *c = kvt_model_get_config(m);
+    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
+    rc = kvt_model_new_caches(m, 256, caches);
+    if (rc)
+        return rc;
+    rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
+    kvt_caches_dispose(caches, c->n_layers);
+    if (rc)
+        return rc;
+    kvt_store_identity id = {.model_id = model_hash, .config_fingerprint = fp, .tokenizer_hash = tok_hash};
+    kvt_store_options so = {.max_bytes = max_bytes, .verify = verify};
+    return kvt_store_open(root, &id, &so, out);
 }

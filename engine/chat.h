@@ -24,6 +24,7 @@
 #include "tokenizer.h"
 
 #include "kvtier/service.h"
+#include "kvtier/store.h"
 
 #include <stdint.h>
 
@@ -38,7 +39,9 @@ typedef struct kvt_chat_service_opts {
     uint64_t prompt_cache_bytes;  /* RAM prompt cache; 0 keeps nothing (cache off) */
     uint64_t kv_budget_bytes;     /* admission budget; 0 = unlimited */
     int32_t block_tokens;         /* kv block size in tokens; 0 = 256 */
-    const kvt_cold_tier *cold;    /* optional cold tier (borrowed; must outlive the service) */
+    const kvt_cold_tier *cold;    /* optional cold tier (table copied; its self must
+                                     outlive the service), e.g. kvt_store_cold_tier() */
+    uint64_t demote_idle_ms;      /* with a cold tier: demote RAM entries idle this long; 0 never */
 } kvt_chat_service_opts;
 
 /** Creates a cache service for `m`: layer growth from the model's layer
@@ -158,6 +161,19 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
 /** The prompt tokens of the last turn (borrowed, valid until the next turn). */
 KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
 
+/** Opens the SSD store (the cold tier) for a model under `root`, with the
+ * identity: model id = SHA-256 over the checkpoint's size, its first and
+ * last 16 MiB (weights of another checkpoint never share a directory); the
+ * config fingerprint of the model's fresh caches (kvt_store_config_fingerprint:
+ * layer count, kinds, shapes); tokenizer hash = SHA-256 of the tokenizer file.
+ * @param model_path, tok_path the files the model and tokenizer came from.
+ * @param max_bytes budget over the root (0 = unlimited); @param verify check
+ *   SHA-256 on every load.
+ * @param out caller closes with kvt_store_close() after the service is closed.
+ * @return 0; -errno naming the file; kvt_store_open's errors. */
+KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, const char *tok_path, const char *root,
+                                uint64_t max_bytes, int verify, kvt_store **out);
+
 /* ---- helpers of the chat command and benchmark ----------------------------------------- */
 
 /** Parses a byte count: digits with an optional suffix K, M, G, T (powers
@@ -171,6 +187,11 @@ KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *o
  * kvt_model_free / kvt_tokenizer_free (both NULL on error).
  * @return 0 or the loader's error (kvt_last_error names the file). */
 KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok);
+
+/** As kvt_chat_load, and also gives the paths it loaded (the default model's
+ * when both were NULL) in model_out / tok_out (cap bytes each). */
+KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
+                                char *model_out, char *tok_out, size_t cap);
 
 #ifdef __cplusplus
 }

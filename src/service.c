@@ -50,6 +50,11 @@ struct kvt_service {
     uint64_t projected;          /* sum of held leases' bytes */
     uint64_t n_leases;
     int closed;
+    /* idle demotion (cold tier only) */
+    uint64_t demote_idle_ms;
+    pthread_t demoter;
+    int demoter_running;
+    pthread_cond_t stop;         /* signalled by close to end the demoter */
     uint64_t acquires, reused_tokens, publishes, rejected, waited;
 };
 
@@ -72,6 +77,34 @@ static int check_layer(const kvt_service_layer *l, int32_t i)
         return 0;
     }
     return kvt__fail(KVT_EINVAL, "service: layer %d has unknown growth kind %d", i, (int)l->growth);
+}
+
+/* Idle demotion: every quarter of the idle time, entries idle that long
+ * leave RAM once the cold tier holds them. Runs until close. The prompt cache
+ * does its own locking; the service mutex only guards `closed`. */
+static void *demoter_main(void *arg)
+{
+    kvt_service *s = arg;
+    uint64_t every = KVT__MAX(s->demote_idle_ms / 4, 10);
+    pthread_mutex_lock(&s->mu);
+    while (!s->closed) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_sec += (time_t)(every / 1000);
+        t.tv_nsec += (long)(every % 1000) * 1000000L;
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->stop, &s->mu, &t);
+        if (s->closed)
+            break;
+        pthread_mutex_unlock(&s->mu);
+        (void)kvt__service_pc_demote_idle(s->pc, s->demote_idle_ms);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
@@ -125,6 +158,23 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
         rc = kvt__fail(KVT_ENOMEM, "service: cannot create condition variable");
         goto fail;
     }
+    if (pthread_cond_init(&s->stop, NULL)) {
+        pthread_cond_destroy(&s->released);
+        pthread_mutex_destroy(&s->mu);
+        rc = kvt__fail(KVT_ENOMEM, "service: cannot create condition variable");
+        goto fail;
+    }
+    if (s->pc && cfg->cold && cfg->demote_idle_ms > 0) {
+        s->demote_idle_ms = cfg->demote_idle_ms;
+        if (pthread_create(&s->demoter, NULL, demoter_main, s)) {
+            pthread_cond_destroy(&s->stop);
+            pthread_cond_destroy(&s->released);
+            pthread_mutex_destroy(&s->mu);
+            rc = kvt__fail(KVT_ENOMEM, "service: cannot start the idle-demotion thread");
+            goto fail;
+        }
+        s->demoter_running = 1;
+    }
     *out = s;
     return 0;
 fail:
@@ -157,6 +207,7 @@ KVT_API void kvt_service_destroy(kvt_service *svc)
         lease_free(l);
     }
     kvt__service_pc_destroy(svc->pc);
+    pthread_cond_destroy(&svc->stop);
     pthread_cond_destroy(&svc->released);
     pthread_mutex_destroy(&svc->mu);
     kvt__free(svc->layers);
@@ -619,13 +670,22 @@ KVT_API int kvt_service_close(kvt_service *svc)
     if (!svc)
         return 0;
     pthread_mutex_lock(&svc->mu);
-    int rc = 0;
-    if (!svc->closed) {
-        svc->closed = 1;
-        if (svc->pc)
-            rc = kvt__service_pc_clear(svc->pc);
-        pthread_cond_broadcast(&svc->released); /* waiters see ECLOSED */
+    if (svc->closed) {
+        pthread_mutex_unlock(&svc->mu);
+        return 0;
     }
+    svc->closed = 1;
+    pthread_cond_broadcast(&svc->released); /* waiters see ECLOSED */
+    pthread_cond_broadcast(&svc->stop);
+    int joining = svc->demoter_running;
+    svc->demoter_running = 0;
+    pthread_mutex_unlock(&svc->mu);
+    if (joining) /* step 1: stop idle demotion (outside the mutex it takes) */
+        pthread_join(svc->demoter, NULL);
+    int rc = 0;
+    pthread_mutex_lock(&svc->mu);
+    if (svc->pc) /* steps 2 and 3: flush the cold tier, then clear, whatever the flush said */
+        rc = kvt__service_pc_clear(svc->pc);
     pthread_mutex_unlock(&svc->mu);
     return rc;
 }

@@ -13,7 +13,8 @@
 
 struct kvt__service_pc {
     kvt_prompt_cache *pc;
-    const kvt_cold_tier *cold;
+    kvt_cold_tier cold_copy;     /* the table, copied (its self is borrowed) */
+    const kvt_cold_tier *cold;   /* &cold_copy, or NULL: RAM only */
 };
 
 int kvt__service_pc_create(uint64_t max_bytes, int32_t block_tokens, const kvt_cold_tier *cold,
@@ -34,7 +35,10 @@ int kvt__service_pc_create(uint64_t max_bytes, int32_t block_tokens, const kvt_c
         kvt__free(s);
         return rc;
     }
-    s->cold = cold;
+    if (cold) {
+        s->cold_copy = *cold;
+        s->cold = &s->cold_copy;
+    }
     *out = s;
     return 0;
 }
@@ -137,6 +141,14 @@ void kvt__service_pc_stats(kvt__service_pc *s, kvt_service_report *out)
 int kvt__service_pc_clear(kvt__service_pc *s)
 {
     int rc = 0;
+    if (s->cold) {
+        /* Graceful shutdown: every resident entry goes to the cold tier
+         * (eviction spills it, write-behind), then the flush makes it durable. */
+        kvt_prompt_cache_stats ps;
+        kvt_prompt_cache_stats_get(s->pc, &ps);
+        if (ps.entries > 0)
+            (void)kvt_prompt_cache_evict(s->pc, ps.entries, NULL);
+    }
     if (s->cold && s->cold->flush) {
         rc = s->cold->flush(s->cold->self);
         if (rc)

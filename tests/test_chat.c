@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- fixtures: synthetic models and a tokenizer with merges ------------------------ */
@@ -510,6 +511,126 @@ static void test_admission_errors(void **state)
     unload(&l);
 }
 
+/* ---- the command: stderr format, cache off, restart from the SSD tier ------------------ */
+
+/* Runs `kvtier chat ARGS` with stdout to out_path and stderr to err_path; returns the exit status. */
+static int run_cli(const char *args, const char *out_path, const char *err_path)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' chat %s >'%s' 2>'%s'", getenv("KVT_BIN"), args, out_path, err_path);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *buf = calloc(1, 1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+/* Parses the per-turn stderr lines; returns how many were found. Every line
+ * of stderr must be one of them. */
+static int parse_turn_lines(const char *err, long long reused[], long long prefilled[], int max)
+{
+    int n = 0;
+    for (const char *p = err; *p;) {
+        const char *e = strchr(p, '\n');
+        assert_non_null(e);
+        int turn = 0;
+        long long r = -1, pf = -1;
+        double ms = -1;
+        int got = sscanf(p, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %lf ms", &turn, &r, &pf, &ms);
+        if (got != 4)
+            print_message("unexpected stderr line: %.*s\n", (int)(e - p), p);
+        assert_int_equal(got, 4);
+        assert_int_equal(turn, n + 1);
+        assert_true(ms >= 0);
+        assert_true(n < max);
+        reused[n] = r;
+        prefilled[n] = pf;
+        n++;
+        p = e + 1;
+    }
+    return n;
+}
+
+static void test_cli_restart_from_ssd(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN")) {
+        print_message("skipping: KVT_BIN is not set (ctest sets it to the kvtier binary)\n");
+        skip();
+    }
+    char script[400], ssd[400], out[3][400], err[3][400], args[2048];
+    snprintf(script, sizeof script, "%s/script.txt", dir);
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    FILE *f = fopen(script, "w");
+    assert_non_null(f);
+    fputs("# a comment line\nHello there, who are you?\n\nTell me a story about the sea.\nAnd then?\n", f);
+    fclose(f);
+    for (int i = 0; i < 3; i++) {
+        snprintf(out[i], sizeof out[i], "%s/out%d.txt", dir, i);
+        snprintf(err[i], sizeof err[i], "%s/err%d.txt", dir, i);
+    }
+    const char *model = model_path[M_HYBRID];
+    /* 0: cache off; 1: first run with the SSD tier; 2: a new process on the same directory */
+    snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --prompt-cache 0",
+             model, tok_path, script);
+    assert_int_equal(run_cli(args, out[0], err[0]), 0);
+    for (int i = 1; i <= 2; i++) {
+        snprintf(args, sizeof args,
+                 "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --ssd-cache '%s' --ssd-cache-verify",
+                 model, tok_path, script, ssd);
+        assert_int_equal(run_cli(args, out[i], err[i]), 0);
+    }
+    char *o0 = slurp(out[0]), *o1 = slurp(out[1]), *o2 = slurp(out[2]);
+    assert_string_equal(o0, o1);
+    assert_string_equal(o0, o2);
+    long long r[3][8], p[3][8];
+    char *e[3];
+    for (int i = 0; i < 3; i++) {
+        e[i] = slurp(err[i]);
+        assert_int_equal(parse_turn_lines(e[i], r[i], p[i], 8), 3);
+    }
+    for (int t = 0; t < 3; t++) {
+        assert_int_equal(r[0][t], 0);
+        assert_int_equal(r[0][t] + p[0][t], r[1][t] + p[1][t]); /* same prompts */
+        assert_int_equal(r[2][t] + p[2][t], r[0][t] + p[0][t]);
+        /* after the restart every turn, even the first, reuses its whole
+         * prompt but the last token: the history came back from disk */
+        assert_int_equal(p[2][t], 1);
+    }
+    assert_int_equal(r[1][0], 0);
+    assert_true(r[1][1] > 0);
+    free(o0);
+    free(o1);
+    free(o2);
+    for (int i = 0; i < 3; i++) {
+        free(e[i]);
+        unlink(out[i]);
+        unlink(err[i]);
+    }
+    unlink(script);
+    snprintf(args, sizeof args, "rm -rf '%s'", ssd);
+    assert_int_equal(system(args), 0);
+
+    /* usage errors exit 2 with a message */
+    snprintf(args, sizeof args, "--ssd-cache-max 1G --script '%s'", script);
+    assert_int_equal(run_cli(args, out[0], err[0]), 2);
+    snprintf(args, sizeof args, "--prompt-cache lots");
+    assert_int_equal(run_cli(args, out[0], err[0]), 2);
+    char *msg = slurp(err[0]);
+    assert_non_null(strstr(msg, "--prompt-cache"));
+    free(msg);
+    unlink(out[0]);
+    unlink(err[0]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -523,6 +644,7 @@ int main(void)
         cmocka_unit_test(test_exact_repeat_every_kind),
         cmocka_unit_test(test_evicted_conversation),
         cmocka_unit_test(test_admission_errors),
+        cmocka_unit_test(test_cli_restart_from_ssd),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

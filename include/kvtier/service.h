@@ -91,9 +91,15 @@ typedef struct kvt_service_config {
      * must not call into the service. */
     int (*pressure)(void *ctx);
     void *pressure_ctx;
-    /** Optional cold tier under the prompt cache (the SSD store), borrowed:
-     * it must outlive the service. NULL: RAM only. */
+    /** Optional cold tier under the prompt cache (the SSD store): the table
+     * is copied, its `self` is borrowed and must outlive the service (close
+     * the service before the store). NULL: RAM only. */
     const kvt_cold_tier *cold;
+    /** With a cold tier: RAM entries idle this long (milliseconds) leave RAM
+     * once the cold tier holds them (DESIGN.md 3.9, `--demote-idle MS`),
+     * checked by a background thread every max(demote_idle_ms / 4, 10) ms.
+     * 0 = never. Ignored without a cold tier. */
+    uint64_t demote_idle_ms;
 } kvt_service_config;
 
 /** Creates a service.
@@ -285,7 +291,9 @@ KVT_API int kvt_service_report_json(kvt_service *svc, char **out);
 /** Frees a string from kvt_service_report_json(). NULL is a no-op. */
 KVT_API void kvt_service_json_free(char *s);
 
-/** Closes the service: clears the prompt cache and refuses new work
+/** Closes the service: stops idle demotion, hands every RAM entry to the
+ * cold tier (if any) and flushes it (every queued write made durable, so a
+ * restarted process finds the prefixes on disk), clears the prompt cache and refuses new work
  * (KVT_ECLOSED). Idempotent: a second call returns 0 and does nothing.
  * Errors of every step are aggregated (the first code is returned, the
  * message lists each); no step is skipped because an earlier one failed.
