@@ -513,7 +513,7 @@ static void test_cli(void **state)
     }
     char out[8192];
     assert_int_equal(run_cmd("--list-policies", out, sizeof out), 0);
-    assert_string_equal(out, "lru-ref\nopt\nlru\nlfu-aged\n");
+    assert_string_equal(out, "lru-ref\nopt\nlru\nlfu-aged\nentry-lru\nentry-slru\n");
     int seq[] = {1, 2, 3, -1, 1, 2, 4, -1, 1, 3, -1, 2, -1, -2};
     char text[4096] = "";
     int ids[8], n = 0;

@@ -1,0 +1,297 @@
+/*
+ * test_pc_blocks.c: block-granular eviction in the prompt cache
+ * (kvt_prompt_cache_config.block_policy, src/pc_blocks.c, issue 6): a
+ * trimmable entry loses its tail blocks, not its whole history; partial
+ * tails go first; leaf first along shared prefixes; untrimmable and pinned
+ * entries keep entry-level rules; lfu-aged keeps reused blocks over newer
+ * single-use ones; and a randomized run (seed printed, KVT_TEST_SEED to
+ * replay) keeps the budget and lends only correct prefixes.
+ * kv caches with blocks of 4 tokens (pc_util.h).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "kvtier/prompt_cache.h"
+#include "kvtier/retention_block.h"
+#include "pc_util.h"
+
+typedef struct fixture {
+    kvt_block_policy *bp;
+    kvt_prompt_cache *pc;
+} fixture;
+
+static fixture mk(const char *policy, int64_t capacity_blocks)
+{
+    fixture f = {0};
+    assert_int_equal(kvt_block_policy_create(policy, capacity_blocks, &f.bp), 0);
+    kvt_prompt_cache_config cfg = {.max_bytes = (size_t)1 << 30, .block_tokens = PCU_BLOCK,
+                                   .block_policy = f.bp};
+    assert_int_equal(kvt_prompt_cache_create(&cfg, &f.pc), 0);
+    return f;
+}
+
+static void done(fixture *f)
+{
+    kvt_prompt_cache_destroy(f->pc);
+    kvt_block_policy_destroy(f->bp);
+}
+
+static kvt_prompt_cache_stats stats(kvt_prompt_cache *pc)
+{
+    kvt_prompt_cache_stats s;
+    kvt_prompt_cache_stats_get(pc, &s);
+    return s;
+}
+
+static void seq(int32_t *t, int64_t n, int32_t base)
+{
+    for (int64_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)i;
+}
+
+static int has(kvt_prompt_cache *pc, const int32_t *t, int64_t n)
+{
+    return kvt_prompt_cache_find_exact(pc, t, n, "", NULL);
+}
+
+/* Lowers the budget by `bytes` below what the cache holds now. */
+static void squeeze(kvt_prompt_cache *pc, size_t bytes)
+{
+    size_t now = stats(pc).bytes;
+    assert_int_equal(kvt_prompt_cache_set_max_bytes(pc, now > bytes ? now - bytes : 0), 0);
+    assert_true(stats(pc).bytes <= stats(pc).max_bytes);
+}
+
+/* take of prompt (n), then the engine extends and puts the whole prompt. */
+static int64_t turn(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n)
+{
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(pc, prompt, n, "", NULL, &h), 0);
+    int64_t p = h.prefix_len;
+    if (p > 0)
+        assert_memory_equal(h.entry.tokens, prompt, (size_t)p * sizeof *prompt);
+    kvt_cache *c[1];
+    if (p > 0 && h.entry.n_caches == 1) {
+        c[0] = h.entry.caches[0];
+        h.entry.caches[0] = NULL;
+        assert_int_equal(pcu_extend(c, 1, prompt + p, n - p), 0);
+    } else {
+        p = 0;
+        assert_int_equal(pcu_fresh("k", c, prompt, n), 0);
+    }
+    kvt_hit_dispose(&h);
+    assert_int_equal(pcu_put(pc, "", prompt, n, c, 1, NULL, 0, (kvt_hook){0}, NULL), 0);
+    return p;
+}
+
+static void test_cut_tail_not_entry(void **state)
+{
+    (void)state;
+    fixture f = mk("lru", 16);
+    int32_t a[13];
+    seq(a, 13, 100);
+    assert_int_equal(pcu_put_fresh(f.pc, "", a, 12, "k", NULL), 0);
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 8));
+    assert_false(has(f.pc, a, 12));
+    kvt_prompt_cache_stats s = stats(f.pc);
+    assert_int_equal(s.block_cuts, 1);
+    assert_int_equal(s.blocks_cut, 1);
+    assert_int_equal(s.evictions, 0);
+    assert_int_equal(s.entries, 1);
+    /* what is left still serves */
+    assert_int_equal(kvt_prompt_cache_peek(f.pc, a, 13, "", NULL), 8);
+    done(&f);
+}
+
+static void test_partial_tail_first(void **state)
+{
+    (void)state;
+    fixture f = mk("lru", 16);
+    int32_t a[10], b[8];
+    seq(b, 8, 500);
+    seq(a, 10, 100);
+    assert_int_equal(turn(f.pc, b, 8), 0);  /* older */
+    assert_int_equal(turn(f.pc, a, 10), 0); /* newer, ends in a 2-token tail */
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 8));
+    assert_true(has(f.pc, b, 8));
+    assert_int_equal(stats(f.pc).blocks_cut, 1);
+    /* then plain recency: b's last block */
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, b, 4));
+    assert_true(has(f.pc, a, 8));
+    done(&f);
+}
+
+static void test_leaf_first_shared_prefix(void **state)
+{
+    (void)state;
+    fixture f = mk("lru", 16);
+    int32_t a[12], b[12];
+    seq(a, 12, 100);
+    memcpy(b, a, 8 * sizeof *a);
+    seq(b + 8, 4, 900);
+    assert_int_equal(turn(f.pc, a, 12), 0);
+    assert_int_equal(turn(f.pc, b, 12), 8);
+    size_t before = stats(f.pc).bytes;
+    /* a's own tail is the oldest block */
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 8));
+    assert_true(has(f.pc, b, 12));
+    assert_true(stats(f.pc).bytes < before);
+    /* then b's tail (deeper than the shared blocks it was used with); b cut
+     * back to the shared prefix replaces a's remainder */
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, b, 8));
+    assert_false(has(f.pc, b, 12));
+    kvt_prompt_cache_stats s = stats(f.pc);
+    assert_int_equal(s.entries, 1);
+    assert_true(s.replacements >= 1);
+    /* then the shared prefix from its end, never its head first */
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 4));
+    squeeze(f.pc, 1);
+    assert_int_equal(stats(f.pc).entries, 0);
+    assert_int_equal(stats(f.pc).evictions, 1);
+    done(&f);
+}
+
+static void test_untrimmable_whole(void **state)
+{
+    (void)state;
+    fixture f = mk("lru", 16);
+    int32_t u[8], t[12];
+    seq(u, 8, 100);
+    seq(t, 12, 300);
+    kvt_cache *c[1];
+    kvt_attachment *att[1];
+    assert_int_equal(pcu_fresh("k", c, u, 8), 0);
+    assert_int_equal(kvt_attachment_blob("img", "xyz", 3, &att[0]), 0);
+    assert_int_equal(pcu_put(f.pc, "", u, 8, c, 1, att, 1, (kvt_hook){0}, NULL), 0);
+    assert_int_equal(pcu_put_fresh(f.pc, "", t, 12, "k", NULL), 0);
+    /* the older untrimmable entry stays while a trimmable block can go */
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, u, 8));
+    assert_true(has(f.pc, t, 8));
+    /* at budget 0 the trimmable entry is cut to nothing, then u leaves whole */
+    assert_int_equal(kvt_prompt_cache_set_max_bytes(f.pc, 0), 0);
+    kvt_prompt_cache_stats s = stats(f.pc);
+    assert_int_equal(s.entries, 0);
+    assert_int_equal(s.bytes, 0);
+    assert_int_equal(s.evictions, 2);
+    assert_int_equal(kvt_block_policy_count(f.bp), 0);
+    done(&f);
+}
+
+static void test_pinned_not_cut(void **state)
+{
+    (void)state;
+    fixture f = mk("lru", 16);
+    int32_t t[12], v[12];
+    seq(t, 12, 100);
+    seq(v, 12, 300);
+    assert_int_equal(turn(f.pc, t, 12), 0);
+    assert_int_equal(turn(f.pc, v, 12), 0);
+    kvt_lease *lease = NULL;
+    assert_int_equal(kvt_prompt_cache_pin(f.pc, t, 12, "", &lease), 0);
+    /* t's tail is the lowest block but t is pinned: v leaves whole instead */
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, t, 12));
+    assert_false(has(f.pc, v, 12));
+    assert_int_equal(stats(f.pc).evictions, 1);
+    kvt_lease_release(lease);
+    done(&f);
+}
+
+static void test_lfu_keeps_reused(void **state)
+{
+    (void)state;
+    for (int pass = 0; pass < 2; pass++) {
+        fixture f = mk(pass ? "lfu-aged" : "lru", 4);
+        int32_t x[9], y[8];
+        seq(x, 9, 100);
+        seq(y, 8, 700);
+        assert_int_equal(turn(f.pc, x, 8), 0);
+        assert_int_equal(turn(f.pc, x, 9), 8); /* x's blocks used twice */
+        assert_int_equal(turn(f.pc, y, 8), 0); /* y once, later */
+        assert_int_equal(kvt_prompt_cache_trim(f.pc, x, 9, "", 8), 0); /* drop x's 1-token tail */
+        squeeze(f.pc, 1);
+        if (pass) { /* lfu-aged: the newer single-use block goes */
+            assert_true(has(f.pc, x, 8));
+            assert_true(has(f.pc, y, 4));
+        } else { /* lru: the older block goes */
+            assert_true(has(f.pc, x, 4));
+            assert_true(has(f.pc, y, 8));
+        }
+        done(&f);
+    }
+}
+
+/* Random turns over a few conversations at a small budget: the budget holds
+ * after every turn and every lent prefix matches the prompt. */
+static void test_random_turns(void **state)
+{
+    (void)state;
+    unsigned seed = (unsigned)time(NULL);
+    const char *env = getenv("KVT_TEST_SEED");
+    if (env)
+        seed = (unsigned)strtoul(env, NULL, 10);
+    printf("test_random_turns seed %u (KVT_TEST_SEED)\n", seed);
+    srand(seed);
+    for (int pass = 0; pass < 2; pass++) {
+        fixture f = mk(pass ? "lfu-aged" : "lru", 12);
+        size_t one = 0;
+        { /* bytes of one 4-token entry, to size the budget */
+            int32_t p[4];
+            seq(p, 4, 5000);
+            assert_int_equal(pcu_put_fresh(f.pc, "", p, 4, "k", NULL), 0);
+            one = stats(f.pc).bytes;
+        }
+        assert_int_equal(kvt_prompt_cache_set_max_bytes(f.pc, one * 12), 0);
+        enum { CONV = 6, MAXLEN = 64 };
+        int32_t conv[CONV][MAXLEN];
+        int64_t len[CONV] = {0};
+        for (int c = 0; c < CONV; c++)
+            seq(conv[c], 5, 10000 * (c % 3)); /* three shared system prompts */
+        int64_t hits = 0;
+        for (int step = 0; step < 400; step++) {
+            int c = rand() % CONV;
+            if (len[c] + 8 > MAXLEN)
+                len[c] = 0; /* conversation restarts */
+            int64_t add = 1 + rand() % 7;
+            for (int64_t i = len[c]; i < len[c] + add; i++)
+                conv[c][i] = i < 5 ? 10000 * (c % 3) + (int32_t)i : (int32_t)(c * 1000 + i * 7 + step % 3);
+            len[c] += add;
+            int64_t p = turn(f.pc, conv[c], len[c]);
+            hits += p > 0;
+            kvt_prompt_cache_stats s = stats(f.pc);
+            assert_true(s.bytes <= s.max_bytes);
+        }
+        assert_true(hits > 0);
+        assert_true(stats(f.pc).blocks_cut > 0);
+        done(&f);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cut_tail_not_entry),
+        cmocka_unit_test(test_partial_tail_first),
+        cmocka_unit_test(test_leaf_first_shared_prefix),
+        cmocka_unit_test(test_untrimmable_whole),
+        cmocka_unit_test(test_pinned_not_cut),
+        cmocka_unit_test(test_lfu_keeps_reused),
+        cmocka_unit_test(test_random_turns),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
