@@ -339,7 +339,7 @@ static int64_t crash_tokens(uint64_t seed, int i, int32_t *tok)
 
 static store_cfg crash_cfg(int trial)
 {
-    store_cfg c = {.n_kv = 2, .kv_dim = 32, .block = 32};
+    store_cfg c = {.n_kv = 2, .kv_dim = 32, .block = 64};
     if (trial % 2) { /* untrimmable layouts: a recurrent layer and an attachment */
         c.recurrent = 48;
         c.attach = 24;
@@ -465,7 +465,7 @@ int store_crash_trials(int trials, uint64_t seed, int verbose)
                 crash_child(root, t, seeds[k]);
             if (pid < 0)
                 return 1;
-            struct timespec ts = {0, (long)(5 + rng_next(&r) % 150) * 1000000L};
+            struct timespec ts = {0, (long)(10 + rng_next(&r) % 240) * 1000000L};
             nanosleep(&ts, NULL);
             kill(pid, SIGKILL);
             int status;

@@ -1,0 +1,210 @@
+/*
+ * cmd_store.c: `kvtier store inspect|verify|gc DIR`: the SSD tier's root on
+ * disk, offline. inspect reads shard headers only (never tensor bytes);
+ * verify hashes every payload and exits 0 only if every shard is good; gc
+ * evicts least recently used entries of idle identity directories down to a
+ * byte budget. Owns no state beyond one command run; never writes a shard.
+ */
+#include "cli.h"
+
+#include "kvtier/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOP_PREFIXES 5
+
+typedef struct ident_acc {
+    char dir[64];
+    char identity[1100];
+    uint64_t entries, blocks, temps, others, bad, bytes;
+    int64_t top_tokens[TOP_PREFIXES];
+    char top_ns[TOP_PREFIXES][64];
+} ident_acc;
+
+typedef struct walk_state {
+    ident_acc *ids;
+    int n, cap;
+    int verbose_bad;
+    uint64_t bad_by_reason[KVT_STORE_REFUSED_COUNT];
+    uint64_t shards, bad;
+} walk_state;
+
+static ident_acc *acc_for(walk_state *w, const kvt_store_shard_info *in)
+{
+    for (int i = 0; i < w->n; i++)
+        if (!strcmp(w->ids[i].dir, in->dir))
+            return &w->ids[i];
+    if (w->n == w->cap) {
+        int c = w->cap ? w->cap * 2 : 8;
+        ident_acc *n = realloc(w->ids, sizeof *n * (size_t)c);
+        if (!n)
+            return NULL;
+        w->ids = n;
+        w->cap = c;
+    }
+    ident_acc *a = &w->ids[w->n++];
+    memset(a, 0, sizeof *a);
+    snprintf(a->dir, sizeof a->dir, "%s", in->dir);
+    snprintf(a->identity, sizeof a->identity, "%s", in->identity[0] ? in->identity : "(no IDENTITY file)");
+    return a;
+}
+
+static int on_shard(void *ctx, const kvt_store_shard_info *in)
+{
+    walk_state *w = ctx;
+    ident_acc *a = acc_for(w, in);
+    if (!a)
+        return 1;
+    a->bytes += in->bytes;
+    if (in->type == 't') {
+        a->temps++;
+        return 0;
+    }
+    if (in->type == '?') {
+        a->others++;
+        return 0;
+    }
+    w->shards++;
+    if (in->status) {
+        a->bad++;
+        w->bad++;
+        int r = in->status - 1;
+        if (r >= 0 && r < KVT_STORE_REFUSED_COUNT)
+            w->bad_by_reason[r]++;
+        if (w->verbose_bad)
+            printf("BAD  %s/%s: %s\n", in->dir, in->file, kvt_store_refusal_name((kvt_store_refusal)r));
+        return 0;
+    }
+    if (in->type == 'b') {
+        a->blocks++;
+        return 0;
+    }
+    a->entries++;
+    /* keep the longest prefixes */
+    for (int i = 0; i < TOP_PREFIXES; i++)
+        if (in->n_tokens > a->top_tokens[i]) {
+            memmove(&a->top_tokens[i + 1], &a->top_tokens[i], sizeof(int64_t) * (size_t)(TOP_PREFIXES - 1 - i));
+            memmove(a->top_ns[i + 1], a->top_ns[i], sizeof a->top_ns[0] * (size_t)(TOP_PREFIXES - 1 - i));
+            a->top_tokens[i] = in->n_tokens;
+            snprintf(a->top_ns[i], sizeof a->top_ns[i], "%s", in->ns);
+            break;
+        }
+    return 0;
+}
+
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0)
+        return -1;
+    double m = 1;
+    if (*end == 'k' || *end == 'K')
+        m = 1024.0, end++;
+    else if (*end == 'm' || *end == 'M')
+        m = 1024.0 * 1024, end++;
+    else if (*end == 'g' || *end == 'G')
+        m = 1024.0 * 1024 * 1024, end++;
+    else if (*end == 't' || *end == 'T')
+        m = 1024.0 * 1024 * 1024 * 1024, end++;
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end)
+        return -1;
+    *out = (uint64_t)(v * m);
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtier store inspect DIR     entries, bytes, identities, longest prefixes (headers only)\n"
+               "       kvtier store verify DIR      hash every shard; exit 0 only if all are good\n"
+               "       kvtier store gc DIR --max BYTES  evict LRU entries of idle identities (e.g. 10G)\n");
+}
+
+static void print_report(const walk_state *w)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < w->n; i++) {
+        const ident_acc *a = &w->ids[i];
+        total += a->bytes;
+        printf("identity %s\n  %s\n", a->dir, a->identity);
+        printf("  entries %llu  blocks %llu  bytes %llu  refused %llu  temp files %llu\n",
+               (unsigned long long)a->entries, (unsigned long long)a->blocks, (unsigned long long)a->bytes,
+               (unsigned long long)a->bad, (unsigned long long)a->temps);
+        for (int k = 0; k < TOP_PREFIXES && a->top_tokens[k]; k++)
+            printf("  prefix %d: %lld tokens (ns \"%s\")\n", k + 1, (long long)a->top_tokens[k], a->top_ns[k]);
+    }
+    printf("total: %d identities, %llu shards, %llu bytes, %llu refused\n", w->n, (unsigned long long)w->shards,
+           (unsigned long long)total, (unsigned long long)w->bad);
+    for (int r = 0; r < KVT_STORE_REFUSED_COUNT; r++)
+        if (w->bad_by_reason[r])
+            printf("  refused (%s): %llu\n", kvt_store_refusal_name((kvt_store_refusal)r),
+                   (unsigned long long)w->bad_by_reason[r]);
+}
+
+int kvt_cmd_store(int argc, char **argv)
+{
+    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        usage(stdout);
+        return 0;
+    }
+    if (argc < 3) {
+        usage(stderr);
+        return 2;
+    }
+    const char *sub = argv[1], *dir = argv[2];
+    if (!strcmp(sub, "inspect") || !strcmp(sub, "verify")) {
+        if (argc != 3) {
+            usage(stderr);
+            return 2;
+        }
+        int verify = !strcmp(sub, "verify");
+        walk_state w;
+        memset(&w, 0, sizeof w);
+        w.verbose_bad = 1;
+        int rc = kvt_store_walk(dir, verify, on_shard, &w);
+        if (rc) {
+            fprintf(stderr, "kvtier store %s: %s\n", sub, kvt_last_error());
+            free(w.ids);
+            return 1;
+        }
+        print_report(&w);
+        if (verify)
+            printf("verify: %s (%llu of %llu shards good)\n", w.bad ? "FAILED" : "ok",
+                   (unsigned long long)(w.shards - w.bad), (unsigned long long)w.shards);
+        free(w.ids);
+        return verify && w.bad ? 1 : 0;
+    }
+    if (!strcmp(sub, "gc")) {
+        uint64_t max = 0;
+        int have = 0;
+        for (int i = 3; i < argc; i++) {
+            if (!strcmp(argv[i], "--max") && i + 1 < argc && !parse_bytes(argv[i + 1], &max)) {
+                have = 1;
+                i++;
+            } else {
+                fprintf(stderr, "kvtier store gc: bad argument '%s'\n", argv[i]);
+                usage(stderr);
+                return 2;
+            }
+        }
+        if (!have) {
+            fprintf(stderr, "kvtier store gc: --max BYTES is required\n");
+            return 2;
+        }
+        uint64_t freed = 0;
+        int rc = kvt_store_gc(dir, max, &freed);
+        if (rc) {
+            fprintf(stderr, "kvtier store gc: %s\n", kvt_last_error());
+            return 1;
+        }
+        printf("gc: freed %llu bytes (budget %llu)\n", (unsigned long long)freed, (unsigned long long)max);
+        return 0;
+    }
+    fprintf(stderr, "kvtier store: unknown subcommand '%s'\n", sub);
+    usage(stderr);
+    return 2;
+}
