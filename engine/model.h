@@ -53,8 +53,13 @@
  * a caller holding caches with p tokens (e.g. from the prompt cache) feeds
  * only tokens[p..].
  *
- * Thread-safety: a kvt_model holds scratch buffers; one thread at a time may
- * call prefill/decode on it (the caller serialises). Loading, freeing and the
+ * Threads: a model owns a pool of worker threads (online CPUs, at most 8,
+ * the caller included) that split each matrix product by output rows and
+ * attention by heads; OpenBLAS runs each piece single-threaded (loading a
+ * model calls openblas_set_num_threads(1), process-wide).
+ *
+ * Thread-safety: a kvt_model holds scratch buffers and its pool; one thread
+ * at a time may call prefill/decode on it (the caller serialises). Loading, freeing and the
  * const getters of different models are independent. kvt_model_get_config,
  * kvt_model_fingerprint and kvt_model_kv_bytes_per_token may be called
  * concurrently with each other (they only read).

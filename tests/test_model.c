@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char g_dir[256];
@@ -397,6 +398,50 @@ static void test_synth_rejects_bad_shapes(void **state)
     assert_true(kvt_model_synth(&p, nodir) == -ENOENT);
 }
 
+/* `kvtier model synth` twice with the same arguments: byte-identical files;
+ * a bad argument: exit status 2 and no file. */
+static void test_cli_synth(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVT_BIN");
+    if (!bin || access(bin, X_OK) != 0) {
+        print_message("skip: KVT_BIN unset or not executable\n");
+        skip();
+    }
+    char a[512], b[512], cmd[2048];
+    path_in(a, sizeof a, "cli_a.bin");
+    path_in(b, sizeof b, "cli_b.bin");
+    const char *args = "--dim 32 --hidden 40 --layers 4 --heads 4 --kv-heads 1 --vocab 30 --seq-len 50 --seed 99 "
+                       "--sliding-window 6 --window-layers 1,3 --recurrent-layers 2";
+    snprintf(cmd, sizeof cmd, "'%s' model synth --out '%s' %s", bin, a, args);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "'%s' model synth --out '%s' %s", bin, b, args);
+    assert_int_equal(system(cmd), 0);
+    size_t na, nb;
+    unsigned char *ba = read_all(a, &na), *bb = read_all(b, &nb);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ba, bb, na);
+    free(ba);
+    free(bb);
+    kvt_model *m = NULL;
+    assert_int_equal(kvt_model_load(a, &m), 0);
+    const kvt_model_config *c = kvt_model_get_config(m);
+    assert_int_equal(c->n_kv_heads, 1);
+    assert_int_equal(c->sliding_window, 6);
+    assert_int_equal(c->layer_kind[0], KVT_LAYER_ATTN);
+    assert_int_equal(c->layer_kind[1], KVT_LAYER_WINDOW);
+    assert_int_equal(c->layer_kind[2], KVT_LAYER_RECURRENT);
+    assert_int_equal(c->layer_kind[3], KVT_LAYER_WINDOW);
+    kvt_model_free(m);
+    path_in(a, sizeof a, "cli_bad.bin");
+    snprintf(cmd, sizeof cmd, "'%s' model synth --out '%s' --dim 30 --hidden 40 --layers 1 --heads 4 --kv-heads 1 "
+             "--vocab 30 --seq-len 50 --seed 1 2>/dev/null", bin, a);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_int_equal(access(a, F_OK), -1);
+}
+
 static void test_null_args(void **state)
 {
     (void)state;
@@ -423,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_stories260k_config),
         cmocka_unit_test(test_synth_deterministic),
         cmocka_unit_test(test_synth_rejects_bad_shapes),
+        cmocka_unit_test(test_cli_synth),
         cmocka_unit_test(test_null_args),
     };
     return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
