@@ -1,7 +1,8 @@
 /*
  * cmd_model.c: `kvtier model synth` (write a deterministic synthetic
- * checkpoint) and `kvtier model default` (print, creating on first use, the
- * built-in default model's paths). Parses arguments only; the work is in
+ * checkpoint), `kvtier model info` (print a checkpoint's shape) and `kvtier
+ * model default` (print, creating on first use, the built-in default model's
+ * paths). Parses arguments only; the work is in
  * engine/synth.c and engine/default_model.c. Never writes anything but the
  * requested file.
  */
@@ -19,6 +20,7 @@ static void usage(FILE *f)
             "usage: kvtier model synth --out FILE --dim D --hidden H --layers L --heads NH --kv-heads NKV\n"
             "                          --vocab V --seq-len S --seed X [--separate-classifier]\n"
             "                          [--sliding-window W --window-layers LIST] [--recurrent-layers LIST]\n"
+            "       kvtier model info FILE    (shape, layer kinds, fingerprint, KV bytes per token)\n"
             "       kvtier model default      (prints the built-in model and tokenizer paths)\n"
             "LIST is comma-separated layer indices, e.g. 1,3. Identical arguments give identical files.\n");
 }
@@ -151,6 +153,31 @@ static int cmd_default(void)
     return 0;
 }
 
+static int cmd_info(const char *path)
+{
+    kvt_model *m = NULL;
+    int rc = kvt_model_load(path, &m);
+    if (rc != 0) {
+        fprintf(stderr, "kvtier model info: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
+        return 1;
+    }
+    const kvt_model_config *c = kvt_model_get_config(m);
+    static const char kind_char[3] = {'A', 'W', 'R'};
+    char kinds[KVT_MODEL_MAX_LAYERS + 1];
+    for (int32_t l = 0; l < c->n_layers; l++)
+        kinds[l] = kind_char[c->layer_kind[l]];
+    kinds[c->n_layers] = '\0';
+    printf("dim %d hidden %d layers %d heads %d kv_heads %d head_size %d kv_dim %d vocab %d seq_len %d\n"
+           "classifier %s, sliding_window %d, layers %s (A attention, W window, R recurrent)\n"
+           "fingerprint %016llx, kv bytes/token %zu, fixed state bytes %zu\n",
+           c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->head_size, c->kv_dim, c->vocab_size,
+           c->seq_len, c->shared_classifier ? "shared" : "separate", c->sliding_window, kinds,
+           (unsigned long long)kvt_model_fingerprint(m), kvt_model_kv_bytes_per_token(m),
+           kvt_model_fixed_state_bytes(m));
+    kvt_model_free(m);
+    return 0;
+}
+
 int kvt_cmd_model(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -159,6 +186,13 @@ int kvt_cmd_model(int argc, char **argv)
     }
     if (!strcmp(argv[1], "synth"))
         return cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "info")) {
+        if (argc != 3) {
+            usage(stderr);
+            return 2;
+        }
+        return cmd_info(argv[2]);
+    }
     if (!strcmp(argv[1], "default"))
         return cmd_default();
     fprintf(stderr, "kvtier model: unknown subcommand '%s'\n", argv[1]);
