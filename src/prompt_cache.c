@@ -1773,3 +1773,24 @@ KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_s
     out->spills = atomic_load(&pc->spills);
     out->spill_failures = atomic_load(&pc->spill_failures);
 }
+
+/* ---- test hook ------------------------------------------------------------------------ */
+
+/* Internal (tests only): the session-slot count, pin count, buffer count and
+ * private bytes of resident entry `id`. @return 0, or KVT_ENOTFOUND when it is not resident. */
+int kvt__prompt_cache_entry_info(kvt_prompt_cache *pc, uint64_t id, int64_t *sessions, int64_t *pins,
+                                  size_t *n_bufs, size_t *private_bytes);
+int kvt__prompt_cache_entry_info(kvt_prompt_cache *pc, uint64_t id, int64_t *sessions, int64_t *pins,
+                                  size_t *n_bufs, size_t *private_bytes)
+{
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *e = by_id(pc, id);
+    if (e) {
+        *sessions = e->sessions;
+        *pins = e->pins;
+        *n_bufs = e->n_bufs;
+        *private_bytes = e->private_bytes;
+    }
+    pthread_mutex_unlock(&pc->mu);
+    return e ? 0 : KVT_ENOTFOUND;
+}
