@@ -359,6 +359,14 @@ int mem_tier_create(mem_tier **out)
     return 0;
 }
 
+void mem_tier_clear(mem_tier *t)
+{
+    pthread_mutex_lock(&t->mu);
+    while (t->n > 0)
+        remove_at(t, t->n - 1);
+    pthread_mutex_unlock(&t->mu);
+}
+
 void mem_tier_quiesce(mem_tier *t)
 {
     pthread_mutex_lock(&t->mu);

@@ -38,6 +38,8 @@ void mem_tier_loose_find(mem_tier *t, int on);
 void mem_tier_fail_restores(mem_tier *t, int on); /* restores fail KVT_EIO */
 /** Writes every pending spill. @return the number written. */
 int mem_tier_drain(mem_tier *t);
+/** Drops every stored entry (running the hooks they hold). */
+void mem_tier_clear(mem_tier *t);
 /** Waits until no async read is running. */
 void mem_tier_quiesce(mem_tier *t);
 
