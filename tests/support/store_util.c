@@ -251,7 +251,7 @@ static ssize_t f_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off)
         pthread_cond_wait(&f->cv, &f->mu);
     f->waiting--;
     f->pwrites++;
-    int fail = f->fail_pwrite_after > 0 && --f->fail_pwrite_after == 0;
+    int fail = f->fail_all || (f->fail_pwrite_after > 0 && --f->fail_pwrite_after == 0);
     int err = f->err, sh = f->short_write, lie = f->lie;
     if (fail && sh)
         f->fail_pwrite_after = 1; /* the next call then fails outright */

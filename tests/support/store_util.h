@@ -62,6 +62,7 @@ typedef struct store_faults {
     int err;               /* errno to inject (ENOSPC, EIO) */
     int short_write;       /* 1: a failing pwrite first writes half and reports it */
     int lie;               /* 1: a failing pwrite writes half but reports all */
+    int fail_all;          /* 1: every pwrite fails with err */
     int gate_closed;       /* 1: every pwrite waits until opened */
     int waiting;           /* pwrites blocked on the gate */
     int64_t pwrites, fsyncs;
