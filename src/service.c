@@ -487,11 +487,14 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_stat
     if (!svc || !lease)
         return kvt__fail(KVT_EINVAL, "service: NULL service or lease");
     pthread_mutex_lock(&svc->mu);
+    int closed = svc->closed;
+    pthread_mutex_unlock(&svc->mu);
+    if (closed)
+        return kvt__fail(KVT_ECLOSED, "service: closed");
+    /* The lookup runs outside the service mutex: the prompt cache locks
+     * itself and may read the cold tier (I/O) meanwhile; the lease's fields
+     * are immutable after admit. */
     int rc = 0;
-    if (svc->closed) {
-        rc = kvt__fail(KVT_ECLOSED, "service: closed");
-        goto done;
-    }
     out->n_layers = svc->n_layers;
     out->caches = kvt__calloc((size_t)svc->n_layers, sizeof *out->caches);
     if (!out->caches) {
@@ -511,10 +514,11 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_stat
             goto done;
         }
     }
+    pthread_mutex_lock(&svc->mu);
     svc->acquires++;
     svc->reused_tokens += (uint64_t)out->reused_tokens;
-done:
     pthread_mutex_unlock(&svc->mu);
+done:
     if (rc)
         kvt_state_dispose(out);
     return rc;
@@ -549,17 +553,21 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const in
                              (long long)off, (long long)n_tokens);
     }
     pthread_mutex_lock(&svc->mu);
+    int closed = svc->closed;
+    pthread_mutex_unlock(&svc->mu);
     int rc;
-    if (svc->closed)
+    if (closed)
         rc = kvt__fail(KVT_ECLOSED, "service: closed");
     else if (!lease_keeps(svc, lease))
         rc = kvt__fail(KVT_EUNSUPPORTED, "publish: this service keeps no state for the request "
                        "(no prompt cache, or the request reuses nothing)");
-    else
+    else /* outside the service mutex: the prompt cache locks itself; eviction spills write-behind */
         rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, lease->ns, lease->session, st);
-    if (!rc)
+    if (!rc) {
+        pthread_mutex_lock(&svc->mu);
         svc->publishes++;
-    pthread_mutex_unlock(&svc->mu);
+        pthread_mutex_unlock(&svc->mu);
+    }
     return rc;
 }
 

@@ -1,6 +1,7 @@
 /*
  * service_pc.h: the service's glue to the RAM prompt cache (internal).
- * Every function is called with the service mutex held.
+ * The prompt cache locks itself: take and put are called without the
+ * service mutex (they may wait on cold-tier reads), the rest with it.
  */
 #ifndef KVTIER_SERVICE_PC_H
 #define KVTIER_SERVICE_PC_H

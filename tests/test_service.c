@@ -439,6 +439,71 @@ static void test_report_json_close(void **state)
     kvt_service_destroy(NULL);
 }
 
+/* ---- several threads sharing one service ------------------------------------------------ */
+
+typedef struct {
+    kvt_service *s;
+    int id;
+    int fails;
+} worker;
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    char session[16];
+    snprintf(session, sizeof session, "w%d", w->id);
+    for (int it = 0; it < 40; it++) {
+        int64_t n = 8 + (it % 5) * 4 + w->id;
+        kvt_request r = {.prompt = toks, .n_prompt = n, .max_tokens = 4, .session = session};
+        kvt_admission *a = NULL;
+        kvt_state st;
+        if (kvt_service_admit_wait(w->s, &r, -1, &a) || kvt_service_acquire(w->s, a, &st)) {
+            w->fails++;
+            kvt_service_release(w->s, a, 0);
+            continue;
+        }
+        int64_t R = st.reused_tokens;
+        if (R >= n || kvt_cache_offset(st.caches[0]) != R)
+            w->fails++;
+        run_tokens(st.caches, R, n);
+        if (kvt_service_publish(w->s, a, toks, n, &st))
+            w->fails++;
+        kvt_state_dispose(&st);
+        (void)kvt_service_peek(w->s, toks, n, "");
+        kvt_service_release(w->s, a, 1);
+    }
+    return NULL;
+}
+
+static void test_concurrent_requests(void **state)
+{
+    (void)state;
+    setup_tokens();
+    /* room for two requests at a time (each <= 48 tokens: 48*32 + 8*32 + 64) */
+    const uint64_t one = 48 * 32 + 8 * 32 + REC;
+    kvt_service *s = make(1 << 16, 2 * one, 1000);
+    enum { T = 4 };
+    pthread_t th[T];
+    worker w[T];
+    for (int i = 0; i < T; i++) {
+        w[i] = (worker){.s = s, .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].fails, 0);
+    }
+    kvt_service_report rep;
+    kvt_service_report_get(s, &rep);
+    assert_int_equal(rep.acquires, T * 40);
+    assert_int_equal(rep.publishes, T * 40);
+    assert_int_equal(rep.admitted, 0);
+    assert_int_equal(rep.kv_projected_bytes, 0);
+    assert_true(rep.reused_tokens > 0);
+    assert_true(rep.bytes <= 1 << 16);
+    kvt_service_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -452,6 +517,7 @@ int main(void)
         cmocka_unit_test(test_acquire_publish_reuse),
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_report_json_close),
+        cmocka_unit_test(test_concurrent_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,10 +22,13 @@
  * version (kvt_service_ns()), so state computed under adapter "fr" version 2
  * never serves "fr" version 3, nor adapter "de", nor the base model ("").
  *
- * Thread-safety: every kvt_service_* call on one service is serialised by the
- * service's own mutex, so several threads (one per request) may share a
- * service. kvt_service_admit_wait() blocks without holding it. The caches a
- * request acquires belong to that request's thread.
+ * Thread-safety: every kvt_service_* call may be made from any thread, so
+ * several threads (one per request) may share a service: admission, leases
+ * and counters are guarded by the service's mutex; the prompt cache locks
+ * itself, and acquire/publish call it without the service mutex (a cold-tier
+ * read never blocks other requests' admission). kvt_service_admit_wait()
+ * sleeps without holding the mutex. The caches a request acquires belong to
+ * that request's thread. kvt_service_destroy() must not race any call.
  */
 #ifndef KVTIER_SERVICE_H
 #define KVTIER_SERVICE_H
@@ -65,7 +68,8 @@ typedef struct kvt_service_layer {
 
 /** Makes `n_layers` empty caches for one request (the model's fresh state).
  * Fills caches[0..n_layers); on error leaves every slot NULL and returns a
- * negative status. Called with the service mutex held. */
+ * negative status. Called from kvt_service_acquire, without the service
+ * mutex: it must be safe to call from several threads at once. */
 typedef int (*kvt_new_caches_fn)(void *ctx, kvt_cache **caches);
 
 /** How to build a service. Zero-initialise, then fill. */
