@@ -75,6 +75,8 @@ typedef struct pc_entry {
     uint64_t *bkeys;          /* (n_bkeys) block keys when block eviction
                                  tracks the entry (pc_blocks.h), else NULL */
     int64_t n_bkeys;
+    int cut_spilled;          /* a block cut handed its whole tokens to the
+                                 cold tier since it became resident */
     int spill;                /* when gone: hand to the cold tier first */
     struct pc_entry *prev, *next; /* all resident entries */
     struct pc_entry *gone;        /* leaving entries, processed off-lock */
@@ -495,6 +497,38 @@ static int needs_spill(kvt_prompt_cache *pc, const pc_entry *e)
 
 static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_entry **gone);
 
+/* Queues a spill-only copy of e (zero-copy clones of its caches, its tokens,
+ * a share of its hook) on *gone, so the cold tier gets e's whole prefix
+ * before a block cut drops its tail (3.6: evicted state goes to the cold
+ * tier first). Best effort: out of memory means no spill. */
+static void spill_copy(kvt_prompt_cache *pc, pc_entry *e, pc_entry **gone)
+{
+    pc_entry *x = kvt__calloc(1, sizeof *x);
+    if (!x)
+        return;
+    x->ns = kvt__strdup(e->ns);
+    x->tokens = kvt__malloc((size_t)(e->n_tokens ? e->n_tokens : 1) * sizeof(int32_t));
+    x->caches = kvt__calloc((size_t)(e->n_caches ? e->n_caches : 1), sizeof *x->caches);
+    x->atts = kvt__calloc(1, sizeof *x->atts); /* cut entries have no attachments */
+    if (!x->ns || !x->tokens || !x->caches || !x->atts ||
+        (e->n_caches && kvt_caches_clone(e->caches, e->n_caches, x->caches) != 0)) {
+        entry_free_shell(x);
+        return;
+    }
+    memcpy(x->tokens, e->tokens, (size_t)e->n_tokens * sizeof(int32_t));
+    x->n_tokens = e->n_tokens;
+    x->n_caches = e->n_caches;
+    if (e->share) {
+        atomic_fetch_add(&e->share->refs, 1);
+        x->share = e->share;
+    }
+    x->id = e->id;
+    x->spill = 1;
+    x->gone = *gone;
+    *gone = x;
+    (void)pc;
+}
+
 /* Block-granular eviction (issue 6): cuts the block policy's victim block,
  * and every block after it, off the entry that ends in it; an entry cut back
  * to nothing (or below its reach) leaves whole, spilled as by evict. A cut
@@ -515,9 +549,14 @@ static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
         return 0;
     int64_t new_len = depth * kvt__pc_blocks_block_tokens(pc->blocks), before = e->n_bkeys;
     if (new_len < 1 || new_len < e->reach) {
-        entry_unlink(pc, e, needs_spill(pc, e), gone);
+        /* a cut already spilled a longer prefix that serves this one */
+        entry_unlink(pc, e, !e->cut_spilled && needs_spill(pc, e), gone);
         pc->st.evictions++;
         return 1;
+    }
+    if (!e->cut_spilled && needs_spill(pc, e)) {
+        spill_copy(pc, e, gone);
+        e->cut_spilled = 1;
     }
     if (trim_locked(pc, e, new_len, gone) == 0) {
         pc->st.block_cuts++;

@@ -21,6 +21,7 @@
 
 #include "kvtier/prompt_cache.h"
 #include "kvtier/retention_block.h"
+#include "mem_tier.h"
 #include "pc_util.h"
 
 typedef struct fixture {
@@ -34,6 +35,16 @@ static fixture mk(const char *policy, int64_t capacity_blocks)
     assert_int_equal(kvt_block_policy_create(policy, capacity_blocks, &f.bp), 0);
     kvt_prompt_cache_config cfg = {.max_bytes = (size_t)1 << 30, .block_tokens = PCU_BLOCK,
                                    .block_policy = f.bp};
+    assert_int_equal(kvt_prompt_cache_create(&cfg, &f.pc), 0);
+    return f;
+}
+
+static fixture mk_cold(const char *policy, int64_t capacity_blocks, const kvt_cold_tier *cold)
+{
+    fixture f = {0};
+    assert_int_equal(kvt_block_policy_create(policy, capacity_blocks, &f.bp), 0);
+    kvt_prompt_cache_config cfg = {.max_bytes = (size_t)1 << 30, .block_tokens = PCU_BLOCK,
+                                   .block_policy = f.bp, .cold = cold};
     assert_int_equal(kvt_prompt_cache_create(&cfg, &f.pc), 0);
     return f;
 }
@@ -236,6 +247,38 @@ static void test_lfu_keeps_reused(void **state)
     }
 }
 
+/* With a cold tier, the first cut of an entry spills its whole prefix (once),
+ * and a later take restores the longer prefix from the cold tier. */
+static void test_cut_spills_once(void **state)
+{
+    (void)state;
+    mem_tier *mt = NULL;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    fixture f = mk_cold("lru", 16, mem_tier_iface(mt));
+    int32_t a[13];
+    seq(a, 13, 100);
+    assert_int_equal(pcu_put_fresh(f.pc, "", a, 12, "k", NULL), 0);
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 8));
+    assert_int_equal(mem_tier_counts_get(mt).spills, 1);
+    assert_true(mem_tier_has(mt, "", a, 12));
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 4));
+    assert_int_equal(mem_tier_counts_get(mt).spills, 1);
+    /* cut to nothing: the cold tier already holds a longer prefix */
+    squeeze(f.pc, 1);
+    assert_int_equal(stats(f.pc).entries, 0);
+    assert_int_equal(mem_tier_counts_get(mt).spills, 1);
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(f.pc, a, 13, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_COLD);
+    assert_int_equal(h.prefix_len, 12);
+    assert_memory_equal(h.entry.tokens, a, 12 * sizeof *a);
+    kvt_hit_dispose(&h);
+    done(&f);
+    mem_tier_destroy(mt);
+}
+
 /* Random turns over a few conversations at a small budget: the budget holds
  * after every turn and every lent prefix matches the prompt. */
 static void test_random_turns(void **state)
@@ -291,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_untrimmable_whole),
         cmocka_unit_test(test_pinned_not_cut),
         cmocka_unit_test(test_lfu_keeps_reused),
+        cmocka_unit_test(test_cut_spills_once),
         cmocka_unit_test(test_random_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
