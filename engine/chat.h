@@ -86,8 +86,12 @@ typedef struct kvt_gen_opts {
  * window) a snapshot of n_prompt - 1 tokens is published too, so an exact
  * repeat of the prompt reuses n_prompt - 1 tokens on every cache kind. At
  * the end the caches holding prompt + fed reply tokens are published.
- * A failing publish is not an error of the generation (the state is simply
- * not kept); it is counted in the service's report.
+ * A failing publish is not an error of the generation: the state is simply
+ * not kept (the report's publishes counts only accepted states).
+ * Snapshots are published without a share of the acquired state's release
+ * hook (that goes with the final entry): a cold tier that lends memory
+ * mapped from files must keep it alive by buffer references, as the SSD
+ * store does by restoring into owned buffers.
  *
  * @param m, svc, sampler borrowed; svc built for m.
  * @param prompt (n_prompt) token ids, n_prompt >= 1.
@@ -149,6 +153,10 @@ KVT_API void kvt_chat_free(kvt_chat *c);
 
 /** Runs one turn: appends `user`, renders and encodes the whole conversation
  * (with BOS), generates, appends the decoded reply.
+ * The reply text is what a chat server returns and what the next turn
+ * re-sends: the llama2.c decode of the reply tokens, made valid UTF-8 (a
+ * byte outside a valid sequence becomes U+FFFD). Its re-encoding may differ
+ * from the generated tokens (drift).
  * @param reply receives the reply text, borrowed, valid until the next turn
  *   or kvt_chat_free. May be NULL.
  * @param reply_tokens,n_reply_tokens optional: the generated ids (borrowed, same lifetime).
