@@ -350,6 +350,63 @@ static void test_errors_leave_caches_untouched(void **state)
     kvt_model_free(m);
 }
 
+/* Allocator that fails every allocation after the first `g_budget`. */
+static long g_budget;
+static void *fail_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    return g_budget-- > 0 ? malloc(n ? n : 1) : NULL;
+}
+static void *fail_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    return g_budget-- > 0 ? realloc(p, n ? n : 1) : NULL;
+}
+static void plain_free(void *p, void *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+/* Out of memory at every allocation of load + caches + prefill + decode:
+ * a clean KVT_ENOMEM each time (ASan checks nothing leaks), then success. */
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    kvt_model *probe = synth_model(SHAPE_HYBRID_SEP);
+    kvt_model_free(probe);
+    char path[512];
+    snprintf(path, sizeof path, "%s/shape%d.bin", g_dir, SHAPE_HYBRID_SEP);
+    int32_t tok[20] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+    float logits[97];
+    int failures = 0;
+    for (long budget = 0;; budget++) {
+        kvt_allocator a = {fail_malloc, fail_realloc, plain_free, NULL};
+        g_budget = budget;
+        kvt_set_allocator(&a);
+        kvt_model *m = NULL;
+        kvt_cache *c[3] = {NULL, NULL, NULL};
+        int rc = kvt_model_load(path, &m);
+        if (rc == 0)
+            rc = kvt_model_new_caches(m, 4, c);
+        if (rc == 0)
+            rc = kvt_model_prefill(m, c, tok, 20, logits);
+        if (rc == 0)
+            rc = kvt_model_decode(m, c, 3, logits);
+        if (c[0])
+            kvt_caches_dispose(c, 3);
+        kvt_model_free(m);
+        kvt_set_allocator(NULL);
+        if (rc == 0)
+            break;
+        assert_int_equal(rc, KVT_ENOMEM);
+        failures++;
+        assert_true(budget < 10000);
+    }
+    print_message("  %d allocation failures, each a clean KVT_ENOMEM\n", failures);
+    assert_true(failures > 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -361,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_synth_hybrid_separate_classifier),
         cmocka_unit_test(test_window_forgets),
         cmocka_unit_test(test_errors_leave_caches_untouched),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
