@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "kvtier/service.h"
+#include "mem_tier.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -439,6 +440,56 @@ static void test_report_json_close(void **state)
     kvt_service_destroy(NULL);
 }
 
+/* ---- cold tier: idle demotion, graceful close ---------------------------------------------- */
+
+static void test_cold_tier_demote_and_close(void **state)
+{
+    (void)state;
+    setup_tokens();
+    mem_tier *mt = NULL;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_service_config cfg = {.n_layers = 3, .layers = layers, .max_positions = 1000, .new_caches = new_caches,
+                              .prompt_cache_bytes = 1 << 20, .block_tokens = 16, .cold = mem_tier_iface(mt),
+                              .demote_idle_ms = 20};
+    kvt_service *s = NULL;
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    kvt_state st;
+    kvt_admission *a = start(s, 10, "", "c", 0, &st);
+    run_tokens(st.caches, 0, 10);
+    assert_int_equal(kvt_service_publish(s, a, toks, 10, &st), 0);
+    kvt_service_release(s, a, 1);
+    /* the demoter thread moves the idle entry to the cold tier */
+    kvt_service_report rep;
+    for (int i = 0; i < 200; i++) {
+        mem_tier_drain(mt);
+        kvt_service_report_get(s, &rep);
+        if (rep.entries == 0 && rep.demotions > 0)
+            break;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(rep.entries, 0);
+    assert_true(rep.demotions >= 1);
+    assert_true(mem_tier_has(mt, "", toks, 10));
+    /* and the next request gets it back from there */
+    a = start(s, 14, "", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 10);
+    kvt_service_report_get(s, &rep);
+    assert_int_equal(rep.cold_restores, 1);
+    run_tokens(st.caches, 10, 14);
+    assert_int_equal(kvt_service_publish(s, a, toks, 14, &st), 0);
+    kvt_service_release(s, a, 1);
+    /* close hands what RAM holds to the cold tier and flushes it */
+    mem_tier_manual_spills(mt, 0);
+    assert_int_equal(kvt_service_close(s), 0);
+    mem_tier_drain(mt);
+    assert_true(mem_tier_has(mt, "", toks, 14));
+    kvt_service_report_get(s, &rep);
+    assert_int_equal(rep.entries, 0);
+    kvt_service_destroy(s);
+    mem_tier_destroy(mt);
+}
+
 /* ---- several threads sharing one service ------------------------------------------------ */
 
 typedef struct {
@@ -517,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_acquire_publish_reuse),
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_report_json_close),
+        cmocka_unit_test(test_cold_tier_demote_and_close),
         cmocka_unit_test(test_concurrent_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
