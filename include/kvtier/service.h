@@ -23,8 +23,8 @@
  * never serves "fr" version 3, nor adapter "de", nor the base model ("").
  *
  * Thread-safety: every kvt_service_* call may be made from any thread, so
- * several threads (one per request) may share a service: admission, leases
- * and counters are guarded by the service's mutex; the prompt cache locks
+ * several threads (one per request) may share a service: the budget, the held
+ * admissions and the counters are guarded by the service's mutex; the prompt cache locks
  * itself, and acquire/publish call it without the service mutex (a cold-tier
  * read never blocks other requests' admission). kvt_service_admit_wait()
  * sleeps without holding the mutex. The caches a request acquires belong to
@@ -117,7 +117,7 @@ typedef struct kvt_service_config {
 KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out);
 
 /** Closes (if not yet closed) and frees the service. NULL is a no-op.
- * Every lease must have been released. Not thread-safe with other calls on it. */
+ * Every admission must have been released. Not thread-safe with other calls on it. */
 KVT_API void kvt_service_destroy(kvt_service *svc);
 
 /* ---- namespaces ------------------------------------------------------------ */
@@ -160,7 +160,7 @@ KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tok
  *
  * The request holds its projected bytes (n_prompt + max_tokens tokens) until
  * kvt_service_release().
- * @param out receives the lease (the request's identity until release) on
+ * @param out receives the admission (the request's identity until release) on
  *   success; NULL otherwise.
  * @return 0 admitted;
  *   KVT_EAGAIN: does not fit beside the admitted requests now; retry after a
@@ -205,11 +205,12 @@ typedef struct kvt_state {
  *
  * @param out filled on success; the caller owns it and ends it with
  *   kvt_state_dispose() or by handing its caches to kvt_service_publish().
- * @return 0; KVT_EINVAL (NULL, unknown or released lease); KVT_ECLOSED;
+ * @param adm a live admission (not yet released; anything else is undefined).
+ * @return 0; KVT_EINVAL (NULL service, admission or out); KVT_ECLOSED;
  *   KVT_ENOMEM or a cache-creation error (nothing is left allocated).
  * Thread-safe. Source: DESIGN.md 3.2, 6.
  */
-KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_state *out);
+KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state *out);
 
 /** Disposes a state's caches and attachments, then runs its hook; zeroes it. NULL and a zeroed
  * state are no-ops. Thread-safe (touches only `st`). */
@@ -218,7 +219,7 @@ KVT_API void kvt_state_dispose(kvt_state *st);
 /** Whether state the request publishes may be kept (a prompt cache exists and
  * the request reuses prefixes): a caller skips snapshots the service would
  * drop. @return 1 or 0 (0 for NULL arguments). Thread-safe. */
-KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *lease);
+KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *adm);
 
 /** Offers state covering tokens[0..n_tokens) for reuse in the request's
  * namespace and session; the prompt cache keeps or drops it by its budget
@@ -230,20 +231,20 @@ KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *lease);
  * using the live caches: that is the zero-copy prompt-boundary snapshot,
  * which must be taken while the caches hold exactly the prompt
  * (DESIGN.md 3.14).
- * @return 0; KVT_EINVAL (bad lease, n_tokens < 1, a cache whose offset is
+ * @return 0; KVT_EINVAL (NULL argument, n_tokens < 1, a cache whose offset is
  *   not n_tokens, wrong layer count; kvt_last_error says which);
  *   KVT_EUNSUPPORTED (the service keeps nothing for this request: see
  *   kvt_service_keeps); KVT_ECLOSED; KVT_ENOMEM.
  * Thread-safe.
  */
-KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const int32_t *tokens,
+KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *adm, const int32_t *tokens,
                                 int64_t n_tokens, kvt_state *st);
 
 /** Ends a request: its projected KV bytes return to the budget and waiting
  * admissions are woken. `completed` says whether the generation finished
  * (reserved for generation checkpoints: an interrupted one would keep them).
- * The lease is freed; NULL is a no-op. Thread-safe. */
-KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *lease, int completed);
+ * The admission is freed; NULL is a no-op. Thread-safe. */
+KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int completed);
 
 /** An execution boundary passed: while the config's pressure check says so,
  * the prompt cache gives optional RAM snapshots back (DESIGN.md 3.8). Never
@@ -273,7 +274,7 @@ typedef struct kvt_service_report {
     uint64_t reused_tokens;   /* sum of reused_tokens over those acquires */
     uint64_t publishes;       /* states accepted by kvt_service_publish */
     /* admission */
-    uint64_t admitted;        /* leases now held */
+    uint64_t admitted;        /* admissions now held */
     uint64_t kv_projected_bytes; /* their projected KV bytes */
     uint64_t kv_budget_bytes;    /* 0 = unlimited */
     uint64_t rejected, waited;   /* KVT_ELIMIT refusals; KVT_EAGAIN answers */
@@ -301,7 +302,7 @@ KVT_API void kvt_service_json_free(char *s);
  * (KVT_ECLOSED). Idempotent: a second call returns 0 and does nothing.
  * Errors of every step are aggregated (the first code is returned, the
  * message lists each); no step is skipped because an earlier one failed.
- * Leases still held stay valid for release. Thread-safe. */
+ * Admissions still held stay valid for release. Thread-safe. */
 KVT_API int kvt_service_close(kvt_service *svc);
 
 #ifdef __cplusplus
