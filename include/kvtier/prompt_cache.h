@@ -25,7 +25,11 @@
  * cold-tier restores and spills run outside it, and the tier's find,
  * find_exact and pending (index only) run inside it. The one exception is
  * kvt_prompt_cache_relieve(), whose writes must finish by definition (3.7).
- * Release hooks and cache disposal run outside the lock.
+ * Release hooks and cache disposal run outside the lock, except in relieve
+ * and reclaim, which free each released entry at once so that the caller's
+ * pressure check sees the memory gone. Callbacks the cache runs under its
+ * lock (over_budget, pressure, the tier's find/find_exact/pending/store) must
+ * not call into the cache.
  *
  * Block-granular eviction (later, issue 6) trims resident entries in place:
  * kvt_prompt_cache_trim() is that primitive (entries are trimmable in place
@@ -203,9 +207,11 @@ KVT_API int kvt_prompt_cache_get_exact(kvt_prompt_cache *pc, const int32_t *toke
  * tokens in place (every layer trimmed; blocks nobody else holds are freed)
  * and re-indexes it. If an entry of the shorter tokens already exists, the
  * trimmed one replaces it (sessions follow). Pins and session affinity stay.
+ * new_len == n is a no-op.
  * @return 0; KVT_ENOTFOUND; KVT_ERANGE (new_len outside [1, n] or outside a
  * layer's reachable range, or the entry has attachments: unchanged);
- * KVT_EINVAL; KVT_ENOMEM (unchanged). */
+ * KVT_EINVAL; KVT_ENOMEM (a layer or the index could not follow: the entry
+ * is dropped, without a spill, rather than kept half-trimmed). */
 KVT_API int kvt_prompt_cache_trim(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
                                   const char *ns, int64_t new_len);
 
@@ -245,11 +251,14 @@ KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pr
                                      int64_t *n_out);
 
 /** Demotes idle entries (DESIGN.md 3.9): every unpinned entry not used for
- * at least idle_ms milliseconds leaves RAM once the cold tier holds it:
- * dropped at once if tier->find_exact finds it, else spilled (write-behind)
- * and dropped if the tier accepts the spill (with KVT_PC_EVICT_ONLY_DURABLE
- * it stays until a later call finds the write durable). No-op without a cold
- * tier. @param n_out optional: entries that left RAM (counted as demotions).
+ * at least idle_ms milliseconds leaves RAM once the cold tier holds it. An
+ * entry the tier already holds (tier->find_exact finds it, no write pending)
+ * is dropped at once; an entry whose write is pending is kept for a later
+ * call; any other is written with tier->store OUTSIDE the cache lock (a
+ * zero-copy clone is written) and dropped once that write succeeds (still
+ * resident and unpinned by then); a failed write keeps it (never counted as
+ * a demotion). No-op without a cold tier.
+ * @param n_out optional: entries that left RAM (counted as demotions).
  * @return 0 or KVT_EINVAL. */
 KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms, int64_t *n_out);
 

@@ -20,9 +20,10 @@
  *   spill                        write-behind: enqueue and return, never
  *                                block on I/O; called WITHOUT the lock;
  *   restore / restore_async      real reads; called WITHOUT the lock;
- *   store                        synchronous write; called WITH the lock held
- *                                only by kvt_prompt_cache_relieve() (a write
- *                                that must finish by definition, 3.7).
+ *   store                        synchronous write; called without the lock
+ *                                by demote_idle, and WITH it held only by
+ *                                kvt_prompt_cache_relieve() (a write that
+ *                                must finish by definition, 3.7).
  * A tier must never call back into the prompt cache from any of these.
  * Every function may be called from any thread at any time: the tier does its
  * own locking.
