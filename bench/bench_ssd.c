@@ -1,0 +1,334 @@
+/*
+ * bench_ssd.c: `kvtier bench ssd`: SSD tier store and restore throughput for
+ * 64 MB to 1 GB of kv state, next to the raw sequential write (with fsync)
+ * and read bandwidth of the same directory measured in the same run. The
+ * page cache is dropped before every read (/proc/sys/vm/drop_caches when
+ * permitted, else posix_fadvise(DONTNEED) on every file of the directory).
+ * Goal (issue 5): restore >= 80% of raw read; store, hash included, >= 70%
+ * of raw write. Owns its temporary directory and removes it.
+ */
+#include "cli.h"
+
+#include "kvtier/cache.h"
+#include "kvtier/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CHUNK (8u << 20)
+
+static double now_s(void) { return (double)kvt_now_ns() / 1e9; }
+
+static int drop_mode; /* 1 drop_caches, 2 fadvise */
+
+static void fadvise_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' && (!de->d_name[1] || de->d_name[1] == '.'))
+            continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat st;
+        if (lstat(p, &st))
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            fadvise_dir(p);
+            continue;
+        }
+        int fd = open(p, O_RDONLY);
+        if (fd >= 0) {
+            fdatasync(fd);
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+    }
+    closedir(d);
+}
+
+/* Empties the page cache of everything under dir. */
+static void drop_cache(const char *dir)
+{
+    sync();
+    int fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
+    if (fd >= 0 && write(fd, "3\n", 2) == 2) {
+        close(fd);
+        drop_mode = 1;
+        return;
+    }
+    if (fd >= 0)
+        close(fd);
+    fadvise_dir(dir);
+    drop_mode = 2;
+}
+
+static void rmtree(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) {
+        unlink(path);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+        struct stat st;
+        if (!lstat(p, &st) && S_ISDIR(st.st_mode))
+            rmtree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v <= 0)
+        return -1;
+    double m = 1;
+    switch (*end) {
+    case 'k': case 'K': m = 1024.0; end++; break;
+    case 'm': case 'M': m = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': m = 1024.0 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end && *end != ',')
+        return -1;
+    *out = (uint64_t)(v * m);
+    return 0;
+}
+
+/* Raw sequential write (8 MB pwrites, fsync file and directory) and read. */
+static int raw_io(const char *dir, uint64_t bytes, const uint8_t *src, double *w_gbs, double *r_gbs)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/raw.bin", dir);
+    double t0 = now_s();
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return -errno;
+    for (uint64_t off = 0; off < bytes; off += CHUNK) {
+        size_t n = (size_t)(bytes - off < CHUNK ? bytes - off : CHUNK);
+        if (pwrite(fd, src + (off % (64u << 20)), n, (off_t)off) != (ssize_t)n) {
+            close(fd);
+            return -EIO;
+        }
+    }
+    fsync(fd);
+    close(fd);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    *w_gbs = (double)bytes / (now_s() - t0) / 1e9;
+    drop_cache(dir);
+    uint8_t *buf = malloc(CHUNK);
+    if (!buf)
+        return KVT_ENOMEM;
+    t0 = now_s();
+    fd = open(p, O_RDONLY);
+    uint64_t got = 0;
+    ssize_t r;
+    while (fd >= 0 && (r = read(fd, buf, CHUNK)) > 0)
+        got += (uint64_t)r;
+    if (fd >= 0)
+        close(fd);
+    *r_gbs = (double)got / (now_s() - t0) / 1e9;
+    free(buf);
+    unlink(p);
+    return got == bytes ? 0 : -EIO;
+}
+
+/* Builds an entry of about `bytes` bytes: n_layers kv layers of kv_dim. */
+static int make_entry(uint64_t bytes, int n_layers, int kv_dim, int block, kvt_entry *e, int32_t **tokens_out)
+{
+    uint64_t per_token = (uint64_t)n_layers * 2 * (uint64_t)kv_dim * 4;
+    int64_t n = (int64_t)(bytes / per_token);
+    if (n < 2)
+        n = 2;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
+    if (!tok)
+        return KVT_ENOMEM;
+    for (int64_t i = 0; i < n; i++)
+        tok[i] = (int32_t)((i * 2654435761u) % 32000);
+    int rc = kvt_entry_init(e, "", tok, n, n_layers, 0);
+    const int64_t step = 256;
+    float *k = malloc(sizeof(float) * (size_t)(step * kv_dim)), *v = malloc(sizeof(float) * (size_t)(step * kv_dim));
+    for (int l = 0; !rc && l < n_layers; l++) {
+        rc = kvt_kv_create(kv_dim, block, &e->caches[l]);
+        for (int64_t p = 0; !rc && p < n; p += step) {
+            int64_t m = n - p < step ? n - p : step;
+            for (int64_t i = 0; i < m * kv_dim; i++) {
+                k[i] = (float)((p * kv_dim + i + l) % 1000) * 0.001f;
+                v[i] = -k[i];
+            }
+            const void *in[2] = {k, v};
+            rc = kvt_cache_append(e->caches[l], m, in);
+        }
+    }
+    free(k);
+    free(v);
+    if (rc) {
+        kvt_entry_clear(e);
+        free(tok);
+        return rc;
+    }
+    *tokens_out = tok;
+    return 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtier bench ssd [--dir DIR] [--sizes 64M,256M,1G] [--layers N] [--kv-dim N]\n"
+               "                        [--block-tokens N]\n"
+               "  store/restore GB/s of SIZE bytes of kv state vs raw write+fsync / read of DIR\n");
+}
+
+int kvt_bench_ssd(int argc, char **argv)
+{
+    const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    const char *sizes = "64M,256M,1G";
+    int layers = 8, kv_dim = 1024, block = 256;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--dir") && v) {
+            base = v;
+            i++;
+        } else if (!strcmp(a, "--sizes") && v) {
+            sizes = v;
+            i++;
+        } else if (!strcmp(a, "--layers") && v) {
+            layers = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--kv-dim") && v) {
+            kv_dim = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--block-tokens") && v) {
+            block = atoi(v);
+            i++;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (layers < 1 || kv_dim < 1 || block < 1) {
+        usage(stderr);
+        return 2;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kvtier-bench-ssd-XXXXXX", base);
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "bench ssd: cannot create a directory under %s: %s\n", base, strerror(errno));
+        return 1;
+    }
+    uint8_t *src = malloc(64u << 20);
+    if (!src)
+        return 1;
+    for (size_t i = 0; i < (64u << 20); i++)
+        src[i] = (uint8_t)(i * 131 + (i >> 12));
+    printf("bench ssd: dir %s, %d kv layers x kv_dim %d, blocks of %d tokens\n", dir, layers, kv_dim, block);
+    printf("%10s %10s %10s %8s %10s %10s %8s %12s\n", "state", "raw write", "store", "of raw", "raw read",
+           "restore", "of raw", "restore+sha");
+    int status = 0;
+    const char *p = sizes;
+    while (*p) {
+        uint64_t bytes;
+        if (parse_size(p, &bytes)) {
+            fprintf(stderr, "bench ssd: bad size list '%s'\n", sizes);
+            status = 2;
+            break;
+        }
+        kvt_entry e;
+        int32_t *tok = NULL;
+        int rc = make_entry(bytes, layers, kv_dim, block, &e, &tok);
+        if (rc) {
+            fprintf(stderr, "bench ssd: cannot build %llu bytes of state: %s\n", (unsigned long long)bytes,
+                    kvt_strerror(rc));
+            status = 1;
+            break;
+        }
+        uint64_t state = 0;
+        for (int l = 0; l < layers; l++)
+            state += kvt_cache_bytes(e.caches[l]);
+        double rw = 0, rr = 0;
+        if ((rc = raw_io(dir, state, src, &rw, &rr))) {
+            fprintf(stderr, "bench ssd: raw I/O failed: %s\n", kvt_strerror(rc));
+            status = 1;
+        }
+        char root[4200];
+        snprintf(root, sizeof root, "%s/store", dir);
+        kvt_store_identity id = {"bench", "bench-config", "bench-tok"};
+        kvt_store *s = NULL;
+        double st_gbs = 0, rs_gbs = 0, rv_gbs = 0;
+        if (!status && !(rc = kvt_store_open(root, &id, NULL, &s))) {
+            double t0 = now_s();
+            rc = kvt_store_put(s, &e);
+            st_gbs = (double)state / (now_s() - t0) / 1e9;
+            for (int pass = 0; !rc && pass < 2; pass++) {
+                kvt_store_close(s);
+                s = NULL;
+                kvt_store_options o = {.verify = pass};
+                drop_cache(dir);
+                if ((rc = kvt_store_open(root, &id, &o, &s)))
+                    break;
+                kvt_cold_hit hit;
+                kvt_entry got;
+                t0 = now_s();
+                rc = kvt_store_find_exact(s, tok, e.n_tokens, "", &hit);
+                if (!rc)
+                    rc = kvt_store_restore(s, hit.handle, tok, e.n_tokens, &got);
+                double dt = now_s() - t0;
+                if (!rc) {
+                    *(pass ? &rv_gbs : &rs_gbs) = (double)state / dt / 1e9;
+                    if (got.n_caches != layers || kvt_cache_offset(got.caches[0]) != e.n_tokens)
+                        rc = KVT_EFORMAT;
+                    kvt_entry_clear(&got);
+                }
+            }
+            kvt_store_close(s);
+        }
+        if (rc) {
+            fprintf(stderr, "bench ssd: store/restore failed: %s\n", kvt_last_error());
+            status = 1;
+        }
+        rmtree(root);
+        kvt_entry_clear(&e);
+        free(tok);
+        if (status)
+            break;
+        printf("%8.0fMB %8.2fGB/s %8.2fGB/s %7.0f%% %8.2fGB/s %8.2fGB/s %7.0f%% %10.2fGB/s\n", (double)state / 1048576.0,
+               rw, st_gbs, 100.0 * st_gbs / rw, rr, rs_gbs, 100.0 * rs_gbs / rr, rv_gbs);
+        fflush(stdout);
+        while (*p && *p != ',')
+            p++;
+        if (*p == ',')
+            p++;
+    }
+    printf("page cache dropped with %s before every read\n",
+           drop_mode == 1 ? "/proc/sys/vm/drop_caches" : "posix_fadvise(DONTNEED) on every file");
+    printf("goal: store >= 70%% of raw write (hash included), restore >= 80%% of raw read\n");
+    free(src);
+    rmtree(dir);
+    return status;
+}
