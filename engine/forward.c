@@ -211,29 +211,32 @@ static void attn_part(void *vj, int part, int n_parts)
         int base = 0;
         for (int s = 0; s < j->n_segs; s++) {
             const kvt__seg *g = &j->segs[s];
+            /* causal: rows before t0 sit before this segment's first key */
+            int t0 = base > j->p0 ? (int)(base - j->p0) : 0;
             if (j->T == 1)
                 cblas_sgemv(CblasRowMajor, CblasNoTrans, g->n, hs, scale, g->k + koff, kv, qh, 1, 0.0f, S + base, 1);
-            else
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, g->n, hs, scale, qh, d, g->k + koff, kv,
-                            0.0f, S + base, ctx);
+            else if (t0 < j->T)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T - t0, g->n, hs, scale, qh + (size_t)t0 * d,
+                            d, g->k + koff, kv, 0.0f, S + (size_t)t0 * ctx + base, ctx);
             base += g->n;
         }
         for (int t = 0; t < j->T; t++) {
             float *row = S + (size_t)t * ctx;
             int n = j->T == 1 ? ctx : (int)(j->p0 + t + 1); /* causal inside the batch */
             softmax(row, n);
-            if (n < ctx)
+            if (n < ctx) /* zero the future keys this row's segments multiply */
                 memset(row + n, 0, (size_t)(ctx - n) * sizeof(float));
         }
         base = 0;
         for (int s = 0; s < j->n_segs; s++) {
             const kvt__seg *g = &j->segs[s];
+            int t0 = base > j->p0 ? (int)(base - j->p0) : 0; /* segment 0 always has t0 = 0 */
             if (j->T == 1)
                 cblas_sgemv(CblasRowMajor, CblasTrans, g->n, hs, 1.0f, g->v + koff, kv, S + base, 1, s ? 1.0f : 0.0f,
                             oh, 1);
-            else
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T, hs, g->n, 1.0f, S + base, ctx,
-                            g->v + koff, kv, s ? 1.0f : 0.0f, oh, d);
+            else if (t0 < j->T)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T - t0, hs, g->n, 1.0f,
+                            S + (size_t)t0 * ctx + base, ctx, g->v + koff, kv, s ? 1.0f : 0.0f, oh + (size_t)t0 * d, d);
             base += g->n;
         }
     }
