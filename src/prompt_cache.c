@@ -1180,18 +1180,22 @@ static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_en
         rc = kvt_cache_trim(e->caches[i], new_len);
     e->n_tokens = new_len;
     size_t standalone;
+    int accounted = 0;
     if (rc == 0)
         rc = entry_measure(e, &standalone);
     if (rc == 0)
-        rc = account_add(pc, e);
+        accounted = (rc = account_add(pc, e)) == 0;
     void *replaced = NULL;
     if (rc == 0)
         rc = kvt__index_insert(pc->ix, e->ns, e->tokens, e->n_tokens, e, e->trimmable, e->reach, &replaced);
     if (rc) {
-        /* layers may disagree now: the entry cannot stay (its budget share is
-         * already removed, so unlink without counting it twice) */
-        e->n_bufs = 0;
-        e->private_bytes = 0;
+        /* layers may disagree now: the entry cannot stay. Unless its budget
+         * share was added back, it is already removed: unlink without
+         * removing it twice */
+        if (!accounted) {
+            e->n_bufs = 0;
+            e->private_bytes = 0;
+        }
         entry_unlink(pc, e, 0, gone);
         return rc;
     }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -834,6 +835,85 @@ static void test_bad_arguments(void **state)
     kvt_prompt_cache_destroy(pc);
 }
 
+/* out of memory at every allocation of put / take / object put / trim in
+ * turn: each call either succeeds or fails KVT_ENOMEM leaving the cache
+ * consistent (the caller keeps what put did not adopt; ASan checks leaks) */
+static long oom_calls, oom_fail_at;
+static void *oom_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    if (++oom_calls == oom_fail_at)
+        return NULL;
+    return malloc(n ? n : 1);
+}
+static void *oom_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    if (++oom_calls == oom_fail_at)
+        return NULL;
+    return realloc(p, n ? n : 1);
+}
+static void oom_free(void *p, void *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void test_out_of_memory_paths(void **state)
+{
+    (void)state;
+    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
+    int failures = 0;
+    long k;
+    for (k = 1; k < 2000; k++) {
+        kvt_prompt_cache *pc = mk(4000, NULL, 0);
+        int32_t t[20];
+        seq(t, 20, 1);
+        assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
+        kvt_cache *c[2];
+        assert_int_equal(pcu_fresh("kk", c, t, 12), 0);
+        oom_calls = 0;
+        oom_fail_at = k;
+        kvt_set_allocator(&failing);
+        int rc1 = pcu_put(pc, "", t, 12, c, 2, NULL, 0, (kvt_hook){0}, "s");
+        kvt_hit h;
+        int rc2 = kvt_prompt_cache_take(pc, t, 16, "", "s", &h);
+        if (rc2 == 0)
+            kvt_hit_dispose(&h);
+        kvt_attachment *a = NULL;
+        int rc3 = kvt_attachment_blob("x", "abc", 3, &a);
+        if (rc3 == 0 && (rc3 = kvt_prompt_cache_object_put(pc, "k", &a, 1, NULL)) != 0)
+            kvt_attachment_dispose(a);
+        int rc4 = kvt_prompt_cache_trim(pc, t, 12, "", 6);
+        kvt_set_allocator(NULL);
+        int rcs[4] = {rc1, rc2, rc3, rc4};
+        for (int i = 0; i < 4; i++) {
+            if (rcs[i] == KVT_ENOMEM)
+                failures++;
+            else if (!(rcs[i] == 0 || (i == 3 && rcs[i] == KVT_ENOTFOUND)))
+                fail_msg("allocation %ld: call %d returned %d (%s)", k, i, rcs[i], kvt_last_error());
+        }
+        /* consistent: what find_exact reports is what take serves */
+        kvt_prompt_cache_stats s = stats(pc);
+        assert_true(s.bytes <= 4000 || s.entries <= 1);
+        int has12 = kvt_prompt_cache_find_exact(pc, t, 12, "", NULL);
+        int has6 = kvt_prompt_cache_find_exact(pc, t, 6, "", NULL);
+        int has8 = kvt_prompt_cache_find_exact(pc, t, 8, "", NULL);
+        int64_t want = has12 ? 12 : has8 ? 8 : has6 ? 6 : 0;
+        assert_int_equal(kvt_prompt_cache_peek(pc, t, 20, "", NULL), want);
+        kvt_prompt_cache_clear(pc);
+        if (stats(pc).bytes != 0)
+            fail_msg("allocation %ld (rcs %d %d %d %d): %zu bytes left after clear", k, rc1, rc2, rc3, rc4,
+                     stats(pc).bytes);
+        kvt_prompt_cache_destroy(pc);
+        if (oom_calls < k)
+            break; /* every allocation of the sequence has failed once */
+    }
+    printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);
+    assert_true(k < 2000); /* the whole sequence was covered */
+    assert_true(failures > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -858,6 +938,7 @@ int main(void)
         cmocka_unit_test(test_trim_in_place),
         cmocka_unit_test(test_retention_policies),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_out_of_memory_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
