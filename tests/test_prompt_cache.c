@@ -380,6 +380,13 @@ static void test_r06_spill_on_eviction_and_failure(void **state)
     mem_tier_destroy(mt);
 }
 
+static int64_t pressure_left;
+static int pressure(void *ctx)
+{
+    (void)ctx;
+    return pressure_left-- > 0;
+}
+
 /* 3.6: the tier policy forbids evicting an entry whose write is pending */
 static void test_r06_pending_write_blocks_eviction(void **state)
 {
@@ -403,6 +410,15 @@ static void test_r06_pending_write_blocks_eviction(void **state)
     assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL));
     assert_int_equal(kvt_prompt_cache_set_max_bytes(pc, 0), 0);
     assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL)); /* over budget, kept */
+    /* neither idle demotion nor reclaim takes it while the write is pending */
+    int64_t stores = mem_tier_counts_get(mt).stores;
+    assert_int_equal(kvt_prompt_cache_demote_idle(pc, 0, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(mem_tier_counts_get(mt).stores, stores);
+    pressure_left = 5;
+    assert_int_equal(kvt_prompt_cache_reclaim(pc, pressure, NULL, &n), 0);
+    assert_int_equal(n, 0);
+    assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL));
     assert_int_equal(mem_tier_drain(mt), 1);
     assert_int_equal(kvt_prompt_cache_evict(pc, 1, &n), 0);
     assert_int_equal(n, 1);
@@ -452,13 +468,6 @@ static void test_r07_relieve(void **state)
     assert_int_equal(mem_tier_counts_get(mt).stores, 3);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
-}
-
-static int64_t pressure_left;
-static int pressure(void *ctx)
-{
-    (void)ctx;
-    return pressure_left-- > 0;
 }
 
 /* 3.8: reclaim drops entries with no storage I/O */
