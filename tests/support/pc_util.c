@@ -1,5 +1,6 @@
 /*
- * pc_util.c: the prompt-cache test helpers of pc_util.h. Test code only.
+ * pc_util.c: the prompt-cache test helpers of pc_util.h. Test code only:
+ * owns nothing between calls and never touches a prompt cache's internals.
  */
 #include "pc_util.h"
 
