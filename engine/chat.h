@@ -170,8 +170,9 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
 KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
 
 /** Opens the SSD store (the cold tier) for a model under `root`, with the
- * identity: model id = SHA-256 over the checkpoint's size, its first and
- * last 16 MiB (weights of another checkpoint never share a directory); the
+ * identity: model id = SHA-256 over the checkpoint's size and its first and
+ * last 16 MiB (the whole file when smaller than 32 MiB; two checkpoints that
+ * differ only in between would share a directory: give them distinct roots); the
  * config fingerprint of the model's fresh caches (kvt_store_config_fingerprint:
  * layer count, kinds, shapes); tokenizer hash = SHA-256 of the tokenizer file.
  * @param model_path, tok_path the files the model and tokenizer came from.
