@@ -1456,6 +1456,13 @@ static const kvt__st_in *tensor_named(const kvt__shard *sh, const char *name)
     return NULL;
 }
 
+static void release_parent(void *ctx, void *data, size_t bytes)
+{
+    (void)data;
+    (void)bytes;
+    kvt_buf_release(ctx);
+}
+
 typedef struct rshard {
     kvt__shard sh;
     kvt_buf *buf;
@@ -1525,7 +1532,13 @@ static int build_layer(const json_t *lj, int32_t l, const rshard *ent, const rsh
         }
         t->data = (const uint8_t *)kvt_buf_data(src->buf) + x->begin;
         t->bytes = (size_t)(x->end - x->begin);
-        t->owner = kvt_buf_retain(src->buf);
+        /* each tensor gets its own buffer over its bytes, holding the shard's
+         * buffer: kinds that adopt a whole owner then restore zero-copy */
+        kvt_buf *parent = kvt_buf_retain(src->buf);
+        if ((rc = kvt_buf_wrap((void *)t->data, t->bytes, release_parent, parent, &t->owner))) {
+            kvt_buf_release(parent);
+            break;
+        }
         cs.n_tensors++;
     }
     if (!rc) {
@@ -1592,6 +1605,17 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     if (!blk) {
         rc = kvt__fail(KVT_ENOMEM, "store restore: out of memory");
         goto out;
+    }
+    /* Queue readahead of every block file at once: the device then works on
+     * all of them while the headers are checked one by one. */
+    for (int32_t i = 0; i < pe.n_blocks && pe.n_blocks > 1; i++) {
+        char bname[64];
+        file_name('b', pe.blocks[i], bname);
+        int pf = openat(s->dirfd, bname, O_RDONLY | O_CLOEXEC);
+        if (pf >= 0) {
+            posix_fadvise(pf, 0, 0, POSIX_FADV_WILLNEED);
+            close(pf);
+        }
     }
     for (int32_t i = 0; i < pe.n_blocks; i++) {
         char bname[64];
