@@ -100,15 +100,15 @@ typedef struct kvt_model_config {
  * before any tensor is touched; no read ever goes past the mapping.
  * @param path checkpoint file (llama2.c legacy float32, optional KVTX trailer).
  * @param out  receives the model; caller frees with kvt_model_free().
- * @return 0; -errno when the file cannot be opened/stat'ed/mapped;
- *   KVT_EFORMAT with kvt_last_error() naming the file and the fault: file
- *   shorter than the header, a header value that is not positive or does not
+ * @return 0; -errno when the file cannot be opened/stat'ed/mapped; KVT_EIO
+ *   when the header cannot be read; KVT_EFORMAT with kvt_last_error() naming
+ *   the file and the fault: not a regular file, file shorter than the header, a header value that is not positive or does not
  *   add up (dim % n_heads, n_heads % n_kv_heads, odd head_size, more than 256
  *   layers, sizes overflowing), file size != expected size (both in bytes),
  *   trailing bytes that are not a KVTX trailer, a malformed trailer (layer
  *   count, layer kind, window); KVT_EUNSUPPORTED for a KVTX trailer of an
- *   unknown version; KVT_ENOMEM.
- * Thread-safe (touches no shared state).
+ *   unknown version; KVT_ENOMEM; -errno when the worker threads cannot start.
+ * Thread-safe (touches no shared state but OpenBLAS's thread count).
  */
 KVT_API int kvt_model_load(const char *path, kvt_model **out);
 
