@@ -10,6 +10,9 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -301,6 +304,91 @@ static void test_restore_failure_falls_back(void **state)
     mem_tier_destroy(mt);
 }
 
+/* out of memory at each allocation of a cold take (restore + promotion), an
+ * object restore and a prefetch: every call succeeds or fails cleanly, the
+ * cache stays consistent and every restored entry's hook runs once */
+static atomic_long oom_calls;
+static long oom_fail_at;
+static void *oom_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    if (atomic_fetch_add(&oom_calls, 1) + 1 == oom_fail_at)
+        return NULL;
+    return malloc(n ? n : 1);
+}
+static void *oom_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    if (atomic_fetch_add(&oom_calls, 1) + 1 == oom_fail_at)
+        return NULL;
+    return realloc(p, n ? n : 1);
+}
+static void oom_free(void *p, void *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void test_out_of_memory_cold_paths(void **state)
+{
+    (void)state;
+    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
+    long k;
+    int failures = 0;
+    for (k = 1; k < 3000; k++) {
+        mem_tier *mt;
+        assert_int_equal(mem_tier_create(&mt), 0);
+        kvt_prompt_cache *pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
+        int32_t t[16];
+        seq(t, 16, 1);
+        tier_put(mt, "", t, 12, "kk");
+        int32_t u[16];
+        seq(u, 16, 500);
+        tier_put(mt, "", u, 10, "k");
+        kvt_entry obj;
+        assert_int_equal(kvt_entry_init(&obj, "object:img", NULL, 0, 0, 1), 0);
+        assert_int_equal(kvt_attachment_blob("v", "pixels", 6, &obj.attachments[0]), 0);
+        assert_int_equal(mem_tier_insert(mt, &obj), 0);
+        atomic_store(&oom_calls, 0);
+        oom_fail_at = k;
+        kvt_set_allocator(&failing);
+        kvt_hit h;
+        int rc1 = kvt_prompt_cache_take(pc, t, 14, "", "s", &h);
+        if (rc1 == 0)
+            kvt_hit_dispose(&h);
+        int rc2 = kvt_prompt_cache_object_take(pc, "img", &h);
+        if (rc2 == 0)
+            kvt_hit_dispose(&h);
+        kvt_lease *l = NULL;
+        int rc3 = kvt_prompt_cache_prefetch(pc, u, 12, "", NULL, &l);
+        int rc4 = rc3 == 0 ? kvt_lease_wait(l, UINT64_MAX) : 0;
+        kvt_lease_release(l);
+        mem_tier_quiesce(mt);
+        kvt_set_allocator(NULL);
+        int rcs[4] = {rc1, rc2, rc3, rc4};
+        for (int i = 0; i < 4; i++) {
+            if (rcs[i] == KVT_ENOMEM || (i == 1 && rcs[i] == KVT_ENOTFOUND))
+                failures += rcs[i] != 0;
+            else if (rcs[i] != 0)
+                fail_msg("allocation %ld: call %d returned %d (%s)", k, i, rcs[i], kvt_last_error());
+        }
+        kvt_prompt_cache_stats s = stats(pc);
+        assert_int_equal(s.pinned, 0);
+        kvt_prompt_cache_clear(pc);
+        assert_int_equal(stats(pc).bytes, 0);
+        kvt_prompt_cache_destroy(pc);
+        mem_tier_clear(mt);
+        mem_tier_counts c = mem_tier_counts_get(mt);
+        assert_int_equal(c.hooks_run, c.hooks_given);
+        mem_tier_destroy(mt);
+        if (atomic_load(&oom_calls) < k)
+            break; /* every allocation of the sequence has failed once */
+    }
+    printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);
+    assert_true(k < 3000);
+    assert_true(failures > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -311,6 +399,7 @@ int main(void)
         cmocka_unit_test(test_prefetch_session_and_refusal),
         cmocka_unit_test(test_clear_during_read_discards),
         cmocka_unit_test(test_restore_failure_falls_back),
+        cmocka_unit_test(test_out_of_memory_cold_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
