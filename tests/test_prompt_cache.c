@@ -923,6 +923,90 @@ static void test_out_of_memory_paths(void **state)
     assert_true(failures > 0);
 }
 
+/* a backend kind through the ops table: it can be cut back by at most 4
+ * tokens (range [offset - 4, offset]): a trimmable entry with reach > 0 */
+typedef struct tail4 {
+    kvt_cache base;
+    int64_t offset;
+} tail4;
+static size_t t4_private(const kvt_cache *c) { return sizeof(tail4); }
+static void t4_foreach(const kvt_cache *c, void (*fn)(kvt_buf *, void *), void *ctx) {}
+static void t4_range(const kvt_cache *c, int64_t *lo, int64_t *off)
+{
+    *off = ((const tail4 *)c)->offset;
+    *lo = *off > 4 ? *off - 4 : 0;
+}
+static int t4_trim(kvt_cache *c, int64_t n)
+{
+    ((tail4 *)c)->offset = n;
+    return 0;
+}
+static const kvt_cache_ops t4_ops;
+static int t4_clone(const kvt_cache *c, kvt_cache **out)
+{
+    tail4 *t = malloc(sizeof *t);
+    if (!t)
+        return KVT_ENOMEM;
+    *t = *(const tail4 *)c;
+    *out = &t->base;
+    return 0;
+}
+static int t4_append(kvt_cache *c, int64_t n, const void *const *in)
+{
+    ((tail4 *)c)->offset += n;
+    return 0;
+}
+static void t4_dispose(kvt_cache *c) { free(c); }
+static int t4_encode(const kvt_cache *c, kvt_cache_state *out) { return KVT_EUNSUPPORTED; }
+static int t4_decode(const kvt_cache_state *st, kvt_cache **out) { return KVT_EUNSUPPORTED; }
+static const kvt_cache_ops t4_ops = {"test.tail4", t4_private, t4_foreach, t4_range, t4_trim,
+                                     t4_clone,     t4_append,  t4_dispose, t4_encode, t4_decode};
+
+static int put_tail4(kvt_prompt_cache *pc, const int32_t *t, int64_t n)
+{
+    kvt_cache *c[2];
+    if (pcu_fresh("k", c, t, n) != 0)
+        return -1;
+    tail4 *x = malloc(sizeof *x);
+    x->base.ops = &t4_ops;
+    x->offset = n;
+    c[1] = &x->base;
+    return pcu_put(pc, "", t, n, c, 2, NULL, 0, (kvt_hook){0}, NULL);
+}
+
+/* 3.2 / 3.5 with a partially trimmable layer: candidates need p >= reach and
+ * a new entry supersedes only ancestors it can be cut back to */
+static void test_backend_kind_reach(void **state)
+{
+    (void)state;
+    kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    assert_int_equal(put_tail4(pc, t, 3), 0);
+    assert_int_equal(put_tail4(pc, t, 7), 0); /* reach 3: it can serve 3, so 3 is superseded */
+    assert_false(kvt_prompt_cache_find_exact(pc, t, 3, "", NULL));
+    assert_int_equal(put_tail4(pc, t, 12), 0); /* reach 8: it cannot serve 7, so 7 stays */
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 7, "", NULL));
+    assert_int_equal(stats(pc).supersedes, 1);
+    int32_t p[16];
+    memcpy(p, t, sizeof p);
+    p[9] = -1; /* diverges at 9: the 12-token entry reaches back to 8 */
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(pc, p, 16, "", NULL, &h), 0);
+    assert_int_equal(h.prefix_len, 9);
+    assert_int_equal(kvt_cache_offset(h.entry.caches[1]), 9);
+    kvt_hit_dispose(&h);
+    p[9] = 10;
+    p[6] = -1; /* diverges at 6: below 12's reach; the 7-token entry reaches 3..7 */
+    assert_int_equal(kvt_prompt_cache_peek(pc, p, 16, "", NULL), 6);
+    p[6] = 7;
+    p[2] = -1; /* diverges at 2: no entry reaches back that far */
+    assert_int_equal(kvt_prompt_cache_peek(pc, p, 16, "", NULL), 0);
+    assert_int_equal(kvt_prompt_cache_trim(pc, t, 12, "", 7), KVT_ERANGE);
+    assert_int_equal(kvt_prompt_cache_trim(pc, t, 12, "", 8), 0);
+    kvt_prompt_cache_destroy(pc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -946,6 +1030,7 @@ int main(void)
         cmocka_unit_test(test_r14_prompt_boundary_snapshot),
         cmocka_unit_test(test_trim_in_place),
         cmocka_unit_test(test_retention_policies),
+        cmocka_unit_test(test_backend_kind_reach),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_out_of_memory_paths),
     };
