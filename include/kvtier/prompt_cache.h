@@ -10,8 +10,10 @@
  *   // caches on a miss), generate, then publish:
  *   kvt_entry e = { .ns = "", .tokens = all, .n_tokens = n_all,
  *                   .caches = hit.entry.caches, .n_caches = L,
- *                   .hook = hit.entry.hook };
- *   kvt_prompt_cache_put(pc, &e, "chat-7");   // adopts caches and hook
+ *                   .hook = hit.entry.hook };  // on a miss: fresh caches
+ *   hit.entry.hook = (kvt_hook){0};            // the hook share moves to e
+ *   if (kvt_prompt_cache_put(pc, &e, "chat-7") != 0)  // adopts caches + hook
+ *       hit.entry.hook = e.hook;               // not adopted: give it back
  *   kvt_hit_dispose(&hit);                     // frees what put left behind
  *
  * Budget: bytes, never entries (3.1): the unique bytes of every refcounted
