@@ -117,8 +117,10 @@ typedef enum kvt_hit_source {
  * prompt[0..prefix_len), caches = zero-copy views trimmed to prefix_len (one
  * per layer of the donor), attachments = clones, hook = one share of the
  * donor's release hook. Release it with kvt_hit_dispose(), or move parts out
- * first (set the slots you keep to NULL and empty the hook you keep: e.g.
- * pass them to kvt_prompt_cache_put, which does that for you). */
+ * first: set the slots you keep to NULL and empty the hook you keep
+ * (kvt_prompt_cache_put NULLs the slots of the arrays it adopts from, so
+ * passing hit.entry.caches as the new entry's caches array does that; the
+ * hook is a value: move it as the example at the top of this file does). */
 typedef struct kvt_hit {
     kvt_entry entry;
     int64_t prefix_len;     /* tokens reused; 0 on a miss */
