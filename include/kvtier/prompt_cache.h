@@ -159,7 +159,8 @@ KVT_API void kvt_hit_dispose(kvt_hit *hit);
  *               prefix_len 0 and source KVT_HIT_NONE. Caller frees with
  *               kvt_hit_dispose().
  * @return 0; KVT_EINVAL (NULL pc/ns/out, prompt NULL with n > 0, n < 0);
- * KVT_ENOMEM (clone failed; nothing lent, counters unchanged except walks).
+ * KVT_ENOMEM (a copy or clone failed: nothing is lent; the lookup was
+ * already counted).
  * A failing cold restore is not an error: the RAM candidate serves. */
 KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
                                   const char *ns, const char *session, kvt_hit *out);
