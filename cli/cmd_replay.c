@@ -30,13 +30,14 @@ typedef struct opts {
     int64_t max_requests;
     const char *policy;
     const char *chart;
+    const char *ssd_dir;
     int json, sweep, list, sim, quiet;
 } opts;
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvtier replay [TRACE...] [--capacity-blocks N | --ram BYTES] [--ssd-blocks N]\n"
+            "usage: kvtier replay [TRACE...] [--capacity-blocks N | --ram BYTES] [--ssd-blocks N [--ssd-dir DIR]]\n"
             "                     [--policy NAME] [--bytes-per-token B] [--requests N] [--sim]\n"
             "                     [--json] [--quiet]\n"
             "       kvtier replay [TRACE...] --sweep [--chart PNG] [--requests N]\n"
@@ -54,6 +55,8 @@ static void usage(FILE *f)
             "  lfu-aged    prompt cache, block-granular recency plus frequency (default)\n"
             "  entry-lru, entry-slru  prompt cache, whole entries leave (entry-level)\n"
             "--sim runs lru and lfu-aged in the block simulator (ids only, no kv bytes).\n"
+            "--ssd-blocks N tiers the prompt cache over the SSD store (kvtier/store.h) with a\n"
+            "budget of N blocks, in --ssd-dir DIR (default: a temporary directory, removed).\n"
             "--sweep: capacities 1000 10000 30000 100000, every policy; a table and a PNG\n"
             "chart (default replay-sweep.png) drawn by gnuplot.\n",
             DEFAULT_CAPACITY, DEFAULT_BYTES_PER_TOKEN);
@@ -117,6 +120,10 @@ static int parse_args(int argc, char **argv, opts *o)
         } else if (!strcmp(a, "--policy")) {
             if (!v) { fprintf(stderr, "kvtier replay: --policy needs a name\n"); return -1; }
             o->policy = v;
+            i++;
+        } else if (!strcmp(a, "--ssd-dir")) {
+            if (!v) { fprintf(stderr, "kvtier replay: --ssd-dir needs a path\n"); return -1; }
+            o->ssd_dir = v;
             i++;
         } else if (!strcmp(a, "--chart")) {
             if (!v) { fprintf(stderr, "kvtier replay: --chart needs a path\n"); return -1; }
@@ -233,7 +240,8 @@ static int run_one(const kvt_trace *t, const char *policy, int64_t capacity, con
     } else {
         *engine = "prompt cache";
         kvt_replay_config cfg = {.policy = policy, .capacity_blocks = capacity,
-                                 .bytes_per_token = (int32_t)o->bytes_per_token};
+                                 .bytes_per_token = (int32_t)o->bytes_per_token,
+                                 .ssd_blocks = o->ssd_blocks, .ssd_dir = o->ssd_dir};
         rc = kvt_replay_cache(t, &cfg, show ? progress_bar : NULL, &pc, res);
     }
     if (rc)
@@ -328,7 +336,7 @@ static int write_chart(const opts *o, const char *const *traces, int n_traces,
     }
     fprintf(g, "set terminal pngcairo size %d,560 font 'sans,10'\n", 640 * n_traces);
     fprintf(g, "set output '%s'\n", o->chart);
-    fprintf(g, "set multiplot layout 1,%d\n", n_traces);
+    fprintf(g, "set termoption noenhanced\nset multiplot layout 1,%d\n", n_traces);
     fprintf(g, "set logscale x\nset xlabel 'capacity (512-token blocks)'\n"
                "set ylabel 'block hit ratio'\nset yrange [0:*]\nset grid\nset key left top\n"
                "set xtics (1000, 10000, 30000, 100000)\n");

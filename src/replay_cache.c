@@ -8,10 +8,16 @@
 
 #include "kvtier/prompt_cache.h"
 #include "kvtier/retention_block.h"
+#include "kvtier/store.h"
 
 #include "internal.h"
 
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define PRIVATE_SLACK_PER_BLOCK 64 /* bytes: kv caches' own bookkeeping */
 
@@ -82,16 +88,77 @@ static int replay_one(kvt_prompt_cache *pc, const kvt_trace_request *r, const in
     return rc;
 }
 
+/* ---- the SSD tier ------------------------------------------------------------ */
+
+typedef struct ssd {
+    kvt_store *store;
+    kvt_cold_tier tier;
+    char dir[64];  /* temporary root we created ("" = the caller's) */
+} ssd;
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path) ? -1 : 0;
+}
+
+static int ssd_open(ssd *d, const kvt_replay_config *cfg, int32_t kv_dim, size_t block_bytes)
+{
+    const char *root = cfg->ssd_dir;
+    if (!root) {
+        snprintf(d->dir, sizeof d->dir, "/tmp/kvtier-replay-XXXXXX");
+        if (!mkdtemp(d->dir))
+            return kvt__fail(-errno, "replay: cannot create a temporary SSD directory: %s", strerror(errno));
+        root = d->dir;
+    }
+    kvt_cache *empty = NULL;
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    int rc = kvt_kv_create(kv_dim, KVT_TRACE_BLOCK_TOKENS, &empty);
+    if (rc == 0)
+        rc = kvt_store_config_fingerprint(&empty, 1, fp);
+    kvt_cache_dispose(empty);
+    if (rc)
+        return rc;
+    kvt_store_identity id = {.model_id = "kvtier-replay", .config_fingerprint = fp,
+                             .tokenizer_hash = "mooncake-hash-ids"};
+    kvt_store_options opts = {.max_bytes = (uint64_t)cfg->ssd_blocks * block_bytes};
+    if ((rc = kvt_store_open(root, &id, &opts, &d->store)))
+        return rc;
+    kvt_store_cold_tier(d->store, &d->tier);
+    return 0;
+}
+
+static int ssd_close(ssd *d, kvt_replay_result *out)
+{
+    int rc = 0;
+    if (d->store) {
+        kvt_store_flush(d->store);
+        kvt_store_stats st;
+        kvt_store_get_stats(d->store, &st);
+        out->bytes_spilled = (int64_t)st.bytes_written;
+        out->bytes_restored = (int64_t)st.restore_bytes;
+        rc = kvt_store_close(d->store);
+        d->store = NULL;
+    }
+    if (d->dir[0])
+        nftw(d->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    return rc;
+}
+
 KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
                              kvt_replay_progress_fn progress, void *ctx, kvt_replay_result *out)
 {
     if (!t || !cfg || !cfg->policy || !out)
         return kvt__fail(KVT_EINVAL, "replay: NULL argument");
     memset(out, 0, sizeof *out);
-    if (cfg->capacity_blocks < 1 || cfg->bytes_per_token < 8 || cfg->bytes_per_token % 8)
-        return kvt__fail(KVT_EINVAL, "replay: capacity %lld blocks (need >= 1), %d bytes per token "
-                                     "(need a positive multiple of 8)",
-                         (long long)cfg->capacity_blocks, (int)cfg->bytes_per_token);
+    if (cfg->capacity_blocks < 1 || cfg->ssd_blocks < 0 || cfg->bytes_per_token < 8 ||
+        cfg->bytes_per_token % 8)
+        return kvt__fail(KVT_EINVAL, "replay: capacity %lld blocks (need >= 1), SSD %lld blocks (need "
+                                     ">= 0), %d bytes per token (need a positive multiple of 8)",
+                         (long long)cfg->capacity_blocks, (long long)cfg->ssd_blocks,
+                         (int)cfg->bytes_per_token);
     kvt_prompt_cache_config pcfg = {.block_tokens = KVT_TRACE_BLOCK_TOKENS};
     size_t block_bytes = (size_t)KVT_TRACE_BLOCK_TOKENS * (size_t)cfg->bytes_per_token;
     pcfg.max_bytes = (size_t)cfg->capacity_blocks * (block_bytes + PRIVATE_SLACK_PER_BLOCK);
@@ -112,9 +179,15 @@ KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
     int32_t *prompt = kvt__malloc((size_t)max_len * sizeof *prompt);
     float *zeros = kvt__calloc((size_t)max_len * (size_t)kv_dim, sizeof *zeros);
     kvt_prompt_cache *pc = NULL;
+    ssd d = {0};
     if (!prompt || !zeros) {
         rc = kvt__fail(KVT_ENOMEM, "replay: no memory for a %d-token prompt", (int)max_len);
         goto out;
+    }
+    if (cfg->ssd_blocks > 0) {
+        if ((rc = ssd_open(&d, cfg, kv_dim, block_bytes)))
+            goto out;
+        pcfg.cold = &d.tier;
     }
     if ((rc = kvt_prompt_cache_create(&pcfg, &pc)))
         goto out;
@@ -124,6 +197,8 @@ KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
         kvt_trace_prompt(t, r, prompt);
         if ((rc = replay_one(pc, r, prompt, kv_dim, zeros, out)))
             break;
+        if (d.store)
+            kvt_store_flush(d.store); /* spills land before the next arrival */
         kvt_prompt_cache_stats st;
         kvt_prompt_cache_stats_get(pc, &st);
         out->peak_blocks = KVT__MAX(out->peak_blocks, (int64_t)(st.bytes / block_bytes));
@@ -139,6 +214,9 @@ KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
     out->blocks_trimmed = (int64_t)st.blocks_cut;
 out:
     kvt_prompt_cache_destroy(pc);
+    int src = ssd_close(&d, out);
+    if (rc == 0 && src)
+        rc = kvt__fail(src, "replay: the SSD store reported a failed write (%s)", kvt_strerror(src));
     kvt_block_policy_destroy(bp);
     kvt__free(prompt);
     kvt__free(zeros);

@@ -406,6 +406,52 @@ static void test_block_policy_random(void **state)
     kvt_block_policy_destroy(p);
 }
 
+/* ---- through the real prompt cache, by hand -------------------------------------- */
+
+static void test_cache_by_hand(void **state)
+{
+    (void)state;
+    /* 2 blocks of RAM: [1 2] then [3] evict block 2 then 1 (leaf first, older
+     * first); [1 2 4] then misses; lfu-aged and lru agree here */
+    int seq[] = {1, 2, -1, 3, 5, -1, 1, 2, 4, -1, 3, 5, 6, -1, -2};
+    kvt_trace *t = load_ids(seq);
+    const char *pols[] = {"lru", "lfu-aged", "entry-lru"};
+    for (int i = 0; i < 3; i++) {
+        kvt_replay_config cfg = {.policy = pols[i], .capacity_blocks = 2, .bytes_per_token = 64};
+        kvt_replay_result r;
+        assert_int_equal(kvt_replay_cache(t, &cfg, NULL, NULL, &r), 0);
+        assert_int_equal(r.requests, 4);
+        assert_int_equal(r.blocks, 10);
+        assert_int_equal(r.tokens, 10 * 512);
+        /* the last request finds [3 5] (put by r2, untouched since): blocks
+         * 0 and 1 fully reusable */
+        assert_int_equal(r.block_hits, 2);
+        assert_int_equal(r.ram_block_hits, 2);
+        assert_int_equal(r.token_hits, 1024);
+        assert_int_equal(r.ssd_block_hits, 0);
+        if (i < 2)
+            assert_true(r.blocks_trimmed > 0);
+        else
+            assert_true(r.entries_evicted > 0);
+    }
+    /* with an SSD tier the cut entry's whole prefix was spilled first: the
+     * third request restores [1 2] from SSD */
+    kvt_replay_config cfg = {.policy = "lru", .capacity_blocks = 2, .bytes_per_token = 64,
+                             .ssd_blocks = 100};
+    kvt_replay_result r;
+    assert_int_equal(kvt_replay_cache(t, &cfg, NULL, NULL, &r), 0);
+    assert_int_equal(r.ssd_block_hits, 2);
+    assert_true(r.block_hits >= 2 + 2);
+    assert_true(r.bytes_spilled > 2 * 512 * 64);
+    assert_true(r.bytes_restored >= 2 * 512 * 64);
+    kvt_replay_config bad = {.policy = "nope", .capacity_blocks = 2, .bytes_per_token = 64};
+    assert_int_equal(kvt_replay_cache(t, &bad, NULL, NULL, &r), KVT_ENOTFOUND);
+    bad.policy = "lru";
+    bad.bytes_per_token = 12;
+    assert_int_equal(kvt_replay_cache(t, &bad, NULL, NULL, &r), KVT_EINVAL);
+    kvt_trace_free(t);
+}
+
 /* ---- the shared Mooncake traces ---------------------------------------------- */
 
 static kvt_trace *shared_trace(const char *name)
@@ -633,6 +679,7 @@ int main(void)
         cmocka_unit_test(test_sim_lru_ref_by_hand),
         cmocka_unit_test(test_sim_opt_by_hand),
         cmocka_unit_test(test_sim_errors),
+        cmocka_unit_test(test_cache_by_hand),
         cmocka_unit_test(test_block_lru_order),
         cmocka_unit_test(test_block_leaf_first_and_tail),
         cmocka_unit_test(test_block_lfu_aged),

@@ -146,6 +146,10 @@ typedef struct kvt_replay_config {
     int64_t capacity_blocks;   /* RAM budget in 512-token blocks, >= 1 */
     int32_t bytes_per_token;   /* kv bytes per token (K and V, f32): a
                                   multiple of 8, >= 8 */
+    int64_t ssd_blocks;        /* SSD tier budget in 512-token blocks (the
+                                  real store, kvtier/store.h); 0 = RAM only */
+    const char *ssd_dir;       /* the store's root; NULL = a fresh temporary
+                                  directory, removed after the replay */
 } kvt_replay_config;
 
 /** Replays a trace through the real RAM prompt cache (kvtier/prompt_cache.h).
@@ -159,11 +163,22 @@ typedef struct kvt_replay_config {
  * extends). A block is a hit when every token of it that the request could
  * reuse (all but the prompt's final token) came from the cache.
  *
+ * With ssd_blocks > 0 the prompt cache tiers over an SSD store of
+ * ssd_blocks * 512 * bytes_per_token bytes: evicted entries and the whole
+ * prefix of an entry before its first block cut are spilled (write-behind),
+ * and a take restores from SSD when it holds a strictly longer prefix than
+ * RAM. The replay waits for each request's spills to be durable before the
+ * next request (kvt_store_flush), as if writes kept up with arrivals: the
+ * trace's requests are far apart next to a write, the replay's are not.
+ * bytes_spilled / bytes_restored are the store's shard bytes written and
+ * read.
+ *
  * @param out receives the figures (zeroed first); peak_blocks is the most
- *        block bytes resident at once, in blocks.
- * @return 0; KVT_EINVAL (NULL argument, capacity < 1, bytes_per_token not
- *         a positive multiple of 8); KVT_ENOTFOUND (unknown policy);
- *         KVT_ENOMEM; an error of the prompt cache (kvt_last_error says).
+ *        bytes resident at once (private bytes included), in blocks.
+ * @return 0; KVT_EINVAL (NULL argument, capacity < 1, ssd_blocks < 0,
+ *         bytes_per_token not a positive multiple of 8); KVT_ENOTFOUND
+ *         (unknown policy); KVT_ENOMEM; -errno (the SSD directory); an error
+ *         of the prompt cache or the store (kvt_last_error says).
  */
 KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
                              kvt_replay_progress_fn progress, void *ctx, kvt_replay_result *out);
