@@ -591,6 +591,32 @@ KVT_API int64_t kvt_service_peek(kvt_service *svc, const int32_t *prompt, int64_
     return p;
 }
 
+KVT_API int kvt_service_prefetch(kvt_service *svc, const int32_t *prompt, int64_t n_prompt, const char *ns,
+                                 const char *session, kvt_lease **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "prefetch: out is NULL");
+    *out = NULL;
+    if (!svc || !prompt || n_prompt < 1)
+        return kvt__fail(KVT_EINVAL, "prefetch: NULL service or prompt, or %lld tokens", (long long)n_prompt);
+    pthread_mutex_lock(&svc->mu);
+    int closed = svc->closed;
+    pthread_mutex_unlock(&svc->mu);
+    if (closed)
+        return kvt__fail(KVT_ECLOSED, "service: closed");
+    if (!svc->pc)
+        return 0;
+    /* outside the service mutex: the read may be synchronous */
+    return kvt__service_pc_prefetch(svc->pc, prompt, n_prompt, ns ? ns : "", session, out);
+}
+
+KVT_API int kvt_service_flush(kvt_service *svc)
+{
+    if (!svc)
+        return kvt__fail(KVT_EINVAL, "flush: NULL service");
+    return svc->pc ? kvt__service_pc_flush(svc->pc) : 0;
+}
+
 KVT_API void kvt_service_close_session(kvt_service *svc, const char *session)
 {
     if (!svc || !session)

@@ -138,6 +138,22 @@ void kvt__service_pc_stats(kvt__service_pc *s, kvt_service_report *out)
     out->spills = ps.spills;
 }
 
+int kvt__service_pc_prefetch(kvt__service_pc *s, const int32_t *prompt, int64_t n, const char *ns,
+                             const char *session, kvt_lease **out)
+{
+    return kvt_prompt_cache_prefetch(s->pc, prompt, n, ns, session, out);
+}
+
+int kvt__service_pc_flush(kvt__service_pc *s)
+{
+    if (!s->cold || !s->cold->flush)
+        return 0;
+    int rc = s->cold->flush(s->cold->self);
+    if (rc)
+        kvt__fail(rc, "service: flushing the cold tier failed: %s", kvt_strerror(rc));
+    return rc;
+}
+
 int kvt__service_pc_clear(kvt__service_pc *s)
 {
     int rc = 0;
@@ -149,11 +165,7 @@ int kvt__service_pc_clear(kvt__service_pc *s)
         if (ps.entries > 0)
             (void)kvt_prompt_cache_evict(s->pc, ps.entries, NULL);
     }
-    if (s->cold && s->cold->flush) {
-        rc = s->cold->flush(s->cold->self);
-        if (rc)
-            kvt__fail(rc, "service: flushing the cold tier failed: %s", kvt_strerror(rc));
-    }
+    rc = kvt__service_pc_flush(s);
     kvt_prompt_cache_clear(s->pc);
     return rc;
 }

@@ -28,5 +28,9 @@ void kvt__service_pc_reclaim(kvt__service_pc *pc, int (*pressure)(void *ctx), vo
 int kvt__service_pc_demote_idle(kvt__service_pc *pc, uint64_t idle_ms);
 void kvt__service_pc_stats(kvt__service_pc *pc, kvt_service_report *out);
 int kvt__service_pc_clear(kvt__service_pc *pc);
+int kvt__service_pc_prefetch(kvt__service_pc *pc, const int32_t *prompt, int64_t n, const char *ns,
+                             const char *session, kvt_lease **out);
+/** The cold tier's flush (0 without one). */
+int kvt__service_pc_flush(kvt__service_pc *pc);
 
 #endif

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "kvtier/service.h"
+#include "kvtier/prompt_cache.h"
 #include "mem_tier.h"
 
 #include <jansson.h>
@@ -479,6 +480,28 @@ static void test_cold_tier_demote_and_close(void **state)
     run_tokens(st.caches, 10, 14);
     assert_int_equal(kvt_service_publish(s, a, toks, 14, &st), 0);
     kvt_service_release(s, a, 1);
+    assert_int_equal(kvt_service_flush(s), 0);
+    /* prefetch: the demoted entry comes back to RAM before the request */
+    for (int i = 0; i < 200; i++) {
+        mem_tier_drain(mt);
+        kvt_service_report_get(s, &rep);
+        if (rep.entries == 0)
+            break;
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(rep.entries, 0);
+    assert_int_equal(kvt_service_peek(s, toks, 20, ""), 0);
+    kvt_lease *pl = NULL;
+    assert_int_equal(kvt_service_prefetch(s, toks, 20, "", NULL, &pl), 0);
+    assert_non_null(pl);
+    assert_int_equal(kvt_lease_wait(pl, UINT64_MAX), 0);
+    assert_int_equal(kvt_service_peek(s, toks, 20, ""), 14);
+    a = start(s, 20, "", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 14);
+    kvt_state_dispose(&st);
+    kvt_service_release(s, a, 1);
+    kvt_lease_release(pl);
     /* close hands what RAM holds to the cold tier and flushes it */
     mem_tier_manual_spills(mt, 0);
     assert_int_equal(kvt_service_close(s), 0);

@@ -256,6 +256,26 @@ KVT_API void kvt_service_boundary(kvt_service *svc);
  * ""), without taking it; 0 without a prompt cache. Thread-safe. */
 KVT_API int64_t kvt_service_peek(kvt_service *svc, const int32_t *prompt, int64_t n_prompt, const char *ns);
 
+/** A prompt cache prefetch lease (kvtier/prompt_cache.h). */
+typedef struct kvt_lease kvt_lease;
+
+/** Starts reading the cold tier's prefix of `prompt` (n_prompt tokens) in
+ * `ns` (NULL = "") while a request is being prepared, before it is admitted
+ * (DESIGN.md 3.11): identical reads coalesce, the loaded entry is published
+ * to RAM and pinned until the lease is released, so acquire finds it there.
+ * @param out receives a lease even when there is nothing to read (NULL
+ *   without a prompt cache); wait on it with kvt_lease_wait() and release it
+ *   with kvt_lease_release() (kvtier/prompt_cache.h), after acquire.
+ * @return 0; KVT_EINVAL; KVT_ECLOSED; the prompt cache's error.
+ * Thread-safe. */
+KVT_API int kvt_service_prefetch(kvt_service *svc, const int32_t *prompt, int64_t n_prompt, const char *ns,
+                                 const char *session, kvt_lease **out);
+
+/** Makes every write queued to the cold tier durable.
+ * @return 0 (durable, or no cold tier); the cold tier's first write error
+ *   (kvt_last_error says so). Thread-safe. */
+KVT_API int kvt_service_flush(kvt_service *svc);
+
 /** Drops a session's affinity; never the data (DESIGN.md 3.10). NULL is a
  * no-op. Thread-safe. */
 KVT_API void kvt_service_close_session(kvt_service *svc, const char *session);
