@@ -11,6 +11,8 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,7 +28,7 @@ static void usage(FILE *f)
             "                   [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
             "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
-            "                    [--demote-idle MS]]\n"
+            "                    [--demote-idle MS]] [--transcript FILE]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
@@ -54,6 +56,9 @@ static void usage(FILE *f)
             "  --ssd-cache-max BYTES byte budget over DIR (default unlimited)\n"
             "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
+            "  --transcript FILE     resume the conversation saved in FILE (JSON: [{\"user\": ...,\n"
+            "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"
+            "                        with --ssd-cache a new process continues where the last stopped\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
 }
@@ -106,11 +111,81 @@ static void print_reply(const char *r)
     fflush(stdout);
 }
 
+/* Records a detail sentence for fail() (the CLI cannot use kvt__fail). */
+static char cli_err[1024];
+static int cli_fail(int code, const char *fmt, ...) KVT_PRINTF(2, 3);
+static int cli_fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cli_err, sizeof cli_err, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
 static int fail(const char *what, int rc)
 {
+    if (cli_err[0]) {
+        fprintf(stderr, "kvtier chat: %s: %s (%s)\n", what, cli_err, kvt_strerror(rc));
+        cli_err[0] = '\0';
+        return 1;
+    }
     fprintf(stderr, "kvtier chat: %s: %s (%s)\n", what, kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc),
             kvt_strerror(rc));
     return 1;
+}
+
+/* Resumes the conversation saved in `path` (absent file: a new one). */
+static int transcript_load(kvt_chat *chat, const char *path)
+{
+    if (access(path, F_OK) != 0)
+        return 0;
+    json_error_t err;
+    json_t *doc = json_load_file(path, 0, &err);
+    if (!doc)
+        return cli_fail(KVT_EFORMAT, "%s: line %d: %s", path, err.line, err.text);
+    int rc = 0;
+    if (!json_is_array(doc))
+        rc = cli_fail(KVT_EFORMAT, "%s: not a JSON array of turns", path);
+    for (size_t i = 0; !rc && i < json_array_size(doc); i++) {
+        json_t *t = json_array_get(doc, i);
+        const char *u = json_string_value(json_object_get(t, "user"));
+        const char *r = json_string_value(json_object_get(t, "assistant"));
+        if (!u || !r)
+            rc = cli_fail(KVT_EFORMAT, "%s: turn %zu needs string fields \"user\" and \"assistant\"", path,
+                               i + 1);
+        else
+            rc = kvt_chat_add_turn(chat, u, r);
+    }
+    json_decref(doc);
+    return rc;
+}
+
+/* Saves the conversation to `path` atomically (temporary file, rename). */
+static int transcript_save(const kvt_chat *chat, const char *path)
+{
+    json_t *doc = json_array();
+    int rc = doc ? 0 : KVT_ENOMEM;
+    for (int32_t i = 0; !rc && i < kvt_chat_turns(chat); i++) {
+        const char *u = NULL, *r = NULL;
+        kvt_chat_get_turn(chat, i, &u, &r);
+        json_t *t = json_pack("{s:s, s:s}", "user", u, "assistant", r);
+        if (!t || json_array_append_new(doc, t))
+            rc = KVT_ENOMEM;
+    }
+    char tmp[4096];
+    if (!rc && snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        rc = cli_fail(KVT_ERANGE, "%s: path too long", path);
+    if (!rc && json_dump_file(doc, tmp, JSON_INDENT(1)) != 0)
+        rc = cli_fail(-EIO, "%s: cannot write", tmp);
+    if (!rc && rename(tmp, path) != 0) {
+        rc = cli_fail(-errno, "%s: cannot rename into place: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+    json_decref(doc);
+    if (rc == KVT_ENOMEM)
+        cli_fail(rc, "%s: out of memory", path);
+    return rc;
 }
 
 /* Reads one line from stdin into *buf (grown); 0 at EOF. */
@@ -132,7 +207,7 @@ int kvt_cmd_chat(int argc, char **argv)
     long long max_tokens = 64, seed = 42, block = 256;
     float temperature = 0.0f, topp = 0.9f;
     int multiline = 0, stats = 0, ssd_verify = 0;
-    const char *ssd_dir = NULL;
+    const char *ssd_dir = NULL, *transcript = NULL;
     uint64_t ssd_max = 0;
     long long demote_idle = 0;
     for (int i = 1; i < argc; i++) {
@@ -157,7 +232,7 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--prompt-cache", "--kv-budget", "--max-tokens", "--steps",
                                                  "--temperature", "--top-p", "--seed", "--block-tokens",
                                                  "--adapter", "--adapter-version", "--ssd-cache",
-                                                 "--ssd-cache-max", "--demote-idle", NULL};
+                                                 "--ssd-cache-max", "--demote-idle", "--transcript", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -181,6 +256,8 @@ int kvt_cmd_chat(int argc, char **argv)
             adapter_version = v;
         else if (!strcmp(a, "--ssd-cache"))
             ssd_dir = v;
+        else if (!strcmp(a, "--transcript"))
+            transcript = v;
         else if (!strcmp(a, "--demote-idle"))
             rc = parse_i64(a, v, 0, LLONG_MAX, &demote_idle);
         else if (!strcmp(a, "--prompt-cache") || !strcmp(a, "--kv-budget") || !strcmp(a, "--ssd-cache-max")) {
@@ -256,6 +333,11 @@ int kvt_cmd_chat(int argc, char **argv)
         status = fail("cannot start the chat", rc);
         goto done;
     }
+    if (transcript && (rc = transcript_load(chat, transcript))) {
+        status = fail("cannot resume the transcript", rc);
+        goto done;
+    }
+    int32_t before = kvt_chat_turns(chat);
     int interactive = !script && isatty(STDIN_FILENO);
     for (int32_t turn = 1;; turn++) {
         const char *msg;
@@ -283,7 +365,11 @@ int kvt_cmd_chat(int argc, char **argv)
             goto done;
         }
         print_reply(reply);
-        fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", turn,
+        if (transcript && (rc = transcript_save(chat, transcript))) {
+            status = fail("cannot save the transcript", rc);
+            goto done;
+        }
+        fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", before + turn,
                 (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
         fflush(stderr);
     }

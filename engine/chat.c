@@ -508,6 +508,55 @@ static char *decode_text(const kvt_tokenizer *tok, int32_t prev, const int32_t *
     return b.p;
 }
 
+/* Room for one more turn in the history arrays. */
+static int grow_turns(kvt_chat *c)
+{
+    if (c->n_turns < c->cap)
+        return 0;
+    int32_t nc = c->cap ? c->cap * 2 : 16;
+    char **nu = realloc(c->user, (size_t)nc * sizeof *nu);
+    if (!nu)
+        return kvt__fail(KVT_ENOMEM, "chat: out of memory");
+    c->user = nu;
+    char **nr = realloc(c->reply, (size_t)nc * sizeof *nr);
+    if (!nr)
+        return kvt__fail(KVT_ENOMEM, "chat: out of memory");
+    c->reply = nr;
+    c->cap = nc;
+    return 0;
+}
+
+KVT_API int kvt_chat_add_turn(kvt_chat *c, const char *user, const char *reply)
+{
+    if (!c || !user || !reply)
+        return kvt__fail(KVT_EINVAL, "chat: NULL chat, message or reply");
+    int rc = grow_turns(c);
+    if (rc)
+        return rc;
+    char *u = strdup(user), *r = strdup(reply);
+    if (!u || !r) {
+        free(u);
+        free(r);
+        return kvt__fail(KVT_ENOMEM, "chat: out of memory");
+    }
+    c->user[c->n_turns] = u;
+    c->reply[c->n_turns++] = r;
+    return 0;
+}
+
+KVT_API int32_t kvt_chat_turns(const kvt_chat *c) { return c ? c->n_turns : 0; }
+
+KVT_API int kvt_chat_get_turn(const kvt_chat *c, int32_t i, const char **user, const char **reply)
+{
+    if (!c || i < 0 || i >= c->n_turns)
+        return kvt__fail(KVT_ERANGE, "chat: no turn %d (the conversation has %d)", i, c ? c->n_turns : 0);
+    if (user)
+        *user = c->user[i];
+    if (reply)
+        *reply = c->reply[i];
+    return 0;
+}
+
 KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, const int32_t **reply_tokens,
                           int64_t *n_reply_tokens, kvt_turn_stats *st)
 {
@@ -515,18 +564,9 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
         *reply = NULL;
     if (!c || !user)
         return kvt__fail(KVT_EINVAL, "chat turn: NULL chat or message");
-    if (c->n_turns == c->cap) {
-        int32_t nc = c->cap ? c->cap * 2 : 16;
-        char **nu = realloc(c->user, (size_t)nc * sizeof *nu);
-        if (!nu)
-            return kvt__fail(KVT_ENOMEM, "chat turn: out of memory");
-        c->user = nu;
-        char **nr = realloc(c->reply, (size_t)nc * sizeof *nr);
-        if (!nr)
-            return kvt__fail(KVT_ENOMEM, "chat turn: out of memory");
-        c->reply = nr;
-        c->cap = nc;
-    }
+    int grc = grow_turns(c);
+    if (grc)
+        return grc;
     char *u = strdup(user);
     if (!u)
         return kvt__fail(KVT_ENOMEM, "chat turn: out of memory");

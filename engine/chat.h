@@ -166,6 +166,18 @@ KVT_API void kvt_chat_free(kvt_chat *c);
 KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, const int32_t **reply_tokens,
                           int64_t *n_reply_tokens, kvt_turn_stats *st);
 
+/** Appends a finished turn (a user message and the reply text it got) to the
+ * conversation without generating: resumes a saved conversation. Both
+ * strings are copied. @return 0, KVT_EINVAL, KVT_ENOMEM. */
+KVT_API int kvt_chat_add_turn(kvt_chat *c, const char *user, const char *reply);
+
+/** Turns in the conversation so far. */
+KVT_API int32_t kvt_chat_turns(const kvt_chat *c);
+
+/** Turn i (0-based): its user message and reply (borrowed, valid until
+ * kvt_chat_free). @return 0, or KVT_ERANGE when i is not a turn. */
+KVT_API int kvt_chat_get_turn(const kvt_chat *c, int32_t i, const char **user, const char **reply);
+
 /** The prompt tokens of the last turn (borrowed, valid until the next turn). */
 KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
 

@@ -631,6 +631,85 @@ static void test_cli_restart_from_ssd(void **state)
     unlink(err[0]);
 }
 
+/* A second process continues a saved conversation (--transcript) and gets
+ * its whole history from the SSD tier; replies equal a cache-off run of the
+ * whole conversation. */
+static void test_cli_transcript_resume(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN")) {
+        print_message("skipping: KVT_BIN is not set (ctest sets it to the kvtier binary)\n");
+        skip();
+    }
+    char a[400], b[400], ab[400], ssd[400], tr[400], out[3][400], err[3][400], args[3000];
+    snprintf(a, sizeof a, "%s/a.txt", dir);
+    snprintf(b, sizeof b, "%s/b.txt", dir);
+    snprintf(ab, sizeof ab, "%s/ab.txt", dir);
+    snprintf(ssd, sizeof ssd, "%s/ssd2", dir);
+    snprintf(tr, sizeof tr, "%s/transcript.json", dir);
+    const char *msgs[5] = {"Hello, how are you today?", "Tell me about the ocean.", "What lives there?",
+                           "Is it deep?", "Thank you."};
+    FILE *fa = fopen(a, "w"), *fb = fopen(b, "w"), *fab = fopen(ab, "w");
+    assert_non_null(fa);
+    assert_non_null(fb);
+    assert_non_null(fab);
+    for (int i = 0; i < 5; i++) {
+        fprintf(i < 3 ? fa : fb, "%s\n", msgs[i]);
+        fprintf(fab, "%s\n", msgs[i]);
+    }
+    fclose(fa);
+    fclose(fb);
+    fclose(fab);
+    for (int i = 0; i < 3; i++) {
+        snprintf(out[i], sizeof out[i], "%s/tout%d.txt", dir, i);
+        snprintf(err[i], sizeof err[i], "%s/terr%d.txt", dir, i);
+    }
+    const char *model = model_path[M_WINDOW];
+    snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --prompt-cache 0",
+             model, tok_path, ab);
+    assert_int_equal(run_cli(args, out[0], err[0]), 0);
+    const char *scripts[2] = {a, b};
+    for (int i = 1; i <= 2; i++) {
+        snprintf(args, sizeof args,
+                 "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --ssd-cache '%s' --transcript '%s'",
+                 model, tok_path, scripts[i - 1], ssd, tr);
+        assert_int_equal(run_cli(args, out[i], err[i]), 0);
+    }
+    char *o0 = slurp(out[0]), *o1 = slurp(out[1]), *o2 = slurp(out[2]);
+    char both[8192];
+    snprintf(both, sizeof both, "%s%s", o1, o2);
+    assert_string_equal(o0, both);
+    long long r0[8], p0[8], r1[8], p1[8], r2[8], p2[8];
+    char *e0 = slurp(err[0]), *e1 = slurp(err[1]), *e2 = slurp(err[2]);
+    assert_int_equal(parse_turn_lines(e0, r0, p0, 8), 5);
+    assert_int_equal(parse_turn_lines(e1, r1, p1, 8), 3);
+    /* the resumed process numbers its turns 4 and 5 */
+    assert_non_null(strstr(e2, "turn 4: "));
+    assert_non_null(strstr(e2, "turn 5: "));
+    assert_int_equal(sscanf(e2, "turn 4: reused %lld tokens, prefilled %lld tokens", &r2[0], &p2[0]), 2);
+    /* same prompts as the uninterrupted run, and a fresh process still
+     * reused at least the whole turn-3 prompt: from disk */
+    assert_int_equal(r2[0] + p2[0], r0[3] + p0[3]);
+    assert_true(r2[0] >= r0[2] + p0[2]);
+    print_message("  resumed turn 4: reused %lld of %lld tokens from the SSD tier\n", r2[0], r2[0] + p2[0]);
+    free(o0);
+    free(o1);
+    free(o2);
+    free(e0);
+    free(e1);
+    free(e2);
+    for (int i = 0; i < 3; i++) {
+        unlink(out[i]);
+        unlink(err[i]);
+    }
+    unlink(a);
+    unlink(b);
+    unlink(ab);
+    unlink(tr);
+    snprintf(args, sizeof args, "rm -rf '%s'", ssd);
+    assert_int_equal(system(args), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -645,6 +724,7 @@ int main(void)
         cmocka_unit_test(test_evicted_conversation),
         cmocka_unit_test(test_admission_errors),
         cmocka_unit_test(test_cli_restart_from_ssd),
+        cmocka_unit_test(test_cli_transcript_resume),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
