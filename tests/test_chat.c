@@ -559,6 +559,20 @@ static int parse_turn_lines(const char *err, long long reused[], long long prefi
     return n;
 }
 
+/* Names three output/error file pairs "<tag>out<i>.txt" and runs the
+ * cache-off baseline of `script` on `model` into pair 0. */
+static void cli_baseline(const char *model, const char *script, const char *tag, char out[3][400], char err[3][400])
+{
+    for (int i = 0; i < 3; i++) {
+        snprintf(out[i], 400, "%s/%sout%d.txt", dir, tag, i);
+        snprintf(err[i], 400, "%s/%serr%d.txt", dir, tag, i);
+    }
+    char args[2048];
+    snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --prompt-cache 0",
+             model, tok_path, script);
+    assert_int_equal(run_cli(args, out[0], err[0]), 0);
+}
+
 static void test_cli_restart_from_ssd(void **state)
 {
     (void)state;
@@ -573,15 +587,9 @@ static void test_cli_restart_from_ssd(void **state)
     assert_non_null(f);
     fputs("# a comment line\nHello there, who are you?\n\nTell me a story about the sea.\nAnd then?\n", f);
     fclose(f);
-    for (int i = 0; i < 3; i++) {
-        snprintf(out[i], sizeof out[i], "%s/out%d.txt", dir, i);
-        snprintf(err[i], sizeof err[i], "%s/err%d.txt", dir, i);
-    }
     const char *model = model_path[M_HYBRID];
     /* 0: cache off; 1: first run with the SSD tier; 2: a new process on the same directory */
-    snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --prompt-cache 0",
-             model, tok_path, script);
-    assert_int_equal(run_cli(args, out[0], err[0]), 0);
+    cli_baseline(model, script, "", out, err);
     for (int i = 1; i <= 2; i++) {
         snprintf(args, sizeof args,
                  "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --ssd-cache '%s' --ssd-cache-verify",
@@ -660,14 +668,8 @@ static void test_cli_transcript_resume(void **state)
     fclose(fa);
     fclose(fb);
     fclose(fab);
-    for (int i = 0; i < 3; i++) {
-        snprintf(out[i], sizeof out[i], "%s/tout%d.txt", dir, i);
-        snprintf(err[i], sizeof err[i], "%s/terr%d.txt", dir, i);
-    }
     const char *model = model_path[M_WINDOW];
-    snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 12 --prompt-cache 0",
-             model, tok_path, ab);
-    assert_int_equal(run_cli(args, out[0], err[0]), 0);
+    cli_baseline(model, ab, "t", out, err);
     const char *scripts[2] = {a, b};
     for (int i = 1; i <= 2; i++) {
         snprintf(args, sizeof args,
