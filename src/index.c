@@ -37,13 +37,22 @@ int kvt__index_create(kvt__index **out)
     return *out ? 0 : kvt__fail(KVT_ENOMEM, "index: out of memory");
 }
 
-static void free_tree(inode *nd)
+/* Frees the subtree under `root` (root included) without recursion: a
+ * chain of nodes can be as deep as a prompt is long. */
+static void free_tree(inode *root)
 {
-    for (uint32_t i = 0; i < nd->n_kids; i++)
-        free_tree(nd->kids[i]);
-    kvt__free(nd->kids);
-    kvt__free(nd->edge);
-    kvt__free(nd);
+    inode *nd = root;
+    while (nd) {
+        if (nd->n_kids > 0) {
+            nd = nd->kids[--nd->n_kids]; /* detach the last kid, go down */
+            continue;
+        }
+        inode *up = nd == root ? NULL : nd->parent;
+        kvt__free(nd->kids);
+        kvt__free(nd->edge);
+        kvt__free(nd);
+        nd = up;
+    }
 }
 
 static void free_root(const char *key, void *val, void *ctx)

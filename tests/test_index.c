@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "index.h"
 #include "kvtier/common.h"
@@ -207,12 +208,54 @@ static void test_random_vs_brute(void **state)
     kvt__index_destroy(ix);
 }
 
+/* a chain of 8,000 nested entries (each a prefix of the next, one node
+ * per token), built, looked up and destroyed on a thread with a 128 KB
+ * stack: nothing may recurse per node */
+enum { CHAIN = 8000 };
+
+static void *chain_main(void *arg)
+{
+    int *ok = arg;
+    static int32_t tok[CHAIN];
+    static char vals[CHAIN];
+    for (int i = 0; i < CHAIN; i++)
+        tok[i] = i % 7;
+    kvt__index *ix;
+    if (kvt__index_create(&ix) != 0)
+        return NULL;
+    for (int64_t n = 1; n <= CHAIN; n++) {
+        void *rep;
+        if (kvt__index_insert(ix, "", tok, n, &vals[n - 1], 0, n, &rep) != 0)
+            return NULL;
+    }
+    void *got;
+    *ok = kvt__index_nodes(ix) == CHAIN + 1 && kvt__index_lookup(ix, "", tok, CHAIN, &got) == CHAIN - 1 &&
+          got == &vals[CHAIN - 2];
+    kvt__index_destroy(ix);
+    return NULL;
+}
+
+static void test_deep_chain(void **state)
+{
+    (void)state;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 128 * 1024);
+    pthread_t th;
+    int ok = 0;
+    assert_int_equal(pthread_create(&th, &a, chain_main, &ok), 0);
+    pthread_join(th, NULL);
+    pthread_attr_destroy(&a);
+    assert_true(ok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_insert_exact_remove),
         cmocka_unit_test(test_lookup_rules),
         cmocka_unit_test(test_random_vs_brute),
+        cmocka_unit_test(test_deep_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
