@@ -33,6 +33,7 @@
 
 #define KVT__QUEUE_DEFAULT (256ull << 20)
 #define KVT__ID_MAX 1024
+#define KVT__WINDOW 16 /* block shards written before the first fsync */
 
 /* ---- index records ------------------------------------------------------------ */
 
@@ -425,7 +426,12 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
     if (!p->ns || !toks || !key || parse_i64(kvt__meta_str(sh, "n_tokens"), &n_decl) ||
         parse_i64(kvt__meta_str(sh, "min_reach"), &p->min_reach))
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "missing ns, tokens, key, n_tokens or min_reach");
-    if (kvt__tokens_unb64(toks, &p->tokens, &p->n_tokens) || p->n_tokens != n_decl) {
+    int trc = kvt__tokens_unb64(toks, &p->tokens, &p->n_tokens);
+    if (trc == KVT_ENOMEM) {
+        pentry_free(p);
+        return trc;
+    }
+    if (trc || p->n_tokens != n_decl) {
         pentry_free(p);
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "tokens do not decode to n_tokens ids");
     }
@@ -516,7 +522,10 @@ static int parse_block(const kvt__shard *sh, const char *path, const char *ident
         parse_i64(kvt__meta_str(sh, "tok_begin"), &p->tok_begin) ||
         parse_i64(kvt__meta_str(sh, "tok_end"), &p->tok_end))
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "missing ns, key, parent, tokens or range");
-    if (kvt__tokens_unb64(toks, &p->tokens, &p->n_tokens) || p->tok_begin < 0 ||
+    int trc = kvt__tokens_unb64(toks, &p->tokens, &p->n_tokens);
+    if (trc == KVT_ENOMEM)
+        return trc;
+    if (trc || p->tok_begin < 0 ||
         p->n_tokens != p->tok_end - p->tok_begin || p->n_tokens <= 0) {
         kvt__free(p->tokens);
         p->tokens = NULL;
@@ -1060,13 +1069,17 @@ static int do_put(kvt_store *s, const kvt_entry *e)
     kvt__skey *keys = NULL;
     int8_t *pinned = NULL;
     kvt__st_out *outs = NULL;
+    kvt__pending_shard *win = kvt__calloc(KVT__WINDOW, sizeof *win);
     json_t *meta = NULL;
     const char *ns = e->ns;
     kvt__skey ekey = entry_key(s->id_seed, ns, e->tokens, n);
     int64_t min_reach = A ? n : 0;
     uint64_t write_bytes = 0;
-    if (!st)
+    if (!st || !win) {
+        kvt__free(st);
+        kvt__free(win);
         return kvt__fail(KVT_ENOMEM, "store put: out of memory");
+    }
 
     /* 1. encode every layer; collect block ranges */
     size_t n_tensors = 0;
@@ -1146,56 +1159,80 @@ static int do_put(kvt_store *s, const kvt_entry *e)
     }
     pthread_mutex_unlock(&s->mu);
 
-    /* 3. write missing blocks */
+    /* 3. write missing blocks: up to KVT__WINDOW temp files written back to
+     * back (writeback started on each), then each fsync'd and renamed */
     int wrote_block = 0;
-    for (int32_t i = 0; i < n_rg; i++) {
-        if (!rg[i].chained || pinned[rg[i].idx])
+    int32_t nwin = 0;
+    int32_t win_c[KVT__WINDOW];
+    for (int32_t i = 0; i <= n_rg; i++) {
+        int last = i == n_rg;
+        if (!last && (!rg[i].chained || pinned[rg[i].idx]))
             continue;
-        int32_t c = rg[i].idx, k = 0;
-        for (int32_t l = 0; l < L; l++)
-            for (int32_t t = 0; t < st[l].n_tensors; t++)
-                if (st[l].tensors[t].tok_begin == rg[i].b && st[l].tensors[t].tok_end == rg[i].e)
-                    st_out_set(&outs[k++], l, &st[l].tensors[t]);
-        char *toks = kvt__tokens_b64(e->tokens + rg[i].b, rg[i].e - rg[i].b);
-        meta = meta_base(s, "block", ns);
-        if (!toks || !meta || set_key(meta, "key", keys[c]) ||
-            set_key(meta, "parent", c ? keys[c - 1] : (kvt__skey){0, 0}) || set_i64(meta, "tok_begin", rg[i].b) ||
-            set_i64(meta, "tok_end", rg[i].e) || json_object_set_new(meta, "tokens", json_string(toks))) {
+        if (!last) {
+            int32_t c = rg[i].idx, k = 0;
+            for (int32_t l = 0; l < L; l++)
+                for (int32_t t = 0; t < st[l].n_tensors; t++)
+                    if (st[l].tensors[t].tok_begin == rg[i].b && st[l].tensors[t].tok_end == rg[i].e)
+                        st_out_set(&outs[k++], l, &st[l].tensors[t]);
+            char *toks = kvt__tokens_b64(e->tokens + rg[i].b, rg[i].e - rg[i].b);
+            meta = meta_base(s, "block", ns);
+            if (!toks || !meta || set_key(meta, "key", keys[c]) ||
+                set_key(meta, "parent", c ? keys[c - 1] : (kvt__skey){0, 0}) || set_i64(meta, "tok_begin", rg[i].b) ||
+                set_i64(meta, "tok_end", rg[i].e) || json_object_set_new(meta, "tokens", json_string(toks))) {
+                kvt__free(toks);
+                rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+                goto abort_win;
+            }
             kvt__free(toks);
-            rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
-            goto out;
+            char name[64];
+            file_name('b', keys[c], name);
+            rc = kvt__shard_begin(s->dirfd, s->dir, name, meta, outs, k, s->opts.io, &win[nwin]);
+            json_decref(meta);
+            meta = NULL;
+            if (rc)
+                goto abort_win;
+            win_c[nwin++] = c;
+            if (nwin < KVT__WINDOW)
+                continue;
         }
-        kvt__free(toks);
-        char name[64];
-        uint64_t fb = 0;
-        file_name('b', keys[c], name);
-        rc = kvt__shard_write(s->dirfd, s->dir, name, meta, outs, k, s->opts.io, &fb);
-        json_decref(meta);
-        meta = NULL;
-        if (rc)
-            goto out;
-        wrote_block = 1;
-        pthread_mutex_lock(&s->mu);
-        st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
-        if (b) {
-            b->refs++;
-        } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put(&s->blocks, keys[c], b)) {
-            b->key = keys[c];
-            b->bytes = fb;
-            b->refs = 1;
-            s->own_bytes += fb;
-            s->st.blocks++;
-        } else {
-            kvt__free(b);
+        for (int32_t w = 0; w < nwin; w++) {
+            int32_t c = win_c[w];
+            uint64_t fb = win[w].bytes;
+            if ((rc = kvt__shard_commit(&win[w], s->opts.io))) {
+                for (int32_t x = w + 1; x < nwin; x++)
+                    kvt__shard_abort(&win[x]);
+                nwin = 0;
+                goto out;
+            }
+            wrote_block = 1;
+            pthread_mutex_lock(&s->mu);
+            st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+            if (b) {
+                b->refs++;
+            } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put(&s->blocks, keys[c], b)) {
+                b->key = keys[c];
+                b->bytes = fb;
+                b->refs = 1;
+                s->own_bytes += fb;
+                s->st.blocks++;
+            } else {
+                kvt__free(b);
+                pthread_mutex_unlock(&s->mu);
+                char name[64];
+                file_name('b', keys[c], name);
+                unlinkat(s->dirfd, name, 0);
+                for (int32_t x = w + 1; x < nwin; x++)
+                    kvt__shard_abort(&win[x]);
+                nwin = 0;
+                rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
+                goto out;
+            }
+            pinned[c] = 1;
+            s->st.blocks_written++;
+            s->st.bytes_written += fb;
             pthread_mutex_unlock(&s->mu);
-            unlinkat(s->dirfd, name, 0);
-            rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
-            goto out;
         }
-        pinned[c] = 1;
-        s->st.blocks_written++;
-        s->st.bytes_written += fb;
-        pthread_mutex_unlock(&s->mu);
+        nwin = 0;
     }
     if (wrote_block && (rc = fsync_dir(s)))
         goto out;
@@ -1319,6 +1356,10 @@ static int do_put(kvt_store *s, const kvt_entry *e)
         enforce_budget(s, ekey);
         pthread_mutex_unlock(&s->mu);
     }
+    goto out;
+abort_win:
+    for (int32_t x = 0; x < nwin; x++)
+        kvt__shard_abort(&win[x]);
 out:
     if (pinned) {
         int any = 0;
@@ -1345,6 +1386,7 @@ out:
     kvt__free(keys);
     kvt__free(pinned);
     kvt__free(outs);
+    kvt__free(win);
     return rc;
 }
 
@@ -1395,13 +1437,14 @@ static int map_payload(int fd, const kvt__shard *sh, const char *path, int verif
     kvt__map *m = kvt__malloc(sizeof *m);
     if (!m)
         return kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+    uint8_t *p;
     m->len = (size_t)sh->file_bytes;
     m->base = mmap(NULL, m->len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m->base == MAP_FAILED) {
         kvt__free(m);
         return 1;
     }
-    uint8_t *p = (uint8_t *)m->base + sh->payload_off;
+    p = (uint8_t *)m->base + sh->payload_off;
     int rc = verify ? check_sha(sh, p, path, reason) : 0;
     if (!rc && (rc = kvt_buf_wrap(p, (size_t)sh->payload_bytes, unmap_release, m, out)))
         rc = kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
@@ -1606,17 +1649,6 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
         rc = kvt__fail(KVT_ENOMEM, "store restore: out of memory");
         goto out;
     }
-    /* Queue readahead of every block file at once: the device then works on
-     * all of them while the headers are checked one by one. */
-    for (int32_t i = 0; i < pe.n_blocks && pe.n_blocks > 1; i++) {
-        char bname[64];
-        file_name('b', pe.blocks[i], bname);
-        int pf = openat(s->dirfd, bname, O_RDONLY | O_CLOEXEC);
-        if (pf >= 0) {
-            posix_fadvise(pf, 0, 0, POSIX_FADV_WILLNEED);
-            close(pf);
-        }
-    }
     for (int32_t i = 0; i < pe.n_blocks; i++) {
         char bname[64];
         file_name('b', pe.blocks[i], bname);
@@ -1705,9 +1737,11 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
     if (rc) {
         pthread_mutex_lock(&s->mu);
         s->st.restore_misses++;
-        refuse_count(s, reason);
-        /* A shard that failed validation is never offered again. */
-        if (reason >= 0 && reason != KVT_STORE_REFUSED_IO) {
+        if (rc != KVT_ENOMEM)
+            refuse_count(s, reason);
+        /* A shard that failed validation is never offered again (a failed
+         * allocation or read says nothing about the shard). */
+        if (reason >= 0 && reason != KVT_STORE_REFUSED_IO && rc != KVT_ENOMEM) {
             st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
             if (e)
                 drop_entry_ex(s, e, 1);

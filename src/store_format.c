@@ -239,8 +239,7 @@ static char *build_header(json_t *meta, const kvt__st_out *t, const int32_t *ord
     return h;
 }
 
-int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
-                     const kvt__st_out *t, int32_t n, const kvt_store_io *io_opt, uint64_t *file_bytes)
+static kvt_store_io io_or_default(const kvt_store_io *io_opt)
 {
     kvt_store_io io = {default_pwrite, default_fsync, NULL};
     if (io_opt)
@@ -249,10 +248,21 @@ int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, js
         io.pwrite_fn = default_pwrite;
     if (!io.fsync_fn)
         io.fsync_fn = default_fsync;
-    char tmp[256], path[4096];
-    snprintf(tmp, sizeof tmp, KVT__TMP_PREFIX "%ld.%llu.%s", (long)getpid(),
+    return io;
+}
+
+int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io_opt, kvt__pending_shard *ps)
+{
+    memset(ps, 0, sizeof *ps);
+    ps->fd = -1;
+    kvt_store_io io = io_or_default(io_opt);
+    snprintf(ps->tmp, sizeof ps->tmp, KVT__TMP_PREFIX "%ld.%llu.%s", (long)getpid(),
              (unsigned long long)atomic_fetch_add(&kvt__tmp_seq, 1), final_name);
-    snprintf(path, sizeof path, "%s/%s", dir_path, tmp);
+    snprintf(ps->final, sizeof ps->final, "%s", final_name);
+    snprintf(ps->path, sizeof ps->path, "%s/%s", dir_path, ps->tmp);
+    ps->dirfd = dirfd;
+    const char *path = ps->path;
 
     uint64_t payload = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -273,7 +283,7 @@ int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, js
     }
     int rc = 0;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
-    int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = openat(dirfd, ps->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = kvt__fail(-errno, "%s: cannot create: %s", path, strerror(errno));
         goto out;
@@ -319,38 +329,70 @@ int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, js
     kvt__free(header2);
     if (rc)
         goto fail;
-    if (io.fsync_fn(io.ctx, fd)) {
-        int e = errno ? errno : EIO;
-        rc = kvt__fail(-e, "%s: fsync failed: %s", path, strerror(e));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(fd, &st) || (uint64_t)st.st_size != 8 + hlen + payload) {
-        rc = kvt__fail(KVT_EIO, "%s: file is %lld bytes after writing, expected %llu", path,
-                       (long long)st.st_size, (unsigned long long)(8 + hlen + payload));
-        goto fail;
-    }
-    if (close(fd)) {
-        fd = -1;
-        rc = kvt__fail(-errno, "%s: close failed: %s", path, strerror(errno));
-        goto fail;
-    }
-    fd = -1;
-    if (renameat(dirfd, tmp, dirfd, final_name)) {
-        rc = kvt__fail(-errno, "%s: rename to %s failed: %s", path, final_name, strerror(errno));
-        goto fail;
-    }
-    if (file_bytes)
-        *file_bytes = 8 + hlen + payload;
+    /* start writeback now: the device works while the next shard is hashed */
+    sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    ps->fd = fd;
+    ps->bytes = 8 + hlen + payload;
     goto out;
 fail:
-    if (fd >= 0)
-        close(fd);
-    unlinkat(dirfd, tmp, 0);
+    close(fd);
+    unlinkat(dirfd, ps->tmp, 0);
 out:
     EVP_MD_CTX_free(md);
     kvt__free(header);
     kvt__free(ord);
+    return rc;
+}
+
+void kvt__shard_abort(kvt__pending_shard *ps)
+{
+    if (ps->fd >= 0) {
+        close(ps->fd);
+        unlinkat(ps->dirfd, ps->tmp, 0);
+    }
+    ps->fd = -1;
+}
+
+int kvt__shard_commit(kvt__pending_shard *ps, const kvt_store_io *io_opt)
+{
+    kvt_store_io io = io_or_default(io_opt);
+    int rc = 0;
+    if (io.fsync_fn(io.ctx, ps->fd)) {
+        int e = errno ? errno : EIO;
+        rc = kvt__fail(-e, "%s: fsync failed: %s", ps->path, strerror(e));
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(ps->fd, &st) || (uint64_t)st.st_size != ps->bytes) {
+        rc = kvt__fail(KVT_EIO, "%s: file is %lld bytes after writing, expected %llu", ps->path,
+                       (long long)st.st_size, (unsigned long long)ps->bytes);
+        goto fail;
+    }
+    int fd = ps->fd;
+    ps->fd = -1;
+    if (close(fd)) {
+        rc = kvt__fail(-errno, "%s: close failed: %s", ps->path, strerror(errno));
+        unlinkat(ps->dirfd, ps->tmp, 0);
+        return rc;
+    }
+    if (renameat(ps->dirfd, ps->tmp, ps->dirfd, ps->final)) {
+        rc = kvt__fail(-errno, "%s: rename to %s failed: %s", ps->path, ps->final, strerror(errno));
+        unlinkat(ps->dirfd, ps->tmp, 0);
+        return rc;
+    }
+    return 0;
+fail:
+    kvt__shard_abort(ps);
+    return rc;
+}
+
+int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, uint64_t *file_bytes)
+{
+    kvt__pending_shard ps;
+    int rc = kvt__shard_begin(dirfd, dir_path, final_name, meta, t, n, io, &ps);
+    if (!rc && !(rc = kvt__shard_commit(&ps, io)) && file_bytes)
+        *file_bytes = ps.bytes;
     return rc;
 }
 

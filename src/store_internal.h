@@ -58,6 +58,24 @@ typedef struct kvt__shard {
 int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
                      const kvt__st_out *t, int32_t n, const kvt_store_io *io, uint64_t *file_bytes);
 
+/** A shard written under its temp name, not yet durable or visible. */
+typedef struct kvt__pending_shard {
+    int fd, dirfd;
+    uint64_t bytes;
+    char tmp[256], final[128], path[4096];
+} kvt__pending_shard;
+
+/** First half of kvt__shard_write: writes the temp file and starts its
+ * writeback, without waiting. On success ps holds the open file: finish with
+ * kvt__shard_commit (fsync, size check, rename) or kvt__shard_abort
+ * (remove). On failure nothing is left behind. */
+int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, kvt__pending_shard *ps);
+/** fsync, size check, close, rename; on failure the temp file is removed. */
+int kvt__shard_commit(kvt__pending_shard *ps, const kvt_store_io *io);
+/** Closes and removes a begun shard (no-op when already finished). */
+void kvt__shard_abort(kvt__pending_shard *ps);
+
 /** Reads and validates the header of the open shard `fd` of `file_bytes` bytes.
  * On failure *reason receives a kvt_store_refusal and the shard is zeroed.
  * @return 0, KVT_EFORMAT, -errno, KVT_ENOMEM. */

@@ -7,4 +7,7 @@
  */
 #include "store_tier.h"
 
+/* Before any test: every mem_tier function must have its store twin. */
+__attribute__((constructor)) static void check_api(void) { store_tier_check_api(); }
+
 #include "test_prompt_cache_tier.c"

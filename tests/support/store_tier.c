@@ -10,6 +10,7 @@
 #include "store_util.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,6 +303,78 @@ static int st_flush(void *self)
     return 0;
 }
 
+static int open_store(store_tier *t)
+{
+    store_tmpdir(t->root, sizeof t->root, "tiering");
+    kvt_store_identity id = {"tiering-test", "any", "tok"};
+    kvt_store_options o = {.io = &t->io, .restore_threads = 4};
+    int rc = t->root[0] ? kvt_store_open(t->root, &id, &o, &t->store) : KVT_EIO;
+    if (!rc)
+        kvt_store_cold_tier(t->store, &t->inner);
+    return rc;
+}
+
+static void release_all(store_tier *t)
+{
+    for (size_t i = 0; i < t->n_kept; i++)
+        kvt_entry_clear(&t->kept[i]);
+    t->n_kept = 0;
+    for (size_t i = 0; i < t->n_tr; i++) {
+        free(t->tr[i].ns);
+        free(t->tr[i].tokens);
+    }
+    t->n_tr = 0;
+}
+
+void store_tier_clear(store_tier *t)
+{
+    store_tier_quiesce(t);
+    kvt_store_close(t->store);
+    t->store = NULL;
+    store_rmtree(t->root);
+    pthread_mutex_lock(&t->mu);
+    release_all(t);
+    pthread_mutex_unlock(&t->mu);
+    if (open_store(t))
+        fprintf(stderr, "store_tier_clear: cannot reopen the store: %s\n", kvt_last_error());
+}
+
+void store_tier_check_api(void)
+{
+    const char *src = getenv("KVT_SOURCE_DIR");
+    if (!src)
+        return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/support/mem_tier.h", src);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    char line[1024];
+    int bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        for (char *p = strstr(line, "mem_tier_"); p; p = strstr(p + 1, "mem_tier_")) {
+            char name[64];
+            int n = 0;
+            const char *q = p + strlen("mem_tier_");
+            while (n < 63 && ((*q >= 'a' && *q <= 'z') || *q == '_'))
+                name[n++] = *q++;
+            name[n] = '\0';
+            if (*q != '(')
+                continue;
+            char padded[80];
+            snprintf(padded, sizeof padded, " %s ", name);
+            if (!strstr(" " STORE_TIER_COVERED " ", padded)) {
+                fprintf(stderr, "store_tier: mem_tier_%s() is not implemented over the store "
+                                "(add it to tests/support/store_tier.[ch])\n", name);
+                bad = 1;
+            }
+        }
+    }
+    fclose(f);
+    if (bad)
+        exit(1);
+}
+
 int store_tier_create(store_tier **out)
 {
     store_tier *t = calloc(1, sizeof *t);
@@ -309,17 +382,13 @@ int store_tier_create(store_tier **out)
         return KVT_ENOMEM;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
-    store_tmpdir(t->root, sizeof t->root, "tiering");
     store_faults_init(&t->faults, &t->io);
     t->faults.err = EIO;
-    kvt_store_identity id = {"tiering-test", "any", "tok"};
-    kvt_store_options o = {.io = &t->io, .restore_threads = 4};
-    int rc = t->root[0] ? kvt_store_open(t->root, &id, &o, &t->store) : KVT_EIO;
+    int rc = open_store(t);
     if (rc) {
         free(t);
         return rc;
     }
-    kvt_store_cold_tier(t->store, &t->inner);
     t->iface = (kvt_cold_tier){.self = t,
                                .find = st_find,
                                .find_exact = st_find_exact,
@@ -342,13 +411,8 @@ void store_tier_destroy(store_tier *t)
     store_tier_quiesce(t);
     kvt_store_close(t->store);
     store_rmtree(t->root);
-    for (size_t i = 0; i < t->n_kept; i++)
-        kvt_entry_clear(&t->kept[i]);
+    release_all(t);
     free(t->kept);
-    for (size_t i = 0; i < t->n_tr; i++) {
-        free(t->tr[i].ns);
-        free(t->tr[i].tokens);
-    }
     free(t->tr);
     free(t);
 }

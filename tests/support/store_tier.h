@@ -30,6 +30,18 @@
 #define mem_tier_counts_get store_tier_counts_get
 #define mem_tier_has store_tier_has
 #define mem_tier_insert store_tier_insert
+#define mem_tier_clear store_tier_clear
+
+/* Every mem_tier function renamed above. A function added to mem_tier.h and
+ * missing here would silently call the real mem_tier on a store_tier:
+ * store_tier_check_api() (run before the tests) fails loudly instead. */
+#define STORE_TIER_COVERED                                                                                   \
+    "create destroy iface fail_writes refuse_spills manual_spills async_delay gate no_async loose_find "     \
+    "fail_restores drain quiesce counts_get has insert clear"
+
+/** Exits the process with a message when tests/support/mem_tier.h (found via
+ * $KVT_SOURCE_DIR) declares a function STORE_TIER_COVERED lacks. */
+void store_tier_check_api(void);
 
 #include "mem_tier.h"
 
