@@ -899,6 +899,90 @@ static void bad_arguments(void **state)
     store_rmtree(f.root);
 }
 
+
+/* ---- out of memory --------------------------------------------------------------------- */
+
+static _Atomic long oom_calls;
+static long oom_fail_at;
+static void *oom_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    if (++oom_calls == oom_fail_at)
+        return NULL;
+    return malloc(n ? n : 1);
+}
+static void *oom_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    if (++oom_calls == oom_fail_at)
+        return NULL;
+    return realloc(p, n ? n : 1);
+}
+static void oom_free(void *p, void *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+/* Every allocation of put, find, restore and reopen fails once: each call
+ * returns 0 or KVT_ENOMEM, nothing is refused or dropped for it, and what is
+ * indexed afterwards restores exactly (ASan checks nothing leaks). */
+static void out_of_memory(void **state)
+{
+    (void)state;
+    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
+    fx f;
+    fx_init(&f, &CFG_ALL, "oom");
+    int32_t t[13];
+    seq(t, 13, 40);
+    long k;
+    int failures = 0;
+    for (k = 1; k < 5000; k++) {
+        kvt_store *s = fx_open(&f, NULL);
+        kvt_entry e;
+        assert_int_equal(store_make_entry(&f.cfg, "", t, 13, &e), 0);
+        oom_calls = 0;
+        oom_fail_at = k;
+        kvt_set_allocator(&failing);
+        int rc1 = kvt_store_put(s, &e);
+        kvt_cold_hit hit;
+        int rc2 = kvt_store_find_exact(s, t, 13, "", &hit);
+        kvt_entry got;
+        int rc3 = rc2 == 0 ? kvt_store_restore(s, hit.handle, t, 13, &got) : 0;
+        if (rc2 == 0 && rc3 == 0)
+            kvt_entry_clear(&got);
+        int rc4 = kvt_store_close(s);
+        kvt_store *s2 = NULL;
+        int rc5 = kvt_store_open(f.root, &f.id, NULL, &s2);
+        kvt_set_allocator(NULL);
+        int rcs[5] = {rc1, rc2 == KVT_ENOTFOUND && rc1 ? 0 : rc2, rc3, rc4, rc5};
+        for (int i = 0; i < 5; i++) {
+            if (rcs[i] == KVT_ENOMEM)
+                failures++;
+            else if (rcs[i] != 0)
+                fail_msg("allocation %ld: call %d returned %d (%s)", k, i, rcs[i], kvt_last_error());
+        }
+        if (rc5 == 0) {
+            kvt_store_stats st;
+            kvt_store_get_stats(s2, &st);
+            for (int r = 0; r < KVT_STORE_REFUSED_COUNT; r++)
+                assert_int_equal(st.refused[r], 0);
+            if (kvt_store_find_exact(s2, t, 13, "", &hit) == 0)
+                expect_restores(s2, &f.cfg, "", t, 13);
+            assert_int_equal(kvt_store_close(s2), 0);
+        }
+        kvt_entry_clear(&e);
+        store_rmtree(f.root);
+        assert_int_equal(mkdir(f.root, 0755), 0);
+        if (oom_calls < k)
+            break; /* every allocation of the sequence has failed once */
+    }
+    printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);
+    assert_true(k < 5000);
+    assert_true(failures > 0);
+    store_rmtree(f.root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -927,6 +1011,7 @@ int main(void)
         cmocka_unit_test(budget_foreign_idle),
         cmocka_unit_test(cold_tier_table),
         cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
