@@ -27,10 +27,13 @@
  * reason (kvt_store_refusal), never served.
  *
  * Lookup (kvt_store_find, kvt_store_find_exact) touches the in-memory index
- * only. kvt_store_restore reads the shards into owned buffers, checks the
- * stored tokens against the requested prefix (a mismatch is a miss), checks
- * SHA-256 when the store was opened with verify, and rebuilds the caches
- * with kvt_cache_decode. An entry whose write-behind is still pending is not
+ * only. kvt_store_restore reads the shards into buffers the restored caches
+ * own (shards of 64 KiB or more are mapped read-only, each tensor's buffer
+ * holding the mapping, which is unmapped when the last view is released;
+ * smaller ones are copied), checks the stored tokens against the requested
+ * prefix (a mismatch is a miss), checks SHA-256 when the store was opened
+ * with verify, and rebuilds the caches with kvt_cache_decode (zero-copy for
+ * kinds that adopt whole buffers, e.g. full kv blocks). An entry whose write-behind is still pending is not
  * in the index: a lookup misses it (the RAM tier still holds the copy).
  *
  * Thread-safety: every function on one kvt_store may be called from any
@@ -221,8 +224,10 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
  * @param prompt (n_prompt) the tokens the caller will use, borrowed; may be
  *        NULL with n_prompt 0.
  * @param out receives an owned entry (kvt_entry_init; the caches own their
- *        bytes, the hook is empty); the caller releases it with
- *        kvt_entry_clear(). Zeroed on error.
+ *        bytes or a read-only mapping of the shard that their buffers release,
+ *        the hook is empty); the caller releases it with kvt_entry_clear().
+ *        Zeroed on error. Shards are never truncated or rewritten under
+ *        their final names, so a mapping stays valid after an eviction.
  * @return 0; KVT_ENOTFOUND (evicted meanwhile, tokens differ); KVT_ECORRUPT
  * (SHA-256 mismatch under verify); KVT_EFORMAT (shard invalid, or a layer
  * that does not decode); KVT_EIDENTITY; -errno (read failure); KVT_ENOMEM.
@@ -265,6 +270,9 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
  *        *e is zeroed. On error it stays with the caller.
  * Until the write is durable the entry is not indexed (find misses it) and
  * kvt_store_pending() reports it.
+ * The queue holds at most queue_max_bytes of cache state (kvt_cache_bytes of
+ * the layers plus attachment bytes), except that an entry is always accepted
+ * into an empty queue (so one larger entry is written, not dropped forever).
  * @return 0 (queued); KVT_EAGAIN (queue bytes would exceed queue_max_bytes:
  * counted as dropped); KVT_ECLOSED (closing: dropped); KVT_EINVAL; KVT_ENOMEM.
  * Thread-safe. */
