@@ -95,15 +95,15 @@ static int parse_f32(const char *flag, const char *v, float lo, float hi, float 
     return 0;
 }
 
-/* Prints a reply: printable ASCII, tab and UTF-8 bytes as they are, other
- * control bytes escaped (synthetic models emit arbitrary bytes). */
+/* Prints a reply: printable ASCII, tab, newline and UTF-8 bytes as they
+ * are, other control bytes escaped (synthetic models emit arbitrary bytes). */
 static void print_reply(const char *r)
 {
     for (const unsigned char *p = (const unsigned char *)r; *p; p++) {
         if (*p >= 0x20 && *p != 0x7f)
             fputc(*p, stdout);
-        else if (*p == '\t')
-            fputc('\t', stdout);
+        else if (*p == '\t' || *p == '\n') /* '\n' only with --multiline */
+            fputc(*p, stdout);
         else
             fprintf(stdout, "\\x%02x", *p);
     }
