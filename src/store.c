@@ -281,6 +281,18 @@ static void orphan_add(kvt_store *s, const char *name, uint64_t bytes)
     s->orphans[s->n_orphans++].bytes = bytes;
 }
 
+/* A file just written under a name a refused shard had: it is no longer an
+ * orphan (the budget must not delete the new file). */
+static void orphan_forget(kvt_store *s, const char *name)
+{
+    for (int32_t i = 0; i < s->n_orphans; i++)
+        if (!strcmp(s->orphans[i].name, name)) {
+            s->own_bytes -= KVT__MIN(s->own_bytes, s->orphans[i].bytes);
+            s->orphans[i] = s->orphans[--s->n_orphans];
+            return;
+        }
+}
+
 /* Indexes an entry (takes ownership of e on success). */
 static int index_entry(kvt_store *s, st_entry *e)
 {
@@ -1206,6 +1218,7 @@ static int do_put(kvt_store *s, const kvt_entry *e)
             }
             wrote_block = 1;
             pthread_mutex_lock(&s->mu);
+            orphan_forget(s, win[w].final);
             st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
             if (b) {
                 b->refs++;
@@ -1329,6 +1342,7 @@ static int do_put(kvt_store *s, const kvt_entry *e)
         en->bytes = fb;
         en->last_use_ms = wall_ms();
         pthread_mutex_lock(&s->mu);
+        orphan_forget(s, name);
         st_entry *dup_e = kvt__kmap_get(&s->by_key, ekey);
         if (dup_e) { /* a concurrent put of the same entry won: same file */
             entry_free(en);

@@ -693,6 +693,20 @@ static void bitflip_caught(void **state)
     assert_int_equal(st.restore_misses, 1);
     /* never offered again */
     assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    /* written again, the new file replaces the refused one and is not
+     * treated as an orphan by the budget */
+    put_tokens(s, &f.cfg, "", t, 10);
+    expect_restores(s, &f.cfg, "", t, 10);
+    kvt_store_get_stats(s, &st);
+    uint64_t bytes = st.bytes;
+    assert_int_equal(kvt_store_close(s), 0);
+    kvt_store_options tight = {.verify = 1, .max_bytes = bytes};
+    s = fx_open(&f, &tight);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 0);
+    assert_int_equal(st.bytes, bytes);
+    expect_restores(s, &f.cfg, "", t, 10);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);
 }
