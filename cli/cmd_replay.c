@@ -236,6 +236,9 @@ static int run_one(const kvt_trace *t, const char *policy, int64_t capacity, con
     int rc;
     if (use_sim(policy, o)) {
         *engine = "block simulator";
+        if (o->ssd_blocks > 0 && !o->sweep)
+            fprintf(stderr, "kvtier replay: --ssd-blocks applies to the prompt cache policies only; "
+                            "'%s' runs in the block simulator (RAM only)\n", policy);
         rc = kvt_replay_sim(t, policy, capacity, show ? progress_bar : NULL, &pc, res);
     } else {
         *engine = "prompt cache";
