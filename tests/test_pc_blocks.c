@@ -279,6 +279,87 @@ static void test_cut_spills_once(void **state)
     mem_tier_destroy(mt);
 }
 
+/* Out of memory at each allocation of a sequence that cuts blocks: every
+ * call fails cleanly or succeeds, what find_exact reports is what peek
+ * serves, and after clear neither bytes nor tracked blocks are left. */
+static long oom_calls, oom_fail_at;
+static void *oom_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    if (++oom_calls == oom_fail_at)
+        return NULL;
+    return malloc(n ? n : 1);
+}
+static void *oom_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    if (++oom_calls == oom_fail_at)
+        return NULL;
+    return realloc(p, n ? n : 1);
+}
+static void oom_free(void *p, void *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
+    int failures = 0;
+    long k;
+    for (k = 1; k < 5000; k++) {
+        fixture f = mk(k % 2 ? "lru" : "lfu-aged", 8);
+        int32_t a[20], b[20];
+        seq(a, 20, 1);
+        memcpy(b, a, 8 * sizeof *a);
+        seq(b + 8, 12, 900);
+        assert_int_equal(pcu_put_fresh(f.pc, "", a, 14, "k", NULL), 0);
+        size_t one = stats(f.pc).bytes;
+        assert_int_equal(kvt_prompt_cache_set_max_bytes(f.pc, one + one / 4), 0);
+        kvt_cache *c[1];
+        assert_int_equal(pcu_fresh("k", c, b, 16), 0);
+        oom_calls = 0;
+        oom_fail_at = k;
+        kvt_set_allocator(&failing);
+        int rc1 = pcu_put(f.pc, "", b, 16, c, 1, NULL, 0, (kvt_hook){0}, NULL); /* cuts a */
+        kvt_hit h;
+        int rc2 = kvt_prompt_cache_take(f.pc, a, 20, "", NULL, &h);
+        if (rc2 == 0)
+            kvt_hit_dispose(&h);
+        int rc3 = kvt_prompt_cache_trim(f.pc, b, 16, "", 10);
+        int rc4 = kvt_prompt_cache_set_max_bytes(f.pc, one / 2);
+        kvt_set_allocator(NULL);
+        int rcs[4] = {rc1, rc2, rc3, rc4};
+        for (int i = 0; i < 4; i++) {
+            if (rcs[i] == KVT_ENOMEM)
+                failures++;
+            else if (!(rcs[i] == 0 || (i == 2 && rcs[i] == KVT_ENOTFOUND)))
+                fail_msg("allocation %ld: call %d returned %d (%s)", k, i, rcs[i], kvt_last_error());
+        }
+        kvt_prompt_cache_stats s = stats(f.pc);
+        assert_true(s.bytes <= s.max_bytes);
+        for (int64_t n = 1; n <= 16; n++) {
+            int64_t pa = kvt_prompt_cache_peek(f.pc, a, 20, "", NULL);
+            if (has(f.pc, a, n))
+                assert_true(pa >= n);
+            int64_t pb = kvt_prompt_cache_peek(f.pc, b, 20, "", NULL);
+            if (has(f.pc, b, n))
+                assert_true(pb >= n);
+        }
+        kvt_prompt_cache_clear(f.pc);
+        assert_int_equal(stats(f.pc).bytes, 0);
+        assert_int_equal(kvt_block_policy_count(f.bp), 0);
+        done(&f);
+        if (oom_calls < k)
+            break; /* every allocation of the sequence has failed once */
+    }
+    printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);
+    assert_true(k < 5000);
+    assert_true(failures > 0);
+}
+
 /* Random turns over a few conversations at a small budget: the budget holds
  * after every turn and every lent prefix matches the prompt. */
 static void test_random_turns(void **state)
@@ -335,6 +416,7 @@ int main(void)
         cmocka_unit_test(test_pinned_not_cut),
         cmocka_unit_test(test_lfu_keeps_reused),
         cmocka_unit_test(test_cut_spills_once),
+        cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_random_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
