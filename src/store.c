@@ -1033,10 +1033,9 @@ static int set_key(json_t *m, const char *k, kvt__skey v)
     return json_object_set_new(m, k, json_string(h));
 }
 
-static int set_dumped(json_t *m, const char *k, json_t *v)
+static int set_dumped(json_t *m, const char *k, const json_t *v)
 {
-    char *str = json_dumps(v, JSON_COMPACT);
-    json_decref(v);
+    char *str = v ? json_dumps(v, JSON_COMPACT) : NULL;
     if (!str)
         return -1;
     int rc = json_object_set_new(m, k, json_string(str));
@@ -1300,10 +1299,15 @@ static int do_put(kvt_store *s, const kvt_entry *e)
         }
         char *toks = kvt__tokens_b64(e->tokens, n);
         meta = meta_base(s, "entry", ns);
-        if (rc || !toks || !meta || !layers || !blocks || !atts || set_key(meta, "key", ekey) ||
-            set_i64(meta, "n_tokens", n) || set_i64(meta, "min_reach", min_reach) ||
-            json_object_set_new(meta, "tokens", json_string(toks)) || set_dumped(meta, "layers", layers) ||
-            set_dumped(meta, "blocks", blocks) || set_dumped(meta, "attachments", atts)) {
+        int bad_meta = rc || !toks || !meta || !layers || !blocks || !atts || set_key(meta, "key", ekey) ||
+                       set_i64(meta, "n_tokens", n) || set_i64(meta, "min_reach", min_reach) ||
+                       json_object_set_new(meta, "tokens", json_string(toks)) ||
+                       set_dumped(meta, "layers", layers) || set_dumped(meta, "blocks", blocks) ||
+                       set_dumped(meta, "attachments", atts);
+        json_decref(layers);
+        json_decref(blocks);
+        json_decref(atts);
+        if (bad_meta) {
             kvt__free(toks);
             if (!rc)
                 rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
@@ -1962,10 +1966,13 @@ static void *restore_main(void *arg)
         if (!s->r_head)
             s->r_tail = NULL;
         pthread_mutex_unlock(&s->mu);
-        kvt_entry e;
-        int rc = kvt_store_restore(s, j->handle, NULL, 0, &e);
-        j->done(j->arg, rc, rc ? NULL : &e);
+        rjob job = *j;
         kvt__free(j);
+        kvt_entry e;
+        int rc = kvt_store_restore(s, job.handle, NULL, 0, &e);
+        /* nothing of kvtier's is touched after done returns: the caller may
+         * be waiting for it to change the allocator or to close the store */
+        job.done(job.arg, rc, rc ? NULL : &e);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);

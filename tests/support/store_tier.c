@@ -87,9 +87,7 @@ static int st_find(void *self, const int32_t *prompt, int64_t n, const char *ns,
     int64_t best = 0;
     kvt_cold_hit bh;
     pthread_mutex_lock(&t->mu);
-    size_t cnt = t->n_tr;
-    pthread_mutex_unlock(&t->mu);
-    for (size_t i = 0; i < cnt; i++) {
+    for (size_t i = 0; i < t->n_tr; i++) {
         tracked *x = &t->tr[i];
         if (strcmp(x->ns, ns))
             continue;
@@ -105,6 +103,7 @@ static int st_find(void *self, const int32_t *prompt, int64_t n, const char *ns,
             bh.prefix_len = p;
         }
     }
+    pthread_mutex_unlock(&t->mu);
     if (!best)
         return KVT_ENOTFOUND;
     *out = bh;
