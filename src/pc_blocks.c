@@ -165,3 +165,21 @@ int kvt__pc_blocks_victim(kvt__pc_blocks *b, void **owner, int64_t *depth)
     *depth = (int64_t)(*v >> 32);
     return 0;
 }
+
+int64_t kvt__pc_blocks_extend(kvt__pc_blocks *b, const uint64_t *keys, int64_t depth, int64_t max_blocks)
+{
+    int64_t d = depth;
+    while (depth - d + 1 < max_blocks && d > 0) {
+        uint64_t v;
+        if (kvt_block_policy_victim(b->policy, &v) != 0 || v != keys[d])
+            break;
+        uint64_t *h = kvt__umap_get(&b->holders, keys[d - 1]);
+        if (!h || (*h & 0xffffffffu) != 1)
+            break;
+        kvt_block_policy_remove(b->policy, keys[d]); /* cut either way */
+        if (kvt_block_policy_victim(b->policy, &v) != 0 || v != keys[d - 1])
+            break;
+        d--;
+    }
+    return d;
+}

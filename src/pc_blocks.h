@@ -67,6 +67,14 @@ void kvt__pc_blocks_drop(kvt__pc_blocks *b, void *owner, const uint64_t *keys, i
  * *owner = NULL (the caller just asks again). */
 int kvt__pc_blocks_victim(kvt__pc_blocks *b, void **owner, int64_t *depth);
 
+/** Extends a cut to several blocks at once. keys[depth] is the victim just
+ * reported for this entry (its tail, about to be cut); while fewer than
+ * max_blocks blocks are taken and the next victim would be the block before
+ * it, held by this entry alone, moves the cut one block up. Blocks passed
+ * over leave the policy (the caller cuts them).
+ * @return the depth to cut the entry back to (<= depth). */
+int64_t kvt__pc_blocks_extend(kvt__pc_blocks *b, const uint64_t *keys, int64_t depth, int64_t max_blocks);
+
 /** Blocks tracked. */
 int64_t kvt__pc_blocks_count(const kvt__pc_blocks *b);
 

@@ -558,6 +558,23 @@ static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
         spill_copy(pc, e, gone);
         e->cut_spilled = 1;
     }
+    /* cut as many of its tail blocks at once as the budget needs, when they
+     * are the next victims anyway (one re-index instead of one per block) */
+    size_t buf = 0;
+    for (size_t i = 0; i < e->n_bufs; i++)
+        buf += kvt_buf_bytes(e->bufs[i]);
+    size_t per_block = e->n_bkeys > 0 ? buf / (size_t)e->n_bkeys : 0;
+    size_t over = total_bytes(pc) - pc->max_bytes; /* evict calls us only when over */
+    if (per_block > 0 && over > per_block) {
+        int64_t want = (int64_t)((over + per_block - 1) / per_block);
+        depth = kvt__pc_blocks_extend(pc->blocks, e->bkeys, depth, want);
+        new_len = depth * kvt__pc_blocks_block_tokens(pc->blocks);
+        if (new_len < 1 || new_len < e->reach) {
+            entry_unlink(pc, e, 0, gone); /* its whole prefix was just spilled */
+            pc->st.evictions++;
+            return 1;
+        }
+    }
     if (trim_locked(pc, e, new_len, gone) == 0) {
         pc->st.block_cuts++;
         pc->st.blocks_cut += (uint64_t)(before - depth);
@@ -1023,26 +1040,24 @@ KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, i
     pthread_mutex_lock(&pc->mu);
     if (pc->blocks)
         kvt__pc_blocks_clock(pc->blocks, n); /* one use time per request */
-    pc_entry *se = session_entry(pc, prompt, n, ns, session);
-    if (se) {
-        rc = lend_locked(pc, se, se->n_tokens, out);
-        if (rc == 0) {
-            pc->st.hits++;
-            pc->st.session_hits++;
-            out->source = KVT_HIT_SESSION;
-        }
-        pthread_mutex_unlock(&pc->mu);
-        return rc ? rc : lend_finish(out);
-    }
-    if (session)
-        pc->st.session_misses++;
-    pc->st.prefix_walks++;
+    /* a session hit skips the walk (3.10), never the cold tier (3.4) */
     void *val = NULL;
-    int64_t p = kvt__index_lookup(pc->ix, ns, prompt, n, &val);
-    if (p > 0)
+    pc_entry *se = session_entry(pc, prompt, n, ns, session);
+    int64_t p = se ? se->n_tokens : 0;
+    if (se) {
+        val = se;
         pc->st.hits++;
-    else
-        pc->st.misses++;
+        pc->st.session_hits++;
+    } else {
+        if (session)
+            pc->st.session_misses++;
+        pc->st.prefix_walks++;
+        p = kvt__index_lookup(pc->ix, ns, prompt, n, &val);
+        if (p > 0)
+            pc->st.hits++;
+        else
+            pc->st.misses++;
+    }
     kvt_cold_hit ch;
     if (pc->has_cold && pc->cold.find(pc->cold.self, prompt, n, ns, &ch) == 0 && ch.prefix_len > p &&
         ch.prefix_len <= n - 1) {
@@ -1071,12 +1086,18 @@ KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, i
         else
             pc->st.cold_unusable++;
         /* the RAM candidate (as it is now) serves */
-        p = kvt__index_lookup(pc->ix, ns, prompt, n, &val);
+        if (se && !(se = session_entry(pc, prompt, n, ns, session)))
+            pc->st.prefix_walks++; /* the session's entry left meanwhile */
+        p = se ? se->n_tokens : kvt__index_lookup(pc->ix, ns, prompt, n, &val);
+        if (se)
+            val = se;
     }
     if (p > 0) {
         pc_entry *e = val;
         rc = lend_locked(pc, e, p, out);
-        if (rc == 0) {
+        if (rc == 0 && se) {
+            out->source = KVT_HIT_SESSION;
+        } else if (rc == 0) {
             out->source = KVT_HIT_RAM;
             session_associate(pc, session, ns, e);
         }
@@ -1575,17 +1596,17 @@ KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *promp
         return rc;
     pthread_mutex_lock(&pc->mu);
     pc_entry *se = session_entry(pc, prompt, n, ns, session);
-    if (se) {
+    kvt_cold_hit ch;
+    void *val;
+    int cold = pc->has_cold && pc->cold.find(pc->cold.self, prompt, n, ns, &ch) == 0;
+    if (se && !(cold && ch.prefix_len > se->n_tokens)) { /* 3.4: only a longer cold prefix beats it */
         pin_locked(pc, se);
         l->entry_id = se->id;
         pthread_mutex_unlock(&pc->mu);
         *out = l;
         return 0;
     }
-    kvt_cold_hit ch;
-    void *val;
-    if (!pc->has_cold || pc->cold.find(pc->cold.self, prompt, n, ns, &ch) != 0 ||
-        ch.prefix_len <= kvt__index_lookup(pc->ix, ns, prompt, n, &val)) {
+    if (!cold || ch.prefix_len <= kvt__index_lookup(pc->ix, ns, prompt, n, &val)) {
         pthread_mutex_unlock(&pc->mu);
         *out = l; /* nothing to read */
         return 0;
