@@ -762,7 +762,27 @@ static fcand *fc_push(fdirs *f)
     return x;
 }
 
-/* Lists the identity directories under root except `skip`; measures every
+static int is_hex32(const char *s)
+{
+    for (int i = 0; i < 32; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* 32 lowercase hex digits: what kvt_store_open names identity directories. */
+static int is_identity_dir_name(const char *n) { return strlen(n) == 32 && is_hex32(n); }
+
+/* e<32 hex>.safetensors or b<32 hex>.safetensors */
+static int is_shard_name(const char *n)
+{
+    return (n[0] == 'e' || n[0] == 'b') && strlen(n) == 33 + strlen(KVT__SHARD_SUFFIX) && is_hex32(n + 1) &&
+           !strcmp(n + 33, KVT__SHARD_SUFFIX);
+}
+
+/* Lists the identity directories under root except `skip` (only directories
+ * named like one and holding an IDENTITY file; only shard and temp files in
+ * them are ever candidates); measures every
  * file; for directories nobody holds (flock LOCK_EX succeeds; the lock is kept
  * until fdirs_free) collects eviction candidates with their block references. */
 static int list_foreign(const char *root, const char *skip, int collect, fdirs *f)
@@ -779,11 +799,15 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", root, de->d_name);
         struct stat st;
-        if (stat(path, &st) || !S_ISDIR(st.st_mode))
+        if (!is_identity_dir_name(de->d_name) || lstat(path, &st) || !S_ISDIR(st.st_mode))
             continue;
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (dfd < 0)
             continue;
+        if (faccessat(dfd, "IDENTITY", F_OK, AT_SYMLINK_NOFOLLOW)) {
+            close(dfd); /* not a store directory: never touched */
+            continue;
+        }
         if (f->n == cap) {
             cap = cap ? cap * 2 : 8;
             char **p = kvt__realloc(f->paths, sizeof *p * (size_t)cap);
@@ -798,6 +822,7 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
             if (!p || !a || !b) {
                 close(dfd);
                 closedir(d);
+                fdirs_free(f);
                 return KVT_ENOMEM;
             }
         }
@@ -835,8 +860,12 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
             x->type = fe->d_name[0];
             int is_tmp = !strncmp(fe->d_name, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX));
             x->orphan = 1;
-            if (is_tmp || (x->type != 'e' && x->type != 'b'))
+            if (is_tmp)
                 continue;
+            if (!is_shard_name(fe->d_name)) {
+                x->name[0] = '\0'; /* not ours: counted, never deleted */
+                continue;
+            }
             kvt__shard sh;
             int fd = -1, reason;
             if (open_shard(dfd, path, fe->d_name, &sh, &fd, &reason))
@@ -2283,10 +2312,16 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", root, de->d_name);
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (!is_identity_dir_name(de->d_name))
+            continue;
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (dfd < 0)
             continue;
         char *ident = read_small(dfd, "IDENTITY");
+        if (!ident) {
+            close(dfd); /* not a store directory */
+            continue;
+        }
         DIR *dd = fdopendir(dup(dfd));
         struct dirent *fe;
         while (!rc && dd && (fe = readdir(dd))) {

@@ -753,9 +753,26 @@ static void walk_verify_and_gc(void **state)
     assert_int_equal(a.bad, 0); /* headers only: not seen */
     assert_int_equal(kvt_store_walk(f.root, 1, walk_count, &a), 0);
     assert_int_equal(a.checksum, 1);
+    /* files gc must never touch: another program's directory under the root,
+     * a directory named like an identity without IDENTITY, a stray file */
+    char other[1200], fake[1200], stray[1300];
+    snprintf(other, sizeof other, "%s/notes", f.root);
+    snprintf(fake, sizeof fake, "%s/0123456789abcdef0123456789abcdef", f.root);
+    assert_int_equal(mkdir(other, 0755), 0);
+    assert_int_equal(mkdir(fake, 0755), 0);
+    snprintf(stray, sizeof stray, "%s/e0123456789abcdef0123456789abcdef.safetensors", fake);
+    FILE *sf = fopen(stray, "w");
+    fputs("not a shard", sf);
+    fclose(sf);
+    snprintf(stray, sizeof stray, "%s/keep.txt", other);
+    sf = fopen(stray, "w");
+    fputs("keep", sf);
+    fclose(sf);
     uint64_t freed = 0;
     assert_int_equal(kvt_store_gc(f.root, 0, &freed), 0);
     assert_true(freed > 0);
+    assert_int_equal(access(stray, F_OK), 0);
+    assert_int_equal(store_count_files(fake, "e"), 1);
     memset(&a, 0, sizeof a);
     assert_int_equal(kvt_store_walk(f.root, 0, walk_count, &a), 0);
     assert_int_equal(a.files, 0);

@@ -322,7 +322,9 @@ typedef struct kvt_store_shard_info {
     int32_t n_tensors;        /* tensors in this shard */
 } kvt_store_shard_info;
 
-/** Calls cb for every file of every identity directory under root. Reads
+/** Calls cb for every file of every identity directory under root (a
+ * directory named by 32 hex digits that holds an IDENTITY file; anything
+ * else under root is ignored). Reads
  * headers only unless `verify` is non-zero (then the whole payload is hashed
  * and compared). A non-zero return from cb stops the walk.
  * @return 0; -errno (root cannot be read); or cb's non-zero return. Thread-safe. */
@@ -331,7 +333,9 @@ KVT_API int kvt_store_walk(const char *root, int verify,
 
 /** Evicts least recently used entries (and the blocks only they use), refused
  * shards and leftover temporary files of idle identity directories under
- * root until the root holds at most max_bytes. Directories held open by a
+ * root until the root holds at most max_bytes. Only shard and temp files of
+ * identity directories (see kvt_store_walk) are ever deleted; other files
+ * count toward the bytes but are never touched. Directories held open by a
  * live store are skipped. *freed (may be NULL) receives the bytes removed.
  * @return 0; -errno. Thread-safe. */
 KVT_API int kvt_store_gc(const char *root, uint64_t max_bytes, uint64_t *freed);
