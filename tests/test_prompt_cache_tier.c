@@ -232,10 +232,13 @@ static void test_prefetch_session_and_refusal(void **state)
     seq(t, 16, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
     kvt_lease *l;
-    /* the session's resident entry serves: pinned, no read */
+    /* the session's resident entry serves: pinned, no read (the cold index
+     * is asked, 3.4, and holds nothing longer) */
     assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 12, "", "s", &l), 0);
     assert_int_equal(stats(pc).pinned, 1);
-    assert_int_equal(mem_tier_counts_get(mt).finds, 0);
+    assert_int_equal(mem_tier_counts_get(mt).restores, 0);
+    assert_int_equal(mem_tier_counts_get(mt).async_restores, 0);
+    assert_int_equal(stats(pc).prefetch_reads, 0);
     kvt_lease_release(l);
     assert_int_equal(stats(pc).pinned, 0);
     /* a tier that refuses the async read: the error comes back, no lease */
@@ -247,6 +250,61 @@ static void test_prefetch_session_and_refusal(void **state)
     assert_int_equal(stats(pc).pinned, 0);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
+}
+
+/* 3.4 + 3.10: a session hit skips the tree walk, not the cold tier; a
+ * strictly longer cold prefix wins over the session's entry (a restarted
+ * process whose session entry is shorter than what the SSD holds) */
+static void test_session_hit_asks_cold(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_prompt_cache *pc = mk(mt, 0);
+    int32_t t[16];
+    seq(t, 16, 1);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
+    tier_put(mt, "", t, 8, "k");
+    kvt_hit h;
+    /* equal length in the cold tier: the session's entry serves, no restore */
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(h.source, KVT_HIT_SESSION);
+    assert_int_equal(h.prefix_len, 8);
+    kvt_hit_dispose(&h);
+    assert_int_equal(mem_tier_counts_get(mt).restores, 0);
+    /* strictly longer in the cold tier: it serves */
+    tier_put(mt, "", t, 12, "k");
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(h.source, KVT_HIT_COLD);
+    assert_int_equal(h.prefix_len, 12);
+    assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 12);
+    assert_memory_equal(h.entry.tokens, t, 12 * sizeof(int32_t));
+    kvt_hit_dispose(&h);
+    /* the cold restore fails: the session's entry still serves */
+    mem_tier_fail_restores(mt, 1);
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(h.source, KVT_HIT_SESSION);
+    assert_int_equal(h.prefix_len, 8);
+    assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 8);
+    kvt_hit_dispose(&h);
+    mem_tier_fail_restores(mt, 0);
+    kvt_prompt_cache_stats s = stats(pc);
+    assert_int_equal(s.session_hits, 3); /* RAM candidacy: the session's entry each time */
+    assert_int_equal(s.hits, 3);
+    assert_int_equal(s.prefix_walks, 0);
+    assert_int_equal(s.cold_restores, 1);
+    assert_int_equal(s.cold_failures, 1);
+    /* prefetch: the session's entry does not hide a longer cold prefix either */
+    kvt_lease *l;
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", "s", &l), 0);
+    assert_int_equal(kvt_lease_wait(l, 10000), 0);
+    mem_tier_quiesce(mt);
+    assert_int_equal(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL), 1);
+    kvt_lease_release(l);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_counts c = mem_tier_counts_get(mt);
+    mem_tier_destroy(mt);
+    assert_int_equal(c.hooks_given, c.hooks_run);
 }
 
 static void test_clear_during_read_discards(void **state)
@@ -397,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_promotion),
         cmocka_unit_test(test_prefetch_coalesces_and_pins),
         cmocka_unit_test(test_prefetch_session_and_refusal),
+        cmocka_unit_test(test_session_hit_asks_cold),
         cmocka_unit_test(test_clear_during_read_discards),
         cmocka_unit_test(test_restore_failure_falls_back),
         cmocka_unit_test(test_out_of_memory_cold_paths),

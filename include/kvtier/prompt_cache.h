@@ -143,8 +143,9 @@ KVT_API void kvt_hit_dispose(kvt_hit *hit);
  * strict prefix of the prompt and resident, it serves without a tree walk
  * (session hit). Otherwise the radix tree is walked along the prompt
  * (O(n), never a scan of entries); ties prefer an entry of exactly p tokens.
- * If a cold tier is attached, its find (index only) is asked; it is restored
- * (outside the lock) only when its prefix is STRICTLY longer than RAM's; a
+ * If a cold tier is attached, its find (index only) is asked, on a session
+ * hit too; it is restored (outside the lock) only when its prefix is
+ * STRICTLY longer than RAM's (the session's entry on a session hit); a
  * restored entry whose divergent tail cannot be trimmed is dropped and the
  * RAM candidate serves; a restored prefix is promoted into RAM when
  * KVT_PC_PROMOTE_RESTORES is set. The donor stays resident (non-consuming).
@@ -282,7 +283,8 @@ KVT_API int kvt_prompt_cache_pin(kvt_prompt_cache *pc, const int32_t *tokens, in
 
 /** Starts the cold read for `prompt` while the request is being prepared
  * (DESIGN.md 3.11). If the session's entry already serves the prompt from
- * RAM, pins it. Else, if the cold tier holds a prefix strictly longer than
+ * RAM and the cold tier holds no strictly longer prefix, pins it. Else, if
+ * the cold tier holds a prefix strictly longer than
  * RAM's, reads it (tier->restore_async, or a synchronous restore in this
  * call when the tier has none); identical reads (same handle) coalesce into
  * one; the loaded entry is published to RAM (as put, with the session) and
