@@ -1184,7 +1184,9 @@ static int do_put(kvt_store *s, const kvt_entry *e)
 
     /* 2. already durable? pin the blocks that exist */
     pthread_mutex_lock(&s->mu);
-    if (kvt__kmap_get(&s->by_key, ekey)) {
+    st_entry *have = kvt__kmap_get(&s->by_key, ekey);
+    if (have) {
+        have->last_use_ms = wall_ms(); /* written again: recently used */
         s->st.skipped++;
         pthread_mutex_unlock(&s->mu);
         goto out;
