@@ -188,12 +188,14 @@ static int transcript_save(const kvt_chat *chat, const char *path)
     return rc;
 }
 
-/* Reads one line from stdin into *buf (grown); 0 at EOF. */
+/* Reads one line from stdin into *buf (grown). @return 1 a line, 0 at EOF,
+ * -errno when stdin cannot be read (closed, a directory, an I/O error). */
 static int read_line(char **buf, size_t *cap)
 {
+    errno = 0;
     ssize_t n = getline(buf, cap, stdin);
     if (n < 0)
-        return 0;
+        return ferror(stdin) ? -(errno ? errno : EIO) : 0;
     while (n > 0 && isspace((unsigned char)(*buf)[n - 1]))
         (*buf)[--n] = '\0';
     return 1;
@@ -298,6 +300,11 @@ int kvt_cmd_chat(int argc, char **argv)
         int rc = kvt_chat_script_load(script, &lines, &n_lines);
         if (rc)
             return fail("cannot read the script", rc);
+        if (n_lines == 0) {
+            fprintf(stderr, "kvtier chat: the script %s holds no message (blank and '#' lines are skipped)\n",
+                    script);
+            return 1;
+        }
     }
     kvt_model *m = NULL;
     kvt_tokenizer *tok = NULL;
@@ -350,7 +357,12 @@ int kvt_cmd_chat(int argc, char **argv)
                 fputs("> ", stderr);
                 fflush(stderr);
             }
-            if (!read_line(&line, &line_cap))
+            if ((rc = read_line(&line, &line_cap)) < 0) {
+                cli_fail(rc, "%s", strerror(-rc));
+                status = fail("cannot read stdin", rc);
+                goto done;
+            }
+            if (rc == 0)
                 break;
             if (!line[0]) {
                 turn--;

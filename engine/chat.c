@@ -354,13 +354,14 @@ KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n)
     sbuf b = {0};
     char chunk[4096];
     size_t got;
+    errno = 0;
     while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
         sb_add(&b, chunk, got);
-    int err = ferror(f);
+    int err = ferror(f) ? (errno ? errno : EIO) : 0;
     fclose(f);
     if (err || b.oom) {
         free(b.p);
-        return err ? kvt__fail(-EIO, "%s: cannot read script", path)
+        return err ? kvt__fail(-err, "%s: cannot read script: %s", path, strerror(err))
                    : kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
     }
     if (b.p && strlen(b.p) != b.n) {

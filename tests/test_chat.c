@@ -639,6 +639,44 @@ static void test_cli_restart_from_ssd(void **state)
     unlink(err[0]);
 }
 
+/* Bad input to the CLI: each case exits nonzero with a message naming what
+ * is wrong (an empty script, a script that is a directory, stdin closed). */
+static void test_cli_bad_input(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN")) {
+        print_message("skipping: KVT_BIN is not set (ctest sets it to the kvtier binary)\n");
+        skip();
+    }
+    char script[400], out[400], err[400], args[2048];
+    snprintf(script, sizeof script, "%s/only_comments.txt", dir);
+    snprintf(out, sizeof out, "%s/bad.out", dir);
+    snprintf(err, sizeof err, "%s/bad.err", dir);
+    FILE *f = fopen(script, "w");
+    assert_non_null(f);
+    fputs("# nothing but a comment\n\n   \n", f);
+    fclose(f);
+    const char *model = model_path[M_PLAIN];
+    struct {
+        const char *fmt, *arg, *want;
+    } cases[] = {
+        {"--model '%s' --tokenizer '%s' --script '%s'", script, "holds no message"},
+        {"--model '%s' --tokenizer '%s' --script '%s'", dir, "Is a directory"},
+        {"--model '%s' --tokenizer '%s' %s <&-", "", "cannot read stdin"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, cases[i].fmt, model, tok_path, cases[i].arg);
+        assert_int_equal(run_cli(args, out, err), 1);
+        char *msg = slurp(err);
+        if (!strstr(msg, cases[i].want))
+            fail_msg("case %zu: stderr lacks '%s': %s", i, cases[i].want, msg);
+        free(msg);
+    }
+    unlink(script);
+    unlink(out);
+    unlink(err);
+}
+
 /* A second process continues a saved conversation (--transcript) and gets
  * its whole history from the SSD tier; replies equal a cache-off run of the
  * whole conversation. */
@@ -727,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_admission_errors),
         cmocka_unit_test(test_cli_restart_from_ssd),
         cmocka_unit_test(test_cli_transcript_resume),
+        cmocka_unit_test(test_cli_bad_input),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
