@@ -282,6 +282,9 @@ int kvt_cmd_chat(int argc, char **argv)
             return rc;
     }
     char ns[512];
+    if ((!adapter || !*adapter) && adapter_version)
+        return usage_error("--adapter-version given without --adapter (it would run in the base model's "
+                           "namespace)", NULL);
     if (kvt_service_ns(adapter, adapter_version, ns, sizeof ns)) {
         fprintf(stderr, "kvtier chat: %s\n", kvt_last_error());
         return 2;

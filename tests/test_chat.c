@@ -640,7 +640,8 @@ static void test_cli_restart_from_ssd(void **state)
 }
 
 /* Bad input to the CLI: each case exits nonzero with a message naming what
- * is wrong (an empty script, a script that is a directory, stdin closed). */
+ * is wrong (an empty script, a script that is a directory, stdin closed,
+ * --adapter-version without --adapter). */
 static void test_cli_bad_input(void **state)
 {
     (void)state;
@@ -659,14 +660,17 @@ static void test_cli_bad_input(void **state)
     const char *model = model_path[M_PLAIN];
     struct {
         const char *fmt, *arg, *want;
+        int rc;
     } cases[] = {
-        {"--model '%s' --tokenizer '%s' --script '%s'", script, "holds no message"},
-        {"--model '%s' --tokenizer '%s' --script '%s'", dir, "Is a directory"},
-        {"--model '%s' --tokenizer '%s' %s <&-", "", "cannot read stdin"},
+        {"--model '%s' --tokenizer '%s' --script '%s'", script, "holds no message", 1},
+        {"--model '%s' --tokenizer '%s' --script '%s'", dir, "Is a directory", 1},
+        {"--model '%s' --tokenizer '%s' %s <&-", "", "cannot read stdin", 1},
+        /* a version alone would silently run in the base model's namespace */
+        {"--model '%s' --tokenizer '%s' --script '%s' --adapter-version 2", script, "--adapter-version", 2},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(args, sizeof args, cases[i].fmt, model, tok_path, cases[i].arg);
-        assert_int_equal(run_cli(args, out, err), 1);
+        assert_int_equal(run_cli(args, out, err), cases[i].rc);
         char *msg = slurp(err);
         if (!strstr(msg, cases[i].want))
             fail_msg("case %zu: stderr lacks '%s': %s", i, cases[i].want, msg);
