@@ -637,6 +637,19 @@ static void test_cli(void **state)
     assert_non_null(strstr(out, "\"requests\": 4,"));
     assert_non_null(strstr(out, "\"seconds\": "));
     assert_non_null(strstr(out, "\"token_hit_ratio\": "));
+    /* through the prompt cache, with an SSD tier: the figures per tier */
+    snprintf(args, sizeof args, "'%s' --policy lfu-aged --capacity-blocks 3 --ssd-blocks 50 --json",
+             temp_file(text, 3));
+    assert_int_equal(run_cmd(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"engine\": \"prompt cache\""));
+    assert_non_null(strstr(out, "\"ssd_blocks\": 50,"));
+    assert_non_null(strstr(out, "\"ram_block_hits\": "));
+    assert_non_null(strstr(out, "\"bytes_spilled\": "));
+    assert_non_null(strstr(out, "\"requests_per_second\": "));
+    snprintf(args, sizeof args, "'%s' --policy lru --capacity-blocks 3", temp_file(text, 3));
+    assert_int_equal(run_cmd(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "block hit ratio    0.3333"));
+    assert_non_null(strstr(out, "requests/s"));
     /* --ram BYTES: 3 blocks of 512 tokens at 64 bytes per token */
     snprintf(args, sizeof args, "'%s' --sim --policy lru-ref --ram %d --json", temp_file(text, 3),
              3 * 512 * 64 + 100);
