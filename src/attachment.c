@@ -91,6 +91,8 @@ KVT_API int kvt_attachment_blob(const char *name, const void *data, size_t bytes
 
 KVT_API const void *kvt_attachment_blob_data(const kvt_attachment *a, size_t *bytes)
 {
+    if (bytes)
+        *bytes = 0;
     if (!a || a->ops != &kvt__blob_ops)
         return NULL;
     const blob_att *b = (const blob_att *)a;
@@ -103,9 +105,10 @@ KVT_API size_t kvt_attachment_bytes(const kvt_attachment *a) { return a ? a->ops
 
 KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out)
 {
+    if (out)
+        *out = NULL;
     if (!a || !out)
         return kvt__fail(KVT_EINVAL, "kvt_attachment_clone: %s is NULL", !a ? "attachment" : "out");
-    *out = NULL;
     return a->ops->clone(a, out);
 }
 

@@ -1049,8 +1049,13 @@ static void test_attachment_blob(void **state)
     kvt_attachment_dispose(b);
     kvt_attachment_dispose(NULL);
     assert_int_equal(kvt_attachment_bytes(NULL), 0);
+    b = (kvt_attachment *)1;
     assert_int_equal(kvt_attachment_clone(NULL, &b), KVT_EINVAL);
+    assert_null(b); /* *out is NULL on every error */
     assert_null(kvt_attachment_blob_data(NULL, NULL));
+    n = 7;
+    assert_null(kvt_attachment_blob_data(NULL, &n));
+    assert_int_equal(n, 0); /* not left stale */
 
     assert_int_equal(kvt_attachment_blob("empty", NULL, 0, &a), 0);
     assert_non_null(kvt_attachment_blob_data(a, &n));

@@ -301,11 +301,23 @@ struct kvt_attachment {
 /** Creates a "blob" attachment: a copy of `bytes` bytes of `data` in a
  * refcounted buffer (clones share it). @return 0, KVT_EINVAL, KVT_ENOMEM. */
 KVT_API int kvt_attachment_blob(const char *name, const void *data, size_t bytes, kvt_attachment **out);
-/** Borrowed bytes of a blob attachment (NULL for other kinds). */
+/** The bytes of a blob attachment: borrowed, valid until `a` and every
+ * clone of it are disposed; *bytes (if not NULL) receives their count.
+ * @return NULL (and *bytes 0) for NULL or an attachment of another kind.
+ * Thread-safe (reads immutable data). */
 KVT_API const void *kvt_attachment_blob_data(const kvt_attachment *a, size_t *bytes);
+/** Bytes the attachment holds (its kind's ops->bytes); 0 for NULL.
+ * Thread-safe. */
 KVT_API size_t kvt_attachment_bytes(const kvt_attachment *a);
+/** Clones an attachment through its kind (zero-copy where the kind can: a
+ * blob clone shares its buffer). *out is NULL on every error.
+ * @param out receives the clone; caller frees with kvt_attachment_dispose().
+ * @return 0; KVT_EINVAL (a or out NULL); KVT_ENOMEM or the kind's error.
+ * Thread-safe with other clones of the same attachment. */
 KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out);
-/** NULL is a no-op. */
+/** Disposes an attachment (its kind's ops->dispose): the shared bytes go
+ * when the last clone goes. NULL is a no-op. Call exactly once per
+ * attachment; not thread-safe with other calls on the same attachment. */
 KVT_API void kvt_attachment_dispose(kvt_attachment *a);
 
 #ifdef __cplusplus
