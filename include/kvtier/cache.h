@@ -149,8 +149,10 @@ KVT_API int64_t kvt_cache_offset(const kvt_cache *c);
 KVT_API int kvt_cache_can_trim(const kvt_cache *c, int64_t length);
 
 /** Cuts the cache back to `length` tokens.
- * @return 0; KVT_ERANGE when length is outside [min_offset, offset] (the cache
- * is unchanged); KVT_ENOMEM when a copy-on-write copy fails (unchanged). */
+ * @return 0; KVT_EINVAL (c NULL); KVT_ERANGE when length is outside
+ * [min_offset, offset] (the cache is unchanged); KVT_ENOMEM when a
+ * copy-on-write copy fails (unchanged). Not thread-safe with other calls on
+ * the same object (clones are independent objects). */
 KVT_API int kvt_cache_trim(kvt_cache *c, int64_t length);
 
 /** Zero-copy clone. @param out receives a new object the caller owns and
@@ -167,13 +169,17 @@ KVT_API int kvt_cache_append(kvt_cache *c, int64_t n_tokens, const void *const *
 KVT_API void kvt_cache_dispose(kvt_cache *c);
 
 /** Serialises `c` into `out` (zeroed first). On success the caller owns the
- * state and frees it with kvt_cache_state_free(). @return 0, KVT_ENOMEM. */
+ * state and frees it with kvt_cache_state_free(). @return 0; KVT_EINVAL (c or
+ * out NULL); KVT_ENOMEM. Thread-safe with other readers of `c`. */
 KVT_API int kvt_cache_encode(const kvt_cache *c, kvt_cache_state *out);
 
 /** Rebuilds a cache from a state, by the kind registered under st->kind.
  * Untrusted input: every parameter and tensor size is checked.
- * @return 0; KVT_EUNSUPPORTED (unknown kind); KVT_EFORMAT (a parameter or
- * tensor that does not fit the kind; kvt_last_error names it); KVT_ENOMEM. */
+ * @param out receives a new object the caller owns and disposes with
+ * kvt_cache_dispose().
+ * @return 0; KVT_EINVAL (st or out NULL); KVT_EUNSUPPORTED (unknown kind);
+ * KVT_EFORMAT (a parameter or tensor that does not fit the kind;
+ * kvt_last_error names it); KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_cache_decode(const kvt_cache_state *st, kvt_cache **out);
 
 /** Registers a backend kind so kvt_cache_decode() can rebuild it. The ops
@@ -183,7 +189,8 @@ KVT_API int kvt_cache_decode(const kvt_cache_state *st, kvt_cache **out);
 KVT_API int kvt_cache_register_kind(const kvt_cache_ops *ops);
 
 /** Clones `n` caches into out[0..n) (all or nothing: on error nothing is
- * left allocated). @return as kvt_cache_clone. */
+ * left allocated). @return 0; KVT_EINVAL (n < 0, or caches/out NULL with
+ * n > 0); otherwise as kvt_cache_clone. */
 KVT_API int kvt_caches_clone(kvt_cache *const *caches, int n, kvt_cache **out);
 /** Disposes `n` caches and NULLs the slots (NULL slots are skipped). */
 KVT_API void kvt_caches_dispose(kvt_cache **caches, int n);

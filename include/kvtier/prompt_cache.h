@@ -299,8 +299,9 @@ KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *promp
 
 /** Waits up to timeout_ms milliseconds (0 = do not wait, UINT64_MAX =
  * forever) for a lease's read to end.
- * @return 0 (published and pinned, or nothing to read); KVT_EAGAIN (still
- * running); KVT_ESTALE (discarded by a clear); the restore's error. */
+ * @return 0 (published and pinned, or nothing to read); KVT_EINVAL (lease
+ * NULL); KVT_EAGAIN (still running); KVT_ESTALE (discarded by a clear); the
+ * restore's error. */
 KVT_API int kvt_lease_wait(kvt_lease *lease, uint64_t timeout_ms);
 
 /** Releases the caller's interest: unpins the entry (then evicts to budget);

@@ -272,8 +272,8 @@ KVT_API int kvt_service_prefetch(kvt_service *svc, const int32_t *prompt, int64_
                                  const char *session, kvt_lease **out);
 
 /** Makes every write queued to the cold tier durable.
- * @return 0 (durable, or no cold tier); the cold tier's first write error
- *   (kvt_last_error says so). Thread-safe. */
+ * @return 0 (durable, or no cold tier); KVT_EINVAL (svc NULL); the cold
+ *   tier's first write error (kvt_last_error says so). Thread-safe. */
 KVT_API int kvt_service_flush(kvt_service *svc);
 
 /** Drops a session's affinity; never the data (DESIGN.md 3.10). NULL is a
