@@ -128,6 +128,8 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static char *read_small(int dirfd, const char *name);
+
 /* ---- keys ----------------------------------------------------------------------- */
 
 static kvt__skey digest_key(XXH3_state_t *x)
@@ -2063,6 +2065,41 @@ static int write_identity_file(kvt_store *s)
     return 0;
 }
 
+/* Counts the shards of directories holding the same model id under another
+ * config fingerprint or tokenizer: a model reshaped under the same name. */
+static void count_other_configs(kvt_store *s, const kvt_store_identity *id)
+{
+    DIR *d = opendir(s->root);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!is_identity_dir_name(de->d_name) || !strcmp(de->d_name, s->dir_name))
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", s->root, de->d_name);
+        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        if (dfd < 0)
+            continue;
+        char *ident = read_small(dfd, "IDENTITY");
+        json_t *j = ident ? json_loads(ident, 0, NULL) : NULL;
+        const char *model = json_string_value(json_object_get(j, "model"));
+        if (model && !strcmp(model, id->model_id)) {
+            DIR *dd = fdopendir(dup(dfd));
+            struct dirent *fe;
+            while (dd && (fe = readdir(dd)))
+                if (is_shard_name(fe->d_name))
+                    s->st.other_config_shards++;
+            if (dd)
+                closedir(dd);
+        }
+        json_decref(j);
+        kvt__free(ident);
+        close(dfd);
+    }
+    closedir(d);
+}
+
 static void store_free(kvt_store *s)
 {
     for (st_entry *e = s->head, *nx; e; e = nx) {
@@ -2162,6 +2199,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     }
     if ((rc = write_identity_file(s)) || (rc = scan(s)))
         goto fail;
+    count_other_configs(s, id);
     fdirs f;
     if (!list_foreign(root, s->dir_name, 0, &f)) {
         s->foreign_bytes = f.bytes;

@@ -659,6 +659,7 @@ static void refused_identity(void **state)
     kvt_store_stats st;
     kvt_store_get_stats(s, &st);
     assert_int_equal(st.entries, 0);
+    assert_int_equal(st.other_config_shards, 3); /* the entry and its 2 blocks: seen, never served */
     assert_true(strcmp(kvt_store_dir(s), path) != 0);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);

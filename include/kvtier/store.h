@@ -150,6 +150,9 @@ typedef struct kvt_store_stats {
     uint64_t restore_ns_last;  /* duration of the last successful restore, ns */
     uint64_t temp_removed;     /* leftover temporary files removed */
     uint64_t refused[KVT_STORE_REFUSED_COUNT]; /* refusals per reason, since open */
+    uint64_t other_config_shards; /* shards found at open under the same model id
+                                     with another config fingerprint or tokenizer
+                                     (their own directories): never served */
     int64_t longest_prefix_tokens; /* tokens of the longest indexed entry */
 } kvt_store_stats;
 
