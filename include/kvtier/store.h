@@ -171,7 +171,9 @@ KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_lay
  * the directory's shard headers (no tensor bytes) to rebuild the index,
  * removes temporary files left by dead writers, counts refused shards, then
  * measures the root and applies the budget. Starts the writer thread and
- * the restore threads.
+ * the restore threads. Holds a shared flock on <dir>/.lock until close: a
+ * directory nobody holds is idle, and only idle directories of other
+ * identities are ever evicted by another store or by kvt_store_gc.
  * @param root     directory path, borrowed for the call.
  * @param identity borrowed for the call (copied).
  * @param opts     NULL for defaults; borrowed for the call (opts->io is
