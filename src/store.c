@@ -96,6 +96,7 @@ struct kvt_store {
     st_orphan *orphans;
     int32_t n_orphans, cap_orphans;
     uint64_t own_bytes, foreign_bytes;
+    uint64_t foreign_scan_ms; /* last listing of the root (monotonic ms) */
     kvt_store_stats st;
 
     /* write-behind */
@@ -987,9 +988,15 @@ static void enforce_budget(kvt_store *s, kvt__skey protect)
         b->refs = 1;
         block_unref(s, b->key, 1);
     }
-    /* 2. LRU over own entries and idle foreign directories */
+    /* 2. LRU over own entries and idle foreign directories (the root is
+     * listed again at most once a second while it held nothing foreign) */
     fdirs f;
-    int have_f = list_foreign(s->root, s->dir_name, 1, &f) == 0;
+    uint64_t now = kvt_now_ms();
+    int have_f = 0;
+    if (s->foreign_bytes || now - s->foreign_scan_ms >= 1000) {
+        have_f = list_foreign(s->root, s->dir_name, 1, &f) == 0;
+        s->foreign_scan_ms = now;
+    }
     if (have_f) {
         s->foreign_bytes = f.bytes;
         fc_mark_orphans(&f);
