@@ -102,6 +102,13 @@ static void test_namespaces(void **state)
     assert_int_equal(kvt_service_ns("object:x", "1", b, sizeof b), KVT_EINVAL);
     assert_int_equal(kvt_service_ns("a\nb", "1", b, sizeof b), KVT_EINVAL);
     assert_int_equal(kvt_service_ns("a", "1\t", b, sizeof b), KVT_EINVAL);
+    /* a namespace is UTF-8 text (tiers write it in JSON metadata) */
+    assert_int_equal(kvt_service_ns("\xff\xfe", "1", b, sizeof b), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "UTF-8"));
+    assert_int_equal(kvt_service_ns("fr", "1\xc3", b, sizeof b), KVT_EINVAL);
+    assert_int_equal(kvt_service_ns("fr", "\xc0\xaf", b, sizeof b), KVT_EINVAL); /* overlong */
+    assert_int_equal(kvt_service_ns("caf\xc3\xa9", "\xe2\x82\xac" "1", b, sizeof b), 0);
+    assert_string_equal(b, "caf\xc3\xa9@\xe2\x82\xac" "1");
     char tiny[4];
     assert_int_equal(kvt_service_ns("lora", "1", tiny, sizeof tiny), KVT_ERANGE);
     assert_string_equal(tiny, "");

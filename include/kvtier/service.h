@@ -125,6 +125,7 @@ KVT_API void kvt_service_destroy(kvt_service *svc);
 /** Builds the state namespace of an adapter: "" for the base model
  * (adapter NULL or ""), else "<adapter>@<version>".
  *
+ * Adapter names and versions are UTF-8 text without control characters.
  * Adapter names may not contain '@' or control characters and may not start
  * with "object:" (reserved for exact-key objects, DESIGN.md 3.12), so two
  * different (adapter, version) pairs never build the same namespace.
