@@ -169,8 +169,11 @@ static int transcript_save(const kvt_chat *chat, const char *path)
     for (int32_t i = 0; !rc && i < kvt_chat_turns(chat); i++) {
         const char *u = NULL, *r = NULL;
         kvt_chat_get_turn(chat, i, &u, &r);
-        json_t *t = json_pack("{s:s, s:s}", "user", u, "assistant", r);
-        if (!t || json_array_append_new(doc, t))
+        json_error_t jerr;
+        json_t *t = json_pack_ex(&jerr, 0, "{s:s, s:s}", "user", u, "assistant", r);
+        if (!t)
+            rc = cli_fail(KVT_EINVAL, "%s: turn %d: %s", path, i + 1, jerr.text);
+        else if (json_array_append_new(doc, t))
             rc = KVT_ENOMEM;
     }
     char tmp[4096];
@@ -373,6 +376,13 @@ int kvt_cmd_chat(int argc, char **argv)
             }
             msg = line;
         }
+        json_t *text = transcript ? json_string(msg) : NULL;
+        if (transcript && !text) { /* NULL for bytes that are not UTF-8 */
+            cli_fail(KVT_EINVAL, "message %d is not valid UTF-8; a --transcript holds UTF-8 text", turn);
+            status = fail("cannot run the turn", KVT_EINVAL);
+            goto done;
+        }
+        json_decref(text);
         const char *reply = NULL;
         kvt_turn_stats st;
         if ((rc = kvt_chat_turn(chat, msg, &reply, NULL, NULL, &st))) {

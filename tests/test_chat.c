@@ -657,6 +657,15 @@ static void test_cli_bad_input(void **state)
     assert_non_null(f);
     fputs("# nothing but a comment\n\n   \n", f);
     fclose(f);
+    char latin1[400], tr[400];
+    snprintf(latin1, sizeof latin1, "%s/latin1.txt", dir);
+    snprintf(tr, sizeof tr, "%s/latin1.json", dir);
+    f = fopen(latin1, "w");
+    assert_non_null(f);
+    fputs("caf\xe9 au lait\n", f); /* Latin-1, not UTF-8 */
+    fclose(f);
+    char with_tr[1200];
+    snprintf(with_tr, sizeof with_tr, "'%s' --transcript '%s'", latin1, tr);
     const char *model = model_path[M_PLAIN];
     struct {
         const char *fmt, *arg, *want;
@@ -667,6 +676,9 @@ static void test_cli_bad_input(void **state)
         {"--model '%s' --tokenizer '%s' %s <&-", "", "cannot read stdin", 1},
         /* a version alone would silently run in the base model's namespace */
         {"--model '%s' --tokenizer '%s' --script '%s' --adapter-version 2", script, "--adapter-version", 2},
+        /* a transcript is JSON text: refused before the turn runs (was
+         * "out of memory" after it) */
+        {"--model '%s' --tokenizer '%s' --script %s", with_tr, "not valid UTF-8", 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(args, sizeof args, cases[i].fmt, model, tok_path, cases[i].arg);
@@ -676,6 +688,9 @@ static void test_cli_bad_input(void **state)
             fail_msg("case %zu: stderr lacks '%s': %s", i, cases[i].want, msg);
         free(msg);
     }
+    FILE *saved = fopen(tr, "r");
+    assert_null(saved); /* nothing ran, nothing saved */
+    unlink(latin1);
     unlink(script);
     unlink(out);
     unlink(err);
