@@ -97,7 +97,8 @@ static int parse_f32(const char *flag, const char *v, float lo, float hi, float 
 
 /* Prints a reply: printable ASCII, tab, newline and UTF-8 bytes as they
  * are, other control bytes escaped (synthetic models emit arbitrary bytes). */
-static void print_reply(const char *r)
+/* @return 0, or -errno when stdout could not take the reply. */
+static int print_reply(const char *r)
 {
     for (const unsigned char *p = (const unsigned char *)r; *p; p++) {
         if (*p >= 0x20 && *p != 0x7f)
@@ -108,7 +109,10 @@ static void print_reply(const char *r)
             fprintf(stdout, "\\x%02x", *p);
     }
     fputc('\n', stdout);
-    fflush(stdout);
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        return -(errno ? errno : EIO);
+    return 0;
 }
 
 /* Records a detail sentence for fail() (the CLI cannot use kvt__fail). */
@@ -389,7 +393,11 @@ int kvt_cmd_chat(int argc, char **argv)
             status = fail("turn failed", rc);
             goto done;
         }
-        print_reply(reply);
+        if ((rc = print_reply(reply))) {
+            cli_fail(rc, "writing the reply to stdout failed: %s", strerror(-rc));
+            status = fail("turn output lost", rc);
+            goto done;
+        }
         if (transcript && (rc = transcript_save(chat, transcript))) {
             status = fail("cannot save the transcript", rc);
             goto done;

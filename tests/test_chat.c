@@ -690,6 +690,14 @@ static void test_cli_bad_input(void **state)
     }
     FILE *saved = fopen(tr, "r");
     assert_null(saved); /* nothing ran, nothing saved */
+    /* replies that cannot be written are a failure, not a silent success */
+    snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 4", model, tok_path,
+             latin1);
+    assert_int_equal(run_cli(args, "/dev/full", err), 1);
+    char *msg = slurp(err);
+    if (!strstr(msg, "stdout"))
+        fail_msg("stdout to /dev/full: stderr lacks 'stdout': %s", msg);
+    free(msg);
     unlink(latin1);
     unlink(script);
     unlink(out);
