@@ -81,6 +81,15 @@ static int cmd_synth(int argc, char **argv)
             p.separate_classifier = 1;
             continue;
         }
+        int known = !strcmp(a, "--out") || !strcmp(a, "--seed") || !strcmp(a, "--window-layers") ||
+                    !strcmp(a, "--recurrent-layers");
+        for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++)
+            known |= !strcmp(a, ints[k].flag);
+        if (!known) {
+            fprintf(stderr, "kvtier model synth: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "kvtier model synth: %s needs a value\n", a);
             return 2;
@@ -90,7 +99,8 @@ static int cmd_synth(int argc, char **argv)
         int done = 0;
         for (size_t k = 0; k < sizeof ints / sizeof ints[0] && !done; k++)
             if (!strcmp(a, ints[k].flag)) {
-                if (parse_i64(a, v, 0, INT32_MAX, &x) != 0)
+                /* 0 is "not given" below, so only --sliding-window may be 0 */
+                if (parse_i64(a, v, strcmp(a, "--sliding-window") ? 1 : 0, INT32_MAX, &x) != 0)
                     return 2;
                 *ints[k].dst = (int32_t)x;
                 done = 1;

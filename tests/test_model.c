@@ -440,6 +440,30 @@ static void test_cli_synth(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 2);
     assert_int_equal(access(a, F_OK), -1);
+    /* the message names what is wrong: a zero value is not a missing flag,
+     * an unknown flag last on the line does not "need a value" */
+    char err[512];
+    path_in(err, sizeof err, "cli_bad.err");
+    struct {
+        const char *tail, *want;
+    } cases[] = {{"--layers 0", "--layers expects an integer in [1,"}, {"--layers 1 --bogus", "unknown option --bogus"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' model synth --out '%s' --dim 32 --hidden 40 --heads 4 --kv-heads 1 "
+                 "--vocab 30 --seq-len 50 --seed 1 %s 2>'%s'", bin, a, cases[i].tail, err);
+        st = system(cmd);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 2);
+        size_t n;
+        char *msg = (char *)read_all(err, &n);
+        msg = realloc(msg, n + 1);
+        assert_non_null(msg);
+        msg[n] = '\0';
+        if (!strstr(msg, cases[i].want))
+            fail_msg("'%s': stderr lacks \"%s\": %s", cases[i].tail, cases[i].want, msg);
+        free(msg);
+    }
+    unlink(err);
+    assert_int_equal(access(a, F_OK), -1);
 }
 
 static void test_null_args(void **state)
