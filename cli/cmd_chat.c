@@ -87,8 +87,11 @@ static int parse_f32(const char *flag, const char *v, float lo, float hi, float 
     char *end = NULL;
     errno = 0;
     float x = strtof(v, &end);
-    if (errno || !end || *end || end == v || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "kvtier chat: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
+    if (errno || !end || *end || end == v || !isfinite(x) || !(x >= lo && x <= hi)) {
+        if (isinf(hi))
+            fprintf(stderr, "kvtier chat: %s wants a finite number >= %g, got '%s'\n", flag, lo, v);
+        else
+            fprintf(stderr, "kvtier chat: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
         return 2;
     }
     *out = x;

@@ -676,6 +676,7 @@ static void test_cli_bad_input(void **state)
         {"--model '%s' --tokenizer '%s' %s <&-", "", "cannot read stdin", 1},
         /* a version alone would silently run in the base model's namespace */
         {"--model '%s' --tokenizer '%s' --script '%s' --adapter-version 2", script, "--adapter-version", 2},
+        {"--model '%s' --tokenizer '%s' --script '%s' --temperature inf", script, "--temperature", 2},
         /* a transcript is JSON text: refused before the turn runs (was
          * "out of memory" after it) */
         {"--model '%s' --tokenizer '%s' --script %s", with_tr, "not valid UTF-8", 1},
