@@ -1862,14 +1862,27 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
 
 /* ---- writes ---------------------------------------------------------------------- */
 
+/* Whether s is valid UTF-8 (shard metadata is JSON). */
+static int utf8_ok(const char *s)
+{
+    json_t *j = json_string(s);
+    json_decref(j);
+    return j != NULL;
+}
+
 static int check_entry(const kvt_entry *e, const char *fn)
 {
     if (!e || !e->ns || e->n_tokens < 0 || (e->n_tokens && !e->tokens) || e->n_caches < 0 ||
         (e->n_caches && !e->caches) || e->n_attachments < 0 || (e->n_attachments && !e->attachments))
         return kvt__fail(KVT_EINVAL, "%s: entry is NULL or inconsistent", fn);
+    if (!utf8_ok(e->ns))
+        return kvt__fail(KVT_EINVAL, "%s: namespace is not valid UTF-8", fn);
     for (int32_t l = 0; l < e->n_caches; l++)
         if (!e->caches[l])
             return kvt__fail(KVT_EINVAL, "%s: layer %d is NULL", fn, (int)l);
+    for (int32_t a = 0; a < e->n_attachments; a++)
+        if (e->attachments[a] && !utf8_ok(e->attachments[a]->name))
+            return kvt__fail(KVT_EINVAL, "%s: attachment %d's name is not valid UTF-8", fn, (int)a);
     return 0;
 }
 

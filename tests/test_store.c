@@ -926,6 +926,12 @@ static void bad_arguments(void **state)
     e.n_tokens = 7; /* layers hold 8 */
     assert_int_equal(kvt_store_put(s, &e), KVT_EINVAL);
     e.n_tokens = 8;
+    const char *ns = e.ns;
+    e.ns = "lora:\xff\xfe"; /* not UTF-8: a clear error, not "out of memory" */
+    assert_int_equal(kvt_store_put(s, &e), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "UTF-8"));
+    assert_int_equal(kvt_store_put_async(s, &e), KVT_EINVAL);
+    e.ns = ns;
     kvt_entry_clear(&e);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);

@@ -259,7 +259,8 @@ KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_d
  *        call, never kept or disposed; no other thread may modify the caches
  *        during the call. Every cache must hold exactly e->n_tokens tokens;
  *        each attachment needs ops->serialize.
- * @return 0; KVT_EINVAL (offsets differ from n_tokens, NULL); KVT_EUNSUPPORTED
+ * @return 0; KVT_EINVAL (offsets differ from n_tokens, NULL, ns or an
+ * attachment name not valid UTF-8: shard metadata is JSON); KVT_EUNSUPPORTED
  * (an attachment that cannot be serialized); KVT_ETOOBIG (larger than the
  * whole budget); -ENOSPC, KVT_EIO or -errno (write failed: the entry is not
  * indexed, temporary files are removed); KVT_ENOMEM. A failure is counted in
@@ -279,8 +280,8 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
  * the layers plus attachment bytes), except that an entry is always accepted
  * into an empty queue (so one larger entry is written, not dropped forever).
  * @return 0 (queued); KVT_EAGAIN (queue bytes would exceed queue_max_bytes:
- * counted as dropped); KVT_ECLOSED (closing: dropped); KVT_EINVAL; KVT_ENOMEM.
- * Thread-safe. */
+ * counted as dropped); KVT_ECLOSED (closing: dropped); KVT_EINVAL (as
+ * kvt_store_put); KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e);
 
 /** Whether a write of exactly (ns, tokens) is queued or in flight (1) or
