@@ -2167,6 +2167,8 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     if (strlen(id->model_id) > KVT__ID_MAX || strlen(id->config_fingerprint) > KVT__ID_MAX ||
         strlen(id->tokenizer_hash) > KVT__ID_MAX || strlen(root) > 3000)
         return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is over %d bytes", KVT__ID_MAX);
+    if (!utf8_ok(id->model_id) || !utf8_ok(id->config_fingerprint) || !utf8_ok(id->tokenizer_hash))
+        return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is not valid UTF-8");
     if (opts && (opts->restore_threads < 0 || opts->restore_threads > 16))
         return kvt__fail(KVT_EINVAL, "kvt_store_open: restore_threads %d outside 0..16", opts->restore_threads);
     kvt_store *s = kvt__calloc(1, sizeof *s);

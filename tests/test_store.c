@@ -916,6 +916,8 @@ static void bad_arguments(void **state)
     kvt_store_options o = {.restore_threads = 99};
     assert_int_equal(kvt_store_open("/tmp", &id, &o, &s), KVT_EINVAL);
     assert_int_equal(kvt_store_close(NULL), 0);
+    kvt_store_identity bad_id = {"m\xc3", "c", "t"};
+    assert_int_equal(kvt_store_open("/tmp", &bad_id, NULL, &s), KVT_EINVAL);
     fx f;
     fx_init(&f, &CFG, "args");
     s = fx_open(&f, NULL);
