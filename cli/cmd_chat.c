@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +40,9 @@ static void usage(FILE *f)
             "  --model, --tokenizer  llama2.c checkpoint and tokenizer.bin (default: the built-in\n"
             "                        default model, created on first use)\n"
             "  --script FILE         one user message per line (blank and '#' lines skipped);\n"
-            "                        default: read messages from stdin\n"
+            "                        default: read messages from stdin (end of input, Ctrl-C\n"
+            "                        or SIGTERM end the chat after the running turn, keeping\n"
+            "                        the cache; a second Ctrl-C kills)\n"
             "  --session ID          session id for affinity (default \"chat\")\n"
             "  --prompt-cache BYTES  RAM prompt cache (default 1G); 0 keeps nothing: the\n"
             "                        cache-off baseline. Suffixes K, M, G, T (x1024).\n"
@@ -60,7 +63,8 @@ static void usage(FILE *f)
             "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"
             "                        with --ssd-cache a new process continues where the last stopped\n"
             "\n"
-            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n");
+            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 130 a script\n"
+            "interrupted (Ctrl-C/SIGTERM) before its last message.\n");
 }
 
 static int usage_error(const char *msg, const char *arg)
@@ -198,12 +202,38 @@ static int transcript_save(const kvt_chat *chat, const char *path)
     return rc;
 }
 
-/* Reads one line from stdin into *buf (grown). @return 1 a line, 0 at EOF,
- * -errno when stdin cannot be read (closed, a directory, an I/O error). */
+/* Set by the first SIGINT/SIGTERM: the chat ends as at end of input (the
+ * running turn finishes, the cache is written); a second one kills. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* SA_RESETHAND: the next signal has its default effect; no SA_RESTART: a
+ * read waiting on stdin returns EINTR so the loop sees the request. */
+static void catch_stop_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* Reads one line from stdin into *buf (grown). @return 1 a line, 0 at EOF
+ * or on a stop signal, -errno when stdin cannot be read (closed, a
+ * directory, an I/O error). */
 static int read_line(char **buf, size_t *cap)
 {
     errno = 0;
     ssize_t n = getline(buf, cap, stdin);
+    if (n < 0 && stop_requested)
+        return 0;
     if (n < 0)
         return ferror(stdin) ? -(errno ? errno : EIO) : 0;
     while (n > 0 && isspace((unsigned char)(*buf)[n - 1]))
@@ -359,8 +389,14 @@ int kvt_cmd_chat(int argc, char **argv)
     }
     int32_t before = kvt_chat_turns(chat);
     int interactive = !script && isatty(STDIN_FILENO);
+    catch_stop_signals();
+    int interrupted = 0; /* a script stopped before its last message */
     for (int32_t turn = 1;; turn++) {
         const char *msg;
+        if (stop_requested) {
+            interrupted = script && turn <= n_lines;
+            break;
+        }
         if (script) {
             if (turn > n_lines)
                 break;
@@ -416,6 +452,10 @@ int kvt_cmd_chat(int argc, char **argv)
         kvt_service_json_free(json);
     }
     status = 0;
+    if (interrupted) {
+        fprintf(stderr, "kvtier chat: interrupted before the script's last message (the cache was kept)\n");
+        status = 130;
+    }
 done:
     free(line);
     kvt_chat_free(chat);

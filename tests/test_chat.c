@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -665,6 +667,85 @@ static void test_cli_restart_from_ssd(void **state)
     unlink(err[0]);
 }
 
+/* Ctrl-C (SIGINT) or SIGTERM ends an interactive chat like end of input: the
+ * running turn finishes, the prompt cache is written to --ssd-cache, exit 0,
+ * so the next process reuses the conversation (it was killed, losing it). */
+static void test_cli_interrupt_saves(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVT_BIN");
+    if (!bin) {
+        print_message("skipping: KVT_BIN is not set (ctest sets it to the kvtier binary)\n");
+        skip();
+    }
+    char ssd[400], err[400], script[400], args[2048], out[400];
+    snprintf(ssd, sizeof ssd, "%s/ssd_int", dir);
+    snprintf(err, sizeof err, "%s/int.err", dir);
+    snprintf(out, sizeof out, "%s/int.out", dir);
+    snprintf(script, sizeof script, "%s/int.txt", dir);
+    const int sigs[] = {SIGINT, SIGTERM};
+    for (int k = 0; k < 2; k++) {
+        int fds[2];
+        assert_int_equal(pipe(fds), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644), o = open("/dev/null", O_WRONLY);
+            if (e < 0 || o < 0 || dup2(fds[0], 0) < 0 || dup2(e, 2) < 0 || dup2(o, 1) < 0)
+                _exit(120);
+            close(fds[1]);
+            execl(bin, bin, "chat", "--model", model_path[M_PLAIN], "--tokenizer", tok_path, "--max-tokens", "6",
+                  "--ssd-cache", ssd, (char *)NULL);
+            _exit(121);
+        }
+        close(fds[0]);
+        const char *msg = "Hello there, who are you?\n";
+        assert_int_equal(write(fds[1], msg, strlen(msg)), (ssize_t)strlen(msg));
+        int seen = 0;
+        for (int i = 0; i < 400 && !seen; i++) { /* up to 20 s for the first turn */
+            usleep(50000);
+            char *e = slurp(err);
+            seen = strstr(e, "turn 1:") != NULL;
+            free(e);
+        }
+        assert_true(seen);
+        assert_int_equal(kill(pid, sigs[k]), 0);
+        int st = 0;
+        for (int i = 0; i < 400; i++) { /* up to 20 s to exit */
+            if (waitpid(pid, &st, WNOHANG) == pid)
+                break;
+            usleep(50000);
+        }
+        close(fds[1]);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            char *e = slurp(err);
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            fail_msg("signal %d: %s %d; stderr: %s", sigs[k], WIFEXITED(st) ? "exit" : "killed by",
+                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), e);
+        }
+        /* a new process finds the conversation on disk */
+        FILE *f = fopen(script, "w");
+        assert_non_null(f);
+        fputs(msg, f);
+        fclose(f);
+        snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 6 --ssd-cache '%s'",
+                 model_path[M_PLAIN], tok_path, script, ssd);
+        assert_int_equal(run_cli(args, out, err), 0);
+        char *e = slurp(err);
+        long long r[2], p[2];
+        assert_int_equal(parse_turn_lines(e, r, p, 2), 1);
+        if (p[0] != 1)
+            fail_msg("signal %d: the next process reused %lld, prefilled %lld (want 1)", sigs[k], r[0], p[0]);
+        free(e);
+        snprintf(args, sizeof args, "rm -rf '%s'", ssd);
+        assert_int_equal(system(args), 0);
+    }
+    unlink(err);
+    unlink(out);
+    unlink(script);
+}
+
 /* Bad input to the CLI: each case exits nonzero with a message naming what
  * is wrong (an empty script, a script that is a directory, stdin closed,
  * --adapter-version without --adapter). */
@@ -820,6 +901,7 @@ int main(void)
         cmocka_unit_test(test_cli_restart_from_ssd),
         cmocka_unit_test(test_cli_transcript_resume),
         cmocka_unit_test(test_cli_bad_input),
+        cmocka_unit_test(test_cli_interrupt_saves),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
