@@ -122,6 +122,10 @@ KVT_API int kvt_trace_load(const char *path, int64_t max_requests, kvt_trace **o
         rc = kvt__fail(-EIO, "%s: read error after line %lld", path, (long long)lineno);
         goto fail;
     }
+    if (t->n_requests == 0) {
+        rc = kvt__fail(KVT_EFORMAT, "%s: no requests (the trace is empty)", path);
+        goto fail;
+    }
     free(line); /* getline allocates with malloc */
     fclose(f);
     *out = t;

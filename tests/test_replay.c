@@ -158,6 +158,9 @@ static void test_load_errors(void **state)
     expect_format_error("{\"timestamp\": 0, \"input_length\": 10, \"hash_ids\": [-1]}\n", "hash_ids[0]");
     expect_format_error("{\"timestamp\": 0, \"input_length\": 10, \"hash_ids\": [\"x\"]}\n", "hash_ids[0]");
     expect_format_error("{\"input_length\": 10, \"hash_ids\": [1]}\n", "integer timestamp");
+    /* a file without a single request is an error, not a replay of nothing */
+    expect_format_error("", "no requests");
+    expect_format_error("\n  \n", "no requests");
     kvt_trace *t = NULL;
     assert_int_equal(kvt_trace_load("/nonexistent/kvt.jsonl", 0, &t), -2 /* -ENOENT */);
     assert_null(t);

@@ -62,8 +62,8 @@ typedef struct kvt_trace {
  *                     loads all.
  * @param out          receives the trace; the caller frees it with
  *                     kvt_trace_free().
- * @return 0; -errno (cannot open or read); KVT_EFORMAT (a line that is not
- *         a request object, a negative id or length, or a hash_ids length
+ * @return 0; -errno (cannot open or read); KVT_EFORMAT (no request at all,
+ *         a line that is not a request object, a negative id or length, or a hash_ids length
  *         that is not ceil(input_length / 512): kvt_last_error names the
  *         line and field); KVT_EINVAL (NULL argument); KVT_ENOMEM. On error
  *         *out is NULL.
