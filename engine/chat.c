@@ -46,6 +46,8 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         return kvt__fail(KVT_EINVAL, "chat service: block_tokens %d < 0", o->block_tokens);
     const kvt_model_config *c = kvt_model_get_config(m);
     int32_t B = o->block_tokens ? o->block_tokens : 256;
+    if (B > c->seq_len)
+        B = c->seq_len; /* as kvt_model_new_caches: a longer block is never filled */
     kvt_service_layer layers[KVT_MODEL_MAX_LAYERS];
     memset(layers, 0, sizeof layers);
     size_t per_token = 2 * (size_t)c->kv_dim * sizeof(float);

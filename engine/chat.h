@@ -38,7 +38,7 @@ extern "C" {
 typedef struct kvt_chat_service_opts {
     uint64_t prompt_cache_bytes;  /* RAM prompt cache; 0 keeps nothing (cache off) */
     uint64_t kv_budget_bytes;     /* admission budget; 0 = unlimited */
-    int32_t block_tokens;         /* kv block size in tokens; 0 = 256 */
+    int32_t block_tokens;         /* kv block size in tokens; 0 = 256; capped at seq_len */
     const kvt_cold_tier *cold;    /* optional cold tier (table copied; its self must
                                      outlive the service), e.g. kvt_store_cold_tier() */
     uint64_t demote_idle_ms;      /* with a cold tier: demote RAM entries idle this long; 0 never */

@@ -296,6 +296,8 @@ KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_c
         caches[l] = NULL;
     if (block_tokens < 1)
         return kvt__fail(KVT_EINVAL, "kvt_model_new_caches: block_tokens %d must be >= 1", block_tokens);
+    if (block_tokens > c->seq_len)
+        block_tokens = c->seq_len; /* a longer block is never filled */
     for (int32_t l = 0; l < c->n_layers; l++) {
         int rc;
         switch (c->layer_kind[l]) {

@@ -128,7 +128,8 @@ KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m);
 /** Creates one empty cache per layer, of the kind the layer needs:
  * kvt_kv_create(kv_dim, block_tokens) for ATTN, kvt_rotating_create(kv_dim,
  * W, 0) for WINDOW, kvt_recurrent_create(dim * 4 bytes) for RECURRENT.
- * @param block_tokens tokens per kv block (>= 1; 256 is the default).
+ * @param block_tokens tokens per kv block (>= 1; 256 is the default; more
+ *   than seq_len is capped at seq_len: a longer block is never filled).
  * @param caches array of n_layers slots; on success every slot holds a cache
  *   the caller owns (dispose with kvt_caches_dispose(caches, n_layers)); on
  *   error every slot is NULL.

@@ -325,6 +325,29 @@ static void test_invariant_stories260k(void **state)
     unload(&l);
 }
 
+/* A kv block larger than the model's positions is never filled: it is
+ * capped at seq_len (a --block-tokens 1048576 chat of 18 tokens held 1.3 GB
+ * of blocks, and projected a million tokens of KV per request). */
+static void test_block_tokens_capped(void **state)
+{
+    (void)state;
+    loaded l = load(model_path[M_PLAIN], tok_path);
+    const kvt_model_config *c = kvt_model_get_config(l.m);
+    kvt_cache *caches[8];
+    assert_true(c->n_layers <= 8);
+    assert_int_equal(kvt_model_new_caches(l.m, 1 << 20, caches), 0);
+    assert_int_equal(kvt_kv_block_tokens(caches[0]), c->seq_len);
+    kvt_caches_dispose(caches, c->n_layers);
+    assert_int_equal(kvt_model_new_caches(l.m, 16, caches), 0);
+    assert_int_equal(kvt_kv_block_tokens(caches[0]), 16); /* smaller ones stay */
+    kvt_caches_dispose(caches, c->n_layers);
+    kvt_service *svc = service(&l, 1 << 20, 1 << 20);
+    assert_int_equal(kvt_service_project_bytes(svc, 10),
+                     (uint64_t)c->seq_len * kvt_model_kv_bytes_per_token(l.m)); /* one whole block */
+    kvt_service_destroy(svc);
+    unload(&l);
+}
+
 /* ---- drift on a wrapped sliding window ------------------------------------------------- */
 
 static void test_drift_window(void **state)
@@ -898,6 +921,7 @@ int main(void)
         cmocka_unit_test(test_exact_repeat_every_kind),
         cmocka_unit_test(test_evicted_conversation),
         cmocka_unit_test(test_admission_errors),
+        cmocka_unit_test(test_block_tokens_capped),
         cmocka_unit_test(test_cli_restart_from_ssd),
         cmocka_unit_test(test_cli_transcript_resume),
         cmocka_unit_test(test_cli_bad_input),
