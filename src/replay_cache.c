@@ -153,12 +153,15 @@ KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
     if (!t || !cfg || !cfg->policy || !out)
         return kvt__fail(KVT_EINVAL, "replay: NULL argument");
     memset(out, 0, sizeof *out);
-    if (cfg->capacity_blocks < 1 || cfg->ssd_blocks < 0 || cfg->bytes_per_token < 8 ||
-        cfg->bytes_per_token % 8)
-        return kvt__fail(KVT_EINVAL, "replay: capacity %lld blocks (need >= 1), SSD %lld blocks (need "
-                                     ">= 0), %d bytes per token (need a positive multiple of 8)",
-                         (long long)cfg->capacity_blocks, (long long)cfg->ssd_blocks,
-                         (int)cfg->bytes_per_token);
+    if (cfg->capacity_blocks < 1 || cfg->capacity_blocks > KVT_REPLAY_MAX_BLOCKS ||
+        cfg->ssd_blocks < 0 || cfg->ssd_blocks > KVT_REPLAY_MAX_BLOCKS || cfg->bytes_per_token < 8 ||
+        cfg->bytes_per_token > KVT_REPLAY_MAX_BYTES_PER_TOKEN || cfg->bytes_per_token % 8)
+        return kvt__fail(KVT_EINVAL, "replay: capacity %lld blocks (need 1 to %lld), SSD %lld blocks "
+                                     "(need 0 to %lld), %d bytes per token (need a multiple of 8, "
+                                     "8 to %d)",
+                         (long long)cfg->capacity_blocks, (long long)KVT_REPLAY_MAX_BLOCKS,
+                         (long long)cfg->ssd_blocks, (long long)KVT_REPLAY_MAX_BLOCKS,
+                         (int)cfg->bytes_per_token, KVT_REPLAY_MAX_BYTES_PER_TOKEN);
     kvt_prompt_cache_config pcfg = {.block_tokens = KVT_TRACE_BLOCK_TOKENS};
     size_t block_bytes = (size_t)KVT_TRACE_BLOCK_TOKENS * (size_t)cfg->bytes_per_token;
     pcfg.max_bytes = (size_t)cfg->capacity_blocks * (block_bytes + PRIVATE_SLACK_PER_BLOCK);

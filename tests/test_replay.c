@@ -452,6 +452,18 @@ static void test_cache_by_hand(void **state)
     bad.policy = "lru";
     bad.bytes_per_token = 12;
     assert_int_equal(kvt_replay_cache(t, &bad, NULL, NULL, &r), KVT_EINVAL);
+    /* sizes past the bound are refused before anything is allocated (a
+     * capacity of 10^9 blocks made the policy zero 16 GB) */
+    bad.bytes_per_token = 64;
+    bad.capacity_blocks = KVT_REPLAY_MAX_BLOCKS + 1;
+    assert_int_equal(kvt_replay_cache(t, &bad, NULL, NULL, &r), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "capacity 16777217 blocks (need 1 to 16777216)"));
+    bad.capacity_blocks = 2;
+    bad.ssd_blocks = INT64_C(1) << 50; /* its byte budget overflowed 64 bits */
+    assert_int_equal(kvt_replay_cache(t, &bad, NULL, NULL, &r), KVT_EINVAL);
+    bad.ssd_blocks = 0;
+    bad.bytes_per_token = KVT_REPLAY_MAX_BYTES_PER_TOKEN + 8;
+    assert_int_equal(kvt_replay_cache(t, &bad, NULL, NULL, &r), KVT_EINVAL);
     kvt_trace_free(t);
 }
 

@@ -140,14 +140,23 @@ KVT_API int kvt_replay_sim(const kvt_trace *t, const char *policy, int64_t capac
  * NULL). @return the count. Thread-safe. */
 KVT_API int kvt_replay_cache_policies(const char *const **names);
 
+/** Bounds of kvt_replay_cache: the block policy's tables are sized by the
+ * capacity (16 sketch counters per block) and the replay holds one prompt of
+ * kv state, so larger values would allocate without bound (2^24 blocks is
+ * 8.6 billion tokens, far past the point where nothing is ever evicted). */
+#define KVT_REPLAY_MAX_BLOCKS (INT64_C(1) << 24)
+#define KVT_REPLAY_MAX_BYTES_PER_TOKEN (1 << 16)
+
 /** How kvt_replay_cache runs. */
 typedef struct kvt_replay_config {
     const char *policy;        /* a kvt_replay_cache_policies() name */
-    int64_t capacity_blocks;   /* RAM budget in 512-token blocks, >= 1 */
+    int64_t capacity_blocks;   /* RAM budget in 512-token blocks, 1 to
+                                  KVT_REPLAY_MAX_BLOCKS */
     int32_t bytes_per_token;   /* kv bytes per token (K and V, f32): a
-                                  multiple of 8, >= 8 */
+                                  multiple of 8, 8 to KVT_REPLAY_MAX_BYTES_PER_TOKEN */
     int64_t ssd_blocks;        /* SSD tier budget in 512-token blocks (the
-                                  real store, kvtier/store.h); 0 = RAM only */
+                                  real store, kvtier/store.h), at most
+                                  KVT_REPLAY_MAX_BLOCKS; 0 = RAM only */
     const char *ssd_dir;       /* the store's root; NULL = a fresh temporary
                                   directory, removed after the replay */
 } kvt_replay_config;
@@ -175,8 +184,9 @@ typedef struct kvt_replay_config {
  *
  * @param out receives the figures (zeroed first); peak_blocks is the most
  *        bytes resident at once (private bytes included), in blocks.
- * @return 0; KVT_EINVAL (NULL argument, capacity < 1, ssd_blocks < 0,
- *         bytes_per_token not a positive multiple of 8); KVT_ENOTFOUND
+ * @return 0; KVT_EINVAL (NULL argument, capacity or ssd_blocks outside
+ *         [1, KVT_REPLAY_MAX_BLOCKS] / [0, KVT_REPLAY_MAX_BLOCKS],
+ *         bytes_per_token not a multiple of 8 in [8, KVT_REPLAY_MAX_BYTES_PER_TOKEN]); KVT_ENOTFOUND
  *         (unknown policy); KVT_ENOMEM; -errno (the SSD directory); an error
  *         of the prompt cache or the store (kvt_last_error says).
  */
