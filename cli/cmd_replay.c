@@ -108,9 +108,10 @@ static int parse_args(int argc, char **argv, opts *o)
             i++;
         } else if (!strcmp(a, "--bytes-per-token")) {
             if (parse_i64(a, v, 8, &o->bytes_per_token)) return -1;
-            if (o->bytes_per_token % 8) {
+            if (o->bytes_per_token % 8 || o->bytes_per_token > KVT_REPLAY_MAX_BYTES_PER_TOKEN) {
                 fprintf(stderr, "kvtier replay: --bytes-per-token must be a multiple of 8 "
-                                "(K and V floats), got %lld\n", (long long)o->bytes_per_token);
+                                "(K and V floats) and at most %d, got %lld\n",
+                        KVT_REPLAY_MAX_BYTES_PER_TOKEN, (long long)o->bytes_per_token);
                 return -1;
             }
             i++;

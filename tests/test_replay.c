@@ -673,6 +673,10 @@ static void test_cli(void **state)
     assert_int_equal(run_cmd("--policy nope x.jsonl", out, sizeof out), 2);
     assert_non_null(strstr(out, "unknown policy 'nope'"));
     assert_int_equal(run_cmd("--capacity-blocks -3 x.jsonl", out, sizeof out), 2);
+    /* was cut to 32 bits: "-727379968 bytes per token", exit 1 */
+    assert_int_equal(run_cmd("--bytes-per-token 1000000000000 x.jsonl", out, sizeof out), 2);
+    assert_non_null(strstr(out, "--bytes-per-token must be a multiple of 8 (K and V floats) and at "
+                                "most 65536, got 1000000000000"));
     assert_int_equal(run_cmd("--capacity-blocks 3 --ram 100000 x.jsonl", out, sizeof out), 2);
     assert_int_equal(run_cmd("/nonexistent.jsonl", out, sizeof out), 1);
     assert_non_null(strstr(out, "/nonexistent.jsonl"));
