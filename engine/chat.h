@@ -98,8 +98,8 @@ typedef struct kvt_gen_opts {
  * @param reply  receives the reply tokens, (reply_cap,) int32; reply_cap >= max_tokens.
  * @param n_reply receives the reply length.
  * @param st     NULL or receives the figures.
- * @return 0; KVT_EINVAL; KVT_ELIMIT / KVT_EAGAIN from admission (the message
- *   says what to lower); an error of acquire, prefill or decode (the request
+ * @return 0; KVT_EINVAL; KVT_ENOMEM; KVT_ELIMIT / KVT_EAGAIN from admission
+ *   (the message says what to lower); an error of acquire, prefill or decode (the request
  *   is released, nothing is published after the error).
  * Not thread-safe for one model or sampler. */
 KVT_API int kvt_chat_generate(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, const int32_t *prompt,
@@ -161,8 +161,8 @@ KVT_API void kvt_chat_free(kvt_chat *c);
  *   or kvt_chat_free. May be NULL.
  * @param reply_tokens,n_reply_tokens optional: the generated ids (borrowed, same lifetime).
  * @param st NULL or the turn's figures.
- * @return 0; KVT_EINVAL; an error of kvt_chat_generate (the turn is not
- *   added to the conversation). */
+ * @return 0; KVT_EINVAL; KVT_ENOMEM; an error of kvt_chat_generate (the
+ *   turn is not added to the conversation). */
 KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, const int32_t **reply_tokens,
                           int64_t *n_reply_tokens, kvt_turn_stats *st);
 
@@ -191,7 +191,8 @@ KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
  * @param max_bytes budget over the root (0 = unlimited); @param verify check
  *   SHA-256 on every load.
  * @param out caller closes with kvt_store_close() after the service is closed.
- * @return 0; -errno naming the file; kvt_store_open's errors. */
+ * @return 0; KVT_EINVAL (NULL model, path, root or out); -errno naming the
+ *   file; kvt_store_open's errors. */
 KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, const char *tok_path, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out);
 
@@ -210,7 +211,9 @@ KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *o
 KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok);
 
 /** As kvt_chat_load, and also gives the paths it loaded (the default model's
- * when both were NULL) in model_out / tok_out (cap bytes each). */
+ * when both were NULL) in model_out / tok_out (cap bytes each).
+ * @return as kvt_chat_load; KVT_ERANGE when a path does not fit in cap
+ *   bytes (nothing is returned loaded). Thread-safe. */
 KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
                                 char *model_out, char *tok_out, size_t cap);
 

@@ -100,7 +100,8 @@ typedef struct kvt_model_config {
  * before any tensor is touched; no read ever goes past the mapping.
  * @param path checkpoint file (llama2.c legacy float32, optional KVTX trailer).
  * @param out  receives the model; caller frees with kvt_model_free().
- * @return 0; -errno when the file cannot be opened/stat'ed/mapped; KVT_EIO
+ * @return 0; KVT_EINVAL (path or out NULL); -errno when the file cannot be
+ *   opened/stat'ed/mapped; KVT_EIO
  *   when the header cannot be read; KVT_EFORMAT with kvt_last_error() naming
  *   the file and the fault: not a regular file, file shorter than the header, a header value that is not positive or does not
  *   add up (dim % n_heads, n_heads % n_kv_heads, odd head_size, more than 256
@@ -194,7 +195,8 @@ typedef struct kvt_synth_params {
  * byte-identical files. Written to a temporary file in the same directory,
  * then renamed over out_path (atomic; concurrent writers are safe).
  * @return 0; KVT_EINVAL (a shape that kvt_model_load would refuse; the message
- *   names the field); -errno on I/O failure (kvt_last_error names the path).
+ *   names the field); KVT_ENOMEM; -errno on I/O failure (kvt_last_error
+ *   names the path).
  */
 KVT_API int kvt_model_synth(const kvt_synth_params *p, const char *out_path);
 
