@@ -160,6 +160,30 @@ static int parse_args(int argc, char **argv, opts *o)
 
 /* ---- policies --------------------------------------------------------------- */
 
+static int in_list(const char *name, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], name))
+            return 1;
+    return 0;
+}
+
+/* The prompt cache's policies: every block policy of the library
+ * (kvt_block_policy_names, so a new one is listed without a second list),
+ * then the replay's other cache policies (entry-level retention). */
+static int cache_policies(const char **out, int cap)
+{
+    const char *const *names;
+    int n = 0, k = kvt_block_policy_names(&names);
+    for (int i = 0; i < k && n < cap; i++)
+        out[n++] = names[i];
+    k = kvt_replay_cache_policies(&names);
+    for (int i = 0; i < k && n < cap; i++)
+        if (!in_list(names[i], out, n))
+            out[n++] = names[i];
+    return n;
+}
+
 /* Every policy name: the simulator-only ones (lru-ref, opt), then the
  * prompt cache's. */
 static int all_policies(const char **out, int cap)
@@ -169,18 +193,7 @@ static int all_policies(const char **out, int cap)
     for (int i = 0; i < k && n < cap; i++)
         if (!strcmp(names[i], "lru-ref") || !strcmp(names[i], "opt"))
             out[n++] = names[i];
-    k = kvt_replay_cache_policies(&names);
-    for (int i = 0; i < k && n < cap; i++)
-        out[n++] = names[i];
-    return n;
-}
-
-static int in_list(const char *name, const char *const *names, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (!strcmp(names[i], name))
-            return 1;
-    return 0;
+    return n + cache_policies(out + n, cap - n);
 }
 
 static int known_policy(const char *name)
@@ -192,9 +205,8 @@ static int known_policy(const char *name)
 /* Whether `policy` runs in the block simulator (ids only). */
 static int use_sim(const char *policy, const opts *o)
 {
-    const char *const *names;
-    int n = kvt_replay_cache_policies(&names);
-    return o->sim || !in_list(policy, names, n);
+    const char *names[16];
+    return o->sim || !in_list(policy, names, cache_policies(names, 16));
 }
 
 /* ---- progress bar ---------------------------------------------------------- */

@@ -177,7 +177,7 @@ KVT_API int kvt_trace_prompt(const kvt_trace *t, const kvt_trace_request *r, int
 
 /* ---- simulator ---------------------------------------------------------------- */
 
-static const char *const kvt__sim_names[] = {"lru-ref", "opt", "lru", "lfu-aged"};
+static const char *const kvt__sim_names[] = {"lru-ref", "opt", "lru", "lfu-aged", "lfu-learned"};
 
 KVT_API int kvt_replay_sim_policies(const char *const **names)
 {
@@ -407,7 +407,7 @@ KVT_API int kvt_replay_sim(const kvt_trace *t, const char *policy, int64_t capac
             which = i;
     if (which < 0)
         return kvt__fail(KVT_ENOTFOUND, "replay sim: unknown policy '%s' (known: lru-ref, opt, lru, "
-                                        "lfu-aged)", policy);
+                                        "lfu-aged, lfu-learned)", policy);
     sim s = {.t = t, .cap = capacity_blocks, .res = out};
     s.resident = kvt__calloc((size_t)t->max_id + 1, 1);
     if (!s.resident)

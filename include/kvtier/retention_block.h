@@ -26,7 +26,22 @@
  *             A block used once has to wait one capacity of newer traffic to
  *             outrank a block used twice: single-use blocks (most blocks of
  *             real chat traffic, DESIGN.md notes on issue 6) leave first.
- * Both put a prompt's partial last block (KVT_BLOCK_TAIL) first in line:
+ *   lfu-learned lfu-aged plus a learned offset for a block's first use: the
+ *             first use falls in one of 30 classes (where the request's new
+ *             blocks start: depth 0, 1, 2-7, 8-31, 32+, times how far past
+ *             that start the block is: 0-1, 2-7, 8-15, 16-31, 32-63, 64+);
+ *             the policy counts, per class, first uses and the blocks that
+ *             came back (a ghost table of 16 entries per capacity block
+ *             remembers a first use's class after eviction; counts halve
+ *             every 8 * capacity first uses) and moves a first use up or
+ *             down by capacity * clamp(rate / mean rate - 1, -1, 1), so the
+ *             new blocks of requests like those whose blocks came back
+ *             outlast the rest. The offset is fixed at the first use (a
+ *             second touch at the same clock keeps it); later uses are
+ *             ranked by frequency as in lfu-aged. "Where the new blocks
+ *             start" is the depth of the first block inserted at a clock:
+ *             the caller inserts a request's new blocks in depth order.
+ * All put a prompt's partial last block (KVT_BLOCK_TAIL) first in line:
  * the next turn re-sends it with more tokens, so it is rarely reused as is.
  *
  * Thread-safety: one policy object is used by one thread at a time (the
@@ -49,17 +64,19 @@ typedef struct kvt_block_policy kvt_block_policy;
  * a prompt (fewer than B tokens). */
 #define KVT_BLOCK_TAIL 1u
 
-/** Names of the block policies, in a fixed order.
+/** Names of the block policies, in a fixed order (lru, lfu-aged,
+ * lfu-learned).
  * @param names receives a static array of `count` static strings (may be NULL).
- * @return the count (>= 2). Thread-safe. */
+ * @return the count (>= 3). Thread-safe. */
 KVT_API int kvt_block_policy_names(const char *const **names);
 
 /** Creates a block policy.
  *
  * @param name            one of kvt_block_policy_names() (borrowed).
  * @param capacity_blocks the owner's budget in blocks (>= 1): scales the
- *        frequency bonus and the sketch; the policy still holds any number
- *        of blocks.
+ *        frequency bonus, the learned offset, the sketch and the ghost
+ *        table (lfu-learned: 4 bytes per entry, 16 entries per block); the
+ *        policy still holds any number of blocks.
  * @param out receives the policy; the caller frees it with
  *        kvt_block_policy_destroy().
  * @return 0; KVT_EINVAL (NULL argument, capacity < 1); KVT_ENOTFOUND
@@ -86,7 +103,8 @@ KVT_API const char *kvt_block_policy_name(const kvt_block_policy *p);
  *               block of one request gets the same time).
  * @param depth  block index in its prompt (0 for the first block).
  * @param flags  0 or KVT_BLOCK_TAIL.
- * @return 0; KVT_EINVAL (key 0); KVT_ENOMEM (the policy is unchanged).
+ * @return 0; KVT_EINVAL (NULL policy, key 0); KVT_ENOMEM (room for a new
+ *         block: the policy is unchanged).
  */
 KVT_API int kvt_block_policy_touch(kvt_block_policy *p, uint64_t key, uint64_t parent, int64_t now,
                                    int32_t depth, unsigned flags);
