@@ -1860,6 +1860,17 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
     return p;
 }
 
+KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns)
+{
+    if (!s || !ns || n_tokens < 0 || (n_tokens && !tokens))
+        return 0;
+    kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
+    pthread_mutex_lock(&s->mu);
+    int have = kvt__kmap_get(&s->by_key, k) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return have;
+}
+
 /* ---- writes ---------------------------------------------------------------------- */
 
 /* Whether s is valid UTF-8 (shard metadata is JSON). */

@@ -409,6 +409,7 @@ static void lookup_while_pending(void **state)
     store_faults_wait_blocked(&fl, 1); /* the writer is inside a pwrite */
     kvt_cold_hit hit;
     assert_int_equal(kvt_store_pending(s, t, 10, ""), 1);
+    assert_int_equal(kvt_store_contains(s, t, 10, ""), 0); /* not durable yet */
     assert_int_equal(kvt_store_find(s, t, 10, "", &hit), KVT_ENOTFOUND);
     assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
     assert_int_equal(store_count_files(kvt_store_dir(s), "e"), 0);
@@ -428,6 +429,13 @@ static void lookup_while_pending(void **state)
     store_faults_gate(&fl, 0);
     assert_int_equal(kvt_store_flush(s), 0);
     assert_int_equal(kvt_store_pending(s, t, 10, ""), 0);
+    /* kvt_store_contains: exact (tokens, ns) only; declared, but was never defined */
+    assert_int_equal(kvt_store_contains(s, t, 10, ""), 1);
+    assert_int_equal(kvt_store_contains(s, t, 9, ""), 0);
+    assert_int_equal(kvt_store_contains(s, t, 10, "other"), 0);
+    assert_int_equal(kvt_store_contains(s, t2, 10, ""), 0);
+    assert_int_equal(kvt_store_contains(NULL, t, 10, ""), 0);
+    assert_int_equal(kvt_store_contains(s, NULL, 10, ""), 0);
     expect_restores(s, &f.cfg, "", t, 10);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);

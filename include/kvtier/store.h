@@ -285,7 +285,8 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
 KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e);
 
 /** Whether a write of exactly (ns, tokens) is queued or in flight (1) or
- * not (0). Index only. Thread-safe. */
+ * not (0; also for a NULL store or ns, or NULL tokens with n_tokens > 0).
+ * Index only. Thread-safe. */
 KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
 
 /** Waits until the write-behind queue is empty.
@@ -300,7 +301,9 @@ KVT_API int kvt_store_flush(kvt_store *s);
  * kvt_store_close; close the prompt cache first. Thread-safe. */
 KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier);
 
-/** Whether an exact entry (tokens, ns) is durable in the index (1) or not (0). */
+/** Whether an entry of exactly (tokens, ns) is durable and indexed (1) or
+ * not (0: absent, still pending, evicted, or a NULL store or ns, or NULL
+ * tokens with n_tokens > 0). Index only (no I/O). Thread-safe. */
 KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
 
 /** Fills *out with the current counters. Thread-safe. */
