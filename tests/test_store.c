@@ -942,6 +942,43 @@ static void bad_arguments(void **state)
     assert_non_null(strstr(kvt_last_error(), "UTF-8"));
     assert_int_equal(kvt_store_put_async(s, &e), KVT_EINVAL);
     e.ns = ns;
+    /* every other entry point: the documented error, never a crash */
+    kvt_cold_hit hit;
+    kvt_entry out;
+    assert_int_equal(kvt_store_put(NULL, &e), KVT_EINVAL);
+    assert_int_equal(kvt_store_put_async(NULL, &e), KVT_EINVAL);
+    assert_int_equal(kvt_store_find(NULL, t, 8, "", &hit), KVT_EINVAL);
+    assert_int_equal(kvt_store_find(s, t, 8, NULL, &hit), KVT_EINVAL);
+    assert_int_equal(kvt_store_find(s, NULL, 3, "", &hit), KVT_EINVAL);
+    assert_int_equal(kvt_store_find(s, t, 8, "", NULL), KVT_EINVAL);
+    assert_int_equal(kvt_store_find_exact(s, t, -1, "", &hit), KVT_EINVAL);
+    assert_int_equal(kvt_store_find(s, t, 8, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_restore(NULL, 1, NULL, 0, &out), KVT_EINVAL);
+    assert_int_equal(kvt_store_restore(s, 1, NULL, 5, &out), KVT_EINVAL);
+    memset(&out, 0xab, sizeof out);
+    assert_int_equal(kvt_store_restore(s, 12345, NULL, 0, &out), KVT_ENOTFOUND); /* no such handle */
+    assert_null(out.caches);
+    assert_int_equal(out.n_caches, 0);
+    assert_int_equal(kvt_store_restore_async(s, 1, NULL, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_store_flush(NULL), KVT_EINVAL);
+    kvt_store_stats st;
+    kvt_store_get_stats(NULL, &st); /* no-op */
+    kvt_store_get_stats(s, NULL);
+    assert_null(kvt_store_dir(NULL));
+    assert_string_equal(kvt_store_refusal_name(KVT_STORE_REFUSED_COUNT), "unknown");
+    assert_string_equal(kvt_store_refusal_name(KVT_STORE_REFUSED_CHECKSUM), "checksum");
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    assert_int_equal(kvt_store_config_fingerprint(NULL, 1, fp), KVT_EINVAL);
+    assert_int_equal(kvt_store_config_fingerprint(e.caches, -1, fp), KVT_EINVAL);
+    uint64_t freed = 99;
+    assert_int_equal(kvt_store_gc(NULL, 0, &freed), KVT_EINVAL);
+    assert_int_equal(freed, 0);
+    assert_int_equal(kvt_store_gc("/nonexistent/kvt-root", 0, &freed), -ENOENT);
+    walk_acc wa = {0};
+    assert_int_equal(kvt_store_walk(NULL, 0, walk_count, &wa), KVT_EINVAL);
+    assert_int_equal(kvt_store_walk(f.root, 0, NULL, &wa), KVT_EINVAL);
+    assert_int_equal(kvt_store_walk("/nonexistent/kvt-root", 0, walk_count, &wa), -ENOENT);
+    assert_int_equal(wa.files, 0);
     kvt_entry_clear(&e);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);

@@ -206,14 +206,15 @@ KVT_API int kvt_store_close(kvt_store *s);
  * @param hit receives prefix_len, n_tokens and the handle on success; the
  *        handle stays valid until the entry is evicted or superseded (then
  *        restore returns KVT_ENOTFOUND).
- * @return 0; KVT_ENOTFOUND (no usable prefix of at least 1 token); KVT_EINVAL.
+ * @return 0; KVT_ENOTFOUND (no usable prefix of at least 1 token); KVT_EINVAL
+ * (NULL s, ns or hit, n_prompt < 0, NULL prompt with n_prompt > 0).
  * Thread-safe. */
 KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt, const char *ns,
                            kvt_cold_hit *hit);
 
 /** Exact lookup: the durable entry whose tokens equal `tokens` in `ns`
  * (n_tokens may be 0: objects). Index only. hit->prefix_len = n_tokens.
- * @return 0; KVT_ENOTFOUND; KVT_EINVAL. Thread-safe. */
+ * @return 0; KVT_ENOTFOUND; KVT_EINVAL (as kvt_store_find). Thread-safe. */
 KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns,
                                  kvt_cold_hit *hit);
 
@@ -233,7 +234,8 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
  *        the hook is empty); the caller releases it with kvt_entry_clear().
  *        Zeroed on error. Shards are never truncated or rewritten under
  *        their final names, so a mapping stays valid after an eviction.
- * @return 0; KVT_ENOTFOUND (evicted meanwhile, tokens differ); KVT_ECORRUPT
+ * @return 0; KVT_EINVAL (NULL s or out, n_prompt < 0, NULL prompt with
+ * n_prompt > 0); KVT_ENOTFOUND (no such handle, evicted meanwhile, tokens differ); KVT_ECORRUPT
  * (SHA-256 mismatch under verify); KVT_EFORMAT (shard invalid, or a layer
  * that does not decode); KVT_EIDENTITY; -errno (read failure); KVT_ENOMEM.
  * Every failure is a miss: nothing partial is returned. Thread-safe.
@@ -245,8 +247,8 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
  * `done(arg, status, entry)` runs exactly once, on a restore thread, also
  * when the restore fails (see kvt_restore_done_fn in tier.h: on status 0 the
  * callee owns the entry's contents).
- * @return 0 (queued); KVT_ECLOSED (store closing: done is not called);
- * KVT_ENOMEM. Thread-safe. */
+ * @return 0 (queued); KVT_EINVAL (NULL s or done: done is not called);
+ * KVT_ECLOSED (store closing: done is not called); KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_done_fn done, void *arg);
 
 /** Writes an entry now; durable on return (temp name, fsync, rename, fsync
@@ -292,7 +294,7 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
 /** Waits until the write-behind queue is empty.
  * @return 0 when everything queued or written since the previous flush is
  * durable; else the last failure's status (nothing was dropped silently:
- * see stats.failed / stats.dropped). Thread-safe. */
+ * see stats.failed / stats.dropped); KVT_EINVAL (NULL store). Thread-safe. */
 KVT_API int kvt_store_flush(kvt_store *s);
 
 /** Fills *tier with the kvt_cold_tier table over this store (find,
@@ -306,10 +308,12 @@ KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier);
  * tokens with n_tokens > 0). Index only (no I/O). Thread-safe. */
 KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
 
-/** Fills *out with the current counters. Thread-safe. */
+/** Fills *out with the current counters (a NULL store or out is a no-op).
+ * Thread-safe. */
 KVT_API void kvt_store_get_stats(kvt_store *s, kvt_store_stats *out);
 
-/** The identity directory's path (borrowed, valid until kvt_store_close). */
+/** The identity directory's path (borrowed, valid until kvt_store_close;
+ * NULL for a NULL store). Thread-safe. */
 KVT_API const char *kvt_store_dir(const kvt_store *s);
 
 /* ---- offline tools over a root (the `kvtier store` command) ---------------- */
@@ -336,7 +340,8 @@ typedef struct kvt_store_shard_info {
  * else under root is ignored). Reads
  * headers only unless `verify` is non-zero (then the whole payload is hashed
  * and compared). A non-zero return from cb stops the walk.
- * @return 0; -errno (root cannot be read); or cb's non-zero return. Thread-safe. */
+ * @return 0; KVT_EINVAL (NULL root or cb); -errno (root cannot be read);
+ * or cb's non-zero return. Thread-safe. */
 KVT_API int kvt_store_walk(const char *root, int verify,
                            int (*cb)(void *ctx, const kvt_store_shard_info *info), void *ctx);
 
@@ -346,7 +351,8 @@ KVT_API int kvt_store_walk(const char *root, int verify,
  * identity directories (see kvt_store_walk) are ever deleted; other files
  * count toward the bytes but are never touched. Directories held open by a
  * live store are skipped. *freed (may be NULL) receives the bytes removed.
- * @return 0; -errno. Thread-safe. */
+ * @return 0; KVT_EINVAL (NULL root); -errno (root cannot be listed; a file
+ * that cannot be removed is skipped, not an error). Thread-safe. */
 KVT_API int kvt_store_gc(const char *root, uint64_t max_bytes, uint64_t *freed);
 
 #ifdef __cplusplus
