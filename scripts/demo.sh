@@ -34,4 +34,8 @@ if [ -f "$shared/data/models/stories260K.bin" ] && [ -f "$shared/data/models/tok
     echo "-- a new process on the same --ssd-cache: the history comes back from disk"
     # shellcheck disable=SC2086
     "$KVT" chat $m --script "$dir/script.txt" --max-tokens 40 --ssd-cache "$dir/ssd" 2>&1 >/dev/null
+else
+    echo
+    echo "== (the stories260K part is skipped: $shared/data/models/stories260K.bin or tok512.bin is missing;"
+    echo "   export KVT_SHARED_DIR=DIR to point at the directory that holds data/models)"
 fi
