@@ -730,6 +730,9 @@ typedef struct fdirs {
     fcand *c;
     size_t n_c, cap_c;
     uint64_t bytes;       /* of all listed dirs (idle or not) */
+    int unlink_errno;     /* first error that kept files from being removed: an
+                             unlink (ENOENT, removed meanwhile, excepted) or a
+                             directory whose .lock cannot be opened */
 } fdirs;
 
 static void fdirs_free(fdirs *f)
@@ -834,6 +837,8 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
         f->dirfds[i] = dfd;
         f->lockfds[i] = -1;
         int lfd = openat(dfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (collect && lfd < 0 && !f->unlink_errno)
+            f->unlink_errno = errno; /* cannot lock, so cannot clean: not "held" */
         int idle = collect && lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0;
         if (idle)
             f->lockfds[i] = lfd;
@@ -919,6 +924,8 @@ static uint64_t fc_evict(fdirs *f, size_t i)
     uint64_t freed = 0;
     if (!unlinkat(f->dirfds[x->dir], x->name, 0))
         freed += x->bytes;
+    else if (errno != ENOENT && !f->unlink_errno)
+        f->unlink_errno = errno;
     x->name[0] = '\0';
     if (x->type != 'e')
         return freed;
@@ -930,6 +937,8 @@ static uint64_t fc_evict(fdirs *f, size_t i)
                 kvt__skey_eq(f->c[b].key, x->blocks[j])) {
                 if (!unlinkat(f->dirfds[x->dir], f->c[b].name, 0))
                     freed += f->c[b].bytes;
+                else if (errno != ENOENT && !f->unlink_errno)
+                    f->unlink_errno = errno;
                 f->c[b].name[0] = '\0';
             }
     }
@@ -2505,8 +2514,13 @@ KVT_API int kvt_store_gc(const char *root, uint64_t max_bytes, uint64_t *freed)
         done += b;
         total -= KVT__MIN(total, b);
     }
+    int err = total > max_bytes ? f.unlink_errno : 0;
     fdirs_free(&f);
     if (freed)
         *freed = done;
+    if (err)
+        return kvt__fail(-err, "%s: still %llu bytes over the budget of %llu: cannot remove a shard: %s",
+                         root, (unsigned long long)(total - max_bytes), (unsigned long long)max_bytes,
+                         strerror(err));
     return 0;
 }

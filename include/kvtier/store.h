@@ -351,8 +351,10 @@ KVT_API int kvt_store_walk(const char *root, int verify,
  * identity directories (see kvt_store_walk) are ever deleted; other files
  * count toward the bytes but are never touched. Directories held open by a
  * live store are skipped. *freed (may be NULL) receives the bytes removed.
- * @return 0; KVT_EINVAL (NULL root); -errno (root cannot be listed; a file
- * that cannot be removed is skipped, not an error). Thread-safe. */
+ * @return 0 (also when only directories held open keep the root over
+ * max_bytes); KVT_EINVAL (NULL root); -errno (root cannot be listed, or a
+ * file could not be removed and the root is still over max_bytes: *freed
+ * says what was removed). Thread-safe. */
 KVT_API int kvt_store_gc(const char *root, uint64_t max_bytes, uint64_t *freed);
 
 #ifdef __cplusplus
