@@ -21,7 +21,7 @@
 
 #define PRIVATE_SLACK_PER_BLOCK 64 /* bytes: kv caches' own bookkeeping */
 
-static const char *const kvt__cache_names[] = {"lru", "lfu-aged", "entry-lru", "entry-slru"};
+static const char *const kvt__cache_names[] = {"lru", "lfu-aged", "lfu-learned", "entry-lru", "entry-slru"};
 
 KVT_API int kvt_replay_cache_policies(const char *const **names)
 {
