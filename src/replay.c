@@ -391,6 +391,40 @@ static int sim_policy(sim *s, const char *name, kvt_replay_progress_fn progress,
     return rc;
 }
 
+static int cmp_id(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The simulator only compares ids and keeps arrays indexed by id, so a sparse
+ * trace (ids up to 2^40: a 1 TB table) runs on a copy with its ids renumbered
+ * 0..k-1 in increasing order. d->ids is the caller's to free. */
+static int dense_copy(const kvt_trace *t, kvt_trace *d)
+{
+    size_t n = (size_t)t->n_ids;
+    int64_t *sorted = kvt__malloc((n ? n : 1) * sizeof *sorted);
+    int64_t *ids = kvt__malloc((n ? n : 1) * sizeof *ids);
+    if (!sorted || !ids) {
+        kvt__free(sorted);
+        kvt__free(ids);
+        return kvt__fail(KVT_ENOMEM, "replay sim: no memory for %lld ids", (long long)n);
+    }
+    memcpy(sorted, t->ids, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_id);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!k || sorted[k - 1] != sorted[i])
+            sorted[k++] = sorted[i];
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (int64_t *)bsearch(&t->ids[i], sorted, k, sizeof *sorted, cmp_id) - sorted;
+    kvt__free(sorted);
+    *d = *t;
+    d->ids = ids;
+    d->max_id = k ? (int64_t)k - 1 : 0;
+    return 0;
+}
+
 KVT_API int kvt_replay_sim(const kvt_trace *t, const char *policy, int64_t capacity_blocks,
                            kvt_replay_progress_fn progress, void *ctx, kvt_replay_result *out)
 {
@@ -408,10 +442,19 @@ KVT_API int kvt_replay_sim(const kvt_trace *t, const char *policy, int64_t capac
     if (which < 0)
         return kvt__fail(KVT_ENOTFOUND, "replay sim: unknown policy '%s' (known: lru-ref, opt, lru, "
                                         "lfu-aged, lfu-learned)", policy);
+    kvt_trace dense = {0};
+    if (t->max_id >= 4 * t->n_ids + 1024) { /* sparse ids (never the Mooncake traces) */
+        int drc = dense_copy(t, &dense);
+        if (drc)
+            return drc;
+        t = &dense;
+    }
     sim s = {.t = t, .cap = capacity_blocks, .res = out};
     s.resident = kvt__calloc((size_t)t->max_id + 1, 1);
-    if (!s.resident)
+    if (!s.resident) {
+        kvt__free(dense.ids);
         return kvt__fail(KVT_ENOMEM, "replay sim: no memory for %lld ids", (long long)t->max_id + 1);
+    }
     uint64_t t0 = kvt_now_ns();
     int rc;
     if (which == 0)
@@ -422,5 +465,6 @@ KVT_API int kvt_replay_sim(const kvt_trace *t, const char *policy, int64_t capac
         rc = sim_policy(&s, policy, progress, ctx);
     out->seconds = (double)(kvt_now_ns() - t0) / 1e9;
     kvt__free(s.resident);
+    kvt__free(dense.ids);
     return rc;
 }
