@@ -368,9 +368,8 @@ static int write_chart(const opts *o, const char *const *traces, int n_traces,
     int st = pclose(g);
     unlink(data);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        fprintf(stderr, "kvtier replay: gnuplot failed (exit %d): no chart written (is gnuplot "
-                        "installed? Debian package gnuplot-nox)\n",
-                st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st));
+        fprintf(stderr, "kvtier replay: gnuplot failed (exit %d): no chart written to %s\n",
+                st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st), o->chart);
         return -1;
     }
     return 0;
@@ -385,6 +384,14 @@ static int sweep(const opts *o, kvt_trace **traces, const char *const *paths, in
 {
     const char *pols[16];
     int n_pols = all_policies(pols, 16);
+    if (have_gnuplot()) { /* before minutes of replay, not after */
+        FILE *probe = fopen(o->chart, "ab");
+        if (!probe) {
+            fprintf(stderr, "kvtier replay: cannot write the chart %s: %s\n", o->chart, strerror(errno));
+            return 1;
+        }
+        fclose(probe);
+    }
     double *ratios = calloc((size_t)n_traces * n_pols * N_CAPS, sizeof *ratios);
     if (!ratios)
         return 1;
@@ -428,7 +435,9 @@ static int sweep(const opts *o, kvt_trace **traces, const char *const *paths, in
     if (!have_gnuplot())
         fprintf(stderr, "kvtier replay: gnuplot is not installed (Debian package gnuplot-nox): "
                         "table only, no chart\n");
-    else if (write_chart(o, paths, n_traces, pols, n_pols, ratios) == 0 && !o->json)
+    else if (write_chart(o, paths, n_traces, pols, n_pols, ratios))
+        rc = 1; /* asked for a chart and got none */
+    else if (!o->json)
         printf("chart written to %s\n", o->chart);
     free(ratios);
     return rc;

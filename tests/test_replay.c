@@ -801,6 +801,12 @@ static void test_cli(void **state)
     } else {
         assert_non_null(strstr(out, "gnuplot"));
     }
+    /* a chart that cannot be written: said before the sweep runs, exit 1 (was
+     * exit 0 after the sweep, blaming a missing gnuplot) */
+    snprintf(args, sizeof args, "'%s' --sweep --chart /nonexistent/dir/x.png", temp_file(text, 3));
+    assert_int_equal(run_cmd(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, "cannot write the chart /nonexistent/dir/x.png"));
+    assert_null(strstr(out, "capacity"));
     unlink(temp_file("", 3));
 }
 
