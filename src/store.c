@@ -106,6 +106,7 @@ struct kvt_store {
     wjob *q_head, *q_tail;
     int closing;
     int flush_rc;
+    char flush_msg[256]; /* kvt_last_error of that failure (the writer's thread) */
 
     /* restore threads */
     pthread_t *rthreads;
@@ -1996,8 +1997,10 @@ static void *writer_main(void *arg)
         int rc = do_put(s, &j->e);
         kvt_entry_clear(&j->e);
         pthread_mutex_lock(&s->mu);
-        if (rc)
+        if (rc) {
             s->flush_rc = rc;
+            snprintf(s->flush_msg, sizeof s->flush_msg, "%s", kvt_last_error());
+        }
         pending_add(s, j->key, -1);
         s->st.pending--;
         s->st.pending_bytes -= j->bytes;
@@ -2016,10 +2019,12 @@ KVT_API int kvt_store_flush(kvt_store *s)
     while (s->st.pending)
         pthread_cond_wait(&s->idle_cv, &s->mu);
     int rc = s->flush_rc;
+    char msg[sizeof s->flush_msg];
+    memcpy(msg, s->flush_msg, sizeof msg);
     s->flush_rc = 0;
     pthread_mutex_unlock(&s->mu);
     if (rc)
-        return kvt__fail(rc, "store flush: a write-behind write failed (%s)", kvt_strerror(rc));
+        return kvt__fail(rc, "store flush: a write-behind write failed: %s", msg);
     return 0;
 }
 

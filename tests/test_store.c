@@ -895,7 +895,12 @@ static void budget_lru(void **state)
     kvt_entry e;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 40, &e), 0);
     assert_int_equal(kvt_store_put(s, &e), KVT_ETOOBIG);
-    kvt_entry_clear(&e);
+    /* written behind: flush reports the writer's reason, sizes included (was
+     * only "write-behind write failed (larger than the whole budget)") */
+    assert_int_equal(kvt_store_put_async(s, &e), 0);
+    assert_int_equal(kvt_store_flush(s), KVT_ETOOBIG);
+    assert_non_null(strstr(kvt_last_error(), "the budget is 100"));
+    assert_int_equal(kvt_store_flush(s), 0); /* reported once */
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);
 }
