@@ -2187,10 +2187,13 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     if (!out)
         return kvt__fail(KVT_EINVAL, "kvt_store_open: out is NULL");
     *out = NULL;
-    if (!root || !*root || !id || !id->model_id || !id->config_fingerprint || !id->tokenizer_hash)
+    if (!root || !id || !id->model_id || !id->config_fingerprint || !id->tokenizer_hash)
         return kvt__fail(KVT_EINVAL, "kvt_store_open: root or an identity field is NULL");
+    if (!*root || strlen(root) > 3000)
+        return kvt__fail(KVT_EINVAL, "kvt_store_open: the root path is %s",
+                         *root ? "over 3000 bytes" : "empty");
     if (strlen(id->model_id) > KVT__ID_MAX || strlen(id->config_fingerprint) > KVT__ID_MAX ||
-        strlen(id->tokenizer_hash) > KVT__ID_MAX || strlen(root) > 3000)
+        strlen(id->tokenizer_hash) > KVT__ID_MAX)
         return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is over %d bytes", KVT__ID_MAX);
     if (!utf8_ok(id->model_id) || !utf8_ok(id->config_fingerprint) || !utf8_ok(id->tokenizer_hash))
         return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is not valid UTF-8");

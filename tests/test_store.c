@@ -978,6 +978,15 @@ static void bad_arguments(void **state)
     kvt_store_identity id = {"m", "c", "t"};
     assert_int_equal(kvt_store_open(NULL, &id, NULL, &s), KVT_EINVAL);
     assert_int_equal(kvt_store_open("/tmp", NULL, NULL, &s), KVT_EINVAL);
+    /* an empty or overlong root says so (was "root ... is NULL" and "an
+     * identity string is over 1024 bytes") */
+    assert_int_equal(kvt_store_open("", &id, NULL, &s), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "root path is empty"));
+    char longroot[3100];
+    memset(longroot, 'a', sizeof longroot - 1);
+    longroot[sizeof longroot - 1] = '\0';
+    assert_int_equal(kvt_store_open(longroot, &id, NULL, &s), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "root path is over 3000 bytes"));
     kvt_store_options o = {.restore_threads = 99};
     assert_int_equal(kvt_store_open("/tmp", &id, &o, &s), KVT_EINVAL);
     assert_int_equal(kvt_store_close(NULL), 0);

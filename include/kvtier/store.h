@@ -179,8 +179,8 @@ KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_lay
  * @param opts     NULL for defaults; borrowed for the call (opts->io is
  *                 borrowed for the life of the store).
  * @param out      receives the store; close it with kvt_store_close().
- * @return 0; KVT_EINVAL (NULL argument, string too long or not UTF-8,
- * restore_threads out of range); -errno (cannot create or open a directory); KVT_ENOMEM.
+ * @return 0; KVT_EINVAL (NULL argument, root empty or over 3000 bytes, an
+ * identity string over 1024 bytes or not UTF-8, restore_threads out of range); -errno (cannot create or open a directory); KVT_ENOMEM.
  * Thread-safe (different stores are independent).
  */
 KVT_API int kvt_store_open(const char *root, const kvt_store_identity *identity,
