@@ -115,10 +115,12 @@ static int parse_size(const char *s, uint64_t *out)
     return 0;
 }
 
-/* Raw sequential write (8 MB pwrites, fsync file and directory) and read. */
-static int reads = 3; /* every read figure is the best of this many runs */
+/* Raw sequential write (8 MB pwrites, fsync file and directory) and, n_reads
+ * times, read (the best read lands in *r_gbs; 0 reads leaves it alone). */
+static int reads = 3; /* every figure is the best of this many runs */
 
-static int raw_io(const char *dir, uint64_t bytes, const uint8_t *src, double *w_gbs, double *r_gbs)
+static int raw_io(const char *dir, uint64_t bytes, const uint8_t *src, double *w_gbs, double *r_gbs,
+                  int n_reads)
 {
     char p[4200];
     snprintf(p, sizeof p, "%s/raw.bin", dir);
@@ -141,12 +143,16 @@ static int raw_io(const char *dir, uint64_t bytes, const uint8_t *src, double *w
         close(dfd);
     }
     *w_gbs = (double)bytes / (now_s() - t0) / 1e9;
+    if (!n_reads) {
+        unlink(p);
+        return 0;
+    }
     uint8_t *buf = malloc(CHUNK);
     if (!buf)
         return KVT_ENOMEM;
     uint64_t got = 0;
     *r_gbs = 0;
-    for (int k = 0; k < reads; k++) {
+    for (int k = 0; k < n_reads; k++) {
         drop_cache(dir);
         t0 = now_s();
         fd = open(p, O_RDONLY);
@@ -284,19 +290,32 @@ int kvt_bench_ssd(int argc, char **argv)
         for (int l = 0; l < layers; l++)
             state += kvt_cache_bytes(e.caches[l]);
         double rw = 0, rr = 0;
-        if ((rc = raw_io(dir, state, src, &rw, &rr))) {
-            fprintf(stderr, "bench ssd: raw I/O failed: %s\n", kvt_strerror(rc));
-            status = 1;
-        }
         char root[4200];
         snprintf(root, sizeof root, "%s/store", dir);
         kvt_store_identity id = {"bench", "bench-config", "bench-tok"};
         kvt_store *s = NULL;
         double st_gbs = 0, rs_gbs = 0, rv_gbs = 0;
-        if (!status && !(rc = kvt_store_open(root, &id, NULL, &s))) {
+        /* writes, best of `reads`: raw and store alternate so both see the
+         * same (shared, noisy) disk; each store put goes to a fresh root */
+        for (int k = 0; !status && !rc && k < reads; k++) {
+            double w = 0;
+            if ((rc = raw_io(dir, state, src, &w, &rr, k == 0 ? reads : 0))) {
+                fprintf(stderr, "bench ssd: raw I/O failed: %s\n", kvt_strerror(rc));
+                status = 1;
+                break;
+            }
+            rw = w > rw ? w : rw;
+            kvt_store_close(s);
+            s = NULL;
+            rmtree(root);
+            if ((rc = kvt_store_open(root, &id, NULL, &s)))
+                break;
             double t0 = now_s();
             rc = kvt_store_put(s, &e);
-            st_gbs = (double)state / (now_s() - t0) / 1e9;
+            double g = (double)state / (now_s() - t0) / 1e9;
+            st_gbs = g > st_gbs ? g : st_gbs;
+        }
+        if (!status && s) {
             for (int pass = 0; !rc && pass < 2 * reads; pass++) {
                 kvt_store_close(s);
                 s = NULL;
@@ -306,7 +325,7 @@ int kvt_bench_ssd(int argc, char **argv)
                     break;
                 kvt_cold_hit hit;
                 kvt_entry got;
-                t0 = now_s();
+                double t0 = now_s();
                 rc = kvt_store_find_exact(s, tok, e.n_tokens, "", &hit);
                 if (!rc)
                     rc = kvt_store_restore(s, hit.handle, tok, e.n_tokens, &got);
@@ -320,8 +339,8 @@ int kvt_bench_ssd(int argc, char **argv)
                     kvt_entry_clear(&got);
                 }
             }
-            kvt_store_close(s);
         }
+        kvt_store_close(s);
         if (rc) {
             fprintf(stderr, "bench ssd: store/restore failed: %s\n", kvt_last_error());
             status = 1;
@@ -339,7 +358,7 @@ int kvt_bench_ssd(int argc, char **argv)
         if (*p == ',')
             p++;
     }
-    printf("reads: best of %d; page cache dropped with %s before every read\n", reads,
+    printf("writes and reads: best of %d; page cache dropped with %s before every read\n", reads,
            drop_mode == 1 ? "/proc/sys/vm/drop_caches" : "posix_fadvise(DONTNEED) on every file");
     printf("goal: store >= 70%% of raw write (hash included), restore >= 80%% of raw read\n");
     free(src);
