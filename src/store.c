@@ -1807,9 +1807,12 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
         s->st.restore_misses++;
         if (rc != KVT_ENOMEM)
             refuse_count(s, reason);
-        /* A shard that failed validation is never offered again (a failed
-         * allocation or read says nothing about the shard). */
-        if (reason >= 0 && reason != KVT_STORE_REFUSED_IO && rc != KVT_ENOMEM) {
+        /* A shard that failed validation, or an entry whose file is gone
+         * (removed by another process's gc or budget: a plain miss, reason
+         * -1), is never offered again (a failed allocation or read says
+         * nothing about the shard). */
+        if (((reason >= 0 && reason != KVT_STORE_REFUSED_IO) || (reason < 0 && rc == KVT_ENOTFOUND)) &&
+            rc != KVT_ENOMEM) {
             st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
             if (e)
                 drop_entry_ex(s, e, 1);

@@ -738,6 +738,36 @@ static int walk_count(void *ctx, const kvt_store_shard_info *in)
     return 0;
 }
 
+/* An entry file removed behind the store's back (another process's gc or
+ * budget): the restore misses, and the entry leaves the index instead of
+ * being found, and failing, on every later lookup. */
+static void entry_file_removed(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "gone");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[10];
+    seq(t, 10, 1);
+    put_tokens(s, &f.cfg, "", t, 10);
+    char name[256], path[1200];
+    assert_int_equal(store_first_file(kvt_store_dir(s), "e", name, sizeof name), 0);
+    snprintf(path, sizeof path, "%s/%s", kvt_store_dir(s), name);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(unlink(path), 0);
+    kvt_entry e;
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_contains(s, t, 10, ""), 0);
+    /* and it can be written again */
+    put_tokens(s, &f.cfg, "", t, 10);
+    expect_restores(s, &f.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 static void walk_verify_and_gc(void **state)
 {
     (void)state;
@@ -1158,6 +1188,7 @@ int main(void)
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
         cmocka_unit_test(walk_verify_and_gc),
+        cmocka_unit_test(entry_file_removed),
         cmocka_unit_test(gc_cannot_remove),
         cmocka_unit_test(budget_lru),
         cmocka_unit_test(budget_foreign_idle),
