@@ -165,6 +165,12 @@ KVT_API int kvt_trace_prompt(const kvt_trace *t, const kvt_trace_request *r, int
 {
     if (!t || !r || !out)
         return kvt__fail(KVT_EINVAL, "trace prompt: NULL argument");
+    if (r->n_blocks < 1 || r->first < 0 || r->first > t->n_ids - r->n_blocks || r->input_length < 1 ||
+        r->input_length > (int64_t)r->n_blocks * KVT_TRACE_BLOCK_TOKENS ||
+        r->input_length <= (int64_t)(r->n_blocks - 1) * KVT_TRACE_BLOCK_TOKENS)
+        return kvt__fail(KVT_EINVAL, "trace prompt: request (first id %lld, %d ids, %d tokens) is not "
+                                     "one of this trace's %lld ids", (long long)r->first, (int)r->n_blocks,
+                         (int)r->input_length, (long long)t->n_ids);
     int32_t block[KVT_TRACE_BLOCK_TOKENS];
     for (int32_t b = 0; b < r->n_blocks; b++) {
         int64_t start = (int64_t)b * KVT_TRACE_BLOCK_TOKENS;

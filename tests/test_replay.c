@@ -92,6 +92,18 @@ static void test_prompt_partial_block(void **state)
     assert_memory_equal(p, blk, sizeof blk);
     kvt_trace_block_tokens(9, blk);
     assert_memory_equal(p + 512, blk, 100 * sizeof(int32_t)); /* first 100 of id 9 */
+    /* a request that is not this trace's: refused, never read past t->ids
+     * (was an out-of-bounds read) nor left part of out unwritten */
+    kvt_trace_request bad = t->requests[0];
+    bad.first = 1;
+    assert_int_equal(kvt_trace_prompt(t, &bad, p), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "not one of this trace's 2 ids"));
+    bad = t->requests[0];
+    bad.input_length = 2 * 512 + 1; /* more tokens than its ids give */
+    assert_int_equal(kvt_trace_prompt(t, &bad, p), KVT_EINVAL);
+    bad = t->requests[0];
+    bad.first = -1;
+    assert_int_equal(kvt_trace_prompt(t, &bad, p), KVT_EINVAL);
     free(p);
     kvt_trace_free(t);
     unlink(temp_file("", 0));

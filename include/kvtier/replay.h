@@ -89,7 +89,8 @@ KVT_API void kvt_trace_block_tokens(int64_t id, int32_t *out);
  * gives that partial block its own id, so it is only ever shared with a
  * prompt holding the very same partial block.
  * @param out receives r->input_length tokens (the caller sizes it).
- * @return 0 or KVT_EINVAL (NULL argument). Thread-safe.
+ * @return 0 or KVT_EINVAL (NULL argument; r's ids outside t->ids, or an
+ * input_length that is not ceil-consistent with its n_blocks). Thread-safe.
  */
 KVT_API int kvt_trace_prompt(const kvt_trace *t, const kvt_trace_request *r, int32_t *out);
 
