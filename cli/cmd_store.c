@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define TOP_PREFIXES 5
 
@@ -156,6 +157,13 @@ int kvt_cmd_store(int argc, char **argv)
         return 2;
     }
     const char *sub = argv[1], *dir = argv[2];
+    char idf[4200];
+    snprintf(idf, sizeof idf, "%s/IDENTITY", dir);
+    if (access(idf, F_OK) == 0) { /* a verify there would say "ok (0 of 0)" */
+        fprintf(stderr, "kvtier store %s: %s is one identity's directory; give the store's root "
+                        "(the --ssd-cache DIR, its parent)\n", sub, dir);
+        return 2;
+    }
     if (!strcmp(sub, "inspect") || !strcmp(sub, "verify")) {
         if (argc != 3) {
             usage(stderr);

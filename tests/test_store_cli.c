@@ -72,6 +72,12 @@ static void store_cli(void **state)
     snprintf(args, sizeof args, "verify '%s'", root);
     assert_int_equal(run(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "verify: ok"));
+    /* the identity directory instead of the root: said, exit 2 (was
+     * "verify: ok (0 of 0 shards good)", exit 0) */
+    snprintf(args, sizeof args, "verify '%s'", dir);
+    assert_int_equal(run(args, out, sizeof out), 2);
+    assert_non_null(strstr(out, "is one identity's directory"));
+    snprintf(args, sizeof args, "verify '%s'", root);
 
     assert_int_equal(store_first_file(dir, "b", name, sizeof name), 0);
     snprintf(path, sizeof path, "%s/%s", dir, name);
