@@ -137,12 +137,18 @@ static int cli_fail(int code, const char *fmt, ...)
 static int fail(const char *what, int rc)
 {
     if (cli_err[0]) {
-        fprintf(stderr, "kvtier chat: %s: %s (%s)\n", what, cli_err, kvt_strerror(rc));
+        if (strstr(cli_err, kvt_strerror(rc)))
+            fprintf(stderr, "kvtier chat: %s: %s\n", what, cli_err);
+        else
+            fprintf(stderr, "kvtier chat: %s: %s (%s)\n", what, cli_err, kvt_strerror(rc));
         cli_err[0] = '\0';
         return 1;
     }
-    fprintf(stderr, "kvtier chat: %s: %s (%s)\n", what, kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc),
-            kvt_strerror(rc));
+    const char *detail = kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc);
+    if (strstr(detail, kvt_strerror(rc)))
+        fprintf(stderr, "kvtier chat: %s: %s\n", what, detail);
+    else
+        fprintf(stderr, "kvtier chat: %s: %s (%s)\n", what, detail, kvt_strerror(rc));
     return 1;
 }
 
@@ -460,7 +466,13 @@ done:
     free(line);
     kvt_chat_free(chat);
     if (svc) {
-        if ((rc = kvt_service_close(svc)) && status == 0)
+        rc = kvt_service_close(svc);
+        if (rc == KVT_ETOOBIG)
+            /* The user's --ssd-cache-max is smaller than a prefix: that
+             * prefix cannot be kept on disk. Say so; the run itself is fine. */
+            fprintf(stderr, "kvtier chat: warning: a prefix larger than --ssd-cache-max was not written "
+                            "to the SSD cache (%s)\n", kvt_last_error());
+        else if (rc && status == 0)
             status = fail("closing the cache service failed", rc);
         kvt_service_destroy(svc);
     }

@@ -9,6 +9,7 @@
 #include "internal.h"
 #include "kvtier/prompt_cache.h"
 
+#include <stdio.h>
 #include <string.h>
 
 struct kvt__service_pc {
@@ -149,8 +150,11 @@ int kvt__service_pc_flush(kvt__service_pc *s)
     if (!s->cold || !s->cold->flush)
         return 0;
     int rc = s->cold->flush(s->cold->self);
-    if (rc)
-        kvt__fail(rc, "service: flushing the cold tier failed: %s", kvt_strerror(rc));
+    if (rc) {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+        kvt__fail(rc, "service: flushing the cold tier failed: %s", detail);
+    }
     return rc;
 }
 

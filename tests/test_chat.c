@@ -690,6 +690,50 @@ static void test_cli_restart_from_ssd(void **state)
     unlink(err[0]);
 }
 
+/* --ssd-cache-max smaller than one prefix: that prefix cannot be kept on
+ * disk; the chat says so in a warning and still succeeds (exit 0) with the
+ * same replies as a run with no cache (it exited 1 at close before). */
+static void test_cli_ssd_budget_below_one_prefix(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN")) {
+        print_message("skipping: KVT_BIN is not set (ctest sets it to the kvtier binary)\n");
+        skip();
+    }
+    char script[400], out[2][400], err[2][400], ssd[400], args[2048];
+    snprintf(script, sizeof script, "%s/tiny_ssd.txt", dir);
+    snprintf(ssd, sizeof ssd, "%s/tiny_ssd", dir);
+    for (int i = 0; i < 2; i++) {
+        snprintf(out[i], sizeof out[i], "%s/tiny_ssd%d.out", dir, i);
+        snprintf(err[i], sizeof err[i], "%s/tiny_ssd%d.err", dir, i);
+    }
+    FILE *f = fopen(script, "w");
+    assert_non_null(f);
+    fputs("hello there\nand then?\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --max-tokens 8 --script '%s' --prompt-cache 0",
+             model_path[M_PLAIN], tok_path, script);
+    assert_int_equal(run_cli(args, out[0], err[0]), 0);
+    snprintf(args, sizeof args,
+             "--model '%s' --tokenizer '%s' --max-tokens 8 --script '%s' --ssd-cache '%s' --ssd-cache-max 1000",
+             model_path[M_PLAIN], tok_path, script, ssd);
+    assert_int_equal(run_cli(args, out[1], err[1]), 0);
+    char *o0 = slurp(out[0]), *o1 = slurp(out[1]), *e1 = slurp(err[1]);
+    assert_string_equal(o0, o1);
+    assert_non_null(strstr(e1, "warning: a prefix larger than --ssd-cache-max"));
+    assert_non_null(strstr(e1, "the budget is 1000"));
+    free(o0);
+    free(o1);
+    free(e1);
+    for (int i = 0; i < 2; i++) {
+        unlink(out[i]);
+        unlink(err[i]);
+    }
+    unlink(script);
+    snprintf(args, sizeof args, "rm -rf '%s'", ssd);
+    assert_int_equal(system(args), 0);
+}
+
 /* Ctrl-C (SIGINT) or SIGTERM ends an interactive chat like end of input: the
  * running turn finishes, the prompt cache is written to --ssd-cache, exit 0,
  * so the next process reuses the conversation (it was killed, losing it). */
@@ -925,6 +969,7 @@ int main(void)
         cmocka_unit_test(test_cli_restart_from_ssd),
         cmocka_unit_test(test_cli_transcript_resume),
         cmocka_unit_test(test_cli_bad_input),
+        cmocka_unit_test(test_cli_ssd_budget_below_one_prefix),
         cmocka_unit_test(test_cli_interrupt_saves),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
