@@ -2,6 +2,7 @@
 BUILD     ?= build
 JOBS      ?= $(shell nproc)
 CMAKE_ARGS ?=
+MAKEFLAGS += --no-print-directory
 
 .PHONY: all deps build demo test test-asan test-tsan test-long clean
 
