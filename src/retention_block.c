@@ -9,6 +9,7 @@
  */
 #include "kvtier/retention_block.h"
 
+#include "hmap.h"
 #include "internal.h"
 
 #include <string.h>
@@ -73,16 +74,6 @@ struct kvt_block_policy {
     int32_t req_first_new;
 };
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
 /* ---- heap ---------------------------------------------------------------- */
 
 static int before(const kvt_block_policy *p, int32_t a, int32_t b)
@@ -138,7 +129,7 @@ static int64_t table_find(const kvt_block_policy *p, uint64_t key)
     if (!p->table)
         return -1;
     uint64_t mask = (uint64_t)p->table_size - 1;
-    for (uint64_t i = mix64(key) & mask;; i = (i + 1) & mask) {
+    for (uint64_t i = kvt__mix64(key) & mask;; i = (i + 1) & mask) {
         int32_t v = p->table[i];
         if (v == 0)
             return -1;
@@ -150,7 +141,7 @@ static int64_t table_find(const kvt_block_policy *p, uint64_t key)
 static void table_put(kvt_block_policy *p, uint64_t key, int32_t s)
 {
     uint64_t mask = (uint64_t)p->table_size - 1;
-    uint64_t i = mix64(key) & mask;
+    uint64_t i = kvt__mix64(key) & mask;
     while (p->table[i] > 0)
         i = (i + 1) & mask;
     if (p->table[i] == 0)
@@ -182,7 +173,7 @@ static int table_reserve(kvt_block_policy *p)
 
 static void sketch_cells(kvt_block_policy *p, uint64_t key, uint8_t **a, uint8_t **b)
 {
-    uint64_t h = mix64(key ^ 0x9e3779b97f4a7c15ULL);
+    uint64_t h = kvt__mix64(key ^ 0x9e3779b97f4a7c15ULL);
     uint64_t mask = (uint64_t)p->sketch_size - 1;
     *a = &p->sketch[h & mask];
     *b = &p->sketch[p->sketch_size + ((h >> 32) & mask)];
@@ -234,7 +225,7 @@ static int first_use_class(int32_t first_new, int32_t depth)
 
 static uint32_t *ghost_cell(kvt_block_policy *p, uint64_t key, uint32_t *tag)
 {
-    uint64_t h = mix64(key ^ 0x6a09e667f3bcc909ULL);
+    uint64_t h = kvt__mix64(key ^ 0x6a09e667f3bcc909ULL);
     *tag = (uint32_t)(h >> 37) << 5; /* 27 bits */
     return &p->ghost[h & (uint64_t)(p->ghost_size - 1)];
 }
