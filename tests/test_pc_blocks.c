@@ -22,6 +22,7 @@
 #include "kvtier/prompt_cache.h"
 #include "kvtier/retention_block.h"
 #include "mem_tier.h"
+#include "oom_alloc.h"
 #include "pc_util.h"
 
 typedef struct fixture {
@@ -282,31 +283,9 @@ static void test_cut_spills_once(void **state)
 /* Out of memory at each allocation of a sequence that cuts blocks: every
  * call fails cleanly or succeeds, what find_exact reports is what peek
  * serves, and after clear neither bytes nor tracked blocks are left. */
-static long oom_calls, oom_fail_at;
-static void *oom_malloc(size_t n, void *ctx)
-{
-    (void)ctx;
-    if (++oom_calls == oom_fail_at)
-        return NULL;
-    return malloc(n ? n : 1);
-}
-static void *oom_realloc(void *p, size_t n, void *ctx)
-{
-    (void)ctx;
-    if (++oom_calls == oom_fail_at)
-        return NULL;
-    return realloc(p, n ? n : 1);
-}
-static void oom_free(void *p, void *ctx)
-{
-    (void)ctx;
-    free(p);
-}
-
 static void test_out_of_memory(void **state)
 {
     (void)state;
-    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
     int failures = 0;
     long k;
     for (k = 1; k < 5000; k++) {
@@ -320,9 +299,7 @@ static void test_out_of_memory(void **state)
         assert_int_equal(kvt_prompt_cache_set_max_bytes(f.pc, one + one / 4), 0);
         kvt_cache *c[1];
         assert_int_equal(pcu_fresh("k", c, b, 16), 0);
-        oom_calls = 0;
-        oom_fail_at = k;
-        kvt_set_allocator(&failing);
+        oom_arm(k);
         int rc1 = pcu_put(f.pc, "", b, 16, c, 1, NULL, 0, (kvt_hook){0}, NULL); /* cuts a */
         kvt_hit h;
         int rc2 = kvt_prompt_cache_take(f.pc, a, 20, "", NULL, &h);
@@ -352,7 +329,7 @@ static void test_out_of_memory(void **state)
         assert_int_equal(stats(f.pc).bytes, 0);
         assert_int_equal(kvt_block_policy_count(f.bp), 0);
         done(&f);
-        if (oom_calls < k)
+        if (oom_calls() < k)
             break; /* every allocation of the sequence has failed once */
     }
     printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);

@@ -17,6 +17,7 @@
 
 #include "kvtier/prompt_cache.h"
 #include "mem_tier.h"
+#include "oom_alloc.h"
 #include "pc_util.h"
 
 #define MB ((size_t)1 << 20)
@@ -847,31 +848,9 @@ static void test_bad_arguments(void **state)
 /* out of memory at every allocation of put / take / object put / trim in
  * turn: each call either succeeds or fails KVT_ENOMEM leaving the cache
  * consistent (the caller keeps what put did not adopt; ASan checks leaks) */
-static long oom_calls, oom_fail_at;
-static void *oom_malloc(size_t n, void *ctx)
-{
-    (void)ctx;
-    if (++oom_calls == oom_fail_at)
-        return NULL;
-    return malloc(n ? n : 1);
-}
-static void *oom_realloc(void *p, size_t n, void *ctx)
-{
-    (void)ctx;
-    if (++oom_calls == oom_fail_at)
-        return NULL;
-    return realloc(p, n ? n : 1);
-}
-static void oom_free(void *p, void *ctx)
-{
-    (void)ctx;
-    free(p);
-}
-
 static void test_out_of_memory_paths(void **state)
 {
     (void)state;
-    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
     int failures = 0;
     long k;
     for (k = 1; k < 2000; k++) {
@@ -881,9 +860,7 @@ static void test_out_of_memory_paths(void **state)
         assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
         kvt_cache *c[2];
         assert_int_equal(pcu_fresh("kk", c, t, 12), 0);
-        oom_calls = 0;
-        oom_fail_at = k;
-        kvt_set_allocator(&failing);
+        oom_arm(k);
         int rc1 = pcu_put(pc, "", t, 12, c, 2, NULL, 0, (kvt_hook){0}, "s");
         kvt_hit h;
         int rc2 = kvt_prompt_cache_take(pc, t, 16, "", "s", &h);
@@ -915,7 +892,7 @@ static void test_out_of_memory_paths(void **state)
             fail_msg("allocation %ld (rcs %d %d %d %d): %zu bytes left after clear", k, rc1, rc2, rc3, rc4,
                      stats(pc).bytes);
         kvt_prompt_cache_destroy(pc);
-        if (oom_calls < k)
+        if (oom_calls() < k)
             break; /* every allocation of the sequence has failed once */
     }
     printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);

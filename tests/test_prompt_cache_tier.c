@@ -10,7 +10,6 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +18,7 @@
 
 #include "kvtier/prompt_cache.h"
 #include "mem_tier.h"
+#include "oom_alloc.h"
 #include "pc_util.h"
 
 #define MB ((size_t)1 << 20)
@@ -365,32 +365,9 @@ static void test_restore_failure_falls_back(void **state)
 /* out of memory at each allocation of a cold take (restore + promotion), an
  * object restore and a prefetch: every call succeeds or fails cleanly, the
  * cache stays consistent and every restored entry's hook runs once */
-static atomic_long oom_calls;
-static long oom_fail_at;
-static void *oom_malloc(size_t n, void *ctx)
-{
-    (void)ctx;
-    if (atomic_fetch_add(&oom_calls, 1) + 1 == oom_fail_at)
-        return NULL;
-    return malloc(n ? n : 1);
-}
-static void *oom_realloc(void *p, size_t n, void *ctx)
-{
-    (void)ctx;
-    if (atomic_fetch_add(&oom_calls, 1) + 1 == oom_fail_at)
-        return NULL;
-    return realloc(p, n ? n : 1);
-}
-static void oom_free(void *p, void *ctx)
-{
-    (void)ctx;
-    free(p);
-}
-
 static void test_out_of_memory_cold_paths(void **state)
 {
     (void)state;
-    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
     long k;
     int failures = 0;
     for (k = 1; k < 3000; k++) {
@@ -407,9 +384,7 @@ static void test_out_of_memory_cold_paths(void **state)
         assert_int_equal(kvt_entry_init(&obj, "object:img", NULL, 0, 0, 1), 0);
         assert_int_equal(kvt_attachment_blob("v", "pixels", 6, &obj.attachments[0]), 0);
         assert_int_equal(mem_tier_insert(mt, &obj), 0);
-        atomic_store(&oom_calls, 0);
-        oom_fail_at = k;
-        kvt_set_allocator(&failing);
+        oom_arm(k);
         kvt_hit h;
         int rc1 = kvt_prompt_cache_take(pc, t, 14, "", "s", &h);
         if (rc1 == 0)
@@ -439,7 +414,7 @@ static void test_out_of_memory_cold_paths(void **state)
         mem_tier_counts c = mem_tier_counts_get(mt);
         assert_int_equal(c.hooks_run, c.hooks_given);
         mem_tier_destroy(mt);
-        if (atomic_load(&oom_calls) < k)
+        if (oom_calls() < k)
             break; /* every allocation of the sequence has failed once */
     }
     printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);

@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "store_util.h"
+#include "oom_alloc.h"
 
 #include "kvtier/cache.h"
 #include "kvtier/store.h"
@@ -1083,35 +1084,12 @@ static void bad_arguments(void **state)
 
 /* ---- out of memory --------------------------------------------------------------------- */
 
-static _Atomic long oom_calls;
-static long oom_fail_at;
-static void *oom_malloc(size_t n, void *ctx)
-{
-    (void)ctx;
-    if (++oom_calls == oom_fail_at)
-        return NULL;
-    return malloc(n ? n : 1);
-}
-static void *oom_realloc(void *p, size_t n, void *ctx)
-{
-    (void)ctx;
-    if (++oom_calls == oom_fail_at)
-        return NULL;
-    return realloc(p, n ? n : 1);
-}
-static void oom_free(void *p, void *ctx)
-{
-    (void)ctx;
-    free(p);
-}
-
 /* Every allocation of put, find, restore and reopen fails once: each call
  * returns 0 or KVT_ENOMEM, nothing is refused or dropped for it, and what is
  * indexed afterwards restores exactly (ASan checks nothing leaks). */
 static void out_of_memory(void **state)
 {
     (void)state;
-    const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
     fx f;
     fx_init(&f, &CFG_ALL, "oom");
     int32_t t[13];
@@ -1122,9 +1100,7 @@ static void out_of_memory(void **state)
         kvt_store *s = fx_open(&f, NULL);
         kvt_entry e;
         assert_int_equal(store_make_entry(&f.cfg, "", t, 13, &e), 0);
-        oom_calls = 0;
-        oom_fail_at = k;
-        kvt_set_allocator(&failing);
+        oom_arm(k);
         int rc1 = kvt_store_put(s, &e);
         kvt_cold_hit hit;
         int rc2 = kvt_store_find_exact(s, t, 13, "", &hit);
@@ -1155,7 +1131,7 @@ static void out_of_memory(void **state)
         kvt_entry_clear(&e);
         store_rmtree(f.root);
         assert_int_equal(mkdir(f.root, 0755), 0);
-        if (oom_calls < k)
+        if (oom_calls() < k)
             break; /* every allocation of the sequence has failed once */
     }
     printf("  out of memory injected at each of %ld allocations: %d calls failed cleanly\n", k - 1, failures);

@@ -1,0 +1,44 @@
+/*
+ * oom_alloc.c: the failing allocator of oom_alloc.h, for tests only. Owns a
+ * call counter and the index of the one call to fail; never frees or keeps
+ * anything itself.
+ */
+#include "oom_alloc.h"
+
+#include "kvtier/common.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+static atomic_long calls;
+static long fail_at;
+
+static int fail_now(void) { return atomic_fetch_add(&calls, 1) + 1 == fail_at; }
+
+static void *oom_malloc(size_t n, void *ctx)
+{
+    (void)ctx;
+    return fail_now() ? NULL : malloc(n ? n : 1);
+}
+
+static void *oom_realloc(void *p, size_t n, void *ctx)
+{
+    (void)ctx;
+    return fail_now() ? NULL : realloc(p, n ? n : 1);
+}
+
+static void oom_free(void *p, void *ctx)
+{
+    (void)ctx;
+    free(p);
+}
+
+void oom_arm(long k)
+{
+    static const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
+    atomic_store(&calls, 0);
+    fail_at = k;
+    kvt_set_allocator(&failing);
+}
+
+long oom_calls(void) { return atomic_load(&calls); }
