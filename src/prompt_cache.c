@@ -52,6 +52,33 @@ static kvt_hook share_acquire(pc_share *s)
     return (kvt_hook){share_run, s};
 }
 
+/* A share holding hook with one reference, or NULL when out of memory. */
+static pc_share *share_new(kvt_hook hook)
+{
+    pc_share *s = kvt__malloc(sizeof *s);
+    if (s) {
+        atomic_init(&s->refs, 1);
+        s->hook = hook;
+    }
+    return s;
+}
+
+/* Fills out (kvt_entry_init) with ns, tokens[0..n) and zero-copy clones of
+ * caches and attachments; no hook. On error out is left cleared. */
+static int clone_parts(kvt_entry *out, const char *ns, const int32_t *tokens, int64_t n, kvt_cache *const *caches,
+                       int32_t n_caches, kvt_attachment *const *atts, int32_t n_atts)
+{
+    int rc = kvt_entry_init(out, ns, tokens, n, n_caches, n_atts);
+    if (rc)
+        return rc;
+    rc = n_caches ? kvt_caches_clone(caches, n_caches, out->caches) : 0;
+    for (int32_t i = 0; rc == 0 && i < n_atts; i++)
+        rc = kvt_attachment_clone(atts[i], &out->attachments[i]);
+    if (rc)
+        kvt_entry_clear(out);
+    return rc;
+}
+
 /* ---- entries ----------------------------------------------------------------- */
 
 typedef struct pc_entry {
@@ -757,16 +784,9 @@ static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, c
  * views are trimmed by lend_finish off-lock). */
 static int lend_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t p, kvt_hit *out)
 {
-    int rc = kvt_entry_init(&out->entry, e->ns, e->tokens, p, e->n_caches, e->n_atts);
+    int rc = clone_parts(&out->entry, e->ns, e->tokens, p, e->caches, e->n_caches, e->atts, e->n_atts);
     if (rc)
         return rc;
-    rc = e->n_caches ? kvt_caches_clone(e->caches, e->n_caches, out->entry.caches) : 0;
-    for (int32_t i = 0; rc == 0 && i < e->n_atts; i++)
-        rc = kvt_attachment_clone(e->atts[i], &out->entry.attachments[i]);
-    if (rc) {
-        kvt_entry_clear(&out->entry);
-        return rc;
-    }
     out->entry.hook = share_acquire(e->share);
     out->prefix_len = p;
     out->entry_id = e->id;
@@ -906,15 +926,8 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
     rc = entry_measure(x, &standalone);
     if (rc == 0 && pc->blocks && x->trimmable)
         rc = kvt__pc_blocks_keys(pc->blocks, x->ns, x->tokens, x->n_tokens, &x->bkeys, &x->n_bkeys);
-    if (rc == 0 && e->hook.fn) {
-        x->share = kvt__malloc(sizeof *x->share);
-        if (!x->share)
-            rc = kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory");
-        else {
-            atomic_init(&x->share->refs, 1);
-            x->share->hook = e->hook;
-        }
-    }
+    if (rc == 0 && e->hook.fn && !(x->share = share_new(e->hook)))
+        rc = kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory");
     if (rc) {
         kvt__free(x->share);
         x->share = NULL;
@@ -1001,25 +1014,16 @@ static int restored_usable(kvt_entry *r, const int32_t *prompt, int64_t p)
  * sharing the hook of the served views (3.4). Best effort. */
 static void promote(kvt_prompt_cache *pc, kvt_entry *r, const char *session, uint64_t epoch)
 {
-    pc_share *s = kvt__malloc(sizeof *s);
     kvt_entry copy;
-    if (!s)
+    if (clone_parts(&copy, r->ns, r->tokens, r->n_tokens, r->caches, r->n_caches, r->attachments,
+                    r->n_attachments) != 0)
         return;
-    if (kvt_entry_init(&copy, r->ns, r->tokens, r->n_tokens, r->n_caches, r->n_attachments) != 0) {
-        kvt__free(s);
-        return;
-    }
-    int rc = r->n_caches ? kvt_caches_clone(r->caches, r->n_caches, copy.caches) : 0;
-    for (int32_t i = 0; rc == 0 && i < r->n_attachments; i++)
-        rc = kvt_attachment_clone(r->attachments[i], &copy.attachments[i]);
-    if (rc) {
-        kvt_entry_clear(&copy);
-        kvt__free(s);
-        return;
-    }
     /* one hook, two holders: the served views and the promoted entry */
-    atomic_init(&s->refs, 1);
-    s->hook = r->hook;
+    pc_share *s = share_new(r->hook);
+    if (!s) {
+        kvt_entry_clear(&copy);
+        return;
+    }
     r->hook = (kvt_hook){share_run, s};
     copy.hook = share_acquire(s);
     if (put_common(pc, &copy, session, 0, NULL, epoch) == 0) {
@@ -1395,15 +1399,8 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
             cap_jobs = cap;
         }
         demote_job *j = &jobs[n_jobs];
-        if (kvt_entry_init(&j->copy, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_atts) != 0)
+        if (clone_parts(&j->copy, e->ns, e->tokens, e->n_tokens, e->caches, e->n_caches, e->atts, e->n_atts) != 0)
             break;
-        int rc = e->n_caches ? kvt_caches_clone(e->caches, e->n_caches, j->copy.caches) : 0;
-        for (int32_t i = 0; rc == 0 && i < e->n_atts; i++)
-            rc = kvt_attachment_clone(e->atts[i], &j->copy.attachments[i]);
-        if (rc) {
-            kvt_entry_clear(&j->copy);
-            break;
-        }
         j->copy.hook = share_acquire(e->share);
         j->id = e->id;
         n_jobs++;
@@ -1539,15 +1536,8 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
         rc = entry_build(pc, &mine, &x);
         if (rc == 0)
             rc = entry_measure(x, &standalone);
-        if (rc == 0 && mine.hook.fn) {
-            x->share = kvt__malloc(sizeof *x->share);
-            if (!x->share)
-                rc = KVT_ENOMEM;
-            else {
-                atomic_init(&x->share->refs, 1);
-                x->share->hook = mine.hook;
-            }
-        }
+        if (rc == 0 && mine.hook.fn && !(x->share = share_new(mine.hook)))
+            rc = KVT_ENOMEM;
     }
     pc_entry *gone = NULL;
     int adopted = 0;
