@@ -10,6 +10,7 @@
 #include "model_internal.h"
 
 #include "pool.h"
+#include "sampler.h"
 
 #include "../src/internal.h"
 
@@ -137,21 +138,6 @@ static void matmul(kvt_model *m, float *out, const float *x, const float *W, int
     kvt__pool_run(m->pool, mm_part, &j, parts);
 }
 
-static void softmax(float *x, int n)
-{
-    float mx = x[0];
-    for (int i = 1; i < n; i++)
-        if (x[i] > mx)
-            mx = x[i];
-    float sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
-    }
-    for (int i = 0; i < n; i++)
-        x[i] /= sum;
-}
-
 /* cos/sin tables for positions pos0 .. pos0 + T - 1, exactly as llama2.c run.c
  * computes them: freq = 1 / 10000^(head_dim / head_size), val = pos * freq. */
 static void rope_tables(kvt_model *m, int64_t pos0, int T)
@@ -223,7 +209,7 @@ static void attn_part(void *vj, int part, int n_parts)
         for (int t = 0; t < j->T; t++) {
             float *row = S + (size_t)t * ctx;
             int n = j->T == 1 ? ctx : (int)(j->p0 + t + 1); /* causal inside the batch */
-            softmax(row, n);
+            kvt_softmax(row, n);
             if (n < ctx) /* zero the future keys this row's segments multiply */
                 memset(row + n, 0, (size_t)(ctx - n) * sizeof(float));
         }
