@@ -196,6 +196,42 @@ static void entry_free_shell(pc_entry *e)
     kvt__free(e);
 }
 
+/* A new entry shell: copies of ns and tokens[0..n_tokens), zeroed arrays
+ * for n_caches caches and n_atts attachments (not filled); counts set.
+ * NULL when out of memory. */
+static pc_entry *entry_shell(const char *ns, const int32_t *tokens, int64_t n_tokens, int32_t n_caches,
+                             int32_t n_atts)
+{
+    pc_entry *x = kvt__calloc(1, sizeof *x);
+    if (!x)
+        return NULL;
+    x->ns = kvt__strdup(ns);
+    x->tokens = kvt__malloc((size_t)(n_tokens ? n_tokens : 1) * sizeof(int32_t));
+    x->caches = kvt__calloc((size_t)(n_caches ? n_caches : 1), sizeof *x->caches);
+    x->atts = kvt__calloc((size_t)(n_atts ? n_atts : 1), sizeof *x->atts);
+    if (!x->ns || !x->tokens || !x->caches || !x->atts) {
+        entry_free_shell(x);
+        return NULL;
+    }
+    if (n_tokens)
+        memcpy(x->tokens, tokens, (size_t)n_tokens * sizeof(int32_t));
+    x->n_tokens = n_tokens;
+    x->n_caches = n_caches;
+    x->n_atts = n_atts;
+    return x;
+}
+
+/* Frees a built entry that was never linked (or failed to link): its share,
+ * never run (the hook stays with the caller), and its shell. */
+static void entry_discard(pc_entry *x)
+{
+    if (!x)
+        return;
+    kvt__free(x->share);
+    x->share = NULL;
+    entry_free_shell(x);
+}
+
 /* Disposes an entry and its parts: caches, attachments, then its hook share. */
 static void entry_dispose(pc_entry *e)
 {
@@ -528,23 +564,16 @@ static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_en
  * a share of its hook) on *gone, so the cold tier gets e's whole prefix
  * before a block cut drops its tail (3.6: evicted state goes to the cold
  * tier first). Best effort: out of memory means no spill. */
-static void spill_copy(kvt_prompt_cache *pc, pc_entry *e, pc_entry **gone)
+static void spill_copy(pc_entry *e, pc_entry **gone)
 {
-    pc_entry *x = kvt__calloc(1, sizeof *x);
+    /* cut entries have no attachments */
+    pc_entry *x = entry_shell(e->ns, e->tokens, e->n_tokens, e->n_caches, 0);
     if (!x)
         return;
-    x->ns = kvt__strdup(e->ns);
-    x->tokens = kvt__malloc((size_t)(e->n_tokens ? e->n_tokens : 1) * sizeof(int32_t));
-    x->caches = kvt__calloc((size_t)(e->n_caches ? e->n_caches : 1), sizeof *x->caches);
-    x->atts = kvt__calloc(1, sizeof *x->atts); /* cut entries have no attachments */
-    if (!x->ns || !x->tokens || !x->caches || !x->atts ||
-        (e->n_caches && kvt_caches_clone(e->caches, e->n_caches, x->caches) != 0)) {
+    if (e->n_caches && kvt_caches_clone(e->caches, e->n_caches, x->caches) != 0) {
         entry_free_shell(x);
         return;
     }
-    memcpy(x->tokens, e->tokens, (size_t)e->n_tokens * sizeof(int32_t));
-    x->n_tokens = e->n_tokens;
-    x->n_caches = e->n_caches;
     if (e->share) {
         atomic_fetch_add(&e->share->refs, 1);
         x->share = e->share;
@@ -553,7 +582,6 @@ static void spill_copy(kvt_prompt_cache *pc, pc_entry *e, pc_entry **gone)
     x->spill = 1;
     x->gone = *gone;
     *gone = x;
-    (void)pc;
 }
 
 /* Block-granular eviction (issue 6): cuts the block policy's victim block,
@@ -582,7 +610,7 @@ static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
         return 1;
     }
     if (!e->cut_spilled && needs_spill(pc, e)) {
-        spill_copy(pc, e, gone);
+        spill_copy(e, gone);
         e->cut_spilled = 1;
     }
     /* cut as many of its tail blocks at once as the budget needs, when they
@@ -634,7 +662,7 @@ static int64_t evict(kvt_prompt_cache *pc, int64_t limit, pc_entry **gone)
 
 /* Builds an entry from e: copies ns and tokens and the pointer arrays (the
  * elements are not yet adopted). */
-static int entry_build(kvt_prompt_cache *pc, const kvt_entry *e, pc_entry **out)
+static int entry_build(const kvt_entry *e, pc_entry **out)
 {
     if (!e || !e->ns)
         return kvt__fail(KVT_EINVAL, "prompt cache put: entry or ns is NULL");
@@ -656,22 +684,9 @@ static int entry_build(kvt_prompt_cache *pc, const kvt_entry *e, pc_entry **out)
     for (int32_t i = 0; i < e->n_attachments; i++)
         if (!e->attachments[i])
             return kvt__fail(KVT_EINVAL, "prompt cache put: attachment %d is NULL", (int)i);
-    pc_entry *x = kvt__calloc(1, sizeof *x);
+    pc_entry *x = entry_shell(e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
     if (!x)
-        return kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory");
-    x->ns = kvt__strdup(e->ns);
-    x->tokens = kvt__malloc((size_t)(e->n_tokens ? e->n_tokens : 1) * sizeof(int32_t));
-    x->caches = kvt__calloc((size_t)(e->n_caches ? e->n_caches : 1), sizeof *x->caches);
-    x->atts = kvt__calloc((size_t)(e->n_attachments ? e->n_attachments : 1), sizeof *x->atts);
-    if (!x->ns || !x->tokens || !x->caches || !x->atts) {
-        entry_free_shell(x);
         return kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory for %lld tokens", (long long)e->n_tokens);
-    }
-    if (e->n_tokens)
-        memcpy(x->tokens, e->tokens, (size_t)e->n_tokens * sizeof(int32_t));
-    x->n_tokens = e->n_tokens;
-    x->n_caches = e->n_caches;
-    x->n_atts = e->n_attachments;
     for (int32_t i = 0; i < e->n_caches; i++)
         x->caches[i] = e->caches[i];
     for (int32_t i = 0; i < e->n_attachments; i++)
@@ -919,7 +934,7 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
                       uint64_t *id_out, uint64_t epoch_check)
 {
     pc_entry *x = NULL;
-    int rc = entry_build(pc, e, &x);
+    int rc = entry_build(e, &x);
     if (rc)
         return rc;
     size_t standalone = 0;
@@ -929,18 +944,14 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
     if (rc == 0 && e->hook.fn && !(x->share = share_new(e->hook)))
         rc = kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory");
     if (rc) {
-        kvt__free(x->share);
-        x->share = NULL;
-        entry_free_shell(x);
+        entry_discard(x);
         return rc;
     }
     pc_entry *gone = NULL;
     pthread_mutex_lock(&pc->mu);
     if (epoch_check != UINT64_MAX && epoch_check != pc->epoch) {
         pthread_mutex_unlock(&pc->mu);
-        kvt__free(x->share);
-        x->share = NULL;
-        entry_free_shell(x);
+        entry_discard(x);
         return kvt__fail(KVT_ESTALE, "prompt cache: cleared while the entry was read");
     }
     rc = insert_locked(pc, x, standalone, session, pins, &gone);
@@ -948,9 +959,7 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
         *id_out = x->id;
     pthread_mutex_unlock(&pc->mu);
     if (rc) {
-        kvt__free(x->share);
-        x->share = NULL;
-        entry_free_shell(x);
+        entry_discard(x);
         return rc;
     }
     adopt_parts(e);
@@ -1533,7 +1542,7 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
     size_t standalone = 0;
     int rc = status;
     if (rc == 0) {
-        rc = entry_build(pc, &mine, &x);
+        rc = entry_build(&mine, &x);
         if (rc == 0)
             rc = entry_measure(x, &standalone);
         if (rc == 0 && mine.hook.fn && !(x->share = share_new(mine.hook)))
@@ -1557,13 +1566,10 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
     r->done = 1;
     pthread_cond_broadcast(&pc->cv);
     pthread_mutex_unlock(&pc->mu);
-    if (adopted) {
+    if (adopted)
         adopt_parts(&mine);
-    } else if (x) {
-        kvt__free(x->share);
-        x->share = NULL;
-        entry_free_shell(x);
-    }
+    else
+        entry_discard(x);
     kvt_entry_clear(&mine);
     gone_process(pc, gone);
     /* last: destroy waits for the list to empty before freeing pc */
