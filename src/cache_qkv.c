@@ -240,7 +240,7 @@ static bool qkv_is_whole_block(const kvt_tensor *qt, const kvt_tensor *st)
            st->bytes + qt->bytes == kvt_buf_bytes(st->owner);
 }
 
-static int qkv_check_scales(const kvt_cache_state *st, const kvt_tensor *t)
+static int qkv_check_scales(const kvt_tensor *t)
 {
     const char *s = t->data;
     for (size_t i = 0; i < t->bytes / sizeof(float); i++) {
@@ -285,7 +285,7 @@ static int qkv_decode(const kvt_cache_state *st, kvt_cache **out)
         snprintf(name, sizeof name, "blk%d.s", (int)i);
         if ((rc = kvt__tensor_expect(st, 2 * i + 1, name, KVT_DTYPE_F32, 3, sshape)))
             return rc;
-        if ((rc = qkv_check_scales(st, &st->tensors[2 * i + 1])))
+        if ((rc = qkv_check_scales(&st->tensors[2 * i + 1])))
             return rc;
     }
     qkv_cache *q = qkv_alloc((int32_t)D, (int32_t)gs, (int32_t)B);

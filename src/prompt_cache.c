@@ -1509,7 +1509,7 @@ KVT_API int kvt_prompt_cache_pin(kvt_prompt_cache *pc, const int32_t *tokens, in
 
 /* ---- prefetch ------------------------------------------------------------------------- */
 
-static void read_unref_locked(kvt_prompt_cache *pc, pc_read *r)
+static void read_unref_locked(pc_read *r)
 {
     if (--r->refs > 0)
         return;
@@ -1575,7 +1575,7 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
     /* last: destroy waits for the list to empty before freeing pc */
     pthread_mutex_lock(&pc->mu);
     read_unlist_locked(pc, r);
-    read_unref_locked(pc, r);
+    read_unref_locked(r);
     pthread_cond_broadcast(&pc->cv);
     pthread_mutex_unlock(&pc->mu);
 }
@@ -1647,9 +1647,9 @@ KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *promp
             r->status = rc;
             r->done = 1;
             read_unlist_locked(pc, r);
-            read_unref_locked(pc, r); /* the read that never started */
+            read_unref_locked(r); /* the read that never started */
             r->interest--;
-            read_unref_locked(pc, r); /* our lease */
+            read_unref_locked(r); /* our lease */
             pthread_cond_broadcast(&pc->cv);
             pthread_mutex_unlock(&pc->mu);
             kvt__free(l);
@@ -1711,7 +1711,7 @@ KVT_API void kvt_lease_release(kvt_lease *lease)
         } else {
             r->interest--;
         }
-        read_unref_locked(pc, r);
+        read_unref_locked(r);
     }
     evict(pc, -1, &gone);
     pthread_mutex_unlock(&pc->mu);
