@@ -7,6 +7,7 @@
  * Goal (issue 5): restore >= 80% of raw read; store, hash included, >= 70%
  * of raw write. Owns its temporary directory and removes it.
  */
+#include "args.h"
 #include "cli.h"
 
 #include "kvtier/cache.h"
@@ -92,27 +93,6 @@ static void rmtree(const char *path)
     }
     closedir(d);
     rmdir(path);
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v <= 0)
-        return -1;
-    double m = 1;
-    switch (*end) {
-    case 'k': case 'K': m = 1024.0; end++; break;
-    case 'm': case 'M': m = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': m = 1024.0 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end && *end != ',')
-        return -1;
-    *out = (uint64_t)(v * m);
-    return 0;
 }
 
 /* Raw sequential write (8 MB pwrites, fsync file and directory) and, n_reads
@@ -271,8 +251,9 @@ int kvt_bench_ssd(int argc, char **argv)
     int status = 0;
     const char *p = sizes;
     while (*p) {
-        uint64_t bytes;
-        if (parse_size(p, &bytes)) {
+        uint64_t bytes = 0;
+        const char *end;
+        if (kvt_cli_bytes(p, &bytes, &end) || (*end && *end != ',') || bytes == 0) {
             fprintf(stderr, "bench ssd: bad size list '%s'\n", sizes);
             status = 2;
             break;
@@ -353,10 +334,7 @@ int kvt_bench_ssd(int argc, char **argv)
         printf("%8.0fMB %8.2fGB/s %8.2fGB/s %7.0f%% %8.2fGB/s %8.2fGB/s %7.0f%% %10.2fGB/s\n", (double)state / 1048576.0,
                rw, st_gbs, 100.0 * st_gbs / rw, rr, rs_gbs, 100.0 * rs_gbs / rr, rv_gbs);
         fflush(stdout);
-        while (*p && *p != ',')
-            p++;
-        if (*p == ',')
-            p++;
+        p = *end == ',' ? end + 1 : end;
     }
     printf("writes and reads: best of %d; page cache dropped with %s before every read\n", reads,
            drop_mode == 1 ? "/proc/sys/vm/drop_caches" : "posix_fadvise(DONTNEED) on every file");

@@ -5,6 +5,7 @@
  * evicts least recently used entries of idle identity directories down to a
  * byte budget. Owns no state beyond one command run; never writes a shard.
  */
+#include "args.h"
 #include "cli.h"
 
 #include "kvtier/store.h"
@@ -95,29 +96,6 @@ static int on_shard(void *ctx, const kvt_store_shard_info *in)
     return 0;
 }
 
-static int parse_bytes(const char *s, uint64_t *out)
-{
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0)
-        return -1;
-    double m = 1;
-    if (*end == 'k' || *end == 'K')
-        m = 1024.0, end++;
-    else if (*end == 'm' || *end == 'M')
-        m = 1024.0 * 1024, end++;
-    else if (*end == 'g' || *end == 'G')
-        m = 1024.0 * 1024 * 1024, end++;
-    else if (*end == 't' || *end == 'T')
-        m = 1024.0 * 1024 * 1024 * 1024, end++;
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (*end)
-        return -1;
-    *out = (uint64_t)(v * m);
-    return 0;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier store inspect DIR     entries, bytes, identities, longest prefixes (headers only)\n"
@@ -190,7 +168,7 @@ int kvt_cmd_store(int argc, char **argv)
         uint64_t max = 0;
         int have = 0;
         for (int i = 3; i < argc; i++) {
-            if (!strcmp(argv[i], "--max") && i + 1 < argc && !parse_bytes(argv[i + 1], &max)) {
+            if (!strcmp(argv[i], "--max") && i + 1 < argc && !kvt_cli_bytes(argv[i + 1], &max, NULL)) {
                 have = 1;
                 i++;
             } else {
