@@ -1,6 +1,7 @@
 /*
  * common.c: status strings, the thread-local error detail, the pluggable
- * allocator and the monotonic clock. Owns no other state.
+ * allocator, the monotonic clock and the UTF-8 check every module uses.
+ * Owns no other state.
  */
 #include "internal.h"
 
@@ -84,3 +85,35 @@ KVT_API uint64_t kvt_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 KVT_API uint64_t kvt_now_ms(void) { return kvt_now_ns() / 1000000ull; }
+
+/* Hand-decoded (no allocation), so it is cheap on every put and open. */
+int kvt__utf8_valid(const char *str)
+{
+    if (!str)
+        return 0;
+    const unsigned char *s = (const unsigned char *)str;
+    while (*s) {
+        unsigned c = *s, n, cp;
+        if (c < 0x80) {
+            s++;
+            continue;
+        }
+        if (c >= 0xc2 && c <= 0xdf)
+            n = 1, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef)
+            n = 2, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4)
+            n = 3, cp = c & 0x07;
+        else
+            return 0;
+        for (unsigned i = 1; i <= n; i++) {
+            if ((s[i] & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i] & 0x3f);
+        }
+        if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+        s += n + 1;
+    }
+    return 1;
+}

@@ -21,6 +21,10 @@ char *kvt__strdup(const char *s);
 int kvt__fail(int code, const char *fmt, ...) KVT_PRINTF(2, 3);
 /** Clears the calling thread's detail sentence. */
 void kvt__clear_error(void);
+/** 1 when str is valid UTF-8 (no overlong forms, surrogates or code points
+ * past U+10FFFF), else 0 (also for NULL): names that tiers write into JSON
+ * (namespaces, identity strings, attachment names). Thread-safe. */
+int kvt__utf8_valid(const char *str);
 
 #define KVT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define KVT__MAX(a, b) ((a) > (b) ? (a) : (b))

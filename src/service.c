@@ -226,37 +226,6 @@ static int has_control(const char *s)
     return 0;
 }
 
-/* Whether s is valid UTF-8 (no overlong forms, surrogates or code points
- * past U+10FFFF): a namespace is text that tiers write into JSON. */
-static int valid_utf8(const char *str)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    while (*s) {
-        unsigned c = *s, n, cp;
-        if (c < 0x80) {
-            s++;
-            continue;
-        }
-        if (c >= 0xc2 && c <= 0xdf)
-            n = 1, cp = c & 0x1f;
-        else if (c >= 0xe0 && c <= 0xef)
-            n = 2, cp = c & 0x0f;
-        else if (c >= 0xf0 && c <= 0xf4)
-            n = 3, cp = c & 0x07;
-        else
-            return 0;
-        for (unsigned i = 1; i <= n; i++) {
-            if ((s[i] & 0xc0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (s[i] & 0x3f);
-        }
-        if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
-            return 0;
-        s += n + 1;
-    }
-    return 1;
-}
-
 KVT_API int kvt_service_ns(const char *adapter, const char *version, char *buf, size_t cap)
 {
     if (!buf || cap == 0)
@@ -268,7 +237,7 @@ KVT_API int kvt_service_ns(const char *adapter, const char *version, char *buf, 
         return kvt__fail(KVT_EINVAL, "namespace: adapter name '%s' contains '@'", adapter);
     if (has_control(adapter))
         return kvt__fail(KVT_EINVAL, "namespace: adapter name contains a control character");
-    if (!valid_utf8(adapter))
+    if (!kvt__utf8_valid(adapter))
         return kvt__fail(KVT_EINVAL, "namespace: adapter name is not valid UTF-8");
     if (!strncmp(adapter, "object:", 7))
         return kvt__fail(KVT_EINVAL, "namespace: adapter name '%s' starts with the reserved 'object:'",
@@ -279,7 +248,7 @@ KVT_API int kvt_service_ns(const char *adapter, const char *version, char *buf, 
     if (has_control(version))
         return kvt__fail(KVT_EINVAL, "namespace: version of adapter '%s' contains a control character",
                          adapter);
-    if (!valid_utf8(version))
+    if (!kvt__utf8_valid(version))
         return kvt__fail(KVT_EINVAL, "namespace: version of adapter '%s' is not valid UTF-8", adapter);
     int n = snprintf(buf, cap, "%s@%s", adapter, version);
     if (n < 0 || (size_t)n >= cap) {

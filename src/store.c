@@ -1886,26 +1886,18 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
 
 /* ---- writes ---------------------------------------------------------------------- */
 
-/* Whether s is valid UTF-8 (shard metadata is JSON). */
-static int utf8_ok(const char *s)
-{
-    json_t *j = json_string(s);
-    json_decref(j);
-    return j != NULL;
-}
-
 static int check_entry(const kvt_entry *e, const char *fn)
 {
     if (!e || !e->ns || e->n_tokens < 0 || (e->n_tokens && !e->tokens) || e->n_caches < 0 ||
         (e->n_caches && !e->caches) || e->n_attachments < 0 || (e->n_attachments && !e->attachments))
         return kvt__fail(KVT_EINVAL, "%s: entry is NULL or inconsistent", fn);
-    if (!utf8_ok(e->ns))
+    if (!kvt__utf8_valid(e->ns))
         return kvt__fail(KVT_EINVAL, "%s: namespace is not valid UTF-8", fn);
     for (int32_t l = 0; l < e->n_caches; l++)
         if (!e->caches[l])
             return kvt__fail(KVT_EINVAL, "%s: layer %d is NULL", fn, (int)l);
     for (int32_t a = 0; a < e->n_attachments; a++)
-        if (e->attachments[a] && !utf8_ok(e->attachments[a]->name))
+        if (e->attachments[a] && !kvt__utf8_valid(e->attachments[a]->name))
             return kvt__fail(KVT_EINVAL, "%s: attachment %d's name is not valid UTF-8", fn, (int)a);
     return 0;
 }
@@ -2198,7 +2190,8 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     if (strlen(id->model_id) > KVT__ID_MAX || strlen(id->config_fingerprint) > KVT__ID_MAX ||
         strlen(id->tokenizer_hash) > KVT__ID_MAX)
         return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is over %d bytes", KVT__ID_MAX);
-    if (!utf8_ok(id->model_id) || !utf8_ok(id->config_fingerprint) || !utf8_ok(id->tokenizer_hash))
+    if (!kvt__utf8_valid(id->model_id) || !kvt__utf8_valid(id->config_fingerprint) ||
+        !kvt__utf8_valid(id->tokenizer_hash))
         return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is not valid UTF-8");
     if (opts && (opts->restore_threads < 0 || opts->restore_threads > 16))
         return kvt__fail(KVT_EINVAL, "kvt_store_open: restore_threads %d outside 0..16", opts->restore_threads);
