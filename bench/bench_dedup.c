@@ -43,19 +43,24 @@ static int append_tokens(kvt_cache **c, int layers, int32_t kv_dim, int64_t n)
     return rc;
 }
 
+static void usage(FILE *f) { fprintf(f, "usage: kvtier bench dedup [--entries N] [--system TOKENS] [--block B]\n"); }
+
 int kvt_bench_dedup(int argc, char **argv)
 {
     int n_entries = 200, layers = 2, sys_tokens = 16384, tail_min = 1000, tail_max = 3000;
     int32_t kv_dim = 16, block = 256;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--entries") && i + 1 < argc)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--entries") && i + 1 < argc)
             n_entries = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--block") && i + 1 < argc)
             block = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--system") && i + 1 < argc)
             sys_tokens = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: kvtier bench dedup [--entries N] [--system TOKENS] [--block B]\n");
+            usage(stderr);
             return 2;
         }
     }

@@ -167,9 +167,9 @@ static int size_run(int32_t kv_dim, int reps, double *med_us, uint64_t *copied, 
     return rc != 0;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: kvtier bench lookup [--entries N] [--prompt TOKENS] [--layers L] [--reps R] [--quick]\n");
+    fprintf(f, "usage: kvtier bench lookup [--entries N] [--prompt TOKENS] [--layers L] [--reps R] [--quick]\n");
 }
 
 int kvt_bench_lookup(int argc, char **argv)
@@ -179,7 +179,10 @@ int kvt_bench_lookup(int argc, char **argv)
     int32_t kv_dim = 4, block = 256;
     int skip_size = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--entries") && i + 1 < argc)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--entries") && i + 1 < argc)
             n_entries = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
             prompt_len = atoll(argv[++i]);
@@ -193,7 +196,7 @@ int kvt_bench_lookup(int argc, char **argv)
             base_reps = 5;
             skip_size = 1;
         } else {
-            usage();
+            usage(stderr);
             return 2;
         }
     }

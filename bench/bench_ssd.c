@@ -194,7 +194,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvtier bench ssd [--dir DIR] [--sizes 64M,256M,1G] [--layers N] [--kv-dim N]\n"
                "                        [--block-tokens N] [--reads N]\n"
                "  store/restore GB/s of SIZE bytes of kv state vs raw write+fsync / read of DIR;\n"
-               "  read figures are the best of N runs (default 3), each after dropping the page cache\n");
+               "  every figure is the best of N runs (default 3), writes on fresh directories,\n"
+               "  reads each after dropping the page cache\n");
 }
 
 int kvt_bench_ssd(int argc, char **argv)
