@@ -1,6 +1,7 @@
 /*
  * common.c: status strings, the thread-local error detail, the pluggable
- * allocator, the monotonic clock and the UTF-8 check every module uses.
+ * allocator, the clocks (now, condition-variable deadlines) and the UTF-8
+ * check every module uses.
  * Owns no other state.
  */
 #include "internal.h"
@@ -85,6 +86,16 @@ KVT_API uint64_t kvt_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 KVT_API uint64_t kvt_now_ms(void) { return kvt_now_ns() / 1000000ull; }
+
+struct timespec kvt__deadline(clockid_t clock, uint64_t ms)
+{
+    struct timespec t;
+    clock_gettime(clock, &t);
+    uint64_t ns = (uint64_t)t.tv_nsec + (ms % 1000) * 1000000ull;
+    t.tv_sec += (time_t)(ms / 1000 + ns / 1000000000ull);
+    t.tv_nsec = (long)(ns % 1000000000ull);
+    return t;
+}
 
 /* Hand-decoded (no allocation), so it is cheap on every put and open. */
 int kvt__utf8_valid(const char *str)

@@ -9,6 +9,8 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <time.h>
 
 void *kvt__malloc(size_t bytes);
 void *kvt__calloc(size_t n, size_t size);
@@ -25,6 +27,10 @@ void kvt__clear_error(void);
  * past U+10FFFF), else 0 (also for NULL): names that tiers write into JSON
  * (namespaces, identity strings, attachment names). Thread-safe. */
 int kvt__utf8_valid(const char *str);
+/** The absolute time `ms` milliseconds from now on `clock` (CLOCK_MONOTONIC
+ * or CLOCK_REALTIME, matching the condition variable's clock), for
+ * pthread_cond_timedwait. Thread-safe. */
+struct timespec kvt__deadline(clockid_t clock, uint64_t ms);
 
 #define KVT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define KVT__MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -1673,13 +1673,7 @@ KVT_API int kvt_lease_wait(kvt_lease *lease, uint64_t timeout_ms)
         return 0;
     kvt_prompt_cache *pc = lease->pc;
     pc_read *r = lease->read;
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    if (timeout_ms != UINT64_MAX) {
-        uint64_t ns = (uint64_t)dl.tv_nsec + (timeout_ms % 1000) * 1000000ULL;
-        dl.tv_sec += (time_t)(timeout_ms / 1000 + ns / 1000000000ULL);
-        dl.tv_nsec = (long)(ns % 1000000000ULL);
-    }
+    struct timespec dl = kvt__deadline(CLOCK_MONOTONIC, timeout_ms == UINT64_MAX ? 0 : timeout_ms);
     pthread_mutex_lock(&pc->mu);
     while (!r->done) {
         if (timeout_ms == UINT64_MAX)

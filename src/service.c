@@ -88,14 +88,7 @@ static void *demoter_main(void *arg)
     uint64_t every = KVT__MAX(s->demote_idle_ms / 4, 10);
     pthread_mutex_lock(&s->mu);
     while (!s->closed) {
-        struct timespec t;
-        clock_gettime(CLOCK_REALTIME, &t);
-        t.tv_sec += (time_t)(every / 1000);
-        t.tv_nsec += (long)(every % 1000) * 1000000L;
-        if (t.tv_nsec >= 1000000000L) {
-            t.tv_sec++;
-            t.tv_nsec -= 1000000000L;
-        }
+        struct timespec t = kvt__deadline(CLOCK_REALTIME, every);
         pthread_cond_timedwait(&s->stop, &s->mu, &t);
         if (s->closed)
             break;
@@ -409,16 +402,7 @@ KVT_API int kvt_service_admit_wait(kvt_service *svc, const kvt_request *req, int
     *out = NULL;
     if (!svc)
         return kvt__fail(KVT_EINVAL, "service: NULL service");
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    if (timeout_ms > 0) {
-        deadline.tv_sec += (time_t)(timeout_ms / 1000);
-        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
-    }
+    struct timespec deadline = kvt__deadline(CLOCK_REALTIME, timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
     pthread_mutex_lock(&svc->mu);
     int rc;
     for (;;) {
