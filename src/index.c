@@ -96,6 +96,21 @@ static inode *kid_of(const inode *nd, int32_t t)
     return found ? nd->kids[i] : NULL;
 }
 
+/* Leading tokens of kid's edge that t[0..avail) matches (<= edge_len). */
+static int64_t edge_match(const inode *kid, const int32_t *t, int64_t avail)
+{
+    int64_t m = 0, lim = KVT__MIN(kid->edge_len, avail);
+    while (m < lim && kid->edge[m] == t[m])
+        m++;
+    return m;
+}
+
+/* Whether t[0..avail) starts with kid's whole edge. */
+static int edge_within(const inode *kid, const int32_t *t, int64_t avail)
+{
+    return kid->edge_len <= avail && memcmp(kid->edge, t, (size_t)kid->edge_len * sizeof(int32_t)) == 0;
+}
+
 static int add_kid(inode *nd, inode *kid, uint32_t at)
 {
     if (nd->n_kids == nd->cap_kids) {
@@ -236,9 +251,7 @@ int kvt__index_insert(kvt__index *ix, const char *ns, const int32_t *tokens, int
             break;
         }
         inode *kid = nd->kids[slot];
-        int64_t m = 1, lim = KVT__MIN(kid->edge_len, n - d);
-        while (m < lim && kid->edge[m] == tokens[d + m])
-            m++;
+        int64_t m = edge_match(kid, tokens + d, n - d);
         if (m < kid->edge_len) {
             kid = split(ix, kid, m); /* a valueless node with one kid: a valid tree */
             if (!kid)
@@ -264,9 +277,7 @@ static inode *find_node(const kvt__index *ix, const char *ns, const int32_t *tok
     int64_t d = 0;
     while (nd && d < n) {
         inode *kid = kid_of(nd, tokens[d]);
-        if (!kid || kid->edge_len > n - d)
-            return NULL;
-        if (memcmp(kid->edge, tokens + d, (size_t)kid->edge_len * sizeof(int32_t)) != 0)
+        if (!kid || !edge_within(kid, tokens + d, n - d))
             return NULL;
         d += kid->edge_len;
         nd = kid;
@@ -345,9 +356,7 @@ int64_t kvt__index_lookup(const kvt__index *ix, const char *ns, const int32_t *p
         inode *kid = kid_of(nd, prompt[d]);
         if (!kid)
             break;
-        int64_t m = 1, lim = KVT__MIN(kid->edge_len, cap - d);
-        while (m < lim && kid->edge[m] == prompt[d + m])
-            m++;
+        int64_t m = edge_match(kid, prompt + d, cap - d);
         /* every value below kid shares d + m tokens with the prompt */
         if (kid->sub_reach <= d + m && d + m > best_b) {
             best_b = d + m;
@@ -394,9 +403,7 @@ void kvt__index_prefixes(const kvt__index *ix, const char *ns, const int32_t *to
         if (nd->val)
             fn(nd->val, d, ctx);
         inode *kid = kid_of(nd, tokens[d]);
-        if (!kid || kid->edge_len > n - d)
-            return;
-        if (memcmp(kid->edge, tokens + d, (size_t)kid->edge_len * sizeof(int32_t)) != 0)
+        if (!kid || !edge_within(kid, tokens + d, n - d))
             return;
         d += kid->edge_len;
         nd = kid;
