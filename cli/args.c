@@ -5,6 +5,8 @@
  */
 #include "args.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 
 int kvt_cli_bytes(const char *s, uint64_t *out, const char **endp)
@@ -30,5 +32,31 @@ int kvt_cli_bytes(const char *s, uint64_t *out, const char **endp)
     else if (*end)
         return -1;
     *out = (uint64_t)(v * m);
+    return 0;
+}
+
+int kvt_cli_int(const char *s, long long lo, long long hi, long long *out)
+{
+    if (!s)
+        return -1;
+    char *end;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || end == s || *end || x < lo || x > hi)
+        return -1;
+    *out = x;
+    return 0;
+}
+
+int kvt_cli_float(const char *s, float lo, float hi, float *out)
+{
+    if (!s)
+        return -1;
+    char *end;
+    errno = 0;
+    float x = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(x) || x < lo || x > hi)
+        return -1;
+    *out = x;
     return 0;
 }

@@ -17,4 +17,13 @@
  *   are then left alone. */
 int kvt_cli_bytes(const char *s, uint64_t *out, const char **end);
 
+/** Parses all of s as a decimal integer (strtoll syntax) in [lo, hi].
+ * @return 0, or -1 when s is NULL or empty, has anything after the number,
+ *   or the number is out of range (*out is then left alone). */
+int kvt_cli_int(const char *s, long long lo, long long hi, long long *out);
+
+/** Parses all of s as a finite number (strtof syntax) in [lo, hi] (hi may
+ * be INFINITY). @return 0, or -1 as kvt_cli_int (also for NaN and inf). */
+int kvt_cli_float(const char *s, float lo, float hi, float *out);
+
 #endif

@@ -7,6 +7,7 @@
  * engine/chat.c. Must never print anything else on stderr between turns.
  */
 #include "chat.h"
+#include "args.h"
 #include "cli.h"
 
 #include <ctype.h>
@@ -75,31 +76,21 @@ static int usage_error(const char *msg, const char *arg)
 
 static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
-    char *end = NULL;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || !end || *end || end == v || x < lo || x > hi) {
-        fprintf(stderr, "kvtier chat: %s wants an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, v);
-        return 2;
-    }
-    *out = x;
-    return 0;
+    if (!kvt_cli_int(v, lo, hi, out))
+        return 0;
+    fprintf(stderr, "kvtier chat: %s wants an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, v);
+    return 2;
 }
 
 static int parse_f32(const char *flag, const char *v, float lo, float hi, float *out)
 {
-    char *end = NULL;
-    errno = 0;
-    float x = strtof(v, &end);
-    if (errno || !end || *end || end == v || !isfinite(x) || !(x >= lo && x <= hi)) {
-        if (isinf(hi))
-            fprintf(stderr, "kvtier chat: %s wants a finite number >= %g, got '%s'\n", flag, lo, v);
-        else
-            fprintf(stderr, "kvtier chat: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
-        return 2;
-    }
-    *out = x;
-    return 0;
+    if (!kvt_cli_float(v, lo, hi, out))
+        return 0;
+    if (isinf(hi))
+        fprintf(stderr, "kvtier chat: %s wants a finite number >= %g, got '%s'\n", flag, lo, v);
+    else
+        fprintf(stderr, "kvtier chat: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
+    return 2;
 }
 
 /* Prints a reply: printable ASCII, tab, newline and UTF-8 bytes as they

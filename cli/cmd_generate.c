@@ -5,10 +5,10 @@
  * of the model, tokenizer and sampler of one run. It must never print
  * anything but the generated text on stdout (errors and timing go to stderr).
  */
+#include "args.h"
 #include "cli.h"
 #include "generate.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,33 +56,23 @@ static int bad(const char *flag, const char *value, const char *why)
 
 static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end != '\0' || x < lo || x > hi) {
-        char why[96];
-        snprintf(why, sizeof why, "need an integer in [%lld, %lld]", lo, hi);
-        return bad(flag, v, why);
-    }
-    *out = x;
-    return 0;
+    if (!kvt_cli_int(v, lo, hi, out))
+        return 0;
+    char why[96];
+    snprintf(why, sizeof why, "need an integer in [%lld, %lld]", lo, hi);
+    return bad(flag, v, why);
 }
 
 static int parse_f32(const char *flag, const char *v, float lo, float hi, float *out)
 {
-    char *end;
-    errno = 0;
-    float x = strtof(v, &end);
-    if (errno || end == v || *end != '\0' || !isfinite(x) || x < lo || x > hi) {
-        char why[96];
-        if (isinf(hi))
-            snprintf(why, sizeof why, "need a number >= %g", (double)lo);
-        else
-            snprintf(why, sizeof why, "need a number in [%g, %g]", (double)lo, (double)hi);
-        return bad(flag, v, why);
-    }
-    *out = x;
-    return 0;
+    if (!kvt_cli_float(v, lo, hi, out))
+        return 0;
+    char why[96];
+    if (isinf(hi))
+        snprintf(why, sizeof why, "need a number >= %g", (double)lo);
+    else
+        snprintf(why, sizeof why, "need a number in [%g, %g]", (double)lo, (double)hi);
+    return bad(flag, v, why);
 }
 
 static int fail(const char *what, int rc)

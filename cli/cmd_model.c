@@ -6,6 +6,7 @@
  * engine/synth.c and engine/default_model.c. Never writes anything but the
  * requested file.
  */
+#include "args.h"
 #include "cli.h"
 #include "model.h"
 
@@ -27,15 +28,10 @@ static void usage(FILE *f)
 
 static int parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out)
 {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "kvtier model: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    if (!kvt_cli_int(s, lo, hi, out))
+        return 0;
+    fprintf(stderr, "kvtier model: %s expects an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, s);
+    return -1;
 }
 
 static int parse_layers(const char *flag, const char *list, kvt_synth_params *p, kvt_layer_kind kind)

@@ -5,12 +5,14 @@
  * charts them with gnuplot. It owns the command line, the progress bar and
  * the output formats; replay logic lives in the library (src/replay*.c).
  */
+#include "args.h"
 #include "cli.h"
 
 #include "kvtier/replay.h"
 #include "kvtier/retention_block.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,10 +68,8 @@ static void usage(FILE *f)
 
 static int parse_i64(const char *flag, const char *s, int64_t min, int64_t *out)
 {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s ? s : "", &end, 10);
-    if (!s || !*s || *end || errno || v < min) {
+    long long v;
+    if (kvt_cli_int(s, min, LLONG_MAX, &v)) {
         fprintf(stderr, "kvtier replay: %s needs an integer >= %lld, got '%s'\n", flag,
                 (long long)min, s ? s : "");
         return -1;
