@@ -81,6 +81,16 @@ static unsigned flags_of(const kvt__pc_blocks *b, int64_t i, int64_t n_keys, int
     return (i == n_keys - 1 && n_tokens % b->block_tokens) ? KVT_BLOCK_TAIL : 0;
 }
 
+/* One holder of key lets go; a block with none left leaves the policy. */
+static void unhold(kvt__pc_blocks *b, uint64_t key)
+{
+    uint64_t *v = kvt__umap_get(&b->holders, key);
+    if (v && (--*v & 0xffffffffu) == 0) {
+        kvt__umap_del(&b->holders, key);
+        kvt_block_policy_remove(b->policy, key);
+    }
+}
+
 int kvt__pc_blocks_add(kvt__pc_blocks *b, void *owner, const uint64_t *keys, int64_t n_keys,
                        int64_t n_tokens)
 {
@@ -104,13 +114,8 @@ int kvt__pc_blocks_add(kvt__pc_blocks *b, void *owner, const uint64_t *keys, int
         rc = kvt__umap_put(&b->tails, keys[n_keys - 1], (uint64_t)(uintptr_t)owner);
     if (rc) {
         /* undo the holders added so far (blocks new to the policy leave it) */
-        for (int64_t j = 0; j < i; j++) {
-            uint64_t *v = kvt__umap_get(&b->holders, keys[j]);
-            if (v && (--*v & 0xffffffffu) == 0) {
-                kvt__umap_del(&b->holders, keys[j]);
-                kvt_block_policy_remove(b->policy, keys[j]);
-            }
-        }
+        for (int64_t j = 0; j < i; j++)
+            unhold(b, keys[j]);
         return kvt__fail(KVT_ENOMEM, "block eviction: out of memory tracking %lld blocks", (long long)n_keys);
     }
     kvt__pc_blocks_touch(b, keys, n_keys, n_keys, n_tokens);
@@ -134,13 +139,8 @@ void kvt__pc_blocks_drop(kvt__pc_blocks *b, void *owner, const uint64_t *keys, i
         if (t && *t == (uint64_t)(uintptr_t)owner)
             kvt__umap_del(&b->tails, keys[n_keys - 1]);
     }
-    for (int64_t i = from; i < n_keys; i++) {
-        uint64_t *v = kvt__umap_get(&b->holders, keys[i]);
-        if (v && (--*v & 0xffffffffu) == 0) {
-            kvt__umap_del(&b->holders, keys[i]);
-            kvt_block_policy_remove(b->policy, keys[i]);
-        }
-    }
+    for (int64_t i = from; i < n_keys; i++)
+        unhold(b, keys[i]);
     /* a cut entry ends in keys[from-1] now; the put may fail on OOM, then the
      * block simply has no tail owner and is dropped when it is the victim */
     if (from > 0 && from <= n_keys)
