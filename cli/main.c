@@ -36,7 +36,7 @@ int main(int argc, char **argv)
     const kvt_subcommand cmds[] = {
         {"generate", kvt_cmd_generate, "generate text with the reference engine (llama2.c checkpoints)"},
         {"chat", kvt_cmd_chat, "multi-turn chat that prefills only new tokens (the main job)"},
-        {"model", kvt_cmd_model, "model synth: write a deterministic synthetic checkpoint"},
+        {"model", kvt_cmd_model, "model synth|info|default: synthetic checkpoints, a checkpoint's shape"},
         {"replay", kvt_cmd_replay, "replay a serving trace through the prompt cache"},
         {"store", kvt_cmd_store, "store inspect|verify|gc: the SSD tier on disk"},
         {"bench", NULL, "run a benchmark (see below)"},
