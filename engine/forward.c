@@ -290,7 +290,8 @@ static int attn_window(kvt_model *m, kvt_cache *cache, int T)
     return 0;
 }
 
-/* Gated linear recurrence over the chunk; leaves out (T, dim) in s.att. */
+/* Gated linear recurrence over the chunk; leaves out (T, dim), already
+ * through wo, in s.xb (its input, read before). */
 static int recurrent(kvt_model *m, kvt_cache *cache, int l, int T)
 {
     const kvt_model_config *c = &m->cfg;
@@ -315,7 +316,7 @@ static int recurrent(kvt_model *m, kvt_cache *cache, int l, int T)
     int rc = kvt_cache_append(cache, T, in);
     if (rc != 0)
         return rc;
-    matmul(m, m->s.att, A, m->w.wo + (size_t)l * d * d, T, d, d);
+    matmul(m, m->s.xb, A, m->w.wo + (size_t)l * d * d, T, d, d);
     return 0;
 }
 
@@ -357,13 +358,9 @@ static int forward_chunk(kvt_model *m, kvt_cache **caches, const int32_t *tokens
             if (rc != 0)
                 return rc;
             matmul(m, s->xb, s->att, w->wo + l * dd, T, d, d);
-            for (size_t i = 0; i < (size_t)T * d; i++)
-                s->x[i] += s->xb[i];
-            goto ffn;
         }
-        for (size_t i = 0; i < (size_t)T * d; i++)
-            s->x[i] += s->att[i];
-    ffn:
+        for (size_t i = 0; i < (size_t)T * d; i++) /* residual: both branches leave out in xb */
+            s->x[i] += s->xb[i];
         for (int t = 0; t < T; t++)
             rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, w->rms_ffn + (size_t)l * d, d);
         matmul(m, s->hb, s->xb, w->w1 + l * hdd, T, d, hd);
