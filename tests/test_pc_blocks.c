@@ -56,19 +56,6 @@ static void done(fixture *f)
     kvt_block_policy_destroy(f->bp);
 }
 
-static kvt_prompt_cache_stats stats(kvt_prompt_cache *pc)
-{
-    kvt_prompt_cache_stats s;
-    kvt_prompt_cache_stats_get(pc, &s);
-    return s;
-}
-
-static void seq(int32_t *t, int64_t n, int32_t base)
-{
-    for (int64_t i = 0; i < n; i++)
-        t[i] = base + (int32_t)i;
-}
-
 static int has(kvt_prompt_cache *pc, const int32_t *t, int64_t n)
 {
     return kvt_prompt_cache_find_exact(pc, t, n, "", NULL);
@@ -77,9 +64,9 @@ static int has(kvt_prompt_cache *pc, const int32_t *t, int64_t n)
 /* Lowers the budget by `bytes` below what the cache holds now. */
 static void squeeze(kvt_prompt_cache *pc, size_t bytes)
 {
-    size_t now = stats(pc).bytes;
+    size_t now = pcu_stats(pc).bytes;
     assert_int_equal(kvt_prompt_cache_set_max_bytes(pc, now > bytes ? now - bytes : 0), 0);
-    assert_true(stats(pc).bytes <= stats(pc).max_bytes);
+    assert_true(pcu_stats(pc).bytes <= pcu_stats(pc).max_bytes);
 }
 
 /* take of prompt (n), then the engine extends and puts the whole prompt. */
@@ -109,12 +96,12 @@ static void test_cut_tail_not_entry(void **state)
     (void)state;
     fixture f = mk("lru", 16);
     int32_t a[13];
-    seq(a, 13, 100);
+    pcu_seq(a, 13, 100);
     assert_int_equal(pcu_put_fresh(f.pc, "", a, 12, "k", NULL), 0);
     squeeze(f.pc, 1);
     assert_true(has(f.pc, a, 8));
     assert_false(has(f.pc, a, 12));
-    kvt_prompt_cache_stats s = stats(f.pc);
+    kvt_prompt_cache_stats s = pcu_stats(f.pc);
     assert_int_equal(s.block_cuts, 1);
     assert_int_equal(s.blocks_cut, 1);
     assert_int_equal(s.evictions, 0);
@@ -129,14 +116,14 @@ static void test_partial_tail_first(void **state)
     (void)state;
     fixture f = mk("lru", 16);
     int32_t a[10], b[8];
-    seq(b, 8, 500);
-    seq(a, 10, 100);
+    pcu_seq(b, 8, 500);
+    pcu_seq(a, 10, 100);
     assert_int_equal(turn(f.pc, b, 8), 0);  /* older */
     assert_int_equal(turn(f.pc, a, 10), 0); /* newer, ends in a 2-token tail */
     squeeze(f.pc, 1);
     assert_true(has(f.pc, a, 8));
     assert_true(has(f.pc, b, 8));
-    assert_int_equal(stats(f.pc).blocks_cut, 1);
+    assert_int_equal(pcu_stats(f.pc).blocks_cut, 1);
     /* then plain recency: b's last block */
     squeeze(f.pc, 1);
     assert_true(has(f.pc, b, 4));
@@ -149,31 +136,31 @@ static void test_leaf_first_shared_prefix(void **state)
     (void)state;
     fixture f = mk("lru", 16);
     int32_t a[12], b[12];
-    seq(a, 12, 100);
+    pcu_seq(a, 12, 100);
     memcpy(b, a, 8 * sizeof *a);
-    seq(b + 8, 4, 900);
+    pcu_seq(b + 8, 4, 900);
     assert_int_equal(turn(f.pc, a, 12), 0);
     assert_int_equal(turn(f.pc, b, 12), 8);
-    size_t before = stats(f.pc).bytes;
+    size_t before = pcu_stats(f.pc).bytes;
     /* a's own tail is the oldest block */
     squeeze(f.pc, 1);
     assert_true(has(f.pc, a, 8));
     assert_true(has(f.pc, b, 12));
-    assert_true(stats(f.pc).bytes < before);
+    assert_true(pcu_stats(f.pc).bytes < before);
     /* then b's tail (deeper than the shared blocks it was used with); b cut
      * back to the shared prefix replaces a's remainder */
     squeeze(f.pc, 1);
     assert_true(has(f.pc, b, 8));
     assert_false(has(f.pc, b, 12));
-    kvt_prompt_cache_stats s = stats(f.pc);
+    kvt_prompt_cache_stats s = pcu_stats(f.pc);
     assert_int_equal(s.entries, 1);
     assert_true(s.replacements >= 1);
     /* then the shared prefix from its end, never its head first */
     squeeze(f.pc, 1);
     assert_true(has(f.pc, a, 4));
     squeeze(f.pc, 1);
-    assert_int_equal(stats(f.pc).entries, 0);
-    assert_int_equal(stats(f.pc).evictions, 1);
+    assert_int_equal(pcu_stats(f.pc).entries, 0);
+    assert_int_equal(pcu_stats(f.pc).evictions, 1);
     done(&f);
 }
 
@@ -182,8 +169,8 @@ static void test_untrimmable_whole(void **state)
     (void)state;
     fixture f = mk("lru", 16);
     int32_t u[8], t[12];
-    seq(u, 8, 100);
-    seq(t, 12, 300);
+    pcu_seq(u, 8, 100);
+    pcu_seq(t, 12, 300);
     kvt_cache *c[1];
     kvt_attachment *att[1];
     assert_int_equal(pcu_fresh("k", c, u, 8), 0);
@@ -196,7 +183,7 @@ static void test_untrimmable_whole(void **state)
     assert_true(has(f.pc, t, 8));
     /* at budget 0 the trimmable entry is cut to nothing, then u leaves whole */
     assert_int_equal(kvt_prompt_cache_set_max_bytes(f.pc, 0), 0);
-    kvt_prompt_cache_stats s = stats(f.pc);
+    kvt_prompt_cache_stats s = pcu_stats(f.pc);
     assert_int_equal(s.entries, 0);
     assert_int_equal(s.bytes, 0);
     assert_int_equal(s.evictions, 2);
@@ -209,8 +196,8 @@ static void test_pinned_not_cut(void **state)
     (void)state;
     fixture f = mk("lru", 16);
     int32_t t[12], v[12];
-    seq(t, 12, 100);
-    seq(v, 12, 300);
+    pcu_seq(t, 12, 100);
+    pcu_seq(v, 12, 300);
     assert_int_equal(turn(f.pc, t, 12), 0);
     assert_int_equal(turn(f.pc, v, 12), 0);
     kvt_lease *lease = NULL;
@@ -219,7 +206,7 @@ static void test_pinned_not_cut(void **state)
     squeeze(f.pc, 1);
     assert_true(has(f.pc, t, 12));
     assert_false(has(f.pc, v, 12));
-    assert_int_equal(stats(f.pc).evictions, 1);
+    assert_int_equal(pcu_stats(f.pc).evictions, 1);
     kvt_lease_release(lease);
     done(&f);
 }
@@ -230,8 +217,8 @@ static void test_lfu_keeps_reused(void **state)
     for (int pass = 0; pass < 2; pass++) {
         fixture f = mk(pass ? "lfu-aged" : "lru", 4);
         int32_t x[9], y[8];
-        seq(x, 9, 100);
-        seq(y, 8, 700);
+        pcu_seq(x, 9, 100);
+        pcu_seq(y, 8, 700);
         assert_int_equal(turn(f.pc, x, 8), 0);
         assert_int_equal(turn(f.pc, x, 9), 8); /* x's blocks used twice */
         assert_int_equal(turn(f.pc, y, 8), 0); /* y once, later */
@@ -257,7 +244,7 @@ static void test_cut_spills_once(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     fixture f = mk_cold("lru", 16, mem_tier_iface(mt));
     int32_t a[13];
-    seq(a, 13, 100);
+    pcu_seq(a, 13, 100);
     assert_int_equal(pcu_put_fresh(f.pc, "", a, 12, "k", NULL), 0);
     squeeze(f.pc, 1);
     assert_true(has(f.pc, a, 8));
@@ -268,7 +255,7 @@ static void test_cut_spills_once(void **state)
     assert_int_equal(mem_tier_counts_get(mt).spills, 1);
     /* cut to nothing: the cold tier already holds a longer prefix */
     squeeze(f.pc, 1);
-    assert_int_equal(stats(f.pc).entries, 0);
+    assert_int_equal(pcu_stats(f.pc).entries, 0);
     assert_int_equal(mem_tier_counts_get(mt).spills, 1);
     kvt_hit h;
     assert_int_equal(kvt_prompt_cache_take(f.pc, a, 13, "", NULL, &h), 0);
@@ -291,11 +278,11 @@ static void test_out_of_memory(void **state)
     for (k = 1; k < 5000; k++) {
         fixture f = mk(k % 2 ? "lru" : "lfu-aged", 8);
         int32_t a[20], b[20];
-        seq(a, 20, 1);
+        pcu_seq(a, 20, 1);
         memcpy(b, a, 8 * sizeof *a);
-        seq(b + 8, 12, 900);
+        pcu_seq(b + 8, 12, 900);
         assert_int_equal(pcu_put_fresh(f.pc, "", a, 14, "k", NULL), 0);
-        size_t one = stats(f.pc).bytes;
+        size_t one = pcu_stats(f.pc).bytes;
         assert_int_equal(kvt_prompt_cache_set_max_bytes(f.pc, one + one / 4), 0);
         kvt_cache *c[1];
         assert_int_equal(pcu_fresh("k", c, b, 16), 0);
@@ -315,7 +302,7 @@ static void test_out_of_memory(void **state)
             else if (!(rcs[i] == 0 || (i == 2 && rcs[i] == KVT_ENOTFOUND)))
                 fail_msg("allocation %ld: call %d returned %d (%s)", k, i, rcs[i], kvt_last_error());
         }
-        kvt_prompt_cache_stats s = stats(f.pc);
+        kvt_prompt_cache_stats s = pcu_stats(f.pc);
         assert_true(s.bytes <= s.max_bytes);
         for (int64_t n = 1; n <= 16; n++) {
             int64_t pa = kvt_prompt_cache_peek(f.pc, a, 20, "", NULL);
@@ -326,7 +313,7 @@ static void test_out_of_memory(void **state)
                 assert_true(pb >= n);
         }
         kvt_prompt_cache_clear(f.pc);
-        assert_int_equal(stats(f.pc).bytes, 0);
+        assert_int_equal(pcu_stats(f.pc).bytes, 0);
         assert_int_equal(kvt_block_policy_count(f.bp), 0);
         done(&f);
         if (oom_calls() < k)
@@ -353,16 +340,16 @@ static void test_random_turns(void **state)
         size_t one = 0;
         { /* bytes of one 4-token entry, to size the budget */
             int32_t p[4];
-            seq(p, 4, 5000);
+            pcu_seq(p, 4, 5000);
             assert_int_equal(pcu_put_fresh(f.pc, "", p, 4, "k", NULL), 0);
-            one = stats(f.pc).bytes;
+            one = pcu_stats(f.pc).bytes;
         }
         assert_int_equal(kvt_prompt_cache_set_max_bytes(f.pc, one * 12), 0);
         enum { CONV = 6, MAXLEN = 64 };
         int32_t conv[CONV][MAXLEN];
         int64_t len[CONV] = {0};
         for (int c = 0; c < CONV; c++)
-            seq(conv[c], 5, 10000 * (c % 3)); /* three shared system prompts */
+            pcu_seq(conv[c], 5, 10000 * (c % 3)); /* three shared system prompts */
         int64_t hits = 0;
         for (int step = 0; step < 400; step++) {
             int c = rand() % CONV;
@@ -374,13 +361,45 @@ static void test_random_turns(void **state)
             len[c] += add;
             int64_t p = turn(f.pc, conv[c], len[c]);
             hits += p > 0;
-            kvt_prompt_cache_stats s = stats(f.pc);
+            kvt_prompt_cache_stats s = pcu_stats(f.pc);
             assert_true(s.bytes <= s.max_bytes);
         }
         assert_true(hits > 0);
-        assert_true(stats(f.pc).blocks_cut > 0);
+        assert_true(pcu_stats(f.pc).blocks_cut > 0);
         done(&f);
     }
+}
+
+/* An entry a prefetch read publishes is block-tracked like a put one: its
+ * blocks enter the policy and a squeeze cuts its tail, not the whole entry
+ * (the read's entry used to skip the block keys and only left whole). */
+static void test_prefetched_entry_is_cut(void **state)
+{
+    (void)state;
+    mem_tier *mt = NULL;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    fixture f = mk_cold("lru", 16, mem_tier_iface(mt));
+    int32_t a[13];
+    pcu_seq(a, 13, 300);
+    assert_int_equal(pcu_put_fresh(f.pc, "", a, 12, "k", NULL), 0);
+    int64_t n_ev = 0;
+    assert_int_equal(kvt_prompt_cache_evict(f.pc, 1, &n_ev), 0);
+    assert_int_equal(n_ev, 1);
+    mem_tier_quiesce(mt);
+    assert_true(mem_tier_has(mt, "", a, 12));
+    assert_int_equal(kvt_block_policy_count(f.bp), 0);
+    kvt_lease *l = NULL;
+    assert_int_equal(kvt_prompt_cache_prefetch(f.pc, a, 13, "", NULL, &l), 0);
+    assert_int_equal(kvt_lease_wait(l, UINT64_MAX), 0);
+    kvt_lease_release(l);
+    assert_true(has(f.pc, a, 12));
+    assert_int_equal(kvt_block_policy_count(f.bp), 3);
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 8));
+    assert_false(has(f.pc, a, 12));
+    assert_int_equal(pcu_stats(f.pc).block_cuts, 1);
+    done(&f);
+    mem_tier_destroy(mt);
 }
 
 int main(void)
@@ -395,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_cut_spills_once),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_random_turns),
+        cmocka_unit_test(test_prefetched_entry_is_cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,19 +30,6 @@ static kvt_prompt_cache *mk(size_t max_bytes, const kvt_cold_tier *cold, uint32_
     return pc;
 }
 
-static kvt_prompt_cache_stats stats(kvt_prompt_cache *pc)
-{
-    kvt_prompt_cache_stats s;
-    kvt_prompt_cache_stats_get(pc, &s);
-    return s;
-}
-
-static void seq(int32_t *t, int64_t n, int32_t base)
-{
-    for (int64_t i = 0; i < n; i++)
-        t[i] = base + (int32_t)i;
-}
-
 static int hook_runs;
 static void count_hook(void *ctx)
 {
@@ -84,14 +71,14 @@ static void test_r01_budget_bytes_shared_once(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t a[8], b[12];
-    seq(a, 8, 100);
-    seq(b, 12, 100);
+    pcu_seq(a, 8, 100);
+    pcu_seq(b, 12, 100);
     b[11] = 999; /* b extends a */
     kvt_cache *ca[2];
     assert_int_equal(pcu_fresh("kk", ca, a, 8), 0);
     size_t bytes_a = pcu_unique_bytes(ca, 2);
     assert_int_equal(pcu_put(pc, "", a, 8, ca, 2, NULL, 0, (kvt_hook){0}, NULL), 0);
-    assert_int_equal(stats(pc).bytes, bytes_a);
+    assert_int_equal(pcu_stats(pc).bytes, bytes_a);
     /* b: a view of a extended by 4 tokens (shares a's two blocks per layer) */
     kvt_hit h;
     assert_int_equal(kvt_prompt_cache_take(pc, b, 12, "", NULL, &h), 0);
@@ -106,14 +93,14 @@ static void test_r01_budget_bytes_shared_once(void **state)
     /* in the same ns b would supersede a: put it under another ns so both
      * stay resident (the budget is global) */
     assert_int_equal(pcu_put(pc, "other", b, 12, cb, 2, NULL, 0, (kvt_hook){0}, NULL), 0);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.entries, 2);
     assert_int_equal(s.bytes, bytes_a + bytes_b - 2 * 2 * block);
     /* drop a: only its private bytes go, the shared blocks stay counted */
     int64_t n;
     assert_int_equal(kvt_prompt_cache_evict(pc, 1, &n), 0);
     assert_int_equal(n, 1);
-    assert_int_equal(stats(pc).bytes, bytes_b);
+    assert_int_equal(pcu_stats(pc).bytes, bytes_b);
     assert_false(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL));
     kvt_prompt_cache_destroy(pc);
 }
@@ -124,12 +111,12 @@ static void test_r02_take_cap_views_donor_kept(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t a[10];
-    seq(a, 10, 1);
+    pcu_seq(a, 10, 1);
     hook_runs = 0;
     kvt_cache *ca[2];
     assert_int_equal(pcu_fresh("kk", ca, a, 10), 0);
     assert_int_equal(pcu_put(pc, "", a, 10, ca, 2, NULL, 0, (kvt_hook){count_hook, NULL}, NULL), 0);
-    size_t before = stats(pc).bytes;
+    size_t before = pcu_stats(pc).bytes;
     kvt_hit h1, h2;
     assert_int_equal(kvt_prompt_cache_take(pc, a, 10, "", NULL, &h1), 0);
     assert_int_equal(h1.prefix_len, 9); /* one token must still run */
@@ -144,14 +131,14 @@ static void test_r02_take_cap_views_donor_kept(void **state)
     assert_int_equal(h1.entry_id, h2.entry_id);
     /* non-consuming: the donor is intact and the budget unchanged */
     assert_true(kvt_prompt_cache_find_exact(pc, a, 10, "", NULL));
-    assert_int_equal(stats(pc).bytes, before);
-    assert_int_equal(stats(pc).hits, 2);
+    assert_int_equal(pcu_stats(pc).bytes, before);
+    assert_int_equal(pcu_stats(pc).hits, 2);
     /* a 1-token prompt and an unknown one miss */
     kvt_hit h3;
     assert_int_equal(kvt_prompt_cache_take(pc, a, 1, "", NULL, &h3), 0);
     assert_int_equal(h3.prefix_len, 0);
     assert_int_equal(h3.source, KVT_HIT_NONE);
-    assert_int_equal(stats(pc).misses, 1);
+    assert_int_equal(pcu_stats(pc).misses, 1);
     /* release hook: once, after the donor and both views are gone */
     kvt_prompt_cache_clear(pc);
     assert_int_equal(hook_runs, 0);
@@ -169,7 +156,7 @@ static void test_r02_reachable_range_every_layer(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t a[8];
-    seq(a, 8, 1);
+    pcu_seq(a, 8, 1);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "kr", NULL), 0); /* kv + recurrent */
     int32_t div[9] = {1, 2, 3, 4, 5, 0, 0, 0, 0};
     kvt_hit h;
@@ -177,7 +164,7 @@ static void test_r02_reachable_range_every_layer(void **state)
     assert_int_equal(h.prefix_len, 0); /* recurrent layer cannot go back to 5 */
     assert_int_equal(kvt_prompt_cache_peek(pc, div, 9, "", NULL), 0);
     int32_t ext[9];
-    seq(ext, 9, 1);
+    pcu_seq(ext, 9, 1);
     assert_int_equal(kvt_prompt_cache_take(pc, ext, 9, "", NULL, &h), 0);
     assert_int_equal(h.prefix_len, 8); /* full prefix: no trim needed */
     kvt_hit_dispose(&h);
@@ -185,13 +172,13 @@ static void test_r02_reachable_range_every_layer(void **state)
     assert_int_equal(kvt_prompt_cache_peek(pc, a, 8, "", NULL), 0);
     /* a wrapped rotating layer (window 6, 8 tokens) is untrimmable too */
     int32_t w[8];
-    seq(w, 8, 500);
+    pcu_seq(w, 8, 500);
     assert_int_equal(pcu_put_fresh(pc, "", w, 8, "kw", NULL), 0);
     int32_t wdiv[9] = {500, 501, 502, 9, 9, 9, 9, 9, 9};
     assert_int_equal(kvt_prompt_cache_peek(pc, wdiv, 9, "", NULL), 0);
     /* not yet wrapped (5 tokens): trimmable */
     int32_t w5[5];
-    seq(w5, 5, 700);
+    pcu_seq(w5, 5, 700);
     assert_int_equal(pcu_put_fresh(pc, "", w5, 5, "kw", NULL), 0);
     int32_t w5d[6] = {700, 701, 702, 0, 0, 0};
     assert_int_equal(kvt_prompt_cache_peek(pc, w5d, 6, "", NULL), 3);
@@ -215,12 +202,12 @@ static void test_r03_walk_longest_and_namespaces(void **state)
     int32_t q[5] = {1, 2, 8, 8, 0};
     assert_int_equal(kvt_prompt_cache_peek(pc, q, 5, "", NULL), 2);
     assert_int_equal(kvt_prompt_cache_peek(pc, q, 5, "lora:x", NULL), 4);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.prefix_walks, 0); /* peek does not count */
     kvt_hit h;
     assert_int_equal(kvt_prompt_cache_take(pc, p, 7, "", NULL, &h), 0);
     kvt_hit_dispose(&h);
-    assert_int_equal(stats(pc).prefix_walks, 1);
+    assert_int_equal(pcu_stats(pc).prefix_walks, 1);
     kvt_prompt_cache_destroy(pc);
 }
 
@@ -230,7 +217,7 @@ static void test_r05_equal_replacement_sessions_follow(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t a[8];
-    seq(a, 8, 1);
+    pcu_seq(a, 8, 1);
     hook_runs = 0;
     kvt_cache *c[1];
     assert_int_equal(pcu_fresh("k", c, a, 8), 0);
@@ -241,11 +228,11 @@ static void test_r05_equal_replacement_sessions_follow(void **state)
     assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", &id2));
     assert_int_not_equal(id1, id2);
     assert_int_equal(hook_runs, 1); /* the replaced entry was released */
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.entries, 1);
     assert_int_equal(s.replacements, 1);
     int32_t p[10];
-    seq(p, 10, 1);
+    pcu_seq(p, 10, 1);
     kvt_hit h;
     assert_int_equal(kvt_prompt_cache_take(pc, p, 10, "", "s1", &h), 0);
     assert_int_equal(h.source, KVT_HIT_SESSION);
@@ -262,19 +249,19 @@ static void test_r05_supersede_only_trimmable(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 4, "k", NULL), 0);
     assert_int_equal(pcu_put_fresh(pc, "x", t, 4, "k", NULL), 0); /* other ns */
     assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", NULL), 0);
     assert_false(kvt_prompt_cache_find_exact(pc, t, 4, "", NULL));
     assert_true(kvt_prompt_cache_find_exact(pc, t, 4, "x", NULL));
     assert_true(kvt_prompt_cache_find_exact(pc, t, 8, "", NULL));
-    assert_int_equal(stats(pc).supersedes, 1);
+    assert_int_equal(pcu_stats(pc).supersedes, 1);
     /* untrimmable (recurrent) new entry: the 8-token one survives */
     assert_int_equal(pcu_put_fresh(pc, "", t, 12, "kr", NULL), 0);
     assert_true(kvt_prompt_cache_find_exact(pc, t, 8, "", NULL));
     assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
-    assert_int_equal(stats(pc).supersedes, 1);
+    assert_int_equal(pcu_stats(pc).supersedes, 1);
     /* a divergent prompt is served by the 8-token snapshot */
     int32_t p[14];
     memcpy(p, t, sizeof p);
@@ -295,9 +282,9 @@ static void test_r05_oversize_spilled_and_dropped(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(1000, mem_tier_iface(mt), 0);
     int32_t t[64];
-    seq(t, 64, 1);
+    pcu_seq(t, 64, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 64, "kk", NULL), 0);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.entries, 0);
     assert_int_equal(s.bytes, 0);
     assert_int_equal(s.oversize_drops, 1);
@@ -319,7 +306,7 @@ static void test_r06_victim_unpinned_session_free(void **state)
     assert_int_equal(pcu_put_fresh(pc, "", d, 4, "k", NULL), 0);
     kvt_lease *pin;
     assert_int_equal(kvt_prompt_cache_pin(pc, b, 4, "", &pin), 0);
-    assert_int_equal(stats(pc).pinned, 1);
+    assert_int_equal(pcu_stats(pc).pinned, 1);
     /* use c so d is older than c */
     int32_t pc5[5] = {3, 3, 3, 3, 0};
     kvt_hit h;
@@ -336,10 +323,10 @@ static void test_r06_victim_unpinned_session_free(void **state)
     assert_int_equal(n, 0); /* only the pinned one is left */
     assert_true(kvt_prompt_cache_find_exact(pc, b, 4, "", NULL));
     kvt_lease_release(pin);
-    assert_int_equal(stats(pc).pinned, 0);
+    assert_int_equal(pcu_stats(pc).pinned, 0);
     assert_int_equal(kvt_prompt_cache_evict(pc, 5, &n), 0);
     assert_int_equal(n, 1);
-    assert_int_equal(stats(pc).evictions, 4);
+    assert_int_equal(pcu_stats(pc).evictions, 4);
     kvt_prompt_cache_destroy(pc);
 }
 
@@ -351,18 +338,18 @@ static void test_r06_spill_on_eviction_and_failure(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), 0);
     int32_t a[8], b[8];
-    seq(a, 8, 10);
-    seq(b, 8, 50);
+    pcu_seq(a, 8, 10);
+    pcu_seq(b, 8, 50);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
     assert_int_equal(pcu_put_fresh(pc, "", b, 8, "k", NULL), 0);
     int64_t n;
     assert_int_equal(kvt_prompt_cache_evict(pc, 1, &n), 0);
     assert_true(mem_tier_has(mt, "", a, 8));
-    assert_int_equal(stats(pc).spills, 1);
+    assert_int_equal(pcu_stats(pc).spills, 1);
     /* the spilled copy restores to the same values */
     kvt_hit h;
     int32_t p[9];
-    seq(p, 9, 10);
+    pcu_seq(p, 9, 10);
     assert_int_equal(kvt_prompt_cache_take(pc, p, 9, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 8);
@@ -376,7 +363,7 @@ static void test_r06_spill_on_eviction_and_failure(void **state)
     assert_int_equal(n, 1); /* eviction never unwinds */
     assert_false(kvt_prompt_cache_find_exact(pc, b, 8, "", NULL));
     assert_false(mem_tier_has(mt, "", b, 8));
-    assert_int_equal(stats(pc).spill_failures, 1);
+    assert_int_equal(pcu_stats(pc).spill_failures, 1);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }
@@ -398,7 +385,7 @@ static void test_r06_pending_write_blocks_eviction(void **state)
     const kvt_cold_tier *tier = mem_tier_iface(mt);
     kvt_prompt_cache *pc = mk(64 * MB, tier, KVT_PC_EVICT_ONLY_DURABLE);
     int32_t a[8];
-    seq(a, 8, 10);
+    pcu_seq(a, 8, 10);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
     /* the engine's write-behind snapshot of a: queued, not durable */
     kvt_hit h;
@@ -425,7 +412,7 @@ static void test_r06_pending_write_blocks_eviction(void **state)
     assert_int_equal(n, 1);
     /* durable already: no second write */
     assert_int_equal(mem_tier_counts_get(mt).spills, 1);
-    assert_int_equal(stats(pc).spills, 0);
+    assert_int_equal(pcu_stats(pc).spills, 0);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }
@@ -451,7 +438,7 @@ static void test_r07_relieve(void **state)
     kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), 0);
     int32_t t[4][8];
     for (int i = 0; i < 4; i++) {
-        seq(t[i], 8, 100 * i);
+        pcu_seq(t[i], 8, 100 * i);
         assert_int_equal(pcu_put_fresh(pc, "", t[i], 8, "k", NULL), 0);
     }
     relieve_calls = 0;
@@ -463,7 +450,7 @@ static void test_r07_relieve(void **state)
     assert_true(mem_tier_has(mt, "", t[1], 8));
     assert_false(mem_tier_has(mt, "", t[2], 8));
     assert_true(kvt_prompt_cache_find_exact(pc, t[2], 8, "", NULL)); /* kept */
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.demotions, 2);
     assert_int_equal(s.entries, 2);
     assert_int_equal(mem_tier_counts_get(mt).stores, 3);
@@ -480,14 +467,14 @@ static void test_r08_reclaim_no_io(void **state)
     kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), 0);
     int32_t t[3][8];
     for (int i = 0; i < 3; i++) {
-        seq(t[i], 8, 100 * i);
+        pcu_seq(t[i], 8, 100 * i);
         assert_int_equal(pcu_put_fresh(pc, "", t[i], 8, "k", NULL), 0);
     }
     pressure_left = 2;
     int64_t n;
     assert_int_equal(kvt_prompt_cache_reclaim(pc, pressure, NULL, &n), 0);
     assert_int_equal(n, 2);
-    assert_int_equal(stats(pc).entries, 1);
+    assert_int_equal(pcu_stats(pc).entries, 1);
     mem_tier_counts c = mem_tier_counts_get(mt);
     assert_int_equal(c.stores, 0);
     assert_int_equal(c.spills, 0);
@@ -510,7 +497,7 @@ static void test_r09_demote_idle(void **state)
     kvt_prompt_cache *ram = mk(64 * MB, NULL, 0);
     int32_t t[3][8];
     for (int i = 0; i < 3; i++)
-        seq(t[i], 8, 100 * i);
+        pcu_seq(t[i], 8, 100 * i);
     assert_int_equal(pcu_put_fresh(ram, "", t[0], 8, "k", NULL), 0);
     int64_t n = -1;
     assert_int_equal(kvt_prompt_cache_demote_idle(ram, 0, &n), 0);
@@ -530,14 +517,14 @@ static void test_r09_demote_idle(void **state)
     mem_tier_fail_writes(mt, 1);
     assert_int_equal(kvt_prompt_cache_demote_idle(pc, 1, &n), 0);
     assert_int_equal(n, 0); /* a failed write is never a demotion */
-    assert_int_equal(stats(pc).entries, 3);
+    assert_int_equal(pcu_stats(pc).entries, 3);
     mem_tier_fail_writes(mt, 0);
     assert_int_equal(kvt_prompt_cache_demote_idle(pc, 1, &n), 0);
     assert_int_equal(n, 2);
     assert_true(mem_tier_has(mt, "", t[0], 8));
     assert_true(mem_tier_has(mt, "", t[1], 8));
     assert_true(kvt_prompt_cache_find_exact(pc, t[2], 8, "", NULL)); /* pinned */
-    assert_int_equal(stats(pc).demotions, 2);
+    assert_int_equal(pcu_stats(pc).demotions, 2);
     kvt_lease_release(pin);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
@@ -549,13 +536,13 @@ static void test_r10_sessions(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t t[32];
-    seq(t, 32, 1);
+    pcu_seq(t, 32, 1);
     int64_t p;
     engine_turn(pc, "", t, 8, "k", "chat", &p);
     assert_int_equal(p, 0);
     engine_turn(pc, "", t, 16, "k", "chat", &p);
     assert_int_equal(p, 8);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.session_hits, 1);
     assert_int_equal(s.session_misses, 1);
     assert_int_equal(s.prefix_walks, 1);
@@ -577,7 +564,7 @@ static void test_r10_sessions(void **state)
     assert_int_equal(h.source, KVT_HIT_RAM); /* walk, not session */
     assert_int_equal(h.prefix_len, 16);
     kvt_hit_dispose(&h);
-    s = stats(pc);
+    s = pcu_stats(pc);
     assert_int_equal(s.session_hits, 1);
     assert_int_equal(s.session_misses, 4);
     assert_int_equal(s.entries, 1);
@@ -591,7 +578,7 @@ static void test_r11_pins(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t a[8];
-    seq(a, 8, 1);
+    pcu_seq(a, 8, 1);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
     kvt_lease *l1, *l2, *none = (kvt_lease *)&none;
     assert_int_equal(kvt_prompt_cache_pin(pc, a, 8, "", &l1), 0);
@@ -600,15 +587,15 @@ static void test_r11_pins(void **state)
     assert_int_equal(kvt_prompt_cache_pin(pc, a, 8, "", &l2), 0);
     /* replacement carries the pins */
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
-    assert_int_equal(stats(pc).replacements, 1);
-    assert_int_equal(stats(pc).pinned, 1);
+    assert_int_equal(pcu_stats(pc).replacements, 1);
+    assert_int_equal(pcu_stats(pc).pinned, 1);
     assert_int_equal(kvt_prompt_cache_set_max_bytes(pc, 0), 0);
     assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL));
     kvt_lease_release(l1);
     assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL));
     kvt_lease_release(l2);
     assert_false(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL)); /* evicted to budget */
-    assert_int_equal(stats(pc).pinned, 0);
+    assert_int_equal(pcu_stats(pc).pinned, 0);
     kvt_prompt_cache_destroy(pc);
 }
 
@@ -645,7 +632,7 @@ static void test_r12_objects(void **state)
     assert_string_equal(h.entry.ns, "object:img1");
     kvt_hit_dispose(&h);
     assert_int_equal(kvt_prompt_cache_object_take(pc, "img2", &h), KVT_ENOTFOUND);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.object_hits, 1);
     assert_int_equal(s.object_misses, 1);
     assert_true(s.bytes >= sizeof data); /* shares the budget */
@@ -660,7 +647,7 @@ static void test_r12_objects(void **state)
     got = kvt_attachment_blob_data(h.entry.attachments[0], &nb);
     assert_memory_equal(got, data, sizeof data);
     kvt_hit_dispose(&h);
-    s = stats(pc);
+    s = pcu_stats(pc);
     assert_int_equal(s.object_restores, 1);
     assert_int_equal(s.object_misses, 2);
     assert_int_equal(s.entries, 1);
@@ -678,27 +665,27 @@ static void test_r13_peek_find_clear_counters(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t a[8];
-    seq(a, 8, 1);
+    pcu_seq(a, 8, 1);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", "s"), 0);
     uint64_t id, pid;
     assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", &id));
     assert_false(kvt_prompt_cache_find_exact(pc, a, 7, "", NULL));
     assert_int_equal(kvt_prompt_cache_peek(pc, a, 8, "", &pid), 7);
     assert_int_equal(pid, id);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.hits + s.misses, 0); /* peek counts nothing */
     assert_int_equal(s.entries, 1);
     assert_int_equal(s.epoch, 0);
     assert_int_equal(s.max_bytes, 64 * MB);
     kvt_prompt_cache_clear(pc);
-    s = stats(pc);
+    s = pcu_stats(pc);
     assert_int_equal(s.entries, 0);
     assert_int_equal(s.bytes, 0);
     assert_int_equal(s.epoch, 1);
     assert_int_equal(kvt_prompt_cache_peek(pc, a, 8, "", NULL), 0);
     /* sessions are gone too */
     int32_t p[9];
-    seq(p, 9, 1);
+    pcu_seq(p, 9, 1);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
     kvt_hit h;
     assert_int_equal(kvt_prompt_cache_take(pc, p, 9, "", "s", &h), 0);
@@ -714,7 +701,7 @@ static void test_r14_prompt_boundary_snapshot(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t prompt[10], full[14];
-    seq(prompt, 10, 1);
+    pcu_seq(prompt, 10, 1);
     memcpy(full, prompt, sizeof prompt);
     full[10] = 70; /* generated tokens */
     full[11] = 71;
@@ -727,7 +714,7 @@ static void test_r14_prompt_boundary_snapshot(void **state)
     assert_int_equal(pcu_extend(c, 2, full + 10, 4), 0);
     assert_int_equal(pcu_put(pc, "", prompt, 10, snap, 2, NULL, 0, (kvt_hook){0}, NULL), 0);
     assert_int_equal(pcu_put(pc, "", full, 14, c, 2, NULL, 0, (kvt_hook){0}, NULL), 0);
-    assert_int_equal(stats(pc).entries, 2); /* untrimmable: no supersede */
+    assert_int_equal(pcu_stats(pc).entries, 2); /* untrimmable: no supersede */
     /* next turn re-tokenizes the reply differently: only the snapshot serves */
     int32_t next[16];
     memcpy(next, prompt, sizeof prompt);
@@ -743,21 +730,21 @@ static void test_trim_in_place(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t a[12];
-    seq(a, 12, 1);
+    pcu_seq(a, 12, 1);
     assert_int_equal(pcu_put_fresh(pc, "", a, 12, "kk", "s"), 0);
-    size_t before = stats(pc).bytes;
+    size_t before = pcu_stats(pc).bytes;
     assert_int_equal(kvt_prompt_cache_trim(pc, a, 12, "", 5), 0);
     assert_false(kvt_prompt_cache_find_exact(pc, a, 12, "", NULL));
     assert_true(kvt_prompt_cache_find_exact(pc, a, 5, "", NULL));
     size_t block = 2 * PCU_BLOCK * PCU_KV_DIM * sizeof(float);
-    assert_int_equal(stats(pc).bytes, before - 2 * block * 1); /* 3 blocks -> 2 per layer */
+    assert_int_equal(pcu_stats(pc).bytes, before - 2 * block * 1); /* 3 blocks -> 2 per layer */
     assert_int_equal(kvt_prompt_cache_trim(pc, a, 5, "", 0), KVT_ERANGE);
     assert_int_equal(kvt_prompt_cache_trim(pc, a, 12, "", 4), KVT_ENOTFOUND);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "kr", NULL), 0);
     assert_int_equal(kvt_prompt_cache_trim(pc, a, 8, "", 6), KVT_ERANGE); /* recurrent */
     kvt_hit h;
     int32_t p[6];
-    seq(p, 6, 1);
+    pcu_seq(p, 6, 1);
     assert_int_equal(kvt_prompt_cache_take(pc, p, 6, "", "s", &h), 0);
     assert_int_equal(h.source, KVT_HIT_SESSION); /* the session stayed on it */
     assert_int_equal(h.prefix_len, 5);
@@ -856,7 +843,7 @@ static void test_out_of_memory_paths(void **state)
     for (k = 1; k < 2000; k++) {
         kvt_prompt_cache *pc = mk(4000, NULL, 0);
         int32_t t[20];
-        seq(t, 20, 1);
+        pcu_seq(t, 20, 1);
         assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
         kvt_cache *c[2];
         assert_int_equal(pcu_fresh("kk", c, t, 12), 0);
@@ -880,7 +867,7 @@ static void test_out_of_memory_paths(void **state)
                 fail_msg("allocation %ld: call %d returned %d (%s)", k, i, rcs[i], kvt_last_error());
         }
         /* consistent: what find_exact reports is what take serves */
-        kvt_prompt_cache_stats s = stats(pc);
+        kvt_prompt_cache_stats s = pcu_stats(pc);
         assert_true(s.bytes <= 4000 || s.entries <= 1);
         int has12 = kvt_prompt_cache_find_exact(pc, t, 12, "", NULL);
         int has6 = kvt_prompt_cache_find_exact(pc, t, 6, "", NULL);
@@ -888,9 +875,9 @@ static void test_out_of_memory_paths(void **state)
         int64_t want = has12 ? 12 : has8 ? 8 : has6 ? 6 : 0;
         assert_int_equal(kvt_prompt_cache_peek(pc, t, 20, "", NULL), want);
         kvt_prompt_cache_clear(pc);
-        if (stats(pc).bytes != 0)
+        if (pcu_stats(pc).bytes != 0)
             fail_msg("allocation %ld (rcs %d %d %d %d): %zu bytes left after clear", k, rc1, rc2, rc3, rc4,
-                     stats(pc).bytes);
+                     pcu_stats(pc).bytes);
         kvt_prompt_cache_destroy(pc);
         if (oom_calls() < k)
             break; /* every allocation of the sequence has failed once */
@@ -958,13 +945,13 @@ static void test_backend_kind_reach(void **state)
     (void)state;
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     assert_int_equal(put_tail4(pc, t, 3), 0);
     assert_int_equal(put_tail4(pc, t, 7), 0); /* reach 3: it can serve 3, so 3 is superseded */
     assert_false(kvt_prompt_cache_find_exact(pc, t, 3, "", NULL));
     assert_int_equal(put_tail4(pc, t, 12), 0); /* reach 8: it cannot serve 7, so 7 stays */
     assert_true(kvt_prompt_cache_find_exact(pc, t, 7, "", NULL));
-    assert_int_equal(stats(pc).supersedes, 1);
+    assert_int_equal(pcu_stats(pc).supersedes, 1);
     int32_t p[16];
     memcpy(p, t, sizeof p);
     p[9] = -1; /* diverges at 9: the 12-token entry reaches back to 8 */

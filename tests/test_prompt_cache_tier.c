@@ -31,19 +31,6 @@ static kvt_prompt_cache *mk(mem_tier *mt, uint32_t flags)
     return pc;
 }
 
-static kvt_prompt_cache_stats stats(kvt_prompt_cache *pc)
-{
-    kvt_prompt_cache_stats s;
-    kvt_prompt_cache_stats_get(pc, &s);
-    return s;
-}
-
-static void seq(int32_t *t, int64_t n, int32_t base)
-{
-    for (int64_t i = 0; i < n; i++)
-        t[i] = base + (int32_t)i;
-}
-
 /* stores (ns, tokens) with fresh caches of `kinds` in the cold tier */
 static void tier_put(mem_tier *mt, const char *ns, const int32_t *t, int64_t n, const char *kinds)
 {
@@ -61,7 +48,7 @@ static void test_cold_only_when_strictly_longer(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(mt, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", NULL), 0);
     tier_put(mt, "", t, 8, "k");
     kvt_hit h;
@@ -84,7 +71,7 @@ static void test_cold_only_when_strictly_longer(void **state)
     assert_int_equal(h.prefix_len, 11);
     assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 11);
     kvt_hit_dispose(&h);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.hits, 3); /* RAM candidacy only */
     assert_int_equal(s.misses, 0);
     assert_int_equal(s.cold_restores, 2);
@@ -92,7 +79,7 @@ static void test_cold_only_when_strictly_longer(void **state)
     /* RAM miss, cold hit: a miss for RAM */
     assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "lora", NULL, &h), 0);
     assert_int_equal(h.prefix_len, 0);
-    assert_int_equal(stats(pc).misses, 1);
+    assert_int_equal(pcu_stats(pc).misses, 1);
     kvt_prompt_cache_destroy(pc);
     mem_tier_counts c = mem_tier_counts_get(mt);
     mem_tier_destroy(mt);
@@ -107,7 +94,7 @@ static void test_untrimmable_cold_tail_dropped(void **state)
     mem_tier_loose_find(mt, 1);
     kvt_prompt_cache *pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 6, "k", NULL), 0);
     tier_put(mt, "", t, 12, "kr"); /* recurrent layer: single point */
     int32_t p[14];
@@ -118,7 +105,7 @@ static void test_untrimmable_cold_tail_dropped(void **state)
     assert_int_equal(h.source, KVT_HIT_RAM);
     assert_int_equal(h.prefix_len, 6);
     kvt_hit_dispose(&h);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.cold_unusable, 1);
     assert_int_equal(s.cold_restores, 0);
     assert_int_equal(s.promotions, 0);
@@ -128,7 +115,7 @@ static void test_untrimmable_cold_tail_dropped(void **state)
     assert_int_equal(c.hooks_given, c.hooks_run); /* the dropped restore was released */
     /* a prompt extending all of it: served from the cold tier */
     int32_t q[14];
-    seq(q, 14, 1);
+    pcu_seq(q, 14, 1);
     assert_int_equal(kvt_prompt_cache_take(pc, q, 14, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 12);
@@ -143,7 +130,7 @@ static void test_promotion(void **state)
     mem_tier *mt;
     assert_int_equal(mem_tier_create(&mt), 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     tier_put(mt, "", t, 12, "kk");
     kvt_prompt_cache *plain = mk(mt, 0);
     kvt_hit h;
@@ -159,7 +146,7 @@ static void test_promotion(void **state)
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 12);
     assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
-    assert_int_equal(stats(pc).promotions, 1);
+    assert_int_equal(pcu_stats(pc).promotions, 1);
     /* a second request reuses RAM before the first one finishes */
     kvt_hit h2;
     assert_int_equal(kvt_prompt_cache_take(pc, t, 15, "", NULL, &h2), 0);
@@ -188,7 +175,7 @@ static void test_prefetch_coalesces_and_pins(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(mt, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     tier_put(mt, "", t, 12, "kk");
     mem_tier_gate(mt, 1);
     kvt_lease *l1, *l2, *l3;
@@ -197,14 +184,14 @@ static void test_prefetch_coalesces_and_pins(void **state)
     assert_int_equal(kvt_lease_wait(l1, 0), KVT_EAGAIN);
     assert_int_equal(kvt_lease_wait(l1, 20), KVT_EAGAIN);
     assert_int_equal(mem_tier_counts_get(mt).async_restores, 1);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.prefetch_reads, 1);
     assert_int_equal(s.prefetch_coalesced, 1);
     mem_tier_gate(mt, 0);
     assert_int_equal(kvt_lease_wait(l1, UINT64_MAX), 0);
     assert_int_equal(kvt_lease_wait(l2, 5000), 0);
     assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
-    assert_int_equal(stats(pc).pinned, 1);
+    assert_int_equal(pcu_stats(pc).pinned, 1);
     /* RAM holds it now: another prefetch reads nothing */
     assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", NULL, &l3), 0);
     assert_int_equal(kvt_lease_wait(l3, 0), 0);
@@ -217,7 +204,7 @@ static void test_prefetch_coalesces_and_pins(void **state)
     assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
     kvt_lease_release(l2);
     assert_false(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
-    assert_int_equal(stats(pc).pinned, 0);
+    assert_int_equal(pcu_stats(pc).pinned, 0);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }
@@ -229,25 +216,25 @@ static void test_prefetch_session_and_refusal(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(mt, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
     kvt_lease *l;
     /* the session's resident entry serves: pinned, no read (the cold index
      * is asked, 3.4, and holds nothing longer) */
     assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 12, "", "s", &l), 0);
-    assert_int_equal(stats(pc).pinned, 1);
+    assert_int_equal(pcu_stats(pc).pinned, 1);
     assert_int_equal(mem_tier_counts_get(mt).restores, 0);
     assert_int_equal(mem_tier_counts_get(mt).async_restores, 0);
-    assert_int_equal(stats(pc).prefetch_reads, 0);
+    assert_int_equal(pcu_stats(pc).prefetch_reads, 0);
     kvt_lease_release(l);
-    assert_int_equal(stats(pc).pinned, 0);
+    assert_int_equal(pcu_stats(pc).pinned, 0);
     /* a tier that refuses the async read: the error comes back, no lease */
     tier_put(mt, "", t, 12, "k");
     mem_tier_no_async(mt, 1);
     l = (kvt_lease *)&l;
     assert_int_equal(kvt_prompt_cache_prefetch(pc, t, 14, "", NULL, &l), KVT_EAGAIN);
     assert_null(l);
-    assert_int_equal(stats(pc).pinned, 0);
+    assert_int_equal(pcu_stats(pc).pinned, 0);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }
@@ -262,7 +249,7 @@ static void test_session_hit_asks_cold(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(mt, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", "s"), 0);
     tier_put(mt, "", t, 8, "k");
     kvt_hit h;
@@ -288,7 +275,7 @@ static void test_session_hit_asks_cold(void **state)
     assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 8);
     kvt_hit_dispose(&h);
     mem_tier_fail_restores(mt, 0);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.session_hits, 3); /* RAM candidacy: the session's entry each time */
     assert_int_equal(s.hits, 3);
     assert_int_equal(s.prefix_walks, 0);
@@ -314,7 +301,7 @@ static void test_clear_during_read_discards(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(mt, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     tier_put(mt, "", t, 12, "kk");
     mem_tier_gate(mt, 1);
     kvt_lease *l;
@@ -324,7 +311,7 @@ static void test_clear_during_read_discards(void **state)
     assert_int_equal(kvt_lease_wait(l, UINT64_MAX), KVT_ESTALE);
     kvt_lease_release(l);
     mem_tier_quiesce(mt);
-    kvt_prompt_cache_stats s = stats(pc);
+    kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.entries, 0);
     assert_int_equal(s.prefetch_discarded, 1);
     mem_tier_counts c = mem_tier_counts_get(mt);
@@ -336,7 +323,7 @@ static void test_clear_during_read_discards(void **state)
     kvt_lease_release(l);
     mem_tier_quiesce(mt);
     assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
-    assert_int_equal(stats(pc).pinned, 0);
+    assert_int_equal(pcu_stats(pc).pinned, 0);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }
@@ -348,7 +335,7 @@ static void test_restore_failure_falls_back(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache *pc = mk(mt, 0);
     int32_t t[16];
-    seq(t, 16, 1);
+    pcu_seq(t, 16, 1);
     assert_int_equal(pcu_put_fresh(pc, "", t, 4, "k", NULL), 0);
     tier_put(mt, "", t, 12, "k");
     mem_tier_fail_restores(mt, 1);
@@ -357,7 +344,7 @@ static void test_restore_failure_falls_back(void **state)
     assert_int_equal(h.source, KVT_HIT_RAM);
     assert_int_equal(h.prefix_len, 4);
     kvt_hit_dispose(&h);
-    assert_int_equal(stats(pc).cold_failures, 1);
+    assert_int_equal(pcu_stats(pc).cold_failures, 1);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }
@@ -375,10 +362,10 @@ static void test_out_of_memory_cold_paths(void **state)
         assert_int_equal(mem_tier_create(&mt), 0);
         kvt_prompt_cache *pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
         int32_t t[16];
-        seq(t, 16, 1);
+        pcu_seq(t, 16, 1);
         tier_put(mt, "", t, 12, "kk");
         int32_t u[16];
-        seq(u, 16, 500);
+        pcu_seq(u, 16, 500);
         tier_put(mt, "", u, 10, "k");
         kvt_entry obj;
         assert_int_equal(kvt_entry_init(&obj, "object:img", NULL, 0, 0, 1), 0);
@@ -405,10 +392,10 @@ static void test_out_of_memory_cold_paths(void **state)
             else if (rcs[i] != 0)
                 fail_msg("allocation %ld: call %d returned %d (%s)", k, i, rcs[i], kvt_last_error());
         }
-        kvt_prompt_cache_stats s = stats(pc);
+        kvt_prompt_cache_stats s = pcu_stats(pc);
         assert_int_equal(s.pinned, 0);
         kvt_prompt_cache_clear(pc);
-        assert_int_equal(stats(pc).bytes, 0);
+        assert_int_equal(pcu_stats(pc).bytes, 0);
         kvt_prompt_cache_destroy(pc);
         mem_tier_clear(mt);
         mem_tier_counts c = mem_tier_counts_get(mt);

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "pc_util.h"
 #include "store_util.h"
 #include "oom_alloc.h"
 
@@ -62,12 +63,6 @@ static kvt_store *fx_open(fx *f, const kvt_store_options *o)
     return s;
 }
 
-static void seq(int32_t *t, int64_t n, int32_t base)
-{
-    for (int64_t i = 0; i < n; i++)
-        t[i] = base + (int32_t)i;
-}
-
 static void put_tokens(kvt_store *s, const store_cfg *cfg, const char *ns, const int32_t *t, int64_t n)
 {
     kvt_entry e;
@@ -104,7 +99,7 @@ static void roundtrip_all_kinds(void **state)
     kvt_store_options o = {.verify = 1};
     kvt_store *s = fx_open(&f, &o);
     int32_t t[11];
-    seq(t, 11, 100);
+    pcu_seq(t, 11, 100);
     put_tokens(s, &f.cfg, "", t, 5); /* window 6 not wrapped */
     put_tokens(s, &f.cfg, "", t, 11); /* wrapped ring */
     expect_restores(s, &f.cfg, "", t, 5);
@@ -133,11 +128,11 @@ static void find_rules(void **state)
     fx_init(&f, &CFG, "find");
     kvt_store *s = fx_open(&f, NULL);
     int32_t a[20], p[30];
-    seq(a, 20, 1);
+    pcu_seq(a, 20, 1);
     put_tokens(s, &f.cfg, "", a, 20);
     kvt_cold_hit hit;
     /* prompt extends the entry: whole entry usable */
-    seq(p, 30, 1);
+    pcu_seq(p, 30, 1);
     assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
     assert_int_equal(hit.prefix_len, 20);
     assert_int_equal(hit.n_tokens, 20);
@@ -145,7 +140,7 @@ static void find_rules(void **state)
     assert_int_equal(kvt_store_find(s, p, 20, "", &hit), 0);
     assert_int_equal(hit.prefix_len, 19);
     /* divergent prompt: a trimmable entry serves the common prefix */
-    seq(p, 30, 1);
+    pcu_seq(p, 30, 1);
     p[7] = 9999;
     assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
     assert_int_equal(hit.prefix_len, 7);
@@ -155,7 +150,7 @@ static void find_rules(void **state)
     p[0] = 5000;
     assert_int_equal(kvt_store_find(s, p, 30, "", &hit), KVT_ENOTFOUND);
     /* restore with a prompt that differs from the stored tokens is a miss */
-    seq(p, 30, 1);
+    pcu_seq(p, 30, 1);
     assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
     p[3] = -1;
     kvt_entry e;
@@ -172,7 +167,7 @@ static void find_rules(void **state)
     fx_init(&f, &u, "find-u");
     s = fx_open(&f, NULL);
     put_tokens(s, &f.cfg, "", a, 20);
-    seq(p, 30, 1);
+    pcu_seq(p, 30, 1);
     assert_int_equal(kvt_store_find(s, p, 30, "", &hit), 0);
     assert_int_equal(hit.prefix_len, 20);
     assert_int_equal(kvt_store_find(s, p, 20, "", &hit), KVT_ENOTFOUND); /* would need a trim */
@@ -193,10 +188,10 @@ static void shared_prefix_stored_once(void **state)
     fx_init(&f, &CFG, "share");
     kvt_store *s = fx_open(&f, NULL);
     int32_t sys[64], t[80];
-    seq(sys, 64, 7);
+    pcu_seq(sys, 64, 7);
     for (int c = 0; c < 5; c++) { /* five conversations on one 64-token system prompt */
         memcpy(t, sys, sizeof sys);
-        seq(t + 64, 16, 1000 * (c + 1));
+        pcu_seq(t + 64, 16, 1000 * (c + 1));
         put_tokens(s, &f.cfg, "", t, 80);
     }
     kvt_store_stats st;
@@ -208,7 +203,7 @@ static void shared_prefix_stored_once(void **state)
     assert_int_equal(store_count_files(kvt_store_dir(s), "b"), 36);
     for (int c = 0; c < 5; c++) {
         memcpy(t, sys, sizeof sys);
-        seq(t + 64, 16, 1000 * (c + 1));
+        pcu_seq(t + 64, 16, 1000 * (c + 1));
         expect_restores(s, &f.cfg, "", t, 80);
     }
     /* the same tokens in another namespace are other blocks */
@@ -226,7 +221,7 @@ static void supersede_prefixes(void **state)
     fx_init(&f, &CFG, "sup");
     kvt_store *s = fx_open(&f, NULL);
     int32_t t[40];
-    seq(t, 40, 3);
+    pcu_seq(t, 40, 3);
     put_tokens(s, &f.cfg, "", t, 10);
     put_tokens(s, &f.cfg, "", t, 25);
     put_tokens(s, &f.cfg, "", t, 40);
@@ -267,7 +262,7 @@ static void reopen_and_temp_cleanup(void **state)
     fx_init(&f, &CFG_ALL, "reopen");
     kvt_store *s = fx_open(&f, NULL);
     int32_t t[30];
-    seq(t, 30, 50);
+    pcu_seq(t, 30, 50);
     put_tokens(s, &f.cfg, "", t, 30);
     put_tokens(s, &f.cfg, "ns2", t, 12);
     char dir[1024];
@@ -304,7 +299,7 @@ static void fault_case(int err, int shortw, int lie, int fsync_fail, int expect)
     kvt_store_options o = {.io = &io};
     kvt_store *s = fx_open(&f, &o);
     int32_t t[10];
-    seq(t, 10, 1);
+    pcu_seq(t, 10, 1);
     pthread_mutex_lock(&fl.mu);
     fl.err = err;
     fl.short_write = shortw;
@@ -374,7 +369,7 @@ static void write_behind_failure_counts(void **state)
     fl.fail_pwrite_after = 1;
     pthread_mutex_unlock(&fl.mu);
     int32_t t[10];
-    seq(t, 10, 1);
+    pcu_seq(t, 10, 1);
     kvt_entry e;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
     assert_int_equal(kvt_store_put_async(s, &e), 0);
@@ -403,7 +398,7 @@ static void lookup_while_pending(void **state)
     kvt_store_options o = {.io = &io, .queue_max_bytes = 1};
     kvt_store *s = fx_open(&f, &o);
     int32_t t[10];
-    seq(t, 10, 1);
+    pcu_seq(t, 10, 1);
     store_faults_gate(&fl, 1);
     kvt_entry e, e2;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
@@ -418,7 +413,7 @@ static void lookup_while_pending(void **state)
     assert_int_equal(store_count_files(kvt_store_dir(s), "b"), 0);
     /* the queue is bounded: a second entry does not fit while one is pending */
     int32_t t2[10];
-    seq(t2, 10, 500);
+    pcu_seq(t2, 10, 500);
     assert_int_equal(store_make_entry(&f.cfg, "", t2, 10, &e2), 0);
     assert_int_equal(kvt_store_put_async(s, &e2), KVT_EAGAIN);
     assert_non_null(e2.caches); /* still the caller's */
@@ -470,7 +465,7 @@ static void async_restore(void **state)
     kvt_store_options o = {.restore_threads = 2};
     kvt_store *s = fx_open(&f, &o);
     int32_t t[21];
-    seq(t, 21, 9);
+    pcu_seq(t, 21, 9);
     put_tokens(s, &f.cfg, "", t, 21);
     kvt_cold_hit hit;
     assert_int_equal(kvt_store_find_exact(s, t, 21, "", &hit), 0);
@@ -505,7 +500,7 @@ static kvt_store *one_entry(fx *f, const kvt_store_options *o, char *path, size_
 {
     kvt_store *s = fx_open(f, o);
     int32_t t[10];
-    seq(t, 10, 1);
+    pcu_seq(t, 10, 1);
     put_tokens(s, &f->cfg, "", t, 10);
     char name[256];
     assert_int_equal(store_first_file(kvt_store_dir(s), "e", name, sizeof name), 0);
@@ -520,7 +515,7 @@ static uint64_t reopen_refused(fx *f, int reason, const kvt_store_options *o)
     kvt_store_stats st;
     kvt_store_get_stats(s, &st);
     int32_t t[10];
-    seq(t, 10, 1);
+    pcu_seq(t, 10, 1);
     kvt_cold_hit hit;
     assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
     for (int r = 0; r < KVT_STORE_REFUSED_COUNT; r++)
@@ -693,7 +688,7 @@ static void bitflip_caught(void **state)
     kvt_store_options o = {.verify = 1};
     kvt_store *s = fx_open(&f, &o); /* headers are fine: indexed */
     int32_t t[10];
-    seq(t, 10, 1);
+    pcu_seq(t, 10, 1);
     kvt_cold_hit hit;
     assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
     kvt_entry e;
@@ -749,7 +744,7 @@ static void entry_file_removed(void **state)
     fx_init(&f, &CFG, "gone");
     kvt_store *s = fx_open(&f, NULL);
     int32_t t[10];
-    seq(t, 10, 1);
+    pcu_seq(t, 10, 1);
     put_tokens(s, &f.cfg, "", t, 10);
     char name[256], path[1200];
     assert_int_equal(store_first_file(kvt_store_dir(s), "e", name, sizeof name), 0);
@@ -880,7 +875,7 @@ static void budget_lru(void **state)
     fx_init(&f, &CFG, "budget");
     kvt_store *s = fx_open(&f, NULL);
     int32_t t[40];
-    seq(t, 40, 1);
+    pcu_seq(t, 40, 1);
     put_tokens(s, &f.cfg, "", t, 40);
     kvt_store_stats st;
     kvt_store_get_stats(s, &st);
@@ -892,11 +887,11 @@ static void budget_lru(void **state)
     kvt_store_options o = {.max_bytes = one * 3 + one / 2};
     s = fx_open(&f, &o);
     for (int c = 0; c < 6; c++) {
-        seq(t, 40, 100 * (c + 1));
+        pcu_seq(t, 40, 100 * (c + 1));
         put_tokens(s, &f.cfg, "", t, 40);
         if (c >= 1) { /* touch the first entry: it stays recently used */
             usleep(3000);
-            seq(t, 40, 100);
+            pcu_seq(t, 40, 100);
             kvt_cold_hit hit;
             kvt_entry e;
             assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0);
@@ -911,13 +906,13 @@ static void budget_lru(void **state)
     assert_int_equal(st.entries, 3);
     assert_int_equal(st.evicted, 3);
     kvt_cold_hit hit;
-    seq(t, 40, 100);
+    pcu_seq(t, 40, 100);
     assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0); /* kept: recently used */
-    seq(t, 40, 200);
+    pcu_seq(t, 40, 200);
     assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), KVT_ENOTFOUND);
-    seq(t, 40, 500);
+    pcu_seq(t, 40, 500);
     assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0);
-    seq(t, 40, 600);
+    pcu_seq(t, 40, 600);
     assert_int_equal(kvt_store_find_exact(s, t, 40, "", &hit), 0);
     /* larger than the whole budget */
     kvt_store_close(s);
@@ -946,7 +941,7 @@ static void budget_foreign_idle(void **state)
     kvt_store *sb = fx_open(&g, NULL);
     int32_t t[40];
     for (int c = 0; c < 3; c++) {
-        seq(t, 40, 10 * (c + 1));
+        pcu_seq(t, 40, 10 * (c + 1));
         put_tokens(sb, &g.cfg, "", t, 40);
     }
     kvt_store_stats st;
@@ -955,13 +950,13 @@ static void budget_foreign_idle(void **state)
     /* while model-b's store is open its directory is not idle */
     kvt_store_options o = {.max_bytes = b_bytes / 2};
     kvt_store *sa = fx_open(&f, &o);
-    seq(t, 40, 7000);
+    pcu_seq(t, 40, 7000);
     put_tokens(sa, &f.cfg, "", t, 40);
     kvt_store_get_stats(sa, &st);
     assert_int_equal(st.evicted_foreign_files, 0);
     assert_int_equal(kvt_store_close(sb), 0);
     /* now idle: the next write evicts model-b's oldest entries first */
-    seq(t, 40, 8000);
+    pcu_seq(t, 40, 8000);
     put_tokens(sa, &f.cfg, "", t, 40);
     kvt_store_get_stats(sa, &st);
     assert_true(st.evicted_foreign_files > 0);
@@ -982,7 +977,7 @@ static void cold_tier_table(void **state)
     kvt_store_cold_tier(s, &tier);
     assert_ptr_equal(tier.self, s);
     int32_t t[12];
-    seq(t, 12, 4);
+    pcu_seq(t, 12, 4);
     kvt_entry e;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 12, &e), 0);
     assert_int_equal(tier.spill(tier.self, &e), 0);
@@ -1027,7 +1022,7 @@ static void bad_arguments(void **state)
     fx_init(&f, &CFG, "args");
     s = fx_open(&f, NULL);
     int32_t t[8];
-    seq(t, 8, 1);
+    pcu_seq(t, 8, 1);
     kvt_entry e;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 8, &e), 0);
     e.n_tokens = 7; /* layers hold 8 */
@@ -1093,7 +1088,7 @@ static void out_of_memory(void **state)
     fx f;
     fx_init(&f, &CFG_ALL, "oom");
     int32_t t[13];
-    seq(t, 13, 40);
+    pcu_seq(t, 13, 40);
     long k;
     int failures = 0;
     for (k = 1; k < 5000; k++) {

@@ -124,3 +124,16 @@ size_t pcu_unique_bytes(kvt_cache *const *caches, int nc)
     free(c.seen);
     return c.bytes + priv;
 }
+
+void pcu_seq(int32_t *t, int64_t n, int32_t base)
+{
+    for (int64_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)i;
+}
+
+kvt_prompt_cache_stats pcu_stats(kvt_prompt_cache *pc)
+{
+    kvt_prompt_cache_stats s;
+    kvt_prompt_cache_stats_get(pc, &s);
+    return s;
+}

@@ -29,4 +29,10 @@ int pcu_put_fresh(kvt_prompt_cache *pc, const char *ns, const int32_t *tokens, i
  * buffer once), the way the prompt cache budgets them. */
 size_t pcu_unique_bytes(kvt_cache *const *caches, int nc);
 
+/** t[i] = base + i for i in [0, n): a token run no other run overlaps
+ * when the bases are far apart. */
+void pcu_seq(int32_t *t, int64_t n, int32_t base);
+/** The cache's statistics (kvt_prompt_cache_stats_get), by value. */
+kvt_prompt_cache_stats pcu_stats(kvt_prompt_cache *pc);
+
 #endif
