@@ -930,15 +930,17 @@ static void adopt_parts(kvt_entry *e)
     e->hook = (kvt_hook){NULL, NULL};
 }
 
-static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, int64_t pins,
-                      uint64_t *id_out, uint64_t epoch_check)
+/* Everything an entry needs before it is linked, done off-lock for put and
+ * for prefetch reads alike: built from e (parts not yet adopted), measured,
+ * block keys when block eviction tracks it, a share of e's hook. On error
+ * nothing is left allocated and e is untouched. */
+static int entry_prepare(kvt_prompt_cache *pc, const kvt_entry *e, pc_entry **out, size_t *standalone)
 {
     pc_entry *x = NULL;
     int rc = entry_build(e, &x);
     if (rc)
         return rc;
-    size_t standalone = 0;
-    rc = entry_measure(x, &standalone);
+    rc = entry_measure(x, standalone);
     if (rc == 0 && pc->blocks && x->trimmable)
         rc = kvt__pc_blocks_keys(pc->blocks, x->ns, x->tokens, x->n_tokens, &x->bkeys, &x->n_bkeys);
     if (rc == 0 && e->hook.fn && !(x->share = share_new(e->hook)))
@@ -947,6 +949,18 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
         entry_discard(x);
         return rc;
     }
+    *out = x;
+    return 0;
+}
+
+static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, int64_t pins,
+                      uint64_t *id_out, uint64_t epoch_check)
+{
+    pc_entry *x = NULL;
+    size_t standalone = 0;
+    int rc = entry_prepare(pc, e, &x, &standalone);
+    if (rc)
+        return rc;
     pc_entry *gone = NULL;
     pthread_mutex_lock(&pc->mu);
     if (epoch_check != UINT64_MAX && epoch_check != pc->epoch) {
@@ -1540,14 +1554,7 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
     }
     pc_entry *x = NULL;
     size_t standalone = 0;
-    int rc = status;
-    if (rc == 0) {
-        rc = entry_build(&mine, &x);
-        if (rc == 0)
-            rc = entry_measure(x, &standalone);
-        if (rc == 0 && mine.hook.fn && !(x->share = share_new(mine.hook)))
-            rc = KVT_ENOMEM;
-    }
+    int rc = status ? status : entry_prepare(pc, &mine, &x, &standalone);
     pc_entry *gone = NULL;
     int adopted = 0;
     pthread_mutex_lock(&pc->mu);
