@@ -370,6 +370,38 @@ static void test_random_turns(void **state)
     }
 }
 
+/* An entry a prefetch read publishes is block-tracked like a put one: its
+ * blocks enter the policy and a squeeze cuts its tail, not the whole entry
+ * (the read's entry used to skip the block keys and only left whole). */
+static void test_prefetched_entry_is_cut(void **state)
+{
+    (void)state;
+    mem_tier *mt = NULL;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    fixture f = mk_cold("lru", 16, mem_tier_iface(mt));
+    int32_t a[13];
+    pcu_seq(a, 13, 300);
+    assert_int_equal(pcu_put_fresh(f.pc, "", a, 12, "k", NULL), 0);
+    int64_t n_ev = 0;
+    assert_int_equal(kvt_prompt_cache_evict(f.pc, 1, &n_ev), 0);
+    assert_int_equal(n_ev, 1);
+    mem_tier_quiesce(mt);
+    assert_true(mem_tier_has(mt, "", a, 12));
+    assert_int_equal(kvt_block_policy_count(f.bp), 0);
+    kvt_lease *l = NULL;
+    assert_int_equal(kvt_prompt_cache_prefetch(f.pc, a, 13, "", NULL, &l), 0);
+    assert_int_equal(kvt_lease_wait(l, UINT64_MAX), 0);
+    kvt_lease_release(l);
+    assert_true(has(f.pc, a, 12));
+    assert_int_equal(kvt_block_policy_count(f.bp), 3);
+    squeeze(f.pc, 1);
+    assert_true(has(f.pc, a, 8));
+    assert_false(has(f.pc, a, 12));
+    assert_int_equal(pcu_stats(f.pc).block_cuts, 1);
+    done(&f);
+    mem_tier_destroy(mt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_cut_spills_once),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_random_turns),
+        cmocka_unit_test(test_prefetched_entry_is_cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
