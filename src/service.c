@@ -467,6 +467,15 @@ KVT_API void kvt_state_dispose(kvt_state *st)
 
 static int lease_keeps(const kvt_service *s, const kvt_admission *l) { return s->pc && !l->no_reuse; }
 
+/* KVT_ECLOSED (with its detail) once close has begun, else 0. */
+static int check_open(kvt_service *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int closed = s->closed;
+    pthread_mutex_unlock(&s->mu);
+    return closed ? kvt__fail(KVT_ECLOSED, "service: closed") : 0;
+}
+
 KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_state *out)
 {
     if (!out)
@@ -474,15 +483,12 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_stat
     memset(out, 0, sizeof *out);
     if (!svc || !lease)
         return kvt__fail(KVT_EINVAL, "service: NULL service or lease");
-    pthread_mutex_lock(&svc->mu);
-    int closed = svc->closed;
-    pthread_mutex_unlock(&svc->mu);
-    if (closed)
-        return kvt__fail(KVT_ECLOSED, "service: closed");
+    int rc = check_open(svc);
+    if (rc)
+        return rc;
     /* The lookup runs outside the service mutex: the prompt cache locks
      * itself and may read the cold tier (I/O) meanwhile; the lease's fields
      * are immutable after admit. */
-    int rc = 0;
     out->n_layers = svc->n_layers;
     out->caches = kvt__calloc((size_t)svc->n_layers, sizeof *out->caches);
     if (!out->caches) {
@@ -540,23 +546,20 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const in
             return kvt__fail(KVT_EINVAL, "publish: layer %d cache holds %lld tokens, published as %lld", i,
                              (long long)off, (long long)n_tokens);
     }
+    int rc = check_open(svc);
+    if (rc)
+        return rc;
+    if (!lease_keeps(svc, lease))
+        return kvt__fail(KVT_EUNSUPPORTED, "publish: this service keeps no state for the request "
+                         "(no prompt cache, or the request reuses nothing)");
+    /* outside the service mutex: the prompt cache locks itself; eviction spills write-behind */
+    rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, lease->ns, lease->session, st);
+    if (rc)
+        return rc;
     pthread_mutex_lock(&svc->mu);
-    int closed = svc->closed;
+    svc->publishes++;
     pthread_mutex_unlock(&svc->mu);
-    int rc;
-    if (closed)
-        rc = kvt__fail(KVT_ECLOSED, "service: closed");
-    else if (!lease_keeps(svc, lease))
-        rc = kvt__fail(KVT_EUNSUPPORTED, "publish: this service keeps no state for the request "
-                       "(no prompt cache, or the request reuses nothing)");
-    else /* outside the service mutex: the prompt cache locks itself; eviction spills write-behind */
-        rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, lease->ns, lease->session, st);
-    if (!rc) {
-        pthread_mutex_lock(&svc->mu);
-        svc->publishes++;
-        pthread_mutex_unlock(&svc->mu);
-    }
-    return rc;
+    return 0;
 }
 
 KVT_API void kvt_service_boundary(kvt_service *svc)
@@ -587,11 +590,9 @@ KVT_API int kvt_service_prefetch(kvt_service *svc, const int32_t *prompt, int64_
     *out = NULL;
     if (!svc || !prompt || n_prompt < 1)
         return kvt__fail(KVT_EINVAL, "prefetch: NULL service or prompt, or %lld tokens", (long long)n_prompt);
-    pthread_mutex_lock(&svc->mu);
-    int closed = svc->closed;
-    pthread_mutex_unlock(&svc->mu);
-    if (closed)
-        return kvt__fail(KVT_ECLOSED, "service: closed");
+    int rc = check_open(svc);
+    if (rc)
+        return rc;
     if (!svc->pc)
         return 0;
     /* outside the service mutex: the read may be synchronous */
