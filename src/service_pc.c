@@ -14,8 +14,8 @@
 
 struct kvt__service_pc {
     kvt_prompt_cache *pc;
-    kvt_cold_tier cold_copy;     /* the table, copied (its self is borrowed) */
-    const kvt_cold_tier *cold;   /* &cold_copy, or NULL: RAM only */
+    kvt_cold_tier cold;          /* the table, copied (its self is borrowed) */
+    int has_cold;                /* 0: RAM only */
 };
 
 int kvt__service_pc_create(uint64_t max_bytes, int32_t block_tokens, const kvt_cold_tier *cold,
@@ -37,8 +37,8 @@ int kvt__service_pc_create(uint64_t max_bytes, int32_t block_tokens, const kvt_c
         return rc;
     }
     if (cold) {
-        s->cold_copy = *cold;
-        s->cold = &s->cold_copy;
+        s->cold = *cold;
+        s->has_cold = 1;
     }
     *out = s;
     return 0;
@@ -147,9 +147,9 @@ int kvt__service_pc_prefetch(kvt__service_pc *s, const int32_t *prompt, int64_t 
 
 int kvt__service_pc_flush(kvt__service_pc *s)
 {
-    if (!s->cold || !s->cold->flush)
+    if (!s->has_cold || !s->cold.flush)
         return 0;
-    int rc = s->cold->flush(s->cold->self);
+    int rc = s->cold.flush(s->cold.self);
     if (rc) {
         char detail[512];
         snprintf(detail, sizeof detail, "%s", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
@@ -160,8 +160,7 @@ int kvt__service_pc_flush(kvt__service_pc *s)
 
 int kvt__service_pc_clear(kvt__service_pc *s)
 {
-    int rc = 0;
-    if (s->cold) {
+    if (s->has_cold) {
         /* Graceful shutdown: every resident entry goes to the cold tier
          * (eviction spills it, write-behind), then the flush makes it durable. */
         kvt_prompt_cache_stats ps;
@@ -169,7 +168,7 @@ int kvt__service_pc_clear(kvt__service_pc *s)
         if (ps.entries > 0)
             (void)kvt_prompt_cache_evict(s->pc, ps.entries, NULL);
     }
-    rc = kvt__service_pc_flush(s);
+    int rc = kvt__service_pc_flush(s);
     kvt_prompt_cache_clear(s->pc);
     return rc;
 }
