@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "kvtier/cache.h"
 
 #include <math.h>
@@ -1489,9 +1491,7 @@ static void random_family(int kind, uint64_t seed)
 static void test_random_families(void **state)
 {
     (void)state;
-    const char *env = getenv("KVT_TEST_SEED");
-    uint64_t seed = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-    printf("test_random_families: seed %llu (set KVT_TEST_SEED to replay)\n", (unsigned long long)seed);
+    uint64_t seed = test_seed("test_random_families");
     random_family(RK_KV, seed);
     random_family(RK_ROT, seed);
     random_family(RK_QKV, seed);

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "model.h"
 
 #include <math.h>
@@ -28,9 +30,7 @@ static uint64_t g_seed;
 static int setup(void **state)
 {
     (void)state;
-    const char *s = getenv("KVT_TEST_SEED");
-    g_seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    print_message("test_forward: seed %llu (set KVT_TEST_SEED to repeat)\n", (unsigned long long)g_seed);
+    g_seed = test_seed("test_forward");
     snprintf(g_dir, sizeof g_dir, "/tmp/kvt_test_forward_XXXXXX");
     return mkdtemp(g_dir) ? 0 : -1;
 }

@@ -13,6 +13,9 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "test_seed.h"
+
 #include <pthread.h>
 
 #include "index.h"
@@ -151,9 +154,7 @@ static int usable_at(const val *v, const int32_t *prompt, int64_t n, int64_t p)
 static void test_random_vs_brute(void **state)
 {
     (void)state;
-    const char *env = getenv("KVT_SEED");
-    unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)kvt_now_ns();
-    printf("test_index random: seed %u (set KVT_SEED to repeat)\n", seed);
+    unsigned seed = (unsigned)test_seed("test_index random");
     srand(seed);
     enum { NV = 200 };
     static val vs[NV];

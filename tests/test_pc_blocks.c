@@ -19,6 +19,8 @@
 
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "kvtier/prompt_cache.h"
 #include "kvtier/retention_block.h"
 #include "mem_tier.h"
@@ -329,11 +331,7 @@ static void test_out_of_memory(void **state)
 static void test_random_turns(void **state)
 {
     (void)state;
-    unsigned seed = (unsigned)time(NULL);
-    const char *env = getenv("KVT_TEST_SEED");
-    if (env)
-        seed = (unsigned)strtoul(env, NULL, 10);
-    printf("test_random_turns seed %u (KVT_TEST_SEED)\n", seed);
+    unsigned seed = (unsigned)test_seed("test_random_turns");
     srand(seed);
     for (int pass = 0; pass < 2; pass++) {
         fixture f = mk(pass ? "lfu-aged" : "lru", 12);

@@ -20,6 +20,8 @@
 
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "kvtier/prompt_cache.h"
 #include "pc_util.h"
 
@@ -605,11 +607,10 @@ static void op_clear(world *w)
 static void test_differential(void **state)
 {
     (void)state;
-    const char *env = getenv("KVT_SEED");
-    unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)kvt_now_ns();
+    unsigned seed = (unsigned)test_seed("test_prompt_cache_diff");
     const char *st = getenv("KVT_DIFF_STEPS");
     int steps = st ? atoi(st) : 4000;
-    printf("test_prompt_cache_diff: seed %u, %d steps (KVT_SEED / KVT_DIFF_STEPS to change)\n", seed, steps);
+    printf("test_prompt_cache_diff: %d steps (KVT_DIFF_STEPS to change)\n", steps);
     rng_state = seed;
     world w;
     memset(&w, 0, sizeof w);

@@ -19,6 +19,8 @@
 
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "kvtier/prompt_cache.h"
 #include "mem_tier.h"
 #include "pc_util.h"
@@ -165,9 +167,7 @@ static void *worker(void *p)
 static void test_threads(void **state)
 {
     (void)state;
-    const char *env = getenv("KVT_SEED");
-    unsigned seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)kvt_now_ns();
-    printf("test_prompt_cache_stress: seed %u (set KVT_SEED to repeat the mix)\n", seed);
+    unsigned seed = (unsigned)test_seed("test_prompt_cache_stress");
     mem_tier *mt;
     assert_int_equal(mem_tier_create(&mt), 0);
     kvt_prompt_cache_config cfg = {.max_bytes = 30000,

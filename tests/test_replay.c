@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "kvtier/replay.h"
 #include "kvtier/retention_block.h"
 
@@ -465,11 +467,7 @@ static void test_block_lfu_learned(void **state)
 static void test_block_policy_random(void **state)
 {
     (void)state;
-    unsigned seed = (unsigned)time(NULL);
-    const char *env = getenv("KVT_TEST_SEED");
-    if (env)
-        seed = (unsigned)strtoul(env, NULL, 10);
-    printf("test_block_policy_random seed %u (KVT_TEST_SEED)\n", seed);
+    unsigned seed = (unsigned)test_seed("test_block_policy_random");
     srand(seed);
     enum { N = 300 };
     int64_t prio[N + 1];

@@ -13,6 +13,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "store_util.h"
 
 #include <stdlib.h>
@@ -21,8 +23,7 @@
 static void crash_trials(void **state)
 {
     (void)state;
-    const char *e = getenv("KVT_TEST_SEED");
-    uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
+    uint64_t seed = test_seed("test_store_crash");
     assert_int_equal(store_crash_trials(20, seed, getenv("KVT_TEST_VERBOSE") != NULL), 0);
 }
 

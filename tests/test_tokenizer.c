@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_seed.h"
+
 #include "tokenizer.h"
 
 #include <errno.h>
@@ -544,10 +546,7 @@ static void test_encode_matches_reference(void **state)
     kvt_tokenizer *t = load_tok512();
     if (!t)
         skip();
-    unsigned seed = (unsigned)time(NULL);
-    if (getenv("KVT_TEST_SEED"))
-        seed = (unsigned)strtoul(getenv("KVT_TEST_SEED"), NULL, 10);
-    print_message("test_encode_matches_reference: seed %u (set KVT_TEST_SEED to replay)\n", seed);
+    unsigned seed = (unsigned)test_seed("test_encode_matches_reference");
     srand(seed);
     static const char *const words[] = {"the ", "cat", " sat", "Lily", " and", ",", ".", "\n", "\xC3\xA9",
                                         "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xFF", "\x80", "  ", "ing", "Once"};
