@@ -1320,6 +1320,16 @@ KVT_API int kvt_prompt_cache_evict(kvt_prompt_cache *pc, int64_t count, int64_t 
     return 0;
 }
 
+/* Unlinks and disposes v at once, under the lock (relieve and reclaim: the
+ * next pressure check must see the memory freed); no spill. */
+static void demote_now(kvt_prompt_cache *pc, pc_entry *v)
+{
+    pc_entry *gone = NULL;
+    entry_unlink(pc, v, 0, &gone);
+    entry_dispose(v);
+    pc->st.demotions++;
+}
+
 KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn over_budget, void *ctx,
                                      int64_t *n_out)
 {
@@ -1343,10 +1353,7 @@ KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn ov
                 break;
             }
         }
-        pc_entry *gone = NULL;
-        entry_unlink(pc, v, 0, &gone);
-        entry_dispose(v); /* now: the next check must see the memory freed */
-        pc->st.demotions++;
+        demote_now(pc, v);
         n++;
     }
     pthread_mutex_unlock(&pc->mu);
@@ -1370,10 +1377,7 @@ KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pr
             break;
         if ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && write_pending(pc, v))
             break;
-        pc_entry *gone = NULL;
-        entry_unlink(pc, v, 0, &gone); /* no storage I/O at a reclaim boundary (3.8) */
-        entry_dispose(v);
-        pc->st.demotions++;
+        demote_now(pc, v); /* no storage I/O at a reclaim boundary (3.8) */
         n++;
     }
     pthread_mutex_unlock(&pc->mu);
