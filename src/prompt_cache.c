@@ -1409,14 +1409,14 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
         next = e->next;
         if (e->pins > 0 || now - e->last_used_ms < idle_ms)
             continue;
-        if (tier_holds(pc, e) && !write_pending(pc, e)) {
+        if (write_pending(pc, e))
+            continue; /* a pending write is not a copy: keep it for now */
+        if (tier_holds(pc, e)) {
             entry_unlink(pc, e, 0, &gone);
             pc->st.demotions++;
             n++;
             continue;
         }
-        if (write_pending(pc, e))
-            continue; /* a pending write is not a copy: keep it for now */
         if (n_jobs == cap_jobs) {
             size_t cap = cap_jobs ? cap_jobs * 2 : 8;
             demote_job *j = kvt__realloc(jobs, cap * sizeof *j);
