@@ -11,6 +11,7 @@
  * Owns nothing but its figures; must never time anything but the engine.
  */
 #include "chat.h"
+#include "bench_util.h"
 #include "cli.h"
 
 #include <errno.h>
@@ -32,19 +33,6 @@ static const char *const script[10] = {
 };
 
 #define MAX_REPEAT 9
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median of v[0..n); sorts v in place. */
-static double median(double *v, long n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void usage(FILE *f)
 {
@@ -216,10 +204,11 @@ int kvt_bench_chat(int argc, char **argv)
         double ratio[MAX_REPEAT]; /* each run's TTFT over its own baseline, measured next to it */
         for (long k = 0; k < repeat; k++)
             ratio[k] = base[k] > 0 ? ttft[k] / base[k] : 0;
-        double m_on = median(ttft, repeat), m_pref = median(pref, repeat), m_base = median(base, repeat);
+        double m_on = kvt_bench_util_median(ttft, repeat), m_pref = kvt_bench_util_median(pref, repeat);
+        double m_base = kvt_bench_util_median(base, repeat);
         for (long k = 0; k < repeat; k++)
             max_over = over[k] > max_over ? over[k] : max_over;
-        double r_new = median(ratio, repeat), r_off = s_off.ttft_ms > 0 ? m_on / s_off.ttft_ms : 0;
+        double r_new = kvt_bench_util_median(ratio, repeat), r_off = s_off.ttft_ms > 0 ? m_on / s_off.ttft_ms : 0;
         if (t >= 1) {
             goal_ok &= r_new <= 1.2;
             sum_on += m_on;

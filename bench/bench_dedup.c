@@ -9,6 +9,7 @@
  * counts per entry would hold. Goal: within 10% of the ideal.
  * Owns nothing beyond the run; writes no files.
  */
+#include "bench_util.h"
 #include "cli.h"
 
 #include "kvtier/prompt_cache.h"
@@ -18,30 +19,7 @@
 #include <string.h>
 
 static uint64_t rng = 0x9E3779B97F4A7C15ULL;
-static uint32_t rnd32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
-
-static int append_tokens(kvt_cache **c, int layers, int32_t kv_dim, int64_t n)
-{
-    const int64_t chunk = 256;
-    float *buf = calloc((size_t)(chunk * kv_dim), sizeof(float));
-    if (!buf)
-        return KVT_ENOMEM;
-    int rc = 0;
-    for (int64_t done = 0; done < n && rc == 0; done += chunk) {
-        int64_t m = n - done < chunk ? n - done : chunk;
-        const void *in[2] = {buf, buf};
-        for (int l = 0; l < layers && rc == 0; l++)
-            rc = kvt_cache_append(c[l], m, in);
-    }
-    free(buf);
-    return rc;
-}
+static uint32_t rnd32(void) { return kvt_bench_util_rnd32(&rng); }
 
 static void usage(FILE *f) { fprintf(f, "usage: kvtier bench dedup [--entries N] [--system TOKENS] [--block B]\n"); }
 
@@ -86,7 +64,7 @@ int kvt_bench_dedup(int argc, char **argv)
     for (int l = 0; l < layers && rc == 0; l++)
         rc = kvt_kv_create(kv_dim, block, &c[l]);
     if (rc == 0)
-        rc = append_tokens(c, layers, kv_dim, sys_tokens);
+        rc = kvt_bench_util_append(c, layers, kv_dim, sys_tokens);
     kvt_entry e = {"", tok, sys_tokens, c, layers, NULL, 0, {0}};
     if (rc == 0)
         rc = kvt_prompt_cache_put(pc, &e, NULL);
@@ -114,7 +92,7 @@ int kvt_bench_dedup(int argc, char **argv)
                 c[l] = h.entry.caches[l];
                 h.entry.caches[l] = NULL;
             }
-            rc = append_tokens(c, layers, kv_dim, tail);
+            rc = kvt_bench_util_append(c, layers, kv_dim, tail);
             for (int l = 0; l < layers && rc == 0; l++)
                 whole += kvt_cache_bytes(c[l]);
             kvt_entry x = {"", tok, n, c, layers, NULL, 0, {0}};

@@ -8,6 +8,7 @@
  * Reports medians. Owns nothing beyond the run; never writes files except
  * the default model on first use (kvt_default_model).
  */
+#include "bench_util.h"
 #include "cli.h"
 #include "model.h"
 
@@ -156,18 +157,6 @@ static void pl_forward(plain_llama *p, int token, int pos, float *logits)
 
 /* ---- measurements --------------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static int argmax(const float *v, int n)
 {
     int a = 0;
@@ -231,8 +220,8 @@ static int bench_model(const char *name, const char *path, const bench_opts *o, 
         td[run] = dec / ((t2 - t1) * 1e-9);
         kvt_caches_dispose(caches, L);
     }
-    r->prefill_tps = median(t, o->runs);
-    r->decode_tps = median(td, o->runs);
+    r->prefill_tps = kvt_bench_util_median(t, o->runs);
+    r->decode_tps = kvt_bench_util_median(td, o->runs);
     /* the same prompt fed one token at a time through decode */
     for (int run = 0; run < o->slow_runs && rc == 0; run++) {
         if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
@@ -243,7 +232,7 @@ static int bench_model(const char *name, const char *path, const bench_opts *o, 
         t[run] = prompt / ((kvt_now_ns() - t0) * 1e-9);
         kvt_caches_dispose(caches, L);
     }
-    r->single_tps = median(t, o->slow_runs);
+    r->single_tps = kvt_bench_util_median(t, o->slow_runs);
     /* plain llama2.c-style decode of the same tokens after a short prompt */
     int plain_ok = 1;
     for (int l = 0; l < L; l++)
@@ -265,7 +254,7 @@ static int bench_model(const char *name, const char *path, const bench_opts *o, 
         td[run] = dec / ((kvt_now_ns() - t0) * 1e-9);
         kvt_caches_dispose(caches, L);
     }
-    r->short_decode_tps = median(td, o->runs);
+    r->short_decode_tps = kvt_bench_util_median(td, o->runs);
     if (rc == 0 && plain_ok && pl_open(&pl, path, c) == 0) {
         for (int i = 0; i < warm; i++)
             pl_forward(&pl, tok[i], i, pl_logits);

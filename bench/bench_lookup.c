@@ -13,6 +13,7 @@
  * cloning and extending, so they share blocks (memory stays sane).
  * Owns nothing beyond the run; writes no files.
  */
+#include "bench_util.h"
 #include "cli.h"
 
 #include "kvtier/prompt_cache.h"
@@ -33,13 +34,7 @@ typedef struct bl_entry {
 } bl_entry;
 
 static uint64_t rng = 88172645463325252ULL;
-static uint32_t rnd32(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 11);
-}
+static uint32_t rnd32(void) { return kvt_bench_util_rnd32(&rng); }
 
 static int cmp_u64(const void *a, const void *b)
 {
@@ -51,26 +46,6 @@ static double median_us(uint64_t *ns, int n)
 {
     qsort(ns, (size_t)n, sizeof *ns, cmp_u64);
     return (double)ns[n / 2] / 1000.0;
-}
-
-/* Appends n tokens of synthetic K/V (values do not matter here). */
-static int append_tokens(kvt_cache **c, int layers, int32_t kv_dim, int64_t n)
-{
-    const int64_t chunk = 256;
-    float *buf = calloc((size_t)(chunk * kv_dim), sizeof(float));
-    if (!buf)
-        return KVT_ENOMEM;
-    int rc = 0;
-    for (int64_t done = 0; done < n && rc == 0; done += chunk) {
-        int64_t m = n - done < chunk ? n - done : chunk;
-        for (int64_t i = 0; i < m * kv_dim; i += 97)
-            buf[i] = (float)(done + i);
-        const void *in[2] = {buf, buf};
-        for (int l = 0; l < layers && rc == 0; l++)
-            rc = kvt_cache_append(c[l], m, in);
-    }
-    free(buf);
-    return rc;
 }
 
 static int64_t lcp(const int32_t *a, int64_t na, const int32_t *b, int64_t nb)
@@ -144,7 +119,7 @@ static int size_run(int32_t kv_dim, int reps, double *med_us, uint64_t *copied, 
         tok[i] = (int32_t)(i * 7 + 1);
     int rc = kvt_kv_create(kv_dim, 256, &c[0]);
     if (rc == 0)
-        rc = append_tokens(c, 1, kv_dim, n);
+        rc = kvt_bench_util_append(c, 1, kv_dim, n);
     *bytes = rc == 0 ? kvt_cache_bytes(c[0]) : 0;
     if (rc == 0)
         rc = put_entry(pc, "", tok, n, c, 1);
@@ -228,11 +203,11 @@ int kvt_bench_lookup(int argc, char **argv)
     for (int l = 0; l < layers && rc == 0; l++)
         rc = kvt_kv_create(kv_dim, block, &sysc[l]);
     if (rc == 0)
-        rc = append_tokens(sysc, layers, kv_dim, SYS_TOKENS);
+        rc = kvt_bench_util_append(sysc, layers, kv_dim, SYS_TOKENS);
     for (int g = 0; g < GROUPS && rc == 0; g++) {
         rc = kvt_caches_clone(sysc, layers, trunkc[g]);
         if (rc == 0)
-            rc = append_tokens(trunkc[g], layers, kv_dim, TRUNK_TOKENS);
+            rc = kvt_bench_util_append(trunkc[g], layers, kv_dim, TRUNK_TOKENS);
     }
     int64_t total_tokens = 0;
     for (int i = 0; i < n_entries && rc == 0; i++) {
@@ -256,7 +231,7 @@ int kvt_bench_lookup(int argc, char **argv)
         for (int l = 0; l < layers && rc == 0; l++)
             rc = kvt_cache_trim(c[l], SYS_TOKENS + cut);
         if (rc == 0)
-            rc = append_tokens(c, layers, kv_dim, TAIL_TOKENS);
+            rc = kvt_bench_util_append(c, layers, kv_dim, TAIL_TOKENS);
         if (rc == 0)
             rc = kvt_caches_clone(c, layers, es[i].caches);
         if (rc == 0)
