@@ -168,14 +168,18 @@ int kvt_cmd_store(int argc, char **argv)
         uint64_t max = 0;
         int have = 0;
         for (int i = 3; i < argc; i++) {
-            if (!strcmp(argv[i], "--max") && i + 1 < argc && !kvt_cli_bytes(argv[i + 1], &max, NULL)) {
-                have = 1;
-                i++;
-            } else {
+            if (strcmp(argv[i], "--max") != 0) {
                 fprintf(stderr, "kvtier store gc: bad argument '%s'\n", argv[i]);
                 usage(stderr);
                 return 2;
             }
+            if (i + 1 >= argc || kvt_cli_bytes(argv[i + 1], &max, NULL)) {
+                fprintf(stderr, "kvtier store gc: --max wants a byte count (e.g. 10G, 512M, 4096), got '%s'\n",
+                        i + 1 < argc ? argv[i + 1] : "");
+                return 2;
+            }
+            have = 1;
+            i++;
         }
         if (!have) {
             fprintf(stderr, "kvtier store gc: --max BYTES is required\n");
