@@ -239,6 +239,17 @@ int store_first_file(const char *dir, const char *prefix, char *name, size_t cap
     return rc;
 }
 
+int store_flip_byte(const char *path, long from_end, int mask)
+{
+    FILE *f = fopen(path, "r+b");
+    if (!f)
+        return -1;
+    int c = EOF;
+    int ok = fseek(f, -from_end, SEEK_END) == 0 && (c = fgetc(f)) != EOF && fseek(f, -from_end, SEEK_END) == 0 &&
+             fputc(c ^ mask, f) != EOF;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
 /* ---- faults -------------------------------------------------------------------- */
 
 static ssize_t f_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off)

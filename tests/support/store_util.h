@@ -52,6 +52,10 @@ void store_rmtree(const char *path);
 int store_count_files(const char *dir, const char *prefix);
 /** First file in dir whose name starts with prefix: name (cap bytes) or -1. */
 int store_first_file(const char *dir, const char *prefix, char *name, size_t cap);
+/** Flips bits of one byte of a file in place: the byte `from_end` bytes
+ * before its end (1 = the last byte) is xor-ed with mask. @return 0, or -1
+ * when the file cannot be opened or is shorter than that. */
+int store_flip_byte(const char *path, long from_end, int mask);
 
 /** Fault-injecting write layer. */
 typedef struct store_faults {
