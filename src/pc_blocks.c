@@ -46,8 +46,6 @@ void kvt__pc_blocks_destroy(kvt__pc_blocks *b)
 
 int32_t kvt__pc_blocks_block_tokens(const kvt__pc_blocks *b) { return b->block_tokens; }
 
-int64_t kvt__pc_blocks_count(const kvt__pc_blocks *b) { return kvt_block_policy_count(b->policy); }
-
 void kvt__pc_blocks_clock(kvt__pc_blocks *b, int64_t n_tokens)
 {
     b->clock += (n_tokens + b->block_tokens - 1) / b->block_tokens;

@@ -75,7 +75,4 @@ int kvt__pc_blocks_victim(kvt__pc_blocks *b, void **owner, int64_t *depth);
  * @return the depth to cut the entry back to (<= depth). */
 int64_t kvt__pc_blocks_extend(kvt__pc_blocks *b, const uint64_t *keys, int64_t depth, int64_t max_blocks);
 
-/** Blocks tracked. */
-int64_t kvt__pc_blocks_count(const kvt__pc_blocks *b);
-
 #endif
