@@ -125,7 +125,6 @@ struct kvt_prompt_cache {
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* prefetch reads ending */
     size_t max_bytes;
-    int32_t block_tokens;
     uint32_t flags;
     int has_cold;
     kvt_cold_tier cold;
@@ -851,7 +850,6 @@ KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prom
     if (!pc)
         return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_create: out of memory");
     pc->max_bytes = cfg->max_bytes;
-    pc->block_tokens = cfg->block_tokens ? cfg->block_tokens : 256;
     pc->flags = cfg->flags;
     if (cfg->cold) {
         pc->cold = *cfg->cold;
@@ -862,7 +860,7 @@ KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prom
     if (rc == 0)
         rc = kvt__index_create(&pc->ix);
     if (rc == 0 && cfg->block_policy)
-        rc = kvt__pc_blocks_create(cfg->block_policy, pc->block_tokens, &pc->blocks);
+        rc = kvt__pc_blocks_create(cfg->block_policy, cfg->block_tokens ? cfg->block_tokens : 256, &pc->blocks);
     if (rc) {
         if (pc->ret)
             pc->rops->destroy(pc->ret);

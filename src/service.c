@@ -26,7 +26,7 @@
 struct kvt_admission {
     kvt_admission *next, *prev;      /* the service's list of held leases */
     int32_t *prompt;             /* (n_prompt) copied at admit */
-    int64_t n_prompt, max_tokens;
+    int64_t n_prompt;
     char *ns;                    /* "" for the base model */
     char *session;               /* NULL = none */
     int no_reuse;
@@ -343,7 +343,6 @@ static int lease_new(const kvt_request *req, uint64_t bytes, kvt_admission **out
         goto oom;
     memcpy(l->prompt, req->prompt, (size_t)req->n_prompt * sizeof *l->prompt);
     l->n_prompt = req->n_prompt;
-    l->max_tokens = req->max_tokens;
     l->no_reuse = req->no_reuse;
     l->bytes = bytes;
     *out = l;
