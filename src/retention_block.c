@@ -52,7 +52,7 @@ struct kvt_block_policy {
     slot *slots;      /* (n_slots) */
     int32_t n_slots, cap_slots;
     int32_t *free;    /* (n_free) free slot indices */
-    int32_t n_free, cap_free;
+    int32_t n_free;   /* the list has room for cap_slots */
     int32_t *heap;    /* (n_heap) slot indices, min-heap on (prio, -depth) */
     int32_t n_heap;
     /* open addressing key -> slot+1 (0 empty, -1 deleted) */
