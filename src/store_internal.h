@@ -118,8 +118,12 @@ typedef struct kvt__kmap {
     size_t cap, used, live;
 } kvt__kmap;
 
+/** The value of k, NULL if absent. Not thread-safe (the store's mutex). */
 void *kvt__kmap_get(const kvt__kmap *m, kvt__skey k);
-int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v); /* replaces; 0 or KVT_ENOMEM */
+/** Sets k -> v, replacing; v must be neither NULL nor (void *)1 (the empty
+ * and tombstone marks: a count stored as a pointer must skip both).
+ * @return 0 or KVT_ENOMEM (map unchanged). */
+int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v);
 void kvt__kmap_del(kvt__kmap *m, kvt__skey k);
 void kvt__kmap_free(kvt__kmap *m);
 
