@@ -323,7 +323,7 @@ int kvt_bench_ssd(int argc, char **argv)
             }
         }
         kvt_store_close(s);
-        if (rc) {
+        if (rc && !status) { /* a raw I/O failure has been reported already */
             fprintf(stderr, "bench ssd: store/restore failed: %s\n", kvt_last_error());
             status = 1;
         }
