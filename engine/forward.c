@@ -143,11 +143,10 @@ static void matmul(kvt_model *m, float *out, const float *x, const float *W, int
 static void rope_tables(kvt_model *m, int64_t pos0, int T)
 {
     int hs = m->cfg.head_size, half = hs / 2;
-    for (int t = 0; t < T; t++) {
-        int pos = (int)(pos0 + t);
-        for (int j = 0; j < half; j++) {
-            float freq = 1.0f / powf(10000.0f, (float)(2 * j) / (float)hs);
-            float val = (float)pos * freq;
+    for (int j = 0; j < half; j++) {
+        float freq = 1.0f / powf(10000.0f, (float)(2 * j) / (float)hs); /* once per j, not per token */
+        for (int t = 0; t < T; t++) {
+            float val = (float)(int)(pos0 + t) * freq;
             m->s.rope_cos[(size_t)t * half + j] = cosf(val);
             m->s.rope_sin[(size_t)t * half + j] = sinf(val);
         }
