@@ -223,14 +223,15 @@ KVT_API int kvt_prompt_cache_trim(kvt_prompt_cache *pc, const int32_t *tokens, i
 
 /* ---- budget, eviction, pressure ------------------------------------------- */
 
-/** Changes the budget (bytes) and evicts to it (spilling, as put). @return 0
- * or KVT_EINVAL. */
+/** Changes the budget (bytes) and evicts to it (spilling, as put; with a
+ * block policy blocks are cut first, as put's eviction does).
+ * @return 0 or KVT_EINVAL (pc NULL). */
 KVT_API int kvt_prompt_cache_set_max_bytes(kvt_prompt_cache *pc, size_t max_bytes);
 
 /** Evicts up to `count` entries chosen by the retention policy among
  * unpinned entries, preferring entries no session points at, spilling each
  * (DESIGN.md 3.6). @param n_out optional: entries evicted.
- * @return 0 or KVT_EINVAL. */
+ * @return 0 or KVT_EINVAL (pc NULL or count < 0). */
 KVT_API int kvt_prompt_cache_evict(kvt_prompt_cache *pc, int64_t count, int64_t *n_out);
 
 /** Live-memory check the caller supplies: nonzero while over its budget. */
@@ -271,7 +272,7 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
 /* ---- sessions, pins, prefetch ---------------------------------------------- */
 
 /** Drops the session's affinity (every ns), never the data (DESIGN.md 3.10).
- * Unknown sessions are a no-op. */
+ * Unknown sessions, and a NULL pc or session, are a no-op. */
 KVT_API void kvt_prompt_cache_close_session(kvt_prompt_cache *pc, const char *session);
 
 /** Pins the resident entry of exactly `tokens` in `ns`: it is never evicted,
@@ -363,7 +364,9 @@ typedef struct kvt_prompt_cache_stats {
     uint64_t epoch;                      /* advanced by clear */
 } kvt_prompt_cache_stats;
 
-/** Fills *out. NULL arguments are a no-op. */
+/** Fills *out with a snapshot taken under the cache's lock (spills and
+ * spill_failures, counted off-lock, are read just after it). NULL arguments
+ * are a no-op. */
 KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out);
 
 #ifdef __cplusplus
