@@ -1221,7 +1221,8 @@ static int do_put(kvt_store *s, const kvt_entry *e)
     pthread_mutex_unlock(&s->mu);
 
     /* 3. write missing blocks: up to KVT__WINDOW temp files written back to
-     * back (writeback started on each), then each fsync'd and renamed */
+     * back (shard k sealed after shard k+1 is begun, so hashes overlap;
+     * writeback started on each), then each fsync'd and renamed */
     int wrote_block = 0;
     int32_t nwin = 0;
     int32_t win_c[KVT__WINDOW];
@@ -1253,6 +1254,10 @@ static int do_put(kvt_store *s, const kvt_entry *e)
             if (rc)
                 goto abort_win;
             win_c[nwin++] = c;
+            /* seal the previous shard only now: its hash ran beside this
+             * shard's writes (and this shard's hash runs beside the seal) */
+            if (nwin > 1 && (rc = kvt__shard_seal(&win[nwin - 2])))
+                goto abort_win;
             if (nwin < KVT__WINDOW)
                 continue;
         }

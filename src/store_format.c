@@ -254,7 +254,9 @@ static kvt_store_io io_or_default(const kvt_store_io *io_opt)
 
 /* SHA-256 of a shard's payload, computed on a second thread while the
  * writer thread copies the same (immutable) bytes into the file, so a store
- * costs max(hash, write) instead of their sum on a 2-core machine. Small
+ * costs max(hash, write) instead of their sum on a 2-core machine; the hash
+ * is only waited for in kvt__shard_seal, so a caller that begins shard k+1
+ * before sealing shard k keeps both cores hashing while it writes. Small
  * payloads are hashed inline: a thread is not worth it below this size. */
 #define KVT__HASH_THREAD_MIN (4u << 20)
 
@@ -272,7 +274,24 @@ static void *hash_payload(void *arg)
         const kvt__st_out *x = &j->t[j->ord[k]];
         EVP_DigestUpdate(j->md, x->data, x->bytes);
     }
+    kvt__free(j); /* the job is the thread's own */
     return NULL;
+}
+
+/* Joins a running hash and frees what a begun shard holds besides its file. */
+static void pending_release(kvt__pending_shard *ps)
+{
+    if (ps->hashing)
+        pthread_join(ps->hasher, NULL); /* before md or the data can go away */
+    ps->hashing = 0;
+    EVP_MD_CTX_free(ps->md);
+    ps->md = NULL;
+    kvt__free(ps->t);
+    ps->t = NULL;
+    kvt__free(ps->ord);
+    ps->ord = NULL;
+    json_decref(ps->meta);
+    ps->meta = NULL;
 }
 
 int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
@@ -280,7 +299,7 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
 {
     memset(ps, 0, sizeof *ps);
     ps->fd = -1;
-    kvt_store_io io = io_or_default(io_opt);
+    ps->io = io_or_default(io_opt);
     snprintf(ps->tmp, sizeof ps->tmp, KVT__TMP_PREFIX "%ld.%llu.%s", (long)getpid(),
              (unsigned long long)atomic_fetch_add(&kvt__tmp_seq, 1), final_name);
     snprintf(ps->final, sizeof ps->final, "%s", final_name);
@@ -295,89 +314,126 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
             return kvt__fail(KVT_EINVAL, "%s: tensor %s has an unknown dtype", final_name, t[i].name);
         payload += t[i].bytes;
     }
-    int32_t *ord = write_order(t, n);
+    /* the tensor list is copied: the hash may outlive the caller's array */
+    ps->t = kvt__malloc(sizeof *ps->t * (size_t)(n ? n : 1));
+    if (ps->t)
+        memcpy(ps->t, t, sizeof *ps->t * (size_t)n);
+    ps->n = n;
+    ps->ord = ps->t ? write_order(ps->t, n) : NULL;
     char zeros[65];
     memset(zeros, '0', 64);
     zeros[64] = '\0';
     size_t hlen = 0;
-    char *header = ord ? build_header(meta, t, ord, n, zeros, payload, &hlen) : NULL;
+    char *header = ps->ord ? build_header(meta, ps->t, ps->ord, n, zeros, payload, &hlen) : NULL;
     if (!header) {
-        kvt__free(ord);
+        pending_release(ps);
         return kvt__fail(KVT_ENOMEM, "%s: cannot build the shard header", final_name);
     }
+    kvt__free(header); /* only its length is needed now: seal rebuilds it */
+    json_incref(meta);
+    ps->meta = meta;
+    ps->hlen = hlen;
+    ps->payload = payload;
     int rc = 0;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
+    ps->md = md;
     int fd = openat(dirfd, ps->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = kvt__fail(-errno, "%s: cannot create: %s", path, strerror(errno));
-        goto out;
+        pending_release(ps);
+        return rc;
     }
+    ps->fd = fd;
     if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
         rc = kvt__fail(KVT_ENOMEM, "%s: cannot start SHA-256", path);
         goto fail;
     }
-    /* Payload first (hashed beside the writes, see hash_payload), then the
-     * header with the real hash: the placeholder has the same length. */
-    kvt__hash_job hj = {md, t, ord, n};
-    pthread_t hasher;
-    int threaded = payload >= KVT__HASH_THREAD_MIN && pthread_create(&hasher, NULL, hash_payload, &hj) == 0;
+    /* Payload first (hashed beside the writes, see hash_payload), then, in
+     * kvt__shard_seal, the header with the real hash over a same-length
+     * placeholder. The hash may still run when this returns. */
+    kvt__hash_job hj = {md, ps->t, ps->ord, n};
+    int threaded = payload >= KVT__HASH_THREAD_MIN;
+    kvt__hash_job *hjp = NULL;
+    if (threaded && (hjp = kvt__malloc(sizeof *hjp))) {
+        *hjp = hj;
+        ps->hashing = pthread_create(&ps->hasher, NULL, hash_payload, hjp) == 0;
+    }
+    threaded = ps->hashing;
+    if (!threaded) {
+        kvt__free(hjp);
+        hjp = NULL;
+    }
     uint64_t off = 8 + hlen;
     for (int32_t k = 0; k < n && !rc; k++) {
-        const kvt__st_out *x = &t[ord[k]];
+        const kvt__st_out *x = &ps->t[ps->ord[k]];
         const uint8_t *p = x->data;
         size_t left = x->bytes;
         while (left) {
             size_t c = left < KVT__IO_CHUNK ? left : KVT__IO_CHUNK;
             if (!threaded)
                 EVP_DigestUpdate(md, p, c);
-            if ((rc = write_all(&io, fd, p, c, off, path)))
+            if ((rc = write_all(&ps->io, fd, p, c, off, path)))
                 break;
             p += c;
             off += c;
             left -= c;
         }
     }
-    if (threaded)
-        pthread_join(hasher, NULL); /* before md or the data can go away */
     if (rc)
         goto fail;
+    ps->bytes = 8 + hlen + payload;
+    /* hashed inline: nothing to overlap, the header goes out now (same
+     * write order as an unpipelined shard) */
+    return threaded ? 0 : kvt__shard_seal(ps);
+fail:
+    kvt__shard_abort(ps);
+    return rc;
+}
+
+int kvt__shard_seal(kvt__pending_shard *ps)
+{
+    if (ps->sealed)
+        return 0;
+    if (ps->fd < 0)
+        return kvt__fail(KVT_EINVAL, "%s: shard was aborted", ps->path);
+    if (ps->hashing)
+        pthread_join(ps->hasher, NULL);
+    ps->hashing = 0;
+    const char *path = ps->path;
+    int rc = 0;
     uint8_t sha[32];
     char sha_hex[65];
-    EVP_DigestFinal_ex(md, sha, NULL);
+    EVP_DigestFinal_ex(ps->md, sha, NULL);
     kvt__hex(sha, 32, sha_hex);
     size_t hlen2 = 0;
-    char *header2 = build_header(meta, t, ord, n, sha_hex, payload, &hlen2);
-    if (!header2 || hlen2 != hlen) {
+    char *header2 = build_header(ps->meta, ps->t, ps->ord, ps->n, sha_hex, ps->payload, &hlen2);
+    if (!header2 || hlen2 != ps->hlen) {
         kvt__free(header2);
         rc = kvt__fail(KVT_ENOMEM, "%s: cannot rebuild the shard header", path);
         goto fail;
     }
     uint8_t lenb[8];
     for (int i = 0; i < 8; i++)
-        lenb[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-    rc = write_all(&io, fd, lenb, 8, 0, path);
+        lenb[i] = (uint8_t)((uint64_t)ps->hlen >> (8 * i));
+    rc = write_all(&ps->io, ps->fd, lenb, 8, 0, path);
     if (!rc)
-        rc = write_all(&io, fd, header2, hlen, 8, path);
+        rc = write_all(&ps->io, ps->fd, header2, ps->hlen, 8, path);
     kvt__free(header2);
     if (rc)
         goto fail;
     /* start writeback now: the device works while the next shard is hashed */
-    sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
-    ps->fd = fd;
-    ps->bytes = 8 + hlen + payload;
-    goto out;
+    sync_file_range(ps->fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+    pending_release(ps);
+    ps->sealed = 1;
+    return 0;
 fail:
-    close(fd);
-    unlinkat(dirfd, ps->tmp, 0);
-out:
-    EVP_MD_CTX_free(md);
-    kvt__free(header);
-    kvt__free(ord);
+    kvt__shard_abort(ps);
     return rc;
 }
 
 void kvt__shard_abort(kvt__pending_shard *ps)
 {
+    pending_release(ps);
     if (ps->fd >= 0) {
         close(ps->fd);
         unlinkat(ps->dirfd, ps->tmp, 0);
@@ -388,7 +444,9 @@ void kvt__shard_abort(kvt__pending_shard *ps)
 int kvt__shard_commit(kvt__pending_shard *ps, const kvt_store_io *io_opt)
 {
     kvt_store_io io = io_or_default(io_opt);
-    int rc = 0;
+    int rc = kvt__shard_seal(ps);
+    if (rc)
+        return rc;
     if (io.fsync_fn(io.ctx, ps->fd)) {
         int e = errno ? errno : EIO;
         rc = kvt__fail(-e, "%s: fsync failed: %s", ps->path, strerror(e));

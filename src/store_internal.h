@@ -9,6 +9,7 @@
 #include "kvtier/store.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdint.h>
 
 /* ---- shard format (store_format.c) --------------------------------------- */
@@ -63,17 +64,38 @@ typedef struct kvt__pending_shard {
     int fd, dirfd;
     uint64_t bytes;
     char tmp[256], final[128], path[4096];
+    /* until sealed: the payload hash (maybe still running on `hasher`) */
+    int hashing, sealed;
+    pthread_t hasher;
+    void *md;          /* EVP_MD_CTX */
+    kvt__st_out *t;    /* owned copy of the tensor list */
+    int32_t *ord, n;   /* write order */
+    json_t *meta;      /* reference held for the final header */
+    size_t hlen;
+    uint64_t payload;
+    kvt_store_io io;
 } kvt__pending_shard;
 
-/** First half of kvt__shard_write: writes the temp file and starts its
- * writeback, without waiting. On success ps holds the open file: finish with
- * kvt__shard_commit (fsync, size check, rename) or kvt__shard_abort
- * (remove). On failure nothing is left behind. */
+/** First half of kvt__shard_write: writes the temp file's payload, its
+ * SHA-256 possibly still being computed on a second thread when this
+ * returns (so the caller can begin the next shard meanwhile). On success ps
+ * holds the open file: finish with kvt__shard_seal (optional: hash, header,
+ * writeback started), kvt__shard_commit (seal, fsync, size check, rename) or
+ * kvt__shard_abort (remove). The tensor data of t is borrowed, valid until
+ * one of those returns; t itself and meta are not needed after this call
+ * (meta gets one more reference, dropped by seal/abort). On failure nothing
+ * is left behind. */
 int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
                      const kvt__st_out *t, int32_t n, const kvt_store_io *io, kvt__pending_shard *ps);
-/** fsync, size check, close, rename; on failure the temp file is removed. */
+/** Waits for the payload hash, writes the header with it and starts the
+ * writeback; no-op when already sealed. On failure the shard is aborted
+ * (temp file removed). @return 0, -errno, KVT_EIO, KVT_ENOMEM. */
+int kvt__shard_seal(kvt__pending_shard *ps);
+/** seal, then fsync, size check, close, rename; on failure the temp file is
+ * removed. */
 int kvt__shard_commit(kvt__pending_shard *ps, const kvt_store_io *io);
-/** Closes and removes a begun shard (no-op when already finished). */
+/** Waits for a running hash, closes and removes a begun shard (no-op when
+ * already finished). */
 void kvt__shard_abort(kvt__pending_shard *ps);
 
 /** Reads and validates the header of the open shard `fd` of `file_bytes` bytes.
