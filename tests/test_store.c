@@ -354,6 +354,51 @@ static void fault_short_write(void **state) { (void)state; fault_case(ENOSPC, 1,
 static void fault_lying_write(void **state) { (void)state; fault_case(EIO, 0, 1, 0, 0); }
 static void fault_fsync(void **state) { (void)state; fault_case(EIO, 0, 0, 2, -EIO); }
 
+/* Blocks of 4 MB: their hashes run on a second thread and each block is
+ * sealed (header written) only after the next one's payload, so a failing
+ * pwrite can land in a payload or a header while another hash is running.
+ * Every position must fail cleanly (nothing indexed, no temp file) and the
+ * same entry must then store and restore, checksums verified. */
+static void fault_pipelined_blocks(void **state)
+{
+    (void)state;
+    const store_cfg big = {.n_kv = 2, .kv_dim = 1024, .block = 256}; /* 4 MB per block */
+    int32_t t[800];
+    pcu_seq(t, 800, 7);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&big, "", t, 800, &e), 0);
+    for (int at = 1; at <= 9; at++) { /* 3 blocks x (payload, length, header) */
+        fx f;
+        fx_init(&f, &big, "pipe");
+        store_faults fl;
+        kvt_store_io io;
+        store_faults_init(&fl, &io);
+        kvt_store_options o = {.io = &io, .verify = 1};
+        kvt_store *s = fx_open(&f, &o);
+        pthread_mutex_lock(&fl.mu);
+        fl.err = EIO;
+        fl.fail_pwrite_after = at;
+        pthread_mutex_unlock(&fl.mu);
+        assert_int_equal(kvt_store_put(s, &e), -EIO);
+        kvt_store_stats st;
+        kvt_store_get_stats(s, &st);
+        assert_int_equal(st.failed, 1);
+        assert_int_equal(st.entries, 0);
+        kvt_cold_hit hit;
+        assert_int_equal(kvt_store_find(s, t, 800, "", &hit), KVT_ENOTFOUND);
+        assert_int_equal(store_count_files(kvt_store_dir(s), ".tmp."), 0);
+        assert_int_equal(store_count_files(kvt_store_dir(s), "e"), 0);
+        assert_int_equal(kvt_store_put(s, &e), 0);
+        kvt_store_get_stats(s, &st);
+        assert_int_equal(st.entries, 1);
+        assert_int_equal(st.blocks, 3);
+        expect_restores(s, &f.cfg, "", t, 800);
+        assert_int_equal(kvt_store_close(s), 0);
+        store_rmtree(f.root);
+    }
+    kvt_entry_clear(&e);
+}
+
 static void write_behind_failure_counts(void **state)
 {
     (void)state;
@@ -1135,6 +1180,7 @@ int main(void)
         cmocka_unit_test(fault_short_write),
         cmocka_unit_test(fault_lying_write),
         cmocka_unit_test(fault_fsync),
+        cmocka_unit_test(fault_pipelined_blocks),
         cmocka_unit_test(write_behind_failure_counts),
         cmocka_unit_test(lookup_while_pending),
         cmocka_unit_test(async_restore),
