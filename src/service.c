@@ -50,6 +50,7 @@ struct kvt_service {
     uint64_t projected;          /* sum of held leases' bytes */
     uint64_t n_leases;
     int closed;
+    int close_done;              /* close's flush and clear have finished */
     /* idle demotion (cold tier only) */
     uint64_t demote_idle_ms;
     pthread_t demoter;
@@ -692,7 +693,9 @@ KVT_API int kvt_service_close(kvt_service *svc)
     if (!svc)
         return 0;
     pthread_mutex_lock(&svc->mu);
-    if (svc->closed) {
+    if (svc->closed) { /* a second close returns once the first has finished */
+        while (!svc->close_done)
+            pthread_cond_wait(&svc->released, &svc->mu);
         pthread_mutex_unlock(&svc->mu);
         return 0;
     }
@@ -705,9 +708,13 @@ KVT_API int kvt_service_close(kvt_service *svc)
     if (joining) /* step 1: stop idle demotion (outside the mutex it takes) */
         pthread_join(svc->demoter, NULL);
     int rc = 0;
-    pthread_mutex_lock(&svc->mu);
-    if (svc->pc) /* steps 2 and 3: flush the cold tier, then clear, whatever the flush said */
+    /* steps 2 and 3: flush the cold tier, then clear, whatever the flush said;
+     * disk I/O, so outside the service mutex (the prompt cache locks itself) */
+    if (svc->pc)
         rc = kvt__service_pc_clear(svc->pc);
+    pthread_mutex_lock(&svc->mu);
+    svc->close_done = 1;
+    pthread_cond_broadcast(&svc->released);
     pthread_mutex_unlock(&svc->mu);
     return rc;
 }

@@ -556,6 +556,80 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+/* close flushes the cold tier without holding the service mutex: report
+ * answers during a slow flush, and a second close returns only after the
+ * first has finished (it held the mutex across the flush before). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int in_flush, open;
+    kvt_cold_tier real;
+} slow = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, {0}};
+
+static int slow_flush(void *self)
+{
+    pthread_mutex_lock(&slow.mu);
+    slow.in_flush = 1;
+    pthread_cond_broadcast(&slow.cv);
+    while (!slow.open)
+        pthread_cond_wait(&slow.cv, &slow.mu);
+    pthread_mutex_unlock(&slow.mu);
+    return slow.real.flush(self);
+}
+
+static void *close_thread(void *arg)
+{
+    return (void *)(intptr_t)kvt_service_close(arg);
+}
+
+static void test_close_flushes_outside_the_mutex(void **state)
+{
+    (void)state;
+    setup_tokens();
+    mem_tier *mt = NULL;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    slow.real = *mem_tier_iface(mt);
+    kvt_cold_tier tier = slow.real;
+    tier.flush = slow_flush;
+    kvt_service_config cfg = {.n_layers = 3, .layers = layers, .max_positions = 1000, .new_caches = new_caches,
+                              .prompt_cache_bytes = 1 << 20, .block_tokens = 16, .cold = &tier};
+    kvt_service *s = NULL;
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    kvt_state st;
+    kvt_admission *a = start(s, 10, "", NULL, 0, &st);
+    run_tokens(st.caches, 0, 10);
+    assert_int_equal(kvt_service_publish(s, a, toks, 10, &st), 0);
+    kvt_service_release(s, a, 1);
+    pthread_t t1, t2;
+    assert_int_equal(pthread_create(&t1, NULL, close_thread, s), 0);
+    pthread_mutex_lock(&slow.mu);
+    while (!slow.in_flush)
+        pthread_cond_wait(&slow.cv, &slow.mu);
+    pthread_mutex_unlock(&slow.mu);
+    /* the first close is inside the flush: report must answer now */
+    kvt_service_report rep;
+    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    kvt_request r = {.prompt = toks, .n_prompt = 10, .max_tokens = 4, .ns = ""};
+    kvt_admission *none = NULL;
+    assert_int_equal(kvt_service_admit(s, &r, &none), KVT_ECLOSED);
+    assert_int_equal(pthread_create(&t2, NULL, close_thread, s), 0);
+    pthread_mutex_lock(&slow.mu);
+    slow.open = 1;
+    pthread_cond_broadcast(&slow.cv);
+    pthread_mutex_unlock(&slow.mu);
+    void *r1, *r2;
+    pthread_join(t2, &r2);
+    /* the second close returned: the first's flush and clear are done */
+    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    assert_int_equal(rep.entries, 0);
+    assert_true(mem_tier_has(mt, "", toks, 10));
+    pthread_join(t1, &r1);
+    assert_int_equal((intptr_t)r1, 0);
+    assert_int_equal((intptr_t)r2, 0);
+    kvt_service_destroy(s);
+    mem_tier_destroy(mt);
+}
+
 static void test_concurrent_requests(void **state)
 {
     (void)state;
@@ -599,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_cache_off),
         cmocka_unit_test(test_report_json_close),
         cmocka_unit_test(test_cold_tier_demote_and_close),
+        cmocka_unit_test(test_close_flushes_outside_the_mutex),
         cmocka_unit_test(test_concurrent_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -320,7 +320,9 @@ KVT_API void kvt_service_json_free(char *s);
 /** Closes the service: stops idle demotion, hands every RAM entry to the
  * cold tier (if any) and flushes it (every queued write made durable, so a
  * restarted process finds the prefixes on disk), clears the prompt cache and refuses new work
- * (KVT_ECLOSED). Idempotent: a second call returns 0 and does nothing.
+ * (KVT_ECLOSED). Idempotent: a second call does nothing and returns 0 once
+ * the first has finished. The flush runs without the service mutex held, so
+ * kvt_service_report() and other calls answer meanwhile.
  * Errors of every step are aggregated (the first code is returned, the
  * message lists each); no step is skipped because an earlier one failed.
  * Admissions still held stay valid for release. Thread-safe. */
