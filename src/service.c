@@ -89,7 +89,7 @@ static void *demoter_main(void *arg)
     uint64_t every = KVT__MAX(s->demote_idle_ms / 4, 10);
     pthread_mutex_lock(&s->mu);
     while (!s->closed) {
-        struct timespec t = kvt__deadline(CLOCK_REALTIME, every);
+        struct timespec t = kvt__deadline(CLOCK_MONOTONIC, every);
         pthread_cond_timedwait(&s->stop, &s->mu, &t);
         if (s->closed)
             break;
@@ -147,12 +147,21 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
         rc = kvt__fail(KVT_ENOMEM, "service: cannot create mutex");
         goto fail;
     }
-    if (pthread_cond_init(&s->released, NULL)) {
+    /* timed waits run on the monotonic clock, as the prompt cache's do, so a
+     * wall-clock step does not shorten or stretch them */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int crc = pthread_cond_init(&s->released, &ca);
+    if (crc) {
+        pthread_condattr_destroy(&ca);
         pthread_mutex_destroy(&s->mu);
         rc = kvt__fail(KVT_ENOMEM, "service: cannot create condition variable");
         goto fail;
     }
-    if (pthread_cond_init(&s->stop, NULL)) {
+    crc = pthread_cond_init(&s->stop, &ca);
+    pthread_condattr_destroy(&ca);
+    if (crc) {
         pthread_cond_destroy(&s->released);
         pthread_mutex_destroy(&s->mu);
         rc = kvt__fail(KVT_ENOMEM, "service: cannot create condition variable");
@@ -402,7 +411,7 @@ KVT_API int kvt_service_admit_wait(kvt_service *svc, const kvt_request *req, int
     *out = NULL;
     if (!svc)
         return kvt__fail(KVT_EINVAL, "service: NULL service");
-    struct timespec deadline = kvt__deadline(CLOCK_REALTIME, timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
+    struct timespec deadline = kvt__deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
     pthread_mutex_lock(&svc->mu);
     int rc;
     for (;;) {
