@@ -1769,13 +1769,7 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     }
     if (rc)
         goto out;
-    {
-        int efd = openat(s->dirfd, name, O_RDONLY | O_CLOEXEC);
-        if (efd >= 0) {
-            futimens(efd, NULL); /* the last use survives a restart */
-            close(efd);
-        }
-    }
+    utimensat(s->dirfd, name, NULL, 0); /* the last use survives a restart (best effort) */
     pthread_mutex_lock(&s->mu);
     if ((e = kvt__kmap_get(&s->by_key, key)))
         e->last_use_ms = wall_ms();
