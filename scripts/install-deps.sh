@@ -2,7 +2,10 @@
 # Installs the Debian 12 packages kvtier needs to build and test, only those missing.
 # Run as root (or with sudo available). Nothing is downloaded except Debian packages.
 set -eu
-PKGS="build-essential cmake pkg-config libopenblas-dev libssl-dev libxxhash-dev libjansson-dev libcmocka-dev gnuplot-nox"
+# build: compilers, BLAS, hashes, JSON, HTTP; tests: cmocka, clang (libFuzzer), promtool,
+# Chromium (dashboard test, driven by playwright-core from tests/e2e), Chart.js for the dashboard
+PKGS="build-essential cmake pkg-config libopenblas-dev libssl-dev libxxhash-dev libjansson-dev libcmocka-dev gnuplot-nox
+ libmicrohttpd-dev clang libclang-rt-14-dev prometheus libjs-chart.js chromium curl"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
