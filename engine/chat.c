@@ -346,33 +346,111 @@ oom:
     return kvt__fail(KVT_ENOMEM, "chat script: out of memory");
 }
 
+KVT_API int kvt_chat_script_read_line(FILE *f, const char *name, int64_t lineno, char **buf, size_t *cap,
+                                      size_t *len)
+{
+    if (!f || !buf || !cap || !len)
+        return kvt__fail(KVT_EINVAL, "read line: NULL argument");
+    if (!name)
+        name = "input";
+    size_t n = 0, used = 0;
+    int c;
+    errno = 0;
+    while ((c = getc_unlocked(f)) != EOF) {
+        used++;
+        if (c == '\n')
+            break;
+        if (c == '\0')
+            return kvt__fail(KVT_EFORMAT, "%s: line %lld holds a NUL byte (a message is text)", name,
+                             (long long)lineno);
+        if (n >= KVT_CHAT_MAX_LINE)
+            return kvt__fail(KVT_ETOOBIG, "%s: line %lld is longer than the limit of %zu bytes (1 MiB) "
+                             "for one message", name, (long long)lineno, KVT_CHAT_MAX_LINE);
+        if (n + 1 >= *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            if (nc > KVT_CHAT_MAX_LINE + 1)
+                nc = KVT_CHAT_MAX_LINE + 1;
+            char *p = realloc(*buf, nc);
+            if (!p)
+                return kvt__fail(KVT_ENOMEM, "%s: line %lld: out of memory", name, (long long)lineno);
+            *buf = p;
+            *cap = nc;
+        }
+        (*buf)[n++] = (char)c;
+    }
+    if (c == EOF && ferror(f)) {
+        int err = errno ? errno : EIO;
+        return kvt__fail(-err, "%s: cannot read: %s", name, strerror(err));
+    }
+    if (!used)
+        return 0;
+    if (!*buf) {
+        *buf = malloc(1);
+        if (!*buf)
+            return kvt__fail(KVT_ENOMEM, "%s: out of memory", name);
+        *cap = 1;
+    }
+    while (n > 0 && isspace((unsigned char)(*buf)[n - 1]))
+        n--;
+    (*buf)[n] = '\0';
+    *len = used;
+    return 1;
+}
+
 KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n)
 {
-    if (!path)
-        return kvt__fail(KVT_EINVAL, "chat script: NULL path");
+    if (!path || !lines || !n)
+        return kvt__fail(KVT_EINVAL, "chat script: NULL argument");
+    *lines = NULL;
+    *n = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvt__fail(-errno, "%s: cannot open script: %s", path, strerror(errno));
-    sbuf b = {0};
-    char chunk[4096];
-    size_t got;
-    errno = 0;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
-        sb_add(&b, chunk, got);
-    int err = ferror(f) ? (errno ? errno : EIO) : 0;
+    char **v = NULL, *line = NULL;
+    int32_t count = 0, cap = 0;
+    size_t line_cap = 0, len = 0, total = 0;
+    int rc;
+    for (int64_t lineno = 1;; lineno++) {
+        rc = kvt_chat_script_read_line(f, path, lineno, &line, &line_cap, &len);
+        if (rc <= 0)
+            break;
+        total += len;
+        if (total > KVT_CHAT_MAX_FILE) {
+            rc = kvt__fail(KVT_ETOOBIG, "%s: a script holds at most %zu bytes (64 MiB); refused at line %lld",
+                           path, KVT_CHAT_MAX_FILE, (long long)lineno);
+            break;
+        }
+        if (line[0] == '\0' || line[0] == '#')
+            continue;
+        if (count == INT32_MAX) {
+            rc = kvt__fail(KVT_ETOOBIG, "%s: too many messages", path);
+            break;
+        }
+        if (count == cap) {
+            int32_t nc = cap ? (cap > INT32_MAX / 2 ? INT32_MAX : cap * 2) : 16;
+            char **nv = realloc(v, (size_t)nc * sizeof *nv);
+            if (!nv) {
+                rc = kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        if (!(v[count] = strdup(line))) {
+            rc = kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+            break;
+        }
+        count++;
+    }
+    free(line);
     fclose(f);
-    if (err || b.oom) {
-        free(b.p);
-        return err ? kvt__fail(-err, "%s: cannot read script: %s", path, strerror(err))
-                   : kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+    if (rc < 0) {
+        kvt_chat_script_free(v, count);
+        return rc;
     }
-    if (b.p && strlen(b.p) != b.n) {
-        free(b.p);
-        return kvt__fail(KVT_EINVAL, "%s: script holds a NUL byte", path);
-    }
-    int rc = kvt_chat_script_parse(b.p ? b.p : "", lines, n);
-    free(b.p);
-    return rc;
+    *lines = v;
+    *n = count;
+    return 0;
 }
 
 /* ---- a conversation ---------------------------------------------------------------- */
@@ -620,33 +698,71 @@ fail:
 
 /* ---- helpers of the chat command and benchmark ----------------------------------------- */
 
-KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *out)
+/* The byte-count grammar of every kvtier command: DIGITS[.DIGITS][K|M|G|T[i]][B]
+ * (suffixes any case, powers of 1024), rounded down to whole bytes.
+ * @return 0 and *out, or -1 (not that grammar, or 2^64 bytes or more). */
+static int bytes_grammar(const char *s, uint64_t *out)
 {
-    if (!text || !out || !*text || !isdigit((unsigned char)*text))
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is not a byte count (e.g. 1073741824, 512M, 2G)",
-                         what ? what : "bytes", text ? text : "(null)");
-    errno = 0;
-    char *end = NULL;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno)
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is out of range", what, text);
+    const char *p = s;
+    uint64_t whole = 0;
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    for (; isdigit((unsigned char)*p); p++) {
+        if (whole > (UINT64_MAX - 9) / 10)
+            return -1;
+        whole = whole * 10 + (uint64_t)(*p - '0');
+    }
+    const char *frac = NULL;
+    size_t n_frac = 0;
+    if (*p == '.') {
+        frac = ++p;
+        for (; isdigit((unsigned char)*p); p++)
+            n_frac++;
+        if (n_frac == 0)
+            return -1; /* "1." or "1.G" */
+    }
     unsigned shift = 0;
-    switch (toupper((unsigned char)*end)) {
-    case 'K': shift = 10, end++; break;
-    case 'M': shift = 20, end++; break;
-    case 'G': shift = 30, end++; break;
-    case 'T': shift = 40, end++; break;
+    switch (toupper((unsigned char)*p)) {
+    case 'K': shift = 10, p++; break;
+    case 'M': shift = 20, p++; break;
+    case 'G': shift = 30, p++; break;
+    case 'T': shift = 40, p++; break;
     default: break;
     }
-    if (shift && toupper((unsigned char)*end) == 'I')
-        end++;
-    if (toupper((unsigned char)*end) == 'B')
-        end++;
-    if (*end)
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is not a byte count (e.g. 1073741824, 512M, 2G)", what, text);
-    if (shift && v > (UINT64_MAX >> shift))
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is out of range", what, text);
-    *out = (uint64_t)v << shift;
+    if (shift && toupper((unsigned char)*p) == 'I')
+        p++;
+    if (toupper((unsigned char)*p) == 'B')
+        p++;
+    if (*p)
+        return -1;
+    if (whole > (UINT64_MAX >> shift))
+        return -1;
+    uint64_t v = whole << shift;
+    /* the fraction 0.d1d2... times 2^shift, rounded down, by long division
+     * (18 digits count: the 19th cannot add a whole byte below 2^60) */
+    uint64_t rem = 0, den = 1, f = 0;
+    for (size_t i = 0; i < n_frac && i < 18; i++) {
+        rem = rem * 10 + (uint64_t)(frac[i] - '0');
+        den *= 10;
+    }
+    for (unsigned i = 0; i < shift; i++) {
+        rem *= 2;
+        f = f * 2 + (rem >= den);
+        if (rem >= den)
+            rem -= den;
+    }
+    if (f > UINT64_MAX - v)
+        return -1;
+    v += f;
+    *out = v;
+    return 0;
+}
+
+KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *out)
+{
+    if (!text || !out || bytes_grammar(text, out))
+        return kvt__fail(KVT_EINVAL, "%s: '%s' is not a byte count (" KVT_CHAT_BYTES_FORMS ")",
+                         what ? what : "bytes", text ? text : "(null)");
     return 0;
 }
 

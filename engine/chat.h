@@ -27,6 +27,7 @@
 #include "kvtier/store.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -123,7 +124,32 @@ KVT_API int kvt_chat_render(const char *const *user, const char *const *reply, i
  * @param lines receives (n) strings; caller frees with kvt_chat_script_free().
  * @return 0, KVT_EINVAL (NULL), KVT_ENOMEM. */
 KVT_API int kvt_chat_script_parse(const char *text, char ***lines, int32_t *n);
-/** Reads and parses a script file. @return as parse, or -errno naming the path. */
+/** Bounds of every chat input read: one message line (a script's or
+ * stdin's), and a whole script or transcript file, in bytes. */
+#define KVT_CHAT_MAX_LINE ((size_t)1 << 20)  /* 1 MiB */
+#define KVT_CHAT_MAX_FILE ((size_t)64 << 20) /* 64 MiB */
+
+/** Reads one line of user input from `f` into *buf (grown with realloc up to
+ * KVT_CHAT_MAX_LINE + 1 bytes; the caller frees it with free()): the line
+ * without its '\n' and trailing whitespace, NUL-terminated; *len receives
+ * the bytes consumed from f (the line with its '\n' and trailing space). The same rules and messages for a script and for stdin: a NUL byte
+ * is refused (a message is text), and so is a line longer than
+ * KVT_CHAT_MAX_LINE bytes; nothing past the refused byte is read.
+ * @param name names the input in messages ("stdin", a path); borrowed.
+ * @param lineno the line's number (1-based), for messages.
+ * @return 1 (a line; the last one may lack its '\n'); 0 (end of input, nothing
+ *   read); KVT_EFORMAT (NUL byte: "NAME: line N holds a NUL byte ...");
+ *   KVT_ETOOBIG (the line is too long); KVT_ENOMEM; -errno (read error,
+ *   e.g. -EINTR when a signal interrupted the read, -EISDIR). */
+KVT_API int kvt_chat_script_read_line(FILE *f, const char *name, int64_t lineno, char **buf, size_t *cap,
+                                      size_t *len);
+
+/** Reads and parses a script file, line by line with
+ * kvt_chat_script_read_line (a NUL byte or a line over KVT_CHAT_MAX_LINE is
+ * refused), at most KVT_CHAT_MAX_FILE bytes in all (a larger file, or an
+ * endless one such as /dev/zero, is refused, never read whole).
+ * @return as parse; KVT_EFORMAT, KVT_ETOOBIG (kvt_last_error names the
+ *   path, the line and the limit); -errno naming the path. */
 KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n);
 /** Frees what kvt_chat_script_parse returned. NULL is a no-op. */
 KVT_API void kvt_chat_script_free(char **lines, int32_t n);
@@ -198,9 +224,18 @@ KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, cons
 
 /* ---- helpers of the chat command and benchmark ----------------------------------------- */
 
-/** Parses a byte count: digits with an optional suffix K, M, G, T (powers
- * of 1024, optional trailing "B" or "iB"). @return 0 or KVT_EINVAL naming
- * `what` and the text. */
+/** The byte counts every kvtier command accepts, in words (for messages and
+ * --help). */
+#define KVT_CHAT_BYTES_FORMS "a whole or decimal number with an optional suffix K, M, G or T " \
+    "(powers of 1024; KiB, MB and the like also accepted; any case), e.g. 4096, 512M, 1.5G, 2GiB"
+
+/** Parses a byte count, the one parser of every kvtier command (chat,
+ * replay, store gc, bench): DIGITS[.DIGITS][K|M|G|T[i]][B], suffixes in any
+ * case, powers of 1024, rounded down to whole bytes ("1.5K" is 1536, "0.5"
+ * is 0). No sign, space, exponent or hexadecimal.
+ * @param what names the flag in the message (may be NULL).
+ * @return 0 and *out; KVT_EINVAL naming `what` and the text (not that
+ *   form, or 2^64 bytes or more; *out is left alone). Thread-safe. */
 KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *out);
 
 /** Loads a model and its tokenizer; both paths NULL means the built-in
