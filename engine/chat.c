@@ -11,11 +11,17 @@
  */
 #include "chat.h"
 
+#include "model_internal.h"
 #include "../src/internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h> /* XXH3 on the widest vector unit the CPU has */
+#else
+#include <xxhash.h>
+#endif
 
 #include <ctype.h>
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -364,7 +370,7 @@ KVT_API int kvt_chat_script_read_line(FILE *f, const char *name, int64_t lineno,
             return kvt__fail(KVT_EFORMAT, "%s: line %lld holds a NUL byte (a message is text)", name,
                              (long long)lineno);
         if (n >= KVT_CHAT_MAX_LINE)
-            return kvt__fail(KVT_ETOOBIG, "%s: line %lld is longer than the limit of %zu bytes (1 MiB) "
+            return kvt__fail(KVT_ELIMIT, "%s: line %lld is longer than the limit of %zu bytes (1 MiB) "
                              "for one message", name, (long long)lineno, KVT_CHAT_MAX_LINE);
         if (n + 1 >= *cap) {
             size_t nc = *cap ? *cap * 2 : 256;
@@ -416,14 +422,14 @@ KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n)
             break;
         total += len;
         if (total > KVT_CHAT_MAX_FILE) {
-            rc = kvt__fail(KVT_ETOOBIG, "%s: a script holds at most %zu bytes (64 MiB); refused at line %lld",
+            rc = kvt__fail(KVT_ELIMIT, "%s: a script holds at most %zu bytes (64 MiB); refused at line %lld",
                            path, KVT_CHAT_MAX_FILE, (long long)lineno);
             break;
         }
         if (line[0] == '\0' || line[0] == '#')
             continue;
         if (count == INT32_MAX) {
-            rc = kvt__fail(KVT_ETOOBIG, "%s: too many messages", path);
+            rc = kvt__fail(KVT_ELIMIT, "%s: too many messages", path);
             break;
         }
         if (count == cap) {
@@ -708,9 +714,10 @@ static int bytes_grammar(const char *s, uint64_t *out)
     if (!isdigit((unsigned char)*p))
         return -1;
     for (; isdigit((unsigned char)*p); p++) {
-        if (whole > (UINT64_MAX - 9) / 10)
+        uint64_t d = (uint64_t)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10)
             return -1;
-        whole = whole * 10 + (uint64_t)(*p - '0');
+        whole = whole * 10 + d;
     }
     const char *frac = NULL;
     size_t n_frac = 0;
@@ -807,84 +814,90 @@ KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_mode
     return kvt_chat_load_paths(model_path, tok_path, m, tok, NULL, NULL, 0);
 }
 
-/* SHA-256 (hex) of `path`: the whole file, or when `sample` its size and its
- * first and last 16 MiB. */
-static int file_hash(const char *path, int sample, char hex[65])
+/* "xxh3-128:" and the 32 hex digits of h (canonical, big-endian). */
+static void hash_hex(XXH128_hash_t h, char out[48])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    int n = snprintf(out, 48, "xxh3-128:");
+    for (int i = 0; i < 16; i++)
+        n += snprintf(out + n, (size_t)(48 - n), "%02x", c.digest[i]);
+}
+
+/* XXH3-128 of the whole file at `path`, read in 1 MiB pieces. */
+static int file_hash(const char *path, XXH128_hash_t *out, uint64_t *bytes)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvt__fail(-errno, "%s: cannot open: %s", path, strerror(errno));
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    XXH3_state_t *st = XXH3_createState();
     unsigned char *buf = malloc(1 << 20);
     int rc = 0;
-    if (!ctx || !buf || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+    if (!st || !buf || XXH3_128bits_reset(st) != XXH_OK) {
         rc = kvt__fail(KVT_ENOMEM, "%s: cannot hash: out of memory", path);
         goto done;
     }
-    fseeko(f, 0, SEEK_END);
-    off_t size = ftello(f);
-    uint64_t sz = (uint64_t)size;
-    EVP_DigestUpdate(ctx, &sz, sizeof sz);
-    const off_t part = (off_t)16 << 20;
-    off_t ranges[2][2] = {{0, size}, {0, 0}};
-    if (sample && size > 2 * part) {
-        ranges[0][1] = part;
-        ranges[1][0] = size - part;
-        ranges[1][1] = size;
+    uint64_t total = 0;
+    size_t got;
+    errno = 0;
+    while ((got = fread(buf, 1, 1 << 20, f)) > 0) {
+        XXH3_128bits_update(st, buf, got);
+        total += got;
     }
-    for (int r = 0; r < 2 && !rc; r++) {
-        if (fseeko(f, ranges[r][0], SEEK_SET)) {
-            rc = kvt__fail(-errno, "%s: cannot seek", path);
-            break;
-        }
-        for (off_t left = ranges[r][1] - ranges[r][0]; left > 0;) {
-            size_t want = left < (1 << 20) ? (size_t)left : (1 << 20);
-            size_t got = fread(buf, 1, want, f);
-            if (got != want) {
-                rc = kvt__fail(-EIO, "%s: short read while hashing", path);
-                break;
-            }
-            EVP_DigestUpdate(ctx, buf, got);
-            left -= (off_t)got;
-        }
+    if (ferror(f)) {
+        int err = errno ? errno : EIO;
+        rc = kvt__fail(-err, "%s: cannot read while hashing: %s", path, strerror(err));
+        goto done;
     }
-    unsigned char md[32];
-    unsigned len = 0;
-    if (!rc && !EVP_DigestFinal_ex(ctx, md, &len))
-        rc = kvt__fail(KVT_ENOMEM, "%s: cannot hash", path);
-    for (unsigned i = 0; !rc && i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    *out = XXH3_128bits_digest(st);
+    *bytes = total;
 done:
     free(buf);
-    EVP_MD_CTX_free(ctx);
+    XXH3_freeState(st);
     fclose(f);
     return rc;
 }
 
-KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, const char *tok_path, const char *root,
+KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, kvt_chat_identity *out)
+{
+    if (!m || !out)
+        return kvt__fail(KVT_EINVAL, "chat identity: NULL model or out");
+    memset(out, 0, sizeof *out);
+    uint64_t t0 = kvt_now_ns();
+    /* the mapping holds every byte of the checkpoint: no second read */
+    hash_hex(XXH3_128bits(m->map, m->map_bytes), out->model_id);
+    out->model_bytes = m->map_bytes;
+    if (tok_path) {
+        XXH128_hash_t h;
+        int rc = file_hash(tok_path, &h, &out->tokenizer_bytes);
+        if (rc)
+            return rc;
+        hash_hex(h, out->tokenizer_hash);
+    }
+    out->ms = (double)(kvt_now_ns() - t0) / 1e6;
+    return 0;
+}
+
+KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out)
 {
     if (!out)
         return kvt__fail(KVT_EINVAL, "chat store: out is NULL");
     *out = NULL;
-    if (!m || !model_path || !tok_path || !root)
-        return kvt__fail(KVT_EINVAL, "chat store: model, paths and root are required");
-    char model_hash[65], tok_hash[65], fp[KVT_STORE_FINGERPRINT_LEN];
-    int rc = file_hash(model_path, 1, model_hash);
-    if (!rc)
-        rc = file_hash(tok_path, 0, tok_hash);
-    if (rc)
-        return rc;
+    if (!m || !ident || !root)
+        return kvt__fail(KVT_EINVAL, "chat store: model, identity and root are required");
+    char fp[KVT_STORE_FINGERPRINT_LEN];
     const kvt_model_config *c = kvt_model_get_config(m);
     kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
-    rc = kvt_model_new_caches(m, 256, caches);
+    int rc = kvt_model_new_caches(m, 256, caches);
     if (rc)
         return rc;
     rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
     kvt_caches_dispose(caches, c->n_layers);
     if (rc)
         return rc;
-    kvt_store_identity id = {.model_id = model_hash, .config_fingerprint = fp, .tokenizer_hash = tok_hash};
+    kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
+                             .tokenizer_hash = ident->tokenizer_hash};
     kvt_store_options so = {.max_bytes = max_bytes, .verify = verify};
     return kvt_store_open(root, &id, &so, out);
 }

@@ -139,7 +139,7 @@ KVT_API int kvt_chat_script_parse(const char *text, char ***lines, int32_t *n);
  * @param lineno the line's number (1-based), for messages.
  * @return 1 (a line; the last one may lack its '\n'); 0 (end of input, nothing
  *   read); KVT_EFORMAT (NUL byte: "NAME: line N holds a NUL byte ...");
- *   KVT_ETOOBIG (the line is too long); KVT_ENOMEM; -errno (read error,
+ *   KVT_ELIMIT (the line is too long); KVT_ENOMEM; -errno (read error,
  *   e.g. -EINTR when a signal interrupted the read, -EISDIR). */
 KVT_API int kvt_chat_script_read_line(FILE *f, const char *name, int64_t lineno, char **buf, size_t *cap,
                                       size_t *len);
@@ -148,7 +148,7 @@ KVT_API int kvt_chat_script_read_line(FILE *f, const char *name, int64_t lineno,
  * kvt_chat_script_read_line (a NUL byte or a line over KVT_CHAT_MAX_LINE is
  * refused), at most KVT_CHAT_MAX_FILE bytes in all (a larger file, or an
  * endless one such as /dev/zero, is refused, never read whole).
- * @return as parse; KVT_EFORMAT, KVT_ETOOBIG (kvt_last_error names the
+ * @return as parse; KVT_EFORMAT, KVT_ELIMIT (kvt_last_error names the
  *   path, the line and the limit); -errno naming the path. */
 KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n);
 /** Frees what kvt_chat_script_parse returned. NULL is a no-op. */
@@ -207,19 +207,35 @@ KVT_API int kvt_chat_get_turn(const kvt_chat *c, int32_t i, const char **user, c
 /** The prompt tokens of the last turn (borrowed, valid until the next turn). */
 KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
 
+/** What a model's SSD state belongs to: hashes of every byte of the weights
+ * the engine computes with and of the tokenizer file. */
+typedef struct kvt_chat_identity {
+    char model_id[48];       /* "xxh3-128:" + 32 hex digits of the whole checkpoint */
+    char tokenizer_hash[48]; /* the same over the whole tokenizer file; "" when none */
+    uint64_t model_bytes;    /* bytes hashed: the checkpoint's size */
+    uint64_t tokenizer_bytes;
+    double ms;               /* wall time the hashing took, ms */
+} kvt_chat_identity;
+
+/** Computes the identity of a loaded model: XXH3-128 over the whole mapped
+ * checkpoint (the bytes kvt_model_load mapped, so no second read of the
+ * file) and over the whole tokenizer file (read in 1 MiB pieces). Two
+ * checkpoints that differ in any byte get different ids.
+ * @param tok_path the tokenizer file, or NULL (then tokenizer_hash is "").
+ * @return 0; KVT_EINVAL (NULL m or out); -errno naming the tokenizer file.
+ * Thread-safe (reads only). */
+KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, kvt_chat_identity *out);
+
 /** Opens the SSD store (the cold tier) for a model under `root`, with the
- * identity: model id = SHA-256 over the checkpoint's size and its first and
- * last 16 MiB (the whole file when smaller than 32 MiB; two checkpoints that
- * differ only in between would share a directory: give them distinct roots); the
- * config fingerprint of the model's fresh caches (kvt_store_config_fingerprint:
- * layer count, kinds, shapes); tokenizer hash = SHA-256 of the tokenizer file.
- * @param model_path, tok_path the files the model and tokenizer came from.
+ * store identity: model id and tokenizer hash from `id`
+ * (kvt_chat_identity_compute), and the config fingerprint of the model's
+ * fresh caches (kvt_store_config_fingerprint: layer count, kinds, shapes).
  * @param max_bytes budget over the root (0 = unlimited); @param verify check
  *   SHA-256 on every load.
  * @param out caller closes with kvt_store_close() after the service is closed.
- * @return 0; KVT_EINVAL (NULL model, path, root or out); -errno naming the
- *   file; kvt_store_open's errors. */
-KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, const char *tok_path, const char *root,
+ * @return 0; KVT_EINVAL (NULL model, identity, root or out); kvt_store_open's
+ *   errors (-errno naming the directory). */
+KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *id, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out);
 
 /* ---- helpers of the chat command and benchmark ----------------------------------------- */
