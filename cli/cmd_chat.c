@@ -385,7 +385,7 @@ int kvt_cmd_chat(int argc, char **argv)
     }
     kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = temperature,
                         .topp = topp, .seed = (uint64_t)seed, .multiline = multiline,
-                        .prefill_checkpoint_stride = ckpt_stride < 0 ? 0 : ckpt_stride == 0 ? -1 : ckpt_stride};
+                        .prefill_checkpoint_stride = ckpt_stride < 0 ? block : ckpt_stride == 0 ? -1 : ckpt_stride};
     if ((rc = kvt_chat_create(m, tok, svc, &co, &chat))) {
         status = fail("cannot start the chat", rc);
         goto done;
