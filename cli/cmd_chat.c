@@ -33,6 +33,7 @@ static void usage(FILE *f)
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
             "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                    [--demote-idle MS]] [--transcript FILE]\n"
+            "                   [--prefill-checkpoint-stride TOKENS]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
@@ -57,6 +58,10 @@ static void usage(FILE *f)
             "  --temperature T       0 = greedy (default); --top-p P as kvtier generate (default 0.9)\n"
             "  --seed S              sampling seed, a positive integer (default 42)\n"
             "  --block-tokens B      kv block size in tokens (default 256)\n"
+            "  --prefill-checkpoint-stride TOKENS  on models with recurrent or sliding-window\n"
+            "                        layers, keep the state every TOKENS prompt tokens while a\n"
+            "                        prompt is prefilled, so a new conversation sharing a start\n"
+            "                        reuses it (default: the kv block size; 0 = off)\n"
             "  --adapter NAME --adapter-version V  state namespace \"NAME@V\" (default: base model)\n"
             "  --multiline           let replies run past a newline (default: stop at '\\n')\n"
             "  --stats               print the model identity and what hashing it cost at startup,\n"
@@ -320,7 +325,7 @@ int kvt_cmd_chat(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *script = NULL, *session = "chat";
     const char *adapter = NULL, *adapter_version = NULL;
     uint64_t pc_bytes = 1ull << 30, kv_budget = 0;
-    long long max_tokens = 64, seed = 42, block = 256;
+    long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1; /* -1: not given */
     float temperature = 0.0f, topp = 0.9f;
     int multiline = 0, stats = 0, ssd_verify = 0;
     const char *ssd_dir = NULL, *transcript = NULL;
@@ -348,7 +353,8 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--prompt-cache", "--kv-budget", "--max-tokens", "--steps",
                                                  "--temperature", "--top-p", "--seed", "--block-tokens",
                                                  "--adapter", "--adapter-version", "--ssd-cache",
-                                                 "--ssd-cache-max", "--demote-idle", "--transcript", NULL};
+                                                 "--ssd-cache-max", "--demote-idle", "--transcript",
+                                                 "--prefill-checkpoint-stride", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -392,6 +398,8 @@ int kvt_cmd_chat(int argc, char **argv)
             rc = parse_i64(a, v, 1, LLONG_MAX, &seed);
         else if (!strcmp(a, "--block-tokens"))
             rc = parse_i64(a, v, 1, 1 << 20, &block);
+        else if (!strcmp(a, "--prefill-checkpoint-stride"))
+            rc = parse_i64(a, v, 0, 1 << 20, &ckpt_stride);
         if (rc)
             return rc;
     }
@@ -470,7 +478,8 @@ int kvt_cmd_chat(int argc, char **argv)
         goto done;
     }
     kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = temperature,
-                        .topp = topp, .seed = (uint64_t)seed, .multiline = multiline};
+                        .topp = topp, .seed = (uint64_t)seed, .multiline = multiline,
+                        .prefill_checkpoint_stride = ckpt_stride < 0 ? block : ckpt_stride == 0 ? -1 : ckpt_stride};
     if ((rc = kvt_chat_create(m, tok, svc, &co, &chat))) {
         status = fail("cannot start the chat", rc);
         goto done;

@@ -76,6 +76,9 @@ typedef struct kvt_gen_opts {
     int64_t admit_timeout_ms;  /* wait for room in the KV budget; < 0 forever, 0 not at all */
     const kvt_tokenizer *stop_tok; /* optional: stop before a token whose decoded
                                   piece holds '\n' (one-line replies) */
+    int64_t prefill_checkpoint_stride; /* tokens between prefill checkpoints (see
+                                  kvt_chat_generate): 0 = the kv block size (256 when the
+                                  model has no kv layer), < 0 = no checkpoints */
 } kvt_gen_opts;
 
 /** Generates a reply to `prompt` through the service.
@@ -88,6 +91,22 @@ typedef struct kvt_gen_opts {
  * window) a snapshot of n_prompt - 1 tokens is published too, so an exact
  * repeat of the prompt reuses n_prompt - 1 tokens on every cache kind. At
  * the end the caches holding prompt + fed reply tokens are published.
+ * Prefill checkpoints: on a model whose state for the whole prompt cannot be
+ * cut back (a recurrent layer, or a window layer whose ring wraps within the
+ * prompt), the prompt is prefilled in pieces ending at every multiple of
+ * o->prefill_checkpoint_stride tokens, and at each such boundary b (reused
+ * prefix < b < n_prompt - 1) the caches are cloned and published as the
+ * entry prompt[0..b). A later prompt sharing P tokens with this one then
+ * reuses the largest checkpoint at or below P (an untrimmable entry serves
+ * only prompts extending all its tokens), where without them it reuses
+ * nothing. A checkpoint shares the kv blocks it sits on (zero bytes copied
+ * when the stride is a multiple of the block size; otherwise the live
+ * cache copies its partial tail block once); the ring of each window layer
+ * (W x kv_dim x 2 x 4 bytes) and the state of each recurrent layer
+ * (dim x 4 bytes) are its own: the live caches copy them on the next
+ * write. Checkpoints are ordinary entries of the prompt cache (budget,
+ * retention, cold tier). A plain model (or a prompt within the window and
+ * without recurrent layers) makes none: its entries can be cut back.
  * A failing publish is not an error of the generation: the state is simply
  * not kept (the report's publishes counts only accepted states).
  * Snapshots are published without a share of the acquired state's release
@@ -168,6 +187,7 @@ typedef struct kvt_chat_opts {
     float topp;               /* as kvt_sampler_create */
     uint64_t seed;            /* sampler seed, 0 = 42 */
     int multiline;            /* 1: replies may span lines (default: stop at '\n') */
+    int64_t prefill_checkpoint_stride; /* as kvt_gen_opts: 0 = the kv block size, < 0 = none */
 } kvt_chat_opts;
 
 /** Creates a conversation over a model, its tokenizer and a service.
