@@ -1,9 +1,9 @@
 /*
  * fuzz_transcript.c: the `kvtier chat --transcript FILE` reader and writer
- * (transcript_load / transcript_save, static in cli/cmd_chat.c, compiled
- * into this target by including that file) on arbitrary JSON. A transcript
- * it accepts resumes a conversation whose turns are exactly the file's
- * strings; saving it and loading the saved file gives the same turns; the
+ * (transcript_read / transcript_apply / transcript_save, static in
+ * cli/cmd_chat.c, compiled into this target by including that file) on
+ * arbitrary files. A transcript it accepts resumes a conversation whose
+ * turns are exactly the file's strings; a refusal names its cause; saving it and loading the saved file gives the same turns; the
  * next turn's prompt renders and encodes, and one turn runs on a tiny
  * synthetic model (or is refused as too long for its positions).
  */
@@ -56,22 +56,40 @@ static kvt_chat *new_chat(void)
     return c;
 }
 
+/* Reads path and resumes a new chat from it; NULL when refused (*rc says). */
+static kvt_chat *resume(const char *path, json_t **doc, int *rc)
+{
+    cli_err[0] = '\0';
+    *rc = transcript_read(path, doc);
+    if (*rc)
+        return NULL;
+    kvt_chat *c = new_chat();
+    *rc = transcript_apply(c, *doc);
+    FZ_CHECK(*rc == 0 || *rc == KVT_ENOMEM, "apply of a transcript read returned %d", *rc);
+    if (*rc) {
+        kvt_chat_free(c);
+        json_decref(*doc);
+        return NULL;
+    }
+    return c;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     setup();
-    char path[64];
-    int fd = fz_memfile(data, size, path);
-    if (fd < 0)
-        return 0;
-    kvt_chat *c = new_chat();
-    int rc = transcript_load(c, path);
-    close(fd);
-    if (rc) {
-        FZ_CHECK(rc == KVT_EFORMAT || rc == KVT_ENOMEM, "load returned %d: %s", rc, cli_err);
-        kvt_chat_free(c);
+    char path[700], saved[700];
+    snprintf(path, sizeof path, "%s/transcript.json", g_dir);
+    snprintf(saved, sizeof saved, "%s/saved.json", g_dir);
+    if (fz_write_file(path, data, size))
+        abort();
+    json_t *doc = NULL;
+    int rc;
+    kvt_chat *c = resume(path, &doc, &rc);
+    if (!c) {
+        FZ_CHECK(rc == KVT_EFORMAT || rc == KVT_ENOMEM, "read returned %d: %s", rc, cli_err);
+        FZ_CHECK(cli_err[0], "refused (%d) without saying why", rc);
         return 0;
     }
-    json_t *doc = json_loadb((const char *)data, size, 0, NULL);
     FZ_CHECK(json_is_array(doc) && json_array_size(doc) == (size_t)kvt_chat_turns(c), "%d turns from %zu",
              kvt_chat_turns(c), json_array_size(doc));
     for (int32_t i = 0; i < kvt_chat_turns(c); i++) {
@@ -83,19 +101,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                  "turn %d differs from the file", (int)i);
     }
     json_decref(doc);
-    /* save, load the saved file: the same conversation */
-    char saved[700];
-    snprintf(saved, sizeof saved, "%s/saved.json", g_dir);
+    /* save, read the saved file: the same conversation */
     rc = transcript_save(c, saved);
-    FZ_CHECK(rc == 0, "a loaded transcript does not save: %s", cli_err);
-    kvt_chat *c2 = new_chat();
-    FZ_CHECK(transcript_load(c2, saved) == 0 && kvt_chat_turns(c2) == kvt_chat_turns(c), "reload: %s", cli_err);
+    FZ_CHECK(rc == 0, "a transcript that was read does not save: %s", cli_err);
+    json_t *doc2 = NULL;
+    kvt_chat *c2 = resume(saved, &doc2, &rc);
+    FZ_CHECK(c2 && kvt_chat_turns(c2) == kvt_chat_turns(c), "reading the saved file: %d %s", rc, cli_err);
     for (int32_t i = 0; i < kvt_chat_turns(c); i++) {
         const char *u, *r, *u2, *r2;
         kvt_chat_get_turn(c, i, &u, &r);
         kvt_chat_get_turn(c2, i, &u2, &r2);
-        FZ_CHECK(!strcmp(u, u2) && !strcmp(r, r2), "turn %d changes through save and load", (int)i);
+        FZ_CHECK(!strcmp(u, u2) && !strcmp(r, r2), "turn %d changes through save and read", (int)i);
     }
+    json_decref(doc2);
     kvt_chat_free(c2);
     unlink(saved);
     /* the next turn on the resumed conversation */
