@@ -119,7 +119,7 @@ KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r)
 {
     static const char *const names[KVT_STORE_REFUSED_COUNT] = {
         "truncated", "header-bound", "offsets", "malformed", "identity",
-        "checksum", "tokens", "missing-block", "io"};
+        "checksum", "tokens", "missing-block", "io", "symlink"};
     return (unsigned)r < KVT_STORE_REFUSED_COUNT ? names[r] : "unknown";
 }
 
@@ -329,7 +329,7 @@ static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
     st_block *b = kvt__kmap_get(&s->blocks, k);
     if (!b || --b->refs > 0)
         return;
-    if (!delete_file)
+    if (!delete_file || s->opts.read_only)
         return; /* stays indexed with refs 0: evicted first under the budget */
     char name[64];
     file_name('b', k, name);
@@ -366,7 +366,7 @@ static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
         e->next->prev = e->prev;
     char name[64];
     file_name('e', e->key, name);
-    if (keep_file)
+    if (keep_file || s->opts.read_only)
         orphan_add(s, name, e->bytes);
     else {
         unlinkat(s->dirfd, name, 0);
@@ -561,7 +561,7 @@ static int open_shard(int dirfd, const char *dir, const char *name, kvt__shard *
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         *reason = KVT_STORE_REFUSED_IO;
         return kvt__fail(errno == ENOENT ? KVT_ENOTFOUND : -errno, "%s: %s", path, strerror(errno));
@@ -616,7 +616,7 @@ static int scan(kvt_store *s)
             if (fstatat(s->dirfd, nm, &fst, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fst.st_mode))
                 continue;
             if (!strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX))) {
-                if (pass == 0 && !pid_alive(nm) && !unlinkat(s->dirfd, nm, 0))
+                if (pass == 0 && !s->opts.read_only && !pid_alive(nm) && !unlinkat(s->dirfd, nm, 0))
                     s->st.temp_removed++;
                 continue;
             }
@@ -982,7 +982,7 @@ static st_entry *own_oldest(kvt_store *s, kvt__skey protect)
 static void enforce_budget(kvt_store *s, kvt__skey protect)
 {
     uint64_t max = s->opts.max_bytes;
-    if (!max || s->own_bytes + s->foreign_bytes <= max)
+    if (!max || s->opts.read_only || s->own_bytes + s->foreign_bytes <= max)
         return;
     /* 1. own orphans (refused shards) and unreferenced blocks */
     for (int32_t i = 0; i < s->n_orphans && s->own_bytes + s->foreign_bytes > max; i++) {
@@ -1486,24 +1486,12 @@ static void unmap_release(void *ctx, void *data, size_t bytes)
     kvt__free(m);
 }
 
-static int check_sha(const kvt__shard *sh, const void *p, const char *path, int *reason)
-{
-    uint8_t md[32];
-    unsigned int len = 0;
-    EVP_Digest(p, (size_t)sh->payload_bytes, md, &len, EVP_sha256(), NULL);
-    if (memcmp(md, sh->sha, 32)) {
-        *reason = KVT_STORE_REFUSED_CHECKSUM;
-        return kvt__fail(KVT_ECORRUPT, "%s: refused (checksum): payload SHA-256 differs from the header", path);
-    }
-    return 0;
-}
-
 /* Maps a shard read-only (MAP_POPULATE reads it in one sequential pass); the
  * buffer's release unmaps it once the last view is gone (DESIGN.md 4). Shards
  * are immutable under their final names (never truncated or rewritten), and
  * an unlinked file stays readable through the mapping. Returns 1 when mapping
  * is not possible (the caller then copies). */
-static int map_payload(int fd, const kvt__shard *sh, const char *path, int verify, kvt_buf **out, int *reason)
+static int map_payload(int fd, const kvt__shard *sh, const char *path, int strict, kvt_buf **out, int *reason)
 {
     if (sh->payload_bytes < (64u << 10))
         return 1; /* small: a copy is cheaper than a mapping */
@@ -1518,7 +1506,7 @@ static int map_payload(int fd, const kvt__shard *sh, const char *path, int verif
         return 1;
     }
     p = (uint8_t *)m->base + sh->payload_off;
-    int rc = verify ? check_sha(sh, p, path, reason) : 0;
+    int rc = kvt__shard_check(sh, p, strict, path, reason);
     if (!rc && (rc = kvt_buf_wrap(p, (size_t)sh->payload_bytes, unmap_release, m, out)))
         rc = kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
     if (rc) {
@@ -1529,11 +1517,13 @@ static int map_payload(int fd, const kvt__shard *sh, const char *path, int verif
 }
 
 /* Reads a shard's payload into an owned buffer (a read-only mapping for large
- * shards, else a 64-byte aligned copy); checks the SHA-256 when verify is set. */
-static int read_payload(int fd, const kvt__shard *sh, const char *path, int verify, kvt_buf **out, int *reason)
+ * shards, else a 64-byte aligned copy) and checks it before anything can use
+ * it: XXH3-128 always, SHA-256 as well when strict (or for a version 1
+ * shard, which has no XXH3-128). */
+static int read_payload(int fd, const kvt__shard *sh, const char *path, int strict, kvt_buf **out, int *reason)
 {
     *out = NULL;
-    int mr = map_payload(fd, sh, path, verify, out, reason);
+    int mr = map_payload(fd, sh, path, strict, out, reason);
     if (mr != 1)
         return mr;
     size_t n = (size_t)sh->payload_bytes;
@@ -1554,7 +1544,7 @@ static int read_payload(int fd, const kvt__shard *sh, const char *path, int veri
         }
         got += (size_t)r;
     }
-    if (verify && check_sha(sh, p, path, reason)) {
+    if (kvt__shard_check(sh, p, strict, path, reason)) {
         kvt__free(base);
         return KVT_ECORRUPT;
     }
@@ -1666,11 +1656,154 @@ static int build_layer(const json_t *lj, int32_t l, const rshard *ent, const rsh
     return rc;
 }
 
+/* Opens a block shard, validates its header and metadata (identity NULL:
+ * the shard's own; the file name must follow from its key) and reads its
+ * checked payload into *out. */
+static int load_block(int dirfd, const char *dir, const char *name, const char *identity, int strict, rshard *out,
+                      pblock *pb, int *reason)
+{
+    int fd = -1;
+    memset(pb, 0, sizeof *pb);
+    int rc = open_shard(dirfd, dir, name, &out->sh, &fd, reason);
+    if (rc)
+        return rc;
+    if (!(rc = parse_block(&out->sh, name, identity, pb, reason))) {
+        char want[64];
+        file_name('b', pb->key, want);
+        if (strcmp(want, name))
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "file name does not match its key");
+    }
+    if (!rc)
+        rc = read_payload(fd, &out->sh, name, strict, &out->buf, reason);
+    close(fd);
+    if (rc) {
+        kvt__free(pb->tokens);
+        pb->tokens = NULL;
+    }
+    return rc;
+}
+
+/* Everything a restore checks, shared by kvt_store_restore and store verify:
+ * the entry shard's header and metadata (identity; NULL accepts the shard's
+ * own), its key against the file name and (want_tok, want_n; want_n < 0:
+ * no index copy to compare), every referenced block (present, its own
+ * checks, its key, ns, range and tokens against the entry's), every payload's
+ * checksum (XXH3-128; SHA-256 as well when strict), every layer description
+ * against the tensors it names, and each layer's decode. On success *out is
+ * the owned entry. On failure *reason is the refusal (-1 for a plain miss:
+ * the entry file is gone) and bad_shard (64 bytes) names the shard at fault
+ * ("" when none is). *bytes receives the shard bytes read. */
+static int load_entry(int dirfd, const char *dir, const char *name, const char *identity, const int32_t *want_tok,
+                      int64_t want_n, int strict, kvt_entry *out, int *reason, char *bad_shard, uint64_t *bytes)
+{
+    memset(out, 0, sizeof *out);
+    bad_shard[0] = '\0';
+    *bytes = 0;
+    rshard ent;
+    memset(&ent, 0, sizeof ent);
+    rshard *blk = NULL;
+    pentry pe;
+    memset(&pe, 0, sizeof pe);
+    int fd = -1, rc;
+    int64_t n = 0;
+    snprintf(bad_shard, 64, "%s", name);
+    if ((rc = open_shard(dirfd, dir, name, &ent.sh, &fd, reason))) {
+        if (rc == KVT_ENOTFOUND) {
+            *reason = -1; /* evicted meanwhile: a plain miss */
+            bad_shard[0] = '\0';
+        }
+        goto out;
+    }
+    if ((rc = parse_entry(&ent.sh, name, identity, &pe, reason)))
+        goto out;
+    n = pe.n_tokens;
+    char want[64];
+    file_name('e', pe.key, want);
+    if (strcmp(want, name)) {
+        rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "file name does not match its key");
+        goto out;
+    }
+    if (want_n >= 0 && (pe.n_tokens != want_n || (n && memcmp(pe.tokens, want_tok, sizeof(int32_t) * (size_t)n)))) {
+        rc = bad(reason, KVT_STORE_REFUSED_TOKENS, name, "stored tokens differ from the index");
+        goto out;
+    }
+    if ((rc = read_payload(fd, &ent.sh, name, strict, &ent.buf, reason)))
+        goto out;
+    *bytes += ent.sh.file_bytes;
+    close(fd);
+    fd = -1;
+    blk = kvt__calloc((size_t)(pe.n_blocks ? pe.n_blocks : 1), sizeof *blk);
+    if (!blk) {
+        rc = kvt__fail(KVT_ENOMEM, "store restore: out of memory");
+        goto out;
+    }
+    for (int32_t i = 0; i < pe.n_blocks; i++) {
+        char bname[64];
+        file_name('b', pe.blocks[i], bname);
+        pblock pb;
+        if ((rc = load_block(dirfd, dir, bname, identity, strict, &blk[i], &pb, reason))) {
+            if (rc == KVT_ENOTFOUND) {
+                *reason = KVT_STORE_REFUSED_MISSING_BLOCK;
+                rc = kvt__fail(KVT_EFORMAT, "%s: refused (missing-block): references block %s that is gone", name,
+                               bname);
+            } else {
+                snprintf(bad_shard, 64, "%s", bname);
+            }
+            goto out;
+        }
+        int ok = kvt__skey_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
+                 pb.tok_end == pe.ranges[i][1] &&
+                 !memcmp(pb.tokens, pe.tokens + pb.tok_begin, sizeof(int32_t) * (size_t)pb.n_tokens);
+        kvt__free(pb.tokens);
+        if (!ok) {
+            rc = bad(reason, KVT_STORE_REFUSED_TOKENS, bname, "block does not match the entry's tokens");
+            snprintf(bad_shard, 64, "%s", bname);
+            goto out;
+        }
+        *bytes += blk[i].sh.file_bytes;
+    }
+    int32_t L = (int32_t)json_array_size(pe.layers), A = (int32_t)json_array_size(pe.atts);
+    if ((rc = kvt_entry_init(out, pe.ns, pe.tokens, n, L, A)))
+        goto out;
+    for (int32_t l = 0; l < L && !rc; l++)
+        rc = build_layer(json_array_get(pe.layers, (size_t)l), l, &ent, blk, pe.n_blocks, n, &out->caches[l], name,
+                         reason);
+    for (int32_t a = 0; a < A && !rc; a++) {
+        const char *an = json_string_value(json_object_get(json_array_get(pe.atts, (size_t)a), "name"));
+        char tn[16];
+        snprintf(tn, sizeof tn, "A%d", (int)a);
+        const kvt__st_in *x = tensor_named(&ent.sh, tn);
+        if (!an || !x || x->dtype != KVT_DTYPE_U8) {
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "an attachment is missing");
+            break;
+        }
+        rc = kvt_attachment_blob(an, (const uint8_t *)kvt_buf_data(ent.buf) + x->begin, (size_t)(x->end - x->begin),
+                                 &out->attachments[a]);
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    for (int32_t i = 0; blk && i < pe.n_blocks; i++) {
+        kvt__shard_free(&blk[i].sh);
+        kvt_buf_release(blk[i].buf);
+    }
+    kvt__free(blk);
+    kvt__shard_free(&ent.sh);
+    kvt_buf_release(ent.buf);
+    pentry_free(&pe);
+    if (rc)
+        kvt_entry_clear(out);
+    if (!rc || rc == KVT_ENOMEM)
+        bad_shard[0] = '\0';
+    return rc;
+}
+
 static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out,
-                        int *reason)
+                        int *reason, char *bad_shard)
 {
     uint64_t t0 = kvt_now_ns();
     memset(out, 0, sizeof *out);
+    bad_shard[0] = '\0';
     pthread_mutex_lock(&s->mu);
     st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
     if (!e) {
@@ -1693,83 +1826,13 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     }
     char name[64];
     file_name('e', key, name);
-    rshard ent;
-    memset(&ent, 0, sizeof ent);
-    rshard *blk = NULL;
-    pentry pe;
-    memset(&pe, 0, sizeof pe);
-    int fd = -1, rc;
     uint64_t bytes = 0;
-    if ((rc = open_shard(s->dirfd, s->dir, name, &ent.sh, &fd, reason))) {
-        if (rc == KVT_ENOTFOUND)
-            *reason = -1; /* evicted meanwhile: a plain miss */
-        goto out;
-    }
-    if ((rc = parse_entry(&ent.sh, name, s->identity, &pe, reason)))
-        goto out;
-    if (!kvt__skey_eq(pe.key, key) || pe.n_tokens != n ||
-        (n && memcmp(pe.tokens, itok, sizeof(int32_t) * (size_t)n))) {
-        rc = bad(reason, KVT_STORE_REFUSED_TOKENS, name, "stored tokens differ from the index");
-        goto out;
-    }
-    if ((rc = read_payload(fd, &ent.sh, name, s->opts.verify, &ent.buf, reason)))
-        goto out;
-    bytes += ent.sh.file_bytes;
-    close(fd);
-    fd = -1;
-    blk = kvt__calloc((size_t)(pe.n_blocks ? pe.n_blocks : 1), sizeof *blk);
-    if (!blk) {
-        rc = kvt__fail(KVT_ENOMEM, "store restore: out of memory");
-        goto out;
-    }
-    for (int32_t i = 0; i < pe.n_blocks; i++) {
-        char bname[64];
-        file_name('b', pe.blocks[i], bname);
-        if ((rc = open_shard(s->dirfd, s->dir, bname, &blk[i].sh, &fd, reason))) {
-            if (rc == KVT_ENOTFOUND) {
-                *reason = KVT_STORE_REFUSED_MISSING_BLOCK;
-                rc = kvt__fail(KVT_EFORMAT, "%s: references block %s that is gone", name, bname);
-            }
-            goto out;
-        }
-        pblock pb;
-        if ((rc = parse_block(&blk[i].sh, bname, s->identity, &pb, reason)))
-            goto out;
-        int ok = kvt__skey_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
-                 pb.tok_end == pe.ranges[i][1] &&
-                 !memcmp(pb.tokens, pe.tokens + pb.tok_begin, sizeof(int32_t) * (size_t)pb.n_tokens);
-        kvt__free(pb.tokens);
-        if (!ok) {
-            rc = bad(reason, KVT_STORE_REFUSED_TOKENS, bname, "block does not match the entry's tokens");
-            goto out;
-        }
-        if ((rc = read_payload(fd, &blk[i].sh, bname, s->opts.verify, &blk[i].buf, reason)))
-            goto out;
-        bytes += blk[i].sh.file_bytes;
-        close(fd);
-        fd = -1;
-    }
-    int32_t L = (int32_t)json_array_size(pe.layers), A = (int32_t)json_array_size(pe.atts);
-    if ((rc = kvt_entry_init(out, pe.ns, pe.tokens, n, L, A)))
-        goto out;
-    for (int32_t l = 0; l < L && !rc; l++)
-        rc = build_layer(json_array_get(pe.layers, (size_t)l), l, &ent, blk, pe.n_blocks, n, &out->caches[l], name,
-                         reason);
-    for (int32_t a = 0; a < A && !rc; a++) {
-        const char *an = json_string_value(json_object_get(json_array_get(pe.atts, (size_t)a), "name"));
-        char tn[16];
-        snprintf(tn, sizeof tn, "A%d", (int)a);
-        const kvt__st_in *x = tensor_named(&ent.sh, tn);
-        if (!an || !x || x->dtype != KVT_DTYPE_U8) {
-            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "an attachment is missing");
-            break;
-        }
-        rc = kvt_attachment_blob(an, (const uint8_t *)kvt_buf_data(ent.buf) + x->begin, (size_t)(x->end - x->begin),
-                                 &out->attachments[a]);
-    }
+    int rc = load_entry(s->dirfd, s->dir, name, s->identity, itok, n, s->opts.verify, out, reason, bad_shard, &bytes);
+    kvt__free(itok);
     if (rc)
-        goto out;
-    utimensat(s->dirfd, name, NULL, 0); /* the last use survives a restart (best effort) */
+        return rc;
+    if (!s->opts.read_only)
+        utimensat(s->dirfd, name, NULL, 0); /* the last use survives a restart (best effort) */
     pthread_mutex_lock(&s->mu);
     if ((e = kvt__kmap_get(&s->by_key, key)))
         e->last_use_ms = wall_ms();
@@ -1777,21 +1840,49 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     s->st.restore_bytes += bytes;
     s->st.restore_ns_last = kvt_now_ns() - t0;
     pthread_mutex_unlock(&s->mu);
-out:
-    if (fd >= 0)
-        close(fd);
-    for (int32_t i = 0; blk && i < pe.n_blocks; i++) {
-        kvt__shard_free(&blk[i].sh);
-        kvt_buf_release(blk[i].buf);
+    return 0;
+}
+
+/* A shard whose payload failed its checksum (call with mu held): its file is
+ * removed (not in read-only mode) so no later open or restore reads it
+ * again, and it leaves the index; for a block, so does every entry that
+ * references it (their entry files stay, as refused shards evicted first:
+ * they are valid again only if the block is written again). */
+static void forget_corrupt(kvt_store *s, const char *shard)
+{
+    kvt__skey k;
+    char hex[33];
+    if (!is_shard_name(shard))
+        return;
+    memcpy(hex, shard + 1, 32);
+    hex[32] = '\0';
+    if (kvt__skey_parse(hex, &k))
+        return;
+    if (shard[0] == 'e') {
+        st_entry *e = kvt__kmap_get(&s->by_key, k);
+        if (e)
+            drop_entry_ex(s, e, s->opts.read_only);
+        else if (!s->opts.read_only)
+            unlinkat(s->dirfd, shard, 0);
+        return;
     }
-    kvt__free(blk);
-    kvt__shard_free(&ent.sh);
-    kvt_buf_release(ent.buf);
-    pentry_free(&pe);
-    kvt__free(itok);
-    if (rc)
-        kvt_entry_clear(out);
-    return rc;
+    if (!s->opts.read_only)
+        unlinkat(s->dirfd, shard, 0);
+    st_block *b = kvt__kmap_get(&s->blocks, k);
+    if (b) {
+        s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
+        s->st.blocks--;
+        kvt__kmap_del(&s->blocks, k);
+        kvt__free(b);
+    }
+    for (st_entry *e = s->head, *nx; e; e = nx) {
+        nx = e->next;
+        for (int32_t i = 0; i < e->n_blocks; i++)
+            if (kvt__skey_eq(e->blocks[i], k)) {
+                drop_entry_ex(s, e, 1);
+                break;
+            }
+    }
 }
 
 KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
@@ -1800,12 +1891,15 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
     if (!s || !out || (n_prompt && !prompt) || n_prompt < 0)
         return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
     int reason = -1;
-    int rc = restore_impl(s, handle, prompt, n_prompt, out, &reason);
+    char bad_shard[64];
+    int rc = restore_impl(s, handle, prompt, n_prompt, out, &reason, bad_shard);
     if (rc) {
         pthread_mutex_lock(&s->mu);
         s->st.restore_misses++;
         if (rc != KVT_ENOMEM)
             refuse_count(s, reason);
+        if (reason == KVT_STORE_REFUSED_CHECKSUM && bad_shard[0])
+            forget_corrupt(s, bad_shard);
         /* A shard that failed validation, or an entry whose file is gone
          * (removed by another process's gc or budget: a plain miss, reason
          * -1), is never offered again (a failed allocation or read says
@@ -1901,11 +1995,22 @@ static int check_entry(const kvt_entry *e, const char *fn)
     return 0;
 }
 
+/* A write to a read-only store: refused and counted. */
+static int refuse_write(kvt_store *s, const char *fn)
+{
+    pthread_mutex_lock(&s->mu);
+    s->st.write_refused++;
+    pthread_mutex_unlock(&s->mu);
+    return kvt__fail(-EROFS, "%s: %s is open read-only: nothing is written", fn, s->dir);
+}
+
 KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e)
 {
     if (!s)
         return kvt__fail(KVT_EINVAL, "kvt_store_put: store is NULL");
     int rc = check_entry(e, "kvt_store_put");
+    if (!rc && s->opts.read_only)
+        return refuse_write(s, "kvt_store_put");
     return rc ? rc : do_put(s, e);
 }
 
@@ -1941,6 +2046,8 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
     int rc = check_entry(e, "kvt_store_put_async");
     if (rc)
         return rc;
+    if (s->opts.read_only)
+        return refuse_write(s, "kvt_store_put_async");
     wjob *j = kvt__calloc(1, sizeof *j);
     if (!j)
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
@@ -2228,25 +2335,46 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         goto fail;
     }
     snprintf(s->dir, dl, "%s/%s", root, hex);
-    if ((mkdir(root, 0755) && errno != EEXIST) || (mkdir(s->dir, 0755) && errno != EEXIST)) {
+    int ro = s->opts.read_only;
+    if (!ro && ((mkdir(root, 0755) && errno != EEXIST) || (mkdir(s->dir, 0755) && errno != EEXIST))) {
         rc = kvt__fail(-errno, "%s: cannot create: %s", s->dir, strerror(errno));
         goto fail;
     }
-    s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (s->dirfd < 0) {
+    struct stat dst;
+    if (!lstat(s->dir, &dst) && S_ISLNK(dst.st_mode)) {
+        rc = kvt__fail(KVT_EUNSUPPORTED,
+                       "%s: the identity directory is a symbolic link; kvtier refuses it (in open, scan, "
+                       "inspect, verify and gc alike): replace it with a real directory",
+                       s->dir);
+        goto fail;
+    }
+    s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (s->dirfd < 0 && !(ro && errno == ENOENT)) {
         rc = kvt__fail(-errno, "%s: cannot open: %s", s->dir, strerror(errno));
         goto fail;
     }
-    s->lockfd = openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
-        rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
-        goto fail;
+    if (!ro) {
+        s->lockfd = openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
+            rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
+            goto fail;
+        }
+        if ((rc = write_identity_file(s)))
+            goto fail;
+    } else if (s->dirfd >= 0) {
+        /* read-only: hold the shared lock when .lock can be read (so this
+         * directory counts as in use), else go on without it */
+        s->lockfd = openat(s->dirfd, ".lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (s->lockfd >= 0 && flock(s->lockfd, LOCK_SH | LOCK_NB)) {
+            close(s->lockfd);
+            s->lockfd = -1;
+        }
     }
-    if ((rc = write_identity_file(s)) || (rc = scan(s)))
+    if (s->dirfd >= 0 && (rc = scan(s)))
         goto fail;
     count_other_configs(s, id);
     fdirs f;
-    if (!list_foreign(root, s->dir_name, 0, &f)) {
+    if (!ro && !list_foreign(root, s->dir_name, 0, &f)) {
         s->foreign_bytes = f.bytes;
         fdirs_free(&f);
     }
@@ -2399,6 +2527,21 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
         snprintf(path, sizeof path, "%s/%s", root, de->d_name);
         if (!is_identity_dir_name(de->d_name))
             continue;
+        struct stat lst;
+        if (!lstat(path, &lst) && S_ISLNK(lst.st_mode)) {
+            /* never followed: reported as refused, like kvt_store_open refuses it */
+            kvt_store_shard_info in;
+            memset(&in, 0, sizeof in);
+            in.dir = de->d_name;
+            in.identity = "";
+            in.file = "";
+            in.type = 'l';
+            in.mtime_ms = (int64_t)lst.st_mtim.tv_sec * 1000 + lst.st_mtim.tv_nsec / 1000000;
+            in.ns = "";
+            in.status = KVT_STORE_REFUSED_SYMLINK + 1;
+            rc = cb(ctx, &in);
+            continue;
+        }
         int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (dfd < 0)
             continue;
@@ -2458,15 +2601,24 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
                     }
                 }
                 in.n_tensors = sh.n;
-                if (!r && verify) {
-                    uint8_t md[32];
-                    r = kvt__shard_hash_fd(fd, &sh, md);
-                    if (r)
-                        reason = KVT_STORE_REFUSED_IO;
-                    else if (memcmp(md, sh.sha, 32)) {
-                        reason = KVT_STORE_REFUSED_CHECKSUM;
-                        r = KVT_ECORRUPT;
-                    }
+                if (!r && verify && in.type == 'e') {
+                    /* everything a restore checks, by the restore's own code */
+                    kvt_entry tmp;
+                    char bad_shard[64];
+                    uint64_t nb = 0;
+                    r = load_entry(dfd, path, nm, ident, NULL, -1, 1, &tmp, &reason, bad_shard, &nb);
+                    if (!r)
+                        kvt_entry_clear(&tmp);
+                    else if (r == KVT_ENOTFOUND)
+                        reason = KVT_STORE_REFUSED_IO; /* removed while walking */
+                } else if (!r && verify) {
+                    rshard rs;
+                    pblock pb2;
+                    memset(&rs, 0, sizeof rs);
+                    r = load_block(dfd, path, nm, ident, 1, &rs, &pb2, &reason);
+                    kvt__free(pb2.tokens);
+                    kvt__shard_free(&rs.sh);
+                    kvt_buf_release(rs.buf);
                 }
                 in.status = r ? (reason >= 0 ? reason : KVT_STORE_REFUSED_IO) + 1 : 0;
             }

@@ -95,14 +95,24 @@ typedef struct kvt_store_options {
     /** Write-behind queue bound in bytes of queued cache state; 0 = 256 MiB.
      * kvt_store_put_async refuses (and counts as dropped) what does not fit. */
     uint64_t queue_max_bytes;
-    /** Non-zero: check the SHA-256 of every shard on every load
-     * (`--ssd-cache-verify`); a mismatch is a miss, counted. */
+    /** Non-zero: strict restores (`--ssd-cache-verify`): the SHA-256 of every
+     * shard read is checked as well as its XXH3-128 (which every restore
+     * checks, always); a mismatch is a miss, counted. */
     int verify;
     /** Threads serving kvt_store_restore_async; 0 = 1, at most 16. */
     int restore_threads;
     /** Fault-injection write layer (borrowed for the life of the store);
      * NULL = pwrite(2)/fsync(2). */
     const kvt_store_io *io;
+    /** Non-zero: read-only store. Open needs only read access (a read-only
+     * mount, a directory or .lock file of another user): it creates
+     * nothing, writes nothing (no IDENTITY, no temp files, no last-use
+     * stamps), removes nothing (no temp cleanup, no budget, no gc, a corrupt
+     * shard only leaves the index) and takes the shared lock only when .lock
+     * can be opened for reading. find and restore work as usual;
+     * kvt_store_put, kvt_store_put_async and the cold tier's store and spill
+     * return -EROFS, counted in stats.write_refused. */
+    int read_only;
 } kvt_store_options;
 
 /** Why a shard was refused (counted per reason in kvt_store_stats.refused). */
@@ -114,15 +124,18 @@ typedef enum kvt_store_refusal {
     KVT_STORE_REFUSED_MALFORMED,     /* bad JSON, missing/ill-typed field, dtype or
                                         shape that does not match its byte count */
     KVT_STORE_REFUSED_IDENTITY,      /* written under another identity */
-    KVT_STORE_REFUSED_CHECKSUM,      /* payload SHA-256 mismatch (verify) */
+    KVT_STORE_REFUSED_CHECKSUM,      /* payload XXH3-128 mismatch (every restore) or
+                                        SHA-256 mismatch (strict restore, verify) */
     KVT_STORE_REFUSED_TOKENS,        /* stored tokens differ from the request/index */
     KVT_STORE_REFUSED_MISSING_BLOCK, /* an entry references a block that is gone */
     KVT_STORE_REFUSED_IO,            /* read error */
+    KVT_STORE_REFUSED_SYMLINK,       /* an identity directory that is a symbolic link */
     KVT_STORE_REFUSED_COUNT
 } kvt_store_refusal;
 
 /** Short name of a refusal reason ("truncated", "header-bound", "offsets",
- * "malformed", "identity", "checksum", "tokens", "missing-block", "io"); static. */
+ * "malformed", "identity", "checksum", "tokens", "missing-block", "io",
+ * "symlink"); static. */
 KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r);
 
 /** Counters of one open store. A snapshot; fields are independent reads. */
@@ -154,6 +167,8 @@ typedef struct kvt_store_stats {
                                      with another config fingerprint or tokenizer
                                      (their own directories): never served */
     int64_t longest_prefix_tokens; /* tokens of the longest indexed entry */
+    uint64_t write_refused;    /* puts refused because the store is read-only */
+    uint64_t pending_hits;     /* restores served from the write-behind queue */
 } kvt_store_stats;
 
 /** Computes a config fingerprint from a model's (empty) per-layer caches: the
