@@ -1,15 +1,14 @@
 /*
  * chat.c: generation through the cache service and multi-turn chat on the
- * reference engine (chat.h). Owns the generation loop (admit, acquire,
- * prefill past the reused prefix, prompt-boundary snapshot, decode, publish,
- * release), the chat template, script parsing and a conversation's history.
+ * reference engine (chat.h). Owns the one-call generation (a loop over the
+ * steps of seq.c, which own admit, acquire, prefill, snapshots, decode,
+ * publish and release), the chat template, script parsing and a
+ * conversation's history.
  *
- * Must never: prefill a token the service already covers, take the
- * boundary snapshot at any other moment than "caches hold exactly the
- * prompt" (a wrapped ring cannot be rewound later, DESIGN.md 3.14), or
- * leave a request admitted after returning.
+ * Must never leave a request admitted after returning.
  */
 #include "chat.h"
+#include "seq.h"
 
 #include "../src/internal.h"
 
@@ -93,55 +92,12 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
 
 /* ---- one generation ------------------------------------------------------------- */
 
-static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; }
-
-/* Whether some layer, holding n tokens, could no longer be cut back to n - 1. */
-static int point_range_at(const kvt_model_config *c, int64_t n)
-{
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        if (c->layer_kind[l] == KVT_LAYER_RECURRENT)
-            return 1;
-        if (c->layer_kind[l] == KVT_LAYER_WINDOW && n > c->sliding_window)
-            return 1;
-    }
-    return 0;
-}
-
-/* Publishes a zero-copy clone of the live caches as the entry tokens[0..n).
- * A refused publish is not the generation's error: the state is not kept. */
-static int publish_snapshot(kvt_service *svc, kvt_admission *adm, const kvt_state *live, const int32_t *tokens,
-                            int64_t n)
-{
-    kvt_state snap = {.n_layers = live->n_layers};
-    snap.caches = kvt__calloc((size_t)live->n_layers, sizeof *snap.caches);
-    if (!snap.caches)
-        return kvt__fail(KVT_ENOMEM, "chat: out of memory for a snapshot");
-    int rc = kvt_caches_clone(live->caches, live->n_layers, snap.caches);
-    if (!rc)
-        rc = kvt_service_publish(svc, adm, tokens, n, &snap);
-    kvt_state_dispose(&snap);
-    return rc;
-}
-
-static int is_stop(const kvt_gen_opts *o, int32_t prev, int32_t tok)
-{
-    if (tok == KVT_TOKEN_EOS || tok == KVT_TOKEN_BOS)
-        return 1;
-    if (o->stop_tok) {
-        const char *piece = kvt_tokenizer_decode(o->stop_tok, prev, tok);
-        if (!piece || strchr(piece, '\n'))
-            return 1;
-    }
-    return 0;
-}
-
 KVT_API int kvt_chat_generate(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, const int32_t *prompt,
                               int64_t n_prompt, const kvt_gen_opts *o, int32_t *reply, int64_t reply_cap,
                               int64_t *n_reply, kvt_turn_stats *st)
 {
-    kvt_turn_stats s = {.prompt_tokens = n_prompt};
     if (st)
-        *st = s;
+        *st = (kvt_turn_stats){.prompt_tokens = n_prompt};
     if (n_reply)
         *n_reply = 0;
     if (!m || !svc || !sampler || !prompt || !o || !reply || !n_reply)
@@ -150,89 +106,30 @@ KVT_API int kvt_chat_generate(kvt_model *m, kvt_service *svc, kvt_sampler *sampl
         return kvt__fail(KVT_EINVAL, "chat: prompt %lld tokens (>= 1), max_tokens %lld (>= 1), reply "
                          "capacity %lld (>= max_tokens)", (long long)n_prompt, (long long)o->max_tokens,
                          (long long)reply_cap);
-    const kvt_model_config *c = kvt_model_get_config(m);
-    int64_t max_tokens = o->max_tokens;
-    if (n_prompt < c->seq_len && max_tokens > c->seq_len - n_prompt)
-        max_tokens = c->seq_len - n_prompt; /* the reply may use every position left */
-
-    uint64_t t0 = kvt_now_ns();
-    kvt_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens, .ns = o->ns,
-                       .session = o->session};
-    kvt_admission *adm = NULL;
-    kvt_state state = {0};
-    float *logits = NULL;
-    int32_t *all = NULL;
-    int rc = kvt_service_admit_wait(svc, &req, o->admit_timeout_ms, &adm);
+    kvt_seq *s = NULL;
+    int rc = kvt_seq_begin(m, svc, sampler, prompt, n_prompt, o, &s);
     if (rc)
         return rc;
-    rc = kvt_service_acquire(svc, adm, &state);
-    if (rc)
-        goto done;
-    logits = kvt__malloc((size_t)c->vocab_size * sizeof *logits);
-    all = kvt__malloc((size_t)(n_prompt + max_tokens) * sizeof *all);
-    if (!logits || !all) {
-        rc = kvt__fail(KVT_ENOMEM, "chat: out of memory");
-        goto done;
-    }
-    memcpy(all, prompt, (size_t)n_prompt * sizeof *all);
-    int64_t R = state.reused_tokens;
-    s.reused_tokens = R;
-    s.prefilled_tokens = n_prompt - R;
-    int keeps = kvt_service_keeps(svc, adm);
-
-    uint64_t tp = kvt_now_ns();
-    if (keeps && n_prompt - 1 > R && point_range_at(c, n_prompt)) {
-        /* The boundary entry will not serve an exact repeat (it cannot be cut
-         * back to n - 1): keep the state of n - 1 tokens as well. */
-        rc = kvt_model_prefill(m, state.caches, prompt + R, n_prompt - 1 - R, NULL);
-        if (rc)
-            goto done;
-        double part = ms_since(tp);
-        (void)publish_snapshot(svc, adm, &state, prompt, n_prompt - 1);
-        tp = kvt_now_ns();
-        rc = kvt_model_prefill(m, state.caches, prompt + n_prompt - 1, 1, logits);
-        s.prefill_ms = part + ms_since(tp);
-    } else {
-        rc = kvt_model_prefill(m, state.caches, prompt + R, n_prompt - R, logits);
-        s.prefill_ms = ms_since(tp);
-    }
-    if (rc)
-        goto done;
-    int32_t tok = kvt_sampler_sample(sampler, logits);
-    s.ttft_ms = ms_since(t0);
-    /* Prompt-boundary snapshot: the caches hold exactly the prompt now. */
-    if (keeps)
-        (void)publish_snapshot(svc, adm, &state, prompt, n_prompt);
-
-    int64_t fed = 0, k = 0;
-    int32_t prev = prompt[n_prompt - 1];
-    for (;;) {
-        if (is_stop(o, prev, tok))
+    int done = 0, finished = 0;
+    while (!rc && !done)
+        rc = kvt_seq_prefill(s, INT64_MAX, &done);
+    while (!rc) {
+        int32_t tok;
+        rc = kvt_seq_next(s, &tok, &finished);
+        if (rc || finished)
             break;
-        reply[k++] = tok;
-        if (k >= max_tokens)
-            break;
-        rc = kvt_model_decode(m, state.caches, tok, logits);
-        if (rc)
-            goto done;
-        all[n_prompt + fed++] = tok;
-        prev = tok;
-        tok = kvt_sampler_sample(sampler, logits);
+        rc = kvt_seq_decode(s);
     }
-    *n_reply = k;
-    s.generated_tokens = k;
-    if (keeps && fed > 0) {
-        if (kvt_service_publish(svc, adm, all, n_prompt + fed, &state) == 0)
-            memset(&state, 0, sizeof state);
+    if (!rc) {
+        int64_t n = 0;
+        const int32_t *r = kvt_seq_reply(s, &n);
+        memcpy(reply, r, (size_t)n * sizeof *reply);
+        *n_reply = n;
     }
-done:
-    kvt_state_dispose(&state);
-    kvt_service_release(svc, adm, rc == 0);
-    kvt__free(logits);
-    kvt__free(all);
-    s.total_ms = ms_since(t0);
+    kvt_turn_stats fs;
+    kvt_seq_finish(s, rc == 0, &fs);
     if (st)
-        *st = s;
+        *st = fs;
     return rc;
 }
 

@@ -6,7 +6,8 @@
  * admit, acquire (the longest reusable prefix), prefill only the tokens past
  * it, publish a zero-copy snapshot of the caches taken exactly at the prompt
  * boundary (before the first generated token), decode, publish the
- * prompt+generation entry, release.
+ * prompt+generation entry, release. It is a loop over the step-wise API of
+ * seq.h, which a batching scheduler drives directly.
  *
  * kvt_chat is a conversation: every turn renders the whole conversation with
  * the chat template and re-encodes it, as real chat traffic does (the reply

@@ -1,9 +1,9 @@
 /*
  * kvtier/replay.h: serving-trace replay: load a Mooncake-format trace, turn
  * its requests into token sequences, and measure what a prefix cache of a
- * given block capacity would have saved (issue 6).
+ * given block capacity would have saved.
  *
- * Trace format (JSON lines, ../shared/data/README.md): one request a line,
+ * Trace format (JSON lines, as Mooncake publishes them): one request a line,
  * {"timestamp": ms, "input_length": tokens, "output_length": tokens,
  *  "hash_ids": [int, ...]}, one hash id per 512-token block of the input,
  * each id standing for that block and every block before it.

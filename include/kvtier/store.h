@@ -1,6 +1,6 @@
 /*
  * kvtier/store.h: the SSD tier. Crash-safe persistent prefixes that survive
- * restarts and are never served wrong (DESIGN.md section 4, issue 5).
+ * restarts and are never served wrong.
  *
  * Layout on disk: a root directory holds one subdirectory per identity (the
  * hex SHA-256 of the model id, the config fingerprint and the tokenizer hash,
@@ -215,7 +215,7 @@ KVT_API int kvt_store_close(kvt_store *s);
  * every layer's reachable range of that entry (an entry with attachments or
  * a wrapped ring / recurrent layer serves only prompts that extend all of its
  * tokens). Among entries giving the longest prefix a shortest one is chosen.
- * O(n_prompt) walk of a radix tree (DESIGN.md 3.2-3.4, 4). An entry whose
+ * O(n_prompt) walk of a radix tree. An entry whose
  * write is still pending is not found.
  * @param prompt (n_prompt) token ids, borrowed; @param ns namespace, non-NULL.
  * @param hit receives prefix_len, n_tokens and the handle on success; the
@@ -270,7 +270,7 @@ KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_d
  * of the directory). An entry with equal tokens in the same ns that is
  * already durable is not written again (counted as skipped). A trimmable
  * entry supersedes same-ns entries whose tokens are a strict prefix of it
- * and that it can serve (DESIGN.md 3.5, the store's rule).
+ * and that it can serve (the prompt cache's put rule).
  *
  * @param e borrowed: ns, tokens, caches and attachments are read during the
  *        call, never kept or disposed; no other thread may modify the caches
