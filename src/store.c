@@ -20,6 +20,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +59,8 @@ typedef struct st_entry {
 
 typedef struct st_ns {
     char *ns;
-    kvt__radix tree;
+    kvt__radix tree;      /* durable entries */
+    kvt__radix ptree;     /* entries whose write-behind is queued or in flight */
     struct st_ns *next;
 } st_ns;
 
@@ -67,10 +69,17 @@ typedef struct st_orphan { /* refused or unreferenced files, evicted first */
     uint64_t bytes;
 } st_orphan;
 
+/* One write-behind job. While queued or being written it is findable (in
+ * its ns's ptree and in pjobs by its handle) and restorable from its own
+ * caches (zero-copy clones whose hook holds a reference): the job's entry is
+ * cleared when the writer is done with it and the last clone is gone. */
 typedef struct wjob {
+    kvt__rent r;          /* radix view over e.tokens (stable: e is owned) */
     kvt_entry e;
     uint64_t bytes;
+    uint64_t id;          /* handle; the durable entry gets the same one */
     kvt__skey key;
+    _Atomic int64_t refs; /* the queue's + one per clone handed out */
     struct wjob *next;
 } wjob;
 
@@ -89,7 +98,7 @@ struct kvt_store {
     kvt_store_options opts;
 
     pthread_mutex_t mu;
-    kvt__kmap by_key, by_id, blocks, pending;
+    kvt__kmap by_key, by_id, blocks, pending, pjobs;
     st_ns *nss;
     st_entry *head;       /* all entries */
     uint64_t next_id;
@@ -297,13 +306,15 @@ static void orphan_forget(kvt_store *s, const char *name)
         }
 }
 
-/* Indexes an entry (takes ownership of e on success). */
+/* Indexes an entry (takes ownership of e on success); e->id, when set (the
+ * handle its write-behind job had), is kept, else a new one is given. */
 static int index_entry(kvt_store *s, st_entry *e)
 {
     st_ns *n = ns_get(s, e->ns, 1);
     if (!n)
         return KVT_ENOMEM;
-    e->id = ++s->next_id;
+    if (!e->id || kvt__kmap_get(&s->by_id, id_key(e->id)))
+        e->id = ++s->next_id;
     e->r.tokens = e->tokens;
     if (kvt__radix_insert(&n->tree, &e->r))
         return KVT_ENOMEM;
@@ -1117,7 +1128,7 @@ static void supersede_one(kvt__rent *r, void *ctx)
     c->s->st.superseded++;
 }
 
-static int do_put(kvt_store *s, const kvt_entry *e)
+static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
 {
     int rc = 0;
     const int32_t L = e->n_caches, A = e->n_attachments;
@@ -1399,6 +1410,7 @@ static int do_put(kvt_store *s, const kvt_entry *e)
         en->r.n_tokens = n;
         en->r.min_reach = min_reach;
         en->bytes = fb;
+        en->id = want_id;
         en->last_use_ms = wall_ms();
         pthread_mutex_lock(&s->mu);
         orphan_forget(s, name);
@@ -1885,11 +1897,67 @@ static void forget_corrupt(kvt_store *s, const char *shard)
     }
 }
 
+static void pjob_hook(void *ctx);
+static void pjob_release(wjob *j);
+
+/* Restores a handle whose write-behind is still queued or in flight from the
+ * job's own caches: zero-copy clones, the hook holding a reference on the
+ * job (so whatever its entry's hook releases stays alive until the clones
+ * are gone). @return 0; KVT_ENOTFOUND (no such pending job, or its tokens
+ * differ from the prompt); KVT_ENOMEM. */
+static int restore_pending(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out)
+{
+    pthread_mutex_lock(&s->mu);
+    wjob *j = kvt__kmap_get(&s->pjobs, id_key(handle));
+    if (j)
+        atomic_fetch_add(&j->refs, 1);
+    pthread_mutex_unlock(&s->mu);
+    if (!j)
+        return KVT_ENOTFOUND;
+    const kvt_entry *e = &j->e;
+    int64_t cmpn = KVT__MIN(n_prompt, e->n_tokens);
+    int rc = 0;
+    if (prompt && cmpn && memcmp(prompt, e->tokens, sizeof(int32_t) * (size_t)cmpn))
+        rc = kvt__fail(KVT_ENOTFOUND, "store restore: pending tokens differ from the requested prefix");
+    if (!rc)
+        rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
+    if (rc) {
+        pjob_release(j);
+        return rc;
+    }
+    out->hook = (kvt_hook){pjob_hook, j}; /* from here kvt_entry_clear releases j */
+    for (int32_t l = 0; !rc && l < e->n_caches; l++)
+        rc = kvt_cache_clone(e->caches[l], &out->caches[l]);
+    for (int32_t a = 0; !rc && a < e->n_attachments; a++)
+        rc = e->attachments[a] ? kvt_attachment_clone(e->attachments[a], &out->attachments[a]) : 0;
+    if (rc) {
+        kvt_entry_clear(out);
+        return kvt__fail(rc, "store restore: cannot clone a pending entry: %s", kvt_strerror(rc));
+    }
+    pthread_mutex_lock(&s->mu);
+    s->st.restores++;
+    s->st.pending_hits++;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
 KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
                               kvt_entry *out)
 {
     if (!s || !out || (n_prompt && !prompt) || n_prompt < 0)
         return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&s->mu);
+    int durable = kvt__kmap_get(&s->by_id, id_key(handle)) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!durable) {
+        /* served from the write-behind queue; or, when no job holds the
+         * handle, its write may have just become durable under the same
+         * handle: the durable path below tries */
+        int prc = restore_pending(s, handle, prompt, n_prompt, out);
+        if (prc != KVT_ENOTFOUND)
+            return prc;
+    }
     int reason = -1;
     char bad_shard[64];
     int rc = restore_impl(s, handle, prompt, n_prompt, out, &reason, bad_shard);
@@ -1926,16 +1994,22 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt
         return kvt__fail(KVT_EINVAL, "kvt_store_find: bad arguments");
     pthread_mutex_lock(&s->mu);
     st_ns *n = ns_get(s, ns, 0);
-    int64_t p = 0;
+    int64_t p = 0, pp = 0;
     kvt__rent *r = n ? kvt__radix_find(&n->tree, prompt, n_prompt, &p) : NULL;
-    if (r) {
+    kvt__rent *pr = n ? kvt__radix_find(&n->ptree, prompt, n_prompt, &pp) : NULL;
+    if (pr && (!r || pp > p)) { /* a longer prefix still in the write-behind queue */
+        wjob *j = (wjob *)pr;
+        hit->prefix_len = pp;
+        hit->n_tokens = j->r.n_tokens;
+        hit->handle = j->id;
+    } else if (r) {
         st_entry *e = (st_entry *)r;
         hit->prefix_len = p;
         hit->n_tokens = e->r.n_tokens;
         hit->handle = e->id;
     }
     pthread_mutex_unlock(&s->mu);
-    return r ? 0 : KVT_ENOTFOUND;
+    return r || pr ? 0 : KVT_ENOTFOUND;
 }
 
 KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns,
@@ -1946,13 +2020,14 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
     pthread_mutex_lock(&s->mu);
     st_ns *n = ns_get(s, ns, 0);
     kvt__rent *r = n ? kvt__radix_exact(&n->tree, tokens, n_tokens) : NULL;
-    if (r) {
+    kvt__rent *pr = n && !r ? kvt__radix_exact(&n->ptree, tokens, n_tokens) : NULL;
+    if (r || pr) {
         hit->prefix_len = n_tokens;
         hit->n_tokens = n_tokens;
-        hit->handle = ((st_entry *)r)->id;
+        hit->handle = r ? ((st_entry *)r)->id : ((wjob *)pr)->id;
     }
     pthread_mutex_unlock(&s->mu);
-    return r ? 0 : KVT_ENOTFOUND;
+    return r || pr ? 0 : KVT_ENOTFOUND;
 }
 
 KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns)
@@ -2011,7 +2086,7 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e)
     int rc = check_entry(e, "kvt_store_put");
     if (!rc && s->opts.read_only)
         return refuse_write(s, "kvt_store_put");
-    return rc ? rc : do_put(s, e);
+    return rc ? rc : do_put(s, e, 0);
 }
 
 static uint64_t entry_bytes(const kvt_entry *e)
@@ -2039,6 +2114,28 @@ static int pending_add(kvt_store *s, kvt__skey k, int delta)
     return kvt__kmap_put(&s->pending, k, (void *)(uintptr_t)((uint64_t)(c + 1) << 1));
 }
 
+/* Drops a job from the pending lookups (call with mu held). */
+static void pjob_unindex(kvt_store *s, wjob *j)
+{
+    st_ns *n = ns_get(s, j->e.ns, 0);
+    if (n)
+        kvt__radix_remove(&n->ptree, &j->r);
+    kvt__kmap_del(&s->pjobs, id_key(j->id));
+}
+
+/* Drops one reference to a job; the last clears its entry (caches,
+ * attachments, then its hook) and frees it. Needs no store: a clone may
+ * outlive it. */
+static void pjob_release(wjob *j)
+{
+    if (atomic_fetch_sub(&j->refs, 1) != 1)
+        return;
+    kvt_entry_clear(&j->e);
+    kvt__free(j);
+}
+
+static void pjob_hook(void *ctx) { pjob_release(ctx); }
+
 KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
 {
     if (!s)
@@ -2053,6 +2150,10 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     j->bytes = entry_bytes(e);
     j->key = entry_key(s->id_seed, e->ns, e->tokens, e->n_tokens);
+    int64_t min_reach = 0;
+    kvt_entry_trimmable(e, &min_reach);
+    if (e->n_attachments)
+        min_reach = e->n_tokens;
     pthread_mutex_lock(&s->mu);
     if (s->closing || (s->st.pending && s->st.pending_bytes + j->bytes > s->opts.queue_max_bytes)) {
         s->st.dropped++;
@@ -2062,12 +2163,25 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
         return closing ? kvt__fail(KVT_ECLOSED, "kvt_store_put_async: the store is closing")
                        : kvt__fail(KVT_EAGAIN, "kvt_store_put_async: the write-behind queue is full");
     }
-    if (pending_add(s, j->key, 1)) {
+    j->e = *e;
+    j->r.tokens = j->e.tokens;
+    j->r.n_tokens = j->e.n_tokens;
+    j->r.min_reach = min_reach;
+    j->id = ++s->next_id;
+    atomic_init(&j->refs, 1);
+    st_ns *nsr = ns_get(s, j->e.ns, 1);
+    if (!nsr || pending_add(s, j->key, 1)) {
         pthread_mutex_unlock(&s->mu);
         kvt__free(j);
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     }
-    j->e = *e;
+    if (kvt__radix_insert(&nsr->ptree, &j->r) || kvt__kmap_put(&s->pjobs, id_key(j->id), j)) {
+        kvt__radix_remove(&nsr->ptree, &j->r);
+        pending_add(s, j->key, -1);
+        pthread_mutex_unlock(&s->mu);
+        kvt__free(j);
+        return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
+    }
     memset(e, 0, sizeof *e);
     if (s->q_tail)
         s->q_tail->next = j;
@@ -2095,17 +2209,26 @@ static void *writer_main(void *arg)
         if (!s->q_head)
             s->q_tail = NULL;
         pthread_mutex_unlock(&s->mu);
-        int rc = do_put(s, &j->e);
-        kvt_entry_clear(&j->e);
+        int rc = do_put(s, &j->e, j->id);
+        kvt__skey key = j->key;
+        uint64_t bytes = j->bytes;
+        char msg[sizeof s->flush_msg];
+        if (rc)
+            snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        pthread_mutex_lock(&s->mu);
+        pjob_unindex(s, j);
+        pthread_mutex_unlock(&s->mu);
+        /* the entry goes now, or with the last clone; before the job stops
+         * counting as pending, so a flush returns after it */
+        pjob_release(j);
         pthread_mutex_lock(&s->mu);
         if (rc) {
             s->flush_rc = rc;
-            snprintf(s->flush_msg, sizeof s->flush_msg, "%s", kvt_last_error());
+            memcpy(s->flush_msg, msg, sizeof msg);
         }
-        pending_add(s, j->key, -1);
+        pending_add(s, key, -1);
         s->st.pending--;
-        s->st.pending_bytes -= j->bytes;
-        kvt__free(j);
+        s->st.pending_bytes -= bytes;
         pthread_cond_broadcast(&s->idle_cv);
     }
     pthread_mutex_unlock(&s->mu);
@@ -2255,6 +2378,7 @@ static void store_free(kvt_store *s)
     for (st_ns *n = s->nss, *nx; n; n = nx) {
         nx = n->next;
         kvt__radix_free(&n->tree);
+        kvt__radix_free(&n->ptree);
         kvt__free(n->ns);
         kvt__free(n);
     }
@@ -2265,6 +2389,7 @@ static void store_free(kvt_store *s)
     kvt__kmap_free(&s->by_key);
     kvt__kmap_free(&s->by_id);
     kvt__kmap_free(&s->pending);
+    kvt__kmap_free(&s->pjobs);
     kvt__free(s->orphans);
     kvt__free(s->rthreads);
     if (s->lockfd >= 0)
