@@ -530,6 +530,8 @@ static void snapshot(const char *dir, char *out, size_t cap)
     size_t len = 0;
     out[0] = '\0';
     for (int i = 0; i < n; i++) {
+        if (!strcmp(names[i], ".") || !strcmp(names[i], ".."))
+            continue; /* the parent changes with other tests */
         char p[2048];
         join(p, sizeof p, dir, names[i]);
         struct stat st;
