@@ -34,6 +34,7 @@ struct kvt_seq {
     kvt_admission *adm;
     kvt_state state;               /* the live caches */
     int keeps;                     /* the service keeps what this request publishes */
+    int64_t stride;                /* tokens between prefill checkpoints, 0 = none */
     enum seq_phase phase;
     int64_t n_prompt, max_tokens;  /* max_tokens clamped to the positions left */
     int64_t reused;                /* prompt tokens the service served */
@@ -92,6 +93,24 @@ static int is_stop(const kvt_tokenizer *stop_tok, int32_t prev, int32_t tok)
     return 0;
 }
 
+/* Tokens between prefill checkpoints for this prompt: 0 when every layer
+ * holding the whole prompt can still be cut back (its entries serve every
+ * shorter prefix, checkpoints would add nothing) or when `asked` < 0; the
+ * kv block size when `asked` is 0. */
+static int64_t checkpoint_stride(const kvt_seq *s, int64_t asked)
+{
+    if (asked < 0 || !point_range_at(s->c, s->n_prompt))
+        return 0;
+    if (asked > 0)
+        return asked;
+    for (int32_t l = 0; l < s->state.n_layers; l++) {
+        int32_t b = kvt_kv_block_tokens(s->state.caches[l]);
+        if (b > 0)
+            return b;
+    }
+    return 256;
+}
+
 static void seq_free(kvt_seq *s)
 {
     kvt_state_dispose(&s->state);
@@ -142,6 +161,7 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
     memcpy(s->all, prompt, (size_t)n_prompt * sizeof *s->all);
     s->reused = s->done = s->state.reused_tokens;
     s->keeps = kvt_service_keeps(svc, s->adm);
+    s->stride = s->keeps ? checkpoint_stride(s, o->prefill_checkpoint_stride) : 0;
     *out = s;
     return 0;
 fail:
@@ -152,11 +172,17 @@ fail:
 
 KVT_API int64_t kvt_seq_reused(const kvt_seq *s) { return s ? s->reused : 0; }
 
-/* Where the next prefill chunk must end at the latest: the next length at
- * which a snapshot is due, else the end of the prompt. */
+/* Where the next prefill piece must end at the latest: the next length at
+ * which a snapshot is due (a checkpoint boundary, n_prompt - 1), else the
+ * end of the prompt. */
 static int64_t next_stop(const kvt_seq *s)
 {
     int64_t n = s->n_prompt;
+    if (s->stride > 0) {
+        int64_t b = (s->done / s->stride + 1) * s->stride;
+        if (b < n - 1)
+            return b;
+    }
     /* The boundary entry will not serve an exact repeat (it cannot be cut
      * back to n - 1): keep the state of n - 1 tokens as well. */
     if (s->keeps && n - 1 > s->reused && s->done < n - 1 && point_range_at(s->c, n))

@@ -23,7 +23,11 @@
  *   the prompt-boundary snapshot (all n_prompt tokens) and, when some layer
  *   holding the whole prompt could not be cut back to n_prompt - 1 tokens
  *   (recurrent state, a wrapped window), a snapshot of n_prompt - 1 tokens,
- *   so an exact repeat reuses n_prompt - 1 on every cache kind;
+ *   so an exact repeat reuses n_prompt - 1 on every cache kind; on such
+ *   models also a checkpoint at every multiple of the prefill checkpoint
+ *   stride between the reused prefix and n_prompt - 1 (kvt_gen_opts,
+ *   kvt_chat_generate in chat.h), so a prompt sharing only a start with
+ *   this one still reuses that start;
  * - at kvt_seq_finish(): the prompt plus every fed reply token.
  * Each snapshot is a zero-copy clone (kv blocks are shared). A refused
  * publish is not an error of the generation: that state is simply not kept.
@@ -76,9 +80,10 @@ KVT_API int64_t kvt_seq_reused(const kvt_seq *s);
 
 /** Prefills at most max_tokens of the prompt tokens not yet in the caches.
  *
- * The tokens run in pieces that end where a snapshot is due (n_prompt - 1
- * tokens on models whose state cannot be cut back there); each snapshot is
- * published when the caches reach its length.
+ * The tokens run in pieces that end where a snapshot is due (each
+ * checkpoint boundary, and n_prompt - 1, on models whose state cannot be cut
+ * back there); each snapshot is published when the caches reach its length,
+ * so the snapshots do not depend on max_tokens.
  * The call that completes the prompt samples the first reply token (TTFT is
  * measured there) and publishes the prompt-boundary snapshot.
  * @param max_tokens >= 1 (INT64_MAX: the whole rest of the prompt).

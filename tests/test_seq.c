@@ -378,7 +378,7 @@ static void test_errors(void **state)
     assert_int_equal(kvt_service_report_get(svc, &before), 0);
     int32_t badp[30];
     make_prompt(badp, 30, 10);
-    badp[20] = VOCAB + 5;
+    badp[12] = VOCAB + 5; /* before the first checkpoint boundary (16) */
     assert_int_equal(kvt_seq_begin(m, svc, sp, badp, 30, &o, &s), 0);
     assert_int_equal(kvt_seq_prefill(s, 8, &done), 0); /* tokens 0..8 are fine */
     assert_int_equal(kvt_seq_prefill(s, INT64_MAX, &done), KVT_EINVAL);
