@@ -7,7 +7,7 @@
  */
 #include "fuzz_util.h"
 
-#include "kvtier/replay.h"
+#include "replay.h"
 
 #include <stdlib.h>
 #include <string.h>
