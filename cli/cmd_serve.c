@@ -146,8 +146,8 @@ int kvt_cmd_serve(int argc, char **argv)
                             : !strcmp(a, "--kv-budget")  ? &o.kv_budget_bytes
                             : !strcmp(a, "--max-body")   ? &max_body
                                                          : &o.ssd_max_bytes;
-            if (kvt_cli_bytes(v, dst, NULL)) {
-                fprintf(stderr, "kvtier serve: %s wants a byte count (e.g. 4096, 512M, 2G), got '%s'\n", a, v);
+            if (kvt_chat_parse_bytes(a, v, dst)) {
+                fprintf(stderr, "kvtier serve: %s\n", kvt_last_error());
                 return 2;
             }
         }

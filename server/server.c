@@ -908,7 +908,10 @@ int kvt_server_load(kvt_server *s)
     kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
                                 .demote_idle_ms = s->o.demote_idle_ms};
     if (s->ssd_dir) {
-        rc = kvt_chat_store_open(s->m, used_model, used_tok, s->ssd_dir, s->o.ssd_max_bytes, s->o.ssd_verify, &s->store);
+        kvt_chat_identity ident;
+        if ((rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
+            return rc;
+        rc = kvt_chat_store_open(s->m, &ident, s->ssd_dir, s->o.ssd_max_bytes, s->o.ssd_verify, &s->store);
         if (rc)
             return rc;
         kvt_store_cold_tier(s->store, &s->tier);
