@@ -4,7 +4,7 @@
  *
  * A layer cache holds the state of one model layer after `offset` tokens.
  * Every kind reports its reachable range [min_offset, offset]: the lengths it
- * can be cut back to with kvt_cache_trim() (DESIGN.md section 2):
+ * can be cut back to with kvt_cache_trim():
  *   kv         plain attention K/V in blocks of B tokens    [0, offset]
  *   rotating   sliding window W (ring, optional keep sinks) [0, offset] until
  *              the ring wraps, [offset, offset] after

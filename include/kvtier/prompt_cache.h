@@ -1,7 +1,7 @@
 /*
  * kvtier/prompt_cache.h: the RAM tier: a byte-capped prefix cache of entries
  * (ns, tokens, layer caches, attachments, release hook), indexed by a radix
- * tree per namespace, tiered over an optional cold tier (DESIGN.md section 3).
+ * tree per namespace, tiered over an optional cold tier (kvtier/tier.h).
  *
  * Typical use by an engine:
  *   kvt_hit hit;
@@ -16,7 +16,7 @@
  *       hit.entry.hook = e.hook;               // not adopted: give it back
  *   kvt_hit_dispose(&hit);                     // frees what put left behind
  *
- * Budget: bytes, never entries (3.1): the unique bytes of every refcounted
+ * Budget: bytes, never a count of entries: the unique bytes of every refcounted
  * buffer (kv block) held by resident entries, each counted once however many
  * entries share it, plus each entry's private bytes (mutable tails, ring and
  * recurrent state outside shared buffers, attachments). Views lent by take
@@ -26,16 +26,15 @@
  * one mutex guards the cache state. No storage I/O runs under that lock:
  * cold-tier restores and spills run outside it, and the tier's find,
  * find_exact and pending (index only) run inside it. The one exception is
- * kvt_prompt_cache_relieve(), whose writes must finish by definition (3.7).
+ * kvt_prompt_cache_relieve(), whose writes must finish by definition.
  * Release hooks and cache disposal run outside the lock, except in relieve
  * and reclaim, which free each released entry at once so that the caller's
  * pressure check sees the memory gone. Callbacks the cache runs under its
  * lock (over_budget, pressure, the tier's find/find_exact/pending/store) must
  * not call into the cache.
  *
- * Block-granular eviction (later, issue 6) trims resident entries in place:
- * kvt_prompt_cache_trim() is that primitive (entries are trimmable in place
- * and re-indexed).
+ * Block-granular eviction (a kvt_block_policy in the config) cuts resident
+ * entries back in place; kvt_prompt_cache_trim() is that primitive.
  */
 #ifndef KVTIER_PROMPT_CACHE_H
 #define KVTIER_PROMPT_CACHE_H
@@ -60,9 +59,9 @@ typedef struct kvt_lease kvt_lease;
 
 /** Promote a prefix restored from the cold tier into RAM at once (a zero-copy
  * clone is put as an entry), so a second request reuses it before the first
- * finishes (DESIGN.md 3.4). */
+ * finishes. */
 #define KVT_PC_PROMOTE_RESTORES 0x1u
-/** Tier policy (DESIGN.md 3.6): never evict (nor demote, nor reclaim) an
+/** Tier policy: never evict (nor demote, nor reclaim) an
  * entry whose lower-tier write is still pending (tier->pending says 1): a
  * pending write is not a copy. Eviction stops at such a victim (the cache may
  * stay over budget until the write lands). Eviction then spills only entries
@@ -79,7 +78,7 @@ typedef struct kvt_prompt_cache_config {
                                            cold->self is borrowed and must
                                            outlive the cache */
     uint32_t flags;                     /* KVT_PC_* */
-    /* Block-granular eviction (issue 6): NULL = entry-level only. When set,
+    /* Block-granular eviction: NULL = entry-level only. When set,
      * eviction cuts trimmable entries back block by block (blocks of
      * block_tokens tokens, the lowest-priority block first, leaf first along
      * the radix tree) and drops an entry whole only when its first block
@@ -109,8 +108,8 @@ KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc);
 typedef enum kvt_hit_source {
     KVT_HIT_NONE = 0,   /* miss: prefix_len 0, no caches */
     KVT_HIT_RAM,        /* longest RAM candidate, found by the tree walk */
-    KVT_HIT_SESSION,    /* the session's latest entry, without a walk (3.10) */
-    KVT_HIT_COLD        /* restored from the cold tier (3.4) */
+    KVT_HIT_SESSION,    /* the session's latest entry, without a walk */
+    KVT_HIT_COLD        /* restored from the cold tier */
 } kvt_hit_source;
 
 /** What take lends. entry is an owned entry (see tier.h): tokens =
@@ -133,8 +132,7 @@ typedef struct kvt_hit {
  * it. NULL and a zeroed hit are no-ops. Thread-safe for distinct hits. */
 KVT_API void kvt_hit_dispose(kvt_hit *hit);
 
-/** Lends the longest usable prefix of `prompt` held in RAM or the cold tier
- * (DESIGN.md 3.2, 3.3, 3.4, 3.10).
+/** Lends the longest usable prefix of `prompt` held in RAM or the cold tier.
  *
  * Usable prefix of an entry: its common prefix with the prompt, capped at
  * n - 1; the entry is a candidate at p >= 1 only if p is inside every layer's
@@ -166,7 +164,7 @@ KVT_API void kvt_hit_dispose(kvt_hit *hit);
 KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
                                   const char *ns, const char *session, kvt_hit *out);
 
-/** Inserts an entry (DESIGN.md 3.5).
+/** Inserts an entry.
  *
  * e->ns and e->tokens are borrowed (copied). The caches, the attachments and
  * the hook are adopted: ownership passes to the cache on success, and the
@@ -180,8 +178,9 @@ KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, i
  * whose tokens are a strict prefix of it (and that it can be trimmed back
  * to) are superseded: dropped without spill. An untrimmable entry supersedes
  * nothing. Then entries are evicted to the budget (spilling each to the cold
- * tier, see 3.6). An entry whose own bytes exceed max_bytes is spilled to the
- * cold tier and dropped (success; counted in oversize_drops). `session`
+ * tier: write-behind, a refused spill is no spill). An entry whose own
+ * bytes exceed max_bytes is spilled to the cold tier and dropped (success;
+ * counted in oversize_drops). `session`
  * (borrowed, may be NULL) then points at the new entry for ns.
  *
  * @return 0; KVT_EINVAL (NULL pc/e/ns, n_tokens < 0, tokens NULL with
@@ -191,7 +190,7 @@ KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char 
 
 /** Longest usable RAM prefix of `prompt` (n tokens) in `ns`, as take would
  * find it by the tree walk, without lending anything, touching recency,
- * counters or the cold tier (DESIGN.md 3.13).
+ * counters or the cold tier.
  * @param out_id optional: receives the id of the entry that would serve.
  * @return the prefix length (0 = none, also on bad arguments). */
 KVT_API int64_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
@@ -230,14 +229,14 @@ KVT_API int kvt_prompt_cache_set_max_bytes(kvt_prompt_cache *pc, size_t max_byte
 
 /** Evicts up to `count` entries chosen by the retention policy among
  * unpinned entries, preferring entries no session points at, spilling each
- * (DESIGN.md 3.6). @param n_out optional: entries evicted.
+ * (write-behind). @param n_out optional: entries evicted.
  * @return 0 or KVT_EINVAL (pc NULL or count < 0). */
 KVT_API int kvt_prompt_cache_evict(kvt_prompt_cache *pc, int64_t count, int64_t *n_out);
 
 /** Live-memory check the caller supplies: nonzero while over its budget. */
 typedef int (*kvt_over_budget_fn)(void *ctx);
 
-/** Pressure relief (DESIGN.md 3.7): while over_budget(ctx) says so, releases
+/** Pressure relief: while over_budget(ctx) says so, releases
  * the retention victim: its write to the cold tier (tier->store) finishes
  * NOW, under the cache lock, then its buffers are released. If a write
  * fails, stops and keeps that entry (a failed write is never a demotion).
@@ -250,14 +249,14 @@ typedef int (*kvt_over_budget_fn)(void *ctx);
 KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn over_budget,
                                      void *ctx, int64_t *n_out);
 
-/** Reclaim at an execution boundary (DESIGN.md 3.8): while pressure(ctx)
+/** Reclaim at an execution boundary: while pressure(ctx)
  * says the backend is over its budget, drops retention victims WITHOUT any
  * storage I/O (no spill, no store). @param n_out optional: entries dropped.
  * @return 0 or KVT_EINVAL. */
 KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pressure, void *ctx,
                                      int64_t *n_out);
 
-/** Demotes idle entries (DESIGN.md 3.9): every unpinned entry not used for
+/** Demotes idle entries: every unpinned entry not used for
  * at least idle_ms milliseconds leaves RAM once the cold tier holds it. An
  * entry the tier already holds (tier->find_exact finds it, no write pending)
  * is dropped at once; an entry whose write is pending is kept for a later
@@ -271,7 +270,7 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
 
 /* ---- sessions, pins, prefetch ---------------------------------------------- */
 
-/** Drops the session's affinity (every ns), never the data (DESIGN.md 3.10).
+/** Drops the session's affinity (every ns), never the data.
  * Unknown sessions, and a NULL pc or session, are a no-op. */
 KVT_API void kvt_prompt_cache_close_session(kvt_prompt_cache *pc, const char *session);
 
@@ -282,8 +281,8 @@ KVT_API void kvt_prompt_cache_close_session(kvt_prompt_cache *pc, const char *se
 KVT_API int kvt_prompt_cache_pin(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
                                  const char *ns, kvt_lease **out);
 
-/** Starts the cold read for `prompt` while the request is being prepared
- * (DESIGN.md 3.11). If the session's entry already serves the prompt from
+/** Starts the cold read for `prompt` while the request is being prepared.
+ * If the session's entry already serves the prompt from
  * RAM and the cold tier holds no strictly longer prefix, pins it. Else, if
  * the cold tier holds a prefix strictly longer than
  * RAM's, reads it (tier->restore_async, or a synchronous restore in this
@@ -310,7 +309,7 @@ KVT_API int kvt_lease_wait(kvt_lease *lease, uint64_t timeout_ms);
  * published). NULL is a no-op. Call exactly once per lease. */
 KVT_API void kvt_lease_release(kvt_lease *lease);
 
-/* ---- objects (DESIGN.md 3.12) ------------------------------------------------ */
+/* ---- objects: exact-key blobs ------------------------------------------------ */
 
 /** Stores an exact-key blob (e.g. a media encoder output) under ns
  * "object:<key>" with no tokens and no caches: its attachments and hook are
@@ -337,7 +336,7 @@ KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, 
  * leases then pin nothing). */
 KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
 
-/** Counters and occupancy (DESIGN.md 3.13). A consistent snapshot. */
+/** Counters and occupancy. A consistent snapshot. */
 typedef struct kvt_prompt_cache_stats {
     uint64_t hits, misses;               /* take: RAM candidacy only */
     uint64_t session_hits, session_misses;

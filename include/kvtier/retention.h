@@ -1,7 +1,7 @@
 /*
  * kvtier/retention.h: the retention policy of the RAM prompt cache: which
- * resident entry leaves first when the byte budget is exceeded (DESIGN.md
- * 3.6). A policy sees entries only as 64-bit ids with their size and cost;
+ * resident entry leaves first when the byte budget is exceeded. A policy
+ * sees entries only as 64-bit ids with their size and cost;
  * the prompt cache tells it about inserts, accesses and removals and asks
  * it for a victim among the entries an `eligible` predicate accepts (the
  * cache excludes pinned entries, and asks first among entries no session

@@ -14,7 +14,7 @@
  * Leaf first: when the caller names a block's parent, the child's priority is
  * capped at the parent's, and ties go to the deeper block, so a victim never
  * has a resident child whose priority is higher (a long conversation loses its
- * cold end first, never its head). Issue 6.
+ * cold end first, never its head).
  *
  * Policies (kvt_block_policy_names):
  *   lru       block-level LRU: priority = time of last use (the request
@@ -25,7 +25,7 @@
  *             TinyLFU-style) and halved every 32 * capacity touches (aging).
  *             A block used once has to wait one capacity of newer traffic to
  *             outrank a block used twice: single-use blocks (most blocks of
- *             real chat traffic, DESIGN.md notes on issue 6) leave first.
+ *             real chat traffic) leave first.
  *   lfu-learned lfu-aged plus a learned offset for a block's first use: the
  *             first use falls in one of 30 classes (where the request's new
  *             blocks start: depth 0, 1, 2-7, 8-31, 32+, times how far past

@@ -1,15 +1,15 @@
 /*
- * kvtier/service.h: the cache service a scheduler talks to (DESIGN.md
- * section 6). One service per loaded model. It owns the state requests run
- * on: fresh caches, prefix reuse from the prompt cache (and its cold tier),
- * the KV byte budget requests are admitted under, and the report (/stats).
+ * kvtier/service.h: the cache service a scheduler talks to. One service
+ * per loaded model. It owns the state requests run on: fresh caches,
+ * prefix reuse from the prompt cache (and its cold tier), the KV byte
+ * budget requests are admitted under, and the report (/stats).
  *
  * A request's life:
  *
  *     kvt_service_admit()       reserve its projected KV bytes (or wait)
  *     kvt_service_acquire()     longest reusable prefix, else fresh caches
  *       ... prefill tokens [reused, n_prompt) ...
- *     kvt_service_publish()     prompt-boundary snapshot (DESIGN.md 3.14)
+ *     kvt_service_publish()     prompt-boundary snapshot (a zero-copy clone)
  *       ... decode ...
  *     kvt_service_publish()     prompt + generation
  *     kvt_service_release()     bytes return to the budget
@@ -17,8 +17,8 @@
  * The scheduler never learns what is resident or where (RAM, SSD); what the
  * service holds is in kvt_service_report().
  *
- * Namespaces: state made under one namespace never seeds a prompt in another
- * (DESIGN.md section 2). An adapter's namespace carries its identity AND its
+ * Namespaces: state made under one namespace never serves a prompt in
+ * another. An adapter's namespace carries its identity AND its
  * version (kvt_service_ns()), so state computed under adapter "fr" version 2
  * never serves "fr" version 3, nor adapter "de", nor the base model ("").
  *
@@ -90,7 +90,7 @@ typedef struct kvt_service_config {
     /** Aggregate projected KV bytes admitted requests may hold; 0 = unlimited. */
     uint64_t kv_budget_bytes;
     /** Optional backend pressure check for kvt_service_boundary(): nonzero
-     * while live memory is over what optional state may use (DESIGN.md 3.8).
+     * while live memory is over what optional state may use.
      * NULL: boundaries release nothing. Called with the service mutex held;
      * must not call into the service. */
     int (*pressure)(void *ctx);
@@ -100,7 +100,7 @@ typedef struct kvt_service_config {
      * the service before the store). NULL: RAM only. */
     const kvt_cold_tier *cold;
     /** With a cold tier: RAM entries idle this long (milliseconds) leave RAM
-     * once the cold tier holds them (DESIGN.md 3.9, `--demote-idle MS`),
+     * once the cold tier holds them (`kvtier chat --demote-idle MS`),
      * checked by a background thread every max(demote_idle_ms / 4, 10) ms.
      * 0 = never. Ignored without a cold tier. */
     uint64_t demote_idle_ms;
@@ -127,7 +127,7 @@ KVT_API void kvt_service_destroy(kvt_service *svc);
  *
  * Adapter names and versions are UTF-8 text without control characters.
  * Adapter names may not contain '@' or control characters and may not start
- * with "object:" (reserved for exact-key objects, DESIGN.md 3.12), so two
+ * with "object:" (reserved for exact-key objects), so two
  * different (adapter, version) pairs never build the same namespace.
  * @param adapter  NULL or "" for the base model.
  * @param version  required (non-empty, no control characters) with an adapter;
@@ -172,7 +172,7 @@ KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tok
  *     says how many bytes it needs, the budget, and to lower max_tokens or the
  *     prompt, or raise --kv-budget);
  *   KVT_EINVAL (NULL or malformed request); KVT_ECLOSED; KVT_ENOMEM.
- * Thread-safe. Source: DESIGN.md 6, seeds/003 admit().
+ * Thread-safe.
  */
 KVT_API int kvt_service_admit(kvt_service *svc, const kvt_request *req, kvt_admission **out);
 
@@ -209,7 +209,7 @@ typedef struct kvt_state {
  * @param adm a live admission (not yet released; anything else is undefined).
  * @return 0; KVT_EINVAL (NULL service, admission or out); KVT_ECLOSED;
  *   KVT_ENOMEM or a cache-creation error (nothing is left allocated).
- * Thread-safe. Source: DESIGN.md 3.2, 6.
+ * Thread-safe.
  */
 KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state *out);
 
@@ -230,8 +230,8 @@ KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *adm);
  * attachments in `st` passes to the service on success (st is zeroed); on
  * error it stays with the caller. Publish a clone (kvt_caches_clone) to keep
  * using the live caches: that is the zero-copy prompt-boundary snapshot,
- * which must be taken while the caches hold exactly the prompt
- * (DESIGN.md 3.14).
+ * which must be taken while the caches hold exactly the prompt (a wrapped
+ * ring or a recurrent state cannot be rewound later).
  * @return 0; KVT_EINVAL (NULL argument, n_tokens < 1, a cache whose offset is
  *   not n_tokens, wrong layer count; kvt_last_error says which);
  *   KVT_EUNSUPPORTED (the service keeps nothing for this request: see
@@ -248,7 +248,7 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *adm, const int3
 KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int completed);
 
 /** An execution boundary passed: while the config's pressure check says so,
- * the prompt cache gives optional RAM snapshots back (DESIGN.md 3.8). Never
+ * the prompt cache gives optional RAM snapshots back. Never
  * changes a running request; no storage I/O. No-op without a pressure check.
  * Thread-safe. */
 KVT_API void kvt_service_boundary(kvt_service *svc);
@@ -261,8 +261,8 @@ KVT_API int64_t kvt_service_peek(kvt_service *svc, const int32_t *prompt, int64_
 typedef struct kvt_lease kvt_lease;
 
 /** Starts reading the cold tier's prefix of `prompt` (n_prompt tokens) in
- * `ns` (NULL = "") while a request is being prepared, before it is admitted
- * (DESIGN.md 3.11): identical reads coalesce, the loaded entry is published
+ * `ns` (NULL = "") while a request is being prepared, before it is admitted:
+ * identical reads coalesce, the loaded entry is published
  * to RAM and pinned until the lease is released, so acquire finds it there.
  * @param out receives a lease even when there is nothing to read (NULL
  *   without a prompt cache); wait on it with kvt_lease_wait() and release it
@@ -277,7 +277,7 @@ KVT_API int kvt_service_prefetch(kvt_service *svc, const int32_t *prompt, int64_
  *   tier's first write error (kvt_last_error says so). Thread-safe. */
 KVT_API int kvt_service_flush(kvt_service *svc);
 
-/** Drops a session's affinity; never the data (DESIGN.md 3.10). NULL is a
+/** Drops a session's affinity; never the data. NULL is a
  * no-op. Thread-safe. */
 KVT_API void kvt_service_close_session(kvt_service *svc, const char *session);
 

@@ -2,7 +2,7 @@
  * kvtier/tier.h: an entry's parts (kvt_entry), the release hook, and the
  * cold-tier interface (kvt_cold_tier) the RAM prompt cache tiers over.
  *
- * An entry (a checkpoint, DESIGN.md section 2) is (ns, tokens, layer caches,
+ * An entry (a checkpoint) is (ns, tokens, layer caches,
  * attachments, release hook). The same struct carries an entry in three
  * ownership forms; every call that takes or returns one says which:
  *   - owned: every pointer in it (ns, tokens, the two arrays and their
@@ -12,9 +12,8 @@
  *   - adopted elements: kvt_prompt_cache_put() reads ns/tokens and takes the
  *     caches, attachments and hook (see prompt_cache.h).
  *
- * The cold tier is implemented by the SSD tier (src/store*), the remote tier,
- * and tests/support/mem_tier.c. The prompt cache calls it as follows
- * (DESIGN.md 3.4, 3.6, 3.7, 3.9, 3.11):
+ * The SSD tier (kvtier/store.h, kvt_store_cold_tier) implements the cold
+ * tier; an embedder may bring its own. The prompt cache calls it as follows:
  *   find / find_exact / pending  index only, never I/O; may be called with
  *                                the prompt cache's lock held;
  *   spill                        write-behind: enqueue and return, never
@@ -23,7 +22,7 @@
  *   store                        synchronous write; called without the lock
  *                                by demote_idle, and WITH it held only by
  *                                kvt_prompt_cache_relieve() (a write that
- *                                must finish by definition, 3.7).
+ *                                must finish by definition).
  * A tier must never call back into the prompt cache from any of these.
  * Every function may be called from any thread at any time: the tier does its
  * own locking.
@@ -43,7 +42,7 @@ extern "C" {
 
 /* ---- the release hook ------------------------------------------------------ */
 
-/** A release hook: `fn(ctx)` (the seeds' `retain`), e.g. unmapping the file
+/** A release hook: `fn(ctx)`, e.g. unmapping the file
  * the bytes of a restored entry live in. Whoever holds a kvt_hook with a
  * non-NULL fn must call kvt_hook_run() on it exactly once, after disposing
  * every cache and attachment that may alias the memory it releases. A hook
@@ -93,7 +92,7 @@ KVT_API int kvt_entry_init(kvt_entry *e, const char *ns, const int32_t *tokens, 
  * Thread-safe for distinct entries. */
 KVT_API void kvt_entry_clear(kvt_entry *e);
 
-/** Whether an entry is trimmable (DESIGN.md section 2): no attachment and no
+/** Whether an entry is trimmable: no attachment and no
  * layer whose reachable range is a single point (an entry with 0 tokens
  * counts as trimmable). *min_reach (optional) receives the largest
  * min_offset over its layers: the shortest length every layer can be cut
@@ -163,7 +162,7 @@ typedef struct kvt_cold_tier {
      * write and returns without blocking on I/O. Ownership passes to the
      * tier on 0 (it calls kvt_entry_clear when the write ends, on success
      * and failure alike); on error it stays with the caller, which disposes
-     * it: the spill degrades to no spill (DESIGN.md 3.6).
+     * it: the spill degrades to no spill.
      * @return 0; KVT_EAGAIN (queue full, refused); another error.
      * Optional (NULL: the prompt cache never spills). */
     int (*spill)(void *self, kvt_entry *e);

@@ -1,0 +1,66 @@
+#!/bin/sh
+# Installs a kvtier build into a temporary prefix and checks it as an
+# embedder sees it: pkg-config only, no source tree.
+#   test_installed.sh headers  BUILD_DIR SOURCE_DIR
+#       every installed header compiles alone as C11 and as C++, and names
+#       no file an installed user does not have
+#   test_installed.sh examples BUILD_DIR SOURCE_DIR
+#       each examples/*.c builds with `cc $(pkg-config --cflags --libs
+#       kvtier)` and runs without LD_LIBRARY_PATH (kvtier.pc carries the
+#       rpath), then again built with ASan+UBSan, then under valgrind
+set -eu
+mode=$1 build=$2 src=$3
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvt-installed.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
+pc=$(find "$tmp/prefix" -name kvtier.pc | head -n 1)
+[ -n "$pc" ] || { echo "FAIL: kvtier.pc was not installed" >&2; exit 1; }
+export PKG_CONFIG_PATH="$(dirname "$pc")"
+unset LD_LIBRARY_PATH
+CFLAGS=$(pkg-config --cflags kvtier)
+LIBS=$(pkg-config --libs kvtier)
+CC=${CC:-cc} CXX=${CXX:-c++}
+fail=0
+
+if [ "$mode" = headers ]; then
+    n=0
+    for h in "$tmp"/prefix/include/kvtier/*.h; do
+        name=kvtier/$(basename "$h")
+        n=$((n + 1))
+        $CC -std=c11 -Wall -Wextra -Wpedantic -Werror $CFLAGS -fsyntax-only -include "$name" -x c /dev/null ||
+            { echo "FAIL: $name does not compile alone as C11" >&2; fail=1; }
+        $CXX -std=c++11 -Wall -Wextra -Werror $CFLAGS -fsyntax-only -include "$name" -x c++ /dev/null ||
+            { echo "FAIL: $name does not compile alone as C++" >&2; fail=1; }
+        if grep -nE 'DESIGN\.md|[Ii]ssue [0-9]|the seeds|seeds/|src/|tests/|\.\./shared' "$h" >&2; then
+            echo "FAIL: $name names a file or plan an installed user does not have (above)" >&2
+            fail=1
+        fi
+    done
+    [ "$n" -gt 0 ] || { echo "FAIL: no header installed" >&2; exit 1; }
+    [ "$fail" = 0 ] && echo "ok: $n installed headers compile alone as C11 and C++ and stand alone"
+    exit $fail
+fi
+
+[ "$mode" = examples ] || { echo "usage: $0 headers|examples BUILD_DIR SOURCE_DIR" >&2; exit 2; }
+command -v valgrind >/dev/null || { echo "FAIL: valgrind is not installed (scripts/install-deps.sh)" >&2; exit 1; }
+for ex in "$src"/examples/*.c; do
+    name=$(basename "$ex" .c)
+    args=""
+    [ "$name" = embed_ssd ] && args="$tmp/ssd-$name"
+    # plain: the compile line of the README
+    $CC -std=c11 -Wall -Wextra -Wpedantic -Werror -o "$tmp/$name" "$ex" $CFLAGS $LIBS
+    rm -rf "$tmp/ssd-$name"
+    "$tmp/$name" $args || { echo "FAIL: $name exited $?" >&2; fail=1; continue; }
+    # ASan + UBSan (leaks included)
+    $CC -std=c11 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+        -o "$tmp/$name-asan" "$ex" $CFLAGS $LIBS
+    rm -rf "$tmp/ssd-$name"
+    ASAN_OPTIONS=detect_leaks=1 "$tmp/$name-asan" $args >/dev/null ||
+        { echo "FAIL: $name under ASan+UBSan" >&2; fail=1; continue; }
+    # valgrind: memory errors and leaks both fail
+    rm -rf "$tmp/ssd-$name"
+    valgrind -q --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,indirect,possible \
+        "$tmp/$name" $args >/dev/null || { echo "FAIL: $name under valgrind" >&2; fail=1; continue; }
+    echo "ok: $name (installed library, pkg-config, ASan+UBSan, valgrind)"
+done
+exit $fail
