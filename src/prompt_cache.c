@@ -576,6 +576,26 @@ static int write_behind_on(const kvt_prompt_cache *pc)
     return pc->has_cold && pc->cold.spill && !(pc->flags & KVT_PC_NO_WRITE_BEHIND);
 }
 
+/* Whether the cold tier serves all of e's tokens: it holds e exactly, or
+ * (with write-behind) a longer entry it can cut back to them, e.g. the one
+ * that superseded e there. Index only (find on e's tokens plus one). */
+static int tier_has(kvt_prompt_cache *pc, const pc_entry *e)
+{
+    if (tier_holds(pc, e))
+        return 1;
+    if (!write_behind_on(pc) || e->n_tokens < 1)
+        return 0;
+    int32_t *p = kvt__malloc((size_t)(e->n_tokens + 1) * sizeof *p);
+    if (!p)
+        return 0; /* unknown: treated as not held, so it is written */
+    memcpy(p, e->tokens, (size_t)e->n_tokens * sizeof *p);
+    p[e->n_tokens] = p[e->n_tokens - 1]; /* any token: the prefix is capped at n */
+    kvt_cold_hit h;
+    int has = pc->cold.find(pc->cold.self, p, e->n_tokens + 1, e->ns, &h) == 0 && h.prefix_len >= e->n_tokens;
+    kvt__free(p);
+    return has;
+}
+
 /* How an entry leaving RAM by eviction goes (3.6). */
 enum {
     PC_LEAVE_DROP,    /* no tier to write to: dropped */
@@ -592,7 +612,7 @@ static int leaving(kvt_prompt_cache *pc, const pc_entry *e)
     int wb = write_behind_on(pc), only_durable = (pc->flags & KVT_PC_EVICT_ONLY_DURABLE) != 0;
     if (wb && e->wb == PC_WB_QUEUING)
         return only_durable ? PC_LEAVE_STOP : PC_LEAVE_COVERED;
-    int holds = (wb || only_durable) && tier_holds(pc, e);
+    int holds = (wb || only_durable) && tier_has(pc, e);
     int pending = !holds && (wb || only_durable) && write_pending(pc, e);
     if (only_durable && pending)
         return PC_LEAVE_STOP; /* a pending write is not a copy */
@@ -842,7 +862,7 @@ static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, c
          * an equal-token replacement of an entry written behind): the same
          * state, so nothing is queued again */
         pc_entry *old = replaced;
-        int have = tier_holds(pc, x) || write_pending(pc, x) ||
+        int have = tier_has(pc, x) || write_pending(pc, x) ||
                    (old && (old->wb == PC_WB_QUEUING || (!pc->cold.pending && old->wb == PC_WB_SENT)));
         if (have) {
             *wb = 2;
@@ -1468,7 +1488,7 @@ KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn ov
         pc_entry *v = victim(pc);
         if (!v)
             break;
-        if (pc->has_cold && write_behind_on(pc) && tier_holds(pc, v)) {
+        if (pc->has_cold && write_behind_on(pc) && tier_has(pc, v)) {
             pc->st.durable_evictions++; /* durable already: nothing to finish */
         } else if (pc->has_cold) {
             kvt_entry view = {v->ns, v->tokens, v->n_tokens, v->caches, v->n_caches, v->atts, v->n_atts, {0}};
@@ -1537,7 +1557,7 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
             continue;
         if (write_pending(pc, e) || e->wb == PC_WB_QUEUING)
             continue; /* a pending write is not a copy: keep it for now */
-        if (tier_holds(pc, e)) {
+        if (tier_has(pc, e)) {
             entry_unlink(pc, e, 0, &gone);
             pc->st.demotions++;
             pc->st.durable_evictions++;
