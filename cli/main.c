@@ -1,6 +1,7 @@
 /*
  * main.c: the `kvtier` command: dispatches to a subcommand. Owns no state.
  */
+#include "args.h"
 #include "cli.h"
 
 #include <stdio.h>
@@ -20,6 +21,8 @@ static void usage(FILE *f, const kvt_subcommand *cmds, const kvt_subcommand *ben
     fprintf(f, "\nbenchmarks (kvtier bench NAME):\n");
     for (const kvt_subcommand *c = benches; c->name; c++)
         fprintf(f, "  %-16s %s\n", c->name, c->help);
+    fprintf(f, "\nBYTES, in every command's size flags (--prompt-cache, --kv-budget, --ssd-cache-max,\n"
+               "--ram, store gc --max, bench sizes):\n  %s.\n", KVT_CLI_BYTES_FORMS);
 }
 
 static int run(const kvt_subcommand *c, int argc, char **argv)
@@ -39,6 +42,7 @@ int main(int argc, char **argv)
         {"model", kvt_cmd_model, "model synth|info|default: synthetic checkpoints, a checkpoint's shape"},
         {"replay", kvt_cmd_replay, "replay a serving trace through the prompt cache"},
         {"store", kvt_cmd_store, "store inspect|verify|gc: the SSD tier on disk"},
+        {"serve", kvt_cmd_serve, "OpenAI-compatible HTTP server over the prompt cache"},
         {"bench", NULL, "run a benchmark (see below)"},
         {NULL, NULL, NULL},
     };
