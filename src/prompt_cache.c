@@ -612,10 +612,10 @@ static int leaving(kvt_prompt_cache *pc, const pc_entry *e)
     int wb = write_behind_on(pc), only_durable = (pc->flags & KVT_PC_EVICT_ONLY_DURABLE) != 0;
     if (wb && e->wb == PC_WB_QUEUING)
         return only_durable ? PC_LEAVE_STOP : PC_LEAVE_COVERED;
-    int holds = (wb || only_durable) && tier_has(pc, e);
-    int pending = !holds && (wb || only_durable) && write_pending(pc, e);
+    int pending = (wb || only_durable) && write_pending(pc, e);
     if (only_durable && pending)
-        return PC_LEAVE_STOP; /* a pending write is not a copy */
+        return PC_LEAVE_STOP; /* a pending write is not a copy, even one the tier serves */
+    int holds = (wb || only_durable) && tier_has(pc, e);
     if (!pc->cold.spill)
         return PC_LEAVE_DROP;
     /* a tier without `pending` cannot say; trust the write-behind it took */
@@ -1488,7 +1488,7 @@ KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn ov
         pc_entry *v = victim(pc);
         if (!v)
             break;
-        if (pc->has_cold && write_behind_on(pc) && tier_has(pc, v)) {
+        if (pc->has_cold && write_behind_on(pc) && !write_pending(pc, v) && tier_has(pc, v)) {
             pc->st.durable_evictions++; /* durable already: nothing to finish */
         } else if (pc->has_cold) {
             kvt_entry view = {v->ns, v->tokens, v->n_tokens, v->caches, v->n_caches, v->atts, v->n_atts, {0}};

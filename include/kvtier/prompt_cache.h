@@ -76,12 +76,12 @@ typedef struct kvt_lease kvt_lease;
  * finishes. */
 #define KVT_PC_PROMOTE_RESTORES 0x1u
 /** Tier policy: never evict (nor demote, nor reclaim) an
- * entry whose lower-tier write is still pending (tier->pending says 1) and
- * that the tier does not already serve (tier->find_exact): a pending write
- * is not a copy. Eviction stops at such a victim (the cache may stay over
+ * entry whose lower-tier write is still pending (tier->pending says 1): a
+ * pending write is not a copy, even when the tier serves lookups from its
+ * queue meanwhile. Eviction stops at such a victim (the cache may stay over
  * budget until the write lands). Eviction then spills only entries the tier
- * does not already hold. With write-behind most victims were written long
- * before they are evicted, so eviction rarely stops. */
+ * does not already hold (tier->find_exact). With write-behind most victims
+ * were written long before they are evicted, so eviction rarely stops. */
 #define KVT_PC_EVICT_ONLY_DURABLE 0x2u
 /** Turns write-behind off: entries reach the cold tier only when they leave
  * RAM (eviction, oversize puts), and eviction spills an entry the tier holds
@@ -272,8 +272,9 @@ typedef int (*kvt_over_budget_fn)(void *ctx);
  * the retention victim: its write to the cold tier (tier->store) finishes
  * NOW, under the cache lock, then its buffers are released. If a write
  * fails, stops and keeps that entry (a failed write is never a demotion).
- * An entry the tier already holds (tier->find_exact; with write-behind the
- * usual case) is released without writing it again (durable_evictions).
+ * An entry the tier already holds durably (with write-behind the usual
+ * case: found, no write pending) is released without writing it again
+ * (durable_evictions); one whose write is still pending is written now.
  * Without a cold tier entries are released without a write. Call under the
  * engine lock, after taking the request's prefix. over_budget runs under the
  * cache lock and must not call into the cache.

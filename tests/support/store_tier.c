@@ -540,8 +540,8 @@ store_tier_counts store_tier_counts_get(store_tier *t)
 
 int store_tier_has(store_tier *t, const char *ns, const int32_t *tokens, int64_t n)
 {
-    kvt_cold_hit h;
-    return kvt_store_find_exact(t->store, tokens, n, ns, &h) == 0;
+    /* durable: find_exact also sees writes still queued */
+    return kvt_store_contains(t->store, tokens, n, ns);
 }
 
 int store_tier_insert(store_tier *t, kvt_entry *owned)
