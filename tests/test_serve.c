@@ -567,18 +567,27 @@ static void test_api_key(void **state)
 
 /* Several long requests at once against --max-running 1 --max-queue 1:
  * one runs, one waits, the rest get 429 with Retry-After. */
+/* A synthetic model slow enough (a few ms per token) that requests sent
+ * together all arrive while the first still runs; byte tokenizer. */
+static char slow_model[400], slow_tok[400];
+
+static void make_slow_model(void)
+{
+    if (slow_model[0])
+        return;
+    snprintf(slow_model, sizeof slow_model, "%s/slow.bin", tmpdir);
+    snprintf(slow_tok, sizeof slow_tok, "%s/slow_tok.bin", tmpdir);
+    kvt_synth_params p = {.dim = 256, .hidden_dim = 768, .n_layers = 6, .n_heads = 8, .n_kv_heads = 8,
+                          .vocab_size = KVT_DEFAULT_VOCAB, .seq_len = 1024, .seed = 7, .separate_classifier = 1};
+    assert_int_equal(kvt_model_synth(&p, slow_model), 0);
+    assert_int_equal(kvt_tokenizer_write_default(slow_tok, KVT_DEFAULT_VOCAB), 0);
+}
+
 static void test_queue_full(void **state)
 {
     NEED_MODEL();
-    /* a synthetic model slow enough (a few ms per token) that every request
-     * arrives while the first still runs */
-    char mpath[400], tpath[400];
-    snprintf(mpath, sizeof mpath, "%s/slow.bin", tmpdir);
-    snprintf(tpath, sizeof tpath, "%s/slow_tok.bin", tmpdir);
-    kvt_synth_params p = {.dim = 256, .hidden_dim = 768, .n_layers = 6, .n_heads = 8, .n_kv_heads = 8,
-                          .vocab_size = KVT_DEFAULT_VOCAB, .seq_len = 1024, .seed = 7, .separate_classifier = 1};
-    assert_int_equal(kvt_model_synth(&p, mpath), 0);
-    assert_int_equal(kvt_tokenizer_write_default(tpath, KVT_DEFAULT_VOCAB), 0);
+    make_slow_model();
+    const char *mpath = slow_model, *tpath = slow_tok;
     server sv;
     const char *extra[] = {"--max-running", "1", "--max-queue", "1", NULL};
     server_start_model(&sv, "queue", mpath, tpath, extra);
@@ -903,6 +912,64 @@ static void test_shutdown_ssd(void **state)
     free(r1[1]);
 }
 
+/* The last finished request in /stats (its JSON record; caller decrefs),
+ * waiting up to 10 s for `count` requests to have finished. */
+static json_t *last_record(int port, int64_t count)
+{
+    for (int i = 0; i < 1000; i++) {
+        resp r;
+        http(port, "GET", "/stats", NULL, NULL, &r);
+        json_t *doc = parse(&r);
+        resp_free(&r);
+        json_t *srv = json_object_get(doc, "server");
+        json_t *rec = json_object_get(srv, "recent");
+        if ((int64_t)json_array_size(rec) >= count && json_integer_value(json_object_get(srv, "running")) == 0) {
+            json_t *last = json_incref(json_array_get(rec, json_array_size(rec) - 1));
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(doc, "kv"), "projected_bytes")), 0);
+            json_decref(doc);
+            return last;
+        }
+        json_decref(doc);
+        usleep(10000);
+    }
+    fail_msg("no finished request in /stats");
+    return NULL;
+}
+
+/* A client that goes away cancels its request: the engine stops it within a
+ * step (far short of max_tokens), releases its admission, and records 499. */
+static void test_disconnect_cancels(void **state)
+{
+    NEED_MODEL();
+    make_slow_model();
+    server sv;
+    server_start_model(&sv, "cancel", slow_model, slow_tok, NULL);
+    for (int stream = 1; stream >= 0; stream--) {
+        int fd = connect_to(sv.port);
+        send_request(fd, "POST", "/v1/completions", NULL,
+                     stream ? "{\"prompt\": [1, 50], \"max_tokens\": 900, \"temperature\": 1, \"seed\": 5, \"stream\": true}"
+                            : "{\"prompt\": [1, 51], \"max_tokens\": 900, \"temperature\": 1, \"seed\": 5}");
+        char buf[256];
+        if (stream)
+            assert_true(recv(fd, buf, sizeof buf, 0) > 0); /* the stream began */
+        else
+            usleep(50000);
+        close(fd);
+        json_t *rec = last_record(sv.port, 2 - stream);
+        int64_t made = json_integer_value(json_object_get(rec, "completion_tokens"));
+        printf("%s client gone: status %lld after %lld of 900 tokens\n", stream ? "streaming" : "waiting",
+               (long long)json_integer_value(json_object_get(rec, "status")), (long long)made);
+        assert_int_equal(json_integer_value(json_object_get(rec, "status")), 499);
+        assert_true(made < 900);
+        json_decref(rec);
+    }
+    resp r;
+    http(sv.port, "GET", "/metrics", NULL, NULL, &r);
+    assert_non_null(strstr(r.body, "kvtier_cancelled_total 2\n"));
+    resp_free(&r);
+    assert_int_equal(server_stop(&sv), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -916,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_tokenize),
         cmocka_unit_test(test_metrics_promtool),
         cmocka_unit_test(test_shutdown_ssd),
+        cmocka_unit_test(test_disconnect_cancels),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
