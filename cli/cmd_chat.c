@@ -4,7 +4,9 @@
  * already hold. Replies go to stdout; after each reply exactly one line goes
  * to stderr: "turn N: reused R tokens, prefilled P tokens, ttft T ms"
  * (scripts rely on it). Owns argument parsing and output; the work is in
- * engine/chat.c. Must never print anything else on stderr between turns.
+ * engine/chat.c. Must never print anything else on stderr between turns,
+ * except the one warning of an SSD tier that degraded (engine/chat.c,
+ * kvt_chat_ssd_*): the directory and the cause, once.
  */
 #include "chat.h"
 #include "args.h"
@@ -69,7 +71,13 @@ static void usage(FILE *f)
             "  --ssd-cache DIR       SSD tier under the prompt cache: evicted prefixes spill there,\n"
             "                        and at exit every prefix is written, so a later run (a restart)\n"
             "                        reuses the conversation from disk. State is kept per identity:\n"
-            "                        XXH3-128 of every byte of the model and of the tokenizer\n"
+            "                        XXH3-128 of every byte of the model and of the tokenizer.\n"
+            "                        A DIR that cannot be written (read-only, another user's, locked\n"
+            "                        by another process for over 1 s) is used read-only, or not at\n"
+            "                        all; a write that fails later (full disk, DIR deleted) stops the\n"
+            "                        writes. Either way one warning names DIR and the cause, the chat\n"
+            "                        goes on (replies unchanged, exit 0) and --stats counts it\n"
+            "                        (\"ssd_cache\": mode, cause, write_failures, writes_skipped)\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
             "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
@@ -331,7 +339,8 @@ static void ssd_say(const kvt_chat_ssd_status *st)
 {
     fprintf(stderr, "kvtier chat: warning: SSD cache %s; %s (replies are unaffected; --stats counts it)\n",
             st->cause,
-            st->mode == KVT_CHAT_SSD_OFF ? "continuing without it" : "continuing without writing to it");
+            st->mode == KVT_CHAT_SSD_OFF ? "continuing without it"
+                                         : "continuing read-only: what it holds still serves, nothing more is written");
     fflush(stderr);
 }
 

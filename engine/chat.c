@@ -1091,16 +1091,28 @@ KVT_API int kvt_chat_ssd_open(const kvt_model *m, const kvt_chat_identity *ident
     }
     if (rc) {
         d->store = NULL;
-        d->mode = KVT_CHAT_SSD_OFF;
         d->open_failures = 1;
+        char why[560];
         if (rc == 1)
-            snprintf(d->cause, sizeof d->cause, "%s: its lock is held by another process (waited %llu ms)",
-                     root, (unsigned long long)wait_ms);
-        else if (strstr(err, root))
-            snprintf(d->cause, sizeof d->cause, "cannot open %s", err);
+            snprintf(why, sizeof why, "%s: its lock is held by another process (waited %llu ms)", root,
+                     (unsigned long long)wait_ms);
         else
-            snprintf(d->cause, sizeof d->cause, "%s: cannot open: %s", root, err[0] ? err : kvt_strerror(rc));
-    } else {
+            snprintf(why, sizeof why, "%s: cannot be opened for writing (%s)", root, err[0] ? err : kvt_strerror(rc));
+        /* the same directory read-only: what it holds still serves */
+        so.read_only = 1;
+        char err2[512] = "";
+        int rc2 = disk_error(rc) || rc == 1 ? open_bounded(root, &id, &so, wait_ms, &d->store, err2, sizeof err2)
+                                           : rc;
+        if (rc2 == 0) {
+            d->mode = KVT_CHAT_SSD_READ_ONLY;
+            snprintf(d->cause, sizeof d->cause, "%s", why);
+        } else {
+            d->store = NULL;
+            d->mode = KVT_CHAT_SSD_OFF;
+            snprintf(d->cause, sizeof d->cause, "%s", why);
+        }
+    }
+    if (d->store) {
         kvt_store_cold_tier(d->store, &d->inner);
         kvt_store_get_stats(d->store, &d->last);
         d->seen_failed = d->last.failed;

@@ -295,9 +295,11 @@ typedef struct kvt_chat_ssd kvt_chat_ssd;
 
 /** Opens the SSD tier of a chat under `root` (kvt_chat_store_open's identity)
  * so that a disk the user expects to work never ends the chat: when the
- * directory cannot be created, opened or locked (another user's files, a
- * read-only mount, a lock another process holds for longer than
- * lock_wait_ms) the tier starts OFF, with the cause; when a write fails later
+ * directory cannot be created, opened or locked for writing (another user's
+ * files, a read-only mount, a lock another process holds for longer than
+ * lock_wait_ms) it is opened read-only (the store's read_only option: what
+ * it holds is found and restored, nothing is written) and the tier starts
+ * READ_ONLY, or OFF when even that fails, with the cause; when a write fails later
  * (a full disk, the directory deleted, a directory where a shard file should
  * be) it turns READ_ONLY: later writes are skipped (counted), lookups and
  * restores go on (a failing restore is a miss, the prefix is recomputed).
