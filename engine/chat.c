@@ -2,10 +2,14 @@
  * chat.c: generation through the cache service and multi-turn chat on the
  * reference engine (chat.h). Owns the one-call generation (a loop over the
  * steps of seq.c, which own admit, acquire, prefill, snapshots, decode,
- * publish and release), the chat template, script parsing and a
- * conversation's history.
+ * publish and release), the chat template, bounded reading of scripts and
+ * message lines, a conversation's history, the byte-size parser of every
+ * command, the model identity of the SSD tier (XXH3-128 of every byte) and
+ * the chat's SSD tier that degrades (read-only, then off) instead of
+ * failing the chat.
  *
- * Must never leave a request admitted after returning.
+ * Must never leave a request admitted after returning, read an input past
+ * its bound, or let a disk failure change a reply or the exit status.
  */
 #include "chat.h"
 #include "seq.h"
