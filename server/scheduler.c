@@ -11,6 +11,8 @@
  */
 #include "scheduler.h"
 
+#include "seq.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +34,11 @@ struct kvt_srv_sched {
     int stop;                   /* the engine thread ends */
     int cancel_all;             /* drain timed out: every job ends now */
     pthread_t thread;
+    /* engine-private scratch of the batched decode, (max_running) each */
+    struct running_s **batch;
+    kvt_cache ***batch_caches;
+    int32_t *batch_tokens;
+    float *batch_logits;        /* (max_running, vocab_size) */
 };
 
 /* ---- jobs ------------------------------------------------------------------------------ */
@@ -196,7 +203,16 @@ static void finish(kvt_srv_sched *s, kvt_srv_job *j, int status, const char *fin
         kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, cancelled), 1);
 }
 
-/* ---- one generation --------------------------------------------------------------------- */
+/* ---- the engine thread: continuous batching ------------------------------------------------ */
+
+/* A job the engine admitted: its sequence and sampler. Engine-private. */
+typedef struct running_s {
+    kvt_srv_job *job;
+    kvt_seq *seq;
+    kvt_sampler *sampler;
+    int prompt_done;
+    int32_t prev;               /* the token before the next one, for decoding pieces */
+} running;
 
 static uint64_t cold_restores(kvt_service *svc)
 {
@@ -204,92 +220,248 @@ static uint64_t cold_restores(kvt_service *svc)
     return kvt_service_report_get(svc, &r) == 0 ? r.cold_restores : 0;
 }
 
-static void run_job(kvt_srv_sched *s, kvt_srv_job *j)
+static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; }
+
+/* Ends a running sequence: publishes what it computed, releases its
+ * admission, then ends its job. */
+static void end_run(kvt_srv_sched *s, running *r, int status, const char *reason, const char *err)
 {
-    if (atomic_load(&j->cancel)) {
-        finish(s, j, KVT_SRV_STATUS_CANCELLED, NULL, "cancelled by the client");
-        return;
+    kvt_seq_finish(r->seq, status == 200, NULL);
+    kvt_sampler_free(r->sampler);
+    finish(s, r->job, status, reason, err);
+    kvt_srv_job_release(r->job);
+    memset(r, 0, sizeof *r);
+}
+
+/* Takes the token the sequence chose last. @return 1 when the job ended. */
+static int take_token(kvt_srv_sched *s, running *r)
+{
+    int32_t tok = -1;
+    int finished = 0;
+    kvt_srv_job *j = r->job;
+    if (kvt_seq_next(r->seq, &tok, &finished)) {
+        end_run(s, r, 500, NULL, kvt_last_error());
+        return 1;
+    }
+    int cut = 0;
+    if (tok >= 0) {
+        pthread_mutex_lock(&j->mu);
+        cut = append_token(j, s->tok, r->prev, tok);
+        j->usage.completion_tokens++;
+        if (cut >= 0 && j->visible)
+            pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        r->prev = tok;
+    }
+    if (cut < 0) {
+        end_run(s, r, 500, NULL, "out of memory");
+        return 1;
+    }
+    if (finished || cut) {
+        end_run(s, r, 200, cut || tok < 0 ? "stop" : "length", NULL);
+        return 1;
+    }
+    return 0;
+}
+
+static void job_error(kvt_srv_sched *s, kvt_srv_job *j, int rc)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+    finish(s, j, rc == KVT_ELIMIT || rc == KVT_EINVAL ? 400 : rc == KVT_ECLOSED ? 503 : 500, NULL, msg);
+}
+
+/* Takes the head job off the queue (it becomes the caller's reference). */
+static kvt_srv_job *pop_head(kvt_srv_sched *s, int admitted)
+{
+    pthread_mutex_lock(&s->mu);
+    kvt_srv_job *j = s->head;
+    s->head = j->next;
+    if (!s->head)
+        s->tail = NULL;
+    j->next = NULL;
+    s->queued--;
+    s->running += admitted;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return j;
+}
+
+/* Starts the queue's head job into *slot. @return 1 when the head left the
+ * queue (started: slot->job set; or ended at once: slot untouched), 0 when
+ * it does not fit beside the running ones now (it stays first). */
+static int admit_head(kvt_srv_sched *s, running *slot)
+{
+    pthread_mutex_lock(&s->mu);
+    kvt_srv_job *j = s->head;
+    int closing = s->cancel_all;
+    pthread_mutex_unlock(&s->mu);
+    if (closing || atomic_load(&j->cancel)) {
+        j = pop_head(s, 0);
+        finish(s, j, closing ? 503 : KVT_SRV_STATUS_CANCELLED, NULL,
+               closing ? "the server is shutting down" : "cancelled by the client");
+        kvt_srv_job_release(j);
+        return 1;
     }
     const kvt_model_config *c = kvt_model_get_config(s->m);
     kvt_sampler *sampler = NULL;
-    int32_t *reply = malloc((size_t)j->max_tokens * sizeof *reply);
-    int rc = reply ? kvt_sampler_create(c->vocab_size, j->temperature, j->top_p, j->seed, &sampler) : KVT_ENOMEM;
-    if (rc) {
-        free(reply);
-        finish(s, j, 500, NULL, rc == KVT_ENOMEM ? "out of memory" : kvt_last_error());
-        return;
-    }
-    uint64_t restores0 = cold_restores(s->svc);
-    kvt_gen_opts g = {.max_tokens = j->max_tokens, .session = j->session, .admit_timeout_ms = -1,
+    kvt_seq *seq = NULL;
+    int rc = kvt_sampler_create(c->vocab_size, j->temperature, j->top_p, j->seed, &sampler);
+    kvt_gen_opts g = {.max_tokens = j->max_tokens, .session = j->session, .admit_timeout_ms = 0,
                       .stop_tok = j->stop_at_newline ? s->tok : NULL};
-    int64_t n_reply = 0;
-    kvt_turn_stats st;
-    uint64_t t_start = kvt_now_ns();
-    rc = kvt_chat_generate(s->m, s->svc, sampler, j->prompt, j->n_prompt, &g, reply, j->max_tokens, &n_reply, &st);
-    int from_ssd = cold_restores(s->svc) > restores0;
-    kvt_sampler_free(sampler);
+    uint64_t restores0 = cold_restores(s->svc);
+    if (!rc)
+        rc = kvt_seq_begin(s->m, s->svc, sampler, j->prompt, j->n_prompt, &g, &seq);
+    if (rc == KVT_EAGAIN) {
+        kvt_sampler_free(sampler);
+        return 0;
+    }
     if (rc) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "generation failed: %s", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
-        free(reply);
-        finish(s, j, rc == KVT_ELIMIT ? 400 : 500, NULL, msg);
-        return;
+        kvt_sampler_free(sampler);
+        j = pop_head(s, 0);
+        job_error(s, j, rc);
+        kvt_srv_job_release(j);
+        return 1;
     }
+    int64_t reused = kvt_seq_reused(seq);
+    int from_ssd = cold_restores(s->svc) > restores0;
     pthread_mutex_lock(&j->mu);
-    j->started = 1;
     j->usage.prompt_tokens = j->n_prompt;
-    j->usage.reused_ram = from_ssd ? 0 : st.reused_tokens;
-    j->usage.reused_ssd = from_ssd ? st.reused_tokens : 0;
-    j->usage.prefilled_tokens = st.prefilled_tokens;
-    j->usage.queue_ms = (double)(t_start - j->arrival_ns) / 1e6;
-    j->usage.ttft_ms = j->usage.queue_ms + st.ttft_ms;
-    const char *reason = n_reply >= j->max_tokens ? "length" : "stop";
-    int32_t prev = j->prompt[j->n_prompt - 1];
-    for (int64_t i = 0; i < n_reply; i++) {
-        int r = append_token(j, s->tok, prev, reply[i]);
-        j->usage.completion_tokens = i + 1;
-        if (r) {
-            reason = "stop";
-            break;
-        }
-        prev = reply[i];
-    }
-    pthread_cond_broadcast(&j->cv);
+    j->usage.reused_ram = from_ssd ? 0 : reused;
+    j->usage.reused_ssd = from_ssd ? reused : 0;
+    j->usage.prefilled_tokens = j->n_prompt - reused;
+    j->usage.queue_ms = ms_since(j->arrival_ns);
     pthread_mutex_unlock(&j->mu);
-    free(reply);
-    finish(s, j, 200, reason, NULL);
+    *slot = (running){.job = pop_head(s, 1), .seq = seq, .sampler = sampler, .prev = j->prompt[j->n_prompt - 1]};
+    return 1;
 }
 
-/* ---- the engine thread ------------------------------------------------------------------ */
+/* Drops the ended sequences from run[0..n), keeping the order. @return the new n. */
+static int64_t compact(kvt_srv_sched *s, running *run, int64_t n)
+{
+    int64_t w = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (run[i].job)
+            run[w++] = run[i];
+    if (w != n) {
+        pthread_mutex_lock(&s->mu);
+        s->running = w;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+    }
+    return w;
+}
+
+/* One engine step over the running sequences: cancellations, admission
+ * (first come first served: a head that does not fit waits), one bounded
+ * prefill chunk shared by the sequences still prefilling, one decode of
+ * every sequence with a pending token.
+ * @return 1 when the queue's head waits for room, else 0. */
+static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
+{
+    int64_t n = *n_run;
+    for (int64_t i = 0; i < n; i++)
+        if (cancel_all || atomic_load(&run[i].job->cancel))
+            end_run(s, &run[i], cancel_all ? 503 : KVT_SRV_STATUS_CANCELLED, NULL,
+                    cancel_all ? "the server is shutting down" : "cancelled by the client");
+    n = compact(s, run, n);
+    int blocked = 0;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        int more = s->head != NULL && n < s->o.max_running;
+        pthread_mutex_unlock(&s->mu);
+        if (!more)
+            break;
+        if (!admit_head(s, &run[n])) {
+            blocked = 1;
+            break;
+        }
+        if (run[n].job)
+            n++;
+    }
+    int64_t budget = KVT_MODEL_CHUNK;
+    for (int64_t i = 0; i < n && budget > 0; i++) {
+        running *r = &run[i];
+        if (r->prompt_done)
+            continue;
+        int64_t before = kvt_seq_cached(r->seq);
+        int rc = kvt_seq_prefill(r->seq, budget, &r->prompt_done);
+        budget -= kvt_seq_cached(r->seq) - before;
+        if (rc) {
+            end_run(s, r, 500, NULL, kvt_last_error());
+            continue;
+        }
+        if (r->prompt_done) {
+            pthread_mutex_lock(&r->job->mu);
+            r->job->started = 1;
+            r->job->usage.ttft_ms = ms_since(r->job->arrival_ns);
+            pthread_mutex_unlock(&r->job->mu);
+            take_token(s, r);
+        }
+    }
+    /* ONE batched decode over every sequence with a pending token: one GEMM
+     * per weight matrix for all of them, attention per sequence on its own
+     * caches; bit-identical to decoding each alone */
+    int nb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        running *r = &run[i];
+        if (!r->job || !r->prompt_done || kvt_seq_pending_token(r->seq) < 0)
+            continue;
+        s->batch[nb] = r;
+        s->batch_caches[nb] = kvt_seq_caches(r->seq);
+        s->batch_tokens[nb++] = kvt_seq_pending_token(r->seq);
+    }
+    if (nb > 0) {
+        int32_t V = kvt_model_get_config(s->m)->vocab_size;
+        int rc = kvt_model_decode_batch(s->m, nb, (kvt_cache **const *)s->batch_caches, s->batch_tokens,
+                                        s->batch_logits);
+        for (int b = 0; b < nb; b++) {
+            running *r = s->batch[b];
+            if (!rc) {
+                memcpy(kvt_seq_logits(r->seq), s->batch_logits + (size_t)b * (size_t)V, (size_t)V * sizeof(float));
+                rc = kvt_seq_after_decode(r->seq);
+                if (!rc) {
+                    take_token(s, r);
+                    continue;
+                }
+            }
+            end_run(s, r, 500, NULL, kvt_last_error());
+        }
+        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_steps), 1);
+        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_batch_sequences), (uint64_t)nb);
+    }
+    *n_run = compact(s, run, n);
+    return blocked;
+}
 
 static void *engine_main(void *arg)
 {
     kvt_srv_sched *s = arg;
-    pthread_mutex_lock(&s->mu);
+    running *run = calloc((size_t)s->o.max_running + 1, sizeof *run);
+    int64_t n_run = 0;
     for (;;) {
-        while (!s->head && !s->stop)
-            pthread_cond_wait(&s->cv, &s->mu);
-        if (!s->head && s->stop)
-            break;
-        kvt_srv_job *j = s->head;
-        s->head = j->next;
-        if (!s->head)
-            s->tail = NULL;
-        j->next = NULL;
-        s->queued--;
-        s->running++;
-        int cancel_all = s->cancel_all;
-        pthread_mutex_unlock(&s->mu);
-        if (cancel_all)
-            finish(s, j, 503, NULL, "the server is shutting down");
-        else
-            run_job(s, j);
-        kvt_srv_job_release(j);
         pthread_mutex_lock(&s->mu);
-        s->running--;
-        pthread_cond_broadcast(&s->cv);
+        while (!s->head && n_run == 0 && !s->stop)
+            pthread_cond_wait(&s->cv, &s->mu);
+        int stop = s->stop && !s->head && n_run == 0;
+        int cancel_all = s->cancel_all;
+        if (cancel_all)
+            for (kvt_srv_job *j = s->head; j; j = j->next)
+                atomic_store(&j->cancel, 1);
+        pthread_mutex_unlock(&s->mu);
+        if (stop || !run)
+            break;
+        if (step(s, run, &n_run, cancel_all) && n_run == 0) {
+            /* nothing runs and the head still does not fit (another user of
+             * the service holds the budget): look again shortly */
+            struct timespec ts;
+            deadline_in(&ts, 2);
+            pthread_mutex_lock(&s->mu);
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            pthread_mutex_unlock(&s->mu);
+        }
     }
-    pthread_mutex_unlock(&s->mu);
+    free(run);
     return NULL;
 }
 
@@ -313,8 +485,19 @@ int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *sv
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = pthread_create(&s->thread, NULL, engine_main, s);
+    size_t R = (size_t)o->max_running;
+    s->batch = calloc(R, sizeof *s->batch);
+    s->batch_caches = calloc(R, sizeof *s->batch_caches);
+    s->batch_tokens = calloc(R, sizeof *s->batch_tokens);
+    s->batch_logits = calloc(R * (size_t)kvt_model_get_config(m)->vocab_size, sizeof *s->batch_logits);
+    int rc = (s->batch && s->batch_caches && s->batch_tokens && s->batch_logits) ? 0 : ENOMEM;
+    if (!rc)
+        rc = pthread_create(&s->thread, NULL, engine_main, s);
     if (rc) {
+        free(s->batch);
+        free(s->batch_caches);
+        free(s->batch_tokens);
+        free(s->batch_logits);
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mu);
         free(s);
@@ -331,7 +514,10 @@ int kvt_srv_sched_submit(kvt_srv_sched *s, kvt_srv_job *j)
         pthread_mutex_unlock(&s->mu);
         return KVT_ECLOSED;
     }
-    if (s->queued >= s->o.max_queue) {
+    /* jobs the engine will admit at its next step (free running slots) do
+     * not count as waiting */
+    int64_t free_slots = s->o.max_running > s->running ? s->o.max_running - s->running : 0;
+    if (s->queued >= s->o.max_queue + free_slots) {
         pthread_mutex_unlock(&s->mu);
         return KVT_EAGAIN;
     }
@@ -387,6 +573,10 @@ void kvt_srv_sched_destroy(kvt_srv_sched *s)
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    free(s->batch);
+    free(s->batch_caches);
+    free(s->batch_tokens);
+    free(s->batch_logits);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

@@ -101,7 +101,8 @@ int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *sv
                          const kvt_srv_sched_opts *o, kvt_srv_sched **out);
 
 /** Queues a job (the scheduler takes its own reference).
- * @return 0; KVT_EAGAIN when max_queue jobs are already waiting (answer 429);
+ * @return 0; KVT_EAGAIN when max_queue jobs already wait beyond the free
+ *   running slots (max_running minus the jobs running) (answer 429);
  *   KVT_ECLOSED after kvt_srv_sched_drain began (answer 503). */
 int kvt_srv_sched_submit(kvt_srv_sched *s, kvt_srv_job *j);
 

@@ -567,18 +567,27 @@ static void test_api_key(void **state)
 
 /* Several long requests at once against --max-running 1 --max-queue 1:
  * one runs, one waits, the rest get 429 with Retry-After. */
+/* A synthetic model slow enough (a few ms per token) that requests sent
+ * together all arrive while the first still runs; byte tokenizer. */
+static char slow_model[400], slow_tok[400];
+
+static void make_slow_model(void)
+{
+    if (slow_model[0])
+        return;
+    snprintf(slow_model, sizeof slow_model, "%s/slow.bin", tmpdir);
+    snprintf(slow_tok, sizeof slow_tok, "%s/slow_tok.bin", tmpdir);
+    kvt_synth_params p = {.dim = 256, .hidden_dim = 768, .n_layers = 6, .n_heads = 8, .n_kv_heads = 8,
+                          .vocab_size = KVT_DEFAULT_VOCAB, .seq_len = 1024, .seed = 7, .separate_classifier = 1};
+    assert_int_equal(kvt_model_synth(&p, slow_model), 0);
+    assert_int_equal(kvt_tokenizer_write_default(slow_tok, KVT_DEFAULT_VOCAB), 0);
+}
+
 static void test_queue_full(void **state)
 {
     NEED_MODEL();
-    /* a synthetic model slow enough (a few ms per token) that every request
-     * arrives while the first still runs */
-    char mpath[400], tpath[400];
-    snprintf(mpath, sizeof mpath, "%s/slow.bin", tmpdir);
-    snprintf(tpath, sizeof tpath, "%s/slow_tok.bin", tmpdir);
-    kvt_synth_params p = {.dim = 256, .hidden_dim = 768, .n_layers = 6, .n_heads = 8, .n_kv_heads = 8,
-                          .vocab_size = KVT_DEFAULT_VOCAB, .seq_len = 1024, .seed = 7, .separate_classifier = 1};
-    assert_int_equal(kvt_model_synth(&p, mpath), 0);
-    assert_int_equal(kvt_tokenizer_write_default(tpath, KVT_DEFAULT_VOCAB), 0);
+    make_slow_model();
+    const char *mpath = slow_model, *tpath = slow_tok;
     server sv;
     const char *extra[] = {"--max-running", "1", "--max-queue", "1", NULL};
     server_start_model(&sv, "queue", mpath, tpath, extra);
@@ -775,6 +784,18 @@ static void *client_main(void *arg)
     return NULL;
 }
 
+static void decode_counters(int port, int64_t *steps, int64_t *seqs)
+{
+    resp r;
+    http(port, "GET", "/stats", NULL, NULL, &r);
+    json_t *doc = parse(&r);
+    json_t *c = json_object_get(json_object_get(doc, "server"), "counters");
+    *steps = json_integer_value(json_object_get(c, "decode_steps"));
+    *seqs = json_integer_value(json_object_get(c, "decode_batch_sequences"));
+    json_decref(doc);
+    resp_free(&r);
+}
+
 static void test_concurrent_clients(void **state)
 {
     NEED_MODEL();
@@ -788,6 +809,8 @@ static void test_concurrent_clients(void **state)
         ref[i] = on[i];
         ref[i].port = off_srv.port;
     }
+    int64_t steps0, seqs0, steps1, seqs1;
+    decode_counters(main_srv.port, &steps0, &seqs0);
     pthread_t th[CLIENTS];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -796,6 +819,10 @@ static void test_concurrent_clients(void **state)
     for (int i = 0; i < CLIENTS; i++)
         pthread_join(th[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    decode_counters(main_srv.port, &steps1, &seqs1);
+    double mean_batch = (double)(seqs1 - seqs0) / (double)(steps1 - steps0 > 0 ? steps1 - steps0 : 1);
+    printf("decode steps %lld, mean batch %.1f sequences\n", (long long)(steps1 - steps0), mean_batch);
+    assert_true(mean_batch > 2.0); /* the replies below were decoded batched */
     for (int i = 0; i < CLIENTS; i++) /* the reference: each conversation alone, cache off */
         client_main(&ref[i]);
     int errors = 0, differ = 0;
@@ -903,6 +930,64 @@ static void test_shutdown_ssd(void **state)
     free(r1[1]);
 }
 
+/* The last finished request in /stats (its JSON record; caller decrefs),
+ * waiting up to 10 s for `count` requests to have finished. */
+static json_t *last_record(int port, int64_t count)
+{
+    for (int i = 0; i < 1000; i++) {
+        resp r;
+        http(port, "GET", "/stats", NULL, NULL, &r);
+        json_t *doc = parse(&r);
+        resp_free(&r);
+        json_t *srv = json_object_get(doc, "server");
+        json_t *rec = json_object_get(srv, "recent");
+        if ((int64_t)json_array_size(rec) >= count && json_integer_value(json_object_get(srv, "running")) == 0) {
+            json_t *last = json_incref(json_array_get(rec, json_array_size(rec) - 1));
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(doc, "kv"), "projected_bytes")), 0);
+            json_decref(doc);
+            return last;
+        }
+        json_decref(doc);
+        usleep(10000);
+    }
+    fail_msg("no finished request in /stats");
+    return NULL;
+}
+
+/* A client that goes away cancels its request: the engine stops it within a
+ * step (far short of max_tokens), releases its admission, and records 499. */
+static void test_disconnect_cancels(void **state)
+{
+    NEED_MODEL();
+    make_slow_model();
+    server sv;
+    server_start_model(&sv, "cancel", slow_model, slow_tok, NULL);
+    for (int stream = 1; stream >= 0; stream--) {
+        int fd = connect_to(sv.port);
+        send_request(fd, "POST", "/v1/completions", NULL,
+                     stream ? "{\"prompt\": [1, 50], \"max_tokens\": 900, \"temperature\": 1, \"seed\": 5, \"stream\": true}"
+                            : "{\"prompt\": [1, 51], \"max_tokens\": 900, \"temperature\": 1, \"seed\": 5}");
+        char buf[256];
+        if (stream)
+            assert_true(recv(fd, buf, sizeof buf, 0) > 0); /* the stream began */
+        else
+            usleep(50000);
+        close(fd);
+        json_t *rec = last_record(sv.port, 2 - stream);
+        int64_t made = json_integer_value(json_object_get(rec, "completion_tokens"));
+        printf("%s client gone: status %lld after %lld of 900 tokens\n", stream ? "streaming" : "waiting",
+               (long long)json_integer_value(json_object_get(rec, "status")), (long long)made);
+        assert_int_equal(json_integer_value(json_object_get(rec, "status")), 499);
+        assert_true(made < 900);
+        json_decref(rec);
+    }
+    resp r;
+    http(sv.port, "GET", "/metrics", NULL, NULL, &r);
+    assert_non_null(strstr(r.body, "kvtier_cancelled_total 2\n"));
+    resp_free(&r);
+    assert_int_equal(server_stop(&sv), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -916,6 +1001,7 @@ int main(void)
         cmocka_unit_test(test_tokenize),
         cmocka_unit_test(test_metrics_promtool),
         cmocka_unit_test(test_shutdown_ssd),
+        cmocka_unit_test(test_disconnect_cancels),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
