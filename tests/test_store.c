@@ -23,6 +23,7 @@
 #include "kvtier/cache.h"
 #include "kvtier/store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -606,6 +607,12 @@ static void rewrite_header(const char *path, const char *field, uint64_t hlen_ov
         }
     } else if (!strcmp(field, "identity")) {
         json_object_set_new(json_object_get(root, "__metadata__"), "identity", json_string("{\"model\":\"other\"}"));
+    } else if (!strcmp(field, "sha256-last")) { /* the digest's last hex digit changed */
+        json_t *m = json_object_get(root, "__metadata__");
+        char sha[65];
+        snprintf(sha, sizeof sha, "%s", json_string_value(json_object_get(m, "sha256")));
+        sha[63] = sha[63] == '0' ? '1' : '0';
+        json_object_set_new(m, "sha256", json_string(sha));
     } else if (!strcmp(field, "dtype")) {
         const char *k;
         json_t *v;
@@ -1168,6 +1175,83 @@ static void out_of_memory(void **state)
     store_rmtree(f.root);
 }
 
+/* Under verify the whole SHA-256 is compared: a digest that differs only in
+ * its last byte is refused (the payload and its XXH3-128 are intact, so only
+ * the verified restore and `store verify` can see it). */
+static void verify_sha256_last_byte(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "shalast");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "sha256-last", 0);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_cold_hit hit;
+    kvt_entry e;
+    kvt_store *s = fx_open(&f, NULL); /* without verify: XXH3-128 only, served */
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), 0);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    walk_acc a = {0};
+    assert_int_equal(kvt_store_walk(f.root, 1, walk_count, &a), 0); /* store verify */
+    assert_int_equal(a.checksum, 1);
+    kvt_store_options o = {.verify = 1};
+    s = fx_open(&f, &o);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* A block shard written by another identity (its key is consistent with its
+ * own identity) planted in this identity's directory is refused at scan,
+ * counted as identity, and never indexed. */
+static void refused_block_of_other_identity(void **state)
+{
+    (void)state;
+    fx a;
+    fx_init(&a, &CFG, "blkid");
+    fx b = a;
+    store_identity(&CFG, "model-b", b.fp, &b.id);
+    char pa[1200], pb[1200];
+    one_entry(&a, NULL, pa, sizeof pa);
+    one_entry(&b, NULL, pb, sizeof pb);
+    *strrchr(pa, '/') = '\0';
+    *strrchr(pb, '/') = '\0';
+    int planted = 0;
+    DIR *d = opendir(pb);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] != 'b')
+            continue;
+        char cmd[3000];
+        snprintf(cmd, sizeof cmd, "cp '%s/%s' '%s/'", pb, de->d_name, pa);
+        assert_int_equal(system(cmd), 0);
+        planted++;
+    }
+    closedir(d);
+    assert_int_equal(planted, 2);
+    kvt_store *s = fx_open(&a, NULL);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_IDENTITY], 2);
+    assert_int_equal(st.blocks, 2); /* its own two */
+    assert_int_equal(st.entries, 1);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    expect_restores(s, &a.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(a.root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1192,6 +1276,8 @@ int main(void)
         cmocka_unit_test(refused_malformed),
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
+        cmocka_unit_test(verify_sha256_last_byte),
+        cmocka_unit_test(refused_block_of_other_identity),
         cmocka_unit_test(walk_verify_and_gc),
         cmocka_unit_test(entry_file_removed),
         cmocka_unit_test(gc_cannot_remove),
