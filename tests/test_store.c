@@ -239,6 +239,49 @@ static void supersede_prefixes(void **state)
     store_rmtree(f.root);
 }
 
+/* An entry with an attachment is untrimmable: it supersedes none of its
+ * kv-only ancestors, and the store never reports a usable prefix inside it
+ * (only a prompt extending all of its tokens uses it). */
+static void attachment_entry_rules(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "attrules");
+    store_cfg with_att = CFG;
+    with_att.attach = 16; /* same layers, same identity */
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[24];
+    pcu_seq(t, 24, 5);
+    put_tokens(s, &f.cfg, "", t, 10);
+    put_tokens(s, &with_att, "", t, 20);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.superseded, 0);
+    assert_int_equal(st.entries, 2);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    int32_t q[16];
+    memcpy(q, t, sizeof q);
+    q[15] = -1; /* shares 15 tokens with the attachment entry */
+    assert_int_equal(kvt_store_find(s, q, 16, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 10); /* the kv-only ancestor, not 15 inside the other */
+    assert_int_equal(hit.n_tokens, 10);
+    assert_int_equal(kvt_store_find(s, t, 21, "", &hit), 0); /* extends all of it */
+    assert_int_equal(hit.prefix_len, 20);
+    assert_int_equal(hit.n_tokens, 20);
+    kvt_entry e;
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 21, &e), 0);
+    assert_int_equal(e.n_attachments, 1);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    /* the same after a scan rebuilt the index */
+    s = fx_open(&f, NULL);
+    assert_int_equal(kvt_store_find(s, q, 16, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 static void objects_and_attachments(void **state)
 {
     (void)state;
@@ -1260,6 +1303,7 @@ int main(void)
         cmocka_unit_test(shared_prefix_stored_once),
         cmocka_unit_test(supersede_prefixes),
         cmocka_unit_test(objects_and_attachments),
+        cmocka_unit_test(attachment_entry_rules),
         cmocka_unit_test(reopen_and_temp_cleanup),
         cmocka_unit_test(fault_enospc),
         cmocka_unit_test(fault_eio),
