@@ -1014,6 +1014,42 @@ static void budget_lru(void **state)
     store_rmtree(f.root);
 }
 
+/* While another identity's store holds its directory open (so none of its
+ * files may go), a write that takes the root over budget must not evict the
+ * entry it just wrote: it stays indexed and restorable, the budget is simply
+ * exceeded until something evictable appears. */
+static void budget_keeps_new_entry_beside_open_store(void **state)
+{
+    (void)state;
+    fx a;
+    fx_init(&a, &CFG, "budget-open");
+    fx b = a;
+    store_identity(&CFG, "model-b", b.fp, &b.id);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_store *sb = fx_open(&b, NULL);
+    put_tokens(sb, &b.cfg, "", t, 10);
+    kvt_store_stats st;
+    kvt_store_get_stats(sb, &st);
+    uint64_t b_bytes = st.bytes;
+    assert_true(b_bytes > 0);
+    /* room for one such entry and a half: A's entry (as large as B's) fits
+     * alone, not beside B */
+    kvt_store_options o = {.max_bytes = b_bytes * 3 / 2};
+    kvt_store *sa = fx_open(&a, &o);
+    put_tokens(sa, &a.cfg, "", t, 10);
+    kvt_store_get_stats(sa, &st);
+    assert_int_equal(st.evicted, 0);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(kvt_store_contains(sa, t, 10, ""), 1);
+    expect_restores(sa, &a.cfg, "", t, 10);
+    assert_int_equal(kvt_store_contains(sb, t, 10, ""), 1); /* and B's is untouched */
+    expect_restores(sb, &b.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(sa), 0);
+    assert_int_equal(kvt_store_close(sb), 0);
+    store_rmtree(a.root);
+}
+
 static void budget_foreign_idle(void **state)
 {
     (void)state;
@@ -1327,6 +1363,7 @@ int main(void)
         cmocka_unit_test(gc_cannot_remove),
         cmocka_unit_test(budget_lru),
         cmocka_unit_test(budget_foreign_idle),
+        cmocka_unit_test(budget_keeps_new_entry_beside_open_store),
         cmocka_unit_test(cold_tier_table),
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(out_of_memory),
