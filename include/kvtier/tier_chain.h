@@ -18,7 +18,9 @@
  *                      above it and written by the chain's writer thread
  *                      (write-behind: the request never waits for it);
  *   store / spill      go to the first writable level (not read-only, with
- *                      a store or spill operation);
+ *                      a store or spill operation); pending and withdraw
+ *                      see spills still in the chain's queue and ask the
+ *                      levels;
  *   eviction           a level whose tier has set_evict hands what it evicts
  *                      to the next writable level below it (demotion,
  *                      written by the writer thread) instead of deleting it.

@@ -514,6 +514,12 @@ static int ch_spill(void *self, kvt_entry *e)
     return rc;
 }
 
+static int same_entry(const kvt_entry *e, const int32_t *tokens, int64_t n, const char *ns)
+{
+    return e->n_tokens == n && strcmp(e->ns, ns) == 0 &&
+           (n == 0 || memcmp(e->tokens, tokens, (size_t)n * sizeof(int32_t)) == 0);
+}
+
 static int ch_pending(void *self, const int32_t *tokens, int64_t n, const char *ns)
 {
     kvt_tier_chain *c = self;
@@ -529,10 +535,41 @@ static int ch_pending(void *self, const int32_t *tokens, int64_t n, const char *
     pthread_mutex_lock(&c->mu);
     int p = 0;
     for (wjob *j = c->head; j && !p; j = j->next)
-        p = j->kind == W_SPILL && j->e.n_tokens == n && strcmp(j->e.ns, ns) == 0 &&
-            (n == 0 || memcmp(j->e.tokens, tokens, (size_t)n * sizeof(int32_t)) == 0);
+        p = j->kind == W_SPILL && same_entry(&j->e, tokens, n, ns);
     pthread_mutex_unlock(&c->mu);
     return p;
+}
+
+/* Withdraws a write-behind spill still in the chain's queue, else asks the
+ * first writable level (where spills go) to withdraw it. */
+static int ch_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    kvt_tier_chain *c = self;
+    wjob *found = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (wjob **pp = &c->head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+        wjob *j = *pp;
+        if (j->kind == W_SPILL && same_entry(&j->e, tokens, n, ns)) {
+            *pp = j->next;
+            if (c->tail == j)
+                c->tail = prev;
+            c->queued--;
+            found = j;
+            break;
+        }
+    }
+    if (found && !c->head)
+        pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->mu);
+    if (found) {
+        kvt_entry_clear(&found->e);
+        kvt__free(found);
+        return 0;
+    }
+    level *l = first_writable(c);
+    if (l && l->t.withdraw)
+        return l->t.withdraw(l->t.self, tokens, n, ns);
+    return KVT_ENOTFOUND;
 }
 
 KVT_API int kvt_tier_chain_drain(kvt_tier_chain *c)
@@ -605,6 +642,7 @@ KVT_API void kvt_tier_chain_cold_tier(kvt_tier_chain *c, kvt_cold_tier *out)
                            .spill = ch_spill,
                            .pending = ch_pending,
                            .flush = ch_flush,
+                           .withdraw = ch_withdraw,
                            .stats = ch_stats,
                            .flags = c && first_writable(c) ? 0 : KVT_TIER_READ_ONLY};
 }

@@ -91,6 +91,12 @@ static int ft_flush(void *self)
     return f->inner.flush(f->inner.self);
 }
 
+static int ft_withdraw(void *self, const int32_t *t, int64_t n, const char *ns)
+{
+    fault_tier *f = self;
+    return f->inner.withdraw(f->inner.self, t, n, ns);
+}
+
 static int ft_stats(void *self, kvt_tier_stats *out)
 {
     fault_tier *f = self;
@@ -118,6 +124,7 @@ int fault_tier_create(const kvt_cold_tier *inner, int read_only, fault_tier **ou
                                .spill = read_only ? ft_spill_ro : inner->spill ? ft_spill : NULL,
                                .pending = inner->pending ? ft_pending : NULL,
                                .flush = inner->flush ? ft_flush : NULL,
+                               .withdraw = inner->withdraw && !read_only ? ft_withdraw : NULL,
                                .stats = inner->stats ? ft_stats : NULL,
                                .set_evict = inner->set_evict ? ft_set_evict : NULL,
                                .flags = inner->flags | (read_only ? KVT_TIER_READ_ONLY : 0)};

@@ -16,7 +16,8 @@ typedef struct stored {
     uint64_t handle;
     kvt_entry e; /* owned clones */
     int pending; /* spilled, not yet written */
-    uint64_t seq; /* insertion order: capacity eviction drops the oldest */
+    int64_t bytes; /* cache bytes while pending */
+    uint64_t seq;  /* insertion order: capacity eviction drops the oldest */
 } stored;
 
 struct mem_tier {
@@ -27,6 +28,7 @@ struct mem_tier {
     size_t n, cap;
     uint64_t next_handle;
     int fail_writes, refuse_spills, manual_spills, delay_ms, gate_closed, no_async, loose, fail_restores;
+    int queue_bytes;
     int active_async;
     int capacity;               /* > 0: at most this many entries (mem_tier_capacity) */
     uint64_t next_seq, evictions;
@@ -40,6 +42,29 @@ static void hook_done(void *ctx)
 {
     mem_tier *t = ctx;
     atomic_fetch_add(&t->hooks_run, 1);
+}
+
+static int64_t entry_bytes(const kvt_entry *e)
+{
+    int64_t b = 0;
+    for (int32_t i = 0; i < e->n_caches; i++)
+        b += (int64_t)kvt_cache_bytes(e->caches[i]);
+    for (int32_t i = 0; i < e->n_attachments; i++)
+        b += (int64_t)kvt_attachment_bytes(e->attachments[i]);
+    return b;
+}
+
+/* Cache bytes and count of the pending spills; locked. */
+static int64_t pending_bytes(const mem_tier *t, int64_t *count)
+{
+    int64_t b = 0, c = 0;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].pending) {
+            b += t->v[i].bytes;
+            c++;
+        }
+    *count = c;
+    return b;
 }
 
 static int clone_entry(const kvt_entry *src, kvt_entry *out)
@@ -120,11 +145,15 @@ static void evict_locked(mem_tier *t, const stored *keep)
 /* Adds or replaces (ns, tokens) with an owned entry; locked. */
 static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
 {
+    int64_t bytes = pending ? entry_bytes(owned) : 0;
+    if (!pending)
+        t->c.writes++;
     stored *s = find_stored(t, owned->ns, owned->tokens, owned->n_tokens);
     if (s) {
         kvt_entry_clear(&s->e);
         s->e = *owned;
         s->pending = pending;
+        s->bytes = bytes;
         s->handle = ++t->next_handle;
         s->seq = ++t->next_seq;
         return 0;
@@ -139,6 +168,7 @@ static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
     }
     t->v[t->n].e = *owned;
     t->v[t->n].pending = pending;
+    t->v[t->n].bytes = bytes;
     t->v[t->n].handle = ++t->next_handle;
     t->v[t->n].seq = ++t->next_seq;
     t->n++;
@@ -320,6 +350,12 @@ static int mt_spill(void *self, kvt_entry *e)
         return KVT_EAGAIN;
     }
     int rc = 0;
+    int64_t queued = 0, qbytes = pending_bytes(t, &queued);
+    if (t->manual_spills && t->queue_bytes > 0 && queued > 0 && qbytes + entry_bytes(e) > t->queue_bytes) {
+        t->c.refused_spills++;
+        pthread_mutex_unlock(&t->mu);
+        return KVT_EAGAIN; /* the bounded write-behind queue is full */
+    }
     if (t->manual_spills) {
         rc = add_locked(t, e, 1);
     } else if (t->fail_writes) {
@@ -347,6 +383,20 @@ static int mt_pending(void *self, const int32_t *tokens, int64_t n, const char *
     return p;
 }
 
+static int mt_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    mem_tier *t = self;
+    pthread_mutex_lock(&t->mu);
+    stored *s = find_stored(t, ns, tokens, n);
+    int found = s && s->pending;
+    if (found) {
+        t->c.withdrawn++;
+        remove_at(t, (size_t)(s - t->v));
+    }
+    pthread_mutex_unlock(&t->mu);
+    return found ? 0 : KVT_ENOTFOUND;
+}
+
 static int mt_flush(void *self)
 {
     mem_tier_drain(self);
@@ -368,7 +418,9 @@ int mem_tier_drain(mem_tier *t)
             continue;
         }
         t->v[i].pending = 0;
+        t->v[i].bytes = 0;
         t->c.spill_writes++;
+        t->c.writes++;
         n++;
         i++;
     }
@@ -390,8 +442,7 @@ static int mt_stats(void *self, kvt_tier_stats *out)
         if (t->v[i].pending)
             continue;
         out->entries++;
-        for (int32_t k = 0; k < t->v[i].e.n_caches; k++)
-            out->bytes += kvt_cache_bytes(t->v[i].e.caches[k]);
+        out->bytes += (uint64_t)entry_bytes(&t->v[i].e);
     }
     pthread_mutex_unlock(&t->mu);
     return 0;
@@ -430,6 +481,7 @@ int mem_tier_create(mem_tier **out)
                                .spill = mt_spill,
                                .pending = mt_pending,
                                .flush = mt_flush,
+                               .withdraw = mt_withdraw,
                                .stats = mt_stats,
                                .set_evict = mt_set_evict};
     *out = t;
@@ -479,6 +531,7 @@ const kvt_cold_tier *mem_tier_iface(mem_tier *t) { return &t->iface; }
 MT_SETTER(mem_tier_fail_writes, fail_writes)
 MT_SETTER(mem_tier_refuse_spills, refuse_spills)
 MT_SETTER(mem_tier_manual_spills, manual_spills)
+MT_SETTER(mem_tier_queue_bytes, queue_bytes)
 MT_SETTER(mem_tier_async_delay, delay_ms)
 MT_SETTER(mem_tier_gate, gate_closed)
 MT_SETTER(mem_tier_no_async, no_async)
