@@ -7,7 +7,7 @@
  * kvt_store_walk with verify (`kvtier store verify`) finds every shard good,
  * every restore in every child returned the bytes that were written, and the
  * root is within its budget plus one shard. The long version of
- * test_store_multiproc: 20 trials of 6 writers x 400 rounds. Randomized: prints its seed
+ * test_store_multiproc: 8 trials of 6 writers x 300 rounds. Randomized: prints its seed
  * (KVT_TEST_SEED replays).
  */
 #include <setjmp.h>
@@ -25,9 +25,9 @@ static void six_writers_one_budget(void **state)
 {
     (void)state;
     uint64_t seed = test_seed("six_writers_one_budget");
-    const int rounds = 400;
+    const int rounds = 300;
     const uint64_t max = 24u << 10;
-    for (int trial = 0; trial < 20; trial++) {
+    for (int trial = 0; trial < 8; trial++) {
         char root[512];
         store_tmpdir(root, sizeof root, "mprocL");
         store_mp_result r;
