@@ -8,7 +8,7 @@
 #include "args.h"
 #include "cli.h"
 
-#include "kvtier/replay.h"
+#include "replay.h"
 #include "kvtier/retention_block.h"
 
 #include <errno.h>

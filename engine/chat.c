@@ -11,7 +11,7 @@
 #include "seq.h"
 
 #include "model_internal.h"
-#include "../src/internal.h"
+#include "internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xxh_x86dispatch.h> /* XXH3 on the widest vector unit the CPU has */

@@ -18,7 +18,7 @@
 #include "scheduler.h"
 
 #include "chat.h"
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -15,7 +15,7 @@
 
 #include "test_seed.h"
 
-#include "kvtier/replay.h"
+#include "replay.h"
 #include "kvtier/retention_block.h"
 
 #include <stdio.h>

@@ -784,6 +784,18 @@ static void *client_main(void *arg)
     return NULL;
 }
 
+static void decode_counters(int port, int64_t *steps, int64_t *seqs)
+{
+    resp r;
+    http(port, "GET", "/stats", NULL, NULL, &r);
+    json_t *doc = parse(&r);
+    json_t *c = json_object_get(json_object_get(doc, "server"), "counters");
+    *steps = json_integer_value(json_object_get(c, "decode_steps"));
+    *seqs = json_integer_value(json_object_get(c, "decode_batch_sequences"));
+    json_decref(doc);
+    resp_free(&r);
+}
+
 static void test_concurrent_clients(void **state)
 {
     NEED_MODEL();
@@ -797,6 +809,8 @@ static void test_concurrent_clients(void **state)
         ref[i] = on[i];
         ref[i].port = off_srv.port;
     }
+    int64_t steps0, seqs0, steps1, seqs1;
+    decode_counters(main_srv.port, &steps0, &seqs0);
     pthread_t th[CLIENTS];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -805,6 +819,10 @@ static void test_concurrent_clients(void **state)
     for (int i = 0; i < CLIENTS; i++)
         pthread_join(th[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    decode_counters(main_srv.port, &steps1, &seqs1);
+    double mean_batch = (double)(seqs1 - seqs0) / (double)(steps1 - steps0 > 0 ? steps1 - steps0 : 1);
+    printf("decode steps %lld, mean batch %.1f sequences\n", (long long)(steps1 - steps0), mean_batch);
+    assert_true(mean_batch > 2.0); /* the replies below were decoded batched */
     for (int i = 0; i < CLIENTS; i++) /* the reference: each conversation alone, cache off */
         client_main(&ref[i]);
     int errors = 0, differ = 0;
