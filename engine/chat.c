@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* ---- the service of a model ------------------------------------------------- */
@@ -734,6 +735,11 @@ static int file_hash(const char *path, XXH128_hash_t *out, uint64_t *bytes)
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvt__fail(-errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) { /* a FIFO or a device may never end */
+        fclose(f);
+        return kvt__fail(KVT_EINVAL, "%s: not a regular file: its identity cannot be hashed", path);
+    }
     XXH3_state_t *st = XXH3_createState();
     unsigned char *buf = malloc(1 << 20);
     int rc = 0;
