@@ -212,6 +212,7 @@ typedef struct running_s {
     kvt_sampler *sampler;
     int prompt_done;
     int32_t prev;               /* the token before the next one, for decoding pieces */
+    double engine_ms;           /* prefill calls and decode steps it took part in, ms */
 } running;
 
 static uint64_t cold_restores(kvt_service *svc)
@@ -227,6 +228,9 @@ static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; 
 static void end_run(kvt_srv_sched *s, running *r, int status, const char *reason, const char *err)
 {
     kvt_seq_finish(r->seq, status == 200, NULL);
+    pthread_mutex_lock(&r->job->mu);
+    r->job->usage.engine_ms = r->engine_ms;
+    pthread_mutex_unlock(&r->job->mu);
     kvt_sampler_free(r->sampler);
     finish(s, r->job, status, reason, err);
     kvt_srv_job_release(r->job);
@@ -385,7 +389,9 @@ static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
         if (r->prompt_done)
             continue;
         int64_t before = kvt_seq_cached(r->seq);
+        uint64_t t0 = kvt_now_ns();
         int rc = kvt_seq_prefill(r->seq, budget, &r->prompt_done);
+        r->engine_ms += ms_since(t0);
         budget -= kvt_seq_cached(r->seq) - before;
         if (rc) {
             end_run(s, r, 500, NULL, kvt_last_error());
@@ -413,10 +419,13 @@ static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
     }
     if (nb > 0) {
         int32_t V = kvt_model_get_config(s->m)->vocab_size;
+        uint64_t t0 = kvt_now_ns();
         int rc = kvt_model_decode_batch(s->m, nb, (kvt_cache **const *)s->batch_caches, s->batch_tokens,
                                         s->batch_logits);
+        double step_ms = ms_since(t0);
         for (int b = 0; b < nb; b++) {
             running *r = s->batch[b];
+            r->engine_ms += step_ms;
             if (!rc) {
                 memcpy(kvt_seq_logits(r->seq), s->batch_logits + (size_t)b * (size_t)V, (size_t)V * sizeof(float));
                 rc = kvt_seq_after_decode(r->seq);
