@@ -112,11 +112,8 @@ static int point_range_at(const kvt_model_config *c, int64_t n)
 static int publish_snapshot(kvt_service *svc, kvt_admission *adm, const kvt_state *live, const int32_t *tokens,
                             int64_t n)
 {
-    kvt_state snap = {.n_layers = live->n_layers};
-    snap.caches = kvt__calloc((size_t)live->n_layers, sizeof *snap.caches);
-    if (!snap.caches)
-        return kvt__fail(KVT_ENOMEM, "chat: out of memory for a snapshot");
-    int rc = kvt_caches_clone(live->caches, live->n_layers, snap.caches);
+    kvt_state snap;
+    int rc = kvt_state_clone(live, &snap);
     if (!rc)
         rc = kvt_service_publish(svc, adm, tokens, n, &snap);
     kvt_state_dispose(&snap);
