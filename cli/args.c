@@ -8,30 +8,24 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 int kvt_cli_bytes(const char *s, uint64_t *out, const char **endp)
 {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || !(v >= 0)) /* also refuses NaN */
+    if (!s || !out)
         return -1;
-    double m = 1;
-    switch (*end) {
-    case 'k': case 'K': m = 1024.0; end++; break;
-    case 'm': case 'M': m = 1024.0 * 1024; end++; break;
-    case 'g': case 'G': m = 1024.0 * 1024 * 1024; end++; break;
-    case 't': case 'T': m = 1024.0 * 1024 * 1024 * 1024; end++; break;
-    default: break;
-    }
-    if (*end == 'B' || *end == 'b')
-        end++;
-    if (!(v * m < 18446744073709551616.0)) /* 2^64: inf and overflow */
+    size_t n = endp ? strspn(s, "0123456789.kKmMgGtTiIbB") : strlen(s);
+    char buf[64];
+    if (n == 0 || n >= sizeof buf)
         return -1;
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    uint64_t v;
+    if (kvt_chat_parse_bytes(NULL, buf, &v))
+        return -1;
+    *out = v;
     if (endp)
-        *endp = end;
-    else if (*end)
-        return -1;
-    *out = (uint64_t)(v * m);
+        *endp = s + n;
     return 0;
 }
 

@@ -5,16 +5,22 @@
 #ifndef KVT_CLI_ARGS_H
 #define KVT_CLI_ARGS_H
 
+#include "chat.h"
+
 #include <stdint.h>
 
-/** Parses a byte count: a decimal number (a fraction is allowed: "1.5G")
- * with an optional suffix K, M, G or T (powers of 1024) and an optional
- * trailing "B" (e.g. 4096, 512M, 10GB), truncated to whole bytes into *out.
+/** The byte-count forms every command accepts, for --help and messages. */
+#define KVT_CLI_BYTES_FORMS KVT_CHAT_BYTES_FORMS
+
+/** Parses a byte count, the one grammar of every kvtier command (chat,
+ * replay, store gc, bench): kvt_chat_parse_bytes (engine/chat.h), i.e.
+ * DIGITS[.DIGITS][K|M|G|T[i]][B], powers of 1024, rounded down to whole
+ * bytes ("1.5G" is 1610612736).
  * @param end NULL: the count must be all of s; else receives a pointer just
- *   past the count (the caller checks what follows, e.g. a list separator).
- * @return 0, or -1 when s does not start with a count, the count is negative
- *   or does not fit in 64 bits, or (end NULL) text follows it; *out and *end
- *   are then left alone. */
+ *   past the count (the longest run of the form's characters: the caller
+ *   checks what follows, e.g. a ',' of a list).
+ * @return 0, or -1 when s (or its leading run, with end) is not a byte count
+ *   or is 2^64 bytes or more; *out and *end are then left alone. */
 int kvt_cli_bytes(const char *s, uint64_t *out, const char **end);
 
 /** Parses all of s as a decimal integer (strtoll syntax) in [lo, hi].

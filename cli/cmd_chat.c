@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void usage(FILE *f)
@@ -31,6 +33,7 @@ static void usage(FILE *f)
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
             "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                    [--demote-idle MS]] [--transcript FILE]\n"
+            "                   [--prefill-checkpoint-stride TOKENS]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
@@ -43,27 +46,38 @@ static void usage(FILE *f)
             "  --script FILE         one user message per line (blank and '#' lines skipped);\n"
             "                        default: read messages from stdin (end of input, Ctrl-C\n"
             "                        or SIGTERM end the chat after the running turn, keeping\n"
-            "                        the cache; a second Ctrl-C kills)\n"
+            "                        the cache; a second Ctrl-C kills). Limits, on both: a line\n"
+            "                        is at most 1 MiB and holds no NUL byte; a script is at most\n"
+            "                        64 MiB. Input past a limit is refused, naming it (exit 1).\n"
             "  --session ID          session id for affinity (default \"chat\")\n"
             "  --prompt-cache BYTES  RAM prompt cache (default 1G); 0 keeps nothing: the\n"
-            "                        cache-off baseline. Suffixes K, M, G, T (x1024).\n"
+            "                        cache-off baseline. BYTES: 4096, 512M, 1.5G, 2GiB...\n"
+            "                        (K, M, G, T are powers of 1024; kvtier --help says all forms)\n"
             "  --kv-budget BYTES     admission budget of projected KV bytes (default 0: unlimited)\n"
             "  --max-tokens, --steps N  reply tokens per turn (default 64)\n"
             "  --temperature T       0 = greedy (default); --top-p P as kvtier generate (default 0.9)\n"
             "  --seed S              sampling seed, a positive integer (default 42)\n"
             "  --block-tokens B      kv block size in tokens (default 256)\n"
+            "  --prefill-checkpoint-stride TOKENS  on models with recurrent or sliding-window\n"
+            "                        layers, keep the state every TOKENS prompt tokens while a\n"
+            "                        prompt is prefilled, so a new conversation sharing a start\n"
+            "                        reuses it (default: the kv block size; 0 = off)\n"
             "  --adapter NAME --adapter-version V  state namespace \"NAME@V\" (default: base model)\n"
             "  --multiline           let replies run past a newline (default: stop at '\\n')\n"
-            "  --stats               print the service report (JSON) to stderr at the end\n"
+            "  --stats               print the model identity and what hashing it cost at startup,\n"
+            "                        and the service report (JSON) at the end, on stderr\n"
             "  --ssd-cache DIR       SSD tier under the prompt cache: evicted prefixes spill there,\n"
             "                        and at exit every prefix is written, so a later run (a restart)\n"
-            "                        reuses the conversation from disk\n"
+            "                        reuses the conversation from disk. State is kept per identity:\n"
+            "                        XXH3-128 of every byte of the model and of the tokenizer\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
             "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
             "  --transcript FILE     resume the conversation saved in FILE (JSON: [{\"user\": ...,\n"
             "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"
-            "                        with --ssd-cache a new process continues where the last stopped\n"
+            "                        with --ssd-cache a new process continues where the last stopped.\n"
+            "                        At most 64 MiB; checked before the first turn (a missing\n"
+            "                        directory or a FILE that cannot be written is refused then)\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 130 a script\n"
             "interrupted (Ctrl-C/SIGTERM) before its last message.\n");
@@ -144,29 +158,88 @@ static int fail(const char *what, int rc)
     return 1;
 }
 
-/* Resumes the conversation saved in `path` (absent file: a new one). */
-static int transcript_load(kvt_chat *chat, const char *path)
+/* Reads the conversation saved in `path` into *doc (NULL: no file yet, a
+ * new conversation), before anything is generated: a file over
+ * KVT_CHAT_MAX_FILE, a directory, a path whose directory is missing or
+ * cannot take the file (the save after each turn would fail) and a file that
+ * is not a JSON array of turns are refused here, naming the real cause. */
+static int transcript_read(const char *path, json_t **doc)
 {
-    if (access(path, F_OK) != 0)
-        return 0;
-    json_error_t err;
-    json_t *doc = json_load_file(path, 0, &err);
-    if (!doc)
-        return cli_fail(KVT_EFORMAT, "%s: line %d: %s", path, err.line, err.text);
+    *doc = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f && errno != ENOENT)
+        return cli_fail(-errno, "%s: %s", path, strerror(errno));
+    if (f) {
+        struct stat sb = {0};
+        if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            fclose(f);
+            return cli_fail(-EISDIR, "%s: %s (a transcript is a JSON file)", path, strerror(EISDIR));
+        }
+        if (S_ISREG(sb.st_mode) && (uint64_t)sb.st_size > KVT_CHAT_MAX_FILE) {
+            fclose(f);
+            return cli_fail(KVT_ELIMIT, "%s: a transcript holds at most %zu bytes (64 MiB)", path,
+                            KVT_CHAT_MAX_FILE);
+        }
+        char *buf = malloc(KVT_CHAT_MAX_FILE + 1);
+        if (!buf) {
+            fclose(f);
+            return cli_fail(KVT_ENOMEM, "%s: out of memory", path);
+        }
+        errno = 0;
+        size_t n = fread(buf, 1, KVT_CHAT_MAX_FILE + 1, f);
+        int err = ferror(f) ? (errno ? errno : EIO) : 0;
+        fclose(f);
+        int rc = 0;
+        if (err)
+            rc = cli_fail(-err, "%s: cannot read: %s", path, strerror(err));
+        else if (n > KVT_CHAT_MAX_FILE)
+            rc = cli_fail(KVT_ELIMIT, "%s: a transcript holds at most %zu bytes (64 MiB)", path,
+                          KVT_CHAT_MAX_FILE);
+        json_error_t jerr;
+        if (!rc && !(*doc = json_loadb(buf, n, 0, &jerr)))
+            rc = cli_fail(KVT_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
+        free(buf);
+        if (!rc && !json_is_array(*doc))
+            rc = cli_fail(KVT_EFORMAT, "%s: not a JSON array of turns", path);
+        for (size_t i = 0; !rc && i < json_array_size(*doc); i++) {
+            json_t *t = json_array_get(*doc, i);
+            if (!json_is_string(json_object_get(t, "user")) || !json_is_string(json_object_get(t, "assistant")))
+                rc = cli_fail(KVT_EFORMAT, "%s: turn %zu needs string fields \"user\" and \"assistant\"",
+                              path, i + 1);
+        }
+        if (rc) {
+            json_decref(*doc);
+            *doc = NULL;
+            return rc;
+        }
+    }
+    /* The save writes a temporary file beside it and renames it into place:
+     * try that now, so a missing or read-only directory is said before the
+     * first turn rather than after it. */
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return cli_fail(KVT_ERANGE, "%s: path too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int err = errno;
+        json_decref(*doc);
+        *doc = NULL;
+        return cli_fail(-err, "%s: cannot be saved there: %s", path, strerror(err));
+    }
+    close(fd);
+    unlink(tmp);
+    return 0;
+}
+
+/* Resumes the conversation transcript_read returned (NULL: nothing to do). */
+static int transcript_apply(kvt_chat *chat, json_t *doc)
+{
     int rc = 0;
-    if (!json_is_array(doc))
-        rc = cli_fail(KVT_EFORMAT, "%s: not a JSON array of turns", path);
     for (size_t i = 0; !rc && i < json_array_size(doc); i++) {
         json_t *t = json_array_get(doc, i);
-        const char *u = json_string_value(json_object_get(t, "user"));
-        const char *r = json_string_value(json_object_get(t, "assistant"));
-        if (!u || !r)
-            rc = cli_fail(KVT_EFORMAT, "%s: turn %zu needs string fields \"user\" and \"assistant\"", path,
-                               i + 1);
-        else
-            rc = kvt_chat_add_turn(chat, u, r);
+        rc = kvt_chat_add_turn(chat, json_string_value(json_object_get(t, "user")),
+                               json_string_value(json_object_get(t, "assistant")));
     }
-    json_decref(doc);
     return rc;
 }
 
@@ -188,8 +261,20 @@ static int transcript_save(const kvt_chat *chat, const char *path)
     char tmp[4096];
     if (!rc && snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
         rc = cli_fail(KVT_ERANGE, "%s: path too long", path);
-    if (!rc && json_dump_file(doc, tmp, JSON_INDENT(1)) != 0)
-        rc = cli_fail(-EIO, "%s: cannot write", tmp);
+    FILE *f = NULL;
+    if (!rc && !(f = fopen(tmp, "w")))
+        rc = cli_fail(-errno, "%s: cannot write: %s", tmp, strerror(errno));
+    if (f) {
+        errno = 0;
+        int bad = json_dumpf(doc, f, JSON_INDENT(1)) != 0;
+        bad |= fflush(f) != 0 || ferror(f);
+        int err = errno ? errno : EIO;
+        bad |= fclose(f) != 0;
+        if (bad) {
+            rc = cli_fail(-err, "%s: cannot write: %s", tmp, strerror(err));
+            unlink(tmp);
+        }
+    }
     if (!rc && rename(tmp, path) != 0) {
         rc = cli_fail(-errno, "%s: cannot rename into place: %s", path, strerror(errno));
         unlink(tmp);
@@ -223,20 +308,16 @@ static void catch_stop_signals(void)
     sigaction(SIGTERM, &sa, NULL);
 }
 
-/* Reads one line from stdin into *buf (grown). @return 1 a line, 0 at EOF
- * or on a stop signal, -errno when stdin cannot be read (closed, a
- * directory, an I/O error). */
-static int read_line(char **buf, size_t *cap)
+/* Reads one message line from stdin (kvt_chat_script_read_line: the limits
+ * and messages of --script). @return 1 a line, 0 at EOF or on a stop
+ * signal, or the reader's error. */
+static int read_line(char **buf, size_t *cap, int64_t lineno)
 {
-    errno = 0;
-    ssize_t n = getline(buf, cap, stdin);
-    if (n < 0 && stop_requested)
+    size_t used;
+    int rc = kvt_chat_script_read_line(stdin, "stdin", lineno, buf, cap, &used);
+    if (rc < 0 && stop_requested)
         return 0;
-    if (n < 0)
-        return ferror(stdin) ? -(errno ? errno : EIO) : 0;
-    while (n > 0 && isspace((unsigned char)(*buf)[n - 1]))
-        (*buf)[--n] = '\0';
-    return 1;
+    return rc;
 }
 
 int kvt_cmd_chat(int argc, char **argv)
@@ -244,7 +325,7 @@ int kvt_cmd_chat(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *script = NULL, *session = "chat";
     const char *adapter = NULL, *adapter_version = NULL;
     uint64_t pc_bytes = 1ull << 30, kv_budget = 0;
-    long long max_tokens = 64, seed = 42, block = 256;
+    long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1; /* -1: not given */
     float temperature = 0.0f, topp = 0.9f;
     int multiline = 0, stats = 0, ssd_verify = 0;
     const char *ssd_dir = NULL, *transcript = NULL;
@@ -272,7 +353,8 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--prompt-cache", "--kv-budget", "--max-tokens", "--steps",
                                                  "--temperature", "--top-p", "--seed", "--block-tokens",
                                                  "--adapter", "--adapter-version", "--ssd-cache",
-                                                 "--ssd-cache-max", "--demote-idle", "--transcript", NULL};
+                                                 "--ssd-cache-max", "--demote-idle", "--transcript",
+                                                 "--prefill-checkpoint-stride", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -316,6 +398,8 @@ int kvt_cmd_chat(int argc, char **argv)
             rc = parse_i64(a, v, 1, LLONG_MAX, &seed);
         else if (!strcmp(a, "--block-tokens"))
             rc = parse_i64(a, v, 1, 1 << 20, &block);
+        else if (!strcmp(a, "--prefill-checkpoint-stride"))
+            rc = parse_i64(a, v, 0, 1 << 20, &ckpt_stride);
         if (rc)
             return rc;
     }
@@ -337,8 +421,9 @@ int kvt_cmd_chat(int argc, char **argv)
 
     char **lines = NULL;
     int32_t n_lines = 0;
+    int rc;
     if (script) {
-        int rc = kvt_chat_script_load(script, &lines, &n_lines);
+        rc = kvt_chat_script_load(script, &lines, &n_lines);
         if (rc)
             return fail("cannot read the script", rc);
         if (n_lines == 0) {
@@ -346,6 +431,11 @@ int kvt_cmd_chat(int argc, char **argv)
                     script);
             return 1;
         }
+    }
+    json_t *saved = NULL;
+    if (transcript && (rc = transcript_read(transcript, &saved))) {
+        kvt_chat_script_free(lines, n_lines);
+        return fail("cannot use the transcript", rc);
     }
     kvt_model *m = NULL;
     kvt_tokenizer *tok = NULL;
@@ -356,15 +446,27 @@ int kvt_cmd_chat(int argc, char **argv)
     static char used_model[4096], used_tok[4096];
     char *line = NULL;
     size_t line_cap = 0;
-    int status = 1, rc;
+    int64_t stdin_line = 0;
+    int status = 1;
     if ((rc = kvt_chat_load_paths(model_path, tok_path, &m, &tok, used_model, used_tok, sizeof used_model))) {
         status = fail("cannot load the model", rc);
         goto done;
     }
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,
                                 .block_tokens = (int32_t)block, .demote_idle_ms = (uint64_t)demote_idle};
+    kvt_chat_identity ident;
+    if ((ssd_dir || stats) && (rc = kvt_chat_identity_compute(m, used_tok, &ident))) {
+        status = fail("cannot hash the model", rc);
+        goto done;
+    }
+    if (stats) {
+        fprintf(stderr, "kvtier chat: identity: model %s (%.1f MB), tokenizer %s (%llu bytes): hashed in %.1f ms\n",
+                ident.model_id, (double)ident.model_bytes / 1e6, ident.tokenizer_hash,
+                (unsigned long long)ident.tokenizer_bytes, ident.ms);
+        fflush(stderr);
+    }
     if (ssd_dir) {
-        if ((rc = kvt_chat_store_open(m, used_model, used_tok, ssd_dir, ssd_max, ssd_verify, &store))) {
+        if ((rc = kvt_chat_store_open(m, &ident, ssd_dir, ssd_max, ssd_verify, &store))) {
             status = fail("cannot open the SSD cache", rc);
             goto done;
         }
@@ -376,12 +478,13 @@ int kvt_cmd_chat(int argc, char **argv)
         goto done;
     }
     kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = temperature,
-                        .topp = topp, .seed = (uint64_t)seed, .multiline = multiline};
+                        .topp = topp, .seed = (uint64_t)seed, .multiline = multiline,
+                        .prefill_checkpoint_stride = ckpt_stride < 0 ? block : ckpt_stride == 0 ? -1 : ckpt_stride};
     if ((rc = kvt_chat_create(m, tok, svc, &co, &chat))) {
         status = fail("cannot start the chat", rc);
         goto done;
     }
-    if (transcript && (rc = transcript_load(chat, transcript))) {
+    if ((rc = transcript_apply(chat, saved))) {
         status = fail("cannot resume the transcript", rc);
         goto done;
     }
@@ -404,8 +507,7 @@ int kvt_cmd_chat(int argc, char **argv)
                 fputs("> ", stderr);
                 fflush(stderr);
             }
-            if ((rc = read_line(&line, &line_cap)) < 0) {
-                cli_fail(rc, "%s", strerror(-rc));
+            if ((rc = read_line(&line, &line_cap, ++stdin_line)) < 0) {
                 status = fail("cannot read stdin", rc);
                 goto done;
             }
@@ -456,6 +558,7 @@ int kvt_cmd_chat(int argc, char **argv)
     }
 done:
     free(line);
+    json_decref(saved);
     kvt_chat_free(chat);
     if (svc) {
         rc = kvt_service_close(svc);

@@ -8,6 +8,7 @@
  */
 #include "args.h"
 #include "cli.h"
+#include "chat.h"
 #include "model.h"
 
 #include <errno.h>
@@ -21,7 +22,8 @@ static void usage(FILE *f)
             "usage: kvtier model synth --out FILE --dim D --hidden H --layers L --heads NH --kv-heads NKV\n"
             "                          --vocab V --seq-len S --seed X [--separate-classifier]\n"
             "                          [--sliding-window W --window-layers LIST] [--recurrent-layers LIST]\n"
-            "       kvtier model info FILE    (shape, layer kinds, fingerprint, KV bytes per token)\n"
+            "       kvtier model info FILE    (shape, layer kinds, fingerprint, KV bytes per token, and the\n"
+            "                                 identity of the SSD tier: XXH3-128 of every byte, and its cost)\n"
             "       kvtier model default      (prints the built-in model and tokenizer paths)\n"
             "LIST is comma-separated layer indices, e.g. 1,3. Identical arguments give identical files.\n");
 }
@@ -162,9 +164,17 @@ static int cmd_default(void)
 static int cmd_info(const char *path)
 {
     kvt_model *m = NULL;
+    uint64_t t0 = kvt_now_ns();
     int rc = kvt_model_load(path, &m);
     if (rc != 0) {
         fprintf(stderr, "kvtier model info: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
+        return 1;
+    }
+    double load_ms = (double)(kvt_now_ns() - t0) / 1e6;
+    kvt_chat_identity id;
+    if ((rc = kvt_chat_identity_compute(m, NULL, &id)) != 0) {
+        fprintf(stderr, "kvtier model info: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
+        kvt_model_free(m);
         return 1;
     }
     const kvt_model_config *c = kvt_model_get_config(m);
@@ -180,6 +190,8 @@ static int cmd_info(const char *path)
            c->seq_len, c->shared_classifier ? "shared" : "separate", c->sliding_window, kinds,
            (unsigned long long)kvt_model_fingerprint(m), kvt_model_kv_bytes_per_token(m),
            kvt_model_fixed_state_bytes(m));
+    printf("identity %s (every byte: %.1f MB hashed in %.1f ms; load %.1f ms)\n", id.model_id,
+           (double)id.model_bytes / 1e6, id.ms, load_ms);
     kvt_model_free(m);
     return 0;
 }

@@ -49,7 +49,10 @@ static void usage(FILE *f)
             "hash_ids of 512-token blocks) and reports block and token hit ratios.\n"
             "TRACE defaults to $KVT_SHARED_DIR/data/traces/mooncake_conversation_trace.jsonl\n"
             "(both shared traces for --sweep). Capacity is in 512-token blocks (default %d);\n"
-            "--ram BYTES sets it to BYTES / (512 * B). B defaults to %d bytes per token.\n"
+            "--ram BYTES bounds the replay's memory instead: capacity BYTES / (512 * (B + %d)),\n"
+            "B kv bytes per token (default %d) plus the cache's own host bytes per token\n"
+            "(token copies, index, policy), so peak RSS stays within about BYTES x 1.1 + 64 MB.\n"
+            "BYTES: " KVT_CLI_BYTES_FORMS ".\n"
             "--policy (kvtier replay --list-policies):\n"
             "  lru-ref     plain LRU over hash ids (block simulator; the README cross-check)\n"
             "  opt         Belady's offline optimum (block simulator)\n"
@@ -63,7 +66,7 @@ static void usage(FILE *f)
             "budget of N blocks, in --ssd-dir DIR (default: a temporary directory, removed).\n"
             "--sweep: capacities 1000 10000 30000 100000, every policy; a table and a PNG\n"
             "chart (default replay-sweep.png) drawn by gnuplot.\n",
-            DEFAULT_CAPACITY, DEFAULT_BYTES_PER_TOKEN);
+            DEFAULT_CAPACITY, KVT_REPLAY_HOST_BYTES_PER_TOKEN, DEFAULT_BYTES_PER_TOKEN);
 }
 
 static int parse_i64(const char *flag, const char *s, int64_t min, int64_t *out)
@@ -103,7 +106,13 @@ static int parse_args(int argc, char **argv, opts *o)
             if (parse_i64(a, v, 1, &o->capacity)) return -1;
             i++;
         } else if (!strcmp(a, "--ram")) {
-            if (parse_i64(a, v, 1, &o->ram)) return -1;
+            uint64_t b;
+            if (!v || kvt_cli_bytes(v, &b, NULL) || b < 1 || b > INT64_MAX) {
+                fprintf(stderr, "kvtier replay: --ram needs a byte count >= 1 (%s), got '%s'\n",
+                        KVT_CLI_BYTES_FORMS, v ? v : "");
+                return -1;
+            }
+            o->ram = (int64_t)b;
             i++;
         } else if (!strcmp(a, "--ssd-blocks")) {
             if (parse_i64(a, v, 0, &o->ssd_blocks)) return -1;
@@ -148,10 +157,13 @@ static int parse_args(int argc, char **argv, opts *o)
         return -1;
     }
     if (o->ram > 0) {
-        o->capacity = o->ram / (KVT_TRACE_BLOCK_TOKENS * o->bytes_per_token);
+        /* B covers the whole replay: kv bytes and the cache's per-token host
+         * bytes (token copies, index, policy) that its budget does not count */
+        o->capacity = o->ram / (KVT_TRACE_BLOCK_TOKENS * (o->bytes_per_token + KVT_REPLAY_HOST_BYTES_PER_TOKEN));
         if (o->capacity < 1) {
             fprintf(stderr, "kvtier replay: --ram %lld bytes holds no 512-token block at %lld "
-                            "bytes per token\n", (long long)o->ram, (long long)o->bytes_per_token);
+                            "bytes per token (+%d of host state)\n", (long long)o->ram,
+                    (long long)o->bytes_per_token, KVT_REPLAY_HOST_BYTES_PER_TOKEN);
             return -1;
         }
     }

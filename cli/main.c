@@ -1,6 +1,7 @@
 /*
  * main.c: the `kvtier` command: dispatches to a subcommand. Owns no state.
  */
+#include "args.h"
 #include "cli.h"
 
 #include <stdio.h>
@@ -20,6 +21,8 @@ static void usage(FILE *f, const kvt_subcommand *cmds, const kvt_subcommand *ben
     fprintf(f, "\nbenchmarks (kvtier bench NAME):\n");
     for (const kvt_subcommand *c = benches; c->name; c++)
         fprintf(f, "  %-16s %s\n", c->name, c->help);
+    fprintf(f, "\nBYTES, in every command's size flags (--prompt-cache, --kv-budget, --ssd-cache-max,\n"
+               "--ram, store gc --max, bench sizes):\n  %s.\n", KVT_CLI_BYTES_FORMS);
 }
 
 static int run(const kvt_subcommand *c, int argc, char **argv)

@@ -1,21 +1,26 @@
 /*
  * chat.c: generation through the cache service and multi-turn chat on the
- * reference engine (chat.h). Owns the generation loop (admit, acquire,
- * prefill past the reused prefix, prompt-boundary snapshot, decode, publish,
- * release), the chat template, script parsing and a conversation's history.
+ * reference engine (chat.h). Owns the one-call generation (a loop over the
+ * steps of seq.c, which own admit, acquire, prefill, snapshots, decode,
+ * publish and release), the chat template, script parsing and a
+ * conversation's history.
  *
- * Must never: prefill a token the service already covers, take the
- * boundary snapshot at any other moment than "caches hold exactly the
- * prompt" (a wrapped ring cannot be rewound later, DESIGN.md 3.14), or
- * leave a request admitted after returning.
+ * Must never leave a request admitted after returning.
  */
 #include "chat.h"
+#include "seq.h"
 
+#include "model_internal.h"
 #include "../src/internal.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xxh_x86dispatch.h> /* XXH3 on the widest vector unit the CPU has */
+#else
+#include <xxhash.h>
+#endif
 
 #include <ctype.h>
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,52 +98,12 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
 
 /* ---- one generation ------------------------------------------------------------- */
 
-static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; }
-
-/* Whether some layer, holding n tokens, could no longer be cut back to n - 1. */
-static int point_range_at(const kvt_model_config *c, int64_t n)
-{
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        if (c->layer_kind[l] == KVT_LAYER_RECURRENT)
-            return 1;
-        if (c->layer_kind[l] == KVT_LAYER_WINDOW && n > c->sliding_window)
-            return 1;
-    }
-    return 0;
-}
-
-/* Publishes a zero-copy clone of the live caches as the entry tokens[0..n).
- * A refused publish is not the generation's error: the state is not kept. */
-static int publish_snapshot(kvt_service *svc, kvt_admission *adm, const kvt_state *live, const int32_t *tokens,
-                            int64_t n)
-{
-    kvt_state snap;
-    int rc = kvt_state_clone(live, &snap);
-    if (!rc)
-        rc = kvt_service_publish(svc, adm, tokens, n, &snap);
-    kvt_state_dispose(&snap);
-    return rc;
-}
-
-static int is_stop(const kvt_gen_opts *o, int32_t prev, int32_t tok)
-{
-    if (tok == KVT_TOKEN_EOS || tok == KVT_TOKEN_BOS)
-        return 1;
-    if (o->stop_tok) {
-        const char *piece = kvt_tokenizer_decode(o->stop_tok, prev, tok);
-        if (!piece || strchr(piece, '\n'))
-            return 1;
-    }
-    return 0;
-}
-
 KVT_API int kvt_chat_generate(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, const int32_t *prompt,
                               int64_t n_prompt, const kvt_gen_opts *o, int32_t *reply, int64_t reply_cap,
                               int64_t *n_reply, kvt_turn_stats *st)
 {
-    kvt_turn_stats s = {.prompt_tokens = n_prompt};
     if (st)
-        *st = s;
+        *st = (kvt_turn_stats){.prompt_tokens = n_prompt};
     if (n_reply)
         *n_reply = 0;
     if (!m || !svc || !sampler || !prompt || !o || !reply || !n_reply)
@@ -147,89 +112,30 @@ KVT_API int kvt_chat_generate(kvt_model *m, kvt_service *svc, kvt_sampler *sampl
         return kvt__fail(KVT_EINVAL, "chat: prompt %lld tokens (>= 1), max_tokens %lld (>= 1), reply "
                          "capacity %lld (>= max_tokens)", (long long)n_prompt, (long long)o->max_tokens,
                          (long long)reply_cap);
-    const kvt_model_config *c = kvt_model_get_config(m);
-    int64_t max_tokens = o->max_tokens;
-    if (n_prompt < c->seq_len && max_tokens > c->seq_len - n_prompt)
-        max_tokens = c->seq_len - n_prompt; /* the reply may use every position left */
-
-    uint64_t t0 = kvt_now_ns();
-    kvt_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens, .ns = o->ns,
-                       .session = o->session};
-    kvt_admission *adm = NULL;
-    kvt_state state = {0};
-    float *logits = NULL;
-    int32_t *all = NULL;
-    int rc = kvt_service_admit_wait(svc, &req, o->admit_timeout_ms, &adm);
+    kvt_seq *s = NULL;
+    int rc = kvt_seq_begin(m, svc, sampler, prompt, n_prompt, o, &s);
     if (rc)
         return rc;
-    rc = kvt_service_acquire(svc, adm, &state);
-    if (rc)
-        goto done;
-    logits = kvt__malloc((size_t)c->vocab_size * sizeof *logits);
-    all = kvt__malloc((size_t)(n_prompt + max_tokens) * sizeof *all);
-    if (!logits || !all) {
-        rc = kvt__fail(KVT_ENOMEM, "chat: out of memory");
-        goto done;
-    }
-    memcpy(all, prompt, (size_t)n_prompt * sizeof *all);
-    int64_t R = state.reused_tokens;
-    s.reused_tokens = R;
-    s.prefilled_tokens = n_prompt - R;
-    int keeps = kvt_service_keeps(svc, adm);
-
-    uint64_t tp = kvt_now_ns();
-    if (keeps && n_prompt - 1 > R && point_range_at(c, n_prompt)) {
-        /* The boundary entry will not serve an exact repeat (it cannot be cut
-         * back to n - 1): keep the state of n - 1 tokens as well. */
-        rc = kvt_model_prefill(m, state.caches, prompt + R, n_prompt - 1 - R, NULL);
-        if (rc)
-            goto done;
-        double part = ms_since(tp);
-        (void)publish_snapshot(svc, adm, &state, prompt, n_prompt - 1);
-        tp = kvt_now_ns();
-        rc = kvt_model_prefill(m, state.caches, prompt + n_prompt - 1, 1, logits);
-        s.prefill_ms = part + ms_since(tp);
-    } else {
-        rc = kvt_model_prefill(m, state.caches, prompt + R, n_prompt - R, logits);
-        s.prefill_ms = ms_since(tp);
-    }
-    if (rc)
-        goto done;
-    int32_t tok = kvt_sampler_sample(sampler, logits);
-    s.ttft_ms = ms_since(t0);
-    /* Prompt-boundary snapshot: the caches hold exactly the prompt now. */
-    if (keeps)
-        (void)publish_snapshot(svc, adm, &state, prompt, n_prompt);
-
-    int64_t fed = 0, k = 0;
-    int32_t prev = prompt[n_prompt - 1];
-    for (;;) {
-        if (is_stop(o, prev, tok))
+    int done = 0, finished = 0;
+    while (!rc && !done)
+        rc = kvt_seq_prefill(s, INT64_MAX, &done);
+    while (!rc) {
+        int32_t tok;
+        rc = kvt_seq_next(s, &tok, &finished);
+        if (rc || finished)
             break;
-        reply[k++] = tok;
-        if (k >= max_tokens)
-            break;
-        rc = kvt_model_decode(m, state.caches, tok, logits);
-        if (rc)
-            goto done;
-        all[n_prompt + fed++] = tok;
-        prev = tok;
-        tok = kvt_sampler_sample(sampler, logits);
+        rc = kvt_seq_decode(s);
     }
-    *n_reply = k;
-    s.generated_tokens = k;
-    if (keeps && fed > 0) {
-        if (kvt_service_publish(svc, adm, all, n_prompt + fed, &state) == 0)
-            memset(&state, 0, sizeof state);
+    if (!rc) {
+        int64_t n = 0;
+        const int32_t *r = kvt_seq_reply(s, &n);
+        memcpy(reply, r, (size_t)n * sizeof *reply);
+        *n_reply = n;
     }
-done:
-    kvt_state_dispose(&state);
-    kvt_service_release(svc, adm, rc == 0);
-    kvt__free(logits);
-    kvt__free(all);
-    s.total_ms = ms_since(t0);
+    kvt_turn_stats fs;
+    kvt_seq_finish(s, rc == 0, &fs);
     if (st)
-        *st = s;
+        *st = fs;
     return rc;
 }
 
@@ -343,33 +249,111 @@ oom:
     return kvt__fail(KVT_ENOMEM, "chat script: out of memory");
 }
 
+KVT_API int kvt_chat_script_read_line(FILE *f, const char *name, int64_t lineno, char **buf, size_t *cap,
+                                      size_t *len)
+{
+    if (!f || !buf || !cap || !len)
+        return kvt__fail(KVT_EINVAL, "read line: NULL argument");
+    if (!name)
+        name = "input";
+    size_t n = 0, used = 0;
+    int c;
+    errno = 0;
+    while ((c = getc_unlocked(f)) != EOF) {
+        used++;
+        if (c == '\n')
+            break;
+        if (c == '\0')
+            return kvt__fail(KVT_EFORMAT, "%s: line %lld holds a NUL byte (a message is text)", name,
+                             (long long)lineno);
+        if (n >= KVT_CHAT_MAX_LINE)
+            return kvt__fail(KVT_ELIMIT, "%s: line %lld is longer than the limit of %zu bytes (1 MiB) "
+                             "for one message", name, (long long)lineno, KVT_CHAT_MAX_LINE);
+        if (n + 1 >= *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            if (nc > KVT_CHAT_MAX_LINE + 1)
+                nc = KVT_CHAT_MAX_LINE + 1;
+            char *p = realloc(*buf, nc);
+            if (!p)
+                return kvt__fail(KVT_ENOMEM, "%s: line %lld: out of memory", name, (long long)lineno);
+            *buf = p;
+            *cap = nc;
+        }
+        (*buf)[n++] = (char)c;
+    }
+    if (c == EOF && ferror(f)) {
+        int err = errno ? errno : EIO;
+        return kvt__fail(-err, "%s: cannot read: %s", name, strerror(err));
+    }
+    if (!used)
+        return 0;
+    if (!*buf) {
+        *buf = malloc(1);
+        if (!*buf)
+            return kvt__fail(KVT_ENOMEM, "%s: out of memory", name);
+        *cap = 1;
+    }
+    while (n > 0 && isspace((unsigned char)(*buf)[n - 1]))
+        n--;
+    (*buf)[n] = '\0';
+    *len = used;
+    return 1;
+}
+
 KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n)
 {
-    if (!path)
-        return kvt__fail(KVT_EINVAL, "chat script: NULL path");
+    if (!path || !lines || !n)
+        return kvt__fail(KVT_EINVAL, "chat script: NULL argument");
+    *lines = NULL;
+    *n = 0;
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvt__fail(-errno, "%s: cannot open script: %s", path, strerror(errno));
-    sbuf b = {0};
-    char chunk[4096];
-    size_t got;
-    errno = 0;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
-        sb_add(&b, chunk, got);
-    int err = ferror(f) ? (errno ? errno : EIO) : 0;
+    char **v = NULL, *line = NULL;
+    int32_t count = 0, cap = 0;
+    size_t line_cap = 0, len = 0, total = 0;
+    int rc;
+    for (int64_t lineno = 1;; lineno++) {
+        rc = kvt_chat_script_read_line(f, path, lineno, &line, &line_cap, &len);
+        if (rc <= 0)
+            break;
+        total += len;
+        if (total > KVT_CHAT_MAX_FILE) {
+            rc = kvt__fail(KVT_ELIMIT, "%s: a script holds at most %zu bytes (64 MiB); refused at line %lld",
+                           path, KVT_CHAT_MAX_FILE, (long long)lineno);
+            break;
+        }
+        if (line[0] == '\0' || line[0] == '#')
+            continue;
+        if (count == INT32_MAX) {
+            rc = kvt__fail(KVT_ELIMIT, "%s: too many messages", path);
+            break;
+        }
+        if (count == cap) {
+            int32_t nc = cap ? (cap > INT32_MAX / 2 ? INT32_MAX : cap * 2) : 16;
+            char **nv = realloc(v, (size_t)nc * sizeof *nv);
+            if (!nv) {
+                rc = kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+                break;
+            }
+            v = nv;
+            cap = nc;
+        }
+        if (!(v[count] = strdup(line))) {
+            rc = kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+            break;
+        }
+        count++;
+    }
+    free(line);
     fclose(f);
-    if (err || b.oom) {
-        free(b.p);
-        return err ? kvt__fail(-err, "%s: cannot read script: %s", path, strerror(err))
-                   : kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
+    if (rc < 0) {
+        kvt_chat_script_free(v, count);
+        return rc;
     }
-    if (b.p && strlen(b.p) != b.n) {
-        free(b.p);
-        return kvt__fail(KVT_EINVAL, "%s: script holds a NUL byte", path);
-    }
-    int rc = kvt_chat_script_parse(b.p ? b.p : "", lines, n);
-    free(b.p);
-    return rc;
+    *lines = v;
+    *n = count;
+    return 0;
 }
 
 /* ---- a conversation ---------------------------------------------------------------- */
@@ -589,7 +573,8 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
     if (rc)
         goto fail;
     kvt_gen_opts g = {.max_tokens = c->o.max_tokens, .ns = c->ns, .session = c->session,
-                      .admit_timeout_ms = -1, .stop_tok = c->o.multiline ? NULL : c->tok};
+                      .admit_timeout_ms = -1, .stop_tok = c->o.multiline ? NULL : c->tok,
+                      .prefill_checkpoint_stride = c->o.prefill_checkpoint_stride};
     rc = kvt_chat_generate(c->m, c->svc, c->sampler, c->prompt, c->n_prompt, &g, c->out, c->o.max_tokens,
                            &c->n_out, st);
     if (rc)
@@ -617,33 +602,72 @@ fail:
 
 /* ---- helpers of the chat command and benchmark ----------------------------------------- */
 
-KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *out)
+/* The byte-count grammar of every kvtier command: DIGITS[.DIGITS][K|M|G|T[i]][B]
+ * (suffixes any case, powers of 1024), rounded down to whole bytes.
+ * @return 0 and *out, or -1 (not that grammar, or 2^64 bytes or more). */
+static int bytes_grammar(const char *s, uint64_t *out)
 {
-    if (!text || !out || !*text || !isdigit((unsigned char)*text))
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is not a byte count (e.g. 1073741824, 512M, 2G)",
-                         what ? what : "bytes", text ? text : "(null)");
-    errno = 0;
-    char *end = NULL;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno)
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is out of range", what, text);
+    const char *p = s;
+    uint64_t whole = 0;
+    if (!isdigit((unsigned char)*p))
+        return -1;
+    for (; isdigit((unsigned char)*p); p++) {
+        uint64_t d = (uint64_t)(*p - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            return -1;
+        whole = whole * 10 + d;
+    }
+    const char *frac = NULL;
+    size_t n_frac = 0;
+    if (*p == '.') {
+        frac = ++p;
+        for (; isdigit((unsigned char)*p); p++)
+            n_frac++;
+        if (n_frac == 0)
+            return -1; /* "1." or "1.G" */
+    }
     unsigned shift = 0;
-    switch (toupper((unsigned char)*end)) {
-    case 'K': shift = 10, end++; break;
-    case 'M': shift = 20, end++; break;
-    case 'G': shift = 30, end++; break;
-    case 'T': shift = 40, end++; break;
+    switch (toupper((unsigned char)*p)) {
+    case 'K': shift = 10, p++; break;
+    case 'M': shift = 20, p++; break;
+    case 'G': shift = 30, p++; break;
+    case 'T': shift = 40, p++; break;
     default: break;
     }
-    if (shift && toupper((unsigned char)*end) == 'I')
-        end++;
-    if (toupper((unsigned char)*end) == 'B')
-        end++;
-    if (*end)
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is not a byte count (e.g. 1073741824, 512M, 2G)", what, text);
-    if (shift && v > (UINT64_MAX >> shift))
-        return kvt__fail(KVT_EINVAL, "%s: '%s' is out of range", what, text);
-    *out = (uint64_t)v << shift;
+    if (shift && toupper((unsigned char)*p) == 'I')
+        p++;
+    if (toupper((unsigned char)*p) == 'B')
+        p++;
+    if (*p)
+        return -1;
+    if (whole > (UINT64_MAX >> shift))
+        return -1;
+    uint64_t v = whole << shift;
+    /* the fraction 0.d1d2... times 2^shift, rounded down, by long division
+     * (18 digits count: the 19th cannot add a whole byte below 2^60) */
+    uint64_t rem = 0, den = 1, f = 0;
+    for (size_t i = 0; i < n_frac && i < 18; i++) {
+        rem = rem * 10 + (uint64_t)(frac[i] - '0');
+        den *= 10;
+    }
+    for (unsigned i = 0; i < shift; i++) {
+        rem *= 2;
+        f = f * 2 + (rem >= den);
+        if (rem >= den)
+            rem -= den;
+    }
+    if (f > UINT64_MAX - v)
+        return -1;
+    v += f;
+    *out = v;
+    return 0;
+}
+
+KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *out)
+{
+    if (!text || !out || bytes_grammar(text, out))
+        return kvt__fail(KVT_EINVAL, "%s: '%s' is not a byte count (" KVT_CHAT_BYTES_FORMS ")",
+                         what ? what : "bytes", text ? text : "(null)");
     return 0;
 }
 
@@ -688,84 +712,90 @@ KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_mode
     return kvt_chat_load_paths(model_path, tok_path, m, tok, NULL, NULL, 0);
 }
 
-/* SHA-256 (hex) of `path`: the whole file, or when `sample` its size and its
- * first and last 16 MiB. */
-static int file_hash(const char *path, int sample, char hex[65])
+/* "xxh3-128:" and the 32 hex digits of h (canonical, big-endian). */
+static void hash_hex(XXH128_hash_t h, char out[48])
+{
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    int n = snprintf(out, 48, "xxh3-128:");
+    for (int i = 0; i < 16; i++)
+        n += snprintf(out + n, (size_t)(48 - n), "%02x", c.digest[i]);
+}
+
+/* XXH3-128 of the whole file at `path`, read in 1 MiB pieces. */
+static int file_hash(const char *path, XXH128_hash_t *out, uint64_t *bytes)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvt__fail(-errno, "%s: cannot open: %s", path, strerror(errno));
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    XXH3_state_t *st = XXH3_createState();
     unsigned char *buf = malloc(1 << 20);
     int rc = 0;
-    if (!ctx || !buf || !EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
+    if (!st || !buf || XXH3_128bits_reset(st) != XXH_OK) {
         rc = kvt__fail(KVT_ENOMEM, "%s: cannot hash: out of memory", path);
         goto done;
     }
-    fseeko(f, 0, SEEK_END);
-    off_t size = ftello(f);
-    uint64_t sz = (uint64_t)size;
-    EVP_DigestUpdate(ctx, &sz, sizeof sz);
-    const off_t part = (off_t)16 << 20;
-    off_t ranges[2][2] = {{0, size}, {0, 0}};
-    if (sample && size > 2 * part) {
-        ranges[0][1] = part;
-        ranges[1][0] = size - part;
-        ranges[1][1] = size;
+    uint64_t total = 0;
+    size_t got;
+    errno = 0;
+    while ((got = fread(buf, 1, 1 << 20, f)) > 0) {
+        XXH3_128bits_update(st, buf, got);
+        total += got;
     }
-    for (int r = 0; r < 2 && !rc; r++) {
-        if (fseeko(f, ranges[r][0], SEEK_SET)) {
-            rc = kvt__fail(-errno, "%s: cannot seek", path);
-            break;
-        }
-        for (off_t left = ranges[r][1] - ranges[r][0]; left > 0;) {
-            size_t want = left < (1 << 20) ? (size_t)left : (1 << 20);
-            size_t got = fread(buf, 1, want, f);
-            if (got != want) {
-                rc = kvt__fail(-EIO, "%s: short read while hashing", path);
-                break;
-            }
-            EVP_DigestUpdate(ctx, buf, got);
-            left -= (off_t)got;
-        }
+    if (ferror(f)) {
+        int err = errno ? errno : EIO;
+        rc = kvt__fail(-err, "%s: cannot read while hashing: %s", path, strerror(err));
+        goto done;
     }
-    unsigned char md[32];
-    unsigned len = 0;
-    if (!rc && !EVP_DigestFinal_ex(ctx, md, &len))
-        rc = kvt__fail(KVT_ENOMEM, "%s: cannot hash", path);
-    for (unsigned i = 0; !rc && i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    *out = XXH3_128bits_digest(st);
+    *bytes = total;
 done:
     free(buf);
-    EVP_MD_CTX_free(ctx);
+    XXH3_freeState(st);
     fclose(f);
     return rc;
 }
 
-KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, const char *tok_path, const char *root,
+KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, kvt_chat_identity *out)
+{
+    if (!m || !out)
+        return kvt__fail(KVT_EINVAL, "chat identity: NULL model or out");
+    memset(out, 0, sizeof *out);
+    uint64_t t0 = kvt_now_ns();
+    /* the mapping holds every byte of the checkpoint: no second read */
+    hash_hex(XXH3_128bits(m->map, m->map_bytes), out->model_id);
+    out->model_bytes = m->map_bytes;
+    if (tok_path) {
+        XXH128_hash_t h;
+        int rc = file_hash(tok_path, &h, &out->tokenizer_bytes);
+        if (rc)
+            return rc;
+        hash_hex(h, out->tokenizer_hash);
+    }
+    out->ms = (double)(kvt_now_ns() - t0) / 1e6;
+    return 0;
+}
+
+KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out)
 {
     if (!out)
         return kvt__fail(KVT_EINVAL, "chat store: out is NULL");
     *out = NULL;
-    if (!m || !model_path || !tok_path || !root)
-        return kvt__fail(KVT_EINVAL, "chat store: model, paths and root are required");
-    char model_hash[65], tok_hash[65], fp[KVT_STORE_FINGERPRINT_LEN];
-    int rc = file_hash(model_path, 1, model_hash);
-    if (!rc)
-        rc = file_hash(tok_path, 0, tok_hash);
-    if (rc)
-        return rc;
+    if (!m || !ident || !root)
+        return kvt__fail(KVT_EINVAL, "chat store: model, identity and root are required");
+    char fp[KVT_STORE_FINGERPRINT_LEN];
     const kvt_model_config *c = kvt_model_get_config(m);
     kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
-    rc = kvt_model_new_caches(m, 256, caches);
+    int rc = kvt_model_new_caches(m, 256, caches);
     if (rc)
         return rc;
     rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
     kvt_caches_dispose(caches, c->n_layers);
     if (rc)
         return rc;
-    kvt_store_identity id = {.model_id = model_hash, .config_fingerprint = fp, .tokenizer_hash = tok_hash};
+    kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
+                             .tokenizer_hash = ident->tokenizer_hash};
     kvt_store_options so = {.max_bytes = max_bytes, .verify = verify};
     return kvt_store_open(root, &id, &so, out);
 }

@@ -6,7 +6,8 @@
  * admit, acquire (the longest reusable prefix), prefill only the tokens past
  * it, publish a zero-copy snapshot of the caches taken exactly at the prompt
  * boundary (before the first generated token), decode, publish the
- * prompt+generation entry, release.
+ * prompt+generation entry, release. It is a loop over the step-wise API of
+ * seq.h, which a batching scheduler drives directly.
  *
  * kvt_chat is a conversation: every turn renders the whole conversation with
  * the chat template and re-encodes it, as real chat traffic does (the reply
@@ -27,6 +28,7 @@
 #include "kvtier/store.h"
 
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +76,9 @@ typedef struct kvt_gen_opts {
     int64_t admit_timeout_ms;  /* wait for room in the KV budget; < 0 forever, 0 not at all */
     const kvt_tokenizer *stop_tok; /* optional: stop before a token whose decoded
                                   piece holds '\n' (one-line replies) */
+    int64_t prefill_checkpoint_stride; /* tokens between prefill checkpoints (see
+                                  kvt_chat_generate): 0 = the kv block size (256 when the
+                                  model has no kv layer), < 0 = no checkpoints */
 } kvt_gen_opts;
 
 /** Generates a reply to `prompt` through the service.
@@ -86,6 +91,22 @@ typedef struct kvt_gen_opts {
  * window) a snapshot of n_prompt - 1 tokens is published too, so an exact
  * repeat of the prompt reuses n_prompt - 1 tokens on every cache kind. At
  * the end the caches holding prompt + fed reply tokens are published.
+ * Prefill checkpoints: on a model whose state for the whole prompt cannot be
+ * cut back (a recurrent layer, or a window layer whose ring wraps within the
+ * prompt), the prompt is prefilled in pieces ending at every multiple of
+ * o->prefill_checkpoint_stride tokens, and at each such boundary b (reused
+ * prefix < b < n_prompt - 1) the caches are cloned and published as the
+ * entry prompt[0..b). A later prompt sharing P tokens with this one then
+ * reuses the largest checkpoint at or below P (an untrimmable entry serves
+ * only prompts extending all its tokens), where without them it reuses
+ * nothing. A checkpoint shares the kv blocks it sits on (zero bytes copied
+ * when the stride is a multiple of the block size; otherwise the live
+ * cache copies its partial tail block once); the ring of each window layer
+ * (W x kv_dim x 2 x 4 bytes) and the state of each recurrent layer
+ * (dim x 4 bytes) are its own: the live caches copy them on the next
+ * write. Checkpoints are ordinary entries of the prompt cache (budget,
+ * retention, cold tier). A plain model (or a prompt within the window and
+ * without recurrent layers) makes none: its entries can be cut back.
  * A failing publish is not an error of the generation: the state is simply
  * not kept (the report's publishes counts only accepted states).
  * Snapshots are published without a share of the acquired state's release
@@ -123,7 +144,32 @@ KVT_API int kvt_chat_render(const char *const *user, const char *const *reply, i
  * @param lines receives (n) strings; caller frees with kvt_chat_script_free().
  * @return 0, KVT_EINVAL (NULL), KVT_ENOMEM. */
 KVT_API int kvt_chat_script_parse(const char *text, char ***lines, int32_t *n);
-/** Reads and parses a script file. @return as parse, or -errno naming the path. */
+/** Bounds of every chat input read: one message line (a script's or
+ * stdin's), and a whole script or transcript file, in bytes. */
+#define KVT_CHAT_MAX_LINE ((size_t)1 << 20)  /* 1 MiB */
+#define KVT_CHAT_MAX_FILE ((size_t)64 << 20) /* 64 MiB */
+
+/** Reads one line of user input from `f` into *buf (grown with realloc up to
+ * KVT_CHAT_MAX_LINE + 1 bytes; the caller frees it with free()): the line
+ * without its '\n' and trailing whitespace, NUL-terminated; *len receives
+ * the bytes consumed from f (the line with its '\n' and trailing space). The same rules and messages for a script and for stdin: a NUL byte
+ * is refused (a message is text), and so is a line longer than
+ * KVT_CHAT_MAX_LINE bytes; nothing past the refused byte is read.
+ * @param name names the input in messages ("stdin", a path); borrowed.
+ * @param lineno the line's number (1-based), for messages.
+ * @return 1 (a line; the last one may lack its '\n'); 0 (end of input, nothing
+ *   read); KVT_EFORMAT (NUL byte: "NAME: line N holds a NUL byte ...");
+ *   KVT_ELIMIT (the line is too long); KVT_ENOMEM; -errno (read error,
+ *   e.g. -EINTR when a signal interrupted the read, -EISDIR). */
+KVT_API int kvt_chat_script_read_line(FILE *f, const char *name, int64_t lineno, char **buf, size_t *cap,
+                                      size_t *len);
+
+/** Reads and parses a script file, line by line with
+ * kvt_chat_script_read_line (a NUL byte or a line over KVT_CHAT_MAX_LINE is
+ * refused), at most KVT_CHAT_MAX_FILE bytes in all (a larger file, or an
+ * endless one such as /dev/zero, is refused, never read whole).
+ * @return as parse; KVT_EFORMAT, KVT_ELIMIT (kvt_last_error names the
+ *   path, the line and the limit); -errno naming the path. */
 KVT_API int kvt_chat_script_load(const char *path, char ***lines, int32_t *n);
 /** Frees what kvt_chat_script_parse returned. NULL is a no-op. */
 KVT_API void kvt_chat_script_free(char **lines, int32_t n);
@@ -141,6 +187,7 @@ typedef struct kvt_chat_opts {
     float topp;               /* as kvt_sampler_create */
     uint64_t seed;            /* sampler seed, 0 = 42 */
     int multiline;            /* 1: replies may span lines (default: stop at '\n') */
+    int64_t prefill_checkpoint_stride; /* as kvt_gen_opts: 0 = the kv block size, < 0 = none */
 } kvt_chat_opts;
 
 /** Creates a conversation over a model, its tokenizer and a service.
@@ -181,26 +228,51 @@ KVT_API int kvt_chat_get_turn(const kvt_chat *c, int32_t i, const char **user, c
 /** The prompt tokens of the last turn (borrowed, valid until the next turn). */
 KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
 
+/** What a model's SSD state belongs to: hashes of every byte of the weights
+ * the engine computes with and of the tokenizer file. */
+typedef struct kvt_chat_identity {
+    char model_id[48];       /* "xxh3-128:" + 32 hex digits of the whole checkpoint */
+    char tokenizer_hash[48]; /* the same over the whole tokenizer file; "" when none */
+    uint64_t model_bytes;    /* bytes hashed: the checkpoint's size */
+    uint64_t tokenizer_bytes;
+    double ms;               /* wall time the hashing took, ms */
+} kvt_chat_identity;
+
+/** Computes the identity of a loaded model: XXH3-128 over the whole mapped
+ * checkpoint (the bytes kvt_model_load mapped, so no second read of the
+ * file) and over the whole tokenizer file (read in 1 MiB pieces). Two
+ * checkpoints that differ in any byte get different ids.
+ * @param tok_path the tokenizer file, or NULL (then tokenizer_hash is "").
+ * @return 0; KVT_EINVAL (NULL m or out); -errno naming the tokenizer file.
+ * Thread-safe (reads only). */
+KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, kvt_chat_identity *out);
+
 /** Opens the SSD store (the cold tier) for a model under `root`, with the
- * identity: model id = SHA-256 over the checkpoint's size and its first and
- * last 16 MiB (the whole file when smaller than 32 MiB; two checkpoints that
- * differ only in between would share a directory: give them distinct roots); the
- * config fingerprint of the model's fresh caches (kvt_store_config_fingerprint:
- * layer count, kinds, shapes); tokenizer hash = SHA-256 of the tokenizer file.
- * @param model_path, tok_path the files the model and tokenizer came from.
+ * store identity: model id and tokenizer hash from `id`
+ * (kvt_chat_identity_compute), and the config fingerprint of the model's
+ * fresh caches (kvt_store_config_fingerprint: layer count, kinds, shapes).
  * @param max_bytes budget over the root (0 = unlimited); @param verify check
  *   SHA-256 on every load.
  * @param out caller closes with kvt_store_close() after the service is closed.
- * @return 0; KVT_EINVAL (NULL model, path, root or out); -errno naming the
- *   file; kvt_store_open's errors. */
-KVT_API int kvt_chat_store_open(const kvt_model *m, const char *model_path, const char *tok_path, const char *root,
+ * @return 0; KVT_EINVAL (NULL model, identity, root or out); kvt_store_open's
+ *   errors (-errno naming the directory). */
+KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *id, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out);
 
 /* ---- helpers of the chat command and benchmark ----------------------------------------- */
 
-/** Parses a byte count: digits with an optional suffix K, M, G, T (powers
- * of 1024, optional trailing "B" or "iB"). @return 0 or KVT_EINVAL naming
- * `what` and the text. */
+/** The byte counts every kvtier command accepts, in words (for messages and
+ * --help). */
+#define KVT_CHAT_BYTES_FORMS "a whole or decimal number with an optional suffix K, M, G or T " \
+    "(powers of 1024; KiB, MB and the like also accepted; any case), e.g. 4096, 512M, 1.5G, 2GiB"
+
+/** Parses a byte count, the one parser of every kvtier command (chat,
+ * replay, store gc, bench): DIGITS[.DIGITS][K|M|G|T[i]][B], suffixes in any
+ * case, powers of 1024, rounded down to whole bytes ("1.5K" is 1536, "0.5"
+ * is 0). No sign, space, exponent or hexadecimal.
+ * @param what names the flag in the message (may be NULL).
+ * @return 0 and *out; KVT_EINVAL naming `what` and the text (not that
+ *   form, or 2^64 bytes or more; *out is left alone). Thread-safe. */
 KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *out);
 
 /** Loads a model and its tokenizer; both paths NULL means the built-in

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -778,11 +779,23 @@ static void test_cli(void **state)
     assert_int_equal(run_cmd(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "block hit ratio    0.3333"));
     assert_non_null(strstr(out, "requests/s"));
-    /* --ram BYTES: 3 blocks of 512 tokens at 64 bytes per token */
+    /* --ram BYTES: 3 blocks of 512 tokens at 64 kv bytes per token plus the
+     * cache's host bytes per token */
     snprintf(args, sizeof args, "'%s' --sim --policy lru-ref --ram %d --json", temp_file(text, 3),
-             3 * 512 * 64 + 100);
+             3 * 512 * (64 + KVT_REPLAY_HOST_BYTES_PER_TOKEN) + 100);
     assert_int_equal(run_cmd(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "\"capacity_blocks\": 3,"));
+    /* the byte sizes of every command: suffixes and decimals (were refused:
+     * "--ram needs an integer >= 1, got '16M'") */
+    snprintf(args, sizeof args, "'%s' --sim --policy lru-ref --ram 7.5M --json", temp_file(text, 3));
+    assert_int_equal(run_cmd(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"capacity_blocks\": 192,")); /* 7864320 / (512 * 80) */
+    snprintf(args, sizeof args, "'%s' --sim --policy lru-ref --ram 16MiB --json", temp_file(text, 3));
+    assert_int_equal(run_cmd(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"capacity_blocks\": 409,"));
+    assert_int_equal(run_cmd("--ram 16Q x.jsonl", out, sizeof out), 2);
+    assert_non_null(strstr(out, "1.5G"));     /* the message says which forms work */
+    assert_int_equal(run_cmd("--ram -1G x.jsonl", out, sizeof out), 2);
     assert_int_equal(run_cmd("--policy nope x.jsonl", out, sizeof out), 2);
     assert_non_null(strstr(out, "unknown policy 'nope'"));
     assert_int_equal(run_cmd("--capacity-blocks -3 x.jsonl", out, sizeof out), 2);
@@ -820,6 +833,39 @@ static void test_cli(void **state)
     unlink(temp_file("", 3));
 }
 
+/* Peak RSS of `kvtier replay --ram B` over the whole conversation trace stays
+ * within B x 1.1 + 64 MB (was 695 MB at B = 512 MiB: the cache's token
+ * copies, index and policy slots were not inside B). */
+static void test_cli_ram_bound(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVT_BIN");
+    const char *shared = getenv("KVT_SHARED_DIR");
+    char trace[1024];
+    snprintf(trace, sizeof trace, "%s/data/traces/mooncake_conversation_trace.jsonl",
+             shared && *shared ? shared : "../shared");
+    if (!bin || access(trace, R_OK)) {
+        printf("KVT_BIN not set or %s absent: skipping\n", trace);
+        skip();
+    }
+    const uint64_t B = 512ull << 20;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        freopen("/dev/null", "w", stdout);
+        execl(bin, bin, "replay", "--ram", "536870912", "--quiet", trace, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    struct rusage ru;
+    assert_int_equal(wait4(pid, &st, 0, &ru), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    uint64_t peak = (uint64_t)ru.ru_maxrss * 1024, bound = B + B / 10 + 64000000ull;
+    printf("replay --ram 512M: peak RSS %.1f MB (bound %.1f MB)\n", peak / 1e6, bound / 1e6);
+    assert_true(peak <= bound);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -841,6 +887,7 @@ int main(void)
         cmocka_unit_test(test_mooncake_policy_beats_lru),
         cmocka_unit_test(test_mooncake_cache_slice),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_cli_ram_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

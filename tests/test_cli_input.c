@@ -1,0 +1,337 @@
+/*
+ * test_cli_input.c: every input `kvtier chat` reads is bounded and refused
+ * clearly past its bound, and byte sizes mean the same in every command.
+ * Runs the binary (KVT_BIN) as a child with a wall-clock limit and an
+ * address-space limit, and checks its exit status, its stderr and its peak
+ * RSS: a script or stdin of /dev/zero, a NUL byte on stdin and in a script
+ * (one message for both), a line over 1 MiB, a script and a transcript over
+ * 64 MiB, a transcript path whose directory is missing or that is a
+ * directory (said before any turn runs); then the byte-size parser
+ * (kvt_chat_parse_bytes, which kvt_cli_bytes and so every command use).
+ * Uses stories260K from ../shared (skips without it).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "chat.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static char dir[256], model[1024], tok[1024];
+
+static int have_inputs(void)
+{
+    if (!getenv("KVT_BIN")) {
+        print_message("skipping: KVT_BIN is not set (ctest sets it to the kvtier binary)\n");
+        return 0;
+    }
+    const char *shared = getenv("KVT_SHARED_DIR");
+    snprintf(model, sizeof model, "%s/data/models/stories260K.bin", shared && *shared ? shared : "../shared");
+    snprintf(tok, sizeof tok, "%s/data/models/tok512.bin", shared && *shared ? shared : "../shared");
+    if (access(model, R_OK) || access(tok, R_OK)) {
+        print_message("skipping: %s absent\n", model);
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    int status;        /* exit status, -1 killed */
+    int timed_out;
+    long maxrss_kb;
+    char err[8192];    /* stderr */
+    char out[8192];    /* stdout */
+} run_result;
+
+static void slurp(const char *path, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+}
+
+/* Runs `kvtier chat --model M --tokenizer T ARGS...` (argv NULL-terminated)
+ * with stdin from `in` (NULL: /dev/null), at most 20 s and 2 GiB of
+ * address space. */
+static void run_chat(const char *in, const char *const *args, run_result *r)
+{
+    char out_path[300], err_path[300];
+    snprintf(out_path, sizeof out_path, "%s/out.txt", dir);
+    snprintf(err_path, sizeof err_path, "%s/err.txt", dir);
+    const char *argv[32] = {getenv("KVT_BIN"), "chat", "--model", model, "--tokenizer", tok, "--max-tokens", "4"};
+    int n = 8;
+    for (int i = 0; args[i]; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit lim = {.rlim_cur = 2ull << 30, .rlim_max = 2ull << 30};
+        setrlimit(RLIMIT_AS, &lim);
+        int fd = open(in ? in : "/dev/null", O_RDONLY);
+        int o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0 || o < 0 || e < 0)
+            _exit(126);
+        dup2(fd, 0);
+        dup2(o, 1);
+        dup2(e, 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    memset(r, 0, sizeof *r);
+    struct rusage ru;
+    int st = 0;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        pid_t w = wait4(pid, &st, WNOHANG, &ru);
+        assert_true(w >= 0);
+        if (w == pid)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > 20 && !r->timed_out) {
+            r->timed_out = 1;
+            kill(pid, SIGKILL);
+        }
+        usleep(10000);
+    }
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r->maxrss_kb = ru.ru_maxrss;
+    slurp(err_path, r->err, sizeof r->err);
+    slurp(out_path, r->out, sizeof r->out);
+}
+
+/* Exit 1, stderr holding `want`, no turn run, peak RSS under 256 MB. */
+static void expect_refused(const char *what, const run_result *r, const char *want)
+{
+    print_message("%s: exit %d, peak RSS %ld KB, stderr: %s", what, r->status, r->maxrss_kb, r->err);
+    assert_false(r->timed_out);
+    assert_int_equal(r->status, 1);
+    if (!strstr(r->err, want))
+        fail_msg("%s: stderr lacks '%s': %s", what, want, r->err);
+    assert_null(strstr(r->err, "turn 1:"));
+    assert_true(r->maxrss_kb < 256 * 1024);
+}
+
+static void write_file(const char *path, const char *text, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* A file of `bytes` bytes repeating `unit`. */
+static void write_repeated(const char *path, const char *unit, size_t bytes)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    size_t u = strlen(unit);
+    for (size_t n = 0; n < bytes; n += u)
+        fwrite(unit, 1, u, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* /dev/zero as the script and as stdin: refused at its first byte (was
+ * 10.9 GB and 12.2 GB of memory in 8 s). */
+static void test_dev_zero(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    run_result r;
+    run_chat(NULL, (const char *const[]){"--script", "/dev/zero", NULL}, &r);
+    expect_refused("--script /dev/zero", &r, "/dev/zero: line 1 holds a NUL byte");
+    run_chat("/dev/zero", (const char *const[]){NULL}, &r);
+    expect_refused("stdin /dev/zero", &r, "stdin: line 1 holds a NUL byte");
+}
+
+/* A NUL byte on stdin was a silently truncated message; --script refused it.
+ * Both refuse it now, with the same message. */
+static void test_nul_byte_both_paths(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char path[300];
+    snprintf(path, sizeof path, "%s/nul.txt", dir);
+    write_file(path, "hello\nhel\0lo world\n", 19);
+    run_result r;
+    run_chat(path, (const char *const[]){NULL}, &r);
+    assert_int_equal(r.status, 1);
+    assert_non_null(strstr(r.err, "stdin: line 2 holds a NUL byte (a message is text)"));
+    assert_non_null(strstr(r.err, "turn 1:")); /* the first line ran */
+    assert_null(strstr(r.err, "turn 2:"));
+    run_chat(NULL, (const char *const[]){"--script", path, NULL}, &r);
+    char want[400];
+    snprintf(want, sizeof want, "%s: line 2 holds a NUL byte (a message is text)", path);
+    expect_refused("--script with a NUL", &r, want);
+    unlink(path);
+}
+
+/* A line over 1 MiB, on stdin and in a script; a script over 64 MiB. */
+static void test_line_and_script_limits(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char path[300], big[300];
+    snprintf(path, sizeof path, "%s/long.txt", dir);
+    snprintf(big, sizeof big, "%s/big.txt", dir);
+    write_repeated(path, "abcdefgh", (1u << 20) + 64); /* one line, no newline */
+    run_result r;
+    run_chat(path, (const char *const[]){NULL}, &r);
+    expect_refused("stdin 1 MiB line", &r, "stdin: line 1 is longer than the limit of 1048576 bytes (1 MiB)");
+    run_chat(NULL, (const char *const[]){"--script", path, NULL}, &r);
+    expect_refused("--script 1 MiB line", &r, "line 1 is longer than the limit of 1048576 bytes (1 MiB)");
+    /* 65 MiB of comment lines: every line is fine, the whole is not */
+    write_repeated(big, "# a comment line of the script, skipped\n", (size_t)65 << 20);
+    run_chat(NULL, (const char *const[]){"--script", big, NULL}, &r);
+    expect_refused("--script 65 MiB", &r, "a script holds at most 67108864 bytes (64 MiB)");
+    unlink(path);
+    unlink(big);
+}
+
+/* A transcript over 64 MiB; a transcript path whose directory does not exist
+ * (was "Input/output error" after the first turn ran) or that is a directory
+ * (was a JSON parse error): the real cause, before any turn. */
+static void test_transcript_checks(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char msg[300], big[300];
+    snprintf(msg, sizeof msg, "%s/msg.txt", dir);
+    snprintf(big, sizeof big, "%s/big.json", dir);
+    write_file(msg, "hello\n", 6);
+    run_result r;
+    run_chat(msg, (const char *const[]){"--transcript", "/nonexistent/x.json", NULL}, &r);
+    expect_refused("--transcript /nonexistent/x.json", &r, "/nonexistent/x.json");
+    assert_non_null(strstr(r.err, "No such file or directory"));
+    assert_null(strstr(r.err, "Input/output error"));
+    assert_string_equal(r.out, ""); /* nothing generated */
+    run_chat(msg, (const char *const[]){"--transcript", dir, NULL}, &r);
+    expect_refused("--transcript DIR", &r, "Is a directory");
+    assert_string_equal(r.out, "");
+    write_repeated(big, "                                ", (size_t)65 << 20);
+    run_chat(msg, (const char *const[]){"--transcript", big, NULL}, &r);
+    expect_refused("--transcript 65 MiB", &r, "a transcript holds at most 67108864 bytes (64 MiB)");
+    /* a good path still works: the file is written after the turn */
+    char tr[300];
+    snprintf(tr, sizeof tr, "%s/conv.json", dir);
+    run_chat(msg, (const char *const[]){"--transcript", tr, NULL}, &r);
+    assert_int_equal(r.status, 0);
+    assert_int_equal(access(tr, R_OK), 0);
+    unlink(tr);
+    unlink(msg);
+    unlink(big);
+}
+
+/* The one byte-size grammar: decimals, K/M/G/T with optional i and B, any
+ * case, rounded down; no sign, space, exponent, hex (1.5G was refused by
+ * chat and accepted by store gc). */
+static void test_parse_bytes(void **state)
+{
+    (void)state;
+    struct {
+        const char *text;
+        uint64_t want;
+    } ok[] = {
+        {"0", 0}, {"4096", 4096}, {"512M", 512ull << 20}, {"512m", 512ull << 20}, {"2GiB", 2ull << 30},
+        {"2gib", 2ull << 30}, {"10GB", 10ull << 30}, {"1.5G", 3ull << 29}, {"1.5K", 1536}, {"0.5", 0},
+        {"1.25KiB", 1280}, {"16MB", 16ull << 20}, {"100B", 100}, {"1T", 1ull << 40},
+        {"0.001K", 1}, {"18446744073709551615", UINT64_MAX}, {"15.999999999999999999T", (16ull << 40) - 1},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        uint64_t v = 12345;
+        if (kvt_chat_parse_bytes("x", ok[i].text, &v))
+            fail_msg("'%s' refused: %s", ok[i].text, kvt_last_error());
+        if (v != ok[i].want)
+            fail_msg("'%s': got %llu, want %llu", ok[i].text, (unsigned long long)v,
+                     (unsigned long long)ok[i].want);
+    }
+    const char *bad[] = {"", "-1", "+1", " 1", "1 ", "1e3", "0x10", "inf", "nan", "1.", ".5", "1.5.G", "12Q",
+                         "1KK", "1iB", "16E", "18446744073709551616", "16777216T", "1,5G", "1G "};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t v = 777;
+        if (kvt_chat_parse_bytes("--flag", bad[i], &v) != KVT_EINVAL)
+            fail_msg("'%s' accepted as %llu", bad[i], (unsigned long long)v);
+        assert_int_equal(v, 777);
+        assert_non_null(strstr(kvt_last_error(), "--flag"));
+        assert_non_null(strstr(kvt_last_error(), "1.5G")); /* says the forms */
+    }
+}
+
+/* chat accepts the forms, refuses the rest as a usage error; --help says the
+ * input limits. */
+static void test_chat_flags(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s/msg2.txt", dir);
+    write_file(msg, "hello\n", 6);
+    run_result r;
+    run_chat(msg, (const char *const[]){"--prompt-cache", "1.5G", "--kv-budget", "64MiB", NULL}, &r);
+    assert_int_equal(r.status, 0);
+    run_chat(msg, (const char *const[]){"--prompt-cache", "1e9", NULL}, &r);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "--prompt-cache"));
+    run_chat(NULL, (const char *const[]){"--help", NULL}, &r);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "1 MiB"));
+    assert_non_null(strstr(r.out, "64 MiB"));
+    unlink(msg);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/kvt_test_cli_input_XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char path[400];
+    const char *names[] = {"out.txt", "err.txt"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dev_zero),
+        cmocka_unit_test(test_nul_byte_both_paths),
+        cmocka_unit_test(test_line_and_script_limits),
+        cmocka_unit_test(test_transcript_checks),
+        cmocka_unit_test(test_parse_bytes),
+        cmocka_unit_test(test_chat_flags),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
