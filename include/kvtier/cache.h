@@ -189,9 +189,10 @@ KVT_API int kvt_cache_decode(const kvt_cache_state *st, kvt_cache **out);
 KVT_API int kvt_cache_register_kind(const kvt_cache_ops *ops);
 
 /** Makes a model's fresh (empty) per-layer caches: fills caches[0..n) for
- * the n layers the owner was configured with. On error it leaves every slot
- * NULL and returns a negative status. Called by kvtier without any of its
- * locks held, possibly from several threads at once: it must be safe to call
+ * the n layers the owner was configured with (the slots arrive NULL).
+ * @return 0, or a negative status; on error kvtier disposes whatever caches
+ * were already put in the slots. Called by kvtier without any of its locks
+ * held, possibly from several threads at once: it must be safe to call
  * concurrently. `ctx` is the pointer given beside the function. */
 typedef int (*kvt_new_caches_fn)(void *ctx, kvt_cache **caches);
 
