@@ -4,7 +4,7 @@ JOBS      ?= $(shell nproc)
 CMAKE_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps build demo test test-asan test-tsan test-long clean
+.PHONY: all deps build demo test test-asan test-tsan test-long fuzz fuzz-run clean
 
 all: build
 
@@ -34,5 +34,15 @@ test-tsan: deps
 	cmake --build build-tsan -j $(JOBS)
 	ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -LE long
 
+# libFuzzer targets of fuzz/ (clang, ASan+UBSan) in build-fuzz; fuzz-run runs
+# each for SECONDS seconds on its corpus (fuzz/README.md)
+SECONDS ?= 30
+fuzz: deps
+	cmake -S . -B build-fuzz -DKVT_FUZZ=ON -DCMAKE_C_COMPILER=clang -DBUILD_TESTING=OFF $(CMAKE_ARGS) >/dev/null
+	cmake --build build-fuzz -j $(JOBS) --target fuzz
+
+fuzz-run: fuzz
+	./fuzz/run.sh build-fuzz/fuzz $(SECONDS)
+
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

@@ -1,7 +1,8 @@
 /*
  * cmd_store.c: `kvtier store inspect|verify|gc DIR`: the SSD tier's root on
  * disk, offline. inspect reads shard headers only (never tensor bytes);
- * verify hashes every payload and exits 0 only if every shard is good; gc
+ * verify runs every check a restore runs (both checksums, every header
+ * field, every layer's decode) and exits 0 only if every shard is good; gc
  * evicts least recently used entries of idle identity directories down to a
  * byte budget. Owns no state beyond one command run; never writes a shard.
  */
@@ -75,7 +76,9 @@ static int on_shard(void *ctx, const kvt_store_shard_info *in)
         int r = in->status - 1;
         if (r >= 0 && r < KVT_STORE_REFUSED_COUNT)
             w->bad_by_reason[r]++;
-        if (w->verbose_bad)
+        if (w->verbose_bad && in->type == 'l')
+            printf("BAD  %s: refused (symlink): an identity directory must not be a symbolic link\n", in->dir);
+        else if (w->verbose_bad)
             printf("BAD  %s/%s: %s\n", in->dir, in->file, kvt_store_refusal_name((kvt_store_refusal)r));
         return 0;
     }
@@ -99,7 +102,7 @@ static int on_shard(void *ctx, const kvt_store_shard_info *in)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier store inspect DIR     entries, bytes, identities, longest prefixes (headers only)\n"
-               "       kvtier store verify DIR      hash every shard; exit 0 only if all are good\n"
+               "       kvtier store verify DIR      check every shard as a restore does (and SHA-256); exit 0 only if all are good\n"
                "       kvtier store gc DIR --max BYTES  evict LRU entries of idle identities (e.g. 10G)\n");
 }
 

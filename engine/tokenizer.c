@@ -426,6 +426,12 @@ int kvt_tokenizer_encode(const kvt_tokenizer *t, const char *text, int bos, int 
         rc = kvt__fail(KVT_ENOMEM, "kvt_tokenizer_encode: no memory for %zu tokens", max_n);
         goto done;
     }
+    if ((bos && KVT_TOKEN_BOS >= t->vocab_size) || (eos && KVT_TOKEN_EOS >= t->vocab_size)) {
+        rc = kvt__fail(KVT_ERANGE, "kvt_tokenizer_encode: %s id %d is outside the %d-piece vocabulary",
+                       bos && KVT_TOKEN_BOS >= t->vocab_size ? "BOS" : "EOS",
+                       bos && KVT_TOKEN_BOS >= t->vocab_size ? KVT_TOKEN_BOS : KVT_TOKEN_EOS, (int)t->vocab_size);
+        goto done;
+    }
     int64_t n = 0;
     if (bos)
         toks[n++] = KVT_TOKEN_BOS;

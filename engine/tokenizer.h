@@ -96,8 +96,9 @@ KVT_API float kvt_tokenizer_score(const kvt_tokenizer *t, int32_t id);
  * @param tokens   receives the ids, (cap,) int32.
  * @param cap      capacity of tokens in tokens; strlen(text) + 3 always suffices.
  * @param n_tokens receives the number of ids written.
- * @return 0; KVT_EINVAL (NULL argument); KVT_ERANGE (more than cap ids, or a
- *   byte fallback id outside the vocabulary: the message names the byte);
+ * @return 0; KVT_EINVAL (NULL argument); KVT_ERANGE (more than cap ids, a
+ *   byte fallback id outside the vocabulary: the message names the byte, or
+ *   BOS/EOS asked of a vocabulary too small to hold id 1/2);
  *   KVT_ENOMEM. On error *n_tokens is 0 and tokens' contents are unspecified.
  * Thread-safe (the tokenizer is only read).
  */

@@ -20,6 +20,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,7 +59,8 @@ typedef struct st_entry {
 
 typedef struct st_ns {
     char *ns;
-    kvt__radix tree;
+    kvt__radix tree;      /* durable entries */
+    kvt__radix ptree;     /* entries whose write-behind is queued or in flight */
     struct st_ns *next;
 } st_ns;
 
@@ -67,10 +69,17 @@ typedef struct st_orphan { /* refused or unreferenced files, evicted first */
     uint64_t bytes;
 } st_orphan;
 
+/* One write-behind job. While queued or being written it is findable (in
+ * its ns's ptree and in pjobs by its handle) and restorable from its own
+ * caches (zero-copy clones whose hook holds a reference): the job's entry is
+ * cleared when the writer is done with it and the last clone is gone. */
 typedef struct wjob {
+    kvt__rent r;          /* radix view over e.tokens (stable: e is owned) */
     kvt_entry e;
     uint64_t bytes;
+    uint64_t id;          /* handle; the durable entry gets the same one */
     kvt__skey key;
+    _Atomic int64_t refs; /* the queue's + one per clone handed out */
     struct wjob *next;
 } wjob;
 
@@ -89,7 +98,7 @@ struct kvt_store {
     kvt_store_options opts;
 
     pthread_mutex_t mu;
-    kvt__kmap by_key, by_id, blocks, pending;
+    kvt__kmap by_key, by_id, blocks, pending, pjobs;
     st_ns *nss;
     st_entry *head;       /* all entries */
     uint64_t next_id;
@@ -119,7 +128,7 @@ KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r)
 {
     static const char *const names[KVT_STORE_REFUSED_COUNT] = {
         "truncated", "header-bound", "offsets", "malformed", "identity",
-        "checksum", "tokens", "missing-block", "io"};
+        "checksum", "tokens", "missing-block", "io", "symlink"};
     return (unsigned)r < KVT_STORE_REFUSED_COUNT ? names[r] : "unknown";
 }
 
@@ -297,13 +306,15 @@ static void orphan_forget(kvt_store *s, const char *name)
         }
 }
 
-/* Indexes an entry (takes ownership of e on success). */
+/* Indexes an entry (takes ownership of e on success); e->id, when set (the
+ * handle its write-behind job had), is kept, else a new one is given. */
 static int index_entry(kvt_store *s, st_entry *e)
 {
     st_ns *n = ns_get(s, e->ns, 1);
     if (!n)
         return KVT_ENOMEM;
-    e->id = ++s->next_id;
+    if (!e->id || kvt__kmap_get(&s->by_id, id_key(e->id)))
+        e->id = ++s->next_id;
     e->r.tokens = e->tokens;
     if (kvt__radix_insert(&n->tree, &e->r))
         return KVT_ENOMEM;
@@ -329,7 +340,7 @@ static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
     st_block *b = kvt__kmap_get(&s->blocks, k);
     if (!b || --b->refs > 0)
         return;
-    if (!delete_file)
+    if (!delete_file || s->opts.read_only)
         return; /* stays indexed with refs 0: evicted first under the budget */
     char name[64];
     file_name('b', k, name);
@@ -366,7 +377,7 @@ static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
         e->next->prev = e->prev;
     char name[64];
     file_name('e', e->key, name);
-    if (keep_file)
+    if (keep_file || s->opts.read_only)
         orphan_add(s, name, e->bytes);
     else {
         unlinkat(s->dirfd, name, 0);
@@ -561,7 +572,7 @@ static int open_shard(int dirfd, const char *dir, const char *name, kvt__shard *
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         *reason = KVT_STORE_REFUSED_IO;
         return kvt__fail(errno == ENOENT ? KVT_ENOTFOUND : -errno, "%s: %s", path, strerror(errno));
@@ -616,7 +627,7 @@ static int scan(kvt_store *s)
             if (fstatat(s->dirfd, nm, &fst, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fst.st_mode))
                 continue;
             if (!strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX))) {
-                if (pass == 0 && !pid_alive(nm) && !unlinkat(s->dirfd, nm, 0))
+                if (pass == 0 && !s->opts.read_only && !pid_alive(nm) && !unlinkat(s->dirfd, nm, 0))
                     s->st.temp_removed++;
                 continue;
             }
@@ -982,7 +993,7 @@ static st_entry *own_oldest(kvt_store *s, kvt__skey protect)
 static void enforce_budget(kvt_store *s, kvt__skey protect)
 {
     uint64_t max = s->opts.max_bytes;
-    if (!max || s->own_bytes + s->foreign_bytes <= max)
+    if (!max || s->opts.read_only || s->own_bytes + s->foreign_bytes <= max)
         return;
     /* 1. own orphans (refused shards) and unreferenced blocks */
     for (int32_t i = 0; i < s->n_orphans && s->own_bytes + s->foreign_bytes > max; i++) {
@@ -1117,7 +1128,7 @@ static void supersede_one(kvt__rent *r, void *ctx)
     c->s->st.superseded++;
 }
 
-static int do_put(kvt_store *s, const kvt_entry *e)
+static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
 {
     int rc = 0;
     const int32_t L = e->n_caches, A = e->n_attachments;
@@ -1399,6 +1410,7 @@ static int do_put(kvt_store *s, const kvt_entry *e)
         en->r.n_tokens = n;
         en->r.min_reach = min_reach;
         en->bytes = fb;
+        en->id = want_id;
         en->last_use_ms = wall_ms();
         pthread_mutex_lock(&s->mu);
         orphan_forget(s, name);
@@ -1486,24 +1498,12 @@ static void unmap_release(void *ctx, void *data, size_t bytes)
     kvt__free(m);
 }
 
-static int check_sha(const kvt__shard *sh, const void *p, const char *path, int *reason)
-{
-    uint8_t md[32];
-    unsigned int len = 0;
-    EVP_Digest(p, (size_t)sh->payload_bytes, md, &len, EVP_sha256(), NULL);
-    if (memcmp(md, sh->sha, 32)) {
-        *reason = KVT_STORE_REFUSED_CHECKSUM;
-        return kvt__fail(KVT_ECORRUPT, "%s: refused (checksum): payload SHA-256 differs from the header", path);
-    }
-    return 0;
-}
-
 /* Maps a shard read-only (MAP_POPULATE reads it in one sequential pass); the
  * buffer's release unmaps it once the last view is gone (DESIGN.md 4). Shards
  * are immutable under their final names (never truncated or rewritten), and
  * an unlinked file stays readable through the mapping. Returns 1 when mapping
  * is not possible (the caller then copies). */
-static int map_payload(int fd, const kvt__shard *sh, const char *path, int verify, kvt_buf **out, int *reason)
+static int map_payload(int fd, const kvt__shard *sh, const char *path, int strict, kvt_buf **out, int *reason)
 {
     if (sh->payload_bytes < (64u << 10))
         return 1; /* small: a copy is cheaper than a mapping */
@@ -1518,7 +1518,7 @@ static int map_payload(int fd, const kvt__shard *sh, const char *path, int verif
         return 1;
     }
     p = (uint8_t *)m->base + sh->payload_off;
-    int rc = verify ? check_sha(sh, p, path, reason) : 0;
+    int rc = kvt__shard_check(sh, p, strict, path, reason);
     if (!rc && (rc = kvt_buf_wrap(p, (size_t)sh->payload_bytes, unmap_release, m, out)))
         rc = kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
     if (rc) {
@@ -1529,11 +1529,13 @@ static int map_payload(int fd, const kvt__shard *sh, const char *path, int verif
 }
 
 /* Reads a shard's payload into an owned buffer (a read-only mapping for large
- * shards, else a 64-byte aligned copy); checks the SHA-256 when verify is set. */
-static int read_payload(int fd, const kvt__shard *sh, const char *path, int verify, kvt_buf **out, int *reason)
+ * shards, else a 64-byte aligned copy) and checks it before anything can use
+ * it: XXH3-128 always, SHA-256 as well when strict (or for a version 1
+ * shard, which has no XXH3-128). */
+static int read_payload(int fd, const kvt__shard *sh, const char *path, int strict, kvt_buf **out, int *reason)
 {
     *out = NULL;
-    int mr = map_payload(fd, sh, path, verify, out, reason);
+    int mr = map_payload(fd, sh, path, strict, out, reason);
     if (mr != 1)
         return mr;
     size_t n = (size_t)sh->payload_bytes;
@@ -1554,7 +1556,7 @@ static int read_payload(int fd, const kvt__shard *sh, const char *path, int veri
         }
         got += (size_t)r;
     }
-    if (verify && check_sha(sh, p, path, reason)) {
+    if (kvt__shard_check(sh, p, strict, path, reason)) {
         kvt__free(base);
         return KVT_ECORRUPT;
     }
@@ -1666,11 +1668,154 @@ static int build_layer(const json_t *lj, int32_t l, const rshard *ent, const rsh
     return rc;
 }
 
+/* Opens a block shard, validates its header and metadata (identity NULL:
+ * the shard's own; the file name must follow from its key) and reads its
+ * checked payload into *out. */
+static int load_block(int dirfd, const char *dir, const char *name, const char *identity, int strict, rshard *out,
+                      pblock *pb, int *reason)
+{
+    int fd = -1;
+    memset(pb, 0, sizeof *pb);
+    int rc = open_shard(dirfd, dir, name, &out->sh, &fd, reason);
+    if (rc)
+        return rc;
+    if (!(rc = parse_block(&out->sh, name, identity, pb, reason))) {
+        char want[64];
+        file_name('b', pb->key, want);
+        if (strcmp(want, name))
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "file name does not match its key");
+    }
+    if (!rc)
+        rc = read_payload(fd, &out->sh, name, strict, &out->buf, reason);
+    close(fd);
+    if (rc) {
+        kvt__free(pb->tokens);
+        pb->tokens = NULL;
+    }
+    return rc;
+}
+
+/* Everything a restore checks, shared by kvt_store_restore and store verify:
+ * the entry shard's header and metadata (identity; NULL accepts the shard's
+ * own), its key against the file name and (want_tok, want_n; want_n < 0:
+ * no index copy to compare), every referenced block (present, its own
+ * checks, its key, ns, range and tokens against the entry's), every payload's
+ * checksum (XXH3-128; SHA-256 as well when strict), every layer description
+ * against the tensors it names, and each layer's decode. On success *out is
+ * the owned entry. On failure *reason is the refusal (-1 for a plain miss:
+ * the entry file is gone) and bad_shard (64 bytes) names the shard at fault
+ * ("" when none is). *bytes receives the shard bytes read. */
+static int load_entry(int dirfd, const char *dir, const char *name, const char *identity, const int32_t *want_tok,
+                      int64_t want_n, int strict, kvt_entry *out, int *reason, char *bad_shard, uint64_t *bytes)
+{
+    memset(out, 0, sizeof *out);
+    bad_shard[0] = '\0';
+    *bytes = 0;
+    rshard ent;
+    memset(&ent, 0, sizeof ent);
+    rshard *blk = NULL;
+    pentry pe;
+    memset(&pe, 0, sizeof pe);
+    int fd = -1, rc;
+    int64_t n = 0;
+    snprintf(bad_shard, 64, "%s", name);
+    if ((rc = open_shard(dirfd, dir, name, &ent.sh, &fd, reason))) {
+        if (rc == KVT_ENOTFOUND) {
+            *reason = -1; /* evicted meanwhile: a plain miss */
+            bad_shard[0] = '\0';
+        }
+        goto out;
+    }
+    if ((rc = parse_entry(&ent.sh, name, identity, &pe, reason)))
+        goto out;
+    n = pe.n_tokens;
+    char want[64];
+    file_name('e', pe.key, want);
+    if (strcmp(want, name)) {
+        rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "file name does not match its key");
+        goto out;
+    }
+    if (want_n >= 0 && (pe.n_tokens != want_n || (n && memcmp(pe.tokens, want_tok, sizeof(int32_t) * (size_t)n)))) {
+        rc = bad(reason, KVT_STORE_REFUSED_TOKENS, name, "stored tokens differ from the index");
+        goto out;
+    }
+    if ((rc = read_payload(fd, &ent.sh, name, strict, &ent.buf, reason)))
+        goto out;
+    *bytes += ent.sh.file_bytes;
+    close(fd);
+    fd = -1;
+    blk = kvt__calloc((size_t)(pe.n_blocks ? pe.n_blocks : 1), sizeof *blk);
+    if (!blk) {
+        rc = kvt__fail(KVT_ENOMEM, "store restore: out of memory");
+        goto out;
+    }
+    for (int32_t i = 0; i < pe.n_blocks; i++) {
+        char bname[64];
+        file_name('b', pe.blocks[i], bname);
+        pblock pb;
+        if ((rc = load_block(dirfd, dir, bname, identity, strict, &blk[i], &pb, reason))) {
+            if (rc == KVT_ENOTFOUND) {
+                *reason = KVT_STORE_REFUSED_MISSING_BLOCK;
+                rc = kvt__fail(KVT_EFORMAT, "%s: refused (missing-block): references block %s that is gone", name,
+                               bname);
+            } else {
+                snprintf(bad_shard, 64, "%s", bname);
+            }
+            goto out;
+        }
+        int ok = kvt__skey_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
+                 pb.tok_end == pe.ranges[i][1] &&
+                 !memcmp(pb.tokens, pe.tokens + pb.tok_begin, sizeof(int32_t) * (size_t)pb.n_tokens);
+        kvt__free(pb.tokens);
+        if (!ok) {
+            rc = bad(reason, KVT_STORE_REFUSED_TOKENS, bname, "block does not match the entry's tokens");
+            snprintf(bad_shard, 64, "%s", bname);
+            goto out;
+        }
+        *bytes += blk[i].sh.file_bytes;
+    }
+    int32_t L = (int32_t)json_array_size(pe.layers), A = (int32_t)json_array_size(pe.atts);
+    if ((rc = kvt_entry_init(out, pe.ns, pe.tokens, n, L, A)))
+        goto out;
+    for (int32_t l = 0; l < L && !rc; l++)
+        rc = build_layer(json_array_get(pe.layers, (size_t)l), l, &ent, blk, pe.n_blocks, n, &out->caches[l], name,
+                         reason);
+    for (int32_t a = 0; a < A && !rc; a++) {
+        const char *an = json_string_value(json_object_get(json_array_get(pe.atts, (size_t)a), "name"));
+        char tn[16];
+        snprintf(tn, sizeof tn, "A%d", (int)a);
+        const kvt__st_in *x = tensor_named(&ent.sh, tn);
+        if (!an || !x || x->dtype != KVT_DTYPE_U8) {
+            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "an attachment is missing");
+            break;
+        }
+        rc = kvt_attachment_blob(an, (const uint8_t *)kvt_buf_data(ent.buf) + x->begin, (size_t)(x->end - x->begin),
+                                 &out->attachments[a]);
+    }
+out:
+    if (fd >= 0)
+        close(fd);
+    for (int32_t i = 0; blk && i < pe.n_blocks; i++) {
+        kvt__shard_free(&blk[i].sh);
+        kvt_buf_release(blk[i].buf);
+    }
+    kvt__free(blk);
+    kvt__shard_free(&ent.sh);
+    kvt_buf_release(ent.buf);
+    pentry_free(&pe);
+    if (rc)
+        kvt_entry_clear(out);
+    if (!rc || rc == KVT_ENOMEM)
+        bad_shard[0] = '\0';
+    return rc;
+}
+
 static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out,
-                        int *reason)
+                        int *reason, char *bad_shard)
 {
     uint64_t t0 = kvt_now_ns();
     memset(out, 0, sizeof *out);
+    bad_shard[0] = '\0';
     pthread_mutex_lock(&s->mu);
     st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
     if (!e) {
@@ -1693,83 +1838,13 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     }
     char name[64];
     file_name('e', key, name);
-    rshard ent;
-    memset(&ent, 0, sizeof ent);
-    rshard *blk = NULL;
-    pentry pe;
-    memset(&pe, 0, sizeof pe);
-    int fd = -1, rc;
     uint64_t bytes = 0;
-    if ((rc = open_shard(s->dirfd, s->dir, name, &ent.sh, &fd, reason))) {
-        if (rc == KVT_ENOTFOUND)
-            *reason = -1; /* evicted meanwhile: a plain miss */
-        goto out;
-    }
-    if ((rc = parse_entry(&ent.sh, name, s->identity, &pe, reason)))
-        goto out;
-    if (!kvt__skey_eq(pe.key, key) || pe.n_tokens != n ||
-        (n && memcmp(pe.tokens, itok, sizeof(int32_t) * (size_t)n))) {
-        rc = bad(reason, KVT_STORE_REFUSED_TOKENS, name, "stored tokens differ from the index");
-        goto out;
-    }
-    if ((rc = read_payload(fd, &ent.sh, name, s->opts.verify, &ent.buf, reason)))
-        goto out;
-    bytes += ent.sh.file_bytes;
-    close(fd);
-    fd = -1;
-    blk = kvt__calloc((size_t)(pe.n_blocks ? pe.n_blocks : 1), sizeof *blk);
-    if (!blk) {
-        rc = kvt__fail(KVT_ENOMEM, "store restore: out of memory");
-        goto out;
-    }
-    for (int32_t i = 0; i < pe.n_blocks; i++) {
-        char bname[64];
-        file_name('b', pe.blocks[i], bname);
-        if ((rc = open_shard(s->dirfd, s->dir, bname, &blk[i].sh, &fd, reason))) {
-            if (rc == KVT_ENOTFOUND) {
-                *reason = KVT_STORE_REFUSED_MISSING_BLOCK;
-                rc = kvt__fail(KVT_EFORMAT, "%s: references block %s that is gone", name, bname);
-            }
-            goto out;
-        }
-        pblock pb;
-        if ((rc = parse_block(&blk[i].sh, bname, s->identity, &pb, reason)))
-            goto out;
-        int ok = kvt__skey_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
-                 pb.tok_end == pe.ranges[i][1] &&
-                 !memcmp(pb.tokens, pe.tokens + pb.tok_begin, sizeof(int32_t) * (size_t)pb.n_tokens);
-        kvt__free(pb.tokens);
-        if (!ok) {
-            rc = bad(reason, KVT_STORE_REFUSED_TOKENS, bname, "block does not match the entry's tokens");
-            goto out;
-        }
-        if ((rc = read_payload(fd, &blk[i].sh, bname, s->opts.verify, &blk[i].buf, reason)))
-            goto out;
-        bytes += blk[i].sh.file_bytes;
-        close(fd);
-        fd = -1;
-    }
-    int32_t L = (int32_t)json_array_size(pe.layers), A = (int32_t)json_array_size(pe.atts);
-    if ((rc = kvt_entry_init(out, pe.ns, pe.tokens, n, L, A)))
-        goto out;
-    for (int32_t l = 0; l < L && !rc; l++)
-        rc = build_layer(json_array_get(pe.layers, (size_t)l), l, &ent, blk, pe.n_blocks, n, &out->caches[l], name,
-                         reason);
-    for (int32_t a = 0; a < A && !rc; a++) {
-        const char *an = json_string_value(json_object_get(json_array_get(pe.atts, (size_t)a), "name"));
-        char tn[16];
-        snprintf(tn, sizeof tn, "A%d", (int)a);
-        const kvt__st_in *x = tensor_named(&ent.sh, tn);
-        if (!an || !x || x->dtype != KVT_DTYPE_U8) {
-            rc = bad(reason, KVT_STORE_REFUSED_MALFORMED, name, "an attachment is missing");
-            break;
-        }
-        rc = kvt_attachment_blob(an, (const uint8_t *)kvt_buf_data(ent.buf) + x->begin, (size_t)(x->end - x->begin),
-                                 &out->attachments[a]);
-    }
+    int rc = load_entry(s->dirfd, s->dir, name, s->identity, itok, n, s->opts.verify, out, reason, bad_shard, &bytes);
+    kvt__free(itok);
     if (rc)
-        goto out;
-    utimensat(s->dirfd, name, NULL, 0); /* the last use survives a restart (best effort) */
+        return rc;
+    if (!s->opts.read_only)
+        utimensat(s->dirfd, name, NULL, 0); /* the last use survives a restart (best effort) */
     pthread_mutex_lock(&s->mu);
     if ((e = kvt__kmap_get(&s->by_key, key)))
         e->last_use_ms = wall_ms();
@@ -1777,21 +1852,93 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     s->st.restore_bytes += bytes;
     s->st.restore_ns_last = kvt_now_ns() - t0;
     pthread_mutex_unlock(&s->mu);
-out:
-    if (fd >= 0)
-        close(fd);
-    for (int32_t i = 0; blk && i < pe.n_blocks; i++) {
-        kvt__shard_free(&blk[i].sh);
-        kvt_buf_release(blk[i].buf);
+    return 0;
+}
+
+/* A shard whose payload failed its checksum (call with mu held): its file is
+ * removed (not in read-only mode) so no later open or restore reads it
+ * again, and it leaves the index; for a block, so does every entry that
+ * references it (their entry files stay, as refused shards evicted first:
+ * they are valid again only if the block is written again). */
+static void forget_corrupt(kvt_store *s, const char *shard)
+{
+    kvt__skey k;
+    char hex[33];
+    if (!is_shard_name(shard))
+        return;
+    memcpy(hex, shard + 1, 32);
+    hex[32] = '\0';
+    if (kvt__skey_parse(hex, &k))
+        return;
+    if (shard[0] == 'e') {
+        st_entry *e = kvt__kmap_get(&s->by_key, k);
+        if (e)
+            drop_entry_ex(s, e, s->opts.read_only);
+        else if (!s->opts.read_only)
+            unlinkat(s->dirfd, shard, 0);
+        return;
     }
-    kvt__free(blk);
-    kvt__shard_free(&ent.sh);
-    kvt_buf_release(ent.buf);
-    pentry_free(&pe);
-    kvt__free(itok);
-    if (rc)
+    if (!s->opts.read_only)
+        unlinkat(s->dirfd, shard, 0);
+    st_block *b = kvt__kmap_get(&s->blocks, k);
+    if (b) {
+        s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
+        s->st.blocks--;
+        kvt__kmap_del(&s->blocks, k);
+        kvt__free(b);
+    }
+    for (st_entry *e = s->head, *nx; e; e = nx) {
+        nx = e->next;
+        for (int32_t i = 0; i < e->n_blocks; i++)
+            if (kvt__skey_eq(e->blocks[i], k)) {
+                drop_entry_ex(s, e, 1);
+                break;
+            }
+    }
+}
+
+static void pjob_hook(void *ctx);
+static void pjob_release(wjob *j);
+
+/* Restores a handle whose write-behind is still queued or in flight from the
+ * job's own caches: zero-copy clones, the hook holding a reference on the
+ * job (so whatever its entry's hook releases stays alive until the clones
+ * are gone). @return 0; KVT_ENOTFOUND (no such pending job, or its tokens
+ * differ from the prompt); KVT_ENOMEM. */
+static int restore_pending(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out)
+{
+    pthread_mutex_lock(&s->mu);
+    wjob *j = kvt__kmap_get(&s->pjobs, id_key(handle));
+    if (j)
+        atomic_fetch_add(&j->refs, 1);
+    pthread_mutex_unlock(&s->mu);
+    if (!j)
+        return KVT_ENOTFOUND;
+    const kvt_entry *e = &j->e;
+    int64_t cmpn = KVT__MIN(n_prompt, e->n_tokens);
+    int rc = 0;
+    if (prompt && cmpn && memcmp(prompt, e->tokens, sizeof(int32_t) * (size_t)cmpn))
+        rc = kvt__fail(KVT_ENOTFOUND, "store restore: pending tokens differ from the requested prefix");
+    if (!rc)
+        rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
+    if (rc) {
+        pjob_release(j);
+        return rc;
+    }
+    out->hook = (kvt_hook){pjob_hook, j}; /* from here kvt_entry_clear releases j */
+    for (int32_t l = 0; !rc && l < e->n_caches; l++)
+        rc = kvt_cache_clone(e->caches[l], &out->caches[l]);
+    for (int32_t a = 0; !rc && a < e->n_attachments; a++)
+        rc = e->attachments[a] ? kvt_attachment_clone(e->attachments[a], &out->attachments[a]) : 0;
+    if (rc) {
         kvt_entry_clear(out);
-    return rc;
+        return kvt__fail(rc, "store restore: cannot clone a pending entry: %s", kvt_strerror(rc));
+    }
+    pthread_mutex_lock(&s->mu);
+    s->st.restores++;
+    s->st.pending_hits++;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
@@ -1799,13 +1946,28 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
 {
     if (!s || !out || (n_prompt && !prompt) || n_prompt < 0)
         return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&s->mu);
+    int durable = kvt__kmap_get(&s->by_id, id_key(handle)) != NULL;
+    pthread_mutex_unlock(&s->mu);
+    if (!durable) {
+        /* served from the write-behind queue; or, when no job holds the
+         * handle, its write may have just become durable under the same
+         * handle: the durable path below tries */
+        int prc = restore_pending(s, handle, prompt, n_prompt, out);
+        if (prc != KVT_ENOTFOUND)
+            return prc;
+    }
     int reason = -1;
-    int rc = restore_impl(s, handle, prompt, n_prompt, out, &reason);
+    char bad_shard[64];
+    int rc = restore_impl(s, handle, prompt, n_prompt, out, &reason, bad_shard);
     if (rc) {
         pthread_mutex_lock(&s->mu);
         s->st.restore_misses++;
         if (rc != KVT_ENOMEM)
             refuse_count(s, reason);
+        if (reason == KVT_STORE_REFUSED_CHECKSUM && bad_shard[0])
+            forget_corrupt(s, bad_shard);
         /* A shard that failed validation, or an entry whose file is gone
          * (removed by another process's gc or budget: a plain miss, reason
          * -1), is never offered again (a failed allocation or read says
@@ -1832,16 +1994,22 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt
         return kvt__fail(KVT_EINVAL, "kvt_store_find: bad arguments");
     pthread_mutex_lock(&s->mu);
     st_ns *n = ns_get(s, ns, 0);
-    int64_t p = 0;
+    int64_t p = 0, pp = 0;
     kvt__rent *r = n ? kvt__radix_find(&n->tree, prompt, n_prompt, &p) : NULL;
-    if (r) {
+    kvt__rent *pr = n ? kvt__radix_find(&n->ptree, prompt, n_prompt, &pp) : NULL;
+    if (pr && (!r || pp > p)) { /* a longer prefix still in the write-behind queue */
+        wjob *j = (wjob *)pr;
+        hit->prefix_len = pp;
+        hit->n_tokens = j->r.n_tokens;
+        hit->handle = j->id;
+    } else if (r) {
         st_entry *e = (st_entry *)r;
         hit->prefix_len = p;
         hit->n_tokens = e->r.n_tokens;
         hit->handle = e->id;
     }
     pthread_mutex_unlock(&s->mu);
-    return r ? 0 : KVT_ENOTFOUND;
+    return r || pr ? 0 : KVT_ENOTFOUND;
 }
 
 KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns,
@@ -1852,13 +2020,14 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
     pthread_mutex_lock(&s->mu);
     st_ns *n = ns_get(s, ns, 0);
     kvt__rent *r = n ? kvt__radix_exact(&n->tree, tokens, n_tokens) : NULL;
-    if (r) {
+    kvt__rent *pr = n && !r ? kvt__radix_exact(&n->ptree, tokens, n_tokens) : NULL;
+    if (r || pr) {
         hit->prefix_len = n_tokens;
         hit->n_tokens = n_tokens;
-        hit->handle = ((st_entry *)r)->id;
+        hit->handle = r ? ((st_entry *)r)->id : ((wjob *)pr)->id;
     }
     pthread_mutex_unlock(&s->mu);
-    return r ? 0 : KVT_ENOTFOUND;
+    return r || pr ? 0 : KVT_ENOTFOUND;
 }
 
 KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns)
@@ -1901,12 +2070,23 @@ static int check_entry(const kvt_entry *e, const char *fn)
     return 0;
 }
 
+/* A write to a read-only store: refused and counted. */
+static int refuse_write(kvt_store *s, const char *fn)
+{
+    pthread_mutex_lock(&s->mu);
+    s->st.write_refused++;
+    pthread_mutex_unlock(&s->mu);
+    return kvt__fail(-EROFS, "%s: %s is open read-only: nothing is written", fn, s->dir);
+}
+
 KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e)
 {
     if (!s)
         return kvt__fail(KVT_EINVAL, "kvt_store_put: store is NULL");
     int rc = check_entry(e, "kvt_store_put");
-    return rc ? rc : do_put(s, e);
+    if (!rc && s->opts.read_only)
+        return refuse_write(s, "kvt_store_put");
+    return rc ? rc : do_put(s, e, 0);
 }
 
 static uint64_t entry_bytes(const kvt_entry *e)
@@ -1934,6 +2114,28 @@ static int pending_add(kvt_store *s, kvt__skey k, int delta)
     return kvt__kmap_put(&s->pending, k, (void *)(uintptr_t)((uint64_t)(c + 1) << 1));
 }
 
+/* Drops a job from the pending lookups (call with mu held). */
+static void pjob_unindex(kvt_store *s, wjob *j)
+{
+    st_ns *n = ns_get(s, j->e.ns, 0);
+    if (n)
+        kvt__radix_remove(&n->ptree, &j->r);
+    kvt__kmap_del(&s->pjobs, id_key(j->id));
+}
+
+/* Drops one reference to a job; the last clears its entry (caches,
+ * attachments, then its hook) and frees it. Needs no store: a clone may
+ * outlive it. */
+static void pjob_release(wjob *j)
+{
+    if (atomic_fetch_sub(&j->refs, 1) != 1)
+        return;
+    kvt_entry_clear(&j->e);
+    kvt__free(j);
+}
+
+static void pjob_hook(void *ctx) { pjob_release(ctx); }
+
 KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
 {
     if (!s)
@@ -1941,11 +2143,17 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
     int rc = check_entry(e, "kvt_store_put_async");
     if (rc)
         return rc;
+    if (s->opts.read_only)
+        return refuse_write(s, "kvt_store_put_async");
     wjob *j = kvt__calloc(1, sizeof *j);
     if (!j)
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     j->bytes = entry_bytes(e);
     j->key = entry_key(s->id_seed, e->ns, e->tokens, e->n_tokens);
+    int64_t min_reach = 0;
+    kvt_entry_trimmable(e, &min_reach);
+    if (e->n_attachments)
+        min_reach = e->n_tokens;
     pthread_mutex_lock(&s->mu);
     if (s->closing || (s->st.pending && s->st.pending_bytes + j->bytes > s->opts.queue_max_bytes)) {
         s->st.dropped++;
@@ -1955,12 +2163,25 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
         return closing ? kvt__fail(KVT_ECLOSED, "kvt_store_put_async: the store is closing")
                        : kvt__fail(KVT_EAGAIN, "kvt_store_put_async: the write-behind queue is full");
     }
-    if (pending_add(s, j->key, 1)) {
+    j->e = *e;
+    j->r.tokens = j->e.tokens;
+    j->r.n_tokens = j->e.n_tokens;
+    j->r.min_reach = min_reach;
+    j->id = ++s->next_id;
+    atomic_init(&j->refs, 1);
+    st_ns *nsr = ns_get(s, j->e.ns, 1);
+    if (!nsr || pending_add(s, j->key, 1)) {
         pthread_mutex_unlock(&s->mu);
         kvt__free(j);
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     }
-    j->e = *e;
+    if (kvt__radix_insert(&nsr->ptree, &j->r) || kvt__kmap_put(&s->pjobs, id_key(j->id), j)) {
+        kvt__radix_remove(&nsr->ptree, &j->r);
+        pending_add(s, j->key, -1);
+        pthread_mutex_unlock(&s->mu);
+        kvt__free(j);
+        return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
+    }
     memset(e, 0, sizeof *e);
     if (s->q_tail)
         s->q_tail->next = j;
@@ -1988,17 +2209,26 @@ static void *writer_main(void *arg)
         if (!s->q_head)
             s->q_tail = NULL;
         pthread_mutex_unlock(&s->mu);
-        int rc = do_put(s, &j->e);
-        kvt_entry_clear(&j->e);
+        int rc = do_put(s, &j->e, j->id);
+        kvt__skey key = j->key;
+        uint64_t bytes = j->bytes;
+        char msg[sizeof s->flush_msg];
+        if (rc)
+            snprintf(msg, sizeof msg, "%s", kvt_last_error());
+        pthread_mutex_lock(&s->mu);
+        pjob_unindex(s, j);
+        pthread_mutex_unlock(&s->mu);
+        /* the entry goes now, or with the last clone; before the job stops
+         * counting as pending, so a flush returns after it */
+        pjob_release(j);
         pthread_mutex_lock(&s->mu);
         if (rc) {
             s->flush_rc = rc;
-            snprintf(s->flush_msg, sizeof s->flush_msg, "%s", kvt_last_error());
+            memcpy(s->flush_msg, msg, sizeof msg);
         }
-        pending_add(s, j->key, -1);
+        pending_add(s, key, -1);
         s->st.pending--;
-        s->st.pending_bytes -= j->bytes;
-        kvt__free(j);
+        s->st.pending_bytes -= bytes;
         pthread_cond_broadcast(&s->idle_cv);
     }
     pthread_mutex_unlock(&s->mu);
@@ -2148,6 +2378,7 @@ static void store_free(kvt_store *s)
     for (st_ns *n = s->nss, *nx; n; n = nx) {
         nx = n->next;
         kvt__radix_free(&n->tree);
+        kvt__radix_free(&n->ptree);
         kvt__free(n->ns);
         kvt__free(n);
     }
@@ -2158,6 +2389,7 @@ static void store_free(kvt_store *s)
     kvt__kmap_free(&s->by_key);
     kvt__kmap_free(&s->by_id);
     kvt__kmap_free(&s->pending);
+    kvt__kmap_free(&s->pjobs);
     kvt__free(s->orphans);
     kvt__free(s->rthreads);
     if (s->lockfd >= 0)
@@ -2228,25 +2460,46 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         goto fail;
     }
     snprintf(s->dir, dl, "%s/%s", root, hex);
-    if ((mkdir(root, 0755) && errno != EEXIST) || (mkdir(s->dir, 0755) && errno != EEXIST)) {
+    int ro = s->opts.read_only;
+    if (!ro && ((mkdir(root, 0755) && errno != EEXIST) || (mkdir(s->dir, 0755) && errno != EEXIST))) {
         rc = kvt__fail(-errno, "%s: cannot create: %s", s->dir, strerror(errno));
         goto fail;
     }
-    s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (s->dirfd < 0) {
+    struct stat dst;
+    if (!lstat(s->dir, &dst) && S_ISLNK(dst.st_mode)) {
+        rc = kvt__fail(KVT_EUNSUPPORTED,
+                       "%s: the identity directory is a symbolic link; kvtier refuses it (in open, scan, "
+                       "inspect, verify and gc alike): replace it with a real directory",
+                       s->dir);
+        goto fail;
+    }
+    s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (s->dirfd < 0 && !(ro && errno == ENOENT)) {
         rc = kvt__fail(-errno, "%s: cannot open: %s", s->dir, strerror(errno));
         goto fail;
     }
-    s->lockfd = openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
-        rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
-        goto fail;
+    if (!ro) {
+        s->lockfd = openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
+            rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
+            goto fail;
+        }
+        if ((rc = write_identity_file(s)))
+            goto fail;
+    } else if (s->dirfd >= 0) {
+        /* read-only: hold the shared lock when .lock can be read (so this
+         * directory counts as in use), else go on without it */
+        s->lockfd = openat(s->dirfd, ".lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (s->lockfd >= 0 && flock(s->lockfd, LOCK_SH | LOCK_NB)) {
+            close(s->lockfd);
+            s->lockfd = -1;
+        }
     }
-    if ((rc = write_identity_file(s)) || (rc = scan(s)))
+    if (s->dirfd >= 0 && (rc = scan(s)))
         goto fail;
     count_other_configs(s, id);
     fdirs f;
-    if (!list_foreign(root, s->dir_name, 0, &f)) {
+    if (!ro && !list_foreign(root, s->dir_name, 0, &f)) {
         s->foreign_bytes = f.bytes;
         fdirs_free(&f);
     }
@@ -2399,6 +2652,21 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
         snprintf(path, sizeof path, "%s/%s", root, de->d_name);
         if (!is_identity_dir_name(de->d_name))
             continue;
+        struct stat lst;
+        if (!lstat(path, &lst) && S_ISLNK(lst.st_mode)) {
+            /* never followed: reported as refused, like kvt_store_open refuses it */
+            kvt_store_shard_info in;
+            memset(&in, 0, sizeof in);
+            in.dir = de->d_name;
+            in.identity = "";
+            in.file = "";
+            in.type = 'l';
+            in.mtime_ms = (int64_t)lst.st_mtim.tv_sec * 1000 + lst.st_mtim.tv_nsec / 1000000;
+            in.ns = "";
+            in.status = KVT_STORE_REFUSED_SYMLINK + 1;
+            rc = cb(ctx, &in);
+            continue;
+        }
         int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
         if (dfd < 0)
             continue;
@@ -2458,15 +2726,24 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
                     }
                 }
                 in.n_tensors = sh.n;
-                if (!r && verify) {
-                    uint8_t md[32];
-                    r = kvt__shard_hash_fd(fd, &sh, md);
-                    if (r)
-                        reason = KVT_STORE_REFUSED_IO;
-                    else if (memcmp(md, sh.sha, 32)) {
-                        reason = KVT_STORE_REFUSED_CHECKSUM;
-                        r = KVT_ECORRUPT;
-                    }
+                if (!r && verify && in.type == 'e') {
+                    /* everything a restore checks, by the restore's own code */
+                    kvt_entry tmp;
+                    char bad_shard[64];
+                    uint64_t nb = 0;
+                    r = load_entry(dfd, path, nm, ident, NULL, -1, 1, &tmp, &reason, bad_shard, &nb);
+                    if (!r)
+                        kvt_entry_clear(&tmp);
+                    else if (r == KVT_ENOTFOUND)
+                        reason = KVT_STORE_REFUSED_IO; /* removed while walking */
+                } else if (!r && verify) {
+                    rshard rs;
+                    pblock pb2;
+                    memset(&rs, 0, sizeof rs);
+                    r = load_block(dfd, path, nm, ident, 1, &rs, &pb2, &reason);
+                    kvt__free(pb2.tokens);
+                    kvt__shard_free(&rs.sh);
+                    kvt_buf_release(rs.buf);
                 }
                 in.status = r ? (reason >= 0 ? reason : KVT_STORE_REFUSED_IO) + 1 : 0;
             }

@@ -5,6 +5,8 @@
  * (bounded header, offsets inside the payload, sorted, contiguous, byte counts
  * matching dtype x shape, totals matching the file size). Also the small
  * codecs the metadata needs (base64 tokens, hex).
+ * Every shard carries two checksums of its payload: XXH3-128 (checked on
+ * every restore) and SHA-256 (checked by strict restores and store verify).
  * It never reads tensor bytes except to hash them, never trusts a header
  * field it has not checked, and never leaves a temp file behind on failure.
  */
@@ -20,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define KVT__IO_CHUNK (4u << 20) /* bytes per pwrite / read / hash step */
 #define KVT__PAYLOAD_ALIGN 64    /* payload starts at a multiple of this */
@@ -195,11 +198,12 @@ static int32_t *write_order(const kvt__st_out *t, int32_t n)
 }
 
 static char *build_header(json_t *meta, const kvt__st_out *t, const int32_t *ord, int32_t n,
-                          const char *sha_hex, uint64_t payload, size_t *len_out)
+                          const char *sha_hex, const char *xxh_hex, uint64_t payload, size_t *len_out)
 {
     char pb[32];
     snprintf(pb, sizeof pb, "%llu", (unsigned long long)payload);
     if (json_object_set_new(meta, "sha256", json_string(sha_hex)) ||
+        json_object_set_new(meta, "xxh3", json_string(xxh_hex)) ||
         json_object_set_new(meta, "payload_bytes", json_string(pb)) ||
         json_object_set_new(meta, "format", json_string(KVT__SHARD_FORMAT)) ||
         json_object_set_new(meta, "version", json_string(KVT__SHARD_VERSION)))
@@ -262,6 +266,7 @@ static kvt_store_io io_or_default(const kvt_store_io *io_opt)
 
 typedef struct {
     EVP_MD_CTX *md;
+    XXH3_state_t *xx;
     const kvt__st_out *t;
     const int32_t *ord;
     int32_t n;
@@ -273,6 +278,7 @@ static void *hash_payload(void *arg)
     for (int32_t k = 0; k < j->n; k++) {
         const kvt__st_out *x = &j->t[j->ord[k]];
         EVP_DigestUpdate(j->md, x->data, x->bytes);
+        XXH3_128bits_update(j->xx, x->data, x->bytes);
     }
     kvt__free(j); /* the job is the thread's own */
     return NULL;
@@ -286,6 +292,9 @@ static void pending_release(kvt__pending_shard *ps)
     ps->hashing = 0;
     EVP_MD_CTX_free(ps->md);
     ps->md = NULL;
+    if (ps->xx)
+        XXH3_freeState(ps->xx);
+    ps->xx = NULL;
     kvt__free(ps->t);
     ps->t = NULL;
     kvt__free(ps->ord);
@@ -324,7 +333,7 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
     memset(zeros, '0', 64);
     zeros[64] = '\0';
     size_t hlen = 0;
-    char *header = ps->ord ? build_header(meta, ps->t, ps->ord, n, zeros, payload, &hlen) : NULL;
+    char *header = ps->ord ? build_header(meta, ps->t, ps->ord, n, zeros, zeros + 32, payload, &hlen) : NULL;
     if (!header) {
         pending_release(ps);
         return kvt__fail(KVT_ENOMEM, "%s: cannot build the shard header", final_name);
@@ -337,6 +346,8 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
     int rc = 0;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     ps->md = md;
+    XXH3_state_t *xx = XXH3_createState();
+    ps->xx = xx;
     int fd = openat(dirfd, ps->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = kvt__fail(-errno, "%s: cannot create: %s", path, strerror(errno));
@@ -344,14 +355,14 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
         return rc;
     }
     ps->fd = fd;
-    if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
-        rc = kvt__fail(KVT_ENOMEM, "%s: cannot start SHA-256", path);
+    if (!md || !xx || !EVP_DigestInit_ex(md, EVP_sha256(), NULL) || XXH3_128bits_reset(xx) != XXH_OK) {
+        rc = kvt__fail(KVT_ENOMEM, "%s: cannot start SHA-256 / XXH3-128", path);
         goto fail;
     }
     /* Payload first (hashed beside the writes, see hash_payload), then, in
      * kvt__shard_seal, the header with the real hash over a same-length
      * placeholder. The hash may still run when this returns. */
-    kvt__hash_job hj = {md, ps->t, ps->ord, n};
+    kvt__hash_job hj = {md, xx, ps->t, ps->ord, n};
     int threaded = payload >= KVT__HASH_THREAD_MIN;
     kvt__hash_job *hjp = NULL;
     if (threaded && (hjp = kvt__malloc(sizeof *hjp))) {
@@ -370,8 +381,10 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
         size_t left = x->bytes;
         while (left) {
             size_t c = left < KVT__IO_CHUNK ? left : KVT__IO_CHUNK;
-            if (!threaded)
+            if (!threaded) {
                 EVP_DigestUpdate(md, p, c);
+                XXH3_128bits_update(xx, p, c);
+            }
             if ((rc = write_all(&ps->io, fd, p, c, off, path)))
                 break;
             p += c;
@@ -405,8 +418,12 @@ int kvt__shard_seal(kvt__pending_shard *ps)
     char sha_hex[65];
     EVP_DigestFinal_ex(ps->md, sha, NULL);
     kvt__hex(sha, 32, sha_hex);
+    XXH128_canonical_t xc;
+    XXH128_canonicalFromHash(&xc, XXH3_128bits_digest(ps->xx));
+    char xxh_hex[33];
+    kvt__hex(xc.digest, 16, xxh_hex);
     size_t hlen2 = 0;
-    char *header2 = build_header(ps->meta, ps->t, ps->ord, ps->n, sha_hex, ps->payload, &hlen2);
+    char *header2 = build_header(ps->meta, ps->t, ps->ord, ps->n, sha_hex, xxh_hex, ps->payload, &hlen2);
     if (!header2 || hlen2 != ps->hlen) {
         kvt__free(header2);
         rc = kvt__fail(KVT_ENOMEM, "%s: cannot rebuild the shard header", path);
@@ -591,10 +608,16 @@ int kvt__shard_read_header(int fd, const char *path, uint64_t file_bytes, kvt__s
     const char *ver = bad ? NULL : kvt__meta_str(out, "version");
     const char *sha = bad ? NULL : kvt__meta_str(out, "sha256");
     const char *pbs = bad ? NULL : kvt__meta_str(out, "payload_bytes");
-    if (!bad && (!fmt || strcmp(fmt, KVT__SHARD_FORMAT) || !ver || strcmp(ver, KVT__SHARD_VERSION)))
-        bad = "not a kvtier shard of version " KVT__SHARD_VERSION;
+    const char *xxh = bad ? NULL : kvt__meta_str(out, "xxh3");
+    int v1 = ver && !strcmp(ver, KVT__SHARD_VERSION_V1);
+    if (!bad && (!fmt || strcmp(fmt, KVT__SHARD_FORMAT) || !ver || (strcmp(ver, KVT__SHARD_VERSION) && !v1)))
+        bad = "not a kvtier shard of version " KVT__SHARD_VERSION_V1 " or " KVT__SHARD_VERSION;
     if (!bad && (!sha || kvt__unhex(sha, out->sha, 32)))
         bad = "sha256 is not 64 hex digits";
+    if (!bad && !v1 && (!xxh || kvt__unhex(xxh, out->xxh, 16)))
+        bad = "xxh3 is not 32 hex digits";
+    if (!bad)
+        out->has_xxh = !v1;
     char *endp = NULL;
     unsigned long long pb = 0;
     if (!bad) {
@@ -702,27 +725,25 @@ int kvt__shard_read_header(int fd, const char *path, uint64_t file_bytes, kvt__s
     return 0;
 }
 
-int kvt__shard_hash_fd(int fd, const kvt__shard *sh, uint8_t out[32])
+int kvt__shard_check(const kvt__shard *sh, const void *p, int strict, const char *path, int *reason)
 {
-    uint8_t *buf = kvt__malloc(KVT__IO_CHUNK);
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    int rc = 0;
-    if (!buf || !md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL)) {
-        rc = KVT_ENOMEM;
-        goto out;
+    size_t n = (size_t)sh->payload_bytes;
+    if (sh->has_xxh) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
+        if (memcmp(c.digest, sh->xxh, 16)) {
+            *reason = KVT_STORE_REFUSED_CHECKSUM;
+            return kvt__fail(KVT_ECORRUPT, "%s: refused (checksum): payload XXH3-128 differs from the header", path);
+        }
     }
-    uint64_t off = sh->payload_off, left = sh->payload_bytes;
-    while (left) {
-        size_t c = left < KVT__IO_CHUNK ? (size_t)left : KVT__IO_CHUNK;
-        if ((rc = pread_all(fd, buf, c, off)))
-            goto out;
-        EVP_DigestUpdate(md, buf, c);
-        off += c;
-        left -= c;
+    if (strict || !sh->has_xxh) {
+        uint8_t md[32];
+        unsigned int len = 0;
+        EVP_Digest(p, n, md, &len, EVP_sha256(), NULL);
+        if (memcmp(md, sh->sha, 32)) {
+            *reason = KVT_STORE_REFUSED_CHECKSUM;
+            return kvt__fail(KVT_ECORRUPT, "%s: refused (checksum): payload SHA-256 differs from the header", path);
+        }
     }
-    EVP_DigestFinal_ex(md, out, NULL);
-out:
-    EVP_MD_CTX_free(md);
-    kvt__free(buf);
-    return rc;
+    return 0;
 }

@@ -15,7 +15,8 @@
 /* ---- shard format (store_format.c) --------------------------------------- */
 
 #define KVT__SHARD_FORMAT "kvtier-shard"
-#define KVT__SHARD_VERSION "1"
+#define KVT__SHARD_VERSION "2"     /* written; "1" (no xxh3) is still read */
+#define KVT__SHARD_VERSION_V1 "1" /* no fast checksum: restored only after SHA-256 */
 #define KVT__SHARD_SUFFIX ".safetensors"
 #define KVT__TMP_PREFIX ".tmp."
 
@@ -49,9 +50,11 @@ typedef struct kvt__shard {
     uint64_t payload_bytes;
     uint64_t file_bytes;
     uint8_t sha[32];       /* payload SHA-256 from the metadata */
+    uint8_t xxh[16];       /* payload XXH3-128 from the metadata (big-endian hex order) */
+    int has_xxh;           /* 0: a version 1 shard (SHA-256 only) */
 } kvt__shard;
 
-/** Writes `meta` (an object of string values; "sha256", "payload_bytes" and
+/** Writes `meta` (an object of string values; "sha256", "xxh3", "payload_bytes" and
  * "format"/"version" are added) and tensors t[0..n) as `final_name` in dirfd:
  * temp name, pwrite, fsync, rename. The directory itself is not fsync'd.
  * On failure the temp file is removed. *file_bytes (may be NULL) receives the
@@ -68,6 +71,7 @@ typedef struct kvt__pending_shard {
     int hashing, sealed;
     pthread_t hasher;
     void *md;          /* EVP_MD_CTX */
+    void *xx;          /* XXH3_state_t */
     kvt__st_out *t;    /* owned copy of the tensor list */
     int32_t *ord, n;   /* write order */
     json_t *meta;      /* reference held for the final header */
@@ -109,8 +113,11 @@ void kvt__shard_free(kvt__shard *sh);
 /** Metadata string value or NULL. */
 const char *kvt__meta_str(const kvt__shard *sh, const char *key);
 
-/** SHA-256 of payload bytes read from fd (streamed). @return 0 or -errno. */
-int kvt__shard_hash_fd(int fd, const kvt__shard *sh, uint8_t out[32]);
+/** Checks the payload bytes p (sh->payload_bytes) against the header: the
+ * XXH3-128 always (when the shard has one), the SHA-256 when `strict` or when
+ * the shard has no XXH3-128 (version 1). On a mismatch *reason is
+ * KVT_STORE_REFUSED_CHECKSUM. @return 0 or KVT_ECORRUPT. */
+int kvt__shard_check(const kvt__shard *sh, const void *p, int strict, const char *path, int *reason);
 
 /** base64 of n int32 tokens (little-endian); caller frees with kvt__free. */
 char *kvt__tokens_b64(const int32_t *tokens, int64_t n);

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "test_seed.h"
+#include "tok_ref.h"
 
 #include "tokenizer.h"
 
@@ -307,6 +308,23 @@ static void test_byte_fallback(void **state)
     assert_int_equal(m, 0);
     assert_non_null(strstr(kvt_last_error(), "0x62"));
     kvt_tokenizer_free(tiny);
+
+    /* BOS/EOS ids a vocabulary does not hold are refused, never returned
+     * (fuzz_tokenizer_file found a 1-piece vocabulary encoding BOS as id 1) */
+    b = (bytes){0};
+    put_i32(&b, 6);
+    put_piece(&b, 0, "<unk>");
+    put_piece(&b, 0, "\n<s>\n");
+    write_bytes(path, b.p, b.n);
+    free(b.p);
+    assert_int_equal(kvt_tokenizer_load(path, 0, &tiny), 0);
+    m = 99;
+    assert_int_equal(kvt_tokenizer_encode(tiny, "", 1, 0, ids, 16, &m), 0);
+    assert_int_equal(m, 1);
+    assert_int_equal(kvt_tokenizer_encode(tiny, "", 1, 1, ids, 16, &m), KVT_ERANGE);
+    assert_int_equal(m, 0);
+    assert_non_null(strstr(kvt_last_error(), "EOS id 2"));
+    kvt_tokenizer_free(tiny);
 }
 
 /* ---- merge order -------------------------------------------------------------- */
@@ -461,85 +479,6 @@ static void test_bad_files(void **state)
 
 /* ---- differential test against a transcription of llama2.c's encode ------------ */
 
-typedef struct {
-    const char *str;
-    int id;
-} ref_index;
-
-static int ref_cmp(const void *a, const void *b)
-{
-    return strcmp(((const ref_index *)a)->str, ((const ref_index *)b)->str);
-}
-
-static int ref_lookup(const char *s, const ref_index *sorted, int n)
-{
-    ref_index key = {s, 0};
-    const ref_index *r = bsearch(&key, sorted, (size_t)n, sizeof *sorted, ref_cmp);
-    return r ? r->id : -1;
-}
-
-/* llama2.c run.c encode(), written out plainly (the dummy prefix assumes the
- * vocabulary has " "). */
-static int ref_encode(const kvt_tokenizer *t, const char *text, int bos, int eos, int32_t *tokens)
-{
-    int V = kvt_tokenizer_vocab_size(t);
-    ref_index *sorted = malloc((size_t)V * sizeof *sorted);
-    size_t maxlen = 0;
-    for (int i = 0; i < V; i++) {
-        sorted[i].str = kvt_tokenizer_piece(t, i);
-        sorted[i].id = i;
-        if (strlen(sorted[i].str) > maxlen)
-            maxlen = strlen(sorted[i].str);
-    }
-    qsort(sorted, (size_t)V, sizeof *sorted, ref_cmp);
-    char *buf = malloc(maxlen * 2 + 3);
-    size_t len = 0;
-    int n = 0;
-    if (bos)
-        tokens[n++] = 1;
-    if (text[0])
-        tokens[n++] = ref_lookup(" ", sorted, V);
-    for (const char *c = text; *c; c++) {
-        if ((*c & 0xC0) != 0x80)
-            len = 0;
-        buf[len++] = *c;
-        buf[len] = '\0';
-        if ((*(c + 1) & 0xC0) == 0x80 && len < 4)
-            continue;
-        int id = ref_lookup(buf, sorted, V);
-        if (id != -1)
-            tokens[n++] = id;
-        else
-            for (size_t i = 0; i < len; i++)
-                tokens[n++] = (unsigned char)buf[i] + 3;
-        len = 0;
-    }
-    for (;;) {
-        float best = -1e10f;
-        int best_id = -1, best_idx = -1;
-        for (int i = 0; i < n - 1; i++) {
-            sprintf(buf, "%s%s", kvt_tokenizer_piece(t, tokens[i]), kvt_tokenizer_piece(t, tokens[i + 1]));
-            int id = ref_lookup(buf, sorted, V);
-            if (id != -1 && kvt_tokenizer_score(t, id) > best) {
-                best = kvt_tokenizer_score(t, id);
-                best_id = id;
-                best_idx = i;
-            }
-        }
-        if (best_idx == -1)
-            break;
-        tokens[best_idx] = best_id;
-        for (int i = best_idx + 1; i < n - 1; i++)
-            tokens[i] = tokens[i + 1];
-        n--;
-    }
-    if (eos)
-        tokens[n++] = 2;
-    free(buf);
-    free(sorted);
-    return n;
-}
-
 static void test_encode_matches_reference(void **state)
 {
     (void)state;
@@ -567,7 +506,7 @@ static void test_encode_matches_reference(void **state)
         text[len] = '\0';
         int bos = rand() % 2, eos = rand() % 2;
         int64_t n = encode(t, text, bos, eos, got, 2500);
-        int m = ref_encode(t, text, bos, eos, want);
+        int m = tok_ref_encode(t, text, bos, eos, want);
         if (n != m)
             fail_msg("seed %u iter %d: %lld tokens, reference %d", seed, iter, (long long)n, m);
         for (int i = 0; i < m; i++)

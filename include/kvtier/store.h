@@ -16,8 +16,9 @@
  * Every shard is a safetensors file (8-byte little-endian header length, JSON
  * header with string-only "__metadata__", contiguous tensor bytes), so any
  * safetensors reader opens it. The metadata holds the identity, ns, tokens
- * (base64 of int32 little-endian), per-layer kinds, params and ranges, and the
- * SHA-256 of the payload. Headers over KVT_STORE_MAX_HEADER bytes are refused.
+ * (base64 of int32 little-endian), per-layer kinds, params and ranges, and two
+ * checksums of the payload: XXH3-128 and SHA-256. Headers over
+ * KVT_STORE_MAX_HEADER bytes are refused.
  *
  * Durability: a shard is written under a temporary name, fsync'd, renamed,
  * and the directory fsync'd; an interrupted or failed write is never visible
@@ -31,10 +32,20 @@
  * own (shards of 64 KiB or more are mapped read-only, each tensor's buffer
  * holding the mapping, which is unmapped when the last view is released;
  * smaller ones are copied), checks the stored tokens against the requested
- * prefix (a mismatch is a miss), checks SHA-256 when the store was opened
- * with verify, and rebuilds the caches with kvt_cache_decode (zero-copy for
- * kinds that adopt whole buffers, e.g. full kv blocks). An entry whose write-behind is still pending is not
- * in the index: a lookup misses it (the RAM tier still holds the copy).
+ * prefix (a mismatch is a miss), checks the XXH3-128 of every payload it
+ * reads, always, before any byte is handed out (SHA-256 as well when the
+ * store was opened with verify), and rebuilds the caches with
+ * kvt_cache_decode (zero-copy for kinds that adopt whole buffers, e.g. full
+ * kv blocks). A checksum mismatch is refused (KVT_ECORRUPT, counted under
+ * "checksum"), and the corrupt shard is removed from disk and from the index,
+ * with every entry that references it: it is never read again. An entry
+ * whose write-behind is queued or in flight is found by lookups and restored
+ * from the queue's own caches (zero-copy clones), so a pending write is never
+ * lost to a lookup.
+ *
+ * Identity directories that are symbolic links are refused everywhere: open
+ * fails, kvt_store_walk reports them (KVT_STORE_REFUSED_SYMLINK), kvt_store_gc
+ * and the budget never enter them.
  *
  * Thread-safety: every function on one kvt_store may be called from any
  * thread concurrently, except kvt_store_close (no other call may be running
@@ -95,14 +106,24 @@ typedef struct kvt_store_options {
     /** Write-behind queue bound in bytes of queued cache state; 0 = 256 MiB.
      * kvt_store_put_async refuses (and counts as dropped) what does not fit. */
     uint64_t queue_max_bytes;
-    /** Non-zero: check the SHA-256 of every shard on every load
-     * (`--ssd-cache-verify`); a mismatch is a miss, counted. */
+    /** Non-zero: strict restores (`--ssd-cache-verify`): the SHA-256 of every
+     * shard read is checked as well as its XXH3-128 (which every restore
+     * checks, always); a mismatch is a miss, counted. */
     int verify;
     /** Threads serving kvt_store_restore_async; 0 = 1, at most 16. */
     int restore_threads;
     /** Fault-injection write layer (borrowed for the life of the store);
      * NULL = pwrite(2)/fsync(2). */
     const kvt_store_io *io;
+    /** Non-zero: read-only store. Open needs only read access (a read-only
+     * mount, a directory or .lock file of another user): it creates
+     * nothing, writes nothing (no IDENTITY, no temp files, no last-use
+     * stamps), removes nothing (no temp cleanup, no budget, no gc, a corrupt
+     * shard only leaves the index) and takes the shared lock only when .lock
+     * can be opened for reading. find and restore work as usual;
+     * kvt_store_put, kvt_store_put_async and the cold tier's store and spill
+     * return -EROFS, counted in stats.write_refused. */
+    int read_only;
 } kvt_store_options;
 
 /** Why a shard was refused (counted per reason in kvt_store_stats.refused). */
@@ -114,15 +135,18 @@ typedef enum kvt_store_refusal {
     KVT_STORE_REFUSED_MALFORMED,     /* bad JSON, missing/ill-typed field, dtype or
                                         shape that does not match its byte count */
     KVT_STORE_REFUSED_IDENTITY,      /* written under another identity */
-    KVT_STORE_REFUSED_CHECKSUM,      /* payload SHA-256 mismatch (verify) */
+    KVT_STORE_REFUSED_CHECKSUM,      /* payload XXH3-128 mismatch (every restore) or
+                                        SHA-256 mismatch (strict restore, verify) */
     KVT_STORE_REFUSED_TOKENS,        /* stored tokens differ from the request/index */
     KVT_STORE_REFUSED_MISSING_BLOCK, /* an entry references a block that is gone */
     KVT_STORE_REFUSED_IO,            /* read error */
+    KVT_STORE_REFUSED_SYMLINK,       /* an identity directory that is a symbolic link */
     KVT_STORE_REFUSED_COUNT
 } kvt_store_refusal;
 
 /** Short name of a refusal reason ("truncated", "header-bound", "offsets",
- * "malformed", "identity", "checksum", "tokens", "missing-block", "io"); static. */
+ * "malformed", "identity", "checksum", "tokens", "missing-block", "io",
+ * "symlink"); static. */
 KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r);
 
 /** Counters of one open store. A snapshot; fields are independent reads. */
@@ -154,6 +178,8 @@ typedef struct kvt_store_stats {
                                      with another config fingerprint or tokenizer
                                      (their own directories): never served */
     int64_t longest_prefix_tokens; /* tokens of the longest indexed entry */
+    uint64_t write_refused;    /* puts refused because the store is read-only */
+    uint64_t pending_hits;     /* restores served from the write-behind queue */
 } kvt_store_stats;
 
 /** Computes a config fingerprint from a model's (empty) per-layer caches: the
@@ -191,7 +217,10 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
  *                 borrowed for the life of the store).
  * @param out      receives the store; close it with kvt_store_close().
  * @return 0; KVT_EINVAL (NULL argument, root empty or over 3000 bytes, an
- * identity string over 1024 bytes or not UTF-8, restore_threads out of range); -errno (cannot create or open a directory); KVT_ENOMEM.
+ * identity string over 1024 bytes or not UTF-8, restore_threads out of range);
+ * KVT_EUNSUPPORTED (the identity directory is a symbolic link: refused, not
+ * followed); -errno (cannot create or open a directory; in read-only mode a
+ * missing identity directory is an empty store, not an error); KVT_ENOMEM.
  * Thread-safe (different stores are independent).
  */
 KVT_API int kvt_store_open(const char *root, const kvt_store_identity *identity,
@@ -211,8 +240,9 @@ KVT_API int kvt_store_close(kvt_store *s);
  * every layer's reachable range of that entry (an entry with attachments or
  * a wrapped ring / recurrent layer serves only prompts that extend all of its
  * tokens). Among entries giving the longest prefix a shortest one is chosen.
- * O(n_prompt) walk of a radix tree. An entry whose
- * write is still pending is not found.
+ * O(n_prompt) walks of two radix trees: durable entries and entries whose
+ * write-behind is queued or in flight (a pending entry is found; on equal
+ * prefixes the durable one is chosen).
  * @param prompt (n_prompt) token ids, borrowed; @param ns namespace, non-NULL.
  * @param hit receives prefix_len, n_tokens and the handle on success; the
  *        handle stays valid until the entry is evicted or superseded (then
@@ -223,8 +253,9 @@ KVT_API int kvt_store_close(kvt_store *s);
 KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt, const char *ns,
                            kvt_cold_hit *hit);
 
-/** Exact lookup: the durable entry whose tokens equal `tokens` in `ns`
- * (n_tokens may be 0: objects). Index only. hit->prefix_len = n_tokens.
+/** Exact lookup: the entry whose tokens equal `tokens` in `ns` (n_tokens may
+ * be 0: objects), durable or, failing that, pending in the write-behind
+ * queue. Index only. hit->prefix_len = n_tokens.
  * @return 0; KVT_ENOTFOUND; KVT_EINVAL (as kvt_store_find). Thread-safe. */
 KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns,
                                  kvt_cold_hit *hit);
@@ -235,8 +266,15 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
  * caller's (kvt_cache_trim). Before anything is returned the stored tokens
  * are compared with the index's copy and, when `prompt` is given, their first
  * min(n_prompt, n_tokens) tokens with the prompt: any difference is a miss
- * (counted as refused: tokens), never served. Under verify the SHA-256 of
- * every shard read is checked.
+ * (counted as refused: tokens), never served. The XXH3-128 of every shard
+ * read is checked before its bytes are used (a version 1 shard, which has
+ * none, is checked by SHA-256); under verify the SHA-256 too. A mismatch
+ * removes the shard (file and index; for a block, the entries over it leave
+ * the index). A handle from a pending write is restored from the queued
+ * entry: zero-copy clones of its caches and attachments; out->hook then
+ * holds the queued entry (its own hook runs after the writer is done and
+ * every clone's hook has run); once the write is durable the same handle
+ * restores from disk.
  * @param handle from kvt_store_find / kvt_store_find_exact.
  * @param prompt (n_prompt) the tokens the caller will use, borrowed; may be
  *        NULL with n_prompt 0.
@@ -247,7 +285,7 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
  *        their final names, so a mapping stays valid after an eviction.
  * @return 0; KVT_EINVAL (NULL s or out, n_prompt < 0, NULL prompt with
  * n_prompt > 0); KVT_ENOTFOUND (no such handle, evicted meanwhile, tokens differ); KVT_ECORRUPT
- * (SHA-256 mismatch under verify); KVT_EFORMAT (shard invalid, or a layer
+ * (checksum mismatch); KVT_EFORMAT (shard invalid, or a layer
  * that does not decode); KVT_EIDENTITY; -errno (read failure); KVT_ENOMEM.
  * Every failure is a miss: nothing partial is returned. Thread-safe.
  */
@@ -275,7 +313,7 @@ KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_d
  * @return 0; KVT_EINVAL (offsets differ from n_tokens, NULL, ns or an
  * attachment name not valid UTF-8: shard metadata is JSON); KVT_EUNSUPPORTED
  * (an attachment that cannot be serialized); KVT_ETOOBIG (larger than the
- * whole budget); -ENOSPC, KVT_EIO or -errno (write failed: the entry is not
+ * whole budget); -EROFS (read-only store: counted in write_refused); -ENOSPC, KVT_EIO or -errno (write failed: the entry is not
  * indexed, temporary files are removed); KVT_ENOMEM. A failure is counted in
  * stats.failed. Thread-safe.
  */
@@ -287,14 +325,16 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
  *        caches). Ownership passes to the store on 0: the writer clears it
  *        (kvt_entry_clear) after the write, whether it succeeds or fails, and
  *        *e is zeroed. On error it stays with the caller.
- * Until the write is durable the entry is not indexed (find misses it) and
- * kvt_store_pending() reports it.
+ * Until the write is durable the entry is not indexed as durable
+ * (kvt_store_contains says 0, kvt_store_pending() says 1), but find and
+ * find_exact see it and restore serves it from the queued caches.
  * The queue holds at most queue_max_bytes of cache state (kvt_cache_bytes of
  * the layers plus attachment bytes), except that an entry is always accepted
  * into an empty queue (so one larger entry is written, not dropped forever).
  * @return 0 (queued); KVT_EAGAIN (queue bytes would exceed queue_max_bytes:
  * counted as dropped); KVT_ECLOSED (closing: dropped); KVT_EINVAL (as
- * kvt_store_put); KVT_ENOMEM. Thread-safe. */
+ * kvt_store_put); -EROFS (read-only store: counted in write_refused);
+ * KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e);
 
 /** Whether a write of exactly (ns, tokens) is queued or in flight (1) or
@@ -335,7 +375,8 @@ typedef struct kvt_store_shard_info {
     const char *dir;          /* identity directory name */
     const char *identity;     /* its IDENTITY JSON, "" when missing */
     const char *file;         /* file name */
-    char type;                /* 'e' entry, 'b' block, 't' temporary, '?' other */
+    char type;                /* 'e' entry, 'b' block, 't' temporary, '?' other,
+                                 'l' a symlinked identity directory (file "") */
     uint64_t bytes;           /* file size */
     int64_t mtime_ms;         /* modification time, ms since the epoch */
     int status;               /* 0 valid, else the refusal reason + 1 */
@@ -349,8 +390,12 @@ typedef struct kvt_store_shard_info {
 /** Calls cb for every file of every identity directory under root (a
  * directory named by 32 hex digits that holds an IDENTITY file; anything
  * else under root is ignored). Reads
- * headers only unless `verify` is non-zero (then the whole payload is hashed
- * and compared). A non-zero return from cb stops the walk.
+ * headers only unless `verify` is non-zero (then every entry shard is loaded
+ * by the restore's own code, with every check a restore runs plus SHA-256,
+ * and decoded; every block shard is checked likewise). An identity-named
+ * entry under root that is a symbolic link is reported once, type 'l',
+ * status KVT_STORE_REFUSED_SYMLINK + 1, and never followed. A non-zero
+ * return from cb stops the walk.
  * @return 0; KVT_EINVAL (NULL root or cb); -errno (root cannot be read);
  * or cb's non-zero return. Thread-safe. */
 KVT_API int kvt_store_walk(const char *root, int verify,

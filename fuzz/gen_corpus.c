@@ -1,0 +1,371 @@
+/*
+ * gen_corpus.c: writes the seed corpus of every fuzz target with the
+ * project's own writers, so the fuzzers start from valid inputs: real store
+ * directories (kvt_store_put of entries of every cache kind, with shared
+ * blocks and an attachment), their shards one by one, encoded cache states
+ * (kvt_cache_encode), synthetic checkpoints of every layer kind
+ * (kvt_model_synth), the default tokenizer (kvt_tokenizer_write_default),
+ * trace lines, transcripts and chat scripts.
+ *   fuzz_gen_corpus fuzz/corpus        (then commit what changed)
+ * Output is deterministic; each file is a few KB at most.
+ */
+#include "fuzz_util.h"
+
+#include "chat.h"
+#include "model.h"
+#include "store_util.h"
+#include "tokenizer.h"
+
+#include <dirent.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *g_out;
+
+static void save(const char *target, const char *name, const void *data, size_t n)
+{
+    char dir[1024], path[1200];
+    snprintf(dir, sizeof dir, "%s/%s", g_out, target);
+    mkdir(dir, 0755);
+    snprintf(path, sizeof path, "%s/seed-%s", dir, name);
+    if (fz_write_file(path, data, n)) {
+        fprintf(stderr, "gen_corpus: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+static void save_str(const char *target, const char *name, const char *s) { save(target, name, s, strlen(s)); }
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    uint8_t *b = NULL;
+    *n = 0;
+    uint8_t chunk[65536];
+    size_t got;
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
+        if (fz_append(&b, n, chunk, got))
+            exit(1);
+    fclose(f);
+    return b;
+}
+
+static void die(const char *what, int rc)
+{
+    fprintf(stderr, "gen_corpus: %s: %s (%s)\n", what, kvt_strerror(rc), kvt_last_error());
+    exit(1);
+}
+
+/* ---- store directories and shards ----------------------------------------------- */
+
+static int by_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Packs the shards of dir as fz records (plus a temporary and a stray file)
+ * and saves each shard alone as a shard-header seed. */
+static void pack_dir(const char *dir, const char *name, int extras)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        exit(1);
+    char *names[256];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 256)
+        if (strstr(de->d_name, ".safetensors"))
+            names[n++] = strdup(de->d_name);
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, by_name);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint8_t verify = 1;
+    fz_append(&buf, &len, &verify, 1);
+    for (int i = 0; i < n; i++) {
+        char path[2048];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        size_t fn = 0;
+        uint8_t *f = slurp(path, &fn);
+        fz_record_write(&buf, &len, FZ_NAME_OWN, f, (uint32_t)fn);
+        char sname[128];
+        snprintf(sname, sizeof sname, "%s-%c%d", name, names[i][0], i);
+        if (fn <= 8192)
+            save("fuzz_shard_header", sname, f, fn);
+        free(f);
+        free(names[i]);
+    }
+    if (extras) {
+        fz_record_write(&buf, &len, FZ_NAME_TEMP, "partial", 7);
+        fz_record_write(&buf, &len, FZ_NAME_OTHER, "not a shard", 11);
+    }
+    save("fuzz_store_scan", name, buf, len);
+    free(buf);
+}
+
+static void gen_store(const char *name, const store_cfg *cfg, int n_entries, int extras)
+{
+    char root[512];
+    if (fz_mkdtemp(root, sizeof root, "gen"))
+        exit(1);
+    kvt_store_identity id = {FZ_STORE_MODEL, FZ_STORE_CONFIG, FZ_STORE_TOKENIZER};
+    kvt_store *s = NULL;
+    int rc = kvt_store_open(root, &id, NULL, &s);
+    if (rc)
+        die("store open", rc);
+    int32_t tokens[12];
+    for (int e = 0; e < n_entries; e++) {
+        int64_t n = 6 + 3 * e; /* later entries extend the first: shared blocks */
+        for (int64_t i = 0; i < n; i++)
+            tokens[i] = (int32_t)(i < 6 ? 10 + i : 40 + e * 7 + i);
+        kvt_entry en;
+        if ((rc = store_make_entry(cfg, e == 2 ? "lora:a" : "", tokens, n, &en)))
+            die("make entry", rc);
+        if ((rc = kvt_store_put(s, &en)))
+            die("store put", rc);
+        kvt_entry_clear(&en);
+    }
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", kvt_store_dir(s));
+    kvt_store_close(s);
+    pack_dir(dir, name, extras);
+    fz_rmtree(root);
+}
+
+/* ---- cache states ------------------------------------------------------------------ */
+
+static void gen_state(const char *name, kvt_cache *c, int sel)
+{
+    kvt_cache_state st;
+    int rc = kvt_cache_encode(c, &st);
+    if (rc)
+        die("encode", rc);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (fz_state_write(&st, sel, &buf, &len))
+        exit(1);
+    save("fuzz_tensor_decode", name, buf, len);
+    free(buf);
+    kvt_cache_state_free(&st);
+    kvt_cache_dispose(c);
+}
+
+static kvt_cache *filled(kvt_cache *c, int64_t n, int d)
+{
+    float k[64], v[64];
+    for (int64_t t = 0; t < n; t++) {
+        for (int j = 0; j < d; j++) {
+            k[j] = (float)(t * d + j) / 8.0f;
+            v[j] = -(float)(t * d + j) / 16.0f;
+        }
+        const void *in[2] = {k, v};
+        if (kvt_cache_append(c, 1, in))
+            exit(1);
+    }
+    return c;
+}
+
+static void gen_states(void)
+{
+    kvt_cache *c;
+    kvt_kv_create(4, 3, &c);
+    gen_state("kv", filled(c, 7, 4), FZ_KIND_KV);
+    kvt_rotating_create(4, 4, 1, &c);
+    gen_state("rotating", filled(c, 3, 4), FZ_KIND_ROTATING);
+    kvt_rotating_create(2, 4, 1, &c);
+    gen_state("rotating-wrapped", filled(c, 9, 2), FZ_KIND_ROTATING);
+    kvt_recurrent_create(16, &c);
+    uint8_t stt[16];
+    for (int i = 0; i < 16; i++)
+        stt[i] = (uint8_t)(i * 17);
+    const void *in[1] = {stt};
+    kvt_cache_append(c, 5, in);
+    gen_state("recurrent", c, FZ_KIND_RECURRENT);
+    kvt_qkv_create(8, 4, 2, &c);
+    gen_state("qkv", filled(c, 5, 8), FZ_KIND_QKV);
+    /* an attachment blob: one U8 tensor named as the store names them */
+    kvt_cache_state st;
+    memset(&st, 0, sizeof st);
+    kvt_tensor t;
+    memset(&t, 0, sizeof t);
+    snprintf(t.name, sizeof t.name, "draft.hidden");
+    t.dtype = KVT_DTYPE_U8;
+    t.ndim = 1;
+    t.shape[0] = 16;
+    t.data = stt;
+    t.bytes = 16;
+    t.tok_begin = t.tok_end = -1;
+    st.n_tensors = 1;
+    st.tensors = &t;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    fz_state_write(&st, FZ_KIND_ATTACHMENT, &buf, &len);
+    save("fuzz_tensor_decode", "attachment", buf, len);
+    free(buf);
+}
+
+/* ---- byte programs of the differential targets ---------------------------------------- */
+
+static void gen_programs(void)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int sel = 0; sel < FZ_KIND_COUNT; sel++) {
+        uint8_t b[600];
+        b[0] = (uint8_t)sel;
+        for (size_t i = 1; i < sizeof b; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            b[i] = (uint8_t)x;
+        }
+        /* mostly appends (op 0 = byte % 4 == 0) so the caches hold blocks */
+        for (size_t i = 4; i < sizeof b; i += 23)
+            b[i] = 0;
+        char name[32];
+        snprintf(name, sizeof name, "%s", fz_kind_names[sel]);
+        save("fuzz_codec_roundtrip", name, b, sizeof b);
+    }
+    for (int k = 0; k < 3; k++) {
+        uint8_t b[1024];
+        for (size_t i = 0; i < sizeof b; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            b[i] = (uint8_t)x;
+        }
+        for (size_t i = 0; i < sizeof b; i += 40)
+            b[i] = (uint8_t)(k == 0 ? 0 : i % 5); /* k 0: inserts first */
+        char name[32];
+        snprintf(name, sizeof name, "program-%d", k);
+        save("fuzz_radix_index", name, b, sizeof b);
+    }
+    /* tokenizer_encode: flags, extra pieces (len, score, bytes), then text */
+    static const char *const pieces[] = {"Th", "he", "e ", "the", " the", "at", "cat", "\xC3\xA9", "in", "ing"};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    uint8_t hdr[3] = {3, (uint8_t)(sizeof pieces / sizeof *pieces), 8};
+    fz_append(&buf, &len, hdr, 3);
+    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) {
+        uint8_t pl = (uint8_t)strlen(pieces[i]), sc = (uint8_t)(i * 3);
+        fz_append(&buf, &len, &pl, 1);
+        fz_append(&buf, &len, &sc, 1);
+        fz_append(&buf, &len, pieces[i], pl);
+    }
+    const char *text = "The cat sat in the hat, the end. Caf\xC3\xA9 \xF0\x9F\x98\x80 thing";
+    fz_append(&buf, &len, text, strlen(text));
+    save("fuzz_tokenizer_encode", "words", buf, len);
+    free(buf);
+}
+
+/* ---- checkpoints and tokenizers ------------------------------------------------------ */
+
+static void gen_model(const char *name, int n_layers, const kvt_layer_kind *kinds, int32_t window, int separate)
+{
+    char root[512], path[600];
+    if (fz_mkdtemp(root, sizeof root, "gen"))
+        exit(1);
+    snprintf(path, sizeof path, "%s/m.bin", root);
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 8;
+    p.hidden_dim = 8;
+    p.n_layers = n_layers;
+    p.n_heads = 2;
+    p.n_kv_heads = 1;
+    p.vocab_size = 8;
+    p.seq_len = 8;
+    p.seed = 1;
+    p.separate_classifier = separate;
+    p.sliding_window = window;
+    for (int l = 0; l < n_layers; l++)
+        p.layer_kind[l] = kinds[l];
+    int rc = kvt_model_synth(&p, path);
+    if (rc)
+        die("synth", rc);
+    size_t n = 0;
+    uint8_t *b = slurp(path, &n);
+    save("fuzz_model_header", name, b, n);
+    free(b);
+    fz_rmtree(root);
+}
+
+static void gen_tokenizers(void)
+{
+    char root[512], path[600];
+    if (fz_mkdtemp(root, sizeof root, "gen"))
+        exit(1);
+    snprintf(path, sizeof path, "%s/t.bin", root);
+    int rc = kvt_tokenizer_write_default(path, KVT_DEFAULT_VOCAB);
+    if (rc)
+        die("tokenizer", rc);
+    size_t n = 0;
+    uint8_t *b = slurp(path, &n);
+    save("fuzz_tokenizer_file", "default", b, n);
+    free(b);
+    fz_rmtree(root);
+    /* a small vocabulary with merges (the layout tokenizer.h documents) */
+    static const char *const pieces[] = {"<unk>", "\n<s>\n", "\n</s>\n", " ", "a", "b", "ab", " ab", "\xC3\xA9"};
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int32_t maxlen = 6;
+    fz_append(&buf, &len, &maxlen, 4);
+    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) {
+        float sc = (float)i;
+        int32_t pl = (int32_t)strlen(pieces[i]);
+        fz_append(&buf, &len, &sc, 4);
+        fz_append(&buf, &len, &pl, 4);
+        fz_append(&buf, &len, pieces[i], (size_t)pl);
+    }
+    save("fuzz_tokenizer_file", "small", buf, len);
+    free(buf);
+}
+
+/* ---- text inputs ------------------------------------------------------------------------ */
+
+static void gen_text(void)
+{
+    save_str("fuzz_trace_line", "lines",
+         "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 12, \"hash_ids\": [1, 2]}\n"
+         "{\"timestamp\": 25, \"input_length\": 1100, \"output_length\": 3, \"hash_ids\": [1, 2, 3]}\n"
+         "\n"
+         "{\"timestamp\": 30, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1]}\n");
+    save_str("fuzz_trace_line", "one", "{\"timestamp\": 7, \"input_length\": 1, \"hash_ids\": [42]}");
+    json_t *doc = json_pack("[{s:s, s:s}, {s:s, s:s}]", "user", "Hello there", "assistant", " Hi! How are you?",
+                            "user", "Caf\xC3\xA9 \xE2\x82\xAC?", "assistant", " \xF0\x9F\x98\x80 fine\n");
+    char *s = json_dumps(doc, JSON_INDENT(1));
+    save("fuzz_transcript", "two-turns", s, strlen(s));
+    free(s);
+    json_decref(doc);
+    save_str("fuzz_transcript", "empty", "[]");
+    const char *script = "# a chat script\nHello there\n\n  indented line  \r\nCaf\xC3\xA9 \xE2\x82\xAC\n#skip\nlast";
+    save("fuzz_script", "script", script, strlen(script));
+    save_str("fuzz_script", "crlf", "one\r\ntwo\r\n\r\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: fuzz_gen_corpus OUTDIR   (e.g. fuzz/corpus)\n");
+        return 2;
+    }
+    g_out = argv[1];
+    mkdir(g_out, 0755);
+    store_cfg kv = {.n_kv = 2, .kv_dim = 2, .block = 4};
+    gen_store("kv", &kv, 3, 1);
+    store_cfg hybrid = {.n_kv = 1, .kv_dim = 2, .block = 4, .window = 3, .recurrent = 8};
+    gen_store("hybrid", &hybrid, 2, 0);
+    store_cfg q = {.n_kv = 0, .kv_dim = 4, .block = 4, .qkv = 1};
+    gen_store("qkv", &q, 2, 0);
+    store_cfg att = {.n_kv = 1, .kv_dim = 2, .block = 4, .attach = 12};
+    gen_store("attachment", &att, 1, 0);
+    gen_states();
+    gen_programs();
+    kvt_layer_kind plain[2] = {KVT_LAYER_ATTN, KVT_LAYER_ATTN};
+    gen_model("plain", 2, plain, 0, 0);
+    gen_model("separate-classifier", 1, plain, 0, 1);
+    kvt_layer_kind hyb[3] = {KVT_LAYER_ATTN, KVT_LAYER_WINDOW, KVT_LAYER_RECURRENT};
+    gen_model("hybrid", 3, hyb, 4, 0);
+    gen_tokenizers();
+    gen_text();
+    printf("corpus written under %s\n", g_out);
+    return 0;
+}
