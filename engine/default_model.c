@@ -12,6 +12,7 @@
 #include "../src/internal.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,17 @@
 #include <unistd.h>
 
 #define DEFAULT_SEED 20260101ULL
+
+static float g_row_scale[KVT_DEFAULT_VOCAB]; /* classifier row factors, set once */
+static pthread_once_t g_scale_once = PTHREAD_ONCE_INIT;
+
+static void fill_row_scale(void)
+{
+    for (int v = 0; v < KVT_DEFAULT_VOCAB; v++) {
+        int b = v - KVT_TOKEN_BYTE0;
+        g_row_scale[v] = (b >= 32 && b < 127) || b == '\n' ? 1.0f : 0.25f;
+    }
+}
 
 KVT_API void kvt_default_model_params(kvt_synth_params *p)
 {
@@ -31,6 +43,13 @@ KVT_API void kvt_default_model_params(kvt_synth_params *p)
     p->vocab_size = KVT_DEFAULT_VOCAB;
     p->seq_len = 4096;
     p->seed = DEFAULT_SEED;
+    /* A classifier of its own (random, fan-in scaled): tied to the random
+     * embedding, greedy text repeats one piece. Rows of tokens that print
+     * nothing (specials, control and non-ASCII bytes) are weighted down, so
+     * what greedy decoding picks mostly shows. */
+    pthread_once(&g_scale_once, fill_row_scale);
+    p->separate_classifier = 1;
+    p->wcls_row_scale = g_row_scale;
 }
 
 /* mkdir -p for the cache directory (the path is ours, short). */
@@ -67,11 +86,11 @@ KVT_API int kvt_default_model(char *model_path, size_t cap, char *tokenizer_path
         return kvt__fail(KVT_ERANGE, "default model: cache directory path too long");
     kvt_synth_params p;
     kvt_default_model_params(&p);
-    /* The name carries the shape and seed, so a changed default never reuses
-     * an old file. */
-    int nm = snprintf(model_path, cap, "%s/default-d%d-h%d-l%d-nh%d-kv%d-v%d-s%d-seed%llu.bin", dir, p.dim,
+    /* The name carries the shape, the seed and the classifier ("-wcls" when
+     * separate), so a changed default never reuses an old file. */
+    int nm = snprintf(model_path, cap, "%s/default-d%d-h%d-l%d-nh%d-kv%d-v%d-s%d-seed%llu%s.bin", dir, p.dim,
                       p.hidden_dim, p.n_layers, p.n_heads, p.n_kv_heads, p.vocab_size, p.seq_len,
-                      (unsigned long long)p.seed);
+                      (unsigned long long)p.seed, p.separate_classifier ? "-wcls" : "");
     int nt = snprintf(tokenizer_path, tok_cap, "%s/default-tokenizer-v%d.bin", dir, p.vocab_size);
     if (nm < 0 || (size_t)nm >= cap || nt < 0 || (size_t)nt >= tok_cap)
         return kvt__fail(KVT_ERANGE, "default model: path buffer too small for %s", dir);

@@ -9,6 +9,7 @@
  */
 #include "model_internal.h"
 
+#include "kernels.h"
 #include "pool.h"
 #include "sampler.h"
 
@@ -16,6 +17,8 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- scratch ------------------------------------------------------------ */
@@ -59,7 +62,10 @@ void kvt__model_free_scratch(kvt_model *m)
     kvt__free(m->scratch_block);
     kvt__free(m->s.scores);
     kvt__free(m->segs);
+    kvt__free(m->dec_block);
     m->pool = NULL;
+    m->dec_block = NULL;
+    m->dec_cap = 0;
     m->scratch_block = NULL;
     m->s.scores = NULL;
     m->segs = NULL;
@@ -112,45 +118,66 @@ typedef struct {
     float *out;
     const float *x, *W;
     int T, n_in, n_out;
+    int rows; /* 1: kvt__matmul_rows (decode), 0: OpenBLAS sgemm (prefill) */
 } mm_job;
 
 static void mm_part(void *vj, int i, int n)
 {
     const mm_job *j = vj;
+    /* split on multiples of 8 rows, so every part's tiles are whole */
     int r0 = (int)((int64_t)j->n_out * i / n) & ~7, r1 = i == n - 1 ? j->n_out : (int)((int64_t)j->n_out * (i + 1) / n) & ~7;
     if (r1 <= r0)
         return;
-    const float *W = j->W + (size_t)r0 * j->n_in;
-    if (j->T == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, r1 - r0, j->n_in, 1.0f, W, j->n_in, j->x, 1, 0.0f, j->out + r0, 1);
+    if (j->rows)
+        kvt__matmul_rows(j->out, (size_t)j->n_out, j->x, j->T, j->W, j->n_in, r0, r1);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, r1 - r0, j->n_in, 1.0f, j->x, j->n_in, W, j->n_in,
-                    0.0f, j->out + r0, j->n_out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, r1 - r0, j->n_in, 1.0f, j->x, j->n_in,
+                    j->W + (size_t)r0 * j->n_in, j->n_in, 0.0f, j->out + r0, j->n_out);
 }
 
-/* out (T, n_out) = x (T, n_in) . W^T, W (n_out, n_in) row-major; rows of W
- * split over the pool. */
-static void matmul(kvt_model *m, float *out, const float *x, const float *W, int T, int n_in, int n_out)
+static void run_matmul(kvt_model *m, float *out, const float *x, const float *W, int T, int n_in, int n_out, int rows)
 {
-    mm_job j = {out, x, W, T, n_in, n_out};
+    mm_job j = {out, x, W, T, n_in, n_out, rows};
     double macs = (double)T * n_in * n_out;
     int parts = macs >= PAR_MIN_MACS && n_out >= 16 ? kvt__pool_size(m->pool) : 1;
     kvt__pool_run(m->pool, mm_part, &j, parts);
 }
 
-/* cos/sin tables for positions pos0 .. pos0 + T - 1, exactly as llama2.c run.c
- * computes them: freq = 1 / 10000^(head_dim / head_size), val = pos * freq. */
+/* out (T, n_out) = x (T, n_in) . W^T, W (n_out, n_in) row-major; rows of W
+ * split over the pool. A prefill chunk (T > 1) runs OpenBLAS sgemm; a single
+ * row runs the decode kernel. */
+static void matmul(kvt_model *m, float *out, const float *x, const float *W, int T, int n_in, int n_out)
+{
+    run_matmul(m, out, x, W, T, n_in, n_out, T == 1);
+}
+
+/* The same product for the n rows of a (batched) decode: always the decode
+ * kernel, whose every output element is summed in an order that does not
+ * depend on n (kernels.h), so a sequence's logits do not depend on what it is
+ * batched with. */
+static void matmul_rows(kvt_model *m, float *out, const float *x, const float *W, int n, int n_in, int n_out)
+{
+    run_matmul(m, out, x, W, n, n_in, n_out, 1);
+}
+
+/* cos/sin of one position, exactly as llama2.c run.c computes them:
+ * freq = 1 / 10000^(head_dim / head_size), val = pos * freq. */
+static void rope_row(int hs, int64_t pos, float *fcos, float *fsin)
+{
+    for (int j = 0; j < hs / 2; j++) {
+        float freq = 1.0f / powf(10000.0f, (float)(2 * j) / (float)hs);
+        float val = (float)(int)pos * freq;
+        fcos[j] = cosf(val);
+        fsin[j] = sinf(val);
+    }
+}
+
+/* cos/sin tables (chunk, head_size / 2) for positions pos0 .. pos0 + T - 1. */
 static void rope_tables(kvt_model *m, int64_t pos0, int T)
 {
-    int hs = m->cfg.head_size, half = hs / 2;
-    for (int j = 0; j < half; j++) {
-        float freq = 1.0f / powf(10000.0f, (float)(2 * j) / (float)hs); /* once per j, not per token */
-        for (int t = 0; t < T; t++) {
-            float val = (float)(int)(pos0 + t) * freq;
-            m->s.rope_cos[(size_t)t * half + j] = cosf(val);
-            m->s.rope_sin[(size_t)t * half + j] = sinf(val);
-        }
-    }
+    size_t half = (size_t)m->cfg.head_size / 2;
+    for (int t = 0; t < T; t++)
+        rope_row(m->cfg.head_size, pos0 + t, m->s.rope_cos + t * half, m->s.rope_sin + t * half);
 }
 
 static void rope_apply(float *vec, int n, int hs, const float *fcos, const float *fsin)
@@ -165,9 +192,38 @@ static void rope_apply(float *vec, int n, int hs, const float *fcos, const float
 
 /* ---- attention ---------------------------------------------------------- */
 
+/* One query head of a decode token (the one query at the end of its context)
+ * over ctx keys held in n_segs segments: scores into S (ctx floats), softmax,
+ * then the weighted sum of the values into out (head_size floats). koff is
+ * the head's kv head offset within a kv row. Used by decode and by prefill's
+ * window layers, so a decode's attention is one code path. */
+static void decode_head(const kvt_model_config *c, const kvt__seg *segs, int n_segs, int ctx, const float *q,
+                        size_t koff, float *S, float *out)
+{
+    int hs = c->head_size;
+    size_t kv = (size_t)c->kv_dim;
+    float scale = 1.0f / sqrtf((float)hs);
+    int base = 0;
+    for (int s = 0; s < n_segs; s++) {
+        const kvt__seg *g = &segs[s];
+        for (int t = 0; t < g->n; t++)
+            S[base + t] = kvt__dot(q, g->k + (size_t)t * kv + koff, hs) * scale;
+        base += g->n;
+    }
+    kvt_softmax(S, ctx);
+    memset(out, 0, (size_t)hs * sizeof(float));
+    base = 0;
+    for (int s = 0; s < n_segs; s++) {
+        const kvt__seg *g = &segs[s];
+        for (int t = 0; t < g->n; t++)
+            kvt__axpy(out, S[base + t], g->v + (size_t)t * kv + koff, hs);
+        base += g->n;
+    }
+}
+
 /* One attention job: T queries (s.q rows, RoPE applied) at positions p0..
  * over n_segs segments of keys/values holding ctx tokens in position order
- * (or, for a ring, any order with T = 1). Heads are split over the parts;
+ * (or, for a ring, any order with T = 1: then it is decode_head per head). Heads are split over the parts;
  * each part uses its own stripe of s.scores (stride floats). */
 typedef struct {
     kvt_model *m;
@@ -189,6 +245,12 @@ static void attn_part(void *vj, int part, int n_parts)
     float scale = 1.0f / sqrtf((float)hs);
     float *S = j->m->s.scores + (size_t)part * j->stride; /* (T, ctx) */
     int ctx = (int)j->ctx;
+    if (j->T == 1) {
+        for (int h = h0; h < h1; h++)
+            decode_head(c, j->segs, j->n_segs, ctx, j->q + (size_t)h * hs, (size_t)(h / kv_mul) * hs, S,
+                        j->out + (size_t)h * hs);
+        return;
+    }
     for (int h = h0; h < h1; h++) {
         size_t koff = (size_t)(h / kv_mul) * hs;
         const float *qh = j->q + (size_t)h * hs;
@@ -198,16 +260,14 @@ static void attn_part(void *vj, int part, int n_parts)
             const kvt__seg *g = &j->segs[s];
             /* causal: rows before t0 sit before this segment's first key */
             int t0 = base > j->p0 ? (int)(base - j->p0) : 0;
-            if (j->T == 1)
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, g->n, hs, scale, g->k + koff, kv, qh, 1, 0.0f, S + base, 1);
-            else if (t0 < j->T)
+            if (t0 < j->T)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T - t0, g->n, hs, scale, qh + (size_t)t0 * d,
                             d, g->k + koff, kv, 0.0f, S + (size_t)t0 * ctx + base, ctx);
             base += g->n;
         }
         for (int t = 0; t < j->T; t++) {
             float *row = S + (size_t)t * ctx;
-            int n = j->T == 1 ? ctx : (int)(j->p0 + t + 1); /* causal inside the batch */
+            int n = (int)(j->p0 + t + 1); /* causal inside the batch */
             kvt_softmax(row, n);
             if (n < ctx) /* zero the future keys this row's segments multiply */
                 memset(row + n, 0, (size_t)(ctx - n) * sizeof(float));
@@ -216,10 +276,7 @@ static void attn_part(void *vj, int part, int n_parts)
         for (int s = 0; s < j->n_segs; s++) {
             const kvt__seg *g = &j->segs[s];
             int t0 = base > j->p0 ? (int)(base - j->p0) : 0; /* segment 0 always has t0 = 0 */
-            if (j->T == 1)
-                cblas_sgemv(CblasRowMajor, CblasTrans, g->n, hs, 1.0f, g->v + koff, kv, S + base, 1, s ? 1.0f : 0.0f,
-                            oh, 1);
-            else if (t0 < j->T)
+            if (t0 < j->T)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T - t0, hs, g->n, 1.0f,
                             S + (size_t)t0 * ctx + base, ctx, g->v + koff, kv, s ? 1.0f : 0.0f, oh + (size_t)t0 * d, d);
             base += g->n;
@@ -244,6 +301,24 @@ static int run_attention(kvt_model *m, const kvt__seg *segs, int n_segs, int64_t
     return 0;
 }
 
+/* The first ctx tokens of a kv cache as (ctx + B - 1) / B segments, one
+ * per block (B = its block tokens), written to out. */
+static int kv_segs(const kvt_model *m, const kvt_cache *cache, int64_t ctx, kvt__seg *out)
+{
+    int32_t B = kvt_kv_block_tokens(cache);
+    int64_t total = 0;
+    for (int64_t b = 0; b < (ctx + B - 1) / B; b++) {
+        int rc = kvt_kv_block(cache, b, &out[b].k, &out[b].v, &out[b].n);
+        if (rc != 0)
+            return rc;
+        total += out[b].n;
+    }
+    if (total != ctx)
+        return kvt__fail(KVT_EINVAL, "%s: kv cache blocks hold %lld tokens, expected %lld", m->path,
+                         (long long)total, (long long)ctx);
+    return 0;
+}
+
 /* Causal attention of T queries at positions p0.. over a kv cache that
  * already holds p0 + T tokens (the chunk's K/V appended). Writes s.att. */
 static int attn_kv(kvt_model *m, const kvt_cache *cache, int64_t p0, int T)
@@ -256,16 +331,8 @@ static int attn_kv(kvt_model *m, const kvt_cache *cache, int64_t p0, int T)
     m->segs = a;
     if (rc != 0)
         return rc;
-    int64_t total = 0;
-    for (int64_t b = 0; b < n_blocks; b++) {
-        kvt__seg *g = &m->segs[b];
-        if ((rc = kvt_kv_block(cache, b, &g->k, &g->v, &g->n)) != 0)
-            return rc;
-        total += g->n;
-    }
-    if (total != ctx)
-        return kvt__fail(KVT_EINVAL, "%s: kv cache blocks hold %lld tokens, expected %lld", m->path,
-                         (long long)total, (long long)ctx);
+    if ((rc = kv_segs(m, cache, ctx, m->segs)) != 0)
+        return rc;
     return run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, m->s.q, m->s.att);
 }
 
@@ -319,14 +386,39 @@ static int recurrent(kvt_model *m, kvt_cache *cache, int l, int T)
     return 0;
 }
 
+/* The end of layer l for T rows: x += xb (the attention or recurrent
+ * branch's output), then x += w2 (silu(w1 xb) * (w3 xb)) with xb =
+ * rmsnorm(x). rows: products through the decode kernel (else OpenBLAS). */
+static void ffn_residual(kvt_model *m, int l, int T, int rows)
+{
+    const kvt__weights *w = &m->w;
+    kvt__scratch *s = &m->s;
+    int d = m->cfg.dim, hd = m->cfg.hidden_dim;
+    size_t hdd = (size_t)hd * d;
+    for (size_t i = 0; i < (size_t)T * d; i++)
+        s->x[i] += s->xb[i];
+    for (int t = 0; t < T; t++)
+        rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, w->rms_ffn + (size_t)l * d, d);
+    run_matmul(m, s->hb, s->xb, w->w1 + l * hdd, T, d, hd, rows);
+    run_matmul(m, s->hb2, s->xb, w->w3 + l * hdd, T, d, hd, rows);
+    for (size_t i = 0; i < (size_t)T * hd; i++) {
+        float v = s->hb[i];
+        v *= 1.0f / (1.0f + expf(-v));
+        s->hb[i] = v * s->hb2[i];
+    }
+    run_matmul(m, s->xb, s->hb, w->w2 + l * hdd, T, hd, d, rows);
+    for (size_t i = 0; i < (size_t)T * d; i++)
+        s->x[i] += s->xb[i];
+}
+
 /* One chunk of T tokens at positions p0.. through every layer. */
 static int forward_chunk(kvt_model *m, kvt_cache **caches, const int32_t *tokens, int T, int64_t p0)
 {
     const kvt_model_config *c = &m->cfg;
     const kvt__weights *w = &m->w;
     kvt__scratch *s = &m->s;
-    int d = c->dim, kv = c->kv_dim, hd = c->hidden_dim, half = c->head_size / 2;
-    size_t dd = (size_t)d * d, kd = (size_t)kv * d, hdd = (size_t)hd * d;
+    int d = c->dim, kv = c->kv_dim, half = c->head_size / 2;
+    size_t dd = (size_t)d * d, kd = (size_t)kv * d;
     int rc;
     for (int t = 0; t < T; t++)
         memcpy(s->x + (size_t)t * d, w->token_embedding + (size_t)tokens[t] * d, (size_t)d * sizeof(float));
@@ -358,20 +450,7 @@ static int forward_chunk(kvt_model *m, kvt_cache **caches, const int32_t *tokens
                 return rc;
             matmul(m, s->xb, s->att, w->wo + l * dd, T, d, d);
         }
-        for (size_t i = 0; i < (size_t)T * d; i++) /* residual: both branches leave out in xb */
-            s->x[i] += s->xb[i];
-        for (int t = 0; t < T; t++)
-            rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, w->rms_ffn + (size_t)l * d, d);
-        matmul(m, s->hb, s->xb, w->w1 + l * hdd, T, d, hd);
-        matmul(m, s->hb2, s->xb, w->w3 + l * hdd, T, d, hd);
-        for (size_t i = 0; i < (size_t)T * hd; i++) {
-            float v = s->hb[i];
-            v *= 1.0f / (1.0f + expf(-v));
-            s->hb[i] = v * s->hb2[i];
-        }
-        matmul(m, s->xb, s->hb, w->w2 + l * hdd, T, hd, d);
-        for (size_t i = 0; i < (size_t)T * d; i++)
-            s->x[i] += s->xb[i];
+        ffn_residual(m, l, T, T == 1);
     }
     return 0;
 }
@@ -412,14 +491,6 @@ static int check_args(const kvt_model *m, kvt_cache **caches, const int32_t *tok
     return 0;
 }
 
-static void final_logits(kvt_model *m, int last, float *logits)
-{
-    const kvt_model_config *c = &m->cfg;
-    rmsnorm(m->s.xb, m->s.x + (size_t)last * c->dim, m->w.rms_final, c->dim);
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, c->vocab_size, c->dim, 1.0f, m->w.wcls, c->dim, m->s.xb, 1, 0.0f,
-                logits, 1);
-}
-
 KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *tokens, int64_t n_tokens,
                               float *logits)
 {
@@ -429,6 +500,8 @@ KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *t
     int rc = check_args(m, caches, tokens, n_tokens, &p0);
     if (rc != 0)
         return rc;
+    if (n_tokens == 1 && logits) /* one token: exactly what kvt_model_decode computes */
+        return kvt_model_decode(m, caches, tokens[0], logits);
     int last = 0;
     for (int64_t i = 0; i < n_tokens; i += KVT_MODEL_CHUNK) {
         int T = (int)KVT__MIN((int64_t)KVT_MODEL_CHUNK, n_tokens - i);
@@ -437,8 +510,217 @@ KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *t
             return rc;
         last = T - 1;
     }
-    if (logits)
-        final_logits(m, last, logits);
+    if (logits) {
+        rmsnorm(m->s.xb, m->s.x + (size_t)last * m->cfg.dim, m->w.rms_final, m->cfg.dim);
+        matmul_rows(m, logits, m->s.xb, m->w.wcls, 1, m->cfg.dim, m->cfg.vocab_size);
+    }
+    return 0;
+}
+
+/* ---- decode: one token for each of n sequences ------------------------------ */
+
+/* Grows the per-sequence arrays of a batched decode to n sequences. */
+static int ensure_decode(kvt_model *m, size_t n)
+{
+    if (n <= m->dec_cap)
+        return 0;
+    size_t L = (size_t)m->cfg.n_layers;
+    size_t bytes = n * (2 * sizeof(int64_t) + sizeof(int32_t) + L * sizeof(void *)) + sizeof(int32_t);
+    void *p = kvt__malloc(bytes);
+    if (!p)
+        return kvt__fail(KVT_ENOMEM, "%s: out of memory for %zu bytes of batched-decode scratch", m->path, bytes);
+    kvt__free(m->dec_block);
+    m->dec_block = p;
+    m->dec_ptrs = p;
+    m->dec_pos = (int64_t *)(void *)(m->dec_ptrs + n * L);
+    m->dec_ctx = m->dec_pos + n;
+    m->dec_seg0 = (int32_t *)(void *)(m->dec_ctx + n);
+    m->dec_cap = n;
+    return 0;
+}
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)*(const void *const *)a, y = (uintptr_t)*(const void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Attention of the n decode tokens, one job per (sequence, head). */
+typedef struct {
+    kvt_model *m;
+    int n;
+    const int32_t *seg0;  /* sequence i reads m->segs[seg0[i] .. seg0[i + 1]) */
+    const int64_t *ctx;   /* (n) keys each sequence attends to */
+    size_t stride;        /* floats of scores per part */
+} dec_attn_job;
+
+static void dec_attn_part(void *vj, int part, int n_parts)
+{
+    const dec_attn_job *j = vj;
+    const kvt_model_config *c = &j->m->cfg;
+    int H = c->n_heads, hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
+    int jobs = j->n * H, j0 = (int)((int64_t)jobs * part / n_parts), j1 = (int)((int64_t)jobs * (part + 1) / n_parts);
+    float *S = j->m->s.scores + (size_t)part * j->stride;
+    for (int idx = j0; idx < j1; idx++) {
+        int i = idx / H, h = idx % H;
+        size_t row = (size_t)i * c->dim + (size_t)h * hs;
+        decode_head(c, j->m->segs + j->seg0[i], j->seg0[i + 1] - j->seg0[i], (int)j->ctx[i], j->m->s.q + row,
+                    (size_t)(h / kv_mul) * hs, S, j->m->s.att + row);
+    }
+}
+
+/* Appends the n new K/V rows (s.k, s.v) to layer l of every sequence and
+ * attends: s.att (n, dim) from s.q (n, dim). */
+static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t *pos, int l, int n)
+{
+    const kvt_model_config *c = &m->cfg;
+    int rc, window = c->layer_kind[l] == KVT_LAYER_WINDOW;
+    size_t total = 0;
+    int64_t max_ctx = 0;
+    for (int i = 0; i < n; i++) {
+        kvt_cache *cache = caches[i][l];
+        const void *in[2] = {m->s.k + (size_t)i * c->kv_dim, m->s.v + (size_t)i * c->kv_dim};
+        if ((rc = kvt_cache_append(cache, 1, in)) != 0)
+            return rc;
+        int32_t B = window ? 1 : kvt_kv_block_tokens(cache);
+        int64_t ctx = pos[i] + 1;
+        total += window ? 1 : (size_t)((ctx + B - 1) / B);
+    }
+    void *a = m->segs;
+    rc = ensure_array(m, &a, &m->segs_cap, total, sizeof(kvt__seg), "block pointers");
+    m->segs = a;
+    if (rc != 0)
+        return rc;
+    int32_t k = 0;
+    for (int i = 0; i < n; i++) {
+        kvt_cache *cache = caches[i][l];
+        m->dec_seg0[i] = k;
+        if (window) {
+            kvt__seg *g = &m->segs[k++];
+            if ((rc = kvt_rotating_view(cache, &g->k, &g->v, &g->n)) != 0)
+                return rc;
+            m->dec_ctx[i] = g->n;
+        } else {
+            int64_t ctx = pos[i] + 1;
+            int32_t B = kvt_kv_block_tokens(cache);
+            if ((rc = kv_segs(m, cache, ctx, m->segs + k)) != 0)
+                return rc;
+            k += (int32_t)((ctx + B - 1) / B);
+            m->dec_ctx[i] = ctx;
+        }
+        max_ctx = KVT__MAX(max_ctx, m->dec_ctx[i]);
+    }
+    m->dec_seg0[n] = k;
+    double macs = 0;
+    for (int i = 0; i < n; i++)
+        macs += 2.0 * (double)m->dec_ctx[i] * c->dim;
+    int parts = macs >= PAR_MIN_MACS ? kvt__pool_size(m->pool) : 1;
+    if (parts > n * c->n_heads)
+        parts = n * c->n_heads;
+    if ((rc = ensure_scores(m, (size_t)max_ctx * (size_t)parts)) != 0)
+        return rc;
+    dec_attn_job j = {m, n, m->dec_seg0, m->dec_ctx, (size_t)max_ctx};
+    kvt__pool_run(m->pool, dec_attn_part, &j, parts);
+    return 0;
+}
+
+/* Recurrent layer l for the n decode tokens: s.xb (n, dim) in, out (n, dim)
+ * through wo left in s.xb. */
+static int dec_recurrent(kvt_model *m, kvt_cache **const *caches, int l, int n)
+{
+    int d = m->cfg.dim, rc;
+    float *A = m->s.q, *U = m->s.att;
+    matmul_rows(m, A, m->s.xb, m->w.rec_wa[l], n, d, d);
+    matmul_rows(m, U, m->s.xb, m->w.rec_wx[l], n, d, d);
+    for (int i = 0; i < n; i++) {
+        const float *h = kvt_recurrent_state(caches[i][l]);
+        float *a = A + (size_t)i * d;
+        const float *u = U + (size_t)i * d;
+        for (int j = 0; j < d; j++) {
+            float g = 1.0f / (1.0f + expf(-a[j]));
+            a[j] = g * h[j] + (1.0f - g) * u[j];
+        }
+        const void *in[1] = {a};
+        if ((rc = kvt_cache_append(caches[i][l], 1, in)) != 0)
+            return rc;
+    }
+    matmul_rows(m, m->s.xb, A, m->w.wo + (size_t)l * d * d, n, d, d);
+    return 0;
+}
+
+/* n (<= KVT_MODEL_CHUNK) checked sequences at positions pos[0..n)
+ * through every layer; logits (n, vocab). Row i's arithmetic depends only on
+ * sequence i: every kernel works row by row. */
+static int decode_group(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *tokens, const int64_t *pos,
+                        float *logits)
+{
+    const kvt_model_config *c = &m->cfg;
+    const kvt__weights *w = &m->w;
+    kvt__scratch *s = &m->s;
+    int d = c->dim, kv = c->kv_dim, hs = c->head_size, rc;
+    size_t dd = (size_t)d * d, kd = (size_t)kv * d, half = (size_t)hs / 2;
+    for (int i = 0; i < n; i++) {
+        memcpy(s->x + (size_t)i * d, w->token_embedding + (size_t)tokens[i] * d, (size_t)d * sizeof(float));
+        rope_row(hs, pos[i], s->rope_cos + i * half, s->rope_sin + i * half);
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int i = 0; i < n; i++)
+            rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)i * d, w->rms_att + (size_t)l * d, d);
+        if (c->layer_kind[l] == KVT_LAYER_RECURRENT) {
+            if ((rc = dec_recurrent(m, caches, l, n)) != 0)
+                return rc;
+        } else {
+            matmul_rows(m, s->q, s->xb, w->wq + l * dd, n, d, d);
+            matmul_rows(m, s->k, s->xb, w->wk + l * kd, n, d, kv);
+            matmul_rows(m, s->v, s->xb, w->wv + l * kd, n, d, kv);
+            for (int i = 0; i < n; i++) {
+                rope_apply(s->q + (size_t)i * d, d, hs, s->rope_cos + i * half, s->rope_sin + i * half);
+                rope_apply(s->k + (size_t)i * kv, kv, hs, s->rope_cos + i * half, s->rope_sin + i * half);
+            }
+            if ((rc = dec_attention(m, caches, pos, l, n)) != 0)
+                return rc;
+            matmul_rows(m, s->xb, s->att, w->wo + l * dd, n, d, d);
+        }
+        ffn_residual(m, l, n, 1);
+    }
+    for (int i = 0; i < n; i++)
+        rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)i * d, w->rms_final, d);
+    matmul_rows(m, logits, s->xb, w->wcls, n, d, c->vocab_size);
+    return 0;
+}
+
+KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *tokens,
+                                   float *logits)
+{
+    if (!m || !caches || !tokens || !logits)
+        return kvt__fail(KVT_EINVAL, "kvt_model_decode_batch: NULL %s",
+                         !m ? "model" : !caches ? "caches" : !tokens ? "tokens" : "logits");
+    if (n < 1)
+        return kvt__fail(KVT_EINVAL, "%s: batched decode of %d sequences; need at least 1", m->path, n);
+    int rc = ensure_decode(m, (size_t)n);
+    if (rc != 0)
+        return rc;
+    size_t L = (size_t)m->cfg.n_layers;
+    for (int i = 0; i < n; i++) {
+        if ((rc = check_args(m, caches[i], tokens + i, 1, &m->dec_pos[i])) != 0) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", kvt_last_error());
+            return n == 1 ? rc : kvt__fail(rc, "batched decode, sequence %d: %s", i, why);
+        }
+        memcpy(m->dec_ptrs + (size_t)i * L, caches[i], L * sizeof(void *));
+    }
+    if (n > 1) { /* a cache in two sequences would get two tokens */
+        qsort(m->dec_ptrs, (size_t)n * L, sizeof(void *), cmp_ptr);
+        for (size_t i = 1; i < (size_t)n * L; i++)
+            if (m->dec_ptrs[i] == m->dec_ptrs[i - 1])
+                return kvt__fail(KVT_EINVAL, "%s: batched decode: one cache is passed in two sequences", m->path);
+    }
+    size_t V = (size_t)m->cfg.vocab_size;
+    for (int i = 0; i < n; i += KVT_MODEL_CHUNK) {
+        int g = KVT__MIN(KVT_MODEL_CHUNK, n - i);
+        if ((rc = decode_group(m, g, caches + i, tokens + i, m->dec_pos + i, logits + (size_t)i * V)) != 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -446,5 +728,7 @@ KVT_API int kvt_model_decode(kvt_model *m, kvt_cache **caches, int32_t token, fl
 {
     if (!m || !logits)
         return kvt__fail(KVT_EINVAL, "kvt_model_decode: NULL %s", m ? "logits" : "model");
-    return kvt_model_prefill(m, caches, &token, 1, logits);
+    if (!caches)
+        return kvt__fail(KVT_EINVAL, "%s: forward pass: NULL caches or tokens", m->path);
+    return kvt_model_decode_batch(m, 1, &caches, &token, logits);
 }

@@ -174,6 +174,45 @@ KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *t
  */
 KVT_API int kvt_model_decode(kvt_model *m, kvt_cache **caches, int32_t token, float *logits);
 
+/** Batched decode: one token for each of n sequences in one pass over the
+ * weights. Each weight matrix is read once for all n sequences (a row-blocked
+ * matrix product split over the model's threads); attention runs per sequence
+ * on its own caches (kv blocks, window ring, recurrent state, as
+ * kvt_model_decode does), split over the threads by (sequence, head).
+ *
+ * Batch invariance (a rule, tested bit for bit): the logits of sequence i are
+ * bit-identical to what kvt_model_decode(m, caches[i], tokens[i], ...) gives
+ * alone, whatever n, whatever the other sequences are and at whatever
+ * positions, and whichever thread computes them. It holds because decode and
+ * batched decode share one code path (kvt_model_decode is this call with
+ * n = 1) and every kernel on it sums each output element in an order fixed by
+ * the model's shape alone: never by n, by the other rows, by where a thread's
+ * share of rows starts or by memory alignment (engine/kernels.h states the
+ * order). OpenBLAS, whose GEMM may sum in a batch-dependent order, is not on
+ * this path. So a greedy reply never depends on what it was batched with.
+ * kvt_model_prefill of one token with logits is kvt_model_decode too; longer
+ * prefills (OpenBLAS GEMM) agree with decode within float tolerance only.
+ *
+ * @param n        sequences, >= 1 (any number; scratch grows to the largest n
+ *                 seen and is kept; groups of KVT_MODEL_CHUNK run in turn).
+ * @param caches   n arrays of n_layers caches (borrowed; each modified):
+ *                 caches[i] is sequence i's, as for kvt_model_decode. Each
+ *                 sequence may be at its own position; no cache may appear in
+ *                 two sequences.
+ * @param tokens   n token ids, tokens[i] for sequence i, each in [0, vocab_size).
+ * @param logits   (n, vocab_size) floats, row-major: row i receives sequence i's.
+ * @return 0; KVT_EINVAL (NULL arguments, n < 1, a token out of range, a cache
+ *   of the wrong kind/dim or layers out of step, one cache in two sequences;
+ *   the message names the sequence; nothing is modified); KVT_ELIMIT when a
+ *   sequence is already at seq_len (nothing is modified); KVT_ENOMEM for the
+ *   scratch (nothing is modified); an error from a cache append (KVT_ENOMEM...)
+ *   after the checks: then every sequence's caches may hold a partial step
+ *   and must be discarded.
+ * Not thread-safe for one model (see above).
+ */
+KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *tokens,
+                                   float *logits);
+
 /** Most tokens one prefill chunk holds (bounds the scratch memory). */
 #define KVT_MODEL_CHUNK 256
 
@@ -182,6 +221,9 @@ typedef struct kvt_synth_params {
     int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len; /* all > 0 */
     uint64_t seed;                 /* weights are a function of (shape, seed) only */
     int separate_classifier;       /* 1: write wcls (header vocab_size negative) */
+    const float *wcls_row_scale;   /* NULL, or vocab_size factors: row v of wcls is
+                                      scaled by wcls_row_scale[v] (borrowed; only
+                                      with separate_classifier) */
     int32_t sliding_window;        /* W for WINDOW layers; must be > 0 iff any */
     kvt_layer_kind layer_kind[KVT_MODEL_MAX_LAYERS]; /* per layer; 0 = ATTN */
 } kvt_synth_params;
@@ -189,7 +231,8 @@ typedef struct kvt_synth_params {
 /** Writes a deterministic synthetic checkpoint.
  *
  * Weights: uniform in [-1, 1) from splitmix64(seed) per tensor, scaled by
- * 1/sqrt(fan_in) (embedding unscaled), norm weights 1, freq_cis the llama2.c
+ * 1/sqrt(fan_in) (embedding unscaled; wcls rows then by wcls_row_scale when
+ * given), norm weights 1, freq_cis the llama2.c
  * cos/sin tables. Plain layers only: the llama2.c format exactly; any WINDOW
  * or RECURRENT layer adds the KVTX v1 trailer. Identical params give
  * byte-identical files. Written to a temporary file in the same directory,
@@ -201,7 +244,11 @@ typedef struct kvt_synth_params {
 KVT_API int kvt_model_synth(const kvt_synth_params *p, const char *out_path);
 
 /** Shape of the built-in default model (dim 768, hidden 2048, 12 layers,
- * 12 heads, 12 kv heads, vocab 259, seq_len 4096, fixed seed). */
+ * 12 heads, 12 kv heads, vocab 259, seq_len 4096, fixed seed) with a
+ * classifier of its own (random, fan-in scaled; the rows of tokens that are
+ * not printable ASCII bytes or newline scaled by 1/4), so greedy text varies
+ * and shows as characters instead of one repeated piece. Borrowed pointers in
+ * *p point to static data. */
 KVT_API void kvt_default_model_params(kvt_synth_params *p);
 
 /** Paths of the built-in default model and its tokenizer, creating them on

@@ -66,6 +66,13 @@ struct kvt_model {
     kvt__seg *segs;       /* (segs_cap) block pointers of the attention being run */
     size_t segs_cap;
     struct kvt__pool *pool; /* worker threads of the forward pass */
+    /* per-sequence arrays of a batched decode, one allocation (dec_block) */
+    void *dec_block;
+    const void **dec_ptrs; /* (dec_cap * n_layers) caches, sorted to find one passed twice */
+    int64_t *dec_pos;      /* (dec_cap) position of each sequence's new token */
+    int64_t *dec_ctx;      /* (dec_cap) keys each sequence attends to in the current layer */
+    int32_t *dec_seg0;     /* (dec_cap + 1) first segment in segs of each sequence */
+    size_t dec_cap;
 };
 
 #endif

@@ -133,8 +133,10 @@ static void write_model(synth_writer *w, const kvt_synth_params *p)
                 double val = pos * pow(10000.0, -(double)(2 * j) / (double)hs);
                 put_float(w, (float)(pass ? sin(val) : cos(val)));
             }
-    if (p->separate_classifier)
-        put_uniform(w, V * d, sd); /* wcls */
+    if (p->separate_classifier) { /* wcls, row by row */
+        for (uint64_t v = 0; v < V; v++)
+            put_uniform(w, d, sd * (p->wcls_row_scale ? p->wcls_row_scale[v] : 1.0f));
+    }
     int hybrid = 0;
     for (int32_t l = 0; l < p->n_layers; l++)
         hybrid |= p->layer_kind[l] != KVT_LAYER_ATTN;

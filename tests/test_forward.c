@@ -4,8 +4,20 @@
  * logit), prefill on caches already holding a prefix must equal a full
  * prefill, on stories260K and on synthetic plain, sliding-window (short
  * window, so the ring wraps) and recurrent models; greedy decoding of
- * stories260K from BOS must give the reference ids. Token sequences are
- * random: the seed is printed and read from KVT_TEST_SEED.
+ * stories260K from BOS must give the reference ids.
+ *
+ * Batched decode (kvt_model_decode_batch): batch invariance checked bit for
+ * bit (memcmp): for n = 1..8 sequences at mixed positions (different prefix
+ * lengths, chosen and ordered at random), for several steps, each sequence's
+ * logits equal kvt_model_decode's for it alone; on stories260K and the
+ * synthetic shapes above, under every kernel set the CPU has, and on a wider
+ * model whose products and attention split over the threads. Also: prefill
+ * of one token equals decode; the errors (n < 1, NULL, a sequence at
+ * seq_len, a bad token, one cache in two sequences) leave every cache
+ * untouched; out of memory at each allocation is a clean KVT_ENOMEM.
+ *
+ * Token sequences and batch choices are random: the seed is printed and read
+ * from KVT_TEST_SEED.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,8 +25,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "oom_alloc.h"
 #include "test_seed.h"
 
+#include "kernels.h"
 #include "model.h"
 
 #include <math.h>
@@ -84,7 +98,7 @@ static kvt_model *load_or_skip_stories(void)
     return m;
 }
 
-enum { SHAPE_PLAIN, SHAPE_WINDOW, SHAPE_RECURRENT, SHAPE_HYBRID_SEP };
+enum { SHAPE_PLAIN, SHAPE_WINDOW, SHAPE_RECURRENT, SHAPE_HYBRID_SEP, SHAPE_WIDE };
 
 static kvt_model *synth_model(int shape)
 {
@@ -107,6 +121,10 @@ static kvt_model *synth_model(int shape)
     case SHAPE_RECURRENT:
         p.layer_kind[0] = KVT_LAYER_RECURRENT;
         p.layer_kind[2] = KVT_LAYER_RECURRENT;
+        break;
+    case SHAPE_WIDE: /* big enough that products and attention split over the threads */
+        p.dim = 256, p.hidden_dim = 768, p.n_layers = 2, p.n_heads = 8, p.n_kv_heads = 4, p.vocab_size = 300;
+        p.layer_kind[1] = KVT_LAYER_RECURRENT;
         break;
     case SHAPE_HYBRID_SEP:
         p.separate_classifier = 1;
@@ -407,6 +425,326 @@ static void test_out_of_memory(void **state)
     assert_true(failures > 5);
 }
 
+/* ---- batched decode ------------------------------------------------------- */
+
+#define NSEQ 8
+
+/* NSEQ sequences with prefixes of different lengths (0 = fresh caches, so
+ * a batch mixes a sequence's first token with others deep in context); for
+ * every n in 1..NSEQ a random subset in random order decodes `steps` greedy
+ * steps batched, on clones, while each member decodes alone on its own
+ * clones: the logits must be equal bit for bit at every step. */
+static void check_batch_invariance(kvt_model *m, int32_t block, const int *prefix, int steps, uint64_t salt)
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size;
+    uint64_t rs = g_seed ^ (salt * 0x2545F4914F6CDD1DULL);
+    kvt_cache *base[NSEQ][KVT_MODEL_MAX_LAYERS];
+    int32_t next[NSEQ];
+    float *lg = malloc(sizeof(float) * (size_t)V);
+    for (int i = 0; i < NSEQ; i++) {
+        assert_int_equal(kvt_model_new_caches(m, block, base[i]), 0);
+        int32_t *tok = malloc(sizeof *tok * (size_t)(prefix[i] + 1));
+        for (int t = 0; t < prefix[i]; t++)
+            tok[t] = (int32_t)(rng_next(&rs) % (uint64_t)V);
+        if (prefix[i] > 0)
+            assert_int_equal(kvt_model_prefill(m, base[i], tok, prefix[i], NULL), 0);
+        next[i] = (int32_t)(rng_next(&rs) % (uint64_t)V);
+        free(tok);
+    }
+    float *batch = malloc(sizeof(float) * (size_t)V * NSEQ), *alone = malloc(sizeof(float) * (size_t)V);
+    long compared = 0;
+    for (int n = 1; n <= NSEQ; n++) {
+        int pick[NSEQ];
+        for (int i = 0; i < NSEQ; i++)
+            pick[i] = i;
+        for (int i = NSEQ - 1; i > 0; i--) { /* shuffle, take the first n */
+            int j = (int)(rng_next(&rs) % (uint64_t)(i + 1)), t = pick[i];
+            pick[i] = pick[j], pick[j] = t;
+        }
+        kvt_cache *bc[NSEQ][KVT_MODEL_MAX_LAYERS], *ac[NSEQ][KVT_MODEL_MAX_LAYERS];
+        kvt_cache **bp[NSEQ];
+        int32_t tok_b[NSEQ], tok_a[NSEQ];
+        for (int i = 0; i < n; i++) {
+            assert_int_equal(kvt_caches_clone(base[pick[i]], L, bc[i]), 0);
+            assert_int_equal(kvt_caches_clone(base[pick[i]], L, ac[i]), 0);
+            bp[i] = bc[i];
+            tok_b[i] = tok_a[i] = next[pick[i]];
+        }
+        for (int s = 0; s < steps; s++) {
+            assert_int_equal(kvt_model_decode_batch(m, n, bp, tok_b, batch), 0);
+            for (int i = 0; i < n; i++) {
+                assert_int_equal(kvt_model_decode(m, ac[i], tok_a[i], alone), 0);
+                const float *row = batch + (size_t)i * V;
+                if (memcmp(row, alone, sizeof(float) * (size_t)V) != 0) {
+                    int at = 0;
+                    while (row[at] == alone[at])
+                        at++;
+                    fail_msg("n %d step %d: sequence %d (prefix %d) logit %d is %.9g batched, %.9g alone", n, s,
+                             pick[i], prefix[pick[i]], at, row[at], alone[at]);
+                }
+                compared++;
+                int a = 0; /* greedy next token, the same on both sides */
+                for (int v = 1; v < V; v++)
+                    a = alone[v] > alone[a] ? v : a;
+                tok_b[i] = tok_a[i] = a;
+                assert_int_equal(kvt_cache_offset(bc[i][L - 1]), prefix[pick[i]] + s + 1);
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            kvt_caches_dispose(bc[i], L);
+            kvt_caches_dispose(ac[i], L);
+        }
+    }
+    print_message("  [%s kernels] block %d: %ld logit rows equal bit for bit (n = 1..%d, %d steps)\n",
+                  kvt__kernels_isa(), block, compared, NSEQ, steps);
+    for (int i = 0; i < NSEQ; i++)
+        kvt_caches_dispose(base[i], L);
+    free(batch);
+    free(alone);
+    free(lg);
+}
+
+/* The check under every kernel set this CPU has (the default one last). */
+static void check_all_kernels(kvt_model *m, int32_t block, const int *prefix, int steps, uint64_t salt)
+{
+    static const char *sets[] = {"c", "avx2", "avx512"};
+    char best[16];
+    snprintf(best, sizeof best, "%s", kvt__kernels_isa());
+    for (size_t k = 0; k < sizeof sets / sizeof sets[0]; k++)
+        if (strcmp(sets[k], best) != 0 && kvt__kernels_select(sets[k]) == 0)
+            check_batch_invariance(m, block, prefix, steps, salt);
+    assert_int_equal(kvt__kernels_select(best), 0);
+    check_batch_invariance(m, block, prefix, steps, salt);
+}
+
+static void test_batch_stories(void **state)
+{
+    (void)state;
+    kvt_model *m = load_or_skip_stories();
+    if (!m)
+        skip();
+    const int prefix[NSEQ] = {0, 1, 9, 33, 64, 100, 257, 400};
+    check_all_kernels(m, 16, prefix, 3, 1);
+    kvt_model_free(m);
+}
+
+static void test_batch_synth_plain(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_PLAIN);
+    const int prefix[NSEQ] = {0, 2, 3, 15, 16, 17, 120, 300};
+    check_all_kernels(m, 16, prefix, 3, 2);
+    check_batch_invariance(m, 1, prefix, 2, 3); /* one token per block */
+    kvt_model_free(m);
+}
+
+static void test_batch_synth_window(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_WINDOW);
+    const int prefix[NSEQ] = {0, 1, 5, 6, 7, 8, 30, 201}; /* before, at and past the window of 7 */
+    check_all_kernels(m, 8, prefix, 4, 4);
+    kvt_model_free(m);
+}
+
+static void test_batch_synth_recurrent(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_RECURRENT);
+    const int prefix[NSEQ] = {0, 1, 2, 40, 41, 99, 256, 333};
+    check_all_kernels(m, 32, prefix, 3, 5);
+    kvt_model_free(m);
+}
+
+static void test_batch_synth_hybrid(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_HYBRID_SEP);
+    const int prefix[NSEQ] = {0, 4, 5, 6, 50, 51, 170, 390};
+    check_all_kernels(m, 4, prefix, 3, 6);
+    kvt_model_free(m);
+}
+
+static void test_batch_synth_wide_threaded(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_WIDE);
+    const int prefix[NSEQ] = {0, 3, 16, 80, 150, 255, 256, 390};
+    check_batch_invariance(m, 16, prefix, 2, 7);
+    kvt_model_free(m);
+}
+
+/* kvt_model_prefill of one token (what a chat does for a prompt's last
+ * token) gives decode's logits exactly. */
+static void test_prefill_one_is_decode(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_HYBRID_SEP);
+    const kvt_model_config *c = kvt_model_get_config(m);
+    kvt_cache *a[3], *b[3];
+    float la[97], lb[97];
+    int32_t tok[12] = {5, 9, 1, 0, 96, 33, 7, 7, 7, 2, 40, 11};
+    assert_int_equal(kvt_model_new_caches(m, 4, a), 0);
+    assert_int_equal(kvt_model_prefill(m, a, tok, 11, NULL), 0);
+    assert_int_equal(kvt_caches_clone(a, c->n_layers, b), 0);
+    assert_int_equal(kvt_model_prefill(m, a, tok + 11, 1, la), 0);
+    assert_int_equal(kvt_model_decode(m, b, tok[11], lb), 0);
+    assert_memory_equal(la, lb, sizeof la);
+    kvt_caches_dispose(a, 3);
+    kvt_caches_dispose(b, 3);
+    kvt_model_free(m);
+}
+
+static void assert_offsets(kvt_cache *c[][3], int n, const int64_t *want)
+{
+    for (int i = 0; i < n; i++)
+        for (int l = 0; l < 3; l++)
+            assert_int_equal(kvt_cache_offset(c[i][l]), want[i]);
+}
+
+static void test_batch_errors(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_HYBRID_SEP); /* seq_len 600, 3 layers, vocab 97 */
+    kvt_cache *c[3][3];
+    kvt_cache **cp[3] = {c[0], c[1], c[2]};
+    int32_t *tok = calloc(600, sizeof *tok);
+    int64_t len[3] = {10, 599, 600};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kvt_model_new_caches(m, 16, c[i]), 0);
+        assert_int_equal(kvt_model_prefill(m, c[i], tok, len[i], NULL), 0);
+    }
+    float logits[3 * 97];
+    int32_t t3[3] = {1, 2, 3};
+    assert_int_equal(kvt_model_decode_batch(m, 0, cp, t3, logits), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "0 sequences"));
+    assert_int_equal(kvt_model_decode_batch(m, -1, cp, t3, logits), KVT_EINVAL);
+    assert_int_equal(kvt_model_decode_batch(NULL, 1, cp, t3, logits), KVT_EINVAL);
+    assert_int_equal(kvt_model_decode_batch(m, 1, NULL, t3, logits), KVT_EINVAL);
+    assert_int_equal(kvt_model_decode_batch(m, 1, cp, NULL, logits), KVT_EINVAL);
+    assert_int_equal(kvt_model_decode_batch(m, 1, cp, t3, NULL), KVT_EINVAL);
+    /* sequence 2 is at seq_len: nothing moves, not even sequences 0 and 1 */
+    assert_int_equal(kvt_model_decode_batch(m, 3, cp, t3, logits), KVT_ELIMIT);
+    assert_non_null(strstr(kvt_last_error(), "sequence 2"));
+    assert_non_null(strstr(kvt_last_error(), "600 cached + 1 new tokens = 601 exceeds seq_len 600"));
+    assert_offsets(c, 3, len);
+    /* a bad token in sequence 1 */
+    int32_t bad[2] = {4, 97};
+    assert_int_equal(kvt_model_decode_batch(m, 2, cp, bad, logits), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "sequence 1: "));
+    assert_non_null(strstr(kvt_last_error(), "id 97"));
+    assert_offsets(c, 3, len);
+    /* one sequence twice, and one layer's cache shared by two sequences */
+    kvt_cache **twice[2] = {c[0], c[0]};
+    assert_int_equal(kvt_model_decode_batch(m, 2, twice, t3, logits), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "one cache is passed in two sequences"));
+    kvt_cache *mixed[3] = {c[1][0], c[1][1], c[0][2]};
+    kvt_cache **shared[2] = {c[0], mixed};
+    assert_int_equal(kvt_model_decode_batch(m, 2, shared, t3, logits), KVT_EINVAL);
+    assert_offsets(c, 3, len);
+    /* a NULL sequence entry, a wrong kind */
+    kvt_cache **hole[2] = {c[0], NULL};
+    assert_int_equal(kvt_model_decode_batch(m, 2, hole, t3, logits), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "sequence 1"));
+    kvt_cache *wrong[3];
+    assert_int_equal(kvt_kv_create(16, 16, &wrong[0]), 0);
+    wrong[1] = c[1][1], wrong[2] = c[1][2];
+    kvt_cache **wk[2] = {c[0], wrong};
+    assert_int_equal(kvt_model_decode_batch(m, 2, wk, t3, logits), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "needs a \"rotating\" cache"));
+    kvt_cache_dispose(wrong[0]);
+    assert_offsets(c, 3, len);
+    /* and the two that can still step do */
+    assert_int_equal(kvt_model_decode_batch(m, 2, cp, t3, logits), 0);
+    int64_t after[3] = {11, 600, 600};
+    assert_offsets(c, 3, after);
+    for (int i = 0; i < 3; i++)
+        kvt_caches_dispose(c[i], 3);
+    free(tok);
+    kvt_model_free(m);
+}
+
+/* More sequences than one group (KVT_MODEL_CHUNK): still each as alone. */
+static void test_batch_more_than_a_chunk(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_PLAIN);
+    int n = KVT_MODEL_CHUNK + 3, L = 3, V = 97;
+    kvt_cache **c = calloc((size_t)n * L, sizeof *c);
+    kvt_cache ***cp = calloc((size_t)n, sizeof *cp);
+    int32_t *tok = calloc((size_t)n, sizeof *tok);
+    float *lg = malloc(sizeof(float) * (size_t)n * V), alone[97];
+    for (int i = 0; i < n; i++) {
+        cp[i] = c + (size_t)i * L;
+        assert_int_equal(kvt_model_new_caches(m, 8, cp[i]), 0);
+        int32_t t[3] = {(int32_t)(i % V), 5, 6};
+        assert_int_equal(kvt_model_prefill(m, cp[i], t, 1 + i % 3, NULL), 0);
+        tok[i] = (int32_t)((i * 7) % V);
+    }
+    assert_int_equal(kvt_model_decode_batch(m, n, cp, tok, lg), 0);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(kvt_cache_offset(cp[i][0]), 2 + i % 3);
+    /* compare a sample against decode alone on fresh copies of the same state */
+    for (int i = 0; i < n; i += 37) {
+        kvt_cache *f[3];
+        assert_int_equal(kvt_model_new_caches(m, 8, f), 0);
+        int32_t t[3] = {(int32_t)(i % V), 5, 6};
+        assert_int_equal(kvt_model_prefill(m, f, t, 1 + i % 3, NULL), 0);
+        assert_int_equal(kvt_model_decode(m, f, tok[i], alone), 0);
+        assert_memory_equal(lg + (size_t)i * V, alone, sizeof alone);
+        kvt_caches_dispose(f, 3);
+    }
+    for (int i = 0; i < n; i++)
+        kvt_caches_dispose(cp[i], L);
+    free(c);
+    free(cp);
+    free(tok);
+    free(lg);
+    kvt_model_free(m);
+}
+
+/* Out of memory at each allocation of load + caches + prefill + a batched
+ * decode of 3 sequences in turn: a clean KVT_ENOMEM each time (ASan: no
+ * leak), until the sequence makes fewer allocations than the one armed. */
+static void test_batch_out_of_memory(void **state)
+{
+    (void)state;
+    kvt_model_free(synth_model(SHAPE_HYBRID_SEP));
+    char path[512];
+    snprintf(path, sizeof path, "%s/shape%d.bin", g_dir, SHAPE_HYBRID_SEP);
+    int32_t tok[20] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+    float logits[3 * 97];
+    int failures = 0;
+    for (long k = 1;; k++) {
+        oom_arm(k);
+        kvt_model *m = NULL;
+        kvt_cache *c[3][3] = {{NULL}};
+        kvt_cache **cp[3] = {c[0], c[1], c[2]};
+        int rc = kvt_model_load(path, &m);
+        for (int i = 0; i < 3 && rc == 0; i++)
+            if ((rc = kvt_model_new_caches(m, 4, c[i])) == 0)
+                rc = kvt_model_prefill(m, c[i], tok, 3 + 7 * i, NULL);
+        if (rc == 0)
+            rc = kvt_model_decode_batch(m, 3, cp, tok, logits);
+        long calls = oom_calls();
+        for (int i = 0; i < 3; i++)
+            if (c[i][0])
+                kvt_caches_dispose(c[i], 3);
+        kvt_model_free(m);
+        kvt_set_allocator(NULL);
+        if (calls < k) {
+            assert_int_equal(rc, 0);
+            break;
+        }
+        assert_int_equal(rc, KVT_ENOMEM);
+        failures++;
+        assert_true(k < 10000);
+    }
+    print_message("  %d allocation failures, each a clean KVT_ENOMEM\n", failures);
+    assert_true(failures > 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -419,6 +757,16 @@ int main(void)
         cmocka_unit_test(test_window_forgets),
         cmocka_unit_test(test_errors_leave_caches_untouched),
         cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_batch_stories),
+        cmocka_unit_test(test_batch_synth_plain),
+        cmocka_unit_test(test_batch_synth_window),
+        cmocka_unit_test(test_batch_synth_recurrent),
+        cmocka_unit_test(test_batch_synth_hybrid),
+        cmocka_unit_test(test_batch_synth_wide_threaded),
+        cmocka_unit_test(test_prefill_one_is_decode),
+        cmocka_unit_test(test_batch_errors),
+        cmocka_unit_test(test_batch_more_than_a_chunk),
+        cmocka_unit_test(test_batch_out_of_memory),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -2,7 +2,8 @@
  * test_long_default_model.c: the built-in default model (engine/
  * default_model.c), made in a temporary XDG_CACHE_HOME: two processes racing
  * to create it both succeed and leave one complete file that loads with the
- * default shape; a second call reuses it. Long (writes ~340 MB), so it carries
+ * default shape, a classifier of its own and greedy text that varies; a
+ * second call reuses it. Long (writes ~340 MB), so it carries
  * the "long" label and CI skips it.
  */
 #include <setjmp.h>
@@ -12,6 +13,7 @@
 #include <cmocka.h>
 
 #include "model.h"
+#include "tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +61,31 @@ static void test_default_model_race_and_reuse(void **state)
     assert_int_equal(c->n_kv_heads, p.n_kv_heads);
     assert_int_equal(c->vocab_size, 259);
     assert_int_equal(c->seq_len, 4096);
+    assert_int_equal(c->shared_classifier, 0);
+    assert_non_null(strstr(mp, "-wcls.bin")); /* not the name of the old tied model */
+    /* greedy text varies and mostly prints: 64 tokens after "Hello there"
+     * (a tied classifier gave one byte over and over) */
+    kvt_cache *cc[12];
+    float logits[259];
+    const char *prompt = "Hello there";
+    int32_t tok[16] = {1};
+    int n = 1, distinct = 0, printable = 0, seen[259] = {0};
+    for (const char *q = prompt; *q; q++)
+        tok[n++] = KVT_TOKEN_BYTE0 + (unsigned char)*q;
+    assert_int_equal(kvt_model_new_caches(m, 256, cc), 0);
+    assert_int_equal(kvt_model_prefill(m, cc, tok, n, logits), 0);
+    for (int s = 0; s < 64; s++) {
+        int a = 0;
+        for (int v = 1; v < 259; v++)
+            a = logits[v] > logits[a] ? v : a;
+        distinct += !seen[a]++;
+        printable += a >= KVT_TOKEN_BYTE0 + 32 && a < KVT_TOKEN_BYTE0 + 127;
+        assert_int_equal(kvt_model_decode(m, cc, a, logits), 0);
+    }
+    print_message("  greedy: %d distinct tokens of 64, %d printable\n", distinct, printable);
+    assert_true(distinct >= 8);
+    assert_true(printable >= 32);
+    kvt_caches_dispose(cc, 12);
     kvt_model_free(m);
     /* no temporaries left behind by either writer */
     char cmd[512];

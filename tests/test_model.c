@@ -11,8 +11,10 @@
 #include <cmocka.h>
 
 #include "model.h"
+#include "tokenizer.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,6 +373,49 @@ static void test_synth_deterministic(void **state)
     free(bc);
 }
 
+/* A separate classifier is written row by row: wcls_row_scale multiplies
+ * row v, and without it the rows are the plain fan-in-scaled draw. The
+ * default model's params ask for one, weighting down tokens that print
+ * nothing. */
+static void test_synth_classifier_row_scale(void **state)
+{
+    (void)state;
+    kvt_synth_params p;
+    small_params(&p); /* vocab 50, dim 32 */
+    p.separate_classifier = 1;
+    char a[512], b[512];
+    path_in(a, sizeof a, "cls_a.bin");
+    path_in(b, sizeof b, "cls_b.bin");
+    assert_int_equal(kvt_model_synth(&p, a), 0);
+    float scale[50];
+    for (int v = 0; v < 50; v++)
+        scale[v] = v % 2 ? 0.25f : 1.0f;
+    p.wcls_row_scale = scale;
+    assert_int_equal(kvt_model_synth(&p, b), 0);
+    size_t na, nb;
+    unsigned char *ba = read_all(a, &na), *bb = read_all(b, &nb);
+    assert_int_equal(na, nb);
+    const float *wa = (const float *)(const void *)(ba + na - 50 * 32 * 4);
+    const float *wb = (const float *)(const void *)(bb + nb - 50 * 32 * 4);
+    assert_memory_equal(ba, bb, na - 50 * 32 * 4); /* everything before wcls is the same */
+    float lim = 1.0f / sqrtf(32.0f);
+    for (int v = 0; v < 50; v++)
+        for (int j = 0; j < 32; j++) {
+            float x = wa[v * 32 + j];
+            assert_true(x >= -lim && x < lim);
+            assert_true(wb[v * 32 + j] == x * scale[v]); /* scales are powers of 2: exact */
+        }
+    free(ba);
+    free(bb);
+    kvt_default_model_params(&p);
+    assert_int_equal(p.separate_classifier, 1);
+    assert_non_null(p.wcls_row_scale);
+    assert_true(p.wcls_row_scale[KVT_TOKEN_BYTE0 + 'a'] == 1.0f);
+    assert_true(p.wcls_row_scale[KVT_TOKEN_BYTE0 + '\n'] == 1.0f);
+    assert_true(p.wcls_row_scale[KVT_TOKEN_BYTE0 + 200] == 0.25f);
+    assert_true(p.wcls_row_scale[1] == 0.25f); /* BOS */
+}
+
 static void test_synth_rejects_bad_shapes(void **state)
 {
     (void)state;
@@ -491,6 +536,7 @@ int main(void)
         cmocka_unit_test(test_load_configs),
         cmocka_unit_test(test_stories260k_config),
         cmocka_unit_test(test_synth_deterministic),
+        cmocka_unit_test(test_synth_classifier_row_scale),
         cmocka_unit_test(test_synth_rejects_bad_shapes),
         cmocka_unit_test(test_cli_synth),
         cmocka_unit_test(test_null_args),
