@@ -23,5 +23,6 @@ KVT_CLI_WEAK int kvt_bench_lookup(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_dedup(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_chat(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_ssd(int argc, char **argv);
+KVT_CLI_WEAK int kvt_bench_serve(int argc, char **argv);
 
 #endif

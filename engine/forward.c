@@ -13,7 +13,7 @@
 #include "pool.h"
 #include "sampler.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <cblas.h>
 #include <math.h>

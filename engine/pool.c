@@ -8,7 +8,7 @@
  */
 #include "pool.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <pthread.h>
 #include <unistd.h>

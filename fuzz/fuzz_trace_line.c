@@ -11,7 +11,7 @@
  */
 #include "fuzz_util.h"
 
-#include "kvtier/replay.h"
+#include "replay.h"
 
 #include <stdlib.h>
 #include <string.h>

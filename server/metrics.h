@@ -55,7 +55,9 @@ typedef enum kvt_srv_endpoint {
     X(prefix_cache_hits, "prompt tokens served by the prefix cache, any tier (vLLM's pair, in tokens)") \
     X(cached_tokens_ram, "prompt tokens reused from the RAM tier")                                    \
     X(cached_tokens_ssd, "prompt tokens reused from the SSD tier")                                    \
-    X(prefilled_tokens, "prompt tokens run by prefill")
+    X(prefilled_tokens, "prompt tokens run by prefill")                                               \
+    X(decode_steps, "batched decode steps run by the engine")                                         \
+    X(decode_batch_sequences, "sequences decoded, summed over the batched steps (mean batch = this / steps)")
 
 typedef struct kvt_srv_counters {
 #define KVT__CTR_FIELD(name, help) uint64_t name;

@@ -109,12 +109,16 @@ typedef struct kvt_oai_usage {
     int64_t reused_ram, reused_ssd;  /* prompt tokens reused, by the tier that held them */
     int64_t prefilled_tokens;        /* prompt tokens run by prefill */
     double queue_ms, ttft_ms;        /* arrival to admission; arrival to the first token */
+    double engine_ms;                /* time in prefill and decode steps that ran this request */
 } kvt_oai_usage;
 
 /** The usage object:
  *   {"prompt_tokens", "completion_tokens", "total_tokens",
  *    "prompt_tokens_details": {"cached_tokens": ram + ssd},
- *    "kvtier": {"reused_tokens": {"ram", "ssd"}, "prefilled_tokens", "queue_ms", "ttft_ms"}}
+ *    "kvtier": {"reused_tokens": {"ram", "ssd"}, "prefilled_tokens", "queue_ms", "ttft_ms",
+ *               "engine_ms"}}
+ * engine_ms counts whole batched decode steps: with several requests
+ * batched, each step's time is counted in each of them.
  * @return a new reference, NULL when out of memory. */
 json_t *kvt_oai_usage_json(const kvt_oai_usage *u);
 

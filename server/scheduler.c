@@ -34,6 +34,11 @@ struct kvt_srv_sched {
     int stop;                   /* the engine thread ends */
     int cancel_all;             /* drain timed out: every job ends now */
     pthread_t thread;
+    /* engine-private scratch of the batched decode, (max_running) each */
+    struct running_s **batch;
+    kvt_cache ***batch_caches;
+    int32_t *batch_tokens;
+    float *batch_logits;        /* (max_running, vocab_size) */
 };
 
 /* ---- jobs ------------------------------------------------------------------------------ */
@@ -201,12 +206,13 @@ static void finish(kvt_srv_sched *s, kvt_srv_job *j, int status, const char *fin
 /* ---- the engine thread: continuous batching ------------------------------------------------ */
 
 /* A job the engine admitted: its sequence and sampler. Engine-private. */
-typedef struct {
+typedef struct running_s {
     kvt_srv_job *job;
     kvt_seq *seq;
     kvt_sampler *sampler;
     int prompt_done;
     int32_t prev;               /* the token before the next one, for decoding pieces */
+    double engine_ms;           /* prefill calls and decode steps it took part in, ms */
 } running;
 
 static uint64_t cold_restores(kvt_service *svc)
@@ -222,6 +228,9 @@ static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; 
 static void end_run(kvt_srv_sched *s, running *r, int status, const char *reason, const char *err)
 {
     kvt_seq_finish(r->seq, status == 200, NULL);
+    pthread_mutex_lock(&r->job->mu);
+    r->job->usage.engine_ms = r->engine_ms;
+    pthread_mutex_unlock(&r->job->mu);
     kvt_sampler_free(r->sampler);
     finish(s, r->job, status, reason, err);
     kvt_srv_job_release(r->job);
@@ -380,7 +389,9 @@ static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
         if (r->prompt_done)
             continue;
         int64_t before = kvt_seq_cached(r->seq);
+        uint64_t t0 = kvt_now_ns();
         int rc = kvt_seq_prefill(r->seq, budget, &r->prompt_done);
+        r->engine_ms += ms_since(t0);
         budget -= kvt_seq_cached(r->seq) - before;
         if (rc) {
             end_run(s, r, 500, NULL, kvt_last_error());
@@ -394,15 +405,39 @@ static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
             take_token(s, r);
         }
     }
+    /* ONE batched decode over every sequence with a pending token: one GEMM
+     * per weight matrix for all of them, attention per sequence on its own
+     * caches; bit-identical to decoding each alone */
+    int nb = 0;
     for (int64_t i = 0; i < n; i++) {
         running *r = &run[i];
         if (!r->job || !r->prompt_done || kvt_seq_pending_token(r->seq) < 0)
             continue;
-        if (kvt_seq_decode(r->seq)) {
+        s->batch[nb] = r;
+        s->batch_caches[nb] = kvt_seq_caches(r->seq);
+        s->batch_tokens[nb++] = kvt_seq_pending_token(r->seq);
+    }
+    if (nb > 0) {
+        int32_t V = kvt_model_get_config(s->m)->vocab_size;
+        uint64_t t0 = kvt_now_ns();
+        int rc = kvt_model_decode_batch(s->m, nb, (kvt_cache **const *)s->batch_caches, s->batch_tokens,
+                                        s->batch_logits);
+        double step_ms = ms_since(t0);
+        for (int b = 0; b < nb; b++) {
+            running *r = s->batch[b];
+            r->engine_ms += step_ms;
+            if (!rc) {
+                memcpy(kvt_seq_logits(r->seq), s->batch_logits + (size_t)b * (size_t)V, (size_t)V * sizeof(float));
+                rc = kvt_seq_after_decode(r->seq);
+                if (!rc) {
+                    take_token(s, r);
+                    continue;
+                }
+            }
             end_run(s, r, 500, NULL, kvt_last_error());
-            continue;
         }
-        take_token(s, r);
+        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_steps), 1);
+        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_batch_sequences), (uint64_t)nb);
     }
     *n_run = compact(s, run, n);
     return blocked;
@@ -459,8 +494,19 @@ int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *sv
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&s->cv, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = pthread_create(&s->thread, NULL, engine_main, s);
+    size_t R = (size_t)o->max_running;
+    s->batch = calloc(R, sizeof *s->batch);
+    s->batch_caches = calloc(R, sizeof *s->batch_caches);
+    s->batch_tokens = calloc(R, sizeof *s->batch_tokens);
+    s->batch_logits = calloc(R * (size_t)kvt_model_get_config(m)->vocab_size, sizeof *s->batch_logits);
+    int rc = (s->batch && s->batch_caches && s->batch_tokens && s->batch_logits) ? 0 : ENOMEM;
+    if (!rc)
+        rc = pthread_create(&s->thread, NULL, engine_main, s);
     if (rc) {
+        free(s->batch);
+        free(s->batch_caches);
+        free(s->batch_tokens);
+        free(s->batch_logits);
         pthread_cond_destroy(&s->cv);
         pthread_mutex_destroy(&s->mu);
         free(s);
@@ -536,6 +582,10 @@ void kvt_srv_sched_destroy(kvt_srv_sched *s)
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
+    free(s->batch);
+    free(s->batch_caches);
+    free(s->batch_tokens);
+    free(s->batch_logits);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     free(s);

@@ -18,7 +18,7 @@
 #include "scheduler.h"
 
 #include "chat.h"
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -239,6 +239,7 @@ static int prompt_tokens(kvt_server *s, const kvt_oai_request *r, int bos, int32
 typedef struct {
     kvt_server *s;
     kvt_srv_job *job;
+    struct MHD_Connection *conn;
     int fd;
     kvt_oai_kind kind;
     char id[40];
@@ -298,8 +299,11 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             st->out_off += n;
             return (ssize_t)n;
         }
-        if (st->phase == 2)
+        if (st->phase == 2) {
+            /* the reply is complete: a client that stops reading is bounded by the idle timeout again */
+            MHD_set_connection_option(st->conn, MHD_CONNECTION_OPTION_TIMEOUT, st->s->o.conn_timeout_s);
             return MHD_CONTENT_READER_END_OF_STREAM;
+        }
         if (st->phase == 0) { /* chat streams open with the assistant's role; completions do not */
             st->phase = 1;
             if (st->kind == KVT_OAI_CHAT) {
@@ -463,6 +467,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
         }
         st->s = s;
         st->job = j;
+        st->conn = c;
         st->fd = fd;
         st->kind = kind;
         memcpy(st->id, id, sizeof id);
@@ -492,6 +497,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
         }
     }
     pthread_mutex_unlock(&j->mu);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->o.conn_timeout_s);
     if (j->status != 200) {
         kvt_oai_error_set(&e, j->status, j->status == 400 ? "invalid_request_error" : "server_error", NULL, NULL,
                           "%s", j->error);

@@ -784,6 +784,18 @@ static void *client_main(void *arg)
     return NULL;
 }
 
+static void decode_counters(int port, int64_t *steps, int64_t *seqs)
+{
+    resp r;
+    http(port, "GET", "/stats", NULL, NULL, &r);
+    json_t *doc = parse(&r);
+    json_t *c = json_object_get(json_object_get(doc, "server"), "counters");
+    *steps = json_integer_value(json_object_get(c, "decode_steps"));
+    *seqs = json_integer_value(json_object_get(c, "decode_batch_sequences"));
+    json_decref(doc);
+    resp_free(&r);
+}
+
 static void test_concurrent_clients(void **state)
 {
     NEED_MODEL();
@@ -797,6 +809,8 @@ static void test_concurrent_clients(void **state)
         ref[i] = on[i];
         ref[i].port = off_srv.port;
     }
+    int64_t steps0, seqs0, steps1, seqs1;
+    decode_counters(main_srv.port, &steps0, &seqs0);
     pthread_t th[CLIENTS];
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -805,6 +819,10 @@ static void test_concurrent_clients(void **state)
     for (int i = 0; i < CLIENTS; i++)
         pthread_join(th[i], NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    decode_counters(main_srv.port, &steps1, &seqs1);
+    double mean_batch = (double)(seqs1 - seqs0) / (double)(steps1 - steps0 > 0 ? steps1 - steps0 : 1);
+    printf("decode steps %lld, mean batch %.1f sequences\n", (long long)(steps1 - steps0), mean_batch);
+    assert_true(mean_batch > 2.0); /* the replies below were decoded batched */
     for (int i = 0; i < CLIENTS; i++) /* the reference: each conversation alone, cache off */
         client_main(&ref[i]);
     int errors = 0, differ = 0;
@@ -970,6 +988,47 @@ static void test_disconnect_cancels(void **state)
     assert_int_equal(server_stop(&sv), 0);
 }
 
+/* Slow or stalled clients are bounded: past --max-connections a new
+ * connection waits unserved (libmicrohttpd stops accepting), and a stalled
+ * connection is closed after --conn-timeout, which lets the waiting one in. */
+static void test_slow_clients(void **state)
+{
+    NEED_MODEL();
+    server sv;
+    const char *extra[] = {"--conn-timeout", "2", "--max-connections", "3", NULL};
+    server_start(&sv, "slow", extra);
+    int idle[3];
+    for (int i = 0; i < 3; i++)
+        idle[i] = connect_to(sv.port);
+    send_all(idle[0], "GET /heal", 9); /* a request that never completes */
+    usleep(200000);
+    int extra_fd = connect_to(sv.port); /* one more than the limit */
+    send_request(extra_fd, "GET", "/health", NULL, NULL);
+    struct timeval tv = {.tv_usec = 700000};
+    setsockopt(extra_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[64];
+    ssize_t k = recv(extra_fd, buf, sizeof buf, 0);
+    assert_true(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)); /* not served while 3 are open */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    k = recv(idle[0], buf, sizeof buf, 0); /* the server closes the stalled one */
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    printf("stalled connection closed after %.1f s more (recv %zd)\n", waited, k);
+    assert_true(k <= 0);
+    assert_true(waited < 10);
+    tv.tv_sec = 20;
+    tv.tv_usec = 0;
+    setsockopt(extra_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    resp r;
+    read_response(extra_fd, &r); /* now it is let in */
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    for (int i = 0; i < 3; i++)
+        close(idle[i]);
+    assert_int_equal(server_stop(&sv), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -984,6 +1043,7 @@ int main(void)
         cmocka_unit_test(test_metrics_promtool),
         cmocka_unit_test(test_shutdown_ssd),
         cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_slow_clients),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -23,6 +23,7 @@
 #include "kvtier/cache.h"
 #include "kvtier/store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -234,6 +235,49 @@ static void supersede_prefixes(void **state)
     assert_int_equal(kvt_store_find(s, t, 11, "", &hit), 0); /* served by the 40-token entry */
     assert_int_equal(hit.prefix_len, 10);
     assert_int_equal(hit.n_tokens, 40);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* An entry with an attachment is untrimmable: it supersedes none of its
+ * kv-only ancestors, and the store never reports a usable prefix inside it
+ * (only a prompt extending all of its tokens uses it). */
+static void attachment_entry_rules(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "attrules");
+    store_cfg with_att = CFG;
+    with_att.attach = 16; /* same layers, same identity */
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[24];
+    pcu_seq(t, 24, 5);
+    put_tokens(s, &f.cfg, "", t, 10);
+    put_tokens(s, &with_att, "", t, 20);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.superseded, 0);
+    assert_int_equal(st.entries, 2);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    int32_t q[16];
+    memcpy(q, t, sizeof q);
+    q[15] = -1; /* shares 15 tokens with the attachment entry */
+    assert_int_equal(kvt_store_find(s, q, 16, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 10); /* the kv-only ancestor, not 15 inside the other */
+    assert_int_equal(hit.n_tokens, 10);
+    assert_int_equal(kvt_store_find(s, t, 21, "", &hit), 0); /* extends all of it */
+    assert_int_equal(hit.prefix_len, 20);
+    assert_int_equal(hit.n_tokens, 20);
+    kvt_entry e;
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 21, &e), 0);
+    assert_int_equal(e.n_attachments, 1);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    /* the same after a scan rebuilt the index */
+    s = fx_open(&f, NULL);
+    assert_int_equal(kvt_store_find(s, q, 16, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 10);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);
 }
@@ -606,6 +650,12 @@ static void rewrite_header(const char *path, const char *field, uint64_t hlen_ov
         }
     } else if (!strcmp(field, "identity")) {
         json_object_set_new(json_object_get(root, "__metadata__"), "identity", json_string("{\"model\":\"other\"}"));
+    } else if (!strcmp(field, "sha256-last")) { /* the digest's last hex digit changed */
+        json_t *m = json_object_get(root, "__metadata__");
+        char sha[65];
+        snprintf(sha, sizeof sha, "%s", json_string_value(json_object_get(m, "sha256")));
+        sha[63] = sha[63] == '0' ? '1' : '0';
+        json_object_set_new(m, "sha256", json_string(sha));
     } else if (!strcmp(field, "dtype")) {
         const char *k;
         json_t *v;
@@ -964,6 +1014,42 @@ static void budget_lru(void **state)
     store_rmtree(f.root);
 }
 
+/* While another identity's store holds its directory open (so none of its
+ * files may go), a write that takes the root over budget must not evict the
+ * entry it just wrote: it stays indexed and restorable, the budget is simply
+ * exceeded until something evictable appears. */
+static void budget_keeps_new_entry_beside_open_store(void **state)
+{
+    (void)state;
+    fx a;
+    fx_init(&a, &CFG, "budget-open");
+    fx b = a;
+    store_identity(&CFG, "model-b", b.fp, &b.id);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_store *sb = fx_open(&b, NULL);
+    put_tokens(sb, &b.cfg, "", t, 10);
+    kvt_store_stats st;
+    kvt_store_get_stats(sb, &st);
+    uint64_t b_bytes = st.bytes;
+    assert_true(b_bytes > 0);
+    /* room for one such entry and a half: A's entry (as large as B's) fits
+     * alone, not beside B */
+    kvt_store_options o = {.max_bytes = b_bytes * 3 / 2};
+    kvt_store *sa = fx_open(&a, &o);
+    put_tokens(sa, &a.cfg, "", t, 10);
+    kvt_store_get_stats(sa, &st);
+    assert_int_equal(st.evicted, 0);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(kvt_store_contains(sa, t, 10, ""), 1);
+    expect_restores(sa, &a.cfg, "", t, 10);
+    assert_int_equal(kvt_store_contains(sb, t, 10, ""), 1); /* and B's is untouched */
+    expect_restores(sb, &b.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(sa), 0);
+    assert_int_equal(kvt_store_close(sb), 0);
+    store_rmtree(a.root);
+}
+
 static void budget_foreign_idle(void **state)
 {
     (void)state;
@@ -1168,6 +1254,83 @@ static void out_of_memory(void **state)
     store_rmtree(f.root);
 }
 
+/* Under verify the whole SHA-256 is compared: a digest that differs only in
+ * its last byte is refused (the payload and its XXH3-128 are intact, so only
+ * the verified restore and `store verify` can see it). */
+static void verify_sha256_last_byte(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "shalast");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "sha256-last", 0);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_cold_hit hit;
+    kvt_entry e;
+    kvt_store *s = fx_open(&f, NULL); /* without verify: XXH3-128 only, served */
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), 0);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    walk_acc a = {0};
+    assert_int_equal(kvt_store_walk(f.root, 1, walk_count, &a), 0); /* store verify */
+    assert_int_equal(a.checksum, 1);
+    kvt_store_options o = {.verify = 1};
+    s = fx_open(&f, &o);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* A block shard written by another identity (its key is consistent with its
+ * own identity) planted in this identity's directory is refused at scan,
+ * counted as identity, and never indexed. */
+static void refused_block_of_other_identity(void **state)
+{
+    (void)state;
+    fx a;
+    fx_init(&a, &CFG, "blkid");
+    fx b = a;
+    store_identity(&CFG, "model-b", b.fp, &b.id);
+    char pa[1200], pb[1200];
+    one_entry(&a, NULL, pa, sizeof pa);
+    one_entry(&b, NULL, pb, sizeof pb);
+    *strrchr(pa, '/') = '\0';
+    *strrchr(pb, '/') = '\0';
+    int planted = 0;
+    DIR *d = opendir(pb);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] != 'b')
+            continue;
+        char cmd[3000];
+        snprintf(cmd, sizeof cmd, "cp '%s/%s' '%s/'", pb, de->d_name, pa);
+        assert_int_equal(system(cmd), 0);
+        planted++;
+    }
+    closedir(d);
+    assert_int_equal(planted, 2);
+    kvt_store *s = fx_open(&a, NULL);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_IDENTITY], 2);
+    assert_int_equal(st.blocks, 2); /* its own two */
+    assert_int_equal(st.entries, 1);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    expect_restores(s, &a.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(a.root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1176,6 +1339,7 @@ int main(void)
         cmocka_unit_test(shared_prefix_stored_once),
         cmocka_unit_test(supersede_prefixes),
         cmocka_unit_test(objects_and_attachments),
+        cmocka_unit_test(attachment_entry_rules),
         cmocka_unit_test(reopen_and_temp_cleanup),
         cmocka_unit_test(fault_enospc),
         cmocka_unit_test(fault_eio),
@@ -1192,11 +1356,14 @@ int main(void)
         cmocka_unit_test(refused_malformed),
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
+        cmocka_unit_test(verify_sha256_last_byte),
+        cmocka_unit_test(refused_block_of_other_identity),
         cmocka_unit_test(walk_verify_and_gc),
         cmocka_unit_test(entry_file_removed),
         cmocka_unit_test(gc_cannot_remove),
         cmocka_unit_test(budget_lru),
         cmocka_unit_test(budget_foreign_idle),
+        cmocka_unit_test(budget_keeps_new_entry_beside_open_store),
         cmocka_unit_test(cold_tier_table),
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(out_of_memory),
