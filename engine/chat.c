@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* ---- the service of a model ------------------------------------------------- */
@@ -734,6 +735,11 @@ static int file_hash(const char *path, XXH128_hash_t *out, uint64_t *bytes)
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvt__fail(-errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) { /* a FIFO or a device may never end */
+        fclose(f);
+        return kvt__fail(KVT_EINVAL, "%s: not a regular file: its identity cannot be hashed", path);
+    }
     XXH3_state_t *st = XXH3_createState();
     unsigned char *buf = malloc(1 << 20);
     int rc = 0;
@@ -782,6 +788,20 @@ KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, 
     return 0;
 }
 
+/* The store's config fingerprint of the model's fresh caches (layer count,
+ * kinds, shapes). */
+static int model_fingerprint(const kvt_model *m, char fp[KVT_STORE_FINGERPRINT_LEN])
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
+    int rc = kvt_model_new_caches(m, 256, caches);
+    if (rc)
+        return rc;
+    rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
+    kvt_caches_dispose(caches, c->n_layers);
+    return rc;
+}
+
 KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out)
 {
@@ -791,13 +811,7 @@ KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *ide
     if (!m || !ident || !root)
         return kvt__fail(KVT_EINVAL, "chat store: model, identity and root are required");
     char fp[KVT_STORE_FINGERPRINT_LEN];
-    const kvt_model_config *c = kvt_model_get_config(m);
-    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
-    int rc = kvt_model_new_caches(m, 256, caches);
-    if (rc)
-        return rc;
-    rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
-    kvt_caches_dispose(caches, c->n_layers);
+    int rc = model_fingerprint(m, fp);
     if (rc)
         return rc;
     kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
@@ -1067,13 +1081,7 @@ KVT_API int kvt_chat_ssd_open(const kvt_model *m, const kvt_chat_identity *ident
     if (!o)
         o = &none;
     char fp[KVT_STORE_FINGERPRINT_LEN];
-    const kvt_model_config *c = kvt_model_get_config(m);
-    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
-    int rc = kvt_model_new_caches(m, 256, caches);
-    if (rc)
-        return rc;
-    rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
-    kvt_caches_dispose(caches, c->n_layers);
+    int rc = model_fingerprint(m, fp);
     if (rc)
         return rc;
     kvt_chat_ssd *d = calloc(1, sizeof *d);

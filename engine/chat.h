@@ -243,7 +243,8 @@ typedef struct kvt_chat_identity {
  * file) and over the whole tokenizer file (read in 1 MiB pieces). Two
  * checkpoints that differ in any byte get different ids.
  * @param tok_path the tokenizer file, or NULL (then tokenizer_hash is "").
- * @return 0; KVT_EINVAL (NULL m or out); -errno naming the tokenizer file.
+ * @return 0; KVT_EINVAL (NULL m or out; a tokenizer that is not a regular
+ *   file: a FIFO or a device may never end); -errno naming the tokenizer file.
  * Thread-safe (reads only). */
 KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, kvt_chat_identity *out);
 

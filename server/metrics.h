@@ -131,9 +131,11 @@ typedef struct kvt_srv_gauges {
 int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_report *rep,
                                const kvt_store_stats *ss, char **out);
 
-/** The server's part of /stats: {"requests": {"by_endpoint": {path: {status: n}}},
- * "tokens"/"counters": every counter, "queue_depth", "running", "connections",
- * "ready", "recent": the last `recent` records}. @return a new reference, NULL when out of memory. */
+/** The server's part of /stats: {"requests_total": n, "requests": {path:
+ * {status: n}}, "counters": {every KVT_SRV_COUNTERS name: n}, "queue_depth",
+ * "running", "connections", "ready", "recent": [the last `recent` records,
+ * oldest first, as kvt_srv_record_json]}.
+ * @return a new reference, NULL when out of memory. */
 json_t *kvt_srv_metrics_json(kvt_srv_metrics *m, const kvt_srv_gauges *g, size_t recent);
 
 /** One record as JSON (the shape /stats "recent" and the dashboard use). */

@@ -354,7 +354,7 @@ int kvt_oai_parse(kvt_oai_kind kind, const char *body, size_t len, kvt_oai_reque
     out->temperature = 1.0;
     out->top_p = 1.0;
     json_error_t je;
-    json_t *doc = json_loadb(body ? body : "", body ? len : 0, JSON_REJECT_DUPLICATES, &je);
+    json_t *doc = json_loadb(body ? body : "", body ? len : 0, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!doc)
         return bad(err, NULL, "malformed JSON at line %d, column %d (byte %d): %s", je.line, je.column,
                    je.position, je.text);

@@ -519,7 +519,7 @@ out:
 static json_t *body_object(const req_ctx *rq, kvt_oai_error *e)
 {
     json_error_t je;
-    json_t *doc = json_loadb(rq->body ? rq->body : "", rq->len, 0, &je);
+    json_t *doc = json_loadb(rq->body ? rq->body : "", rq->len, JSON_DECODE_ANY, &je);
     if (!doc)
         kvt_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
                           "malformed JSON at line %d, column %d (byte %d): %s", je.line, je.column, je.position,
