@@ -15,6 +15,7 @@ KVT_CLI_WEAK int kvt_cmd_model(int argc, char **argv);
 KVT_CLI_WEAK int kvt_cmd_chat(int argc, char **argv);
 KVT_CLI_WEAK int kvt_cmd_replay(int argc, char **argv);
 KVT_CLI_WEAK int kvt_cmd_store(int argc, char **argv);
+KVT_CLI_WEAK int kvt_cmd_serve(int argc, char **argv);
 
 /* bench/bench_*.c: `kvtier bench NAME` */
 KVT_CLI_WEAK int kvt_bench_engine(int argc, char **argv);
@@ -22,5 +23,6 @@ KVT_CLI_WEAK int kvt_bench_lookup(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_dedup(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_chat(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_ssd(int argc, char **argv);
+KVT_CLI_WEAK int kvt_bench_serve(int argc, char **argv);
 
 #endif

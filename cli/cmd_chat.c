@@ -4,7 +4,9 @@
  * already hold. Replies go to stdout; after each reply exactly one line goes
  * to stderr: "turn N: reused R tokens, prefilled P tokens, ttft T ms"
  * (scripts rely on it). Owns argument parsing and output; the work is in
- * engine/chat.c. Must never print anything else on stderr between turns.
+ * engine/chat.c. Must never print anything else on stderr between turns,
+ * except the one warning of an SSD tier that degraded (engine/chat.c,
+ * kvt_chat_ssd_*): the directory and the cause, once.
  */
 #include "chat.h"
 #include "args.h"
@@ -66,10 +68,16 @@ static void usage(FILE *f)
             "  --multiline           let replies run past a newline (default: stop at '\\n')\n"
             "  --stats               print the model identity and what hashing it cost at startup,\n"
             "                        and the service report (JSON) at the end, on stderr\n"
-            "  --ssd-cache DIR       SSD tier under the prompt cache: evicted prefixes spill there,\n"
-            "                        and at exit every prefix is written, so a later run (a restart)\n"
+            "  --ssd-cache DIR       SSD tier under the prompt cache: every kept prefix is queued there\n"
+            "                        at once (write-behind), so a later run (a restart, even after kill -9)\n"
             "                        reuses the conversation from disk. State is kept per identity:\n"
-            "                        XXH3-128 of every byte of the model and of the tokenizer\n"
+            "                        XXH3-128 of every byte of the model and of the tokenizer.\n"
+            "                        A DIR that cannot be written (read-only, another user's, locked\n"
+            "                        by another process for over 1 s) is used read-only, or not at\n"
+            "                        all; a write that fails later (full disk, DIR deleted) stops the\n"
+            "                        writes. Either way one warning names DIR and the cause, the chat\n"
+            "                        goes on (replies unchanged, exit 0) and --stats counts it\n"
+            "                        (\"ssd_cache\": mode, cause, write_failures, writes_skipped)\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
             "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
@@ -320,6 +328,52 @@ static int read_line(char **buf, size_t *cap, int64_t lineno)
     return rc;
 }
 
+static const char *ssd_mode_name(kvt_chat_ssd_mode m)
+{
+    return m == KVT_CHAT_SSD_READ_WRITE ? "read-write" : m == KVT_CHAT_SSD_READ_ONLY ? "read-only" : "off";
+}
+
+/* The one warning of a degraded SSD tier: the directory, the cause, what the
+ * chat does instead. */
+static void ssd_say(const kvt_chat_ssd_status *st)
+{
+    fprintf(stderr, "kvtier chat: warning: SSD cache %s; %s (replies are unaffected; --stats counts it)\n",
+            st->cause,
+            st->mode == KVT_CHAT_SSD_OFF ? "continuing without it"
+                                         : "continuing read-only: what it holds still serves, nothing more is written");
+    fflush(stderr);
+}
+
+/* Says a degradation the first time it is seen. */
+static void ssd_warn(kvt_chat_ssd *ssd)
+{
+    if (!ssd)
+        return;
+    kvt_chat_ssd_status st;
+    kvt_chat_ssd_poll(ssd, &st);
+    if (st.warn)
+        ssd_say(&st);
+}
+
+/* --stats: the service report with an "ssd_cache" object added. */
+static void print_report(const char *report, const char *dir, const kvt_chat_ssd_status *st)
+{
+    json_t *doc = json_loads(report, 0, NULL);
+    if (doc && dir && st) {
+        json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "dir", dir, "mode",
+                              ssd_mode_name(st->mode), "cause", st->cause, "open_failures",
+                              (json_int_t)st->open_failures, "write_failures", (json_int_t)st->write_failures,
+                              "writes_skipped", (json_int_t)st->writes_skipped, "entries", (json_int_t)st->entries,
+                              "restores", (json_int_t)st->restores);
+        if (o)
+            json_object_set_new(doc, "ssd_cache", o);
+    }
+    char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    fprintf(stderr, "%s\n", text ? text : report);
+    free(text);
+    json_decref(doc);
+}
+
 int kvt_cmd_chat(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *script = NULL, *session = "chat";
@@ -441,13 +495,14 @@ int kvt_cmd_chat(int argc, char **argv)
     kvt_tokenizer *tok = NULL;
     kvt_service *svc = NULL;
     kvt_chat *chat = NULL;
-    kvt_store *store = NULL;
+    kvt_chat_ssd *ssd = NULL;
     kvt_cold_tier tier;
+    char *report = NULL;
     static char used_model[4096], used_tok[4096];
     char *line = NULL;
     size_t line_cap = 0;
     int64_t stdin_line = 0;
-    int status = 1;
+    int status = 1, too_big_said = 0;
     if ((rc = kvt_chat_load_paths(model_path, tok_path, &m, &tok, used_model, used_tok, sizeof used_model))) {
         status = fail("cannot load the model", rc);
         goto done;
@@ -466,11 +521,15 @@ int kvt_cmd_chat(int argc, char **argv)
         fflush(stderr);
     }
     if (ssd_dir) {
-        if ((rc = kvt_chat_store_open(m, &ident, ssd_dir, ssd_max, ssd_verify, &store))) {
+        kvt_chat_ssd_opts sso = {.max_bytes = ssd_max, .verify = ssd_verify};
+        if ((rc = kvt_chat_ssd_open(m, &ident, ssd_dir, &sso, &ssd))) {
             status = fail("cannot open the SSD cache", rc);
+            if (rc == KVT_EINVAL)
+                status = 2; /* the flags, not the disk */
             goto done;
         }
-        kvt_store_cold_tier(store, &tier);
+        ssd_warn(ssd);
+        kvt_chat_ssd_tier(ssd, &tier);
         so.cold = &tier;
     }
     if ((rc = kvt_chat_service_create(m, &so, &svc))) {
@@ -544,13 +603,10 @@ int kvt_cmd_chat(int argc, char **argv)
         fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", before + turn,
                 (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
         fflush(stderr);
+        ssd_warn(ssd);
     }
-    if (stats) {
-        char *json = NULL;
-        if (kvt_service_report_json(svc, &json) == 0)
-            fprintf(stderr, "%s\n", json);
-        kvt_service_json_free(json);
-    }
+    if (stats && kvt_service_report_json(svc, &report) != 0)
+        report = NULL;
     status = 0;
     if (interrupted) {
         fprintf(stderr, "kvtier chat: interrupted before the script's last message (the cache was kept)\n");
@@ -562,6 +618,7 @@ done:
     kvt_chat_free(chat);
     if (svc) {
         rc = kvt_service_close(svc);
+        too_big_said = rc == KVT_ETOOBIG;
         if (rc == KVT_ETOOBIG)
             /* The user's --ssd-cache-max is smaller than a prefix: that
              * prefix cannot be kept on disk. Say so; the run itself is fine. */
@@ -571,8 +628,20 @@ done:
             status = fail("closing the cache service failed", rc);
         kvt_service_destroy(svc);
     }
-    if (store && (rc = kvt_store_close(store)) && status == 0)
-        status = fail("closing the SSD cache failed (not every prefix is durable)", rc);
+    if (ssd) {
+        kvt_chat_ssd_status sst;
+        rc = kvt_chat_ssd_close(ssd, &sst);
+        if (rc == KVT_ETOOBIG && !too_big_said)
+            fprintf(stderr, "kvtier chat: warning: a prefix larger than --ssd-cache-max was not written "
+                            "to the SSD cache\n");
+        if (sst.warn)
+            ssd_say(&sst);
+        if (report)
+            print_report(report, ssd_dir, &sst);
+    } else if (report) {
+        print_report(report, NULL, NULL);
+    }
+    kvt_service_json_free(report);
     kvt_tokenizer_free(tok);
     kvt_model_free(m);
     kvt_chat_script_free(lines, n_lines);

@@ -3,12 +3,12 @@
  * lines) and reports the prefix-cache hit ratios of a retention policy at a
  * block capacity; --sweep runs every policy over several capacities and
  * charts them with gnuplot. It owns the command line, the progress bar and
- * the output formats; replay logic lives in the library (src/replay*.c).
+ * the output formats; replay logic lives in tools/replay/.
  */
 #include "args.h"
 #include "cli.h"
 
-#include "kvtier/replay.h"
+#include "replay.h"
 #include "kvtier/retention_block.h"
 
 #include <errno.h>

@@ -42,6 +42,7 @@ int main(int argc, char **argv)
         {"model", kvt_cmd_model, "model synth|info|default: synthetic checkpoints, a checkpoint's shape"},
         {"replay", kvt_cmd_replay, "replay a serving trace through the prompt cache"},
         {"store", kvt_cmd_store, "store inspect|verify|gc: the SSD tier on disk"},
+        {"serve", kvt_cmd_serve, "OpenAI-compatible HTTP server over the prompt cache"},
         {"bench", NULL, "run a benchmark (see below)"},
         {NULL, NULL, NULL},
     };
@@ -51,6 +52,7 @@ int main(int argc, char **argv)
         {"dedup", kvt_bench_dedup, "RAM bytes of entries sharing a long system prompt"},
         {"chat", kvt_bench_chat, "per-turn TTFT with the prompt cache on and off"},
         {"ssd", kvt_bench_ssd, "SSD store/restore throughput vs raw disk bandwidth"},
+        {"serve", kvt_bench_serve, "kvtier serve over HTTP: TTFT per turn cache on/off, batched decode, overhead"},
         {NULL, NULL, NULL},
     };
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

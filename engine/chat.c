@@ -2,16 +2,20 @@
  * chat.c: generation through the cache service and multi-turn chat on the
  * reference engine (chat.h). Owns the one-call generation (a loop over the
  * steps of seq.c, which own admit, acquire, prefill, snapshots, decode,
- * publish and release), the chat template, script parsing and a
- * conversation's history.
+ * publish and release), the chat template, bounded reading of scripts and
+ * message lines, a conversation's history, the byte-size parser of every
+ * command, the model identity of the SSD tier (XXH3-128 of every byte) and
+ * the chat's SSD tier that degrades (read-only, then off) instead of
+ * failing the chat.
  *
- * Must never leave a request admitted after returning.
+ * Must never leave a request admitted after returning, read an input past
+ * its bound, or let a disk failure change a reply or the exit status.
  */
 #include "chat.h"
 #include "seq.h"
 
 #include "model_internal.h"
-#include "../src/internal.h"
+#include "internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xxh_x86dispatch.h> /* XXH3 on the widest vector unit the CPU has */
@@ -21,9 +25,12 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
 /* ---- the service of a model ------------------------------------------------- */
 
@@ -728,6 +735,11 @@ static int file_hash(const char *path, XXH128_hash_t *out, uint64_t *bytes)
     FILE *f = fopen(path, "rb");
     if (!f)
         return kvt__fail(-errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) || !S_ISREG(sb.st_mode)) { /* a FIFO or a device may never end */
+        fclose(f);
+        return kvt__fail(KVT_EINVAL, "%s: not a regular file: its identity cannot be hashed", path);
+    }
     XXH3_state_t *st = XXH3_createState();
     unsigned char *buf = malloc(1 << 20);
     int rc = 0;
@@ -776,6 +788,20 @@ KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, 
     return 0;
 }
 
+/* The store's config fingerprint of the model's fresh caches (layer count,
+ * kinds, shapes). */
+static int model_fingerprint(const kvt_model *m, char fp[KVT_STORE_FINGERPRINT_LEN])
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
+    int rc = kvt_model_new_caches(m, 256, caches);
+    if (rc)
+        return rc;
+    rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
+    kvt_caches_dispose(caches, c->n_layers);
+    return rc;
+}
+
 KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out)
 {
@@ -785,17 +811,389 @@ KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *ide
     if (!m || !ident || !root)
         return kvt__fail(KVT_EINVAL, "chat store: model, identity and root are required");
     char fp[KVT_STORE_FINGERPRINT_LEN];
-    const kvt_model_config *c = kvt_model_get_config(m);
-    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
-    int rc = kvt_model_new_caches(m, 256, caches);
-    if (rc)
-        return rc;
-    rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
-    kvt_caches_dispose(caches, c->n_layers);
+    int rc = model_fingerprint(m, fp);
     if (rc)
         return rc;
     kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
                              .tokenizer_hash = ident->tokenizer_hash};
     kvt_store_options so = {.max_bytes = max_bytes, .verify = verify};
     return kvt_store_open(root, &id, &so, out);
+}
+
+/* ---- an SSD tier that degrades instead of failing the chat ----------------------- */
+
+/* Whether rc says the disk failed (an errno, or the store's I/O code), rather
+ * than the entry (too big, unsupported) or the caller. */
+static int disk_error(int rc) { return rc == KVT_EIO || (rc < 0 && rc > -4096); }
+
+struct kvt_chat_ssd {
+    pthread_mutex_t mu;
+    kvt_store *store;            /* NULL when OFF from the start */
+    kvt_cold_tier inner;         /* the store's own table */
+    char *root;
+    kvt_chat_ssd_mode mode;
+    char cause[600];
+    int warned, too_big;
+    uint64_t open_failures, sync_failures, skipped;
+    uint64_t seen_failed;        /* store's failed count already looked at */
+    kvt_store_stats last;        /* the store's counters at the last poll */
+};
+
+/* Turns the tier READ_ONLY (once) with the cause; d->mu held. */
+static void ssd_trip(kvt_chat_ssd *d, int rc, const char *detail)
+{
+    if (d->mode != KVT_CHAT_SSD_READ_WRITE)
+        return;
+    d->mode = KVT_CHAT_SSD_READ_ONLY;
+    const char *why = rc < 0 && rc > -4096 ? strerror(-rc) : kvt_strerror(rc);
+    if (detail && *detail && !strstr(detail, why))
+        snprintf(d->cause, sizeof d->cause, "%s: a write failed (%s): %s", d->root, why, detail);
+    else if (detail && *detail)
+        snprintf(d->cause, sizeof d->cause, "%s: a write failed: %s", d->root, detail);
+    else
+        snprintf(d->cause, sizeof d->cause, "%s: a write failed (%s)", d->root, why);
+}
+
+static int ssd_writes_off(kvt_chat_ssd *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int off = d->mode != KVT_CHAT_SSD_READ_WRITE;
+    if (off)
+        d->skipped++;
+    pthread_mutex_unlock(&d->mu);
+    return off;
+}
+
+static int ssd_find(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store)
+        return KVT_ENOTFOUND;
+    return d->inner.find(d->inner.self, prompt, n, ns, out);
+}
+
+static int ssd_find_exact(void *self, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store || !d->inner.find_exact)
+        return KVT_ENOTFOUND;
+    return d->inner.find_exact(d->inner.self, tokens, n, ns, out);
+}
+
+static int ssd_restore(void *self, uint64_t handle, kvt_entry *out)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store) {
+        memset(out, 0, sizeof *out);
+        return KVT_ENOTFOUND;
+    }
+    return d->inner.restore(d->inner.self, handle, out);
+}
+
+static int ssd_restore_async(void *self, uint64_t handle, kvt_restore_done_fn done, void *arg)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store || !d->inner.restore_async)
+        return KVT_ENOTFOUND; /* done never runs: the prompt cache restores synchronously or misses */
+    return d->inner.restore_async(d->inner.self, handle, done, arg);
+}
+
+static int ssd_store(void *self, const kvt_entry *e)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store || ssd_writes_off(d))
+        return KVT_EIO; /* the caller keeps its entry */
+    int rc = d->inner.store(d->inner.self, e);
+    if (disk_error(rc)) {
+        pthread_mutex_lock(&d->mu);
+        d->sync_failures++;
+        ssd_trip(d, rc, kvt_last_error());
+        pthread_mutex_unlock(&d->mu);
+    }
+    return rc;
+}
+
+static int ssd_spill(void *self, kvt_entry *e)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store || !d->inner.spill || ssd_writes_off(d))
+        return KVT_EIO; /* the caller disposes it: no spill */
+    return d->inner.spill(d->inner.self, e);
+}
+
+static int ssd_pending(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store || !d->inner.pending)
+        return 0;
+    return d->inner.pending(d->inner.self, tokens, n, ns);
+}
+
+/* Waits for the store's queue; a disk failure turns the tier READ_ONLY and is
+ * not an error of the caller's (the chat goes on); ETOOBIG is returned. */
+static int ssd_flush_locked(kvt_chat_ssd *d)
+{
+    pthread_mutex_unlock(&d->mu);
+    int rc = kvt_store_flush(d->store);
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", rc ? kvt_last_error() : "");
+    pthread_mutex_lock(&d->mu);
+    kvt_store_get_stats(d->store, &d->last);
+    d->seen_failed = d->last.failed;
+    if (disk_error(rc)) {
+        ssd_trip(d, rc, detail);
+        return 0;
+    }
+    if (rc == KVT_ETOOBIG)
+        d->too_big = 1;
+    return rc;
+}
+
+static int ssd_flush(void *self)
+{
+    kvt_chat_ssd *d = self;
+    if (!d->store)
+        return 0;
+    pthread_mutex_lock(&d->mu);
+    int rc = ssd_flush_locked(d);
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+KVT_API void kvt_chat_ssd_tier(kvt_chat_ssd *d, kvt_cold_tier *tier)
+{
+    if (!tier)
+        return;
+    *tier = (kvt_cold_tier){.self = d,
+                            .find = ssd_find,
+                            .find_exact = ssd_find_exact,
+                            .restore = ssd_restore,
+                            .restore_async = ssd_restore_async,
+                            .store = ssd_store,
+                            .spill = ssd_spill,
+                            .pending = ssd_pending,
+                            .flush = ssd_flush};
+}
+
+/* kvt_store_open on a thread of its own, so that a lock another process
+ * holds on the directory (flock) delays the chat by lock_wait_ms at most. */
+typedef struct open_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, abandoned, rc;
+    char err[512];
+    kvt_store *store;
+    char *root, *model_id, *fp, *tok_hash;
+    kvt_store_options so;
+} open_job;
+
+static void open_job_free(open_job *j)
+{
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->root);
+    free(j->model_id);
+    free(j->fp);
+    free(j->tok_hash);
+    free(j);
+}
+
+static void *open_main(void *arg)
+{
+    open_job *j = arg;
+    kvt_store_identity id = {.model_id = j->model_id, .config_fingerprint = j->fp, .tokenizer_hash = j->tok_hash};
+    kvt_store *s = NULL;
+    int rc = kvt_store_open(j->root, &id, &j->so, &s);
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
+    j->rc = rc;
+    j->store = s;
+    snprintf(j->err, sizeof j->err, "%s", rc ? kvt_last_error() : "");
+    int abandoned = j->abandoned;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) { /* the chat went on without it */
+        kvt_store_close(s);
+        open_job_free(j);
+    }
+    return NULL;
+}
+
+/* Opens the store, waiting at most wait_ms. @return 0 and *out; 1 when the
+ * wait ran out (the open is abandoned: it closes itself if it ever ends);
+ * or kvt_store_open's error with its message in err. */
+static int open_bounded(const char *root, const kvt_store_identity *id, const kvt_store_options *so,
+                        uint64_t wait_ms, kvt_store **out, char *err, size_t err_cap)
+{
+    open_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return kvt__fail(KVT_ENOMEM, "chat SSD cache: out of memory");
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    j->root = strdup(root);
+    j->model_id = strdup(id->model_id);
+    j->fp = strdup(id->config_fingerprint);
+    j->tok_hash = strdup(id->tokenizer_hash);
+    j->so = *so;
+    pthread_t t;
+    if (!j->root || !j->model_id || !j->fp || !j->tok_hash || pthread_create(&t, NULL, open_main, j)) {
+        open_job_free(j);
+        return kvt__fail(KVT_ENOMEM, "chat SSD cache: cannot start the open");
+    }
+    pthread_detach(t);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)(wait_ms / 1000);
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &until) == 0)
+        ;
+    if (!j->done) {
+        j->abandoned = 1; /* open_main frees j */
+        pthread_mutex_unlock(&j->mu);
+        return 1;
+    }
+    pthread_mutex_unlock(&j->mu);
+    int rc = j->rc;
+    *out = j->store;
+    snprintf(err, err_cap, "%s", j->err);
+    open_job_free(j);
+    return rc;
+}
+
+KVT_API int kvt_chat_ssd_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
+                              const kvt_chat_ssd_opts *o, kvt_chat_ssd **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "chat SSD cache: out is NULL");
+    *out = NULL;
+    if (!m || !ident || !root || !*root)
+        return kvt__fail(KVT_EINVAL, "chat SSD cache: model, identity and a non-empty directory are required");
+    kvt_chat_ssd_opts none = {0};
+    if (!o)
+        o = &none;
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    int rc = model_fingerprint(m, fp);
+    if (rc)
+        return rc;
+    kvt_chat_ssd *d = calloc(1, sizeof *d);
+    if (!d || !(d->root = strdup(root))) {
+        free(d);
+        return kvt__fail(KVT_ENOMEM, "chat SSD cache: out of memory");
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
+                             .tokenizer_hash = ident->tokenizer_hash};
+    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io};
+    uint64_t wait_ms = o->lock_wait_ms ? o->lock_wait_ms : 1000;
+    char err[512] = "";
+    rc = open_bounded(root, &id, &so, wait_ms, &d->store, err, sizeof err);
+    if (rc == KVT_EINVAL || rc == KVT_ENOMEM) { /* the flags, not the disk */
+        kvt__fail(rc, "%s", err);
+        kvt_chat_ssd_close(d, NULL);
+        return rc;
+    }
+    if (rc) {
+        d->store = NULL;
+        d->open_failures = 1;
+        char why[560];
+        if (rc == 1)
+            snprintf(why, sizeof why, "%s: its lock is held by another process (waited %llu ms)", root,
+                     (unsigned long long)wait_ms);
+        else
+            snprintf(why, sizeof why, "%s: cannot be opened for writing (%s)", root, err[0] ? err : kvt_strerror(rc));
+        /* the same directory read-only: what it holds still serves */
+        so.read_only = 1;
+        char err2[512] = "";
+        int rc2 = disk_error(rc) || rc == 1 ? open_bounded(root, &id, &so, wait_ms, &d->store, err2, sizeof err2)
+                                           : rc;
+        if (rc2 == 0) {
+            d->mode = KVT_CHAT_SSD_READ_ONLY;
+            snprintf(d->cause, sizeof d->cause, "%s", why);
+        } else {
+            d->store = NULL;
+            d->mode = KVT_CHAT_SSD_OFF;
+            snprintf(d->cause, sizeof d->cause, "%s", why);
+        }
+    }
+    if (d->store) {
+        kvt_store_cold_tier(d->store, &d->inner);
+        kvt_store_get_stats(d->store, &d->last);
+        d->seen_failed = d->last.failed;
+    }
+    *out = d;
+    return 0;
+}
+
+/* Fills *st; d->mu held. */
+static void ssd_status(kvt_chat_ssd *d, kvt_chat_ssd_status *st)
+{
+    if (!st)
+        return;
+    memset(st, 0, sizeof *st);
+    st->mode = d->mode;
+    snprintf(st->cause, sizeof st->cause, "%s", d->cause);
+    st->warn = d->mode != KVT_CHAT_SSD_READ_WRITE && !d->warned;
+    if (st->warn)
+        d->warned = 1;
+    st->open_failures = d->open_failures;
+    st->write_failures = d->last.failed > d->sync_failures ? d->last.failed : d->sync_failures;
+    st->writes_skipped = d->skipped;
+    st->entries = d->last.entries;
+    st->restores = d->last.restores;
+}
+
+KVT_API void kvt_chat_ssd_poll(kvt_chat_ssd *d, kvt_chat_ssd_status *st)
+{
+    if (!d) {
+        if (st)
+            memset(st, 0, sizeof *st);
+        return;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (d->store) {
+        kvt_store_get_stats(d->store, &d->last);
+        if (d->last.failed > d->seen_failed && d->mode == KVT_CHAT_SSD_READ_WRITE)
+            (void)ssd_flush_locked(d); /* learns the cause */
+    }
+    ssd_status(d, st);
+    pthread_mutex_unlock(&d->mu);
+}
+
+KVT_API int kvt_chat_ssd_close(kvt_chat_ssd *d, kvt_chat_ssd_status *st)
+{
+    if (!d) {
+        if (st)
+            memset(st, 0, sizeof *st);
+        return 0;
+    }
+    int ret = 0;
+    pthread_mutex_lock(&d->mu);
+    if (d->store) {
+        (void)ssd_flush_locked(d);
+        pthread_mutex_unlock(&d->mu);
+        int rc = kvt_store_close(d->store); /* nothing queued: says what failed since the flush */
+        pthread_mutex_lock(&d->mu);
+        d->store = NULL;
+        if (disk_error(rc))
+            ssd_trip(d, rc, kvt_last_error());
+        else if (rc == KVT_ETOOBIG)
+            d->too_big = 1;
+    }
+    if (d->too_big)
+        ret = KVT_ETOOBIG;
+    ssd_status(d, st);
+    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_destroy(&d->mu);
+    free(d->root);
+    free(d);
+    return ret;
 }

@@ -243,7 +243,8 @@ typedef struct kvt_chat_identity {
  * file) and over the whole tokenizer file (read in 1 MiB pieces). Two
  * checkpoints that differ in any byte get different ids.
  * @param tok_path the tokenizer file, or NULL (then tokenizer_hash is "").
- * @return 0; KVT_EINVAL (NULL m or out); -errno naming the tokenizer file.
+ * @return 0; KVT_EINVAL (NULL m or out; a tokenizer that is not a regular
+ *   file: a FIFO or a device may never end); -errno naming the tokenizer file.
  * Thread-safe (reads only). */
 KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, kvt_chat_identity *out);
 
@@ -258,6 +259,76 @@ KVT_API int kvt_chat_identity_compute(const kvt_model *m, const char *tok_path, 
  *   errors (-errno naming the directory). */
 KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *id, const char *root,
                                 uint64_t max_bytes, int verify, kvt_store **out);
+
+/* ---- an SSD tier that degrades instead of failing the chat ------------------------ */
+
+/** How kvt_chat_ssd_open attaches the SSD tier. Zero-initialise, then set. */
+typedef struct kvt_chat_ssd_opts {
+    uint64_t max_bytes;      /* budget over the root (0 = unlimited) */
+    int verify;              /* strict restores (SHA-256 too) */
+    uint64_t lock_wait_ms;   /* how long open may wait for a lock another
+                                process holds on the directory; 0 = 1000 ms */
+    const kvt_store_io *io;  /* write layer (tests inject ENOSPC); NULL = real */
+} kvt_chat_ssd_opts;
+
+/** What the SSD tier of a chat is doing. */
+typedef enum kvt_chat_ssd_mode {
+    KVT_CHAT_SSD_READ_WRITE = 0, /* healthy */
+    KVT_CHAT_SSD_READ_ONLY,      /* found and restored from, never written again */
+    KVT_CHAT_SSD_OFF,            /* not used at all: every lookup misses */
+} kvt_chat_ssd_mode;
+
+/** A snapshot of the tier's state (kvt_chat_ssd_poll). */
+typedef struct kvt_chat_ssd_status {
+    kvt_chat_ssd_mode mode;
+    char cause[600];          /* why it degraded ("" while read-write): names the
+                                 directory and the system's reason */
+    int warn;                 /* 1 exactly once: the first poll after it degraded */
+    uint64_t open_failures;   /* 1 when the directory could not be opened */
+    uint64_t write_failures;  /* writes that failed (the store's count, and
+                                 synchronous writes that returned an error) */
+    uint64_t writes_skipped;  /* writes not attempted once degraded */
+    uint64_t entries;         /* entries indexed on disk */
+    uint64_t restores;        /* entries restored from disk */
+} kvt_chat_ssd_status;
+
+typedef struct kvt_chat_ssd kvt_chat_ssd;
+
+/** Opens the SSD tier of a chat under `root` (kvt_chat_store_open's identity)
+ * so that a disk the user expects to work never ends the chat: when the
+ * directory cannot be created, opened or locked for writing (another user's
+ * files, a read-only mount, a lock another process holds for longer than
+ * lock_wait_ms) it is opened read-only (the store's read_only option: what
+ * it holds is found and restored, nothing is written) and the tier starts
+ * READ_ONLY, or OFF when even that fails, with the cause; when a write fails later
+ * (a full disk, the directory deleted, a directory where a shard file should
+ * be) it turns READ_ONLY: later writes are skipped (counted), lookups and
+ * restores go on (a failing restore is a miss, the prefix is recomputed).
+ * Replies never depend on it: what is read back is checked by the store.
+ * @param out receives the tier; free it with kvt_chat_ssd_close() after the
+ *   service using it is closed.
+ * @return 0 (also when the tier starts OFF: see kvt_chat_ssd_poll);
+ *   KVT_EINVAL (NULL model, identity, root or out; an empty root);
+ *   KVT_ENOMEM. */
+KVT_API int kvt_chat_ssd_open(const kvt_model *m, const kvt_chat_identity *id, const char *root,
+                              const kvt_chat_ssd_opts *o, kvt_chat_ssd **out);
+
+/** Fills *tier with the cold-tier table over `d` (borrowed, valid until
+ * kvt_chat_ssd_close): the store's own functions, with writes skipped once
+ * the tier degraded and every write failure recorded. Thread-safe. */
+KVT_API void kvt_chat_ssd_tier(kvt_chat_ssd *d, kvt_cold_tier *tier);
+
+/** Checks for write-behind failures since the last call (when the store
+ * counted one, waits for its queue to learn the cause and turns READ_ONLY),
+ * then fills *st. Call it between turns and before reporting. Thread-safe. */
+KVT_API void kvt_chat_ssd_poll(kvt_chat_ssd *d, kvt_chat_ssd_status *st);
+
+/** Closes the store (flushing what can still be written), then a last poll
+ * into *st (may be NULL), then frees d. NULL is a no-op. @return 0, or
+ * KVT_ETOOBIG when an entry was larger than the whole max_bytes budget (not
+ * a degradation: that entry alone was not kept). Other write failures are a
+ * degradation reported in *st, never an error. */
+KVT_API int kvt_chat_ssd_close(kvt_chat_ssd *d, kvt_chat_ssd_status *st);
 
 /* ---- helpers of the chat command and benchmark ----------------------------------------- */
 

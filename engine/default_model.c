@@ -9,7 +9,7 @@
 #include "model.h"
 #include "tokenizer.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -12,7 +12,7 @@
 #include "kernels.h"
 #include "pool.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <cblas.h>
 #include <math.h>

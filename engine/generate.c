@@ -8,7 +8,7 @@
  */
 #include "generate.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <string.h>

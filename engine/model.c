@@ -8,7 +8,7 @@
  */
 #include "model_internal.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

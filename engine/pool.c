@@ -11,7 +11,7 @@
  */
 #include "pool.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -8,7 +8,7 @@
  */
 #include "sampler.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
  */
 #include "seq.h"
 
-#include "../src/internal.h"
+#include "internal.h"
 
 #include <string.h>
 

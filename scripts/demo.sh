@@ -39,3 +39,59 @@ else
     echo "== (the stories260K part is skipped: $shared/data/models/stories260K.bin or tok512.bin is missing;"
     echo "   export KVT_SHARED_DIR=DIR to point at the directory that holds data/models)"
 fi
+
+# kvtier serve: the same job behind an OpenAI-compatible endpoint. A 3-turn
+# chat with curl: each request re-sends the whole conversation (the reply is
+# spliced back as the JSON string the server sent), and usage reports
+# prompt_tokens_details.cached_tokens, the prefix the cache served.
+echo
+if [ -f "$shared/data/models/stories260K.bin" ] && [ -f "$shared/data/models/tok512.bin" ]; then
+    serve_model="--model $shared/data/models/stories260K.bin --tokenizer $shared/data/models/tok512.bin"
+    echo "== kvtier serve (stories260K) on a free loopback port, a 3-turn chat with curl"
+else
+    serve_model=""
+    echo "== kvtier serve (built-in default model) on a free loopback port, a 3-turn chat with curl"
+fi
+if ! command -v curl >/dev/null 2>&1; then
+    echo "   (skipped: curl is not installed)"
+    exit 0
+fi
+# shellcheck disable=SC2086
+"$KVT" serve $serve_model --port 0 2>"$dir/serve.log" &
+serve_pid=$!
+trap 'kill "$serve_pid" 2>/dev/null; rm -rf "$dir"' EXIT INT TERM
+port=
+for _ in $(seq 600); do
+    if grep -q 'ready, model' "$dir/serve.log" 2>/dev/null; then
+        port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$dir/serve.log")
+        break
+    fi
+    kill -0 "$serve_pid" 2>/dev/null || break
+    sleep 0.1
+done
+if [ -z "$port" ]; then
+    cat "$dir/serve.log"
+    echo "kvtier serve did not start" >&2
+    exit 1
+fi
+echo "   $(head -1 "$dir/serve.log" | sed 's/^kvtier serve: //')"
+history=
+n=0
+for q in "Hello! Can you tell me a short story about a cat?" "What was the name of the cat?" "Where did the cat live?"; do
+    n=$((n + 1))
+    history="$history${history:+,}{\"role\":\"user\",\"content\":\"$q\"}"
+    out=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d "{\"messages\":[$history],\"temperature\":0,\"max_tokens\":40}")
+    reply=$(printf '%s' "$out" | sed -n 's/.*"message":{"role":"assistant","content":\("\([^"\\]\|\\.\)*"\)}.*/\1/p')
+    cached=$(printf '%s' "$out" | sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p')
+    prompt=$(printf '%s' "$out" | sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p')
+    ttft=$(printf '%s' "$out" | sed -n 's/.*"ttft_ms":\([0-9.]*\).*/\1/p')
+    echo "   turn $n: $reply"
+    echo "   turn $n: prompt_tokens $prompt, cached_tokens $cached, ttft $ttft ms"
+    history="$history,{\"role\":\"assistant\",\"content\":$reply}"
+done
+echo "   GET /metrics (excerpt):"
+curl -s "http://127.0.0.1:$port/metrics" | grep -E '^kvtier_(prefix_cache_(queries|hits)_total|cached_tokens_total)' | sed 's/^/     /'
+kill -TERM "$serve_pid"
+wait "$serve_pid"
+echo "   $(tail -1 "$dir/serve.log" | sed 's/^kvtier serve: //')"

@@ -22,6 +22,12 @@
 
 #define MB ((size_t)1 << 20)
 
+/* The eviction, relieve, reclaim and demote_idle rules below are checked on
+ * their own, as the only way state reaches the cold tier: those tests turn
+ * write-behind off (the default writes every put at once: that rule is
+ * tested in test_durability.c). */
+#define EVICTION_ONLY KVT_PC_NO_WRITE_BEHIND
+
 static kvt_prompt_cache *mk(size_t max_bytes, const kvt_cold_tier *cold, uint32_t flags)
 {
     kvt_prompt_cache_config cfg = {.max_bytes = max_bytes, .block_tokens = 4, .cold = cold, .flags = flags};
@@ -336,7 +342,7 @@ static void test_r06_spill_on_eviction_and_failure(void **state)
     (void)state;
     mem_tier *mt;
     assert_int_equal(mem_tier_create(&mt), 0);
-    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), 0);
+    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), EVICTION_ONLY);
     int32_t a[8], b[8];
     pcu_seq(a, 8, 10);
     pcu_seq(b, 8, 50);
@@ -383,7 +389,7 @@ static void test_r06_pending_write_blocks_eviction(void **state)
     assert_int_equal(mem_tier_create(&mt), 0);
     mem_tier_manual_spills(mt, 1);
     const kvt_cold_tier *tier = mem_tier_iface(mt);
-    kvt_prompt_cache *pc = mk(64 * MB, tier, KVT_PC_EVICT_ONLY_DURABLE);
+    kvt_prompt_cache *pc = mk(64 * MB, tier, KVT_PC_EVICT_ONLY_DURABLE | EVICTION_ONLY);
     int32_t a[8];
     pcu_seq(a, 8, 10);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
@@ -435,7 +441,7 @@ static void test_r07_relieve(void **state)
     mem_tier *mt;
     assert_int_equal(mem_tier_create(&mt), 0);
     relieve_mt = mt;
-    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), 0);
+    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), EVICTION_ONLY);
     int32_t t[4][8];
     for (int i = 0; i < 4; i++) {
         pcu_seq(t[i], 8, 100 * i);
@@ -464,7 +470,7 @@ static void test_r08_reclaim_no_io(void **state)
     (void)state;
     mem_tier *mt;
     assert_int_equal(mem_tier_create(&mt), 0);
-    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), 0);
+    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), EVICTION_ONLY);
     int32_t t[3][8];
     for (int i = 0; i < 3; i++) {
         pcu_seq(t[i], 8, 100 * i);
@@ -506,7 +512,7 @@ static void test_r09_demote_idle(void **state)
 
     mem_tier *mt;
     assert_int_equal(mem_tier_create(&mt), 0);
-    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), 0);
+    kvt_prompt_cache *pc = mk(64 * MB, mem_tier_iface(mt), EVICTION_ONLY);
     for (int i = 0; i < 3; i++)
         assert_int_equal(pcu_put_fresh(pc, "", t[i], 8, "k", NULL), 0);
     kvt_lease *pin;

@@ -124,6 +124,66 @@ static void test_untrimmable_cold_tail_dropped(void **state)
     mem_tier_destroy(mt);
 }
 
+/* A custom cold tier whose find does not cap at n - 1: it reports the whole
+ * prompt when it holds all of it. */
+static kvt_cold_tier g_inner;
+static int whole_prompt_find(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    int rc = g_inner.find(self, prompt, n, ns, out);
+    if (rc == 0 && out->n_tokens >= n)
+        out->prefix_len = n;
+    return rc;
+}
+
+/* The prompt cache checks what a cold tier claims itself, whatever the
+ * tier's own index checked: a hit covering the whole prompt (no token left
+ * to run) is never served, and an entry with an attachment found at a length
+ * shorter than its tokens (it cannot be cut back) is dropped and the RAM
+ * candidate serves. */
+static void test_cold_claims_checked(void **state)
+{
+    (void)state;
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    g_inner = *mem_tier_iface(mt);
+    kvt_cold_tier tier = g_inner;
+    tier.find = whole_prompt_find;
+    kvt_prompt_cache_config cfg = {.max_bytes = 64 * MB, .cold = &tier};
+    kvt_prompt_cache *pc = NULL;
+    assert_int_equal(kvt_prompt_cache_create(&cfg, &pc), 0);
+    int32_t t[16];
+    pcu_seq(t, 16, 1);
+    tier_put(mt, "", t, 10, "k");
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_take(pc, t, 10, "", NULL, &h), 0);
+    assert_true(h.prefix_len <= 9);
+    assert_int_not_equal(h.source, KVT_HIT_COLD);
+    kvt_hit_dispose(&h);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+
+    /* an attachment: untrimmable even though its kv layer could be cut */
+    assert_int_equal(mem_tier_create(&mt), 0);
+    mem_tier_loose_find(mt, 1);
+    pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 6, "k", NULL), 0);
+    kvt_entry e;
+    assert_int_equal(kvt_entry_init(&e, "", t, 12, 1, 1), 0);
+    assert_int_equal(pcu_fresh("k", e.caches, t, 12), 0);
+    assert_int_equal(kvt_attachment_blob("draft.hidden", "state", 5, &e.attachments[0]), 0);
+    assert_int_equal(mem_tier_insert(mt, &e), 0);
+    int32_t p[14];
+    memcpy(p, t, sizeof p);
+    p[9] = -1; /* diverges at 9: the cold entry would need a trim */
+    assert_int_equal(kvt_prompt_cache_take(pc, p, 14, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_RAM);
+    assert_int_equal(h.prefix_len, 6);
+    kvt_hit_dispose(&h);
+    assert_int_equal(pcu_stats(pc).cold_unusable, 1);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+}
+
 static void test_promotion(void **state)
 {
     (void)state;
@@ -414,6 +474,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cold_only_when_strictly_longer),
         cmocka_unit_test(test_untrimmable_cold_tail_dropped),
+        cmocka_unit_test(test_cold_claims_checked),
         cmocka_unit_test(test_promotion),
         cmocka_unit_test(test_prefetch_coalesces_and_pins),
         cmocka_unit_test(test_prefetch_session_and_refusal),

@@ -23,6 +23,7 @@
 #include "kvtier/cache.h"
 #include "kvtier/store.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -234,6 +235,49 @@ static void supersede_prefixes(void **state)
     assert_int_equal(kvt_store_find(s, t, 11, "", &hit), 0); /* served by the 40-token entry */
     assert_int_equal(hit.prefix_len, 10);
     assert_int_equal(hit.n_tokens, 40);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* An entry with an attachment is untrimmable: it supersedes none of its
+ * kv-only ancestors, and the store never reports a usable prefix inside it
+ * (only a prompt extending all of its tokens uses it). */
+static void attachment_entry_rules(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "attrules");
+    store_cfg with_att = CFG;
+    with_att.attach = 16; /* same layers, same identity */
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[24];
+    pcu_seq(t, 24, 5);
+    put_tokens(s, &f.cfg, "", t, 10);
+    put_tokens(s, &with_att, "", t, 20);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.superseded, 0);
+    assert_int_equal(st.entries, 2);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    int32_t q[16];
+    memcpy(q, t, sizeof q);
+    q[15] = -1; /* shares 15 tokens with the attachment entry */
+    assert_int_equal(kvt_store_find(s, q, 16, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 10); /* the kv-only ancestor, not 15 inside the other */
+    assert_int_equal(hit.n_tokens, 10);
+    assert_int_equal(kvt_store_find(s, t, 21, "", &hit), 0); /* extends all of it */
+    assert_int_equal(hit.prefix_len, 20);
+    assert_int_equal(hit.n_tokens, 20);
+    kvt_entry e;
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 21, &e), 0);
+    assert_int_equal(e.n_attachments, 1);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    /* the same after a scan rebuilt the index */
+    s = fx_open(&f, NULL);
+    assert_int_equal(kvt_store_find(s, q, 16, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 10);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);
 }
@@ -606,6 +650,12 @@ static void rewrite_header(const char *path, const char *field, uint64_t hlen_ov
         }
     } else if (!strcmp(field, "identity")) {
         json_object_set_new(json_object_get(root, "__metadata__"), "identity", json_string("{\"model\":\"other\"}"));
+    } else if (!strcmp(field, "sha256-last")) { /* the digest's last hex digit changed */
+        json_t *m = json_object_get(root, "__metadata__");
+        char sha[65];
+        snprintf(sha, sizeof sha, "%s", json_string_value(json_object_get(m, "sha256")));
+        sha[63] = sha[63] == '0' ? '1' : '0';
+        json_object_set_new(m, "sha256", json_string(sha));
     } else if (!strcmp(field, "dtype")) {
         const char *k;
         json_t *v;
@@ -964,6 +1014,42 @@ static void budget_lru(void **state)
     store_rmtree(f.root);
 }
 
+/* While another identity's store holds its directory open (so none of its
+ * files may go), a write that takes the root over budget must not evict the
+ * entry it just wrote: it stays indexed and restorable, the budget is simply
+ * exceeded until something evictable appears. */
+static void budget_keeps_new_entry_beside_open_store(void **state)
+{
+    (void)state;
+    fx a;
+    fx_init(&a, &CFG, "budget-open");
+    fx b = a;
+    store_identity(&CFG, "model-b", b.fp, &b.id);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_store *sb = fx_open(&b, NULL);
+    put_tokens(sb, &b.cfg, "", t, 10);
+    kvt_store_stats st;
+    kvt_store_get_stats(sb, &st);
+    uint64_t b_bytes = st.bytes;
+    assert_true(b_bytes > 0);
+    /* room for one such entry and a half: A's entry (as large as B's) fits
+     * alone, not beside B */
+    kvt_store_options o = {.max_bytes = b_bytes * 3 / 2};
+    kvt_store *sa = fx_open(&a, &o);
+    put_tokens(sa, &a.cfg, "", t, 10);
+    kvt_store_get_stats(sa, &st);
+    assert_int_equal(st.evicted, 0);
+    assert_int_equal(st.entries, 1);
+    assert_int_equal(kvt_store_contains(sa, t, 10, ""), 1);
+    expect_restores(sa, &a.cfg, "", t, 10);
+    assert_int_equal(kvt_store_contains(sb, t, 10, ""), 1); /* and B's is untouched */
+    expect_restores(sb, &b.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(sa), 0);
+    assert_int_equal(kvt_store_close(sb), 0);
+    store_rmtree(a.root);
+}
+
 static void budget_foreign_idle(void **state)
 {
     (void)state;
@@ -1168,6 +1254,195 @@ static void out_of_memory(void **state)
     store_rmtree(f.root);
 }
 
+/* Under verify the whole SHA-256 is compared: a digest that differs only in
+ * its last byte is refused (the payload and its XXH3-128 are intact, so only
+ * the verified restore and `store verify` can see it). */
+static void verify_sha256_last_byte(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "shalast");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "sha256-last", 0);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_cold_hit hit;
+    kvt_entry e;
+    kvt_store *s = fx_open(&f, NULL); /* without verify: XXH3-128 only, served */
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), 0);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_store_close(s), 0);
+    walk_acc a = {0};
+    assert_int_equal(kvt_store_walk(f.root, 1, walk_count, &a), 0); /* store verify */
+    assert_int_equal(a.checksum, 1);
+    kvt_store_options o = {.verify = 1};
+    s = fx_open(&f, &o);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* A block shard written by another identity (its key is consistent with its
+ * own identity) planted in this identity's directory is refused at scan,
+ * counted as identity, and never indexed. */
+static void refused_block_of_other_identity(void **state)
+{
+    (void)state;
+    fx a;
+    fx_init(&a, &CFG, "blkid");
+    fx b = a;
+    store_identity(&CFG, "model-b", b.fp, &b.id);
+    char pa[1200], pb[1200];
+    one_entry(&a, NULL, pa, sizeof pa);
+    one_entry(&b, NULL, pb, sizeof pb);
+    *strrchr(pa, '/') = '\0';
+    *strrchr(pb, '/') = '\0';
+    int planted = 0;
+    DIR *d = opendir(pb);
+    assert_non_null(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] != 'b')
+            continue;
+        char cmd[3000];
+        snprintf(cmd, sizeof cmd, "cp '%s/%s' '%s/'", pb, de->d_name, pa);
+        assert_int_equal(system(cmd), 0);
+        planted++;
+    }
+    closedir(d);
+    assert_int_equal(planted, 2);
+    kvt_store *s = fx_open(&a, NULL);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_IDENTITY], 2);
+    assert_int_equal(st.blocks, 2); /* its own two */
+    assert_int_equal(st.entries, 1);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    expect_restores(s, &a.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(a.root);
+}
+
+/* ---- durability order ----------------------------------------------------------- */
+
+/* A write layer that records, at every fsync, what it was of: a file still
+ * under its temporary name ("F:<final name>"), a file under another name
+ * ("X:<name>": synced after its rename), or the directory ("D:" and the
+ * shard names then present). */
+typedef struct order_rec {
+    char ev[32][640];
+    int n;
+} order_rec;
+
+static ssize_t rec_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off)
+{
+    (void)ctx;
+    return pwrite(fd, buf, n, off);
+}
+
+static int rec_fsync(void *ctx, int fd)
+{
+    order_rec *r = ctx;
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    char *ev = r->n < 32 ? r->ev[r->n++] : NULL;
+    if (ev && S_ISDIR(st.st_mode)) {
+        snprintf(ev, 640, "D:");
+        DIR *d = fdopendir(dup(fd));
+        assert_non_null(d);
+        rewinddir(d);
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (strstr(de->d_name, ".safetensors") && de->d_name[0] != '.')
+                snprintf(ev + strlen(ev), 640 - strlen(ev), "%s ", de->d_name);
+        closedir(d);
+    } else if (ev) {
+        char link[64], target[4096];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        assert_true(k > 0);
+        target[k] = '\0';
+        const char *base = strrchr(target, '/') + 1;
+        if (!strncmp(base, ".tmp.", 5)) { /* .tmp.<pid>.<seq>.<final> */
+            const char *fin = strchr(strchr(base + 5, '.') + 1, '.') + 1;
+            snprintf(ev, 640, "F:%s", fin);
+        } else {
+            snprintf(ev, 640, "X:%s", base);
+        }
+    }
+    return fsync(fd);
+}
+
+static int find_event(const order_rec *r, int from, const char *prefix, const char *has, const char *lacks)
+{
+    for (int i = from; i < r->n; i++)
+        if (!strncmp(r->ev[i], prefix, strlen(prefix)) && (!has || strstr(r->ev[i], has)) &&
+            (!lacks || !strstr(r->ev[i], lacks)))
+            return i;
+    return -1;
+}
+
+/* The put protocol, seen through the write layer: every shard is fsync'd
+ * under its temporary name (before its rename), the block shards are
+ * renamed and the directory fsync'd before the entry shard is renamed, and
+ * the directory is fsync'd again once the entry is under its final name. A
+ * SIGKILL keeps the page cache, so only this order shows what a power loss
+ * would leave. */
+static void durability_order(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "order");
+    order_rec rec = {.n = 0};
+    kvt_store_io io = {rec_pwrite, rec_fsync, &rec};
+    kvt_store_options o = {.io = &io};
+    kvt_store *s = fx_open(&f, &o);
+    rec.n = 0; /* what open wrote is not the put's */
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    put_tokens(s, &f.cfg, "", t, 10); /* two full blocks and the entry */
+    char entry[256];
+    assert_int_equal(store_first_file(kvt_store_dir(s), "e", entry, sizeof entry), 0);
+    char *blocks[2];
+    int nb = 0;
+    DIR *d = opendir(kvt_store_dir(s));
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] == 'b' && nb < 2)
+            blocks[nb++] = strdup(de->d_name);
+    closedir(d);
+    assert_int_equal(nb, 2);
+    for (int i = 0; i < rec.n; i++)
+        if (rec.ev[i][0] == 'X')
+            fail_msg("fsync of %s after its rename", rec.ev[i] + 2);
+    char want[300];
+    snprintf(want, sizeof want, "F:%s", entry);
+    int fe = find_event(&rec, 0, want, NULL, NULL);
+    assert_true(fe >= 0); /* the entry was synced under its temporary name */
+    for (int b = 0; b < 2; b++) {
+        snprintf(want, sizeof want, "F:%s", blocks[b]);
+        int fb = find_event(&rec, 0, want, NULL, NULL);
+        assert_true(fb >= 0);
+        /* a directory fsync with the block renamed and the entry not yet */
+        int db = find_event(&rec, fb + 1, "D:", blocks[b], entry);
+        if (db < 0)
+            fail_msg("no directory fsync after %s was renamed and before %s was", blocks[b], entry);
+        free(blocks[b]);
+    }
+    if (find_event(&rec, fe + 1, "D:", entry, NULL) < 0)
+        fail_msg("no directory fsync after %s was renamed", entry);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1176,6 +1451,7 @@ int main(void)
         cmocka_unit_test(shared_prefix_stored_once),
         cmocka_unit_test(supersede_prefixes),
         cmocka_unit_test(objects_and_attachments),
+        cmocka_unit_test(attachment_entry_rules),
         cmocka_unit_test(reopen_and_temp_cleanup),
         cmocka_unit_test(fault_enospc),
         cmocka_unit_test(fault_eio),
@@ -1183,6 +1459,7 @@ int main(void)
         cmocka_unit_test(fault_lying_write),
         cmocka_unit_test(fault_fsync),
         cmocka_unit_test(fault_pipelined_blocks),
+        cmocka_unit_test(durability_order),
         cmocka_unit_test(write_behind_failure_counts),
         cmocka_unit_test(lookup_while_pending),
         cmocka_unit_test(async_restore),
@@ -1192,11 +1469,14 @@ int main(void)
         cmocka_unit_test(refused_malformed),
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
+        cmocka_unit_test(verify_sha256_last_byte),
+        cmocka_unit_test(refused_block_of_other_identity),
         cmocka_unit_test(walk_verify_and_gc),
         cmocka_unit_test(entry_file_removed),
         cmocka_unit_test(gc_cannot_remove),
         cmocka_unit_test(budget_lru),
         cmocka_unit_test(budget_foreign_idle),
+        cmocka_unit_test(budget_keeps_new_entry_beside_open_store),
         cmocka_unit_test(cold_tier_table),
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(out_of_memory),

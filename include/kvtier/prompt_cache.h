@@ -33,6 +33,20 @@
  * lock (over_budget, pressure, the tier's find/find_exact/pending/store) must
  * not call into the cache.
  *
+ * Write-behind (the default with a cold tier that has `spill`): every entry
+ * put is handed to the tier's spill at once (zero-copy views, after the lock
+ * is dropped; the caller never waits on I/O), so a process killed at any
+ * moment loses at most what is still in the tier's queue. An entry the tier
+ * already holds or has queued (find_exact / pending) is not queued again. A
+ * refused write-behind (the tier's queue is full, bounded in bytes) is a
+ * counted drop, and that entry is spilled when it leaves RAM, as every entry
+ * was before write-behind. Leaving RAM (eviction, close) writes nothing for
+ * an entry the tier holds or has queued: counted in durable_evictions. When
+ * a trimmable put supersedes shorter entries whose writes are still queued,
+ * those writes are withdrawn (tier->withdraw) once the new one is queued.
+ * Entries restored from the tier (promotions, prefetch) are not written
+ * back. KVT_PC_NO_WRITE_BEHIND keeps the older rule: spill only on eviction.
+ *
  * Block-granular eviction (a kvt_block_policy in the config) cuts resident
  * entries back in place; kvt_prompt_cache_trim() is that primitive.
  */
@@ -63,10 +77,17 @@ typedef struct kvt_lease kvt_lease;
 #define KVT_PC_PROMOTE_RESTORES 0x1u
 /** Tier policy: never evict (nor demote, nor reclaim) an
  * entry whose lower-tier write is still pending (tier->pending says 1): a
- * pending write is not a copy. Eviction stops at such a victim (the cache may
- * stay over budget until the write lands). Eviction then spills only entries
- * the tier does not already hold (tier->find_exact). */
+ * pending write is not a copy, even when the tier serves lookups from its
+ * queue meanwhile. Eviction stops at such a victim (the cache may stay over
+ * budget until the write lands). Eviction then spills only entries the tier
+ * does not already hold (tier->find_exact). With write-behind most victims
+ * were written long before they are evicted, so eviction rarely stops. */
 #define KVT_PC_EVICT_ONLY_DURABLE 0x2u
+/** Turns write-behind off: entries reach the cold tier only when they leave
+ * RAM (eviction, oversize puts), and eviction spills an entry the tier holds
+ * again unless KVT_PC_EVICT_ONLY_DURABLE is set. For tiers whose writes are
+ * costly enough that only evicted state should be written. */
+#define KVT_PC_NO_WRITE_BEHIND 0x4u
 
 typedef struct kvt_prompt_cache_config {
     size_t max_bytes;                   /* RAM budget in bytes; 0 keeps nothing */
@@ -97,7 +118,8 @@ typedef struct kvt_prompt_cache_config {
 KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prompt_cache **out);
 
 /** Waits for in-flight prefetch reads, then frees every entry (without
- * spilling; release hooks run once their views are gone) and the cache.
+ * spilling; queued write-behind completes in the tier; release hooks run
+ * once their views are gone) and the cache.
  * Every lease must have been released and no other thread may use the cache
  * during or after the call. NULL is a no-op. */
 KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc);
@@ -178,10 +200,20 @@ KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, i
  * whose tokens are a strict prefix of it (and that it can be trimmed back
  * to) are superseded: dropped without spill. An untrimmable entry supersedes
  * nothing. Then entries are evicted to the budget (spilling each to the cold
- * tier: write-behind, a refused spill is no spill). An entry whose own
- * bytes exceed max_bytes is spilled to the cold tier and dropped (success;
- * counted in oversize_drops). `session`
+ * tier that does not hold it yet: write-behind, a refused spill is no
+ * spill). An entry whose own bytes exceed max_bytes is spilled to the cold
+ * tier and dropped (success; counted in oversize_drops). `session`
  * (borrowed, may be NULL) then points at the new entry for ns.
+ *
+ * Write-behind (a cold tier with spill, KVT_PC_NO_WRITE_BEHIND not set):
+ * after the lock is dropped, zero-copy views of the kept entry are handed to
+ * the tier's spill before put returns (never waiting on I/O): counted in
+ * write_behind_queued; refused (queue full): write_behind_dropped, and the
+ * entry is spilled when it leaves RAM instead; an entry the tier already
+ * holds or has pending (an equal-token replacement, a prefix re-published
+ * after a restart) is not queued again: write_behind_skipped. Then queued
+ * writes of the entries it superseded are withdrawn (tier->withdraw):
+ * write_behind_withdrawn.
  *
  * @return 0; KVT_EINVAL (NULL pc/e/ns, n_tokens < 0, tokens NULL with
  * n_tokens > 0, a NULL cache or attachment slot, a cache whose offset is not
@@ -240,6 +272,9 @@ typedef int (*kvt_over_budget_fn)(void *ctx);
  * the retention victim: its write to the cold tier (tier->store) finishes
  * NOW, under the cache lock, then its buffers are released. If a write
  * fails, stops and keeps that entry (a failed write is never a demotion).
+ * An entry the tier already holds durably (with write-behind the usual
+ * case: found, no write pending) is released without writing it again
+ * (durable_evictions); one whose write is still pending is written now.
  * Without a cold tier entries are released without a write. Call under the
  * engine lock, after taking the request's prefix. over_budget runs under the
  * cache lock and must not call into the cache.
@@ -263,7 +298,9 @@ KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pr
  * call; any other is written with tier->store OUTSIDE the cache lock (a
  * zero-copy clone is written) and dropped once that write succeeds (still
  * resident and unpinned by then); a failed write keeps it (never counted as
- * a demotion). No-op without a cold tier.
+ * a demotion). With write-behind, an idle entry's write was queued when it
+ * was put, so it usually leaves at once, unwritten (durable_evictions).
+ * No-op without a cold tier.
  * @param n_out optional: entries that left RAM (counted as demotions).
  * @return 0 or KVT_EINVAL. */
 KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms, int64_t *n_out);
@@ -333,7 +370,8 @@ KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, 
 
 /** Drops every entry and session (no spill), advances the epoch so reads in
  * flight are discarded, keeps counters. Pinned entries are dropped too (their
- * leases then pin nothing). */
+ * leases then pin nothing). Writes write-behind already queued are not
+ * withdrawn: they complete in the tier. */
 KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
 
 /** Counters and occupancy. A consistent snapshot. */
@@ -350,7 +388,19 @@ typedef struct kvt_prompt_cache_stats {
     uint64_t prefetch_coalesced;         /* prefetches joined to a read */
     uint64_t prefetch_discarded;         /* reads discarded by a clear */
     uint64_t evictions;                  /* entries evicted for the budget */
-    uint64_t spills, spill_failures;     /* spills accepted / refused */
+    uint64_t spills, spill_failures;     /* spills accepted / refused when
+                                            entries leave RAM */
+    uint64_t write_behind_queued;        /* puts handed to the tier at once */
+    uint64_t write_behind_dropped;       /* refused by the tier (queue full or
+                                            error): spilled on leaving RAM */
+    uint64_t write_behind_skipped;       /* puts the tier already held or had
+                                            pending: nothing queued */
+    uint64_t write_behind_withdrawn;     /* queued writes of superseded entries
+                                            the tier withdrew */
+    uint64_t durable_evictions;          /* entries that left RAM (evict,
+                                            relieve, demote_idle, close)
+                                            with nothing written: the tier
+                                            held them or had them pending */
     uint64_t demotions;                  /* relieve + demote_idle + reclaim */
     uint64_t replacements, supersedes, oversize_drops;
     uint64_t block_cuts;                 /* entries cut back by block-granular
@@ -363,8 +413,9 @@ typedef struct kvt_prompt_cache_stats {
     uint64_t epoch;                      /* advanced by clear */
 } kvt_prompt_cache_stats;
 
-/** Fills *out with a snapshot taken under the cache's lock (spills and
- * spill_failures, counted off-lock, are read just after it). NULL arguments
+/** Fills *out with a snapshot taken under the cache's lock (spills,
+ * spill_failures and the write_behind_* counters, counted off-lock, are read
+ * just after it). NULL arguments
  * are a no-op. */
 KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out);
 

@@ -97,7 +97,16 @@ typedef struct kvt_service_config {
     void *pressure_ctx;
     /** Optional cold tier under the prompt cache (the SSD store): the table
      * is copied, its `self` is borrowed and must outlive the service (close
-     * the service before the store). NULL: RAM only. */
+     * the service before the store). NULL: RAM only.
+     * Write-behind, always on with a cold tier that has `spill`: every state
+     * kvt_service_publish keeps is queued for the tier at once (zero-copy
+     * views; publish never waits on I/O), so a process killed at any moment
+     * loses at most the tier's write queue, not every prefix still in RAM.
+     * The queue is the tier's and bounded in bytes: a refused write is
+     * counted (write_behind_dropped) and that state is spilled when it
+     * leaves RAM. Leaving RAM writes nothing for state the tier already
+     * holds (durable_evictions); state whose write is still pending is not
+     * evicted (a pending write is not a copy). */
     const kvt_cold_tier *cold;
     /** With a cold tier: RAM entries idle this long (milliseconds) leave RAM
      * once the cold tier holds them (`kvtier chat --demote-idle MS`),
@@ -224,7 +233,8 @@ KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *adm);
 
 /** Offers state covering tokens[0..n_tokens) for reuse in the request's
  * namespace and session; the prompt cache keeps or drops it by its budget
- * and retention policy.
+ * and retention policy. With a cold tier, kept state is queued for it
+ * before publish returns (write-behind; see kvt_service_config.cold).
  *
  * Every cache must hold exactly n_tokens tokens. Ownership of the caches and
  * attachments in `st` passes to the service on success (st is zeroed); on
@@ -289,7 +299,12 @@ typedef struct kvt_service_report {
     uint64_t entries, bytes, max_bytes;
     uint64_t hits, misses, session_hits, session_misses, demotions;
     uint64_t evictions;       /* entries evicted for the RAM budget */
-    uint64_t cold_restores, spills; /* cold tier: restores that served, spills accepted */
+    uint64_t cold_restores, spills; /* cold tier: restores that served, spills accepted
+                                       for entries leaving RAM */
+    uint64_t write_behind_queued;  /* publishes queued for the cold tier at once */
+    uint64_t write_behind_dropped; /* refused (its queue full): spilled on leaving RAM */
+    uint64_t durable_evictions;    /* entries that left RAM unwritten: the cold
+                                      tier held them (or had them queued) */
     /* the service's own counters */
     uint64_t acquires;        /* kvt_service_acquire calls that succeeded */
     uint64_t reused_tokens;   /* sum of reused_tokens over those acquires */
@@ -307,7 +322,8 @@ KVT_API int kvt_service_report_get(kvt_service *svc, kvt_service_report *out);
 /** The report as one JSON document:
  *   {"prefixes": {"entries", "bytes", "max_bytes", "hits", "misses",
  *                 "session_hits", "session_misses", "demotions", "evictions",
- *                 "cold_restores", "spills"},
+ *                 "cold_restores", "spills", "write_behind_queued",
+ *                 "write_behind_dropped", "durable_evictions"},
  *    "requests": {"acquires", "reused_tokens", "publishes", "admitted",
  *                 "rejected", "waited"},
  *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)}}
@@ -317,9 +333,10 @@ KVT_API int kvt_service_report_json(kvt_service *svc, char **out);
 /** Frees a string from kvt_service_report_json(). NULL is a no-op. */
 KVT_API void kvt_service_json_free(char *s);
 
-/** Closes the service: stops idle demotion, hands every RAM entry to the
- * cold tier (if any) and flushes it (every queued write made durable, so a
- * restarted process finds the prefixes on disk), clears the prompt cache and refuses new work
+/** Closes the service: stops idle demotion, flushes the cold tier (if any),
+ * hands it every RAM entry it does not hold yet and flushes it again (every
+ * queued write made durable, so a restarted process finds the prefixes on
+ * disk), clears the prompt cache and refuses new work
  * (KVT_ECLOSED). Idempotent: a second call does nothing and returns 0 once
  * the first has finished. The flush runs without the service mutex held, so
  * kvt_service_report() and other calls answer meanwhile.

@@ -17,7 +17,11 @@
  *   find / find_exact / pending  index only, never I/O; may be called with
  *                                the prompt cache's lock held;
  *   spill                        write-behind: enqueue and return, never
- *                                block on I/O; called WITHOUT the lock;
+ *                                block on I/O; called WITHOUT the lock, for
+ *                                every entry put (kept) and for entries
+ *                                leaving RAM the tier does not hold yet;
+ *   withdraw                     drops a queued write the prompt cache no
+ *                                longer needs; called WITHOUT the lock;
  *   restore / restore_async      real reads; called WITHOUT the lock;
  *   store                        synchronous write; called without the lock
  *                                by demote_idle, and WITH it held only by
@@ -159,10 +163,13 @@ typedef struct kvt_cold_tier {
 
     /** Write-behind: takes *e, an owned entry (zero-copy views and a token
      * copy made for the tier, with a share of the release hook), queues its
-     * write and returns without blocking on I/O. Ownership passes to the
-     * tier on 0 (it calls kvt_entry_clear when the write ends, on success
-     * and failure alike); on error it stays with the caller, which disposes
-     * it: the spill degrades to no spill.
+     * write and returns without blocking on I/O. The prompt cache spills
+     * every entry it keeps when it is put, and an entry leaving RAM that
+     * the tier neither holds (find_exact) nor has pending. The queue must
+     * stay bounded: refuse with KVT_EAGAIN rather than grow without limit.
+     * Ownership passes to the tier on 0 (it calls kvt_entry_clear when the
+     * write ends, on success and failure alike); on error it stays with the
+     * caller, which disposes it: the spill degrades to no spill.
      * @return 0; KVT_EAGAIN (queue full, refused); another error.
      * Optional (NULL: the prompt cache never spills). */
     int (*spill)(void *self, kvt_entry *e);
@@ -175,6 +182,15 @@ typedef struct kvt_cold_tier {
     /** Makes every queued write durable before returning.
      * @return 0 (all durable) or the first write error. Optional. */
     int (*flush)(void *self);
+
+    /** Withdraws a queued write of exactly (ns, tokens) that has not started
+     * (the prompt cache calls it when the entry was superseded by a longer
+     * one whose write is queued behind it): the tier drops the job and
+     * releases its entry (kvt_entry_clear) before returning. Never blocks
+     * on I/O. @return 0 withdrawn; KVT_ENOTFOUND (no such queued write, or
+     * it is already being written: it completes as usual).
+     * Optional (NULL: queued writes always complete). */
+    int (*withdraw)(void *self, const int32_t *tokens, int64_t n, const char *ns);
 } kvt_cold_tier;
 
 #ifdef __cplusplus

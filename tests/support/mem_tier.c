@@ -16,6 +16,7 @@ typedef struct stored {
     uint64_t handle;
     kvt_entry e; /* owned clones */
     int pending; /* spilled, not yet written */
+    int64_t bytes; /* cache bytes while pending */
 } stored;
 
 struct mem_tier {
@@ -26,6 +27,7 @@ struct mem_tier {
     size_t n, cap;
     uint64_t next_handle;
     int fail_writes, refuse_spills, manual_spills, delay_ms, gate_closed, no_async, loose, fail_restores;
+    int queue_bytes;
     int active_async;
     mem_tier_counts c;
     atomic_int_fast64_t hooks_run;
@@ -35,6 +37,29 @@ static void hook_done(void *ctx)
 {
     mem_tier *t = ctx;
     atomic_fetch_add(&t->hooks_run, 1);
+}
+
+static int64_t entry_bytes(const kvt_entry *e)
+{
+    int64_t b = 0;
+    for (int32_t i = 0; i < e->n_caches; i++)
+        b += (int64_t)kvt_cache_bytes(e->caches[i]);
+    for (int32_t i = 0; i < e->n_attachments; i++)
+        b += (int64_t)kvt_attachment_bytes(e->attachments[i]);
+    return b;
+}
+
+/* Cache bytes and count of the pending spills; locked. */
+static int64_t pending_bytes(const mem_tier *t, int64_t *count)
+{
+    int64_t b = 0, c = 0;
+    for (size_t i = 0; i < t->n; i++)
+        if (t->v[i].pending) {
+            b += t->v[i].bytes;
+            c++;
+        }
+    *count = c;
+    return b;
 }
 
 static int clone_entry(const kvt_entry *src, kvt_entry *out)
@@ -93,11 +118,15 @@ static stored *by_handle(mem_tier *t, uint64_t h)
 /* Adds or replaces (ns, tokens) with an owned entry; locked. */
 static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
 {
+    int64_t bytes = pending ? entry_bytes(owned) : 0;
+    if (!pending)
+        t->c.writes++;
     stored *s = find_stored(t, owned->ns, owned->tokens, owned->n_tokens);
     if (s) {
         kvt_entry_clear(&s->e);
         s->e = *owned;
         s->pending = pending;
+        s->bytes = bytes;
         s->handle = ++t->next_handle;
         return 0;
     }
@@ -111,6 +140,7 @@ static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
     }
     t->v[t->n].e = *owned;
     t->v[t->n].pending = pending;
+    t->v[t->n].bytes = bytes;
     t->v[t->n].handle = ++t->next_handle;
     t->n++;
     return 0;
@@ -290,6 +320,12 @@ static int mt_spill(void *self, kvt_entry *e)
         return KVT_EAGAIN;
     }
     int rc = 0;
+    int64_t queued = 0, qbytes = pending_bytes(t, &queued);
+    if (t->manual_spills && t->queue_bytes > 0 && queued > 0 && qbytes + entry_bytes(e) > t->queue_bytes) {
+        t->c.refused_spills++;
+        pthread_mutex_unlock(&t->mu);
+        return KVT_EAGAIN; /* the bounded write-behind queue is full */
+    }
     if (t->manual_spills) {
         rc = add_locked(t, e, 1);
     } else if (t->fail_writes) {
@@ -317,6 +353,20 @@ static int mt_pending(void *self, const int32_t *tokens, int64_t n, const char *
     return p;
 }
 
+static int mt_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    mem_tier *t = self;
+    pthread_mutex_lock(&t->mu);
+    stored *s = find_stored(t, ns, tokens, n);
+    int found = s && s->pending;
+    if (found) {
+        t->c.withdrawn++;
+        remove_at(t, (size_t)(s - t->v));
+    }
+    pthread_mutex_unlock(&t->mu);
+    return found ? 0 : KVT_ENOTFOUND;
+}
+
 static int mt_flush(void *self)
 {
     mem_tier_drain(self);
@@ -338,7 +388,9 @@ int mem_tier_drain(mem_tier *t)
             continue;
         }
         t->v[i].pending = 0;
+        t->v[i].bytes = 0;
         t->c.spill_writes++;
+        t->c.writes++;
         n++;
         i++;
     }
@@ -354,7 +406,7 @@ int mem_tier_create(mem_tier **out)
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     t->iface = (kvt_cold_tier){t, mt_find, mt_find_exact, mt_restore, mt_restore_async,
-                               mt_store, mt_spill, mt_pending, mt_flush};
+                               mt_store, mt_spill, mt_pending, mt_flush, mt_withdraw};
     *out = t;
     return 0;
 }
@@ -402,6 +454,7 @@ const kvt_cold_tier *mem_tier_iface(mem_tier *t) { return &t->iface; }
 MT_SETTER(mem_tier_fail_writes, fail_writes)
 MT_SETTER(mem_tier_refuse_spills, refuse_spills)
 MT_SETTER(mem_tier_manual_spills, manual_spills)
+MT_SETTER(mem_tier_queue_bytes, queue_bytes)
 MT_SETTER(mem_tier_async_delay, delay_ms)
 MT_SETTER(mem_tier_gate, gate_closed)
 MT_SETTER(mem_tier_no_async, no_async)

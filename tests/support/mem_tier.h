@@ -1,8 +1,11 @@
 /*
  * mem_tier.h: an in-memory cold tier (kvt_cold_tier) for tests. It really
  * stores zero-copy clones of what it is given and restores clones of them;
- * counts every call; can be told to fail writes, refuse spills, hold spills
- * pending until drained, and delay or gate async reads. Thread-safe.
+ * counts every call and every write that lands; can be told to fail writes,
+ * refuse spills, hold spills pending until drained (the "durable" state is
+ * the test's to control), bound the pending spills in bytes like a real
+ * write-behind queue, and delay or gate async reads. Pending spills can be
+ * withdrawn (kvt_cold_tier.withdraw). Thread-safe.
  */
 #ifndef KVT_TEST_MEM_TIER_H
 #define KVT_TEST_MEM_TIER_H
@@ -16,6 +19,9 @@ typedef struct mem_tier mem_tier;
 typedef struct mem_tier_counts {
     int64_t finds, find_exacts, restores, async_restores, stores, spills, spill_writes;
     int64_t failed_writes, refused_spills, pendings;
+    int64_t writes;                 /* entries made durable: stores, spills
+                                       written at once or by drain */
+    int64_t withdrawn;              /* pending spills withdrawn */
     int64_t hooks_given, hooks_run; /* release hooks on restored entries */
     int64_t entries;                /* stored entries */
 } mem_tier_counts;
@@ -29,6 +35,10 @@ const kvt_cold_tier *mem_tier_iface(mem_tier *t);
 void mem_tier_fail_writes(mem_tier *t, int on);   /* store and spill writes fail KVT_EIO */
 void mem_tier_refuse_spills(mem_tier *t, int on); /* spill returns KVT_EAGAIN */
 void mem_tier_manual_spills(mem_tier *t, int on); /* spills stay pending until drain */
+/* With manual spills: a spill is refused (KVT_EAGAIN, counted in
+ * refused_spills) when the pending spills' cache bytes plus its own would
+ * exceed `bytes`, except into an empty queue (the SSD tier's rule). 0 = no bound. */
+void mem_tier_queue_bytes(mem_tier *t, int bytes);
 void mem_tier_async_delay(mem_tier *t, int ms);   /* async reads sleep first */
 void mem_tier_gate(mem_tier *t, int closed);      /* closed: async reads wait until opened */
 void mem_tier_no_async(mem_tier *t, int on);      /* restore_async refuses (KVT_EAGAIN) */

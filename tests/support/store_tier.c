@@ -32,6 +32,8 @@ struct store_tier {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refuse_spills, manual_spills, delay_ms, gate_closed, no_async, loose, fail_restores, fail_writes;
+    uint64_t queue_bytes;   /* the store's write-behind bound (0 = its default) */
+    int64_t writes_before;  /* entries written by stores closed since create */
     int active_async;
     store_tier_counts c;
     atomic_int_fast64_t hooks_run;
@@ -254,12 +256,17 @@ static int st_spill(void *self, kvt_entry *e)
         kvt_entry_clear(&copy);
         return rc;
     }
-    track(t, e);
     rc = t->inner.spill(t->inner.self, &copy);
     if (rc) {
         kvt_entry_clear(&copy);
+        if (rc == KVT_EAGAIN) { /* the store's bounded queue is full */
+            pthread_mutex_lock(&t->mu);
+            t->c.refused_spills++;
+            pthread_mutex_unlock(&t->mu);
+        }
         return rc;
     }
+    track(t, e);
     pthread_mutex_lock(&t->mu);
     if (t->n_kept == t->cap_kept) {
         size_t c = t->cap_kept ? t->cap_kept * 2 : 8;
@@ -302,15 +309,43 @@ static int st_flush(void *self)
     return 0;
 }
 
-static int open_store(store_tier *t)
+static int st_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns)
 {
-    store_tmpdir(t->root, sizeof t->root, "tiering");
+    store_tier *t = self;
+    if (!t->inner.withdraw)
+        return KVT_ENOTFOUND;
+    int rc = t->inner.withdraw(t->inner.self, tokens, n, ns);
+    if (rc == 0) {
+        pthread_mutex_lock(&t->mu);
+        t->c.withdrawn++;
+        pthread_mutex_unlock(&t->mu);
+    }
+    return rc;
+}
+
+/* Opens the store at t->root (a fresh temporary directory when `fresh`). */
+static int open_store_at(store_tier *t, int fresh)
+{
+    if (fresh)
+        store_tmpdir(t->root, sizeof t->root, "tiering");
     kvt_store_identity id = {"tiering-test", "any", "tok"};
-    kvt_store_options o = {.io = &t->io, .restore_threads = 4};
+    kvt_store_options o = {.io = &t->io, .restore_threads = 4, .queue_max_bytes = t->queue_bytes};
     int rc = t->root[0] ? kvt_store_open(t->root, &id, &o, &t->store) : KVT_EIO;
     if (!rc)
         kvt_store_cold_tier(t->store, &t->inner);
     return rc;
+}
+
+static int open_store(store_tier *t) { return open_store_at(t, 1); }
+
+/* Closes the store, remembering how many entries it wrote. */
+static void close_store(store_tier *t)
+{
+    kvt_store_stats st;
+    kvt_store_get_stats(t->store, &st);
+    t->writes_before += (int64_t)st.written;
+    kvt_store_close(t->store);
+    t->store = NULL;
 }
 
 static void release_all(store_tier *t)
@@ -328,8 +363,7 @@ static void release_all(store_tier *t)
 void store_tier_clear(store_tier *t)
 {
     store_tier_quiesce(t);
-    kvt_store_close(t->store);
-    t->store = NULL;
+    close_store(t);
     store_rmtree(t->root);
     pthread_mutex_lock(&t->mu);
     release_all(t);
@@ -396,7 +430,8 @@ int store_tier_create(store_tier **out)
                                .store = st_store,
                                .spill = st_spill,
                                .pending = st_pending,
-                               .flush = st_flush};
+                               .flush = st_flush,
+                               .withdraw = st_withdraw};
     *out = t;
     return 0;
 }
@@ -443,6 +478,18 @@ KNOB(store_tier_no_async, no_async)
 KNOB(store_tier_loose_find, loose)
 KNOB(store_tier_fail_restores, fail_restores)
 
+/* The store's own bound: it is set when a store opens, so the store is
+ * closed (its writes flushed) and opened again on the same directory with
+ * the new bound. Call it while no spill is held pending. */
+void store_tier_queue_bytes(store_tier *t, int bytes)
+{
+    store_tier_quiesce(t);
+    close_store(t);
+    t->queue_bytes = bytes > 0 ? (uint64_t)bytes : 0;
+    if (open_store_at(t, 0))
+        fprintf(stderr, "store_tier_queue_bytes: cannot reopen the store: %s\n", kvt_last_error());
+}
+
 void store_tier_manual_spills(store_tier *t, int on)
 {
     pthread_mutex_lock(&t->mu);
@@ -487,13 +534,14 @@ store_tier_counts store_tier_counts_get(store_tier *t)
     pthread_mutex_unlock(&t->mu);
     c.hooks_run = atomic_load(&t->hooks_run);
     c.entries = (int64_t)st.entries;
+    c.writes = t->writes_before + (int64_t)st.written;
     return c;
 }
 
 int store_tier_has(store_tier *t, const char *ns, const int32_t *tokens, int64_t n)
 {
-    kvt_cold_hit h;
-    return kvt_store_find_exact(t->store, tokens, n, ns, &h) == 0;
+    /* durable: find_exact also sees writes still queued */
+    return kvt_store_contains(t->store, tokens, n, ns);
 }
 
 int store_tier_insert(store_tier *t, kvt_entry *owned)

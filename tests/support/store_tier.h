@@ -20,6 +20,7 @@
 #define mem_tier_fail_writes store_tier_fail_writes
 #define mem_tier_refuse_spills store_tier_refuse_spills
 #define mem_tier_manual_spills store_tier_manual_spills
+#define mem_tier_queue_bytes store_tier_queue_bytes
 #define mem_tier_async_delay store_tier_async_delay
 #define mem_tier_gate store_tier_gate
 #define mem_tier_no_async store_tier_no_async
@@ -36,7 +37,8 @@
  * missing here would silently call the real mem_tier on a store_tier:
  * store_tier_check_api() (run before the tests) fails loudly instead. */
 #define STORE_TIER_COVERED                                                                                   \
-    "create destroy iface fail_writes refuse_spills manual_spills async_delay gate no_async loose_find "     \
+    "create destroy iface fail_writes refuse_spills manual_spills queue_bytes async_delay gate no_async "     \
+    "loose_find "                                                                                            \
     "fail_restores drain quiesce counts_get has insert clear"
 
 /** Exits the process with a message when tests/support/mem_tier.h (found via

@@ -12,6 +12,12 @@
  * release hooks under the lock except in relieve and reclaim, whose pressure
  * check must see the memory freed. Entries that leave are collected on a
  * local list ("gone") and spilled / disposed after the lock is dropped.
+ *
+ * Write-behind: put clones the new entry's views before taking the lock,
+ * decides under the lock whether the tier still needs them (wb state below),
+ * and hands them to the tier's spill after dropping it. An entry leaving RAM
+ * is spilled only when the tier neither holds it, nor has it pending, nor is
+ * about to receive it from a put in progress (see leaving()).
  */
 #include "kvtier/prompt_cache.h"
 
@@ -104,10 +110,20 @@ typedef struct pc_entry {
     int64_t n_bkeys;
     int cut_spilled;          /* a block cut handed its whole tokens to the
                                  cold tier since it became resident */
+    int wb;                   /* write-behind state, PC_WB_* */
+    int withdraw;             /* when gone (superseded): withdraw its queued
+                                 write once the superseding entry's is queued */
     int spill;                /* when gone: hand to the cold tier first */
     struct pc_entry *prev, *next; /* all resident entries */
     struct pc_entry *gone;        /* leaving entries, processed off-lock */
 } pc_entry;
+
+/* Write-behind state of an entry (guarded by the cache lock). */
+enum {
+    PC_WB_NONE = 0,   /* nothing handed to the tier by put */
+    PC_WB_QUEUING,    /* put decided to queue it; its spill has not returned */
+    PC_WB_SENT        /* the tier accepted its write-behind */
+};
 
 typedef struct pc_slot {
     char *ns;
@@ -144,6 +160,7 @@ struct kvt_prompt_cache {
     int64_t pinned;
     kvt_prompt_cache_stats st;
     atomic_uint_fast64_t spills, spill_failures;
+    atomic_uint_fast64_t wb_queued, wb_dropped, wb_withdrawn;
 };
 
 struct pc_read {
@@ -392,12 +409,17 @@ static int entry_to_owned(pc_entry *e, kvt_entry *out)
     return 0;
 }
 
-/* Processes leaving entries off-lock: spill (write-behind) then dispose. */
-static void gone_process(kvt_prompt_cache *pc, pc_entry *gone)
+/* Processes leaving entries off-lock: spill (write-behind) then dispose.
+ * Superseded entries marked `withdraw` have their queued write withdrawn
+ * when `withdraw_ok` says the superseding entry's state is queued too. */
+static void gone_process_wb(kvt_prompt_cache *pc, pc_entry *gone, int withdraw_ok)
 {
     while (gone) {
         pc_entry *e = gone;
         gone = e->gone;
+        if (e->withdraw && withdraw_ok && pc->has_cold && pc->cold.withdraw &&
+            pc->cold.withdraw(pc->cold.self, e->tokens, e->n_tokens, e->ns) == 0)
+            atomic_fetch_add(&pc->wb_withdrawn, 1);
         if (e->spill && pc->has_cold && pc->cold.spill) {
             kvt_entry owned;
             if (entry_to_owned(e, &owned) == 0) {
@@ -414,6 +436,8 @@ static void gone_process(kvt_prompt_cache *pc, pc_entry *gone)
         entry_dispose(e);
     }
 }
+
+static void gone_process(kvt_prompt_cache *pc, pc_entry *gone) { gone_process_wb(pc, gone, 0); }
 
 /* ---- sessions ------------------------------------------------------------------ */
 
@@ -547,14 +571,66 @@ static int tier_holds(kvt_prompt_cache *pc, const pc_entry *e)
            pc->cold.find_exact(pc->cold.self, e->tokens, e->n_tokens, e->ns, &h) == 0;
 }
 
-/* Whether an entry leaving by eviction needs a spill. */
-static int needs_spill(kvt_prompt_cache *pc, const pc_entry *e)
+static int write_behind_on(const kvt_prompt_cache *pc)
 {
-    if (!pc->has_cold || !pc->cold.spill)
+    return pc->has_cold && pc->cold.spill && !(pc->flags & KVT_PC_NO_WRITE_BEHIND);
+}
+
+/* Whether the cold tier serves all of e's tokens: it holds e exactly, or
+ * (with write-behind) a longer entry it can cut back to them, e.g. the one
+ * that superseded e there. Index only (find on e's tokens plus one). */
+static int tier_has(kvt_prompt_cache *pc, const pc_entry *e)
+{
+    if (tier_holds(pc, e))
+        return 1;
+    if (!write_behind_on(pc) || e->n_tokens < 1)
         return 0;
-    if ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && tier_holds(pc, e))
-        return 0;
-    return 1;
+    int32_t *p = kvt__malloc((size_t)(e->n_tokens + 1) * sizeof *p);
+    if (!p)
+        return 0; /* unknown: treated as not held, so it is written */
+    memcpy(p, e->tokens, (size_t)e->n_tokens * sizeof *p);
+    p[e->n_tokens] = p[e->n_tokens - 1]; /* any token: the prefix is capped at n */
+    kvt_cold_hit h;
+    int has = pc->cold.find(pc->cold.self, p, e->n_tokens + 1, e->ns, &h) == 0 && h.prefix_len >= e->n_tokens;
+    kvt__free(p);
+    return has;
+}
+
+/* How an entry leaving RAM by eviction goes (3.6). */
+enum {
+    PC_LEAVE_DROP,    /* no tier to write to: dropped */
+    PC_LEAVE_SPILL,   /* spilled first */
+    PC_LEAVE_COVERED, /* the tier holds it, has it pending, or a put is
+                         handing it over: nothing written again */
+    PC_LEAVE_STOP     /* tier policy: its write is pending, it stays */
+};
+
+static int leaving(kvt_prompt_cache *pc, const pc_entry *e)
+{
+    if (!pc->has_cold)
+        return PC_LEAVE_DROP;
+    int wb = write_behind_on(pc), only_durable = (pc->flags & KVT_PC_EVICT_ONLY_DURABLE) != 0;
+    if (wb && e->wb == PC_WB_QUEUING)
+        return only_durable ? PC_LEAVE_STOP : PC_LEAVE_COVERED;
+    int pending = (wb || only_durable) && write_pending(pc, e);
+    if (only_durable && pending)
+        return PC_LEAVE_STOP; /* a pending write is not a copy, even one the tier serves */
+    int holds = (wb || only_durable) && tier_has(pc, e);
+    if (!pc->cold.spill)
+        return PC_LEAVE_DROP;
+    /* a tier without `pending` cannot say; trust the write-behind it took */
+    if (holds || (wb && (pending || (!pc->cold.pending && e->wb == PC_WB_SENT))))
+        return PC_LEAVE_COVERED;
+    return PC_LEAVE_SPILL;
+}
+
+/* Unlinks an entry leaving by eviction as `how` (leaving()) says. */
+static void evict_unlink(kvt_prompt_cache *pc, pc_entry *e, int how, pc_entry **gone)
+{
+    if (how == PC_LEAVE_COVERED)
+        pc->st.durable_evictions++;
+    entry_unlink(pc, e, how == PC_LEAVE_SPILL, gone);
+    pc->st.evictions++;
 }
 
 static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_entry **gone);
@@ -599,18 +675,24 @@ static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
     if (!owner)
         return 1;
     pc_entry *e = owner;
-    if (e->pins > 0 || ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && write_pending(pc, e)))
+    if (e->pins > 0)
         return 0;
+    int how = leaving(pc, e);
+    if (how == PC_LEAVE_STOP)
+        return 0;
+    if (e->cut_spilled && how == PC_LEAVE_SPILL)
+        how = PC_LEAVE_DROP; /* its whole prefix went to the tier at the first cut */
     int64_t new_len = depth * kvt__pc_blocks_block_tokens(pc->blocks), before = e->n_bkeys;
     if (new_len < 1 || new_len < e->reach) {
         /* a cut already spilled a longer prefix that serves this one */
-        entry_unlink(pc, e, !e->cut_spilled && needs_spill(pc, e), gone);
-        pc->st.evictions++;
+        evict_unlink(pc, e, how, gone);
         return 1;
     }
-    if (!e->cut_spilled && needs_spill(pc, e)) {
+    if (how == PC_LEAVE_SPILL) {
         spill_copy(e, gone);
         e->cut_spilled = 1;
+    } else if (how == PC_LEAVE_COVERED && write_behind_on(pc)) {
+        e->cut_spilled = 1; /* the tier has its whole prefix: it serves the cut one */
     }
     /* cut as many of its tail blocks at once as the budget needs, when they
      * are the next victims anyway (one re-index instead of one per block) */
@@ -647,11 +729,10 @@ static int64_t evict(kvt_prompt_cache *pc, int64_t limit, pc_entry **gone)
         pc_entry *v = victim(pc);
         if (!v)
             break;
-        /* tier policy: a pending write is not a copy (3.6) */
-        if ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && write_pending(pc, v))
-            break;
-        entry_unlink(pc, v, needs_spill(pc, v), gone);
-        pc->st.evictions++;
+        int how = leaving(pc, v);
+        if (how == PC_LEAVE_STOP)
+            break; /* tier policy: a pending write is not a copy (3.6) */
+        evict_unlink(pc, v, how, gone);
         n++;
     }
     return n;
@@ -719,11 +800,17 @@ static void collect_ancestor(void *val, int64_t depth, void *ctx)
 
 /* Links a built, measured entry into the cache (under the lock) and applies
  * put's rules. On error nothing is linked and x is untouched. `pins` pins
- * the new entry at once (prefetch publication). */
+ * the new entry at once (prefetch publication). `wb` (NULL: none) is 1 when
+ * the caller holds write-behind views of x; insert sets it to 0 when the
+ * tier does not need them because x is spilled as oversize, to 2 when the
+ * tier already holds or has pending its tokens, else leaves it 1 and marks
+ * x PC_WB_QUEUING. */
 static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, const char *session,
-                         int64_t pins, pc_entry **gone)
+                         int64_t pins, pc_entry **gone, int *wb)
 {
     if (standalone > pc->max_bytes && pins == 0) {
+        if (wb)
+            *wb = 0; /* the oversize spill below writes it */
         /* larger than the whole budget: spilled and dropped (3.5) */
         x->id = ++pc->next_id;
         x->spill = pc->has_cold && pc->cold.spill;
@@ -770,6 +857,21 @@ static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, c
         x->bkeys = NULL;
         x->n_bkeys = 0;
     }
+    if (wb && *wb) {
+        /* the tier already holds these tokens (a prefix published again, or
+         * an equal-token replacement of an entry written behind): the same
+         * state, so nothing is queued again */
+        pc_entry *old = replaced;
+        int have = tier_has(pc, x) || write_pending(pc, x) ||
+                   (old && (old->wb == PC_WB_QUEUING || (!pc->cold.pending && old->wb == PC_WB_SENT)));
+        if (have) {
+            *wb = 2;
+            x->wb = PC_WB_SENT; /* no spill of x's own will report back */
+            pc->st.write_behind_skipped++;
+        } else {
+            x->wb = PC_WB_QUEUING;
+        }
+    }
     if (replaced) {
         /* equal tokens: the new entry replaces the old (sessions follow) */
         pc_entry *old = replaced;
@@ -778,10 +880,13 @@ static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, c
         pc->st.replacements++;
     }
     if (x->trimmable && x->n_tokens > 0) {
-        /* supersede strict prefix ancestors it can be trimmed back to */
+        /* supersede strict prefix ancestors it can be trimmed back to; the
+         * queued writes of those that were written behind are withdrawn once
+         * x's own is queued (gone_process_wb) */
         super_ctx s = {NULL, 0, 0, x->reach};
         kvt__index_prefixes(pc->ix, x->ns, x->tokens, x->n_tokens, collect_ancestor, &s);
         for (size_t i = 0; i < s.n; i++) {
+            s.v[i]->withdraw = s.v[i]->wb != PC_WB_NONE && write_behind_on(pc);
             entry_unlink(pc, s.v[i], 0, gone);
             pc->st.supersedes++;
         }
@@ -951,31 +1056,72 @@ static int entry_prepare(kvt_prompt_cache *pc, const kvt_entry *e, pc_entry **ou
     return 0;
 }
 
+/* Hands the write-behind views of the entry `id` (just put) to the tier's
+ * spill, off-lock, then records the outcome on the entry if it is still
+ * resident. @return 1 when the tier took them. */
+static int write_behind(kvt_prompt_cache *pc, uint64_t id, kvt_entry *views)
+{
+    int taken = pc->cold.spill(pc->cold.self, views) == 0;
+    if (taken) {
+        atomic_fetch_add(&pc->wb_queued, 1);
+    } else {
+        atomic_fetch_add(&pc->wb_dropped, 1); /* spilled when it leaves RAM instead */
+        kvt_entry_clear(views);
+    }
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *x = by_id(pc, id);
+    if (x && x->wb == PC_WB_QUEUING)
+        x->wb = taken ? PC_WB_SENT : PC_WB_NONE;
+    pthread_mutex_unlock(&pc->mu);
+    return taken;
+}
+
+/* put's body. `wb`: the entry is new state (a put, not a restore being
+ * published), so it is written behind when write-behind is on. */
 static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, int64_t pins,
-                      uint64_t *id_out, uint64_t epoch_check)
+                      uint64_t *id_out, uint64_t epoch_check, int wb)
 {
     pc_entry *x = NULL;
     size_t standalone = 0;
     int rc = entry_prepare(pc, e, &x, &standalone);
     if (rc)
         return rc;
+    /* zero-copy views for the tier, made before the lock (the caller's
+     * caches are not shared with anyone yet) */
+    kvt_entry views;
+    memset(&views, 0, sizeof views);
+    wb = wb && write_behind_on(pc);
+    if (wb && clone_parts(&views, x->ns, x->tokens, x->n_tokens, x->caches, x->n_caches, x->atts, x->n_atts)) {
+        wb = 0;
+        atomic_fetch_add(&pc->wb_dropped, 1); /* out of memory: spilled on leaving RAM */
+    }
+    if (wb)
+        views.hook = share_acquire(x->share);
     pc_entry *gone = NULL;
     pthread_mutex_lock(&pc->mu);
     if (epoch_check != UINT64_MAX && epoch_check != pc->epoch) {
         pthread_mutex_unlock(&pc->mu);
+        kvt_entry_clear(&views);
         entry_discard(x);
         return kvt__fail(KVT_ESTALE, "prompt cache: cleared while the entry was read");
     }
-    rc = insert_locked(pc, x, standalone, session, pins, &gone);
+    rc = insert_locked(pc, x, standalone, session, pins, &gone, &wb);
+    uint64_t id = rc == 0 ? x->id : 0;
     if (rc == 0 && id_out)
-        *id_out = x->id;
+        *id_out = id;
     pthread_mutex_unlock(&pc->mu);
     if (rc) {
+        kvt_entry_clear(&views);
         entry_discard(x);
         return rc;
     }
     adopt_parts(e);
-    gone_process(pc, gone);
+    int queued = 0;
+    if (wb == 1)
+        queued = write_behind(pc, id, &views);
+    else
+        kvt_entry_clear(&views); /* not needed: the tier has (or gets) this state */
+    gone_process_wb(pc, gone, queued || wb == 2);
     return 0;
 }
 
@@ -983,7 +1129,7 @@ KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char 
 {
     if (!pc)
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put: cache is NULL");
-    return put_common(pc, e, session, 0, NULL, UINT64_MAX);
+    return put_common(pc, e, session, 0, NULL, UINT64_MAX, 1);
 }
 
 /* ---- take ------------------------------------------------------------------------- */
@@ -1047,7 +1193,7 @@ static void promote(kvt_prompt_cache *pc, kvt_entry *r, const char *session, uin
     }
     r->hook = (kvt_hook){share_run, s};
     copy.hook = share_acquire(s);
-    if (put_common(pc, &copy, session, 0, NULL, epoch) == 0) {
+    if (put_common(pc, &copy, session, 0, NULL, epoch, 0) == 0) {
         pthread_mutex_lock(&pc->mu);
         pc->st.promotions++;
         pthread_mutex_unlock(&pc->mu);
@@ -1342,7 +1488,9 @@ KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn ov
         pc_entry *v = victim(pc);
         if (!v)
             break;
-        if (pc->has_cold) {
+        if (pc->has_cold && write_behind_on(pc) && !write_pending(pc, v) && tier_has(pc, v)) {
+            pc->st.durable_evictions++; /* durable already: nothing to finish */
+        } else if (pc->has_cold) {
             kvt_entry view = {v->ns, v->tokens, v->n_tokens, v->caches, v->n_caches, v->atts, v->n_atts, {0}};
             rc = pc->cold.store(pc->cold.self, &view); /* must finish now (3.7) */
             if (rc) {
@@ -1407,11 +1555,12 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
         next = e->next;
         if (e->pins > 0 || now - e->last_used_ms < idle_ms)
             continue;
-        if (write_pending(pc, e))
+        if (write_pending(pc, e) || e->wb == PC_WB_QUEUING)
             continue; /* a pending write is not a copy: keep it for now */
-        if (tier_holds(pc, e)) {
+        if (tier_has(pc, e)) {
             entry_unlink(pc, e, 0, &gone);
             pc->st.demotions++;
+            pc->st.durable_evictions++;
             n++;
             continue;
         }
@@ -1565,7 +1714,7 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
         pc->st.prefetch_discarded++;
     }
     if (rc == 0) {
-        rc = insert_locked(pc, x, standalone, r->session, r->interest, &gone);
+        rc = insert_locked(pc, x, standalone, r->session, r->interest, &gone, NULL);
         if (rc == 0) {
             adopted = 1;
             r->entry_id = x->id;
@@ -1744,7 +1893,7 @@ KVT_API int kvt_prompt_cache_object_put(kvt_prompt_cache *pc, const char *key, k
     if (!ns)
         return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_object_put: out of memory");
     kvt_entry e = {ns, NULL, 0, NULL, 0, attachments, n_attachments, hook ? *hook : (kvt_hook){NULL, NULL}};
-    int rc = put_common(pc, &e, NULL, 0, NULL, UINT64_MAX);
+    int rc = put_common(pc, &e, NULL, 0, NULL, UINT64_MAX, 1);
     if (rc == 0 && hook)
         *hook = (kvt_hook){NULL, NULL};
     kvt__free(ns);
@@ -1795,7 +1944,7 @@ KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, 
      * copy replaces it: the same immutable object), then lend from RAM */
     kvt__free((void *)r.ns);
     r.ns = ns; /* freed by kvt_entry_clear below */
-    rc = put_common(pc, &r, NULL, 0, NULL, epoch);
+    rc = put_common(pc, &r, NULL, 0, NULL, epoch, 0);
     if (rc == 0) {
         pthread_mutex_lock(&pc->mu);
         e = kvt__index_exact(pc->ix, ns, NULL, 0);
@@ -1835,6 +1984,9 @@ KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_s
     pthread_mutex_unlock(&pc->mu);
     out->spills = atomic_load(&pc->spills);
     out->spill_failures = atomic_load(&pc->spill_failures);
+    out->write_behind_queued = atomic_load(&pc->wb_queued);
+    out->write_behind_dropped = atomic_load(&pc->wb_dropped);
+    out->write_behind_withdrawn = atomic_load(&pc->wb_withdrawn);
 }
 
 /* ---- test hook ------------------------------------------------------------------------ */

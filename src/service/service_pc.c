@@ -137,6 +137,9 @@ void kvt__service_pc_stats(kvt__service_pc *s, kvt_service_report *out)
     out->evictions = ps.evictions;
     out->cold_restores = ps.cold_restores;
     out->spills = ps.spills;
+    out->write_behind_queued = ps.write_behind_queued;
+    out->write_behind_dropped = ps.write_behind_dropped;
+    out->durable_evictions = ps.durable_evictions;
 }
 
 int kvt__service_pc_prefetch(kvt__service_pc *s, const int32_t *prompt, int64_t n, const char *ns,
@@ -160,15 +163,23 @@ int kvt__service_pc_flush(kvt__service_pc *s)
 
 int kvt__service_pc_clear(kvt__service_pc *s)
 {
+    int rc = 0;
     if (s->has_cold) {
-        /* Graceful shutdown: every resident entry goes to the cold tier
-         * (eviction spills it, write-behind), then the flush makes it durable. */
+        /* Graceful shutdown: every resident entry goes to the cold tier.
+         * Write-behind queued most of them when they were put: the first
+         * flush makes those durable, so eviction (which never evicts an
+         * entry whose write is pending) writes nothing for them and spills
+         * only what write-behind dropped; the second flush makes that
+         * durable too. */
+        rc = kvt__service_pc_flush(s);
         kvt_prompt_cache_stats ps;
         kvt_prompt_cache_stats_get(s->pc, &ps);
         if (ps.entries > 0)
             (void)kvt_prompt_cache_evict(s->pc, ps.entries, NULL);
     }
-    int rc = kvt__service_pc_flush(s);
+    int frc = kvt__service_pc_flush(s);
+    if (!rc)
+        rc = frc;
     kvt_prompt_cache_clear(s->pc);
     return rc;
 }

@@ -4,7 +4,7 @@
  * hits are counted the way an engine would see them. It drives the public
  * prompt-cache API only; it must never reach into the cache's internals.
  */
-#include "kvtier/replay.h"
+#include "replay.h"
 
 #include "kvtier/prompt_cache.h"
 #include "kvtier/retention_block.h"

@@ -106,6 +106,12 @@ struct kvt_store {
     int32_t n_orphans, cap_orphans;
     uint64_t own_bytes, foreign_bytes;
     uint64_t foreign_scan_ms; /* last listing of the root (monotonic ms) */
+    uint64_t disk_ms;     /* last reclaim pass over the own directory (monotonic ms) */
+    int reclaim_due;      /* a reclaim could not take the lock: try again */
+    kvt__skey *free_keys; /* blocks this process stopped referencing, for reclaim */
+    int32_t n_free, cap_free;
+    pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
+    kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
     kvt_store_stats st;
 
     /* write-behind */
@@ -342,13 +348,16 @@ static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
         return;
     if (!delete_file || s->opts.read_only)
         return; /* stays indexed with refs 0: evicted first under the budget */
-    char name[64];
-    file_name('b', k, name);
-    unlinkat(s->dirfd, name, 0);
-    s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
-    s->st.blocks--;
-    kvt__kmap_del(&s->blocks, k);
-    kvt__free(b);
+    /* entries of other processes may use it: reclaim decides from the disk */
+    if (s->n_free == s->cap_free) {
+        int32_t c = s->cap_free ? s->cap_free * 2 : 16;
+        kvt__skey *x = kvt__realloc(s->free_keys, sizeof *x * (size_t)c);
+        if (!x)
+            return; /* stays; the budget removes it when unreferenced */
+        s->free_keys = x;
+        s->cap_free = c;
+    }
+    s->free_keys[s->n_free++] = k;
 }
 
 static void recompute_longest(kvt_store *s)
@@ -360,8 +369,9 @@ static void recompute_longest(kvt_store *s)
 }
 
 
-/* Removes an entry from the index and deletes its file (or, when keep_file,
- * leaves it as an orphan: a refused shard) and the blocks only it used. */
+/* Removes an entry from the index and deletes its file (keep_file 1: leaves
+ * it as an orphan, a refused shard; 2: the file is already gone) and hands
+ * the blocks only it used to reclaim. */
 static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
 {
     st_ns *n = ns_get(s, e->ns, 0);
@@ -377,7 +387,9 @@ static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
         e->next->prev = e->prev;
     char name[64];
     file_name('e', e->key, name);
-    if (keep_file || s->opts.read_only)
+    if (keep_file == 2)
+        s->own_bytes -= KVT__MIN(s->own_bytes, e->bytes);
+    else if (keep_file || s->opts.read_only)
         orphan_add(s, name, e->bytes);
     else {
         unlinkat(s->dirfd, name, 0);
@@ -863,7 +875,7 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
         while ((fe = readdir(dd))) {
             struct stat fs;
             if (!strcmp(fe->d_name, ".") || !strcmp(fe->d_name, "..") || !strcmp(fe->d_name, ".lock") ||
-                !strcmp(fe->d_name, "IDENTITY"))
+                !strcmp(fe->d_name, "IDENTITY") || !strcmp(fe->d_name, ".budget.lock"))
                 continue;
             if (fstatat(dfd, fe->d_name, &fs, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fs.st_mode))
                 continue;
@@ -980,64 +992,344 @@ static ssize_t fc_oldest(const fdirs *f)
     return best;
 }
 
-static st_entry *own_oldest(kvt_store *s, kvt__skey protect)
+/* ---- the budget over a shared root ------------------------------------------------------
+ *
+ * Several processes may hold one identity directory open. Block files are
+ * shared by entries of every process, so a block is deleted only by
+ * reclaim(), which holds an exclusive flock on <dir>/.budget.lock and
+ * decides from the directory as it is on disk (every entry file's header),
+ * not from this process's index: a block goes only when no entry file on
+ * disk references it, and an entry file goes before (or with) the blocks
+ * that only it uses. Every put holds a shared flock on the same file from
+ * the moment it relies on an existing block until its entry file is renamed,
+ * so reclaim never sees a put half done; a put also re-checks on disk the
+ * blocks (and the entry) its index says exist. */
+
+#define KVT__BUDGET_LOCK ".budget.lock"
+
+/* An entry file as reclaim parsed it (cached by key: entry files are
+ * immutable under their names). */
+typedef struct dent {
+    kvt__skey *blocks;
+    int32_t n_blocks;
+    int valid; /* header and metadata good */
+} dent;
+
+typedef struct rfile {
+    char name[128];
+    char type;      /* 'e', 'b', 't' (dead writer's temp file) */
+    uint64_t bytes;
+    int64_t mtime_ms;
+    int orphan;     /* refused, unreferenced or broken: goes first */
+    int gone;       /* deleted by this pass */
+    int64_t refs;   /* blocks: valid entry files referencing it */
+    kvt__skey key;
+    const dent *d;  /* entries */
+} rfile;
+
+static void dent_free(dent *d)
 {
-    st_entry *best = NULL;
-    for (st_entry *e = s->head; e; e = e->next)
-        if (!kvt__skey_eq(e->key, protect) && (!best || e->last_use_ms < best->last_use_ms))
-            best = e;
-    return best;
+    if (d) {
+        kvt__free(d->blocks);
+        kvt__free(d);
+    }
 }
 
-/* Applies the budget over the root (call with mu held). */
-static void enforce_budget(kvt_store *s, kvt__skey protect)
+static const dent *dent_get(kvt_store *s, const char *name, kvt__skey key)
 {
-    uint64_t max = s->opts.max_bytes;
-    if (!max || s->opts.read_only || s->own_bytes + s->foreign_bytes <= max)
+    dent *d = kvt__kmap_get(&s->disk, key);
+    if (d)
+        return d;
+    d = kvt__calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    kvt__shard sh;
+    int fd = -1, reason = -1;
+    if (!open_shard(s->dirfd, s->dir, name, &sh, &fd, &reason)) {
+        pentry pe;
+        if (!parse_entry(&sh, name, s->identity, &pe, &reason) && kvt__skey_eq(pe.key, key)) {
+            d->valid = 1;
+            d->blocks = pe.blocks;
+            d->n_blocks = pe.n_blocks;
+            pe.blocks = NULL;
+            pentry_free(&pe);
+        }
+        close(fd);
+        kvt__shard_free(&sh);
+    } else if (reason == KVT_STORE_REFUSED_IO) {
+        kvt__free(d); /* gone or unreadable now: not cached */
+        kvt__clear_error();
+        return NULL;
+    }
+    kvt__clear_error();
+    if (kvt__kmap_put(&s->disk, key, d)) {
+        dent_free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static int is_orphan_name(kvt_store *s, const char *name)
+{
+    for (int32_t i = 0; i < s->n_orphans; i++)
+        if (!strcmp(s->orphans[i].name, name))
+            return 1;
+    return 0;
+}
+
+static rfile *rf_block(kvt__kmap *bm, kvt__skey k) { return kvt__kmap_get(bm, k); }
+
+/* Deletes file f of the own directory; an entry takes its blocks' references
+ * with it and the blocks nobody else references go too. */
+static uint64_t rf_delete(kvt_store *s, rfile *f, kvt__kmap *bm)
+{
+    if (f->gone)
+        return 0;
+    uint64_t freed = 0;
+    if (!unlinkat(s->dirfd, f->name, 0) || errno == ENOENT)
+        freed = f->bytes;
+    f->gone = 1;
+    if (f->type != 'e' || !f->d || !f->d->valid || f->orphan)
+        return freed;
+    for (int32_t i = 0; i < f->d->n_blocks; i++) {
+        rfile *b = rf_block(bm, f->d->blocks[i]);
+        if (b && !b->gone && --b->refs <= 0)
+            freed += rf_delete(s, b, bm);
+    }
+    return freed;
+}
+
+static int64_t own_last_use(kvt_store *s, kvt__skey k, int64_t mtime)
+{
+    st_entry *e = kvt__kmap_get(&s->by_key, k);
+    return e && e->last_use_ms > mtime ? e->last_use_ms : mtime;
+}
+
+/* Frees unreferenced blocks this process let go of, and applies the budget
+ * over the whole root, from the directory's state on disk (see above).
+ * wait: block until the lock is free (close); else try once and leave it
+ * due for the next call. Call without mu. */
+static void reclaim(kvt_store *s, kvt__skey protect, int wait)
+{
+    if (s->opts.read_only || s->dirfd < 0)
         return;
-    /* 1. own orphans (refused shards) and unreferenced blocks */
-    for (int32_t i = 0; i < s->n_orphans && s->own_bytes + s->foreign_bytes > max; i++) {
-        if (!unlinkat(s->dirfd, s->orphans[i].name, 0) || errno == ENOENT)
-            s->own_bytes -= KVT__MIN(s->own_bytes, s->orphans[i].bytes);
-        s->orphans[i] = s->orphans[--s->n_orphans];
-        i--;
-    }
-    for (size_t i = 0; i < s->blocks.cap && s->own_bytes + s->foreign_bytes > max; i++) {
-        st_block *b = s->blocks.vals[i];
-        if (!b || b == (void *)1 || b->refs > 0)
-            continue;
-        b->refs = 1;
-        block_unref(s, b->key, 1);
-    }
-    /* 2. LRU over own entries and idle foreign directories (the root is
-     * listed again at most once a second while it held nothing foreign) */
-    fdirs f;
+    uint64_t max = s->opts.max_bytes;
     uint64_t now = kvt_now_ms();
+    pthread_mutex_lock(&s->mu);
+    int due = s->n_free > 0 || s->reclaim_due ||
+              (max && (s->own_bytes + s->foreign_bytes > max || now - s->disk_ms >= 1000));
+    pthread_mutex_unlock(&s->mu);
+    if (!due && !(wait && max))
+        return;
+    int lfd = openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lfd < 0)
+        return;
+    if (flock(lfd, LOCK_EX | (wait ? 0 : LOCK_NB))) {
+        close(lfd);
+        pthread_mutex_lock(&s->mu);
+        s->reclaim_due = 1;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    pthread_mutex_lock(&s->disk_mu);
+    /* 1. the own directory as it is on disk */
+    rfile *fs = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t own = 0;
+    DIR *d = fdopendir(dup(s->dirfd));
+    if (d)
+        rewinddir(d); /* the dup shares the offset scan left at the end */
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        const char *nm = de->d_name;
+        struct stat st;
+        if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, ".lock") || !strcmp(nm, "IDENTITY") ||
+            !strcmp(nm, KVT__BUDGET_LOCK) || fstatat(s->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) ||
+            !S_ISREG(st.st_mode))
+            continue;
+        own += (uint64_t)st.st_size;
+        int tmp = !strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX));
+        if (!(tmp ? !pid_alive(nm) : is_shard_name(nm)))
+            continue; /* IDENTITY, locks, live writers' temp files, strangers */
+        if (strlen(nm) >= sizeof fs[0].name)
+            continue;
+        if (n == cap) {
+            size_t c = cap ? cap * 2 : 64;
+            rfile *x = kvt__realloc(fs, sizeof *x * c);
+            if (!x)
+                break;
+            fs = x;
+            cap = c;
+        }
+        rfile *f = &fs[n++];
+        memset(f, 0, sizeof *f);
+        memcpy(f->name, nm, strlen(nm) + 1); /* checked: shorter than name */
+        f->type = tmp ? 't' : nm[0];
+        f->bytes = (uint64_t)st.st_size;
+        f->mtime_ms = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
+        f->orphan = tmp;
+        if (!tmp) {
+            char hex[33];
+            memcpy(hex, nm + 1, 32);
+            hex[32] = '\0';
+            kvt__skey_parse(hex, &f->key);
+        }
+    }
+    if (d)
+        closedir(d);
+    kvt__kmap bm;
+    memset(&bm, 0, sizeof bm);
+    for (size_t i = 0; i < n; i++)
+        if (fs[i].type == 'b')
+            kvt__kmap_put(&bm, fs[i].key, &fs[i]);
+    for (size_t i = 0; i < n; i++)
+        if (fs[i].type == 'e')
+            fs[i].d = dent_get(s, fs[i].name, fs[i].key); /* header I/O: without mu */
+    pthread_mutex_lock(&s->mu);
+    uint64_t foreign = s->foreign_bytes, foreign_ms = s->foreign_scan_ms;
+    for (size_t i = 0; i < n; i++) {
+        rfile *f = &fs[i];
+        if (f->type == 'b' && is_orphan_name(s, f->name))
+            f->orphan = 1;
+        if (f->type != 'e')
+            continue;
+        f->orphan = !f->d || !f->d->valid || is_orphan_name(s, f->name);
+        for (int32_t k = 0; !f->orphan && k < f->d->n_blocks; k++)
+            if (!rf_block(&bm, f->d->blocks[k]))
+                f->orphan = 1; /* a block is gone: broken, goes first */
+        if (!f->orphan)
+            f->mtime_ms = own_last_use(s, f->key, f->mtime_ms);
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        if (fs[i].type == 'e' && !fs[i].orphan)
+            for (int32_t k = 0; k < fs[i].d->n_blocks; k++)
+                rf_block(&bm, fs[i].d->blocks[k])->refs++;
+    /* 2. blocks this process let go of that no entry file references */
+    pthread_mutex_lock(&s->mu);
+    kvt__skey *fr = s->free_keys;
+    int32_t nfr = s->n_free;
+    s->free_keys = NULL;
+    s->n_free = s->cap_free = 0;
+    s->reclaim_due = 0;
+    pthread_mutex_unlock(&s->mu);
+    for (int32_t i = 0; i < nfr; i++) {
+        rfile *b = rf_block(&bm, fr[i]);
+        if (b && !b->gone && b->refs == 0) {
+            uint64_t freed = rf_delete(s, b, &bm);
+            own -= KVT__MIN(own, freed);
+        }
+    }
+    kvt__free(fr);
+    /* 3. the budget: broken and unreferenced files first, then the least
+     * recently used entries here and in idle foreign directories */
+    fdirs f;
     int have_f = 0;
-    if (s->foreign_bytes || now - s->foreign_scan_ms >= 1000) {
-        have_f = list_foreign(s->root, s->dir_name, 1, &f) == 0;
-        s->foreign_scan_ms = now;
+    if (max) {
+        if (foreign || now - foreign_ms >= 1000 || wait) {
+            have_f = list_foreign(s->root, s->dir_name, 1, &f) == 0;
+            foreign_ms = now;
+        }
+        if (have_f) {
+            foreign = f.bytes;
+            fc_mark_orphans(&f);
+        }
     }
-    if (have_f) {
-        s->foreign_bytes = f.bytes;
-        fc_mark_orphans(&f);
-    }
-    while (s->own_bytes + s->foreign_bytes > max) {
+    uint64_t evicted = 0, evicted_foreign = 0;
+    while (max && own + foreign > max) {
+        ssize_t best = -1;
+        for (size_t i = 0; i < n; i++) {
+            rfile *x = &fs[i];
+            /* a block goes only when no valid entry file references it */
+            int cand = !x->gone && (x->type == 'b' ? x->refs == 0 : 1) &&
+                       !(x->type == 'e' && !x->orphan && kvt__skey_eq(x->key, protect));
+            int xo = x->orphan || x->type != 'e';
+            if (!cand)
+                continue;
+            if (best < 0) {
+                best = (ssize_t)i;
+                continue;
+            }
+            rfile *b = &fs[best];
+            int bo = b->orphan || b->type != 'e';
+            if (xo > bo || (xo == bo && x->mtime_ms < b->mtime_ms))
+                best = (ssize_t)i;
+        }
         ssize_t fi = have_f ? fc_oldest(&f) : -1;
-        st_entry *oe = own_oldest(s, protect);
-        if (fi < 0 && !oe)
+        if (best < 0 && fi < 0)
             break;
-        if (fi >= 0 && (!oe || f.c[fi].orphan || f.c[fi].mtime_ms <= oe->last_use_ms)) {
+        int own_orphan = best >= 0 && (fs[best].orphan || fs[best].type != 'e');
+        if (fi >= 0 && (best < 0 || (!own_orphan && (f.c[fi].orphan || f.c[fi].mtime_ms <= fs[best].mtime_ms)))) {
             uint64_t freed = fc_evict(&f, (size_t)fi);
-            s->foreign_bytes -= KVT__MIN(s->foreign_bytes, freed);
-            s->st.evicted_foreign_files++;
+            foreign -= KVT__MIN(foreign, freed);
+            evicted_foreign++;
         } else {
-            drop_entry(s, oe);
-            s->st.evicted++;
+            evicted += fs[best].type == 'e' && !fs[best].orphan;
+            uint64_t freed = rf_delete(s, &fs[best], &bm);
+            own -= KVT__MIN(own, freed);
         }
     }
     if (have_f)
         fdirs_free(&f);
+    /* 4. the index follows the disk: what was deleted leaves it */
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++) {
+        rfile *x = &fs[i];
+        if (!x->gone)
+            continue;
+        if (x->type == 'e') {
+            st_entry *e = kvt__kmap_get(&s->by_key, x->key);
+            if (e)
+                drop_entry_ex(s, e, 2);
+            dent_free(kvt__kmap_get(&s->disk, x->key));
+            kvt__kmap_del(&s->disk, x->key);
+        } else if (x->type == 'b') {
+            st_block *b = kvt__kmap_get(&s->blocks, x->key);
+            if (b) {
+                for (st_entry *e = s->head, *nx; e; e = nx) {
+                    nx = e->next;
+                    for (int32_t k = 0; k < e->n_blocks; k++)
+                        if (kvt__skey_eq(e->blocks[k], x->key)) {
+                            drop_entry_ex(s, e, 2);
+                            break;
+                        }
+                }
+                if ((b = kvt__kmap_get(&s->blocks, x->key))) {
+                    s->st.blocks--;
+                    kvt__kmap_del(&s->blocks, x->key);
+                    kvt__free(b);
+                }
+            }
+        }
+        for (int32_t k = 0; k < s->n_orphans; k++)
+            if (!strcmp(s->orphans[k].name, x->name)) {
+                s->orphans[k] = s->orphans[--s->n_orphans];
+                break;
+            }
+    }
+    s->own_bytes = own;
+    s->foreign_bytes = foreign;
+    s->foreign_scan_ms = foreign_ms;
+    s->disk_ms = now;
+    s->st.evicted += evicted;
+    s->st.evicted_foreign_files += evicted_foreign;
+    pthread_mutex_unlock(&s->mu);
+    kvt__kmap_free(&bm);
+    kvt__free(fs);
+    pthread_mutex_unlock(&s->disk_mu);
+    close(lfd); /* releases the lock */
+}
+
+/* Takes the shared lock a put holds while it relies on existing blocks;
+ * -1 when the lock file cannot be opened (the put goes on unprotected). */
+static int put_lock(kvt_store *s)
+{
+    int fd = openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0 && flock(fd, LOCK_SH)) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
 }
 
 /* ---- put ------------------------------------------------------------------------ */
@@ -1145,6 +1437,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
     kvt__skey ekey = entry_key(s->id_seed, ns, e->tokens, n);
     int64_t min_reach = A ? n : 0;
     uint64_t write_bytes = 0;
+    int lockfd = -1;
     if (!st || !win) {
         kvt__free(st);
         kvt__free(win);
@@ -1212,9 +1505,21 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         parent = keys[c++];
     }
 
-    /* 2. already durable? pin the blocks that exist */
+    /* 2. already durable? pin the blocks that exist. From here until the
+     * entry is renamed the put holds the shared budget lock: no reclaim of
+     * any process deletes a block it relies on; and what the index says
+     * exists is checked on disk (another process may have removed it). */
+    lockfd = put_lock(s);
+    char ename[64];
+    file_name('e', ekey, ename);
+    struct stat est;
+    int e_on_disk = fstatat(s->dirfd, ename, &est, AT_SYMLINK_NOFOLLOW) == 0;
     pthread_mutex_lock(&s->mu);
     st_entry *have = kvt__kmap_get(&s->by_key, ekey);
+    if (have && !e_on_disk) {
+        drop_entry_ex(s, have, 2); /* removed behind our back: write it again */
+        have = NULL;
+    }
     if (have) {
         have->last_use_ms = wall_ms(); /* written again: recently used */
         s->st.skipped++;
@@ -1226,10 +1531,25 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         if (b) {
             b->refs++;
             pinned[c] = 1;
-            s->st.blocks_shared++;
         }
     }
     pthread_mutex_unlock(&s->mu);
+    for (int32_t c = 0; c < n_chain; c++) {
+        char bn[64];
+        struct stat bst;
+        file_name('b', keys[c], bn);
+        int there = pinned[c] && fstatat(s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW) == 0;
+        pthread_mutex_lock(&s->mu);
+        if (pinned[c] && !there) { /* gone from disk: written again below */
+            st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+            if (b)
+                b->refs--;
+            pinned[c] = 0;
+        } else if (there) {
+            s->st.blocks_shared++;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
 
     /* 3. write missing blocks: up to KVT__WINDOW temp files written back to
      * back (shard k sealed after shard k+1 is begun, so hashes overlap;
@@ -1438,7 +1758,6 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
             if (nsr)
                 kvt__radix_ancestors(&nsr->tree, e->tokens, n, supersede_one, &sc);
         }
-        enforce_budget(s, ekey);
         pthread_mutex_unlock(&s->mu);
     }
     goto out;
@@ -1463,6 +1782,14 @@ out:
         s->st.failed++;
         pthread_mutex_unlock(&s->mu);
     }
+    if (lockfd >= 0)
+        close(lockfd); /* the entry is renamed (or the put failed): reclaim may run */
+    char err[sizeof s->flush_msg];
+    if (rc)
+        snprintf(err, sizeof err, "%s", kvt_last_error());
+    reclaim(s, ekey, 0);
+    if (rc)
+        kvt__fail(rc, "%s", err);
     json_decref(meta);
     for (int32_t l = 0; l < L; l++)
         kvt_cache_state_free(&st[l]);
@@ -1981,6 +2308,10 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
         pthread_mutex_unlock(&s->mu);
         if (rc == KVT_EFORMAT && reason == KVT_STORE_REFUSED_TOKENS)
             rc = KVT_ENOTFOUND;
+        char err[256];
+        snprintf(err, sizeof err, "%s", kvt_last_error());
+        reclaim(s, (kvt__skey){0, 0}, 0); /* blocks only the dropped entry used */
+        kvt__fail(rc, "%s", err);
     }
     return rc;
 }
@@ -2390,6 +2721,12 @@ static void store_free(kvt_store *s)
     kvt__kmap_free(&s->by_id);
     kvt__kmap_free(&s->pending);
     kvt__kmap_free(&s->pjobs);
+    for (size_t i = 0; i < s->disk.cap; i++)
+        if (s->disk.vals[i] && s->disk.vals[i] != (void *)1)
+            dent_free(s->disk.vals[i]);
+    kvt__kmap_free(&s->disk);
+    kvt__free(s->free_keys);
+    pthread_mutex_destroy(&s->disk_mu);
     kvt__free(s->orphans);
     kvt__free(s->rthreads);
     if (s->lockfd >= 0)
@@ -2431,6 +2768,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         return kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
     s->dirfd = s->lockfd = -1;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->disk_mu, NULL);
     pthread_cond_init(&s->q_cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
     pthread_cond_init(&s->r_cv, NULL);
@@ -2503,9 +2841,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         s->foreign_bytes = f.bytes;
         fdirs_free(&f);
     }
-    pthread_mutex_lock(&s->mu);
-    enforce_budget(s, (kvt__skey){0, 0});
-    pthread_mutex_unlock(&s->mu);
+    reclaim(s, (kvt__skey){0, 0}, 0);
     if (pthread_create(&s->writer, NULL, writer_main, s)) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: cannot start the writer thread");
         goto fail;
@@ -2552,6 +2888,9 @@ KVT_API int kvt_store_close(kvt_store *s)
     pthread_join(s->writer, NULL);
     for (int i = 0; i < s->n_rthreads; i++)
         pthread_join(s->rthreads[i], NULL);
+    /* the last word on the budget: waits for other processes' puts, so the
+     * root ends within max_bytes (plus a shard written meanwhile) */
+    reclaim(s, (kvt__skey){0, 0}, 1);
     /* anything queued after the flush (raced with close) was written by the
      * writer before it exited; record its failure too */
     if (!rc && s->flush_rc)
@@ -2680,7 +3019,8 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
         while (!rc && dd && (fe = readdir(dd))) {
             struct stat fs;
             const char *nm = fe->d_name;
-            if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, ".lock") || !strcmp(nm, "IDENTITY"))
+            if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, ".lock") || !strcmp(nm, "IDENTITY") ||
+                !strcmp(nm, KVT__BUDGET_LOCK))
                 continue;
             if (fstatat(dfd, nm, &fs, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fs.st_mode))
                 continue;

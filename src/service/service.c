@@ -561,7 +561,9 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const in
     if (!lease_keeps(svc, lease))
         return kvt__fail(KVT_EUNSUPPORTED, "publish: this service keeps no state for the request "
                          "(no prompt cache, or the request reuses nothing)");
-    /* outside the service mutex: the prompt cache locks itself; eviction spills write-behind */
+    /* outside the service mutex: the prompt cache locks itself; with a cold
+     * tier the kept state is queued for it at once (write-behind), and
+     * eviction spills only what the tier does not hold */
     rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, lease->ns, lease->session, st);
     if (rc)
         return rc;
@@ -670,7 +672,9 @@ KVT_API int kvt_service_report_json(kvt_service *svc, char **out)
                set_u64(p, "misses", r.misses) | set_u64(p, "session_hits", r.session_hits) |
                set_u64(p, "session_misses", r.session_misses) | set_u64(p, "demotions", r.demotions) |
                set_u64(p, "evictions", r.evictions) | set_u64(p, "cold_restores", r.cold_restores) |
-               set_u64(p, "spills", r.spills);
+               set_u64(p, "spills", r.spills) | set_u64(p, "write_behind_queued", r.write_behind_queued) |
+               set_u64(p, "write_behind_dropped", r.write_behind_dropped) |
+               set_u64(p, "durable_evictions", r.durable_evictions);
         bad |= set_u64(q, "acquires", r.acquires) | set_u64(q, "reused_tokens", r.reused_tokens) |
                set_u64(q, "publishes", r.publishes) | set_u64(q, "admitted", r.admitted) |
                set_u64(q, "rejected", r.rejected) | set_u64(q, "waited", r.waited);

@@ -5,7 +5,7 @@
  * cross-check the prompt-cache replay and to bound it. It reads a trace and
  * counts; it must never touch a prompt cache or allocate kv bytes.
  */
-#include "kvtier/replay.h"
+#include "replay.h"
 
 #include "kvtier/retention_block.h"
 

@@ -1,0 +1,225 @@
+/*
+ * cmd_serve.c: `kvtier serve`: argument parsing, signals and the life of
+ * the server (server/server.h). Prints one line when it listens and one when
+ * the model is loaded, both on stderr ("kvtier serve: listening on
+ * http://HOST:PORT", "kvtier serve: ready, model NAME"); scripts and tests
+ * read the port from the first. Never prints the API key.
+ */
+#include "chat.h"
+#include "args.h"
+#include "cli.h"
+#include "server.h"
+
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvtier serve [--model M.bin --tokenizer T.bin] [--model-name NAME]\n"
+            "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
+            "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
+            "                     [--demote-idle MS]] [--max-queue N] [--max-running N]\n"
+            "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
+            "                    [--conn-timeout S] [--max-connections N]\n"
+            "\n"
+            "An OpenAI-compatible HTTP server over the reference engine and the prompt cache:\n"
+            "multi-turn traffic re-sends the conversation, and only its new tokens are prefilled.\n"
+            "Endpoints: POST /v1/chat/completions, POST /v1/completions (\"stream\": true for\n"
+            "server-sent events), GET /v1/models, GET /health, POST /tokenize, POST /detokenize,\n"
+            "GET /stats (the cache service report), GET /metrics (Prometheus text).\n"
+            "Usage in every reply: prompt_tokens_details.cached_tokens (the reused prefix) and a\n"
+            "\"kvtier\" object (reused tokens by tier, prefilled tokens, queue and TTFT ms).\n"
+            "\n"
+            "  --model, --tokenizer  llama2.c checkpoint and tokenizer.bin (default: the built-in\n"
+            "                        default model, created on first use)\n"
+            "  --model-name NAME     the model id clients name (default: the model file's name\n"
+            "                        without extension); a request naming another gets 404\n"
+            "  --host ADDR           address to bind (default 127.0.0.1: loopback only)\n"
+            "  --port N              TCP port (default 8080; 0 picks a free one, printed at start)\n"
+            "  --prompt-cache BYTES  RAM prompt cache (default 1G); 0 keeps nothing: cache off.\n"
+            "                        Suffixes K, M, G, T (x1024).\n"
+            "  --kv-budget BYTES     admission budget of projected KV bytes (default 0: unlimited);\n"
+            "                        requests that do not fit now wait in the queue\n"
+            "  --ssd-cache DIR       SSD tier under the prompt cache; flushed at shutdown, so a\n"
+            "                        restarted server reuses what reached it\n"
+            "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
+            "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
+            "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
+            "  --max-queue N         requests waiting for admission at most (default 64); then 429\n"
+            "                        with Retry-After\n"
+            "  --max-running N       requests admitted at once at most (default 64)\n"
+            "  --max-body BYTES      request body size limit (default 1M); larger gets 413\n"
+            "  --api-key KEY         require 'Authorization: Bearer KEY' on every endpoint but\n"
+            "                        /health (401 otherwise); also read from KVTIER_API_KEY\n"
+            "  --shutdown-timeout MS on SIGTERM/SIGINT, let running requests finish this long\n"
+            "                        (default 10000), then cancel them; the SSD tier is flushed\n"
+            "  --conn-timeout S      close connections idle S seconds (default 30)\n"
+            "  --max-connections N   open connections at most (default 256)\n"
+            "\n"
+            "Sampling follows the request (OpenAI defaults: temperature 1, top_p 1; \"seed\" makes\n"
+            "it repeatable; temperature 0 is greedy). Chat replies end before a newline, like\n"
+            "kvtier chat; \"stop\" sequences end them too.\n"
+            "\n"
+            "Exit status: 0 after a clean shutdown, 1 failure (message on stderr), 2 usage error.\n");
+}
+
+static int usage_error(const char *msg, const char *arg)
+{
+    fprintf(stderr, "kvtier serve: %s%s%s (kvtier serve --help for usage)\n", msg, arg ? " " : "", arg ? arg : "");
+    return 2;
+}
+
+static int parse_int(const char *flag, const char *v, long long lo, long long hi, long long *out)
+{
+    if (!kvt_cli_int(v, lo, hi, out))
+        return 0;
+    fprintf(stderr, "kvtier serve: %s wants an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, v);
+    return 2;
+}
+
+int kvt_cmd_serve(int argc, char **argv)
+{
+    kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
+    long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
+              max_conn = 256;
+    uint64_t max_body = 1 << 20;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--ssd-cache-verify")) {
+            o.ssd_verify = 1;
+            continue;
+        }
+        static const char *const with_value[] = {
+            "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
+            "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
+            "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", NULL};
+        int known = 0;
+        for (int k = 0; with_value[k]; k++)
+            known |= !strcmp(a, with_value[k]);
+        if (!known)
+            return usage_error("unknown flag", a);
+        if (i + 1 >= argc)
+            return usage_error("missing value after", a);
+        const char *v = argv[++i];
+        int rc = 0;
+        if (!strcmp(a, "--model"))
+            o.model_path = v;
+        else if (!strcmp(a, "--tokenizer"))
+            o.tok_path = v;
+        else if (!strcmp(a, "--model-name")) {
+            if (!*v || strlen(v) >= 64)
+                return usage_error("--model-name wants 1 to 63 characters, got", v);
+            o.model_name = v;
+        } else if (!strcmp(a, "--host"))
+            o.host = v;
+        else if (!strcmp(a, "--ssd-cache"))
+            o.ssd_dir = v;
+        else if (!strcmp(a, "--api-key")) {
+            if (!*v)
+                return usage_error("--api-key wants a non-empty key", NULL);
+            o.api_key = v;
+        } else if (!strcmp(a, "--port"))
+            rc = parse_int(a, v, 0, 65535, &port);
+        else if (!strcmp(a, "--max-queue"))
+            rc = parse_int(a, v, 0, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--max-running"))
+            rc = parse_int(a, v, 1, 4096, &max_running);
+        else if (!strcmp(a, "--shutdown-timeout"))
+            rc = parse_int(a, v, 0, LLONG_MAX / 2, &shutdown_ms);
+        else if (!strcmp(a, "--demote-idle"))
+            rc = parse_int(a, v, 0, LLONG_MAX / 2, &demote);
+        else if (!strcmp(a, "--conn-timeout"))
+            rc = parse_int(a, v, 1, 86400, &conn_timeout);
+        else if (!strcmp(a, "--max-connections"))
+            rc = parse_int(a, v, 1, 65536, &max_conn);
+        else {
+            uint64_t *dst = !strcmp(a, "--prompt-cache") ? &o.prompt_cache_bytes
+                            : !strcmp(a, "--kv-budget")  ? &o.kv_budget_bytes
+                            : !strcmp(a, "--max-body")   ? &max_body
+                                                         : &o.ssd_max_bytes;
+            if (kvt_chat_parse_bytes(a, v, dst)) {
+                fprintf(stderr, "kvtier serve: %s\n", kvt_last_error());
+                return 2;
+            }
+        }
+        if (rc)
+            return rc;
+    }
+    if ((o.model_path != NULL) != (o.tok_path != NULL))
+        return usage_error(o.model_path ? "--model given without --tokenizer" : "--tokenizer given without --model",
+                           NULL);
+    if (!o.ssd_dir && (o.ssd_max_bytes || o.ssd_verify || demote))
+        return usage_error("--ssd-cache-max, --ssd-cache-verify and --demote-idle need --ssd-cache DIR", NULL);
+    if (o.ssd_dir && o.prompt_cache_bytes == 0)
+        return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
+    if (max_body < 1)
+        return usage_error("--max-body must be at least 1 byte", NULL);
+    if (!o.api_key) {
+        const char *env = getenv("KVTIER_API_KEY");
+        if (env && *env)
+            o.api_key = env;
+    }
+    o.port = (int)port;
+    o.max_queue = max_queue;
+    o.max_running = max_running;
+    o.max_body = max_body;
+    o.demote_idle_ms = (uint64_t)demote;
+    o.conn_timeout_s = (unsigned)conn_timeout;
+    o.max_connections = (unsigned)max_conn;
+
+    /* every thread the server starts inherits this mask; the main thread
+     * takes SIGINT/SIGTERM with sigwait */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kvt_server *s = NULL;
+    int rc = kvt_server_start(&o, &s);
+    if (rc) {
+        fprintf(stderr, "kvtier serve: %s\n", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+        return 1;
+    }
+    const char *host = o.host ? o.host : "127.0.0.1";
+    int v6 = strchr(host, ':') != NULL;
+    fprintf(stderr, "kvtier serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "",
+            kvt_server_port(s));
+    fflush(stderr);
+    if ((rc = kvt_server_load(s))) {
+        fprintf(stderr, "kvtier serve: cannot load: %s\n", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+        kvt_server_destroy(s);
+        return 1;
+    }
+    fprintf(stderr, "kvtier serve: ready, model %s\n", kvt_server_model_name(s));
+    fflush(stderr);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "kvtier serve: %s: stopping (running requests get up to %lld ms)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", shutdown_ms);
+    fflush(stderr);
+    rc = kvt_server_stop(s, shutdown_ms);
+    int status = 0;
+    if (rc == KVT_ETOOBIG)
+        fprintf(stderr, "kvtier serve: warning: a prefix larger than --ssd-cache-max was not written to the SSD "
+                        "cache (%s)\n", kvt_last_error());
+    else if (rc) {
+        fprintf(stderr, "kvtier serve: flushing the cache at shutdown failed: %s\n",
+                kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+        status = 1;
+    }
+    kvt_server_destroy(s);
+    if (!status)
+        fprintf(stderr, "kvtier serve: stopped\n");
+    return status;
+}

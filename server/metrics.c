@@ -1,0 +1,357 @@
+/*
+ * metrics.c: the server's counters, histograms and request ring
+ * (metrics.h), and their two renderings: Prometheus text and the /stats
+ * JSON object. One mutex guards everything here; nothing is called under it.
+ */
+#include "metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const double kvt_srv_ttft_bounds[KVT_SRV_TTFT_BUCKETS] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                                          0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+                                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+const double kvt_srv_e2e_bounds[KVT_SRV_E2E_BUCKETS] = {0.3,  0.5,  0.8,  1.0,   1.5,   2.0,   2.5,
+                                                        5.0,  10.0, 15.0, 20.0,  30.0,  40.0,  50.0,
+                                                        60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+static const int statuses[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
+#define N_STATUS ((int)(sizeof statuses / sizeof statuses[0]) + 1) /* last: any other */
+
+static const char *const ep_path[KVT_EP_COUNT] = {
+#define KVT__EP_PATH(name, path) path,
+    KVT_SRV_ENDPOINTS(KVT__EP_PATH)
+#undef KVT__EP_PATH
+};
+
+typedef struct {
+    uint64_t bucket[KVT_SRV_E2E_BUCKETS > KVT_SRV_TTFT_BUCKETS ? KVT_SRV_E2E_BUCKETS : KVT_SRV_TTFT_BUCKETS];
+    uint64_t count;
+    double sum;
+} histogram;
+
+struct kvt_srv_metrics {
+    pthread_mutex_t mu;
+    uint64_t requests[KVT_EP_COUNT][N_STATUS];
+    kvt_srv_counters c;
+    histogram ttft, e2e;
+    kvt_srv_record ring[KVT_SRV_RECORDS];
+    uint64_t next_seq;        /* seq of the next record; ring holds (next_seq - KVT_SRV_RECORDS, next_seq) */
+};
+
+kvt_srv_metrics *kvt_srv_metrics_create(void)
+{
+    kvt_srv_metrics *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    m->next_seq = 1;
+    return m;
+}
+
+void kvt_srv_metrics_destroy(kvt_srv_metrics *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+static int status_index(int status)
+{
+    for (int i = 0; i < N_STATUS - 1; i++)
+        if (statuses[i] == status)
+            return i;
+    return N_STATUS - 1;
+}
+
+void kvt_srv_metrics_request(kvt_srv_metrics *m, kvt_srv_endpoint ep, int status)
+{
+    if ((unsigned)ep >= KVT_EP_COUNT)
+        ep = KVT_EP_OTHER;
+    pthread_mutex_lock(&m->mu);
+    m->requests[ep][status_index(status)]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void kvt_srv_metrics_add(kvt_srv_metrics *m, size_t field_offset, uint64_t n)
+{
+    if (field_offset + sizeof(uint64_t) > sizeof(kvt_srv_counters))
+        return;
+    pthread_mutex_lock(&m->mu);
+    *(uint64_t *)((char *)&m->c + field_offset) += n;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void observe(histogram *h, const double *bounds, int n, double v)
+{
+    for (int i = 0; i < n; i++)
+        if (v <= bounds[i])
+            h->bucket[i]++;
+    h->count++;
+    h->sum += v;
+}
+
+static uint64_t pos(int64_t v) { return v > 0 ? (uint64_t)v : 0; }
+
+void kvt_srv_metrics_finish(kvt_srv_metrics *m, const kvt_srv_record *rec)
+{
+    pthread_mutex_lock(&m->mu);
+    m->c.completions++;
+    if (rec->status == 200)
+        m->c.completions_ok++;
+    m->c.prompt_tokens += pos(rec->prompt_tokens);
+    m->c.generation_tokens += pos(rec->completion_tokens);
+    if (rec->status == 200 || rec->ttft_ms >= 0) {
+        m->c.prefix_cache_queries += pos(rec->prompt_tokens);
+        m->c.prefix_cache_hits += pos(rec->reused_ram + rec->reused_ssd);
+    }
+    m->c.cached_tokens_ram += pos(rec->reused_ram);
+    m->c.cached_tokens_ssd += pos(rec->reused_ssd);
+    m->c.prefilled_tokens += pos(rec->prefilled_tokens);
+    if (rec->ttft_ms >= 0)
+        observe(&m->ttft, kvt_srv_ttft_bounds, KVT_SRV_TTFT_BUCKETS, rec->ttft_ms / 1000.0);
+    observe(&m->e2e, kvt_srv_e2e_bounds, KVT_SRV_E2E_BUCKETS, rec->e2e_ms / 1000.0);
+    kvt_srv_record *slot = &m->ring[m->next_seq % KVT_SRV_RECORDS];
+    *slot = *rec;
+    slot->seq = m->next_seq++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void kvt_srv_metrics_counters(kvt_srv_metrics *m, kvt_srv_counters *out)
+{
+    pthread_mutex_lock(&m->mu);
+    *out = m->c;
+    pthread_mutex_unlock(&m->mu);
+}
+
+size_t kvt_srv_metrics_records(kvt_srv_metrics *m, uint64_t after_seq, kvt_srv_record *out, size_t cap)
+{
+    pthread_mutex_lock(&m->mu);
+    uint64_t first = m->next_seq > KVT_SRV_RECORDS ? m->next_seq - KVT_SRV_RECORDS : 1;
+    if (after_seq + 1 > first)
+        first = after_seq + 1;
+    size_t n = 0;
+    for (uint64_t s = first; s < m->next_seq && n < cap; s++)
+        out[n++] = m->ring[s % KVT_SRV_RECORDS];
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
+/* ---- Prometheus text ------------------------------------------------------------------ */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && b->n + (size_t)k < b->cap) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t nc = b->cap ? b->cap * 2 : 8192;
+        while (nc < b->n + (size_t)k + 1)
+            nc *= 2;
+        char *p = realloc(b->p, nc);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = nc;
+    }
+}
+
+static void head(sbuf *b, const char *name, const char *type, const char *help)
+{
+    sb_printf(b, "# HELP kvtier_%s %s\n# TYPE kvtier_%s %s\n", name, help, name, type);
+}
+
+static void one(sbuf *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+    head(b, name, type, help);
+    sb_printf(b, "kvtier_%s %llu\n", name, (unsigned long long)v);
+}
+
+static void hist(sbuf *b, const char *name, const char *help, const histogram *h, const double *bounds, int n)
+{
+    head(b, name, "histogram", help);
+    for (int i = 0; i < n; i++)
+        sb_printf(b, "kvtier_%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], (unsigned long long)h->bucket[i]);
+    sb_printf(b, "kvtier_%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)h->count);
+    sb_printf(b, "kvtier_%s_sum %.6f\nkvtier_%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+}
+
+int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_report *rep,
+                               const kvt_store_stats *ss, char **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&m->mu);
+    uint64_t req[KVT_EP_COUNT][N_STATUS];
+    memcpy(req, m->requests, sizeof req);
+    kvt_srv_counters c = m->c;
+    histogram ttft = m->ttft, e2e = m->e2e;
+    pthread_mutex_unlock(&m->mu);
+
+    sbuf b = {0};
+    head(&b, "requests_total", "counter", "HTTP requests answered, by endpoint and status.");
+    for (int e = 0; e < KVT_EP_COUNT; e++)
+        for (int s = 0; s < N_STATUS; s++)
+            if (req[e][s])
+                sb_printf(&b, "kvtier_requests_total{endpoint=\"%s\",status=\"%s%d\"} %llu\n", ep_path[e],
+                          s == N_STATUS - 1 ? "other" : "", s == N_STATUS - 1 ? 0 : statuses[s],
+                          (unsigned long long)req[e][s]);
+    /* every counter but the per-tier pair, which is one labelled family */
+#define KVT__CTR_PROM(name, help)                                                                  \
+    if (strncmp(#name, "cached_tokens_", 14)) {                                                    \
+        head(&b, #name "_total", "counter", help ".");                                             \
+        sb_printf(&b, "kvtier_" #name "_total %llu\n", (unsigned long long)c.name);                \
+    }
+    KVT_SRV_COUNTERS(KVT__CTR_PROM)
+#undef KVT__CTR_PROM
+    head(&b, "cached_tokens_total", "counter", "Prompt tokens reused from the prefix cache, by the tier that held them.");
+    sb_printf(&b, "kvtier_cached_tokens_total{tier=\"ram\"} %llu\nkvtier_cached_tokens_total{tier=\"ssd\"} %llu\n",
+              (unsigned long long)c.cached_tokens_ram, (unsigned long long)c.cached_tokens_ssd);
+    hist(&b, "time_to_first_token_seconds", "Time from a request's arrival to its first generated token.", &ttft,
+         kvt_srv_ttft_bounds, KVT_SRV_TTFT_BUCKETS);
+    hist(&b, "e2e_request_latency_seconds", "Time from a request's arrival to its end.", &e2e, kvt_srv_e2e_bounds,
+         KVT_SRV_E2E_BUCKETS);
+    one(&b, "queue_depth", "gauge", "Requests waiting for admission under the KV budget.", pos(g->queue_depth));
+    one(&b, "running_requests", "gauge", "Requests admitted: prefilling or decoding.", pos(g->running));
+    one(&b, "open_connections", "gauge", "Open HTTP connections.", pos(g->connections));
+    one(&b, "ready", "gauge", "1 once the model is loaded and requests are served.", (uint64_t)g->ready);
+    if (rep) {
+        head(&b, "tier_bytes", "gauge", "Bytes a tier holds.");
+        sb_printf(&b, "kvtier_tier_bytes{tier=\"ram\"} %llu\n", (unsigned long long)rep->bytes);
+        if (ss)
+            sb_printf(&b, "kvtier_tier_bytes{tier=\"ssd\"} %llu\n", (unsigned long long)ss->bytes);
+        head(&b, "tier_max_bytes", "gauge", "A tier's byte budget (0: unlimited).");
+        sb_printf(&b, "kvtier_tier_max_bytes{tier=\"ram\"} %llu\n", (unsigned long long)rep->max_bytes);
+        if (ss)
+            sb_printf(&b, "kvtier_tier_max_bytes{tier=\"ssd\"} %llu\n", (unsigned long long)ss->max_bytes);
+        head(&b, "tier_entries", "gauge", "Entries (prefix states) a tier holds.");
+        sb_printf(&b, "kvtier_tier_entries{tier=\"ram\"} %llu\n", (unsigned long long)rep->entries);
+        if (ss)
+            sb_printf(&b, "kvtier_tier_entries{tier=\"ssd\"} %llu\n", (unsigned long long)ss->entries);
+        one(&b, "prompt_cache_hits_total", "counter", "Prompt cache lookups that served a prefix.", rep->hits);
+        one(&b, "prompt_cache_misses_total", "counter", "Prompt cache lookups that served nothing.", rep->misses);
+        one(&b, "prompt_cache_evictions_total", "counter", "RAM entries evicted for the budget.", rep->evictions);
+        one(&b, "prompt_cache_demotions_total", "counter", "RAM entries demoted to the cold tier.", rep->demotions);
+        one(&b, "prompt_cache_spills_total", "counter", "Entries spilled to the cold tier.", rep->spills);
+        one(&b, "prompt_cache_cold_restores_total", "counter", "Restores from the cold tier that served.",
+            rep->cold_restores);
+        one(&b, "kv_projected_bytes", "gauge", "Projected KV bytes of the admitted requests.", rep->kv_projected_bytes);
+        one(&b, "kv_budget_bytes", "gauge", "KV byte budget requests are admitted under (0: unlimited).",
+            rep->kv_budget_bytes);
+        one(&b, "admission_rejected_total", "counter", "Requests that can never fit the limits.", rep->rejected);
+    }
+    if (ss) {
+        one(&b, "ssd_pending_writes", "gauge", "SSD write-behind jobs queued or being written.", ss->pending);
+        one(&b, "ssd_pending_write_bytes", "gauge", "Cache bytes the pending SSD writes hold.", ss->pending_bytes);
+        one(&b, "ssd_failed_writes_total", "counter", "SSD writes that failed.", ss->failed);
+        one(&b, "ssd_dropped_writes_total", "counter", "SSD write-behind jobs refused (queue full, closing).",
+            ss->dropped);
+        one(&b, "ssd_written_entries_total", "counter", "Entries made durable on the SSD tier.", ss->written);
+        one(&b, "ssd_restores_total", "counter", "Successful restores from the SSD tier.", ss->restores);
+        one(&b, "ssd_restore_bytes_total", "counter", "Shard bytes read by SSD restores.", ss->restore_bytes);
+    }
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    *out = b.p;
+    return 0;
+}
+
+/* ---- JSON ------------------------------------------------------------------------------ */
+
+static const char *ep_name(kvt_srv_endpoint e) { return (unsigned)e < KVT_EP_COUNT ? ep_path[e] : "other"; }
+
+json_t *kvt_srv_record_json(const kvt_srv_record *r)
+{
+    return json_pack("{s:I, s:I, s:s, s:s, s:s, s:I, s:I, s:{s:I, s:I}, s:I, s:f, s:f, s:f, s:i}", "seq",
+                     (json_int_t)r->seq, "time_ms", (json_int_t)r->time_ms, "endpoint", ep_name(r->endpoint),
+                     "model", r->model, "ns", r->ns, "prompt_tokens", (json_int_t)r->prompt_tokens,
+                     "completion_tokens", (json_int_t)r->completion_tokens, "reused_tokens", "ram",
+                     (json_int_t)r->reused_ram, "ssd", (json_int_t)r->reused_ssd, "prefilled_tokens",
+                     (json_int_t)r->prefilled_tokens, "queue_ms", r->queue_ms, "ttft_ms", r->ttft_ms, "e2e_ms",
+                     r->e2e_ms, "status", r->status);
+}
+
+json_t *kvt_srv_metrics_json(kvt_srv_metrics *m, const kvt_srv_gauges *g, size_t recent)
+{
+    pthread_mutex_lock(&m->mu);
+    uint64_t req[KVT_EP_COUNT][N_STATUS];
+    memcpy(req, m->requests, sizeof req);
+    kvt_srv_counters c = m->c;
+    pthread_mutex_unlock(&m->mu);
+    json_t *doc = json_object(), *by = json_object(), *ctr = json_object(), *rec = json_array();
+    if (!doc || !by || !ctr || !rec) {
+        json_decref(doc);
+        json_decref(by);
+        json_decref(ctr);
+        json_decref(rec);
+        return NULL;
+    }
+    uint64_t total = 0;
+    for (int e = 0; e < KVT_EP_COUNT; e++) {
+        json_t *st = NULL;
+        for (int s = 0; s < N_STATUS; s++) {
+            if (!req[e][s])
+                continue;
+            if (!st)
+                st = json_object();
+            char k[16];
+            if (s == N_STATUS - 1)
+                snprintf(k, sizeof k, "other");
+            else
+                snprintf(k, sizeof k, "%d", statuses[s]);
+            json_object_set_new(st, k, json_integer((json_int_t)req[e][s]));
+            total += req[e][s];
+        }
+        if (st)
+            json_object_set_new(by, ep_path[e], st);
+    }
+#define KVT__CTR_JSON(name, help) json_object_set_new(ctr, #name, json_integer((json_int_t)c.name));
+    KVT_SRV_COUNTERS(KVT__CTR_JSON)
+#undef KVT__CTR_JSON
+    kvt_srv_record *buf = recent ? calloc(recent, sizeof *buf) : NULL;
+    if (buf) {
+        uint64_t after = 0;
+        pthread_mutex_lock(&m->mu);
+        if (m->next_seq - 1 > recent)
+            after = m->next_seq - 1 - recent;
+        pthread_mutex_unlock(&m->mu);
+        size_t n = kvt_srv_metrics_records(m, after, buf, recent);
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(rec, kvt_srv_record_json(&buf[i]));
+        free(buf);
+    }
+    json_object_set_new(doc, "requests_total", json_integer((json_int_t)total));
+    json_object_set_new(doc, "requests", by);
+    json_object_set_new(doc, "counters", ctr);
+    json_object_set_new(doc, "queue_depth", json_integer(g->queue_depth));
+    json_object_set_new(doc, "running", json_integer(g->running));
+    json_object_set_new(doc, "connections", json_integer(g->connections));
+    json_object_set_new(doc, "ready", json_boolean(g->ready));
+    json_object_set_new(doc, "recent", rec);
+    return doc;
+}

@@ -1,0 +1,125 @@
+/*
+ * scheduler.h: the engine thread of `kvtier serve`. Generation requests (jobs)
+ * are submitted by the HTTP threads into a bounded queue; one engine thread
+ * owns the model and runs them: admission under the KV budget, prefill past
+ * the reused prefix, decode, prompt-boundary and final publishes, release.
+ * A job's reply grows under its own mutex; the connection that submitted it
+ * waits on it (kvt_srv_job_wait) and streams or returns it.
+ *
+ * Thread-safety: kvt_srv_sched_* and kvt_srv_job_* may be called from any
+ * thread; only the engine thread touches the model, the samplers and the
+ * caches. A job is shared by its connection and the scheduler (refcounted);
+ * its reply fields are read under job->mu.
+ */
+#ifndef KVT_SERVER_SCHEDULER_H
+#define KVT_SERVER_SCHEDULER_H
+
+#include "metrics.h"
+#include "openai.h"
+
+#include "chat.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Status recorded for a request cancelled by its client (nginx's 499). */
+#define KVT_SRV_STATUS_CANCELLED 499
+
+typedef struct kvt_srv_job {
+    /* ---- set before kvt_srv_sched_submit, read-only afterwards ---- */
+    kvt_srv_endpoint endpoint;
+    int32_t *prompt;            /* (n_prompt) token ids, owned by the job */
+    int64_t n_prompt;
+    int64_t max_tokens;         /* >= 1; n_prompt + max_tokens <= the model's seq_len */
+    float temperature, top_p;   /* as kvt_sampler_create */
+    uint64_t seed;              /* != 0 */
+    char *stop[KVT_OAI_MAX_STOP]; /* stop sequences, owned */
+    int n_stop;
+    int stop_at_newline;        /* 1: stop before a token whose piece holds '\n' (chat) */
+    char *session;              /* owned, NULL = none */
+    char model[64];             /* the served model's id, for the record */
+    uint64_t arrival_ns;        /* kvt_now_ns() when the body was complete */
+
+    /* ---- the reply, written by the engine thread under mu ---- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* signalled when text grows or the job ends */
+    char *text;                 /* (text_len) reply text so far, valid UTF-8, NUL-terminated */
+    size_t text_len, text_cap;
+    size_t visible;             /* leading bytes of text that may be sent now (a stop
+                                   sequence may still begin in the rest) */
+    int done;                   /* 1: finished; status says how */
+    int status;                 /* 200, or the HTTP status of the error */
+    char error[512];            /* the error message when status != 200 */
+    const char *finish_reason;  /* "stop" or "length" when done with 200 */
+    kvt_oai_usage usage;        /* final when done; prompt/reuse figures from the first token */
+    int started;                /* 1 once the first token is chosen */
+
+    /* ---- either side ---- */
+    atomic_int cancel;          /* set by the connection: stop within one step */
+    atomic_int refs;
+
+    /* ---- engine-private ---- */
+    char *raw;                  /* undecided tail of the reply bytes (a partial character) */
+    size_t raw_len, raw_cap;
+    struct kvt_srv_job *next;   /* queue link */
+} kvt_srv_job;
+
+/** A new job with one reference (the caller's); NULL when out of memory.
+ * The caller fills the input fields (ownership of prompt, stop and session
+ * passes to the job) and submits it. */
+kvt_srv_job *kvt_srv_job_new(void);
+
+/** Drops a reference; the last one frees the job. NULL is a no-op. */
+void kvt_srv_job_release(kvt_srv_job *j);
+
+/** Asks the engine to stop the job at its next step (a client went away).
+ * What it computed is still published to the cache. */
+void kvt_srv_job_cancel(kvt_srv_job *j);
+
+/** Waits (with j->mu held by the caller) until the job ends or its visible
+ * text grows past `seen` bytes, at most timeout_ms milliseconds. */
+void kvt_srv_job_wait_locked(kvt_srv_job *j, size_t seen, int64_t timeout_ms);
+
+typedef struct kvt_srv_sched kvt_srv_sched;
+
+/** Settings of the scheduler. */
+typedef struct kvt_srv_sched_opts {
+    int64_t max_queue;          /* jobs waiting for admission at most (>= 0) */
+    int64_t max_running;        /* jobs admitted at once at most (>= 1) */
+} kvt_srv_sched_opts;
+
+/** Starts the engine thread over a loaded model, its tokenizer and service
+ * (all borrowed: they must outlive the scheduler).
+ * @param metrics borrowed; finished jobs are recorded there.
+ * @return 0, KVT_EINVAL, KVT_ENOMEM, or -errno when the thread cannot start. */
+int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *svc, kvt_srv_metrics *metrics,
+                         const kvt_srv_sched_opts *o, kvt_srv_sched **out);
+
+/** Queues a job (the scheduler takes its own reference).
+ * @return 0; KVT_EAGAIN when max_queue jobs already wait beyond the free
+ *   running slots (max_running minus the jobs running) (answer 429);
+ *   KVT_ECLOSED after kvt_srv_sched_drain began (answer 503). */
+int kvt_srv_sched_submit(kvt_srv_sched *s, kvt_srv_job *j);
+
+/** Jobs waiting and running now. */
+void kvt_srv_sched_gauges(kvt_srv_sched *s, int64_t *queued, int64_t *running);
+
+/** Stops taking jobs (submit answers KVT_ECLOSED), lets the queued and
+ * running ones finish for up to timeout_ms milliseconds, then cancels the
+ * rest (they end with status 503) and waits for the engine to let them go.
+ * @return how many jobs were cancelled. */
+int64_t kvt_srv_sched_drain(kvt_srv_sched *s, int64_t timeout_ms);
+
+/** Drains with timeout 0 if needed, stops and joins the engine thread, frees.
+ * NULL is a no-op. */
+void kvt_srv_sched_destroy(kvt_srv_sched *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVT_SERVER_SCHEDULER_H */

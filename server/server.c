@@ -1,0 +1,988 @@
+/*
+ * server.c: HTTP and routing of `kvtier serve` (server.h) on libmicrohttpd,
+ * one thread per connection. A connection thread parses and validates a
+ * request, tokenizes it, checks it against the context and the KV budget,
+ * submits it to the engine thread (scheduler.h) and then waits on the job: a
+ * whole JSON response, or server-sent events as the reply grows. While it
+ * waits it watches its socket, so a client that goes away cancels its job
+ * within one engine step.
+ *
+ * Must never: log the API key, read more than --max-body bytes of a body
+ * into memory, let a client's input reach the engine unvalidated, or block
+ * the engine thread on a client.
+ */
+#include "server.h"
+
+#include "metrics.h"
+#include "openai.h"
+#include "scheduler.h"
+
+#include "chat.h"
+#include "internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+struct kvt_server {
+    kvt_server_opts o;           /* strings below are owned copies */
+    char *host, *model_path, *tok_path, *model_name_opt, *ssd_dir, *api_key;
+    struct MHD_Daemon *d;
+    int port;
+    kvt_srv_metrics *metrics;
+    atomic_int ready;            /* 1 once load finished: the fields below are set */
+    atomic_int stopping;         /* stop began: new generation requests get 503 */
+    atomic_long active;          /* requests between their first handler call and completion */
+    kvt_model *m;
+    kvt_tokenizer *tok;
+    kvt_store *store;
+    kvt_cold_tier tier;
+    kvt_service *svc;
+    kvt_srv_sched *sched;
+    char model_name[64];
+    int32_t seq_len, vocab;
+    int64_t created;             /* Unix seconds at load, for /v1/models */
+    atomic_ullong next_id;
+    int stopped;
+};
+
+/* ---- small helpers ---------------------------------------------------------------------- */
+
+static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
+
+static int64_t unix_s(void) { return (int64_t)time(NULL); }
+
+/* Whether the peer closed its side of the socket (or it failed). */
+static int peer_gone(int fd)
+{
+    if (fd < 0)
+        return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0)
+        return 0;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static int conn_fd(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static enum MHD_Result send_body(kvt_server *s, struct MHD_Connection *c, kvt_srv_endpoint ep, int status,
+                                 char *body, const char *ctype, const char *extra_h, const char *extra_v)
+{
+    kvt_srv_metrics_request(s->metrics, ep, status);
+    if (!body)
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (extra_h)
+        MHD_add_response_header(r, extra_h, extra_v);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_json(kvt_server *s, struct MHD_Connection *c, kvt_srv_endpoint ep, int status,
+                                 json_t *doc)
+{
+    char *body = doc ? json_dumps(doc, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+    json_decref(doc);
+    return send_body(s, c, ep, status, body, "application/json", NULL, NULL);
+}
+
+static enum MHD_Result send_error(kvt_server *s, struct MHD_Connection *c, kvt_srv_endpoint ep,
+                                  const kvt_oai_error *e)
+{
+    const char *h = NULL, *v = NULL;
+    if (e->status == 429) {
+        h = "Retry-After";
+        v = "1";
+    } else if (e->status == 405) {
+        h = "Allow";
+        v = ep == KVT_EP_CHAT || ep == KVT_EP_COMPLETIONS || ep == KVT_EP_TOKENIZE || ep == KVT_EP_DETOKENIZE
+                ? "POST" : "GET";
+    } else if (e->status == 401) {
+        h = "WWW-Authenticate";
+        v = "Bearer";
+    }
+    return send_body(s, c, ep, e->status, kvt_oai_error_json(e), "application/json", h, v);
+}
+
+static enum MHD_Result fail(kvt_server *s, struct MHD_Connection *c, kvt_srv_endpoint ep, int status,
+                            const char *type, const char *param, const char *code, const char *msg)
+{
+    kvt_oai_error e;
+    kvt_oai_error_set(&e, status, type, param, code, "%s", msg);
+    return send_error(s, c, ep, &e);
+}
+
+/* ---- routing ------------------------------------------------------------------------------ */
+
+typedef struct {
+    kvt_srv_endpoint ep;
+    int post;                    /* the endpoint's method: 1 POST, 0 GET */
+    int known;                   /* 0: unknown path */
+    char *body;                  /* (len) bytes received, at most max_body */
+    size_t len, cap;
+    int too_big;
+} req_ctx;
+
+static void route(const char *url, req_ctx *r)
+{
+    static const struct {
+        const char *path;
+        kvt_srv_endpoint ep;
+        int post;
+    } table[] = {
+        {"/v1/chat/completions", KVT_EP_CHAT, 1}, {"/v1/completions", KVT_EP_COMPLETIONS, 1},
+        {"/v1/models", KVT_EP_MODELS, 0},         {"/health", KVT_EP_HEALTH, 0},
+        {"/tokenize", KVT_EP_TOKENIZE, 1},        {"/detokenize", KVT_EP_DETOKENIZE, 1},
+        {"/stats", KVT_EP_STATS, 0},              {"/metrics", KVT_EP_METRICS, 0},
+    };
+    r->ep = KVT_EP_OTHER;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(url, table[i].path) ||
+            (table[i].ep == KVT_EP_MODELS && !strncmp(url, "/v1/models/", 11) && url[11])) {
+            r->ep = table[i].ep;
+            r->post = table[i].post;
+            r->known = 1;
+            return;
+        }
+}
+
+static int authorized(kvt_server *s, struct MHD_Connection *c)
+{
+    if (!s->api_key)
+        return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    const char *key = NULL;
+    if (h && !strncasecmp(h, "Bearer ", 7))
+        key = h + 7;
+    return kvt_oai_key_equal(key ? key : "", s->api_key);
+}
+
+/* ---- prompts -------------------------------------------------------------------------------- */
+
+/* The prompt of a parsed request as token ids (BOS first for text).
+ * @return 0, or the HTTP status with e filled. */
+static int prompt_tokens(kvt_server *s, const kvt_oai_request *r, int bos, int32_t **ids, int64_t *n,
+                         kvt_oai_error *e)
+{
+    *ids = NULL;
+    *n = 0;
+    if (r->prompt_ids) {
+        for (int64_t i = 0; i < r->n_prompt_ids; i++)
+            if (r->prompt_ids[i] >= s->vocab)
+                return kvt_oai_error_set(e, 400, "invalid_request_error", "prompt", NULL,
+                                         "'prompt[%lld]' is token id %d, outside the vocabulary [0, %d)",
+                                         (long long)i, r->prompt_ids[i], s->vocab);
+        *ids = malloc((size_t)r->n_prompt_ids * sizeof **ids);
+        if (!*ids)
+            return kvt_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(*ids, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof **ids);
+        *n = r->n_prompt_ids;
+        return 0;
+    }
+    char *text = NULL;
+    if (r->kind == KVT_OAI_CHAT) {
+        char *conv = NULL;
+        if (kvt_chat_render((const char *const *)r->user, (const char *const *)r->reply, r->n_turns, &conv))
+            return kvt_oai_error_set(e, 500, "server_error", NULL, NULL, "cannot render the conversation");
+        if (r->system) {
+            size_t a = strlen(r->system), b = strlen(conv);
+            text = malloc(a + b + 10);
+            if (text)
+                snprintf(text, a + b + 10, "System: %s\n%s", r->system, conv);
+            free(conv);
+        } else
+            text = conv;
+    } else
+        text = strdup(r->prompt_text);
+    if (!text)
+        return kvt_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t cap = strlen(text) + 3;
+    *ids = malloc(cap * sizeof **ids);
+    int rc = *ids ? kvt_tokenizer_encode(s->tok, text, bos, 0, *ids, (int64_t)cap, n) : KVT_ENOMEM;
+    free(text);
+    if (rc) {
+        free(*ids);
+        *ids = NULL;
+        return rc == KVT_ENOMEM ? kvt_oai_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
+                                : kvt_oai_error_set(e, 400, "invalid_request_error", "prompt", NULL,
+                                                    "the prompt cannot be encoded: %s", kvt_last_error());
+    }
+    if (*n == 0) {
+        free(*ids);
+        *ids = NULL;
+        return kvt_oai_error_set(e, 400, "invalid_request_error", "prompt", NULL, "the prompt is empty");
+    }
+    return 0;
+}
+
+/* ---- generation ------------------------------------------------------------------------------ */
+
+typedef struct {
+    kvt_server *s;
+    kvt_srv_job *job;
+    struct MHD_Connection *conn;
+    int fd;
+    kvt_oai_kind kind;
+    char id[40];
+    int64_t created;
+    int include_usage;
+    int phase;                   /* 0 role chunk next, 1 text, 2 ended */
+    size_t sent;                 /* bytes of job->text sent */
+    char *out;                   /* (out_len) event bytes not yet handed to MHD */
+    size_t out_len, out_off;
+} stream_ctx;
+
+static void stream_free(void *cls)
+{
+    stream_ctx *st = cls;
+    kvt_srv_job_cancel(st->job); /* no-op for a finished job */
+    kvt_srv_job_release(st->job);
+    free(st->out);
+    free(st);
+}
+
+static void stream_put(stream_ctx *st, char *ev)
+{
+    free(st->out);
+    st->out = ev;
+    st->out_len = ev ? strlen(ev) : 0;
+    st->out_off = 0;
+}
+
+static char *cat3(char *a, const char *b, const char *c)
+{
+    if (!a)
+        return NULL;
+    size_t na = strlen(a), nb = strlen(b), nc = c ? strlen(c) : 0;
+    char *p = realloc(a, na + nb + nc + 1);
+    if (!p) {
+        free(a);
+        return NULL;
+    }
+    memcpy(p + na, b, nb);
+    if (c)
+        memcpy(p + na + nb, c, nc);
+    p[na + nb + nc] = '\0';
+    return p;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    stream_ctx *st = cls;
+    kvt_srv_job *j = st->job;
+    const char *model = st->s->model_name;
+    for (;;) {
+        if (st->out_off < st->out_len) {
+            size_t n = st->out_len - st->out_off;
+            if (n > max)
+                n = max;
+            memcpy(buf, st->out + st->out_off, n);
+            st->out_off += n;
+            return (ssize_t)n;
+        }
+        if (st->phase == 2) {
+            /* the reply is complete: a client that stops reading is bounded by the idle timeout again */
+            MHD_set_connection_option(st->conn, MHD_CONNECTION_OPTION_TIMEOUT, st->s->o.conn_timeout_s);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        if (st->phase == 0) { /* chat streams open with the assistant's role; completions do not */
+            st->phase = 1;
+            if (st->kind == KVT_OAI_CHAT) {
+                stream_put(st, kvt_oai_chunk_event(st->kind, st->id, st->created, model, 1, NULL, 0, NULL,
+                                                   st->include_usage, NULL));
+                if (!st->out)
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
+            continue;
+        }
+        pthread_mutex_lock(&j->mu);
+        while (!j->done && j->visible <= st->sent) {
+            kvt_srv_job_wait_locked(j, st->sent, 20);
+            if (!j->done && j->visible <= st->sent) {
+                pthread_mutex_unlock(&j->mu);
+                if (peer_gone(st->fd)) {
+                    kvt_srv_job_cancel(j);
+                    return MHD_CONTENT_READER_END_WITH_ERROR;
+                }
+                pthread_mutex_lock(&j->mu);
+            }
+        }
+        char *ev = NULL;
+        if (j->visible > st->sent) {
+            ev = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, j->text + st->sent,
+                                     j->visible - st->sent, NULL, st->include_usage, NULL);
+            st->sent = j->visible;
+        } else if (j->status == 200) {
+            ev = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, NULL, 0, j->finish_reason,
+                                     st->include_usage, NULL);
+            if (ev && st->include_usage) {
+                char *u = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, NULL, 0, NULL, 1, &j->usage);
+                ev = u ? cat3(ev, u, NULL) : (free(ev), NULL);
+                free(u);
+            }
+            ev = cat3(ev, "data: [DONE]\n\n", NULL);
+            st->phase = 2;
+        } else {
+            kvt_oai_error e;
+            kvt_oai_error_set(&e, j->status, j->status == 400 ? "invalid_request_error" : "server_error", NULL,
+                              NULL, "%s", j->error);
+            char *body = kvt_oai_error_json(&e);
+            ev = body ? cat3(strdup("data: "), body, "\n\ndata: [DONE]\n\n") : NULL;
+            free(body);
+            st->phase = 2;
+        }
+        pthread_mutex_unlock(&j->mu);
+        if (!ev)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        stream_put(st, ev);
+    }
+}
+
+static void new_id(kvt_server *s, kvt_oai_kind kind, char *id, size_t cap)
+{
+    unsigned long long n = atomic_fetch_add(&s->next_id, 1);
+    snprintf(id, cap, "%s-%016llx", kind == KVT_OAI_CHAT ? "chatcmpl" : "cmpl", n);
+}
+
+static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
+{
+    kvt_oai_kind kind = rq->ep == KVT_EP_CHAT ? KVT_OAI_CHAT : KVT_OAI_COMPLETION;
+    kvt_oai_request r;
+    kvt_oai_error e;
+    if (kvt_oai_parse(kind, rq->body, rq->len, &r, &e))
+        return send_error(s, c, rq->ep, &e);
+    enum MHD_Result ret;
+    if (r.model && strcmp(r.model, s->model_name)) {
+        kvt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                          "the model '%s' does not exist (this server serves '%s')", r.model, s->model_name);
+        ret = send_error(s, c, rq->ep, &e);
+        goto out;
+    }
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (prompt_tokens(s, &r, 1, &ids, &n, &e)) {
+        ret = send_error(s, c, rq->ep, &e);
+        goto out;
+    }
+    int64_t left = s->seq_len - n;
+    if (left < 1 || (r.max_tokens > 0 && r.max_tokens > left)) {
+        free(ids);
+        if (left < 1)
+            kvt_oai_error_set(&e, 400, "invalid_request_error", "messages", "context_length_exceeded",
+                              "this model's context is %d tokens; the prompt has %lld tokens, leaving no room "
+                              "for a reply", s->seq_len, (long long)n);
+        else
+            kvt_oai_error_set(&e, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
+                              "this model's context is %d tokens; the prompt has %lld tokens and max_tokens "
+                              "asks for %lld (%lld in all)", s->seq_len, (long long)n, (long long)r.max_tokens,
+                              (long long)(n + r.max_tokens));
+        ret = send_error(s, c, rq->ep, &e);
+        goto out;
+    }
+    int64_t max_tokens = r.max_tokens > 0 ? r.max_tokens : (kind == KVT_OAI_CHAT ? 256 : 16);
+    if (max_tokens > left)
+        max_tokens = left;
+    kvt_request kr = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens};
+    int fit = kvt_service_fits(s->svc, &kr);
+    if (fit < 0) {
+        free(ids);
+        kvt_oai_error_set(&e, fit == KVT_ECLOSED ? 503 : 400, "invalid_request_error", "max_tokens",
+                          fit == KVT_ELIMIT ? "kv_budget_exceeded" : NULL, "%s", kvt_last_error());
+        ret = send_error(s, c, rq->ep, &e);
+        goto out;
+    }
+    kvt_srv_job *j = kvt_srv_job_new();
+    if (!j) {
+        free(ids);
+        ret = fail(s, c, rq->ep, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    j->endpoint = rq->ep;
+    j->prompt = ids;
+    j->n_prompt = n;
+    j->max_tokens = max_tokens;
+    j->temperature = (float)r.temperature;
+    j->top_p = (float)r.top_p;
+    uint64_t seed = r.has_seed ? r.seed : (kvt_now_ns() ^ ((uint64_t)atomic_load(&s->next_id) << 32));
+    j->seed = seed ? seed : 0x9E3779B97F4A7C15ull;
+    for (int i = 0; i < r.n_stop; i++) {
+        j->stop[i] = r.stop[i];
+        r.stop[i] = NULL;
+    }
+    j->n_stop = r.n_stop;
+    r.n_stop = 0;
+    j->stop_at_newline = kind == KVT_OAI_CHAT;
+    j->session = r.session;
+    r.session = NULL;
+    snprintf(j->model, sizeof j->model, "%s", s->model_name);
+    j->arrival_ns = kvt_now_ns();
+    int rc = atomic_load(&s->stopping) ? KVT_ECLOSED : kvt_srv_sched_submit(s->sched, j);
+    if (rc) {
+        kvt_srv_job_release(j);
+        if (rc == KVT_EAGAIN) {
+            kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, rejected_queue_full), 1);
+            kvt_oai_error_set(&e, 429, "rate_limit_error", NULL, "queue_full",
+                              "the server's queue is full (%lld requests waiting); retry later",
+                              (long long)s->o.max_queue);
+        } else
+            kvt_oai_error_set(&e, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        ret = send_error(s, c, rq->ep, &e);
+        goto out;
+    }
+    /* the request now waits on the engine: our own disconnect check replaces the idle timeout */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    int fd = conn_fd(c);
+    char id[40];
+    new_id(s, kind, id, sizeof id);
+    if (r.stream) {
+        stream_ctx *st = calloc(1, sizeof *st);
+        struct MHD_Response *resp = st ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, st,
+                                                                           stream_free)
+                                       : NULL;
+        if (!resp) {
+            free(st);
+            kvt_srv_job_cancel(j);
+            kvt_srv_job_release(j);
+            ret = MHD_NO;
+            goto out;
+        }
+        st->s = s;
+        st->job = j;
+        st->conn = c;
+        st->fd = fd;
+        st->kind = kind;
+        memcpy(st->id, id, sizeof id);
+        st->created = unix_s();
+        st->include_usage = r.include_usage;
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+        kvt_srv_metrics_request(s->metrics, rq->ep, 200);
+        ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+        goto out;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        kvt_srv_job_wait_locked(j, SIZE_MAX, 20);
+        if (j->done)
+            break;
+        pthread_mutex_unlock(&j->mu);
+        int gone = peer_gone(fd);
+        pthread_mutex_lock(&j->mu);
+        if (gone) {
+            kvt_srv_job_cancel(j);
+            pthread_mutex_unlock(&j->mu);
+            kvt_srv_job_release(j);
+            ret = MHD_NO; /* the client is gone: close */
+            goto out;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->o.conn_timeout_s);
+    if (j->status != 200) {
+        kvt_oai_error_set(&e, j->status, j->status == 400 ? "invalid_request_error" : "server_error", NULL, NULL,
+                          "%s", j->error);
+        ret = send_error(s, c, rq->ep, &e);
+    } else
+        ret = send_body(s, c, rq->ep, 200,
+                        kvt_oai_response_json(kind, id, unix_s(), s->model_name, j->text, j->text_len,
+                                              j->finish_reason, &j->usage),
+                        "application/json", NULL, NULL);
+    kvt_srv_job_release(j);
+out:
+    kvt_oai_request_clear(&r);
+    return ret;
+}
+
+/* ---- the other endpoints ----------------------------------------------------------------------- */
+
+/* The body as a JSON object, or NULL with e filled (400). */
+static json_t *body_object(const req_ctx *rq, kvt_oai_error *e)
+{
+    json_error_t je;
+    json_t *doc = json_loadb(rq->body ? rq->body : "", rq->len, JSON_DECODE_ANY, &je);
+    if (!doc)
+        kvt_oai_error_set(e, 400, "invalid_request_error", NULL, NULL,
+                          "malformed JSON at line %d, column %d (byte %d): %s", je.line, je.column, je.position,
+                          je.text);
+    else if (!json_is_object(doc)) {
+        json_decref(doc);
+        doc = NULL;
+        kvt_oai_error_set(e, 400, "invalid_request_error", NULL, NULL, "the request body must be a JSON object");
+    }
+    return doc;
+}
+
+static enum MHD_Result do_tokenize(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
+{
+    kvt_oai_error e;
+    json_t *doc = body_object(rq, &e);
+    if (!doc)
+        return send_error(s, c, rq->ep, &e);
+    json_t *ast = json_object_get(doc, "add_special_tokens");
+    if (ast && !json_is_boolean(ast)) {
+        json_decref(doc);
+        return fail(s, c, rq->ep, 400, "invalid_request_error", "add_special_tokens", NULL,
+                    "'add_special_tokens' must be a boolean");
+    }
+    int bos = !ast || json_is_true(ast);
+    kvt_oai_kind kind = json_object_get(doc, "messages") ? KVT_OAI_CHAT : KVT_OAI_COMPLETION;
+    json_decref(doc);
+    kvt_oai_request r;
+    if (kvt_oai_parse(kind, rq->body, rq->len, &r, &e))
+        return send_error(s, c, rq->ep, &e);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (prompt_tokens(s, &r, bos, &ids, &n, &e)) {
+        kvt_oai_request_clear(&r);
+        return send_error(s, c, rq->ep, &e);
+    }
+    kvt_oai_request_clear(&r);
+    json_t *arr = json_array();
+    for (int64_t i = 0; arr && i < n; i++)
+        json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    return send_json(s, c, rq->ep, 200,
+                     arr ? json_pack("{s:I, s:i, s:o}", "count", (json_int_t)n, "max_model_len", s->seq_len,
+                                     "tokens", arr)
+                         : NULL);
+}
+
+static enum MHD_Result do_detokenize(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
+{
+    kvt_oai_error e;
+    json_t *doc = body_object(rq, &e);
+    if (!doc)
+        return send_error(s, c, rq->ep, &e);
+    json_t *toks = json_object_get(doc, "tokens");
+    if (!json_is_array(toks)) {
+        json_decref(doc);
+        return fail(s, c, rq->ep, 400, "invalid_request_error", "tokens", NULL,
+                    toks ? "'tokens' must be an array of token ids" : "'tokens' is required");
+    }
+    char *raw = NULL, *text = NULL;
+    size_t raw_len = 0, raw_cap = 0, len = 0, cap = 0;
+    int32_t prev = -1;
+    size_t i;
+    json_t *v;
+    json_array_foreach(toks, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->vocab) {
+            free(raw);
+            json_decref(doc);
+            kvt_oai_error_set(&e, 400, "invalid_request_error", "tokens", NULL,
+                              "'tokens[%zu]' must be a token id in [0, %d)", i, s->vocab);
+            return send_error(s, c, rq->ep, &e);
+        }
+        int32_t t = (int32_t)json_integer_value(v);
+        const char *piece = (t == KVT_TOKEN_BOS || t == KVT_TOKEN_EOS) ? "" : kvt_tokenizer_decode(s->tok, prev, t);
+        size_t pn = piece ? strlen(piece) : 0;
+        if (raw_len + pn + 1 > raw_cap) {
+            size_t nc = raw_cap ? raw_cap * 2 : 256;
+            while (nc < raw_len + pn + 1)
+                nc *= 2;
+            char *p = realloc(raw, nc);
+            if (!p) {
+                free(raw);
+                json_decref(doc);
+                return fail(s, c, rq->ep, 500, "server_error", NULL, NULL, "out of memory");
+            }
+            raw = p;
+            raw_cap = nc;
+        }
+        memcpy(raw + raw_len, piece ? piece : "", pn);
+        raw_len += pn;
+        prev = t;
+    }
+    json_decref(doc);
+    int rc = kvt_oai_utf8_append(&text, &len, &cap, raw ? raw : "", raw_len);
+    free(raw);
+    if (rc || (!text && !(text = strdup(""))))
+        return fail(s, c, rq->ep, 500, "server_error", NULL, NULL, "out of memory");
+    json_t *out = json_pack("{s:s%}", "prompt", text, len);
+    free(text);
+    return send_json(s, c, rq->ep, 200, out);
+}
+
+static void gauges(kvt_server *s, kvt_srv_gauges *g)
+{
+    memset(g, 0, sizeof *g);
+    g->ready = atomic_load(&s->ready);
+    if (g->ready)
+        kvt_srv_sched_gauges(s->sched, &g->queue_depth, &g->running);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    g->connections = di ? (int64_t)di->num_connections : 0;
+}
+
+static json_t *store_json(const kvt_store_stats *ss)
+{
+    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "entries", (json_int_t)ss->entries,
+                     "bytes", (json_int_t)ss->bytes, "max_bytes", (json_int_t)ss->max_bytes, "pending",
+                     (json_int_t)ss->pending, "pending_bytes", (json_int_t)ss->pending_bytes, "dropped",
+                     (json_int_t)ss->dropped, "failed", (json_int_t)ss->failed, "written", (json_int_t)ss->written,
+                     "restores", (json_int_t)ss->restores, "restore_bytes", (json_int_t)ss->restore_bytes,
+                     "restore_ns_last", (json_int_t)ss->restore_ns_last);
+}
+
+static enum MHD_Result do_stats(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
+{
+    kvt_srv_gauges g;
+    gauges(s, &g);
+    json_t *doc = NULL;
+    if (g.ready) {
+        char *rep = NULL;
+        if (kvt_service_report_json(s->svc, &rep) == 0)
+            doc = json_loads(rep, 0, NULL);
+        kvt_service_json_free(rep);
+    }
+    if (!doc)
+        doc = json_object();
+    if (!doc)
+        return MHD_NO;
+    if (s->store) {
+        kvt_store_stats ss;
+        kvt_store_get_stats(s->store, &ss);
+        json_object_set_new(doc, "ssd", store_json(&ss));
+    } else
+        json_object_set_new(doc, "ssd", json_null());
+    json_object_set_new(doc, "server", kvt_srv_metrics_json(s->metrics, &g, 50));
+    json_object_set_new(doc, "model", json_pack("{s:s, s:i}", "id", s->model_name, "max_model_len", s->seq_len));
+    return send_json(s, c, rq->ep, 200, doc);
+}
+
+static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
+{
+    kvt_srv_gauges g;
+    gauges(s, &g);
+    kvt_service_report rep;
+    kvt_store_stats ss;
+    int have_rep = g.ready && kvt_service_report_get(s->svc, &rep) == 0;
+    if (g.ready && s->store)
+        kvt_store_get_stats(s->store, &ss);
+    char *text = NULL;
+    /* this scrape counts itself */
+    kvt_srv_metrics_request(s->metrics, rq->ep, 200);
+    if (kvt_srv_metrics_prometheus(s->metrics, &g, have_rep ? &rep : NULL, g.ready && s->store ? &ss : NULL, &text))
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(text);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result do_models(kvt_server *s, struct MHD_Connection *c, req_ctx *rq, const char *url)
+{
+    json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_name, "object", "model", "created",
+                              (json_int_t)s->created, "owned_by", "kvtier", "max_model_len", s->seq_len);
+    if (!strncmp(url, "/v1/models/", 11)) {
+        if (strcmp(url + 11, s->model_name)) {
+            json_decref(model);
+            kvt_oai_error e;
+            kvt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                              "the model '%s' does not exist (this server serves '%s')", url + 11, s->model_name);
+            return send_error(s, c, rq->ep, &e);
+        }
+        return send_json(s, c, rq->ep, 200, model);
+    }
+    return send_json(s, c, rq->ep, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model));
+}
+
+/* ---- the access handler ---------------------------------------------------------------------------- */
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload_data, size_t *upload_data_size,
+                               void **con_cls)
+{
+    kvt_server *s = cls;
+    req_ctx *rq = *con_cls;
+    if (!rq) {
+        rq = calloc(1, sizeof *rq);
+        if (!rq)
+            return MHD_NO;
+        *con_cls = rq;
+        atomic_fetch_add(&s->active, 1);
+        route(url, rq);
+        int is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET");
+        if (!rq->known) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "no endpoint %.200s %.32s", url, method);
+            return fail(s, c, KVT_EP_OTHER, 404, "invalid_request_error", NULL, "not_found", msg);
+        }
+        if ((rq->post && !is_post) || (!rq->post && !is_get)) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "%s takes %s, not %.32s", url, rq->post ? "POST" : "GET", method);
+            return fail(s, c, rq->ep, 405, "invalid_request_error", NULL, "method_not_allowed", msg);
+        }
+        if (rq->ep != KVT_EP_HEALTH && !authorized(s, c))
+            return fail(s, c, rq->ep, 401, "invalid_request_error", NULL, "invalid_api_key",
+                        "missing or incorrect API key (send 'Authorization: Bearer KEY')");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->o.max_body) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the request body is %.24s bytes; this server takes at most %llu (--max-body)",
+                     cl, (unsigned long long)s->o.max_body);
+            return fail(s, c, rq->ep, 413, "invalid_request_error", NULL, "body_too_large", msg);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (rq->too_big || rq->len + n > s->o.max_body) {
+            rq->too_big = 1;
+            return MHD_YES;
+        }
+        if (rq->len + n + 1 > rq->cap) {
+            size_t nc = rq->cap ? rq->cap * 2 : 4096;
+            while (nc < rq->len + n + 1)
+                nc *= 2;
+            char *p = realloc(rq->body, nc);
+            if (!p)
+                return MHD_NO;
+            rq->body = p;
+            rq->cap = nc;
+        }
+        memcpy(rq->body + rq->len, upload_data, n);
+        rq->len += n;
+        rq->body[rq->len] = '\0';
+        return MHD_YES;
+    }
+    if (rq->too_big) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the request body is over %llu bytes (--max-body)", (unsigned long long)s->o.max_body);
+        return fail(s, c, rq->ep, 413, "invalid_request_error", NULL, "body_too_large", msg);
+    }
+    int ready = atomic_load(&s->ready);
+    if (rq->ep == KVT_EP_HEALTH) {
+        if (!ready)
+            return fail(s, c, rq->ep, 503, "server_error", NULL, "loading", "the model is loading");
+        if (atomic_load(&s->stopping))
+            return fail(s, c, rq->ep, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        return send_json(s, c, rq->ep, 200, json_pack("{s:s}", "status", "ok"));
+    }
+    if (rq->ep == KVT_EP_METRICS)
+        return do_metrics(s, c, rq);
+    if (!ready)
+        return fail(s, c, rq->ep, 503, "server_error", NULL, "loading", "the model is loading; retry shortly");
+    switch (rq->ep) {
+    case KVT_EP_CHAT:
+    case KVT_EP_COMPLETIONS: return do_generate(s, c, rq);
+    case KVT_EP_MODELS: return do_models(s, c, rq, url);
+    case KVT_EP_TOKENIZE: return do_tokenize(s, c, rq);
+    case KVT_EP_DETOKENIZE: return do_detokenize(s, c, rq);
+    case KVT_EP_STATS: return do_stats(s, c, rq);
+    default: return MHD_NO;
+    }
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    kvt_server *s = cls;
+    req_ctx *rq = *con_cls;
+    if (!rq)
+        return;
+    free(rq->body);
+    free(rq);
+    *con_cls = NULL;
+    atomic_fetch_sub(&s->active, 1);
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->o.conn_timeout_s);
+}
+
+/* ---- life ------------------------------------------------------------------------------------------- */
+
+int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
+{
+    *out = NULL;
+    if (!o)
+        return kvt__fail(KVT_EINVAL, "serve: no options");
+    if ((o->model_path != NULL) != (o->tok_path != NULL))
+        return kvt__fail(KVT_EINVAL, "serve: %s given without %s", o->model_path ? "--model" : "--tokenizer",
+                         o->model_path ? "--tokenizer" : "--model");
+    if (o->port < 0 || o->port > 65535)
+        return kvt__fail(KVT_EINVAL, "serve: port %d is not in [0, 65535]", o->port);
+    kvt_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return kvt__fail(KVT_ENOMEM, "serve: out of memory");
+    s->o = *o;
+    s->host = xstrdup(o->host ? o->host : "127.0.0.1");
+    s->model_path = xstrdup(o->model_path);
+    s->tok_path = xstrdup(o->tok_path);
+    s->model_name_opt = xstrdup(o->model_name);
+    s->ssd_dir = xstrdup(o->ssd_dir);
+    s->api_key = xstrdup(o->api_key);
+    s->o.host = s->host;
+    s->o.model_path = s->model_path;
+    s->o.tok_path = s->tok_path;
+    s->o.model_name = s->model_name_opt;
+    s->o.ssd_dir = s->ssd_dir;
+    s->o.api_key = s->api_key;
+    if (s->o.max_queue < 0)
+        s->o.max_queue = 0;
+    if (!s->o.max_running)
+        s->o.max_running = 64;
+    if (!s->o.max_body)
+        s->o.max_body = 1 << 20;
+    if (!s->o.conn_timeout_s)
+        s->o.conn_timeout_s = 30;
+    if (!s->o.max_connections)
+        s->o.max_connections = 256;
+    atomic_init(&s->next_id, ((unsigned long long)time(NULL) << 20) ^ (unsigned long long)getpid());
+    s->metrics = kvt_srv_metrics_create();
+    if (!s->metrics || !s->host) {
+        kvt_server_destroy(s);
+        return kvt__fail(KVT_ENOMEM, "serve: out of memory");
+    }
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ITC;
+    struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, s->host, &a4->sin_addr) == 1) {
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)o->port);
+    } else if (inet_pton(AF_INET6, s->host, &a6->sin6_addr) == 1) {
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)o->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        int rc = kvt__fail(KVT_EINVAL, "serve: --host '%s' is not an IPv4 or IPv6 address", s->host);
+        kvt_server_destroy(s);
+        return rc;
+    }
+    s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, handler, s, MHD_OPTION_SOCK_ADDR, &ss,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, s, MHD_OPTION_CONNECTION_TIMEOUT,
+                            s->o.conn_timeout_s, MHD_OPTION_CONNECTION_LIMIT, s->o.max_connections,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_END);
+    if (!s->d) {
+        int err = errno ? errno : EADDRINUSE;
+        int rc = kvt__fail(-err, "serve: cannot listen on %s port %d: %s", s->host, o->port, strerror(err));
+        kvt_server_destroy(s);
+        return rc;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o->port;
+    *out = s;
+    return 0;
+}
+
+int kvt_server_port(const kvt_server *s) { return s ? s->port : 0; }
+
+const char *kvt_server_model_name(const kvt_server *s) { return s ? s->model_name : ""; }
+
+int kvt_server_load(kvt_server *s)
+{
+    static char used_model[4096], used_tok[4096];
+    int rc = kvt_chat_load_paths(s->model_path, s->tok_path, &s->m, &s->tok, used_model, used_tok, sizeof used_model);
+    if (rc)
+        return rc;
+    const kvt_model_config *cfg = kvt_model_get_config(s->m);
+    s->seq_len = cfg->seq_len;
+    s->vocab = cfg->vocab_size;
+    if (s->model_name_opt)
+        snprintf(s->model_name, sizeof s->model_name, "%s", s->model_name_opt);
+    else {
+        const char *b = strrchr(used_model, '/');
+        b = b ? b + 1 : used_model;
+        snprintf(s->model_name, sizeof s->model_name, "%.63s", b);
+        char *dot = strrchr(s->model_name, '.');
+        if (dot && dot != s->model_name)
+            *dot = '\0';
+    }
+    kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
+                                .demote_idle_ms = s->o.demote_idle_ms};
+    if (s->ssd_dir) {
+        kvt_chat_identity ident;
+        if ((rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
+            return rc;
+        rc = kvt_chat_store_open(s->m, &ident, s->ssd_dir, s->o.ssd_max_bytes, s->o.ssd_verify, &s->store);
+        if (rc)
+            return rc;
+        kvt_store_cold_tier(s->store, &s->tier);
+        so.cold = &s->tier;
+    }
+    if ((rc = kvt_chat_service_create(s->m, &so, &s->svc)))
+        return rc;
+    kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running};
+    if ((rc = kvt_srv_sched_create(s->m, s->tok, s->svc, s->metrics, &sco, &s->sched)))
+        return kvt__fail(rc, "serve: cannot start the engine thread");
+    s->created = unix_s();
+    atomic_store(&s->ready, 1);
+    return 0;
+}
+
+int kvt_server_stop(kvt_server *s, int64_t timeout_ms)
+{
+    if (!s || s->stopped)
+        return 0;
+    s->stopped = 1;
+    atomic_store(&s->stopping, 1);
+    if (s->d) {
+        MHD_socket lfd = MHD_quiesce_daemon(s->d);
+        if (lfd != MHD_INVALID_SOCKET)
+            close(lfd);
+    }
+    if (s->sched)
+        kvt_srv_sched_drain(s->sched, timeout_ms);
+    /* let finished requests hand their last bytes to their clients */
+    for (int i = 0; i < 200 && atomic_load(&s->active) > 0; i++)
+        usleep(5000);
+    if (s->d) {
+        MHD_stop_daemon(s->d);
+        s->d = NULL;
+    }
+    kvt_srv_sched_destroy(s->sched);
+    s->sched = NULL;
+    int rc = 0;
+    if (s->svc) {
+        rc = kvt_service_close(s->svc);
+        kvt_service_destroy(s->svc);
+        s->svc = NULL;
+    }
+    if (s->store) {
+        int rc2 = kvt_store_close(s->store);
+        if (!rc)
+            rc = rc2;
+        s->store = NULL;
+    }
+    return rc;
+}
+
+void kvt_server_destroy(kvt_server *s)
+{
+    if (!s)
+        return;
+    kvt_server_stop(s, 0);
+    kvt_tokenizer_free(s->tok);
+    kvt_model_free(s->m);
+    kvt_srv_metrics_destroy(s->metrics);
+    free(s->host);
+    free(s->model_path);
+    free(s->tok_path);
+    free(s->model_name_opt);
+    free(s->ssd_dir);
+    free(s->api_key);
+    free(s);
+}

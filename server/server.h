@@ -1,0 +1,87 @@
+/*
+ * server.h: `kvtier serve`, an OpenAI-compatible HTTP server over the
+ * reference engine and the cache service. HTTP is libmicrohttpd (one thread
+ * per connection, bounded by a connection limit and an idle timeout); JSON
+ * is jansson; generation runs on one engine thread (scheduler.h).
+ *
+ * Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming by
+ * server-sent events), GET /v1/models, GET /v1/models/{id}, GET /health,
+ * POST /tokenize, POST /detokenize, GET /stats, GET /metrics. Errors are
+ * OpenAI error objects (openai.h).
+ *
+ * Life: kvt_server_start (binds; /health answers 503), kvt_server_load (the
+ * model, the service, the engine thread; /health answers 200), then
+ * kvt_server_stop (no new connections, running requests finish up to the
+ * shutdown timeout, the SSD tier is flushed) and kvt_server_destroy.
+ *
+ * Thread-safety: start, load, stop and destroy are called by one thread (the
+ * command's); kvt_server_port may be called from any thread.
+ */
+#ifndef KVT_SERVER_SERVER_H
+#define KVT_SERVER_SERVER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvt_server kvt_server;
+
+/** Settings of a server. Zero-initialise, then set; zero means the default. */
+typedef struct kvt_server_opts {
+    const char *host;            /* address to bind (IPv4 or IPv6 literal); NULL = "127.0.0.1" */
+    int port;                    /* TCP port; 0 = any free port (see kvt_server_port) */
+    const char *model_path;      /* llama2.c checkpoint; NULL (with tok_path NULL) = built-in default model */
+    const char *tok_path;        /* its tokenizer.bin */
+    const char *model_name;      /* id in /v1/models; NULL = the model file's name without extension */
+    uint64_t prompt_cache_bytes; /* RAM prompt cache budget; 0 keeps nothing (cache off) */
+    uint64_t kv_budget_bytes;    /* admission budget of projected KV bytes; 0 = unlimited */
+    const char *ssd_dir;         /* SSD tier directory, NULL = none */
+    uint64_t ssd_max_bytes;      /* its byte budget, 0 = unlimited */
+    int ssd_verify;              /* check SHA-256 of every shard on load */
+    uint64_t demote_idle_ms;     /* RAM entries idle this long leave RAM once on SSD; 0 never */
+    int64_t max_queue;           /* requests waiting for admission at most (0: none wait) */
+    int64_t max_running;         /* requests admitted at once at most; 0 = 64 */
+    uint64_t max_body;           /* request body bytes at most; 0 = 1 MiB */
+    const char *api_key;         /* NULL = no authentication; else "Authorization: Bearer KEY" */
+    unsigned conn_timeout_s;     /* idle connection timeout, seconds; 0 = 30 */
+    unsigned max_connections;    /* open connections at most; 0 = 256 */
+} kvt_server_opts;
+
+/** Binds and starts answering HTTP (every generation request gets 503 until
+ * kvt_server_load). The options' strings are copied.
+ * @param out caller frees with kvt_server_destroy().
+ * @return 0; KVT_EINVAL (bad host, one of model/tokenizer without the
+ *   other); KVT_ENOMEM; -EADDRINUSE or another -errno when the socket cannot
+ *   be bound (kvt_last_error names the address). */
+int kvt_server_start(const kvt_server_opts *o, kvt_server **out);
+
+/** The TCP port the server listens on (the chosen one when port was 0). */
+int kvt_server_port(const kvt_server *s);
+
+/** The model id the server answers to (valid after kvt_server_load). */
+const char *kvt_server_model_name(const kvt_server *s);
+
+/** Loads the model and tokenizer, opens the SSD tier, creates the cache
+ * service and starts the engine thread; then /health answers 200.
+ * @return 0, or the loader's / store's / service's error (kvt_last_error
+ *   names the file or setting). */
+int kvt_server_load(kvt_server *s);
+
+/** Graceful stop: stops accepting connections and requests, lets running
+ * and queued requests finish for up to timeout_ms milliseconds (then
+ * cancels them: a stream ends with an error event, a waiting client gets
+ * 503), closes connections, then closes the cache service (every RAM entry
+ * handed to the SSD tier and flushed) and the SSD tier.
+ * @return 0, or the first error of closing the service or the SSD tier
+ *   (KVT_ETOOBIG when a prefix larger than the SSD budget was not written). */
+int kvt_server_stop(kvt_server *s, int64_t timeout_ms);
+
+/** Stops (timeout 0) if still running, frees everything. NULL is a no-op. */
+void kvt_server_destroy(kvt_server *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVT_SERVER_SERVER_H */

@@ -1,0 +1,1049 @@
+/*
+ * test_serve.c: `kvtier serve` end to end over HTTP on a free loopback port
+ * (the server is the built kvtier binary, started with --port 0 and stopped
+ * with SIGTERM; a small HTTP/1.0 client over sockets drives it). On
+ * stories260K (skipped with a message when KVT_SHARED_DIR lacks it):
+ * health and models; every error the server answers (malformed JSON, wrong
+ * types, missing fields, n > 1, context overflow, unknown model/path, wrong
+ * method, body over --max-body, queue full, API key) as an OpenAI error
+ * object; streaming as OpenAI sends it; a multi-turn chat whose later turns
+ * reuse the cache, with replies byte-identical to a --prompt-cache 0 server
+ * and to `kvtier chat`; 64 concurrent 3-turn conversations identical to the
+ * cache-off replies; a client that disconnects cancels its request;
+ * tokenize/detokenize; /metrics through promtool; SIGTERM flushing the SSD
+ * tier so a restarted server reuses from disk.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model.h"
+#include "tokenizer.h"
+
+static char model[1024], tokenizer[1024], tmpdir[256];
+static const char *bin;
+
+/* ---- the server process ------------------------------------------------------------------ */
+
+typedef struct {
+    pid_t pid;
+    int port;
+    char log[300];
+} server;
+
+static int read_file(const char *path, char *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return (int)n;
+}
+
+/* Servers started and not yet stopped: killed by the group teardown when a
+ * test fails half-way. */
+#define MAX_LIVE 16
+static pid_t live[MAX_LIVE];
+
+static void forget(pid_t pid)
+{
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (live[i] == pid)
+            live[i] = 0;
+}
+
+/* Starts `kvtier serve` on stories260K with the given extra flags (NULL-terminated). */
+static void server_start_model(server *sv, const char *name, const char *m, const char *t,
+                               const char *const *extra)
+{
+    snprintf(sv->log, sizeof sv->log, "%s/%s.log", tmpdir, name);
+    const char *argv[64] = {bin, "serve", "--model", m, "--tokenizer", t, "--port", "0"};
+    int n = 8;
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    sv->pid = fork();
+    assert_true(sv->pid >= 0);
+    if (sv->pid == 0) {
+        int fd = open(sv->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, 1); /* never hold the test's stdout open (ctest waits for it) */
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (!live[i]) {
+            live[i] = sv->pid;
+            break;
+        }
+    char buf[8192];
+    for (int i = 0; i < 3000; i++) {
+        if (read_file(sv->log, buf, sizeof buf) > 0 && strstr(buf, "ready, model")) {
+            const char *p = strstr(buf, "listening on http://127.0.0.1:");
+            assert_non_null(p);
+            sv->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+            assert_true(sv->port > 0);
+            return;
+        }
+        int st;
+        if (waitpid(sv->pid, &st, WNOHANG) == sv->pid) {
+            fprintf(stderr, "server exited early: %s\n", buf);
+            fail();
+        }
+        usleep(10000);
+    }
+    fprintf(stderr, "server did not get ready: %s\n", buf);
+    fail();
+}
+
+static void server_start(server *sv, const char *name, const char *const *extra)
+{
+    server_start_model(sv, name, model, tokenizer, extra);
+}
+
+/* SIGTERM, then the exit status (-1 when it did not exit within 30 s). */
+static int server_stop(server *sv)
+{
+    forget(sv->pid);
+    kill(sv->pid, SIGTERM);
+    for (int i = 0; i < 3000; i++) {
+        int st;
+        if (waitpid(sv->pid, &st, WNOHANG) == sv->pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        usleep(10000);
+    }
+    kill(sv->pid, SIGKILL);
+    waitpid(sv->pid, NULL, 0);
+    return -1;
+}
+
+/* ---- a small HTTP/1.0 client ------------------------------------------------------------------- */
+
+typedef struct {
+    int status;
+    char *head;   /* status line and headers */
+    char *body;   /* NUL-terminated */
+    size_t len;
+} resp;
+
+static void resp_free(resp *r)
+{
+    free(r->head);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+static int connect_to(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return; /* the server may close early (413, 401): the reply tells */
+        p += k;
+        n -= (size_t)k;
+    }
+}
+
+static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body)
+{
+    char head[2048];
+    size_t bl = body ? strlen(body) : 0;
+    snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s%s%s", method, path,
+             body ? "Content-Type: application/json\r\n" : "", headers ? headers : "", "");
+    char cl[64] = "";
+    if (body)
+        snprintf(cl, sizeof cl, "Content-Length: %zu\r\n", bl);
+    send_all(fd, head, strlen(head));
+    send_all(fd, cl, strlen(cl));
+    send_all(fd, "\r\n", 2);
+    if (body)
+        send_all(fd, body, bl);
+}
+
+static void read_response(int fd, resp *r)
+{
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        if (k <= 0)
+            break;
+        n += (size_t)k;
+    }
+    buf[n] = '\0';
+    close(fd);
+    memset(r, 0, sizeof *r);
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (strncmp(buf, "HTTP/1.", 7) || !sep) {
+        r->status = -1;
+        r->head = buf;
+        r->body = strdup("");
+        return;
+    }
+    r->status = atoi(buf + 9);
+    *sep = '\0';
+    r->head = strdup(buf);
+    r->len = n - (size_t)(sep + 4 - buf);
+    r->body = malloc(r->len + 1);
+    memcpy(r->body, sep + 4, r->len);
+    r->body[r->len] = '\0';
+    free(buf);
+}
+
+static void http(int port, const char *method, const char *path, const char *headers, const char *body, resp *r)
+{
+    int fd = connect_to(port);
+    send_request(fd, method, path, headers, body);
+    read_response(fd, r);
+}
+
+static json_t *parse(const resp *r)
+{
+    json_error_t e;
+    json_t *doc = json_loads(r->body, 0, &e);
+    if (!doc)
+        fprintf(stderr, "not JSON (status %d): %s\n", r->status, r->body);
+    assert_non_null(doc);
+    return doc;
+}
+
+/* Asserts an OpenAI error object with this status, param (NULL: null) and
+ * a message holding `needle`. */
+static void expect_error(const resp *r, int status, const char *param, const char *needle)
+{
+    if (r->status != status)
+        fprintf(stderr, "expected %d, got %d: %s\n", status, r->status, r->body);
+    assert_int_equal(r->status, status);
+    json_t *doc = parse(r);
+    json_t *err = json_object_get(doc, "error");
+    assert_true(json_is_object(err));
+    const char *msg = json_string_value(json_object_get(err, "message"));
+    assert_non_null(msg);
+    assert_true(json_is_string(json_object_get(err, "type")));
+    assert_non_null(json_object_get(err, "code"));
+    json_t *p = json_object_get(err, "param");
+    if (param)
+        assert_string_equal(json_string_value(p), param);
+    else
+        assert_true(json_is_null(p));
+    if (needle && !strstr(msg, needle))
+        fprintf(stderr, "message '%s' lacks '%s'\n", msg, needle);
+    if (needle)
+        assert_non_null(strstr(msg, needle));
+    json_decref(doc);
+}
+
+/* ---- fixtures ------------------------------------------------------------------------------------ */
+
+static int have_model;
+static server main_srv;     /* cache on */
+static server off_srv;      /* --prompt-cache 0 */
+
+static int setup(void **state)
+{
+    bin = getenv("KVT_BIN");
+    const char *shared = getenv("KVT_SHARED_DIR");
+    snprintf(model, sizeof model, "%s/data/models/stories260K.bin", shared ? shared : "../shared");
+    snprintf(tokenizer, sizeof tokenizer, "%s/data/models/tok512.bin", shared ? shared : "../shared");
+    have_model = bin && access(model, R_OK) == 0 && access(tokenizer, R_OK) == 0;
+    if (!have_model) {
+        printf("test_serve: skipped: needs KVT_BIN and %s with tok512.bin (set KVT_SHARED_DIR)\n", model);
+        return 0;
+    }
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvt_serve_XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    const char *on[] = {"--max-body", "64K", NULL};
+    server_start(&main_srv, "main", on);
+    const char *off[] = {"--prompt-cache", "0", NULL};
+    server_start(&off_srv, "off", off);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    if (!have_model)
+        return 0;
+    for (int i = 0; i < MAX_LIVE; i++)
+        if (live[i] && live[i] != main_srv.pid && live[i] != off_srv.pid) {
+            kill(live[i], SIGKILL);
+            waitpid(live[i], NULL, 0);
+        }
+    assert_int_equal(server_stop(&main_srv), 0);
+    assert_int_equal(server_stop(&off_srv), 0);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", tmpdir);
+    return 0;
+}
+
+#define NEED_MODEL()          \
+    do {                      \
+        if (!have_model) {    \
+            skip();           \
+            return;           \
+        }                     \
+    } while (0)
+
+/* ---- chat helpers ---------------------------------------------------------------------------------- */
+
+static const char *const script[] = {
+    "Hello! Can you tell me a short story about a cat?",
+    "What was the name of the cat?",
+    "Where did the cat live?",
+    "What happened at the end?",
+    "Thank you, that was lovely.",
+};
+
+/* Body of a chat request over turns [0, n): user messages from `users`,
+ * assistant messages from `replies`. Caller frees. */
+static char *chat_body(const char *const *users, char *const *replies, int n, int stream, int max_tokens,
+                       const char *session)
+{
+    json_t *msgs = json_array();
+    for (int i = 0; i < n; i++) {
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", users[i]));
+        if (i < n - 1)
+            json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", replies[i]));
+    }
+    json_t *doc = json_pack("{s:o, s:f, s:i, s:b}", "messages", msgs, "temperature", 0.0, "max_tokens", max_tokens,
+                            "stream", stream);
+    if (stream)
+        json_object_set_new(doc, "stream_options", json_pack("{s:b}", "include_usage", 1));
+    if (session)
+        json_object_set_new(doc, "prompt_cache_key", json_string(session));
+    char *s = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    return s;
+}
+
+/* Collects a streamed reply: content concatenated, checks the framing. */
+static char *collect_stream(const resp *r, json_t **usage, const char *object)
+{
+    assert_int_equal(r->status, 200);
+    assert_non_null(strstr(r->head, "text/event-stream"));
+    size_t cap = r->len + 1, n = 0;
+    char *text = calloc(1, cap);
+    const char *p = r->body;
+    int events = 0, done = 0, finished = 0;
+    *usage = NULL;
+    while (*p) {
+        assert_memory_equal(p, "data: ", 6);
+        const char *e = strstr(p, "\n\n");
+        assert_non_null(e);
+        char *data = strndup(p + 6, (size_t)(e - p - 6));
+        p = e + 2;
+        assert_false(done); /* nothing after [DONE] */
+        if (!strcmp(data, "[DONE]")) {
+            done = 1;
+            free(data);
+            continue;
+        }
+        json_t *doc = json_loads(data, 0, NULL);
+        assert_non_null(doc);
+        assert_string_equal(json_string_value(json_object_get(doc, "object")), object);
+        json_t *choices = json_object_get(doc, "choices");
+        assert_true(json_is_array(choices));
+        if (json_array_size(choices) == 0) { /* the usage chunk: last before [DONE] */
+            assert_true(finished);
+            *usage = json_incref(json_object_get(doc, "usage"));
+            assert_true(json_is_object(*usage));
+        } else {
+            assert_null(*usage);
+            json_t *c = json_array_get(choices, 0);
+            json_t *delta = json_object_get(c, "delta");
+            const char *piece = delta ? json_string_value(json_object_get(delta, "content"))
+                                      : json_string_value(json_object_get(c, "text"));
+            if (delta && events == 0)
+                assert_string_equal(json_string_value(json_object_get(delta, "role")), "assistant");
+            if (piece) {
+                memcpy(text + n, piece, strlen(piece));
+                n += strlen(piece);
+            }
+            if (!json_is_null(json_object_get(c, "finish_reason")))
+                finished = 1;
+            json_t *uu = json_object_get(doc, "usage"); /* include_usage: null until the end; else absent */
+            assert_true(!uu || json_is_null(uu));
+        }
+        events++;
+        json_decref(doc);
+        free(data);
+    }
+    assert_true(done);
+    assert_true(finished);
+    return text;
+}
+
+/* One chat turn; returns the reply (caller frees) and the usage (caller decrefs). */
+static char *chat_turn(int port, const char *const *users, char *const *replies, int n, int stream,
+                       const char *session, json_t **usage)
+{
+    char *body = chat_body(users, replies, n, stream, 40, session);
+    resp r;
+    http(port, "POST", "/v1/chat/completions", NULL, body, &r);
+    free(body);
+    char *text;
+    if (stream)
+        text = collect_stream(&r, usage, "chat.completion.chunk");
+    else {
+        if (r.status != 200)
+            fprintf(stderr, "chat turn: %d %s\n", r.status, r.body);
+        assert_int_equal(r.status, 200);
+        json_t *doc = parse(&r);
+        json_t *c = json_array_get(json_object_get(doc, "choices"), 0);
+        text = strdup(json_string_value(json_object_get(json_object_get(c, "message"), "content")));
+        *usage = json_incref(json_object_get(doc, "usage"));
+        json_decref(doc);
+    }
+    resp_free(&r);
+    return text;
+}
+
+static int64_t usage_int(json_t *u, const char *a, const char *b)
+{
+    json_t *v = json_object_get(u, a);
+    if (b)
+        v = json_object_get(v, b);
+    assert_true(json_is_integer(v));
+    return json_integer_value(v);
+}
+
+/* ---- tests ---------------------------------------------------------------------------------------- */
+
+static void test_health_models(void **state)
+{
+    NEED_MODEL();
+    resp r;
+    http(main_srv.port, "GET", "/health", NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    http(main_srv.port, "GET", "/v1/models", NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    json_t *doc = parse(&r);
+    assert_string_equal(json_string_value(json_object_get(doc, "object")), "list");
+    json_t *m = json_array_get(json_object_get(doc, "data"), 0);
+    assert_string_equal(json_string_value(json_object_get(m, "id")), "stories260K");
+    json_decref(doc);
+    resp_free(&r);
+    http(main_srv.port, "GET", "/v1/models/stories260K", NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    http(main_srv.port, "GET", "/v1/models/gpt-4", NULL, NULL, &r);
+    expect_error(&r, 404, "model", "gpt-4");
+    resp_free(&r);
+}
+
+static void test_errors(void **state)
+{
+    NEED_MODEL();
+    int port = main_srv.port;
+    resp r;
+    http(port, "POST", "/v1/chat/completions", NULL, "{\"messages\": [\n  {\"role\": \"user\",, }]}", &r);
+    expect_error(&r, 400, NULL, "line 2, column");
+    resp_free(&r);
+    http(port, "POST", "/v1/chat/completions", NULL, "[1, 2]", &r);
+    expect_error(&r, 400, NULL, "JSON object");
+    resp_free(&r);
+    http(port, "POST", "/v1/chat/completions", NULL,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": \"7\"}", &r);
+    expect_error(&r, 400, "max_tokens", "integer");
+    resp_free(&r);
+    http(port, "POST", "/v1/chat/completions", NULL,
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"temperature\": \"hot\"}", &r);
+    expect_error(&r, 400, "temperature", "number");
+    resp_free(&r);
+    http(port, "POST", "/v1/chat/completions", NULL, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", &r);
+    expect_error(&r, 400, "messages[0].content", "string");
+    resp_free(&r);
+    http(port, "POST", "/v1/chat/completions", NULL, "{\"model\": \"stories260K\"}", &r);
+    expect_error(&r, 400, "messages", "required");
+    resp_free(&r);
+    http(port, "POST", "/v1/completions", NULL, "{\"max_tokens\": 4}", &r);
+    expect_error(&r, 400, "prompt", "required");
+    resp_free(&r);
+    http(port, "POST", "/v1/completions", NULL, "{\"prompt\": \"Once\", \"n\": 2}", &r);
+    expect_error(&r, 400, "n", "must be 1");
+    resp_free(&r);
+    /* stories260K's context is 512 tokens: 5 prompt tokens + 600 */
+    http(port, "POST", "/v1/completions", NULL, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 600}", &r);
+    expect_error(&r, 400, "max_tokens", "context is 512 tokens; the prompt has 5 tokens and max_tokens asks for 600");
+    resp_free(&r);
+    http(port, "POST", "/v1/completions", NULL, "{\"prompt\": [1, 99999]}", &r);
+    expect_error(&r, 400, "prompt", "outside the vocabulary");
+    resp_free(&r);
+    http(port, "POST", "/v1/completions", NULL, "{\"prompt\": \"Once\", \"model\": \"gpt-4o\"}", &r);
+    expect_error(&r, 404, "model", "gpt-4o");
+    resp_free(&r);
+    http(port, "GET", "/v1/nothing", NULL, NULL, &r);
+    expect_error(&r, 404, NULL, "/v1/nothing");
+    resp_free(&r);
+    http(port, "GET", "/v1/chat/completions", NULL, NULL, &r);
+    expect_error(&r, 405, NULL, "POST");
+    assert_non_null(strstr(r.head, "Allow: POST"));
+    resp_free(&r);
+    http(port, "POST", "/health", NULL, "{}", &r);
+    expect_error(&r, 405, NULL, "GET");
+    resp_free(&r);
+    /* --max-body 64K: a 100 KB body is refused from its Content-Length */
+    char *big = malloc(100001);
+    memset(big, ' ', 100000);
+    big[0] = '{';
+    big[99999] = '}';
+    big[100000] = '\0';
+    http(port, "POST", "/v1/completions", NULL, big, &r);
+    expect_error(&r, 413, NULL, "65536");
+    resp_free(&r);
+    free(big);
+    /* the server still answers */
+    http(port, "POST", "/v1/completions", NULL, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 3, \"temperature\": 0}", &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
+static void test_api_key(void **state)
+{
+    NEED_MODEL();
+    server sv;
+    const char *extra[] = {"--api-key", "sekrit-key-42", NULL};
+    server_start(&sv, "key", extra);
+    resp r;
+    const char *body = "{\"prompt\": \"Once\", \"max_tokens\": 2}";
+    http(sv.port, "POST", "/v1/completions", NULL, body, &r);
+    expect_error(&r, 401, NULL, "API key");
+    resp_free(&r);
+    http(sv.port, "POST", "/v1/completions", "Authorization: Bearer sekrit-key-43\r\n", body, &r);
+    expect_error(&r, 401, NULL, "API key");
+    resp_free(&r);
+    http(sv.port, "GET", "/stats", "Authorization: Bearer sekrit\r\n", NULL, &r);
+    expect_error(&r, 401, NULL, "API key");
+    resp_free(&r);
+    http(sv.port, "POST", "/v1/completions", "Authorization: Bearer sekrit-key-42\r\n", body, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    http(sv.port, "GET", "/health", NULL, NULL, &r); /* probes need no key */
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    assert_int_equal(server_stop(&sv), 0);
+    char log[8192];
+    assert_true(read_file(sv.log, log, sizeof log) > 0);
+    assert_null(strstr(log, "sekrit")); /* never logged */
+}
+
+/* Several long requests at once against --max-running 1 --max-queue 1:
+ * one runs, one waits, the rest get 429 with Retry-After. */
+/* A synthetic model slow enough (a few ms per token) that requests sent
+ * together all arrive while the first still runs; byte tokenizer. */
+static char slow_model[400], slow_tok[400];
+
+static void make_slow_model(void)
+{
+    if (slow_model[0])
+        return;
+    snprintf(slow_model, sizeof slow_model, "%s/slow.bin", tmpdir);
+    snprintf(slow_tok, sizeof slow_tok, "%s/slow_tok.bin", tmpdir);
+    kvt_synth_params p = {.dim = 256, .hidden_dim = 768, .n_layers = 6, .n_heads = 8, .n_kv_heads = 8,
+                          .vocab_size = KVT_DEFAULT_VOCAB, .seq_len = 1024, .seed = 7, .separate_classifier = 1};
+    assert_int_equal(kvt_model_synth(&p, slow_model), 0);
+    assert_int_equal(kvt_tokenizer_write_default(slow_tok, KVT_DEFAULT_VOCAB), 0);
+}
+
+static void test_queue_full(void **state)
+{
+    NEED_MODEL();
+    make_slow_model();
+    const char *mpath = slow_model, *tpath = slow_tok;
+    server sv;
+    const char *extra[] = {"--max-running", "1", "--max-queue", "1", NULL};
+    server_start_model(&sv, "queue", mpath, tpath, extra);
+    enum { N = 6 };
+    int fds[N];
+    const char *body = "{\"prompt\": [1, 40, 41], \"max_tokens\": 300, \"temperature\": 1, \"seed\": 3}";
+    for (int i = 0; i < N; i++) {
+        fds[i] = connect_to(sv.port);
+        send_request(fds[i], "POST", "/v1/completions", NULL, body);
+    }
+    int ok = 0, full = 0;
+    for (int i = 0; i < N; i++) {
+        resp r;
+        read_response(fds[i], &r);
+        if (r.status == 200)
+            ok++;
+        else {
+            expect_error(&r, 429, NULL, "queue is full");
+            assert_non_null(strstr(r.head, "Retry-After: 1"));
+            full++;
+        }
+        resp_free(&r);
+    }
+    printf("queue: %d served, %d refused with 429\n", ok, full);
+    assert_true(ok >= 2);
+    assert_true(full >= 1);
+    assert_int_equal(server_stop(&sv), 0);
+}
+
+static void test_stream_format(void **state)
+{
+    NEED_MODEL();
+    json_t *u1 = NULL, *u2 = NULL;
+    const char *users[] = {"Once there was a dog. What did the dog like?"};
+    char *plain = chat_turn(off_srv.port, users, NULL, 1, 0, NULL, &u1);
+    char *streamed = chat_turn(off_srv.port, users, NULL, 1, 1, NULL, &u2);
+    assert_string_equal(plain, streamed);
+    assert_true(strlen(plain) > 0);
+    assert_int_equal(usage_int(u1, "prompt_tokens", NULL), usage_int(u2, "prompt_tokens", NULL));
+    assert_int_equal(usage_int(u1, "completion_tokens", NULL), usage_int(u2, "completion_tokens", NULL));
+    assert_int_equal(usage_int(u2, "total_tokens", NULL),
+                     usage_int(u2, "prompt_tokens", NULL) + usage_int(u2, "completion_tokens", NULL));
+    assert_int_equal(usage_int(u2, "prompt_tokens_details", "cached_tokens"), 0); /* cache off */
+    free(plain);
+    free(streamed);
+    json_decref(u1);
+    json_decref(u2);
+    /* completions stream "text_completion" chunks */
+    resp r;
+    http(off_srv.port, "POST", "/v1/completions", NULL,
+         "{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0, \"stream\": true}", &r);
+    json_t *u = NULL;
+    char *t = collect_stream(&r, &u, "text_completion");
+    assert_null(u); /* no include_usage: no usage chunk */
+    resp_free(&r);
+    http(off_srv.port, "POST", "/v1/completions", NULL,
+         "{\"prompt\": \"Once upon a time\", \"max_tokens\": 12, \"temperature\": 0}", &r);
+    json_t *doc = parse(&r);
+    assert_string_equal(t, json_string_value(json_object_get(json_array_get(json_object_get(doc, "choices"), 0), "text")));
+    assert_string_equal(json_string_value(json_object_get(json_array_get(json_object_get(doc, "choices"), 0),
+                                                          "finish_reason")), "length");
+    json_decref(doc);
+    resp_free(&r);
+    free(t);
+    /* a stop sequence cuts the reply before it, streamed or not */
+    http(off_srv.port, "POST", "/v1/completions", NULL,
+         "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, \"temperature\": 0, \"stop\": [\"Lily\"]}", &r);
+    doc = parse(&r);
+    json_t *c0 = json_array_get(json_object_get(doc, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "text")), ", there was a little girl named ");
+    assert_string_equal(json_string_value(json_object_get(c0, "finish_reason")), "stop");
+    json_decref(doc);
+    resp_free(&r);
+    http(off_srv.port, "POST", "/v1/completions", NULL,
+         "{\"prompt\": \"Once upon a time\", \"max_tokens\": 30, \"temperature\": 0, \"stop\": \"Lily\", \"stream\": true}",
+         &r);
+    t = collect_stream(&r, &u, "text_completion");
+    assert_string_equal(t, ", there was a little girl named ");
+    free(t);
+    resp_free(&r);
+}
+
+/* Reads `kvtier chat`'s replies for the first n script lines (one per line of stdout). */
+static char **kvtier_chat_replies(int n)
+{
+    char path[400], cmd[3000];
+    snprintf(path, sizeof path, "%s/script.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\n", script[i]);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s chat --model %s --tokenizer %s --script %s --max-tokens 40 2>/dev/null", bin, model,
+             tokenizer, path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char **out = calloc((size_t)n, sizeof *out);
+    char line[4096];
+    for (int i = 0; i < n && fgets(line, sizeof line, p); i++) {
+        line[strcspn(line, "\n")] = '\0';
+        out[i] = strdup(line);
+    }
+    assert_int_equal(pclose(p), 0);
+    return out;
+}
+
+static void test_multi_turn_cache(void **state)
+{
+    NEED_MODEL();
+    enum { T = 5 };
+    char **ref = kvtier_chat_replies(T);
+    for (int stream = 0; stream <= 1; stream++) {
+        char *on[T] = {0}, *off[T] = {0};
+        for (int t = 0; t < T; t++) {
+            json_t *uon = NULL, *uoff = NULL;
+            on[t] = chat_turn(main_srv.port, script, on, t + 1, stream, stream ? "s-stream" : "s-plain", &uon);
+            off[t] = chat_turn(off_srv.port, script, off, t + 1, stream, NULL, &uoff);
+            int64_t cached = usage_int(uon, "prompt_tokens_details", "cached_tokens");
+            int64_t prompt = usage_int(uon, "prompt_tokens", NULL);
+            printf("%s turn %d: prompt %lld, cached %lld, prefilled %lld\n", stream ? "stream" : "plain", t + 1,
+                   (long long)prompt, (long long)cached, (long long)usage_int(uon, "kvtier", "prefilled_tokens"));
+            assert_int_equal(cached + usage_int(uon, "kvtier", "prefilled_tokens"), prompt);
+            assert_int_equal(usage_int(uoff, "prompt_tokens_details", "cached_tokens"), 0);
+            if (t > 0)
+                assert_true(cached > prompt / 2); /* the history comes from the cache */
+            assert_string_equal(on[t], off[t]);   /* byte-identical to cache off */
+            assert_string_equal(on[t], ref[t]);   /* and to kvtier chat */
+            json_decref(uon);
+            json_decref(uoff);
+        }
+        for (int t = 0; t < T; t++) {
+            free(on[t]);
+            free(off[t]);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        free(ref[t]);
+    free(ref);
+}
+
+/* ---- concurrency ---------------------------------------------------------------------------------------- */
+
+enum { CLIENTS = 64, TURNS = 3 };
+
+typedef struct {
+    int port, id;
+    char users[TURNS][128];
+    char *replies[TURNS];
+    int errors;
+} client;
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    const char *users[TURNS];
+    for (int t = 0; t < TURNS; t++)
+        users[t] = c->users[t];
+    for (int t = 0; t < TURNS; t++) {
+        char *body = chat_body(users, c->replies, t + 1, c->id % 2, 24, NULL);
+        resp r;
+        http(c->port, "POST", "/v1/chat/completions", NULL, body, &r);
+        free(body);
+        if (r.status != 200) {
+            c->errors++;
+            resp_free(&r);
+            return NULL;
+        }
+        if (c->id % 2) {
+            /* streamed: concatenate the content deltas */
+            size_t n = 0;
+            char *text = calloc(1, r.len + 1);
+            for (const char *p = strstr(r.body, "data: "); p; p = strstr(p + 1, "data: ")) {
+                const char *e = strstr(p, "\n\n");
+                char *data = strndup(p + 6, (size_t)(e - p - 6));
+                json_t *doc = json_loads(data, 0, NULL);
+                json_t *delta = json_object_get(json_array_get(json_object_get(doc, "choices"), 0), "delta");
+                const char *piece = json_string_value(json_object_get(delta, "content"));
+                if (piece) {
+                    memcpy(text + n, piece, strlen(piece));
+                    n += strlen(piece);
+                }
+                json_decref(doc);
+                free(data);
+            }
+            c->replies[t] = text;
+        } else {
+            json_t *doc = json_loads(r.body, 0, NULL);
+            json_t *ch = json_array_get(json_object_get(doc, "choices"), 0);
+            const char *s = json_string_value(json_object_get(json_object_get(ch, "message"), "content"));
+            c->replies[t] = strdup(s ? s : "");
+            json_decref(doc);
+        }
+        resp_free(&r);
+    }
+    return NULL;
+}
+
+static void decode_counters(int port, int64_t *steps, int64_t *seqs)
+{
+    resp r;
+    http(port, "GET", "/stats", NULL, NULL, &r);
+    json_t *doc = parse(&r);
+    json_t *c = json_object_get(json_object_get(doc, "server"), "counters");
+    *steps = json_integer_value(json_object_get(c, "decode_steps"));
+    *seqs = json_integer_value(json_object_get(c, "decode_batch_sequences"));
+    json_decref(doc);
+    resp_free(&r);
+}
+
+static void test_concurrent_clients(void **state)
+{
+    NEED_MODEL();
+    static client on[CLIENTS], ref[CLIENTS];
+    static const char *const topics[] = {"cat", "dog", "bird", "frog", "ball", "tree", "car", "boat"};
+    for (int i = 0; i < CLIENTS; i++) {
+        on[i] = (client){.port = main_srv.port, .id = i};
+        snprintf(on[i].users[0], 128, "Client %d asks: tell me a story about a %s.", i, topics[i % 8]);
+        snprintf(on[i].users[1], 128, "What did the %s do next?", topics[(i / 8) % 8]);
+        snprintf(on[i].users[2], 128, "How did it end for number %d?", i);
+        ref[i] = on[i];
+        ref[i].port = off_srv.port;
+    }
+    int64_t steps0, seqs0, steps1, seqs1;
+    decode_counters(main_srv.port, &steps0, &seqs0);
+    pthread_t th[CLIENTS];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < CLIENTS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, client_main, &on[i]), 0);
+    for (int i = 0; i < CLIENTS; i++)
+        pthread_join(th[i], NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    decode_counters(main_srv.port, &steps1, &seqs1);
+    double mean_batch = (double)(seqs1 - seqs0) / (double)(steps1 - steps0 > 0 ? steps1 - steps0 : 1);
+    printf("decode steps %lld, mean batch %.1f sequences\n", (long long)(steps1 - steps0), mean_batch);
+    assert_true(mean_batch > 2.0); /* the replies below were decoded batched */
+    for (int i = 0; i < CLIENTS; i++) /* the reference: each conversation alone, cache off */
+        client_main(&ref[i]);
+    int errors = 0, differ = 0;
+    for (int i = 0; i < CLIENTS; i++) {
+        errors += on[i].errors + ref[i].errors;
+        for (int t = 0; t < TURNS; t++) {
+            if (on[i].replies[t] && ref[i].replies[t] && strcmp(on[i].replies[t], ref[i].replies[t])) {
+                if (!differ)
+                    fprintf(stderr, "client %d turn %d: '%s' vs alone '%s'\n", i, t + 1, on[i].replies[t],
+                            ref[i].replies[t]);
+                differ++;
+            }
+            free(on[i].replies[t]);
+            free(ref[i].replies[t]);
+        }
+    }
+    printf("%d concurrent clients x %d turns in %.2f s: %d errors, %d replies differing from cache-off alone\n",
+           CLIENTS, TURNS, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9, errors, differ);
+    assert_int_equal(errors, 0);
+    assert_int_equal(differ, 0);
+}
+
+/* ---- the rest -------------------------------------------------------------------------------------------- */
+
+static void test_tokenize(void **state)
+{
+    NEED_MODEL();
+    resp r;
+    http(main_srv.port, "POST", "/tokenize", NULL, "{\"prompt\": \"Once upon a time\"}", &r);
+    assert_int_equal(r.status, 200);
+    json_t *doc = parse(&r);
+    assert_int_equal(json_integer_value(json_object_get(doc, "count")), 5);
+    assert_int_equal(json_integer_value(json_object_get(doc, "max_model_len")), 512);
+    json_t *toks = json_object_get(doc, "tokens");
+    assert_int_equal(json_integer_value(json_array_get(toks, 0)), 1); /* BOS */
+    json_t *req = json_pack("{s:O}", "tokens", toks);
+    char *body = json_dumps(req, 0);
+    json_decref(req);
+    json_decref(doc);
+    resp_free(&r);
+    http(main_srv.port, "POST", "/detokenize", NULL, body, &r);
+    free(body);
+    assert_int_equal(r.status, 200);
+    doc = parse(&r);
+    assert_string_equal(json_string_value(json_object_get(doc, "prompt")), "Once upon a time");
+    json_decref(doc);
+    resp_free(&r);
+    http(main_srv.port, "POST", "/detokenize", NULL, "{\"tokens\": [1, -4]}", &r);
+    expect_error(&r, 400, "tokens", "[0, 512)");
+    resp_free(&r);
+}
+
+static void test_metrics_promtool(void **state)
+{
+    NEED_MODEL();
+    resp r;
+    http(main_srv.port, "GET", "/metrics", NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.head, "text/plain; version=0.0.4"));
+    assert_non_null(strstr(r.body, "kvtier_prefix_cache_queries_total "));
+    assert_non_null(strstr(r.body, "kvtier_cached_tokens_total{tier=\"ram\"} "));
+    assert_non_null(strstr(r.body, "kvtier_time_to_first_token_seconds_bucket{le=\"0.001\"} "));
+    assert_non_null(strstr(r.body, "kvtier_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} "));
+    assert_non_null(strstr(r.body, "kvtier_tier_max_bytes{tier=\"ram\"} 1073741824"));
+    char path[400], cmd[800];
+    snprintf(path, sizeof path, "%s/metrics.txt", tmpdir);
+    FILE *f = fopen(path, "w");
+    fwrite(r.body, 1, r.len, f);
+    fclose(f);
+    resp_free(&r);
+    if (system("command -v promtool >/dev/null 2>&1") != 0) {
+        printf("test_metrics_promtool: promtool is not installed (Debian package prometheus): lint skipped\n");
+        return;
+    }
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* SIGTERM flushes the SSD tier: a restarted server reuses the conversation from disk. */
+static void test_shutdown_ssd(void **state)
+{
+    NEED_MODEL();
+    char ssd[400];
+    snprintf(ssd, sizeof ssd, "%s/ssd", tmpdir);
+    const char *extra[] = {"--ssd-cache", ssd, NULL};
+    server sv;
+    server_start(&sv, "ssd1", extra);
+    json_t *u = NULL;
+    char *r1[2] = {0};
+    r1[0] = chat_turn(sv.port, script, r1, 1, 0, NULL, &u);
+    json_decref(u);
+    assert_int_equal(server_stop(&sv), 0);
+    char log[8192];
+    read_file(sv.log, log, sizeof log);
+    assert_non_null(strstr(log, "kvtier serve: stopped"));
+    server_start(&sv, "ssd2", extra);
+    r1[1] = chat_turn(sv.port, script, r1, 2, 0, NULL, &u);
+    int64_t ssd_reused = json_integer_value(json_object_get(json_object_get(json_object_get(u, "kvtier"), "reused_tokens"), "ssd"));
+    printf("after a restart: %lld tokens reused from the SSD tier (prompt %lld)\n", (long long)ssd_reused,
+           (long long)usage_int(u, "prompt_tokens", NULL));
+    assert_true(ssd_reused > 0);
+    json_decref(u);
+    assert_int_equal(server_stop(&sv), 0);
+    free(r1[0]);
+    free(r1[1]);
+}
+
+/* The last finished request in /stats (its JSON record; caller decrefs),
+ * waiting up to 10 s for `count` requests to have finished. */
+static json_t *last_record(int port, int64_t count)
+{
+    for (int i = 0; i < 1000; i++) {
+        resp r;
+        http(port, "GET", "/stats", NULL, NULL, &r);
+        json_t *doc = parse(&r);
+        resp_free(&r);
+        json_t *srv = json_object_get(doc, "server");
+        json_t *rec = json_object_get(srv, "recent");
+        if ((int64_t)json_array_size(rec) >= count && json_integer_value(json_object_get(srv, "running")) == 0) {
+            json_t *last = json_incref(json_array_get(rec, json_array_size(rec) - 1));
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(doc, "kv"), "projected_bytes")), 0);
+            json_decref(doc);
+            return last;
+        }
+        json_decref(doc);
+        usleep(10000);
+    }
+    fail_msg("no finished request in /stats");
+    return NULL;
+}
+
+/* A client that goes away cancels its request: the engine stops it within a
+ * step (far short of max_tokens), releases its admission, and records 499. */
+static void test_disconnect_cancels(void **state)
+{
+    NEED_MODEL();
+    make_slow_model();
+    server sv;
+    server_start_model(&sv, "cancel", slow_model, slow_tok, NULL);
+    for (int stream = 1; stream >= 0; stream--) {
+        int fd = connect_to(sv.port);
+        send_request(fd, "POST", "/v1/completions", NULL,
+                     stream ? "{\"prompt\": [1, 50], \"max_tokens\": 900, \"temperature\": 1, \"seed\": 5, \"stream\": true}"
+                            : "{\"prompt\": [1, 51], \"max_tokens\": 900, \"temperature\": 1, \"seed\": 5}");
+        char buf[256];
+        if (stream)
+            assert_true(recv(fd, buf, sizeof buf, 0) > 0); /* the stream began */
+        else
+            usleep(50000);
+        close(fd);
+        json_t *rec = last_record(sv.port, 2 - stream);
+        int64_t made = json_integer_value(json_object_get(rec, "completion_tokens"));
+        printf("%s client gone: status %lld after %lld of 900 tokens\n", stream ? "streaming" : "waiting",
+               (long long)json_integer_value(json_object_get(rec, "status")), (long long)made);
+        assert_int_equal(json_integer_value(json_object_get(rec, "status")), 499);
+        assert_true(made < 900);
+        json_decref(rec);
+    }
+    resp r;
+    http(sv.port, "GET", "/metrics", NULL, NULL, &r);
+    assert_non_null(strstr(r.body, "kvtier_cancelled_total 2\n"));
+    resp_free(&r);
+    assert_int_equal(server_stop(&sv), 0);
+}
+
+/* Slow or stalled clients are bounded: past --max-connections a new
+ * connection waits unserved (libmicrohttpd stops accepting), and a stalled
+ * connection is closed after --conn-timeout, which lets the waiting one in. */
+static void test_slow_clients(void **state)
+{
+    NEED_MODEL();
+    server sv;
+    const char *extra[] = {"--conn-timeout", "2", "--max-connections", "3", NULL};
+    server_start(&sv, "slow", extra);
+    int idle[3];
+    for (int i = 0; i < 3; i++)
+        idle[i] = connect_to(sv.port);
+    send_all(idle[0], "GET /heal", 9); /* a request that never completes */
+    usleep(200000);
+    int extra_fd = connect_to(sv.port); /* one more than the limit */
+    send_request(extra_fd, "GET", "/health", NULL, NULL);
+    struct timeval tv = {.tv_usec = 700000};
+    setsockopt(extra_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[64];
+    ssize_t k = recv(extra_fd, buf, sizeof buf, 0);
+    assert_true(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)); /* not served while 3 are open */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    k = recv(idle[0], buf, sizeof buf, 0); /* the server closes the stalled one */
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    printf("stalled connection closed after %.1f s more (recv %zd)\n", waited, k);
+    assert_true(k <= 0);
+    assert_true(waited < 10);
+    tv.tv_sec = 20;
+    tv.tv_usec = 0;
+    setsockopt(extra_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    resp r;
+    read_response(extra_fd, &r); /* now it is let in */
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    for (int i = 0; i < 3; i++)
+        close(idle[i]);
+    assert_int_equal(server_stop(&sv), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_health_models),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_api_key),
+        cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_stream_format),
+        cmocka_unit_test(test_multi_turn_cache),
+        cmocka_unit_test(test_concurrent_clients),
+        cmocka_unit_test(test_tokenize),
+        cmocka_unit_test(test_metrics_promtool),
+        cmocka_unit_test(test_shutdown_ssd),
+        cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_slow_clients),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
