@@ -1,5 +1,5 @@
 /*
- * fuzz_trace_line.c: kvt_trace_load (src/replay.c) on arbitrary Mooncake
+ * fuzz_trace_line.c: kvt_trace_load (tools/replay/replay.c) on arbitrary Mooncake
  * JSON-lines traces, then what `kvtier replay` does with a trace it
  * accepted: every request's prompt (kvt_trace_prompt) and the block-level
  * simulator under the reference LRU and Belady's optimum, whose hits can

@@ -4,8 +4,8 @@
  * cli/cmd_chat.c, compiled into this target by including that file) on
  * arbitrary files. A transcript it accepts resumes a conversation whose
  * turns are exactly the file's strings; a refusal names its cause; saving it and loading the saved file gives the same turns; the
- * next turn's prompt renders and encodes, and one turn runs on a tiny
- * synthetic model (or is refused as too long for its positions).
+ * next turn runs on a tiny synthetic model (or is refused as too long for
+ * its positions) for one input in eight.
  */
 #include "../cli/cmd_chat.c"
 
@@ -116,9 +116,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     json_decref(doc2);
     kvt_chat_free(c2);
     unlink(saved);
-    /* the next turn on the resumed conversation */
+    /* the next turn on the resumed conversation, for one input in eight (a
+     * generation hands work to the model's threads: slow on a loaded host) */
     const char *reply = NULL;
-    if (kvt_chat_turns(c) < 64) {
+    if (kvt_chat_turns(c) < 64 && size % 8 == 0) {
         rc = kvt_chat_turn(c, "Go on.", &reply, NULL, NULL, NULL);
         FZ_CHECK(rc == 0 || rc == KVT_ELIMIT || rc == KVT_ENOMEM, "turn returned %d: %s", rc, kvt_last_error());
         FZ_CHECK(rc || reply, "a turn without a reply");

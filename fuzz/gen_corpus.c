@@ -332,7 +332,11 @@ static void gen_text(void)
     json_t *doc = json_pack("[{s:s, s:s}, {s:s, s:s}]", "user", "Hello there", "assistant", " Hi! How are you?",
                             "user", "Caf\xC3\xA9 \xE2\x82\xAC?", "assistant", " \xF0\x9F\x98\x80 fine\n");
     char *s = json_dumps(doc, JSON_INDENT(1));
-    save("fuzz_transcript", "two-turns", s, strlen(s));
+    char padded[512];
+    size_t n = (size_t)snprintf(padded, sizeof padded, "%s\n", s);
+    while (n % 8) /* fuzz_transcript runs a turn for inputs of 8k bytes */
+        padded[n++] = ' ';
+    save("fuzz_transcript", "two-turns", padded, n);
     free(s);
     json_decref(doc);
     save_str("fuzz_transcript", "empty", "[]");

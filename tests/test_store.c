@@ -1331,6 +1331,118 @@ static void refused_block_of_other_identity(void **state)
     store_rmtree(a.root);
 }
 
+/* ---- durability order ----------------------------------------------------------- */
+
+/* A write layer that records, at every fsync, what it was of: a file still
+ * under its temporary name ("F:<final name>"), a file under another name
+ * ("X:<name>": synced after its rename), or the directory ("D:" and the
+ * shard names then present). */
+typedef struct order_rec {
+    char ev[32][640];
+    int n;
+} order_rec;
+
+static ssize_t rec_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off)
+{
+    (void)ctx;
+    return pwrite(fd, buf, n, off);
+}
+
+static int rec_fsync(void *ctx, int fd)
+{
+    order_rec *r = ctx;
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    char *ev = r->n < 32 ? r->ev[r->n++] : NULL;
+    if (ev && S_ISDIR(st.st_mode)) {
+        snprintf(ev, 640, "D:");
+        DIR *d = fdopendir(dup(fd));
+        assert_non_null(d);
+        rewinddir(d);
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (strstr(de->d_name, ".safetensors") && de->d_name[0] != '.')
+                snprintf(ev + strlen(ev), 640 - strlen(ev), "%s ", de->d_name);
+        closedir(d);
+    } else if (ev) {
+        char link[64], target[4096];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        assert_true(k > 0);
+        target[k] = '\0';
+        const char *base = strrchr(target, '/') + 1;
+        if (!strncmp(base, ".tmp.", 5)) { /* .tmp.<pid>.<seq>.<final> */
+            const char *fin = strchr(strchr(base + 5, '.') + 1, '.') + 1;
+            snprintf(ev, 640, "F:%s", fin);
+        } else {
+            snprintf(ev, 640, "X:%s", base);
+        }
+    }
+    return fsync(fd);
+}
+
+static int find_event(const order_rec *r, int from, const char *prefix, const char *has, const char *lacks)
+{
+    for (int i = from; i < r->n; i++)
+        if (!strncmp(r->ev[i], prefix, strlen(prefix)) && (!has || strstr(r->ev[i], has)) &&
+            (!lacks || !strstr(r->ev[i], lacks)))
+            return i;
+    return -1;
+}
+
+/* The put protocol, seen through the write layer: every shard is fsync'd
+ * under its temporary name (before its rename), the block shards are
+ * renamed and the directory fsync'd before the entry shard is renamed, and
+ * the directory is fsync'd again once the entry is under its final name. A
+ * SIGKILL keeps the page cache, so only this order shows what a power loss
+ * would leave. */
+static void durability_order(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "order");
+    order_rec rec = {.n = 0};
+    kvt_store_io io = {rec_pwrite, rec_fsync, &rec};
+    kvt_store_options o = {.io = &io};
+    kvt_store *s = fx_open(&f, &o);
+    rec.n = 0; /* what open wrote is not the put's */
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    put_tokens(s, &f.cfg, "", t, 10); /* two full blocks and the entry */
+    char entry[256];
+    assert_int_equal(store_first_file(kvt_store_dir(s), "e", entry, sizeof entry), 0);
+    char *blocks[2];
+    int nb = 0;
+    DIR *d = opendir(kvt_store_dir(s));
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] == 'b' && nb < 2)
+            blocks[nb++] = strdup(de->d_name);
+    closedir(d);
+    assert_int_equal(nb, 2);
+    for (int i = 0; i < rec.n; i++)
+        if (rec.ev[i][0] == 'X')
+            fail_msg("fsync of %s after its rename", rec.ev[i] + 2);
+    char want[300];
+    snprintf(want, sizeof want, "F:%s", entry);
+    int fe = find_event(&rec, 0, want, NULL, NULL);
+    assert_true(fe >= 0); /* the entry was synced under its temporary name */
+    for (int b = 0; b < 2; b++) {
+        snprintf(want, sizeof want, "F:%s", blocks[b]);
+        int fb = find_event(&rec, 0, want, NULL, NULL);
+        assert_true(fb >= 0);
+        /* a directory fsync with the block renamed and the entry not yet */
+        int db = find_event(&rec, fb + 1, "D:", blocks[b], entry);
+        if (db < 0)
+            fail_msg("no directory fsync after %s was renamed and before %s was", blocks[b], entry);
+        free(blocks[b]);
+    }
+    if (find_event(&rec, fe + 1, "D:", entry, NULL) < 0)
+        fail_msg("no directory fsync after %s was renamed", entry);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1347,6 +1459,7 @@ int main(void)
         cmocka_unit_test(fault_lying_write),
         cmocka_unit_test(fault_fsync),
         cmocka_unit_test(fault_pipelined_blocks),
+        cmocka_unit_test(durability_order),
         cmocka_unit_test(write_behind_failure_counts),
         cmocka_unit_test(lookup_while_pending),
         cmocka_unit_test(async_restore),
