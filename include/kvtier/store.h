@@ -197,6 +197,17 @@ typedef struct kvt_store_stats {
 KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_layers,
                                          char out[KVT_STORE_FINGERPRINT_LEN]);
 
+/** The same fingerprint from the model's recipe for fresh caches (the
+ * new_caches function a service or prompt cache is configured with), so the
+ * caller builds no caches of its own: new_caches(ctx, ...) fills n_layers
+ * caches, which are read and disposed before the call returns.
+ * @param out receives 64 hex digits and a NUL.
+ * @return 0; KVT_EINVAL (NULL new_caches or out, n_layers outside 1..256,
+ * a slot left NULL); new_caches' error; KVT_ENOMEM. Thread-safe when
+ * new_caches is. */
+KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *ctx, int32_t n_layers,
+                                            char out[KVT_STORE_FINGERPRINT_LEN]);
+
 /** Opens (creating when absent) the store of `identity` under `root`.
  *
  * Creates root and root/<identity dir>/ (mode 0755), writes IDENTITY, scans
