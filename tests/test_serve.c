@@ -930,6 +930,46 @@ static void test_shutdown_ssd(void **state)
     free(r1[1]);
 }
 
+/* kill -9 loses nothing that reached the SSD tier: with --demote-idle the
+ * idle conversation is written behind; a restarted server reuses it. */
+static void test_kill9_ssd(void **state)
+{
+    NEED_MODEL();
+    char ssd[400];
+    snprintf(ssd, sizeof ssd, "%s/ssd9", tmpdir);
+    const char *extra[] = {"--ssd-cache", ssd, "--demote-idle", "50", NULL};
+    server sv;
+    server_start(&sv, "kill9a", extra);
+    json_t *u = NULL;
+    char *r1[2] = {0};
+    r1[0] = chat_turn(sv.port, script, r1, 1, 0, NULL, &u);
+    json_decref(u);
+    int64_t written = 0;
+    for (int i = 0; i < 500 && written == 0; i++) { /* wait for the write-behind */
+        usleep(20000);
+        resp r;
+        http(sv.port, "GET", "/stats", NULL, NULL, &r);
+        json_t *doc = parse(&r);
+        written = json_integer_value(json_object_get(json_object_get(doc, "ssd"), "written"));
+        json_decref(doc);
+        resp_free(&r);
+    }
+    assert_true(written > 0);
+    forget(sv.pid);
+    kill(sv.pid, SIGKILL);
+    waitpid(sv.pid, NULL, 0);
+    server_start(&sv, "kill9b", extra);
+    r1[1] = chat_turn(sv.port, script, r1, 2, 0, NULL, &u);
+    int64_t ssd_reused =
+        json_integer_value(json_object_get(json_object_get(json_object_get(u, "kvtier"), "reused_tokens"), "ssd"));
+    printf("after kill -9 and a restart: %lld tokens reused from the SSD tier\n", (long long)ssd_reused);
+    assert_true(ssd_reused > 0);
+    json_decref(u);
+    assert_int_equal(server_stop(&sv), 0);
+    free(r1[0]);
+    free(r1[1]);
+}
+
 /* The last finished request in /stats (its JSON record; caller decrefs),
  * waiting up to 10 s for `count` requests to have finished. */
 static json_t *last_record(int port, int64_t count)
@@ -1042,6 +1082,7 @@ int main(void)
         cmocka_unit_test(test_tokenize),
         cmocka_unit_test(test_metrics_promtool),
         cmocka_unit_test(test_shutdown_ssd),
+        cmocka_unit_test(test_kill9_ssd),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_slow_clients),
     };
