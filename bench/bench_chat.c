@@ -62,7 +62,7 @@ static int baseline_ms(kvt_model *m, kvt_service *svc, const int32_t *prompt, in
         rc = kvt_service_acquire(svc, adm, &st);
     if (!rc && st.reused_tokens != R) {
         /* Not resident any more (evicted): rebuild the prefix, untimed. */
-        kvt_caches_dispose(st.caches, st.n_layers);
+        kvt_caches_destroy(st.caches, st.n_layers);
         rc = kvt_model_new_caches(m, 256, st.caches);
         if (!rc && R > 0)
             rc = kvt_model_prefill(m, st.caches, prompt, R, NULL);
@@ -73,7 +73,7 @@ static int baseline_ms(kvt_model *m, kvt_service *svc, const int32_t *prompt, in
         (void)kvt_sample_argmax(logits, c->vocab_size);
         *out = (double)(kvt_now_ns() - t0) / 1e6;
     }
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(svc, adm, 1);
     free(logits);
     return rc;

@@ -81,7 +81,7 @@ int kvt_bench_dedup(int argc, char **argv)
         for (int64_t k = sys_tokens; k < n; k++)
             tok[k] = (int32_t)(32000 + rnd32() % 32000); /* differs right after the system prompt */
         kvt_hit h;
-        rc = kvt_prompt_cache_take(pc, tok, n, "", NULL, &h);
+        rc = kvt_prompt_cache_lend(pc, tok, n, "", NULL, &h);
         if (rc == 0 && h.prefix_len != sys_tokens) {
             fprintf(stderr, "kvtier bench dedup: entry %d reused %lld tokens, expected %d\n", i,
                     (long long)h.prefix_len, sys_tokens);
@@ -99,9 +99,9 @@ int kvt_bench_dedup(int argc, char **argv)
             if (rc == 0)
                 rc = kvt_prompt_cache_put(pc, &x, NULL);
             if (rc)
-                kvt_caches_dispose(c, layers);
+                kvt_caches_destroy(c, layers);
         }
-        kvt_hit_dispose(&h);
+        kvt_hit_clear(&h);
         tails += tail;
     }
     if (rc) {
@@ -109,7 +109,7 @@ int kvt_bench_dedup(int argc, char **argv)
         return 1;
     }
     kvt_prompt_cache_stats st;
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     size_t ideal = ((size_t)sys_tokens + (size_t)tails) * per_token;
     double ratio = (double)st.bytes / (double)ideal;
     printf("dedup: %lld entries sharing a %d-token system prompt, tails of %d..%d tokens (mean %.0f), "

@@ -71,7 +71,7 @@ static int bench_prefill(kvt_model *m, const int32_t *tok, int prompt, const ben
         uint64_t t0 = kvt_now_ns();
         rc = kvt_model_prefill(m, caches, tok, prompt, logits);
         t[run] = tps(prompt, t0, kvt_now_ns());
-        kvt_caches_dispose(caches, L);
+        kvt_caches_destroy(caches, L);
     }
     if (rc == 0)
         r->prefill_tps = kvt_bench_util_median(t, runs);
@@ -83,7 +83,7 @@ static int bench_prefill(kvt_model *m, const int32_t *tok, int prompt, const ben
         for (int i = 0; i < prompt && rc == 0; i++)
             rc = kvt_model_decode(m, caches, tok[i], logits);
         t[run] = tps(prompt, t0, kvt_now_ns());
-        kvt_caches_dispose(caches, L);
+        kvt_caches_destroy(caches, L);
     }
     if (rc == 0)
         r->single_tps = kvt_bench_util_median(t, runs);
@@ -116,7 +116,7 @@ static int bench_decode(kvt_model *m, const char *path, int steps, const bench_o
             eng[i] = tok = argmax(logits, V);
         }
         t[run] = tps(steps, t0, kvt_now_ns());
-        kvt_caches_dispose(caches, L);
+        kvt_caches_destroy(caches, L);
     }
     if (rc == 0)
         r->dec_tps = kvt_bench_util_median(t, runs);
@@ -192,7 +192,7 @@ static int bench_batch(kvt_model *m, const int32_t *tok, const bench_opts *o, in
             }
             t[run] = tps((long)n * S, t0, kvt_now_ns());
             for (int i = 0; i < n; i++)
-                kvt_caches_dispose(seq[i], L);
+                kvt_caches_destroy(seq[i], L);
             if (b == 0 && run == 0)
                 memcpy(first, ids, sizeof *ids * (size_t)S);
             else
@@ -238,7 +238,7 @@ static int bench_context(kvt_model *m, const int32_t *tok, int n_tok, const benc
             t[k][run] = tps(S, t0, kvt_now_ns());
             at += S;
         }
-        kvt_caches_dispose(caches, L);
+        kvt_caches_destroy(caches, L);
     }
     for (int k = 0; k < N_CTX && rc == 0; k++)
         if (r->ctx[k])

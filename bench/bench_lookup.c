@@ -85,7 +85,7 @@ static int64_t baseline_take(bl_entry *es, int n_entries, int layers, const int3
     if (kvt_caches_clone(es[bi].caches, layers, views) == 0) {
         for (int l = 0; l < layers; l++)
             kvt_cache_trim(views[l], best);
-        kvt_caches_dispose(views, layers);
+        kvt_caches_destroy(views, layers);
     }
     free(tok);
     return best;
@@ -97,7 +97,7 @@ static int put_entry(kvt_prompt_cache *pc, const char *ns, const int32_t *tokens
     kvt_entry e = {ns, tokens, n, caches, layers, NULL, 0, {0}};
     int rc = kvt_prompt_cache_put(pc, &e, NULL);
     if (rc)
-        kvt_caches_dispose(caches, layers);
+        kvt_caches_destroy(caches, layers);
     return rc;
 }
 
@@ -129,8 +129,8 @@ static int size_run(int32_t kv_dim, int reps, double *med_us, uint64_t *copied, 
         int64_t plen = r % 2 ? n + 1 : 30001;
         uint64_t t0 = kvt_now_ns();
         kvt_hit h;
-        rc = kvt_prompt_cache_take(pc, tok, plen, "", NULL, &h);
-        kvt_hit_dispose(&h);
+        rc = kvt_prompt_cache_lend(pc, tok, plen, "", NULL, &h);
+        kvt_hit_clear(&h);
         t[r] = kvt_now_ns() - t0;
     }
     *copied = kvt_buf_bytes_copied() - before;
@@ -237,7 +237,7 @@ int kvt_bench_lookup(int argc, char **argv)
         if (rc == 0)
             rc = put_entry(pc, "", es[i].tokens, n, c, layers);
         else
-            kvt_caches_dispose(c, layers);
+            kvt_caches_destroy(c, layers);
     }
     if (rc) {
         fprintf(stderr, "kvtier bench lookup: building entries failed: %s (%s)\n", kvt_strerror(rc),
@@ -245,7 +245,7 @@ int kvt_bench_lookup(int argc, char **argv)
         return 1;
     }
     kvt_prompt_cache_stats st;
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     printf("lookup: %d entries (mean %lld tokens, %d layers, kv_dim %d, blocks of %d), %.1f MB held, built in %.1f s\n",
            n_entries, (long long)(total_tokens / n_entries), layers, kv_dim, block, (double)st.bytes / 1e6,
            (double)(kvt_now_ns() - t_build) / 1e9);
@@ -272,9 +272,9 @@ int kvt_bench_lookup(int argc, char **argv)
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = kvt_now_ns();
         kvt_hit h;
-        rc = kvt_prompt_cache_take(pc, prompts[r], prompt_len, "", NULL, &h);
+        rc = kvt_prompt_cache_lend(pc, prompts[r], prompt_len, "", NULL, &h);
         p_radix[r] = h.prefix_len;
-        kvt_hit_dispose(&h);
+        kvt_hit_clear(&h);
         t_radix[r] = kvt_now_ns() - t0;
         sum_p += (double)p_radix[r];
         if (rc)
@@ -305,13 +305,13 @@ int kvt_bench_lookup(int argc, char **argv)
     for (int i = 0; i < n_entries; i++) {
         free(es[i].tokens);
         if (es[i].caches)
-            kvt_caches_dispose(es[i].caches, layers);
+            kvt_caches_destroy(es[i].caches, layers);
         free(es[i].caches);
     }
     free(es);
     for (int g = 0; g < GROUPS; g++)
-        kvt_caches_dispose(trunkc[g], layers);
-    kvt_caches_dispose(sysc, layers);
+        kvt_caches_destroy(trunkc[g], layers);
+    kvt_caches_destroy(sysc, layers);
     kvt_prompt_cache_destroy(pc);
     free(sys);
     free(trunk);

@@ -605,7 +605,7 @@ int kvt_cmd_chat(int argc, char **argv)
         fflush(stderr);
         ssd_warn(ssd);
     }
-    if (stats && kvt_service_report_json(svc, &report) != 0)
+    if (stats && kvt_service_stats_json(svc, &report) != 0)
         report = NULL;
     status = 0;
     if (interrupted) {
@@ -641,7 +641,7 @@ done:
     } else if (report) {
         print_report(report, NULL, NULL);
     }
-    kvt_service_json_free(report);
+    kvt_string_free(report);
     kvt_tokenizer_free(tok);
     kvt_model_free(m);
     kvt_chat_script_free(lines, n_lines);

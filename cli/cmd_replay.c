@@ -515,6 +515,6 @@ int kvt_cmd_replay(int argc, char **argv)
     }
 out:
     for (int i = 0; i < o.n_traces; i++)
-        kvt_trace_free(traces[i]);
+        kvt_trace_destroy(traces[i]);
     return rc;
 }

@@ -798,7 +798,7 @@ static int model_fingerprint(const kvt_model *m, char fp[KVT_STORE_FINGERPRINT_L
     if (rc)
         return rc;
     rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
-    kvt_caches_dispose(caches, c->n_layers);
+    kvt_caches_destroy(caches, c->n_layers);
     return rc;
 }
 

@@ -109,7 +109,7 @@ newline:
         rc = kvt__fail(-EIO, "generate: writing the output failed");
 done:
     if (have_caches)
-        kvt_caches_dispose(caches, cfg->n_layers);
+        kvt_caches_destroy(caches, cfg->n_layers);
     kvt__free(caches);
     kvt__free(logits);
     kvt__free(toks);

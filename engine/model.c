@@ -312,7 +312,7 @@ KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_c
             break;
         }
         if (rc != 0) {
-            kvt_caches_dispose(caches, l);
+            kvt_caches_destroy(caches, l);
             return rc;
         }
     }

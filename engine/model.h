@@ -132,7 +132,7 @@ KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m);
  * @param block_tokens tokens per kv block (>= 1; 256 is the default; more
  *   than seq_len is capped at seq_len: a longer block is never filled).
  * @param caches array of n_layers slots; on success every slot holds a cache
- *   the caller owns (dispose with kvt_caches_dispose(caches, n_layers)); on
+ *   the caller owns (dispose with kvt_caches_destroy(caches, n_layers)); on
  *   error every slot is NULL.
  * @return 0, KVT_EINVAL, KVT_ENOMEM (or whatever the cache kind returns).
  */

@@ -73,7 +73,7 @@ static int publish_snapshot(kvt_seq *s, int64_t n)
     int rc = kvt_state_clone(&s->state, &snap);
     if (!rc)
         rc = kvt_service_publish(s->svc, s->adm, s->all, n, &snap);
-    kvt_state_dispose(&snap);
+    kvt_state_clear(&snap);
     s->published = n;
     return rc;
 }
@@ -110,7 +110,7 @@ static int64_t checkpoint_stride(const kvt_seq *s, int64_t asked)
 
 static void seq_free(kvt_seq *s)
 {
-    kvt_state_dispose(&s->state);
+    kvt_state_clear(&s->state);
     kvt__free(s->all);
     kvt__free(s->reply);
     kvt__free(s->logits);

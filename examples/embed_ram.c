@@ -30,7 +30,7 @@ static int new_caches(void *ctx, kvt_cache **caches)
 static int64_t serve(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n)
 {
     kvt_hit hit;
-    CHECK(kvt_prompt_cache_take(pc, prompt, n, "", NULL, &hit));
+    CHECK(kvt_prompt_cache_lend(pc, prompt, n, "", NULL, &hit));
     for (int64_t t = hit.prefix_len; t < n; t++) { /* prefill only the new tokens */
         float kv[D] = {(float)prompt[t], (float)prompt[t], (float)prompt[t], (float)prompt[t]};
         const void *in[2] = {kv, kv};
@@ -39,7 +39,7 @@ static int64_t serve(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n)
     }
     int64_t reused = hit.prefix_len;
     CHECK(kvt_prompt_cache_put_hit(pc, &hit, prompt, n, NULL)); /* adopts the caches */
-    kvt_hit_dispose(&hit);                                      /* a no-op after put_hit */
+    kvt_hit_clear(&hit);                                      /* a no-op after put_hit */
     return reused;
 }
 
@@ -55,13 +55,13 @@ int main(void)
     int64_t b = serve(pc, prompt, 60); /* take reuses 40 (zero-copy), extends to 60 */
     int64_t c = serve(pc, other, 8);   /* another prompt: a miss again */
     kvt_hit hit;                       /* what the cache lends now */
-    CHECK(kvt_prompt_cache_take(pc, prompt, 60, "", NULL, &hit));
+    CHECK(kvt_prompt_cache_lend(pc, prompt, 60, "", NULL, &hit));
     const float *k;
     CHECK(kvt_kv_block(hit.entry.caches[0], 3, &k, NULL, NULL));
     printf("reused %lld, %lld, %lld tokens; now %lld, block 3 starts with token %.0f\n", (long long)a,
            (long long)b, (long long)c, (long long)hit.prefix_len, k[0]);
     int ok = a == 0 && b == 40 && c == 0 && hit.prefix_len == 59 && k[0] == 148.0f;
-    kvt_hit_dispose(&hit);
+    kvt_hit_clear(&hit);
     kvt_prompt_cache_destroy(pc);
     return ok ? 0 : 1;
 }

@@ -49,8 +49,8 @@ static int64_t request(kvt_service *svc, int32_t *tokens, int64_t n_prompt, int6
         tokens[n_prompt + i] = 900 + (int32_t)i;
     run(st.caches, tokens, n_prompt, n_prompt + n_gen);
     CHECK(kvt_service_publish(svc, adm, tokens, n_prompt + n_gen, &st));
-    kvt_state_dispose(&st); /* no-ops here: publish took both; needed when it refuses */
-    kvt_state_dispose(&snap);
+    kvt_state_clear(&st); /* no-ops here: publish took both; needed when it refuses */
+    kvt_state_clear(&snap);
     kvt_service_release(svc, adm, 1); /* 1: the generation completed */
     return reused;
 }

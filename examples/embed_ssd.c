@@ -33,7 +33,7 @@ static int new_caches(void *ctx, kvt_cache **caches)
 static int64_t serve(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, kvt_hit_source *from)
 {
     kvt_hit hit;
-    CHECK(kvt_prompt_cache_take(pc, prompt, n, "", NULL, &hit));
+    CHECK(kvt_prompt_cache_lend(pc, prompt, n, "", NULL, &hit));
     for (int64_t t = hit.prefix_len; t < n; t++) {
         float kv[D] = {(float)prompt[t], (float)prompt[t], (float)prompt[t], (float)prompt[t]};
         const void *in[2] = {kv, kv};
@@ -43,7 +43,7 @@ static int64_t serve(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, kvt
     int64_t reused = hit.prefix_len;
     *from = hit.source;
     CHECK(kvt_prompt_cache_put_hit(pc, &hit, prompt, n, NULL));
-    kvt_hit_dispose(&hit);
+    kvt_hit_clear(&hit);
     return reused;
 }
 

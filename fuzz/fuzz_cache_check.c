@@ -114,10 +114,10 @@ void fz_cache_exercise(const kvt_cache *c, fz_in *in)
         FZ_CHECK(kvt_cache_encode(d, &s2) == 0, "re-encode failed");
         const char *why;
         FZ_CHECK(fz_state_equal(&s1, &s2, &why), "decode(encode(x)) differs from x: %s", why);
-        kvt_cache_state_free(&s2);
-        kvt_cache_dispose(d);
+        kvt_cache_state_clear(&s2);
+        kvt_cache_destroy(d);
     }
-    kvt_cache_state_free(&s1);
+    kvt_cache_state_clear(&s1);
 
     /* trim a clone to a length inside the range (and one outside) */
     kvt_cache *t = NULL;
@@ -158,5 +158,5 @@ void fz_cache_exercise(const kvt_cache *c, fz_in *in)
             free(kv);
         }
     }
-    kvt_cache_dispose(t);
+    kvt_cache_destroy(t);
 }

@@ -86,9 +86,9 @@ static void blob_roundtrip(fz_in *in)
         size_t bn = 0;
         const void *q = kvt_attachment_blob_data(b, &bn);
         FZ_CHECK(bn == n && (!n || !memcmp(q, p, n)), "blob(serialize(x)) != x");
-        kvt_attachment_dispose(b);
+        kvt_attachment_destroy(b);
     }
-    kvt_attachment_dispose(a);
+    kvt_attachment_destroy(a);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -150,11 +150,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else if (op == 2) { /* continue on a clone (shared blocks, copy on write) */
             kvt_cache *d = NULL;
             if (!kvt_cache_clone(c, &d)) {
-                kvt_cache_dispose(c);
+                kvt_cache_destroy(c);
                 c = d;
             }
         } else { /* keep a clone alive beside it */
-            kvt_cache_dispose(keep);
+            kvt_cache_destroy(keep);
             keep = NULL;
             kvt_cache_clone(c, &keep);
         }
@@ -177,16 +177,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!kvt_cache_encode(d, &s2)) {
                 const char *why;
                 FZ_CHECK(fz_state_equal(&s1, &s2, &why), "encode(decode(encode(x))) != encode(x): %s", why);
-                kvt_cache_state_free(&s2);
+                kvt_cache_state_clear(&s2);
             }
             fz_cache_exercise(d, &in);
-            kvt_cache_dispose(d);
+            kvt_cache_destroy(d);
         }
-        kvt_cache_state_free(&s1);
+        kvt_cache_state_clear(&s1);
     }
     fz_cache_exercise(c, &in);
-    kvt_cache_dispose(keep);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(keep);
+    kvt_cache_destroy(c);
     free(m.rows);
     free(m.state);
     return 0;

@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rc = kvt_model_decode(m, caches, bad, logits);
         FZ_CHECK(rc == KVT_EINVAL || rc == KVT_ELIMIT, "token %d accepted (%d)", bad, rc);
         free(logits);
-        kvt_caches_dispose(caches, c->n_layers);
+        kvt_caches_destroy(caches, c->n_layers);
     }
     free(caches);
     kvt_model_free(m);

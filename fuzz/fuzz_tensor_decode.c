@@ -36,9 +36,9 @@ static void blob(const kvt_cache_state *st)
         const void *s = NULL;
         size_t sn = 0;
         FZ_CHECK(b->ops->serialize && !b->ops->serialize(b, &s, &sn) && sn == t->bytes, "serialize");
-        kvt_attachment_dispose(b);
+        kvt_attachment_destroy(b);
     }
-    kvt_attachment_dispose(a);
+    kvt_attachment_destroy(a);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* the cache must not depend on the state's buffers beyond their references */
         fz_state_free(&st);
         fz_cache_exercise(c, &in);
-        kvt_cache_dispose(c);
+        kvt_cache_destroy(c);
     }
     fz_state_free(&st);
     return 0;

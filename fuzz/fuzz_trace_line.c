@@ -86,6 +86,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FZ_CHECK(lru.peak_blocks <= cap && opt.peak_blocks <= cap, "peak %lld / %lld over capacity %lld",
                  (long long)lru.peak_blocks, (long long)opt.peak_blocks, (long long)cap);
     }
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
     return 0;
 }

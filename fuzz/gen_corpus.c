@@ -149,8 +149,8 @@ static void gen_state(const char *name, kvt_cache *c, int sel)
         exit(1);
     save("fuzz_tensor_decode", name, buf, len);
     free(buf);
-    kvt_cache_state_free(&st);
-    kvt_cache_dispose(c);
+    kvt_cache_state_clear(&st);
+    kvt_cache_destroy(c);
 }
 
 static kvt_cache *filled(kvt_cache *c, int64_t n, int d)

@@ -200,7 +200,7 @@ static void hist(sbuf *b, const char *name, const char *help, const histogram *h
     sb_printf(b, "kvtier_%s_sum %.6f\nkvtier_%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
-int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_report *rep,
+int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_stats *rep,
                                const kvt_store_stats *ss, char **out)
 {
     *out = NULL;

@@ -128,7 +128,7 @@ typedef struct kvt_srv_gauges {
  * one): bytes and entries against their budgets, pending and failed writes.
  * @param out receives a NUL-terminated string, caller frees with free().
  * @return 0, or -1 when out of memory. */
-int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_report *rep,
+int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_stats *rep,
                                const kvt_store_stats *ss, char **out);
 
 /** The server's part of /stats: {"requests_total": n, "requests": {path:

@@ -223,8 +223,8 @@ typedef struct running_s {
 
 static uint64_t cold_restores(kvt_service *svc)
 {
-    kvt_service_report r;
-    return kvt_service_report_get(svc, &r) == 0 ? r.cold_restores : 0;
+    kvt_service_stats r;
+    return kvt_service_get_stats(svc, &r) == 0 ? r.cold_restores : 0;
 }
 
 static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; }

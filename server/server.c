@@ -649,9 +649,9 @@ static enum MHD_Result do_stats(kvt_server *s, struct MHD_Connection *c, req_ctx
     json_t *doc = NULL;
     if (g.ready) {
         char *rep = NULL;
-        if (kvt_service_report_json(s->svc, &rep) == 0)
+        if (kvt_service_stats_json(s->svc, &rep) == 0)
             doc = json_loads(rep, 0, NULL);
-        kvt_service_json_free(rep);
+        kvt_string_free(rep);
     }
     if (!doc)
         doc = json_object();
@@ -672,9 +672,9 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
 {
     kvt_srv_gauges g;
     gauges(s, &g);
-    kvt_service_report rep;
+    kvt_service_stats rep;
     kvt_store_stats ss;
-    int have_rep = g.ready && kvt_service_report_get(s->svc, &rep) == 0;
+    int have_rep = g.ready && kvt_service_get_stats(s->svc, &rep) == 0;
     if (g.ready && s->store)
         kvt_store_get_stats(s->store, &ss);
     char *text = NULL;

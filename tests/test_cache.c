@@ -203,8 +203,8 @@ static void test_kv_create_args(void **state)
     assert_int_equal(kvt_cache_offset(c), 0);
     assert_int_equal(kvt_kv_block(c, 0, NULL, NULL, NULL), KVT_ERANGE);
     assert_int_equal(kvt_kv_block(NULL, 0, NULL, NULL, NULL), KVT_EINVAL);
-    kvt_cache_dispose(c);
-    kvt_cache_dispose(NULL);
+    kvt_cache_destroy(c);
+    kvt_cache_destroy(NULL);
 }
 
 static void test_kv_append_read(void **state)
@@ -230,7 +230,7 @@ static void test_kv_append_read(void **state)
     assert_int_equal(bufs, 4 * 2 * 4 * 3 * sizeof(float));
     assert_int_equal(kvt_cache_bytes(c), ops->private_bytes(c) + bufs);
     assert_true(ops->private_bytes(c) > 0);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(c);
 }
 
 static void test_kv_clone_cow(void **state)
@@ -286,12 +286,12 @@ static void test_kv_clone_cow(void **state)
     check_kv(f, 13);
 
     /* the source disposed: the clone keeps the shared blocks alive */
-    kvt_cache_dispose(a);
+    kvt_cache_destroy(a);
     check_kv(b, 11);
     assert_int_equal(kvt_buf_refs(kv_buf_of(b, 0)), 1);
-    kvt_cache_dispose(b);
-    kvt_cache_dispose(e);
-    kvt_cache_dispose(f);
+    kvt_cache_destroy(b);
+    kvt_cache_destroy(e);
+    kvt_cache_destroy(f);
 }
 
 static void test_kv_trim_every_length(void **state)
@@ -322,9 +322,9 @@ static void test_kv_trim_every_length(void **state)
         assert_int_equal(kvt_buf_bytes_copied() - c0, (uint64_t)(len % B) * 2 * d * sizeof(float));
         check_kv(c, len + 6);
         check_kv(src, n);
-        kvt_cache_dispose(c);
+        kvt_cache_destroy(c);
     }
-    kvt_cache_dispose(src);
+    kvt_cache_destroy(src);
 }
 
 static void test_kv_encode_decode(void **state)
@@ -374,10 +374,10 @@ static void test_kv_encode_decode(void **state)
     assert_ptr_equal(kv_buf_of(r, 0), kv_buf_of(c, 0));
     assert_ptr_equal(kv_buf_of(r, 1), kv_buf_of(c, 1));
     assert_ptr_not_equal(kv_buf_of(r, 2), kv_buf_of(c, 2));
-    kvt_cache_state_free(&st);
+    kvt_cache_state_clear(&st);
     assert_int_equal(st.n_tensors, 0);
     assert_null(st.tensors);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(c);
     /* r holds a retained (foreign) block alone now; trimming into it and
      * writing must still copy it rather than write into the decoded buffer */
     kvt_buf *blk1 = kv_buf_of(r, 1);
@@ -387,7 +387,7 @@ static void test_kv_encode_decode(void **state)
     assert_int_equal(append_tokens(r, 6, 3, d), 0);
     assert_int_equal(kvt_buf_bytes_copied() - c0, 2 * 2 * d * sizeof(float));
     check_kv(r, 9);
-    kvt_cache_dispose(r);
+    kvt_cache_destroy(r);
 
     /* empty cache round trip */
     assert_int_equal(kvt_kv_create(d, B, &c), 0);
@@ -395,10 +395,10 @@ static void test_kv_encode_decode(void **state)
     assert_int_equal(st.n_tensors, 0);
     assert_int_equal(kvt_cache_decode(&st, &r), 0);
     check_kv(r, 0);
-    kvt_cache_state_free(&st);
-    kvt_cache_state_free(NULL);
-    kvt_cache_dispose(c);
-    kvt_cache_dispose(r);
+    kvt_cache_state_clear(&st);
+    kvt_cache_state_clear(NULL);
+    kvt_cache_destroy(c);
+    kvt_cache_destroy(r);
 }
 
 /* A state decoded from copies the caller owns (no owner): decode copies. */
@@ -422,10 +422,10 @@ static void test_kv_decode_copies_borrowed(void **state)
     check_kv(r, 5);
     for (int i = 0; i < 3; i++)
         kvt_buf_release(owners[i]);
-    kvt_cache_state_free(&st);
-    kvt_cache_dispose(c);
+    kvt_cache_state_clear(&st);
+    kvt_cache_destroy(c);
     check_kv(r, 5);
-    kvt_cache_dispose(r);
+    kvt_cache_destroy(r);
 }
 
 /* Each kind of bad kv state is rejected with its own message. */
@@ -464,10 +464,10 @@ static void test_kv_decode_rejects(void **state)
         expect_decode_fail(&st, want, msg, k);
         if (k == 15)
             st.n_tensors = 2;
-        kvt_cache_state_free(&st);
+        kvt_cache_state_clear(&st);
     }
     assert_int_equal(kvt_cache_decode(NULL, &r), KVT_EINVAL);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(c);
 }
 
 /* Every allocation failure leaves the cache as it was (and leaks nothing). */
@@ -505,7 +505,7 @@ static void test_kv_oom(void **state)
         rc = kvt_cache_clone(a, &x);
         alloc_budget = -1;
         assert_true(rc == 0 || (rc == KVT_ENOMEM && x == NULL));
-        kvt_cache_dispose(x);
+        kvt_cache_destroy(x);
         alloc_budget = fail_at;
         rc = kvt_cache_encode(a, &st);
         alloc_budget = -1;
@@ -517,14 +517,14 @@ static void test_kv_oom(void **state)
             assert_true(rc2 == 0 || (rc2 == KVT_ENOMEM && x == NULL));
             if (x)
                 check_kv(x, 6);
-            kvt_cache_dispose(x);
+            kvt_cache_destroy(x);
         } else {
             assert_int_equal(rc, KVT_ENOMEM);
             assert_int_equal(st.n_tensors, 0);
         }
-        kvt_cache_state_free(&st);
-        kvt_cache_dispose(a);
-        kvt_cache_dispose(b);
+        kvt_cache_state_clear(&st);
+        kvt_cache_destroy(a);
+        kvt_cache_destroy(b);
     }
     assert_true(succeeded);
 }
@@ -540,7 +540,7 @@ static void test_caches_clone(void **state)
     assert_int_equal(kvt_caches_clone(src, 3, dst), 0);
     for (int i = 0; i < 3; i++)
         check_kv(dst[i], 5 + i);
-    kvt_caches_dispose(dst, 3);
+    kvt_caches_destroy(dst, 3);
     for (int i = 0; i < 3; i++)
         assert_null(dst[i]);
     /* all or nothing */
@@ -549,14 +549,14 @@ static void test_caches_clone(void **state)
         int rc = kvt_caches_clone(src, 3, dst);
         alloc_budget = -1;
         if (rc == 0) {
-            kvt_caches_dispose(dst, 3);
+            kvt_caches_destroy(dst, 3);
             continue;
         }
         assert_int_equal(rc, KVT_ENOMEM);
         for (int i = 0; i < 3; i++)
             assert_null(dst[i]);
     }
-    kvt_caches_dispose(src, 3);
+    kvt_caches_destroy(src, 3);
 }
 
 /* ---- rotating ------------------------------------------------------------------ */
@@ -614,7 +614,7 @@ static void test_rotating(void **state)
         assert_int_equal(kvt_cache_trim(c, n - 1), KVT_ERANGE);
         assert_int_equal(kvt_cache_trim(c, n), 0);
         check_ring(c, n, W, keep, d);
-        kvt_cache_dispose(c);
+        kvt_cache_destroy(c);
     }
     /* before the wrap: trims at every length, then refill past the window */
     const int W = 5, keep = 1;
@@ -636,10 +636,10 @@ static void test_rotating(void **state)
         assert_int_equal(append_tokens(c, len + 9, 2, d), 0); /* now private: in place */
         assert_int_equal(kvt_buf_bytes_copied(), c1);
         check_ring(c, len + 11, W, keep, d);
-        kvt_cache_dispose(c);
+        kvt_cache_destroy(c);
     }
     assert_int_equal(kvt_cache_bytes(src), sizeof(float) * 2 * W * d + src->ops->private_bytes(src));
-    kvt_cache_dispose(src);
+    kvt_cache_destroy(src);
 }
 
 static void test_rotating_encode_decode(void **state)
@@ -669,14 +669,14 @@ static void test_rotating_encode_decode(void **state)
         int64_t lo, hi;
         kvt_cache_range(r, &lo, &hi);
         assert_int_equal(lo, st.min_offset);
-        kvt_cache_state_free(&st);
-        kvt_cache_dispose(c);
+        kvt_cache_state_clear(&st);
+        kvt_cache_destroy(c);
         /* r holds the decoded ring alone; it is foreign, so a write copies */
         uint64_t c0 = kvt_buf_bytes_copied();
         assert_int_equal(append_tokens(r, n, 2, d), 0);
         assert_int_equal(kvt_buf_bytes_copied() - c0, (uint64_t)(n < W ? n : W) * 2 * d * sizeof(float));
         check_ring(r, n + 2, W, keep, d);
-        kvt_cache_dispose(r);
+        kvt_cache_destroy(r);
     }
     /* rejects */
     kvt_cache *c;
@@ -697,9 +697,9 @@ static void test_rotating_encode_decode(void **state)
         expect_decode_fail(&st, KVT_EFORMAT, msg, k);
         if (k == 3)
             st.n_tensors = 1;
-        kvt_cache_state_free(&st);
+        kvt_cache_state_clear(&st);
     }
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(c);
 }
 
 /* ---- recurrent ------------------------------------------------------------------ */
@@ -749,8 +749,8 @@ static void test_recurrent(void **state)
     assert_int_equal(kvt_cache_append(d2, 1, in1), 0);
     assert_ptr_equal(kvt_recurrent_state(d2), p);
     assert_memory_equal(p, s1, 16);
-    kvt_cache_dispose(d2);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(d2);
+    kvt_cache_destroy(c);
 }
 
 static void test_recurrent_encode_decode(void **state)
@@ -819,9 +819,9 @@ static void test_recurrent_encode_decode(void **state)
     assert_int_equal(kvt_cache_decode(&st2, &r2), 0);
     assert_memory_equal(kvt_recurrent_state(r2), s, 32);
     assert_int_equal(kvt_cache_offset(r2), 8);
-    kvt_cache_state_free(&st2);
-    kvt_cache_dispose(r);
-    kvt_cache_dispose(r2);
+    kvt_cache_state_clear(&st2);
+    kvt_cache_destroy(r);
+    kvt_cache_destroy(r2);
 }
 
 /* ---- qkv ------------------------------------------------------------------------ */
@@ -919,7 +919,7 @@ static void test_qkv(void **state)
     assert_int_equal(kvt_buf_bytes_copied() - c0, 2 * (2 * 2 * 4 + 2 * 8)); /* 2 rows */
     check_qkv(c, 11, gs);
     check_qkv(x, 15, gs);
-    kvt_cache_dispose(x);
+    kvt_cache_destroy(x);
 
     /* trims at every length, then appends */
     for (int64_t len = 0; len <= 11; len++) {
@@ -930,11 +930,11 @@ static void test_qkv(void **state)
         assert_int_equal(qkv_append_tokens(x, len, 5, d, gs), 0);
         assert_int_equal(kvt_buf_bytes_copied() - c0, (uint64_t)(len % B) * 2 * (2 * 4 + 8));
         check_qkv(x, len + 5, gs);
-        kvt_cache_dispose(x);
+        kvt_cache_destroy(x);
     }
     assert_int_equal(kvt_cache_trim(c, 12), KVT_ERANGE);
     check_qkv(c, 11, gs);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(c);
 }
 
 static void test_qkv_encode_decode(void **state)
@@ -984,8 +984,8 @@ static void test_qkv_encode_decode(void **state)
         assert_memory_equal(k1, k2, sizeof(float) * (b < 2 ? 32 : 16));
         assert_memory_equal(v1, v2, sizeof(float) * (b < 2 ? 32 : 16));
     }
-    kvt_cache_state_free(&st);
-    kvt_cache_dispose(r);
+    kvt_cache_state_clear(&st);
+    kvt_cache_destroy(r);
 
     /* rejects */
     for (int k = 0; k < 6; k++) {
@@ -1002,10 +1002,10 @@ static void test_qkv_encode_decode(void **state)
         expect_decode_fail(&st, KVT_EFORMAT, msg, k);
         if (k == 2)
             st.n_tensors = 6;
-        kvt_cache_state_free(&st);
+        kvt_cache_state_clear(&st);
     }
     check_qkv(c, 10, gs);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(c);
 }
 
 /* ---- attachments ------------------------------------------------------------------ */
@@ -1027,7 +1027,7 @@ static void test_attachment_blob(void **state)
     longname[63] = '\0';
     assert_int_equal(kvt_attachment_blob(longname, data, 100, &a), 0);
     assert_string_equal(a->name, longname);
-    kvt_attachment_dispose(a);
+    kvt_attachment_destroy(a);
 
     assert_int_equal(kvt_attachment_blob("draft.hidden", data, 100, &a), 0);
     data[5] = 99; /* the blob holds a copy */
@@ -1046,10 +1046,10 @@ static void test_attachment_blob(void **state)
     assert_int_equal(b->ops->serialize(b, &sd, &sn), 0);
     assert_ptr_equal(sd, p);
     assert_int_equal(sn, 100);
-    kvt_attachment_dispose(a);
+    kvt_attachment_destroy(a);
     assert_int_equal(((const char *)kvt_attachment_blob_data(b, NULL))[99], 99);
-    kvt_attachment_dispose(b);
-    kvt_attachment_dispose(NULL);
+    kvt_attachment_destroy(b);
+    kvt_attachment_destroy(NULL);
     assert_int_equal(kvt_attachment_bytes(NULL), 0);
     b = (kvt_attachment *)1;
     assert_int_equal(kvt_attachment_clone(NULL, &b), KVT_EINVAL);
@@ -1062,7 +1062,7 @@ static void test_attachment_blob(void **state)
     assert_int_equal(kvt_attachment_blob("empty", NULL, 0, &a), 0);
     assert_non_null(kvt_attachment_blob_data(a, &n));
     assert_int_equal(n, 0);
-    kvt_attachment_dispose(a);
+    kvt_attachment_destroy(a);
 }
 
 /* ---- every kind: OOM atomicity, round trips --------------------------------------- */
@@ -1089,7 +1089,7 @@ static uint64_t fingerprint(const kvt_cache *c)
         h = fnv(h, st.tensors[i].shape, sizeof st.tensors[i].shape);
         h = fnv(h, st.tensors[i].data, st.tensors[i].bytes);
     }
-    kvt_cache_state_free(&st);
+    kvt_cache_state_clear(&st);
     return h;
 }
 
@@ -1150,19 +1150,19 @@ static void test_all_kinds_oom(void **state)
                     assert_true(fingerprint(y) == fingerprint(x));
                 else
                     assert_true(rc == KVT_ENOMEM && y == NULL);
-                kvt_cache_state_free(&st);
+                kvt_cache_state_clear(&st);
             } else {
                 assert_int_equal(rc, KVT_ENOMEM);
             }
-            kvt_cache_dispose(y);
+            kvt_cache_destroy(y);
             y = NULL;
             alloc_budget = fail_at;
             rc = kvt_cache_clone(x, &y);
             alloc_budget = -1;
             assert_true(rc == 0 || (rc == KVT_ENOMEM && y == NULL));
-            kvt_cache_dispose(y);
-            kvt_cache_dispose(x);
-            kvt_caches_dispose(c, 4);
+            kvt_cache_destroy(y);
+            kvt_cache_destroy(x);
+            kvt_caches_destroy(c, 4);
         }
         assert_true(done);
     }
@@ -1172,13 +1172,13 @@ static void test_all_kinds_oom(void **state)
         kvt_attachment *a = NULL;
         alloc_budget = fail_at;
         int r1 = kvt_rotating_create(2, 4, 0, &c);
-        kvt_cache_dispose(c);
+        kvt_cache_destroy(c);
         alloc_budget = fail_at;
         int r2 = kvt_recurrent_create(8, &c);
-        kvt_cache_dispose(c);
+        kvt_cache_destroy(c);
         alloc_budget = fail_at;
         int r3 = kvt_attachment_blob("a", "xyz", 3, &a);
-        kvt_attachment_dispose(a);
+        kvt_attachment_destroy(a);
         alloc_budget = -1;
         assert_true(fail_at >= 2 ? r1 == 0 && r2 == 0 && r3 == 0 : r1 == KVT_ENOMEM && r2 == KVT_ENOMEM && r3 == KVT_ENOMEM);
     }
@@ -1196,7 +1196,7 @@ static void test_all_kinds_round_trip(void **state)
         kvt_cache *r;
         assert_int_equal(kvt_cache_encode(c[i], &st), 0);
         assert_int_equal(kvt_cache_decode(&st, &r), 0);
-        kvt_cache_state_free(&st);
+        kvt_cache_state_clear(&st);
         assert_string_equal(kvt_cache_kind(r), kvt_cache_kind(c[i]));
         int64_t l1, h1, l2, h2;
         kvt_cache_range(c[i], &l1, &h1);
@@ -1209,9 +1209,9 @@ static void test_all_kinds_round_trip(void **state)
         assert_int_equal(append_any(r, 2), 0);
         assert_int_equal(append_any(c[i], 2), 0);
         assert_true(fingerprint(r) == fingerprint(c[i]));
-        kvt_cache_dispose(r);
+        kvt_cache_destroy(r);
     }
-    kvt_caches_dispose(c, 4);
+    kvt_caches_destroy(c, 4);
 }
 
 /* ---- registry ------------------------------------------------------------------ */
@@ -1263,7 +1263,7 @@ static void test_register_kind(void **state)
     assert_string_equal(kvt_cache_kind(c), "test.dummy");
     assert_int_equal(kvt_cache_offset(c), 7);
     assert_int_equal(kvt_cache_bytes(c), 8);
-    kvt_cache_dispose(c);
+    kvt_cache_destroy(c);
 
     /* the table is bounded */
     static kvt_cache_ops many[40];
@@ -1298,7 +1298,7 @@ static void *thr_main(void *arg)
         kvt_cache *x;
         if (t->rc == 0 && (t->rc = kvt_cache_clone(t->c, &x)) == 0) {
             t->rc = append_tokens(x, t->base, 5, d);
-            kvt_cache_dispose(x);
+            kvt_cache_destroy(x);
         }
     }
     if (t->rc == 0)
@@ -1319,14 +1319,14 @@ static void test_kv_two_threads(void **state)
         t[i].rc = 0;
         assert_int_equal(kvt_cache_clone(src, &t[i].c), 0);
     }
-    kvt_cache_dispose(src);
+    kvt_cache_destroy(src);
     for (int i = 0; i < 2; i++)
         assert_int_equal(pthread_create(&th[i], NULL, thr_main, &t[i]), 0);
     for (int i = 0; i < 2; i++) {
         pthread_join(th[i], NULL);
         assert_int_equal(t[i].rc, 0);
         check_kv(t[i].c, 17);
-        kvt_cache_dispose(t[i].c);
+        kvt_cache_destroy(t[i].c);
     }
 }
 
@@ -1347,7 +1347,7 @@ static void *thr_all_main(void *arg)
                 (t->rc = kvt_cache_encode(x, &st)))
                 goto next;
             t->rc = kvt_cache_decode(&st, &y);
-            kvt_cache_state_free(&st);
+            kvt_cache_state_clear(&st);
             if (t->rc || (t->rc = append_any(y, 1)))
                 goto next;
             if ((t->rc = append_any(t->c[i], 3)))
@@ -1355,8 +1355,8 @@ static void *thr_all_main(void *arg)
             if (kvt_cache_can_trim(t->c[i], off + 1))
                 t->rc = kvt_cache_trim(t->c[i], off + 1);
         next:
-            kvt_cache_dispose(x);
-            kvt_cache_dispose(y);
+            kvt_cache_destroy(x);
+            kvt_cache_destroy(y);
         }
     return NULL;
 }
@@ -1385,9 +1385,9 @@ static void test_all_kinds_two_threads(void **state)
         assert_int_equal(kvt_cache_offset(src[i]), 4);
     }
     assert_true(kvt_cache_offset(t[0].c[0]) == 4 + 30);
-    kvt_caches_dispose(t[0].c, 4);
-    kvt_caches_dispose(t[1].c, 4);
-    kvt_caches_dispose(src, 4);
+    kvt_caches_destroy(t[0].c, 4);
+    kvt_caches_destroy(t[1].c, 4);
+    kvt_caches_destroy(src, 4);
 }
 
 /* ---- randomized differential test against a flat oracle ------------------------- */
@@ -1456,19 +1456,19 @@ static void random_family(int kind, uint64_t seed)
         } else if (op == 2 || op == 3) {
             int j = (int)(rnd() % N);
             if (j != i) {
-                kvt_cache_dispose(c[j]);
+                kvt_cache_destroy(c[j]);
                 if (op == 2) {
                     assert_int_equal(kvt_cache_clone(c[i], &c[j]), 0);
                 } else {
                     kvt_cache_state st;
                     assert_int_equal(kvt_cache_encode(c[i], &st), 0);
                     assert_int_equal(kvt_cache_decode(&st, &c[j]), 0);
-                    kvt_cache_state_free(&st);
+                    kvt_cache_state_clear(&st);
                 }
                 len[j] = len[i];
             }
         } else if (i != 0) {
-            kvt_cache_dispose(c[i]);
+            kvt_cache_destroy(c[i]);
             c[i] = NULL;
         }
         for (int j = 0; j < N; j++)
@@ -1478,14 +1478,14 @@ static void random_family(int kind, uint64_t seed)
             assert_int_equal(kvt_cache_trim(c[i], 0), 0);
             len[i] = 0;
         } else if (len[i] > 150) {
-            kvt_cache_dispose(c[i]);
+            kvt_cache_destroy(c[i]);
             c[i] = NULL;
             if (i == 0)
                 assert_int_equal(kvt_rotating_create(RK_D, RK_W, RK_KEEP, &c[0]), 0);
             len[i] = 0;
         }
     }
-    kvt_caches_dispose(c, N);
+    kvt_caches_destroy(c, N);
 }
 
 static void test_random_families(void **state)

@@ -149,7 +149,7 @@ typedef struct {
     int64_t n_prompt[MAX_TURNS];
     int32_t prompt[MAX_TURNS][2048]; /* each turn's prompt ids */
     kvt_turn_stats st[MAX_TURNS];
-    kvt_service_report rep;
+    kvt_service_stats rep;
 } run_result;
 
 typedef struct {
@@ -218,7 +218,7 @@ static run_result *run_chat(const loaded *l, const char *const *script, int n, u
     kvt_chat *c = NULL;
     assert_int_equal(kvt_chat_create(l->m, l->tok, svc, &o, &c), 0);
     chat_turns(c, script, 0, n, r);
-    kvt_service_report_get(svc, &r->rep);
+    kvt_service_get_stats(svc, &r->rep);
     kvt_chat_free(c);
     assert_int_equal(kvt_service_close(svc), 0);
     kvt_service_destroy(svc);
@@ -337,10 +337,10 @@ static void test_block_tokens_capped(void **state)
     assert_true(c->n_layers <= 8);
     assert_int_equal(kvt_model_new_caches(l.m, 1 << 20, caches), 0);
     assert_int_equal(kvt_kv_block_tokens(caches[0]), c->seq_len);
-    kvt_caches_dispose(caches, c->n_layers);
+    kvt_caches_destroy(caches, c->n_layers);
     assert_int_equal(kvt_model_new_caches(l.m, 16, caches), 0);
     assert_int_equal(kvt_kv_block_tokens(caches[0]), 16); /* smaller ones stay */
-    kvt_caches_dispose(caches, c->n_layers);
+    kvt_caches_destroy(caches, c->n_layers);
     kvt_service *svc = service(&l, 1 << 20, 1 << 20);
     assert_int_equal(kvt_service_project_bytes(svc, 10),
                      (uint64_t)c->seq_len * kvt_model_kv_bytes_per_token(l.m)); /* one whole block */
@@ -447,8 +447,8 @@ static void test_evicted_conversation(void **state)
             chat_turns(a, script5, t, t + 1, ra);
             chat_turns(b, script_b, t, t + 1, rb);
         }
-        kvt_service_report rep;
-        kvt_service_report_get(svc, &rep);
+        kvt_service_stats rep;
+        kvt_service_get_stats(svc, &rep);
         print_message("  %s: evictions %llu, entries %llu, bytes %llu of %llu\n", model_name[k],
                       (unsigned long long)rep.evictions, (unsigned long long)rep.entries,
                       (unsigned long long)rep.bytes, (unsigned long long)rep.max_bytes);

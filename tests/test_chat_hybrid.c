@@ -126,7 +126,7 @@ typedef struct {
     int32_t reply[2][TURNS][MAX_REPLY]; /* [conversation][turn] */
     int64_t n_reply[2][TURNS];
     kvt_turn_stats st[2][TURNS];
-    kvt_service_report after_a, rep; /* after conversation A; at the end */
+    kvt_service_stats after_a, rep; /* after conversation A; at the end */
 } two_convs;
 
 /* Runs conversation A, then B, on one service (block size BLOCK). */
@@ -153,9 +153,9 @@ static void run_two(kvt_model *m, kvt_tokenizer *tok, uint64_t pc_bytes, int64_t
         }
         kvt_chat_free(chat);
         if (c == 0)
-            assert_int_equal(kvt_service_report_get(svc, &r->after_a), 0);
+            assert_int_equal(kvt_service_get_stats(svc, &r->after_a), 0);
     }
-    assert_int_equal(kvt_service_report_get(svc, &r->rep), 0);
+    assert_int_equal(kvt_service_get_stats(svc, &r->rep), 0);
     assert_true(r->rep.bytes <= r->rep.max_bytes || pc_bytes == 0);
     kvt_service_destroy(svc);
 }

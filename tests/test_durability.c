@@ -72,14 +72,14 @@ static void test_put_reaches_tier_without_eviction(void **state)
     int32_t p[9];
     pcu_seq(p, 9, 10);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(fresh, p, 9, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(fresh, p, 9, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 8);
     const float *k, *v;
     int32_t nt;
     assert_int_equal(kvt_kv_block(h.entry.caches[0], 0, &k, &v, &nt), 0);
     assert_true(k[0] == 100.0f); /* token 10 * 10 + dim 0 at position 0 */
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_destroy(fresh);
     /* with the write held pending, the tier says so right after put */
     mem_tier_manual_spills(mt, 1);
@@ -252,10 +252,10 @@ static void test_no_useless_writes(void **state)
     /* a restore promoted into RAM is not written back */
     pc = mk(64 * MB, mt, KVT_PC_PROMOTE_RESTORES);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, a, 12, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, a, 12, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 8);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     s = pcu_stats(pc);
     assert_int_equal(s.promotions, 1);
     assert_int_equal(s.write_behind_queued, 0);
@@ -294,10 +294,10 @@ static void test_superseded_write_withdrawn(void **state)
     /* the superseded prefix is still served, from the longer entry */
     kvt_prompt_cache *fresh = mk(64 * MB, mt, 0);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(fresh, a, 9, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(fresh, a, 9, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 8);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_destroy(fresh);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
@@ -404,10 +404,10 @@ static void test_threads_lose_nothing(void **state)
             int32_t t[LEN + 1];
             conv_tokens(id, c, t, LEN + 1);
             kvt_hit h;
-            assert_int_equal(kvt_prompt_cache_take(fresh, t, LEN + 1, "", NULL, &h), 0);
+            assert_int_equal(kvt_prompt_cache_lend(fresh, t, LEN + 1, "", NULL, &h), 0);
             if (h.prefix_len < args[id].kept[c])
                 lost++;
-            kvt_hit_dispose(&h);
+            kvt_hit_clear(&h);
         }
     }
     kvt_prompt_cache_stats st = pcu_stats(pc);
@@ -464,17 +464,17 @@ static void test_service_publish_writes_behind(void **state)
     /* no eviction, no close: the default 1 GB budget keeps everything, and
      * the tier has it anyway */
     assert_true(mem_tier_has(mt, "", t, 20));
-    kvt_service_report r;
-    assert_int_equal(kvt_service_report_get(s, &r), 0);
+    kvt_service_stats r;
+    assert_int_equal(kvt_service_get_stats(s, &r), 0);
     assert_int_equal(r.evictions, 0);
     assert_int_equal(r.write_behind_queued, 2);
     assert_int_equal(r.write_behind_dropped, 0);
     char *json = NULL;
-    assert_int_equal(kvt_service_report_json(s, &json), 0);
+    assert_int_equal(kvt_service_stats_json(s, &json), 0);
     assert_non_null(strstr(json, "\"write_behind_queued\":2"));
     assert_non_null(strstr(json, "\"write_behind_dropped\":0"));
     assert_non_null(strstr(json, "\"durable_evictions\":0"));
-    kvt_service_json_free(json);
+    kvt_string_free(json);
     /* a new process over the same tier reuses the whole history */
     kvt_service *s2 = NULL;
     assert_int_equal(kvt_service_create(&cfg, &s2), 0);
@@ -483,7 +483,7 @@ static void test_service_publish_writes_behind(void **state)
     int64_t writes = mem_tier_counts_get(mt).writes;
     assert_int_equal(kvt_service_close(s), 0);
     assert_int_equal(mem_tier_counts_get(mt).writes, writes);
-    assert_int_equal(kvt_service_report_get(s, &r), 0);
+    assert_int_equal(kvt_service_get_stats(s, &r), 0);
     assert_int_equal(r.durable_evictions, 1);
     assert_int_equal(r.spills, 0);
     kvt_service_destroy(s);

@@ -35,7 +35,7 @@ static int new_caches(void *ctx, kvt_cache **c)
     for (int l = 0; l < L; l++) {
         int rc = kvt_kv_create(D, B, &c[l]);
         if (rc) {
-            kvt_caches_dispose(c, l);
+            kvt_caches_destroy(c, l);
             return rc;
         }
     }
@@ -105,12 +105,12 @@ static void test_publish_stack_array_snapshot(void **state)
     assert_int_equal(kvt_service_publish(s, a, toks, 40, &snap), 0);
     assert_null(snap_caches[0]); /* the caches were adopted: the slots are empty */
     assert_null(snap_caches[1]);
-    kvt_state_dispose(&snap);    /* harmless after a publish, also on a stack array */
+    kvt_state_clear(&snap);    /* harmless after a publish, also on a stack array */
     assert_int_equal(kvt_service_peek(s, toks, 60, ""), 40);
     /* the live state keeps running after the snapshot, then is ended */
     run_tokens(live.caches, 40, 44);
     assert_int_equal(kvt_cache_offset(live.caches[0]), 44);
-    kvt_state_dispose(&live);
+    kvt_state_clear(&live);
     kvt_service_release(s, a, 1);
 
     /* a refused publish takes nothing: the caller's array still holds its caches */
@@ -123,10 +123,10 @@ static void test_publish_stack_array_snapshot(void **state)
     assert_int_equal(kvt_service_publish(s, a, toks, 41, &bad), KVT_EINVAL); /* holds 40 */
     assert_non_null(mine[0]);
     assert_ptr_equal(bad.caches, mine);
-    kvt_state_dispose(&bad); /* disposes the caches, leaves the stack array alone */
+    kvt_state_clear(&bad); /* disposes the caches, leaves the stack array alone */
     assert_null(mine[0]);
     assert_null(mine[1]);
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
     kvt_service_destroy(s);
 }
@@ -198,7 +198,7 @@ static void test_state_arrays_custom_allocator(void **state)
     assert_int_equal(kvt_cache_offset(snap.caches[1]), 40);
     assert_int_equal(kvt_service_publish(s, a, toks, 40, &snap), 0);
     assert_null(snap.caches); /* publish ended it: arrays freed, struct zeroed */
-    kvt_state_dispose(&snap);
+    kvt_state_clear(&snap);
     /* kvt_state_init: the builder of a state to publish */
     kvt_state built;
     assert_int_equal(kvt_state_init(&built, L, 0), 0);
@@ -207,16 +207,16 @@ static void test_state_arrays_custom_allocator(void **state)
     assert_int_equal(kvt_caches_clone(live.caches, L, built.caches), 0);
     run_tokens(built.caches, 40, 42);
     assert_int_equal(kvt_service_publish(s, a, toks, 42, &built), 0);
-    kvt_state_dispose(&built);
+    kvt_state_clear(&built);
     /* a caller's malloc array: adopted caches, the array stays the caller's */
     kvt_cache **own = malloc(L * sizeof *own);
     assert_non_null(own);
     assert_int_equal(kvt_caches_clone(live.caches, L, own), 0);
     kvt_state mine = {.n_layers = L, .caches = own};
     assert_int_equal(kvt_service_publish(s, a, toks, 40, &mine), 0);
-    kvt_state_dispose(&mine);
+    kvt_state_clear(&mine);
     free(own);
-    kvt_state_dispose(&live);
+    kvt_state_clear(&live);
     kvt_service_release(s, a, 1);
     assert_int_equal(atomic_load(&tag_foreign), 0);
     assert_int_equal(kvt_service_peek(s, toks, 60, ""), 42);
@@ -295,7 +295,7 @@ static void test_destroy_hands_everything_to_the_store(void **state)
     assert_int_equal(kvt_prompt_cache_put(pc, &e, NULL), 0);
     assert_int_equal(kvt_prompt_cache_close(pc), 0);
     kvt_prompt_cache_stats st;
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     assert_int_equal(st.entries, 0);
     assert_int_equal(kvt_store_contains(store, toks, 40, "later"), 1);
     assert_int_equal(kvt_prompt_cache_close(pc), 0); /* nothing new: a no-op */
@@ -311,7 +311,7 @@ static void test_destroy_hands_everything_to_the_store(void **state)
     kvt_entry r = {.ns = "", .tokens = toks, .n_tokens = 10, .caches = c, .n_caches = L};
     assert_int_equal(kvt_prompt_cache_put(pc, &r, NULL), 0);
     assert_int_equal(kvt_prompt_cache_close(pc), 0);
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     assert_int_equal(st.entries, 0);
     kvt_prompt_cache_destroy(pc);
     assert_int_equal(kvt_prompt_cache_close(NULL), 0);
@@ -339,7 +339,7 @@ static void test_put_hit_and_fresh_miss(void **state)
     const int64_t want_reuse[3] = {0, 20, 45};
     for (int turn = 0; turn < 3; turn++) {
         kvt_hit hit;
-        assert_int_equal(kvt_prompt_cache_take(pc, toks, lens[turn], "chat", "s", &hit), 0);
+        assert_int_equal(kvt_prompt_cache_lend(pc, toks, lens[turn], "chat", "s", &hit), 0);
         assert_int_equal(hit.prefix_len, want_reuse[turn]);
         assert_int_equal(hit.entry.n_caches, L);              /* fresh ones on the miss */
         assert_int_equal(kvt_cache_offset(hit.entry.caches[1]), want_reuse[turn]);
@@ -347,17 +347,17 @@ static void test_put_hit_and_fresh_miss(void **state)
         run_tokens(hit.entry.caches, hit.prefix_len, lens[turn]);
         assert_int_equal(kvt_prompt_cache_put_hit(pc, &hit, toks, lens[turn], "s"), 0);
         assert_null(hit.entry.caches); /* adopted and released */
-        kvt_hit_dispose(&hit);         /* a no-op now */
+        kvt_hit_clear(&hit);         /* a no-op now */
     }
     kvt_prompt_cache_stats st;
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     assert_int_equal(st.entries, 1); /* each longer entry superseded the one before */
     assert_int_equal(st.hits, 2);
     assert_int_equal(st.misses, 1);
     const float *k;
     int32_t n;
     kvt_hit hit;
-    assert_int_equal(kvt_prompt_cache_take(pc, toks, 71, "chat", NULL, &hit), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, toks, 71, "chat", NULL, &hit), 0);
     assert_int_equal(hit.prefix_len, 70);
     assert_int_equal(kvt_kv_block(hit.entry.caches[0], 4, &k, NULL, &n), 0);
     assert_true(k[0] == (float)toks[64]);
@@ -373,13 +373,13 @@ static void test_put_hit_and_fresh_miss(void **state)
     assert_non_null(strstr(kvt_last_error(), "do not begin with"));
     assert_non_null(hit.entry.caches[0]);
     assert_int_equal(kvt_prompt_cache_put_hit(pc, NULL, toks, 70, NULL), KVT_EINVAL);
-    kvt_hit_dispose(&hit);
+    kvt_hit_clear(&hit);
     kvt_prompt_cache_destroy(pc);
 
     /* without new_caches a miss lends nothing and put_hit says why */
     kvt_prompt_cache_config plain = {.max_bytes = 1 << 20};
     assert_int_equal(kvt_prompt_cache_create(&plain, &pc), 0);
-    assert_int_equal(kvt_prompt_cache_take(pc, toks, 10, "", NULL, &hit), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, toks, 10, "", NULL, &hit), 0);
     assert_null(hit.entry.caches);
     assert_int_equal(kvt_prompt_cache_put_hit(pc, &hit, toks, 10, NULL), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "lends no caches"));
@@ -388,7 +388,7 @@ static void test_put_hit_and_fresh_miss(void **state)
     /* a failing recipe fails the take, lending nothing; a bad n_layers is refused */
     kvt_prompt_cache_config failing = {.max_bytes = 1 << 20, .new_caches = fail_caches, .n_layers = L};
     assert_int_equal(kvt_prompt_cache_create(&failing, &pc), 0);
-    assert_int_equal(kvt_prompt_cache_take(pc, toks, 10, "", NULL, &hit), KVT_ENOMEM);
+    assert_int_equal(kvt_prompt_cache_lend(pc, toks, 10, "", NULL, &hit), KVT_ENOMEM);
     assert_null(hit.entry.caches);
     kvt_prompt_cache_destroy(pc);
     kvt_prompt_cache_config bad = {.max_bytes = 1 << 20, .new_caches = new_caches};
@@ -408,7 +408,7 @@ static int hybrid_caches(void *ctx, kvt_cache **c)
     if (!rc)
         rc = kvt_qkv_create(8, 4, B, &c[3]);
     if (rc)
-        kvt_caches_dispose(c, 4);
+        kvt_caches_destroy(c, 4);
     return rc;
 }
 
@@ -484,7 +484,7 @@ static void test_block_count_and_fingerprint(void **state)
     assert_int_equal(kvt_kv_block_count(c[0]), 2);
     assert_int_equal(kvt_kv_block_count(c[1]), 0); /* not a kv kind */
     assert_int_equal(kvt_kv_block_count(NULL), 0);
-    kvt_caches_dispose(c, 4);
+    kvt_caches_destroy(c, 4);
 }
 
 int main(void)

@@ -180,7 +180,7 @@ static void check_equivalence(kvt_model *m, int n, int p, int32_t block, uint64_
     double e2 = rel_err(lc, la, V);
     assert_int_equal(kvt_model_prefill(m, cc, tok + p, n - p, lb), 0);
     double e3 = rel_err(lb, la, V);
-    kvt_caches_dispose(cd, L);
+    kvt_caches_destroy(cd, L);
     free(cd);
     print_message("  n %d prefix %d block %d: prefill vs decode %.3g, prefix+rest vs full %.3g (donor %.3g)\n", n,
                   p, block, e1, e2, e3);
@@ -192,9 +192,9 @@ static void check_equivalence(kvt_model *m, int n, int p, int32_t block, uint64_
     for (int i = 1; i < V; i++)
         aa = la[i] > la[aa] ? i : aa;
     assert_int_equal(aa, decode_argmax);
-    kvt_caches_dispose(ca, L);
-    kvt_caches_dispose(cb, L);
-    kvt_caches_dispose(cc, L);
+    kvt_caches_destroy(ca, L);
+    kvt_caches_destroy(cb, L);
+    kvt_caches_destroy(cc, L);
     free(ca);
     free(cb);
     free(cc);
@@ -272,8 +272,8 @@ static void test_window_forgets(void **state)
     assert_int_equal(kvt_model_prefill(m, cb, b, 10, lb), 0);
     /* RoPE is relative, the last 4 tokens and positions match: equal logits */
     assert_true(rel_err(la, lb, 40) < 1e-5);
-    kvt_caches_dispose(ca, 1);
-    kvt_caches_dispose(cb, 1);
+    kvt_caches_destroy(ca, 1);
+    kvt_caches_destroy(cb, 1);
     /* while a window of 6 sees token 4 (a[4] = 5 vs b[4] = 34) and differs */
     kvt_model_free(m);
     p.sliding_window = 6;
@@ -284,8 +284,8 @@ static void test_window_forgets(void **state)
     assert_int_equal(kvt_model_prefill(m, ca, a, 10, la), 0);
     assert_int_equal(kvt_model_prefill(m, cb, b, 10, lb), 0);
     assert_true(rel_err(la, lb, 40) > 1e-3);
-    kvt_caches_dispose(ca, 1);
-    kvt_caches_dispose(cb, 1);
+    kvt_caches_destroy(ca, 1);
+    kvt_caches_destroy(cb, 1);
     kvt_model_free(m);
 }
 
@@ -316,14 +316,14 @@ static void test_stories_greedy_from_bos(void **state)
         tok = argmax(logits, 512);
         assert_int_equal(tok, k_stories_greedy[i]);
     }
-    kvt_caches_dispose(c, 5);
+    kvt_caches_destroy(c, 5);
     /* the same through one prefill of BOS + the first 15 ids */
     int32_t seq[16] = {1};
     memcpy(seq + 1, k_stories_greedy, 15 * sizeof(int32_t));
     assert_int_equal(kvt_model_new_caches(m, 4, c), 0);
     assert_int_equal(kvt_model_prefill(m, c, seq, 16, logits), 0);
     assert_int_equal(argmax(logits, 512), k_stories_greedy[15]);
-    kvt_caches_dispose(c, 5);
+    kvt_caches_destroy(c, 5);
     kvt_model_free(m);
 }
 
@@ -354,14 +354,14 @@ static void test_errors_leave_caches_untouched(void **state)
     wrong[1] = c[1], wrong[2] = c[2];
     assert_int_equal(kvt_model_decode(m, wrong, 0, logits), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "layer 0 needs a \"rotating\" cache, got \"kv\""));
-    kvt_cache_dispose(wrong[0]);
+    kvt_cache_destroy(wrong[0]);
     kvt_cache *fresh[3];
     assert_int_equal(kvt_model_new_caches(m, 16, fresh), 0);
     wrong[0] = fresh[0], wrong[1] = fresh[1], wrong[2] = c[2];
     assert_int_equal(kvt_model_decode(m, wrong, 0, logits), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "layer 2 cache holds 600 tokens, layer 0 holds 0"));
-    kvt_caches_dispose(fresh, 3);
-    kvt_caches_dispose(c, 3);
+    kvt_caches_destroy(fresh, 3);
+    kvt_caches_destroy(c, 3);
     assert_int_equal(kvt_model_new_caches(m, 0, c), KVT_EINVAL);
     assert_null(c[0]);
     free(tok);
@@ -412,7 +412,7 @@ static void test_out_of_memory(void **state)
         if (rc == 0)
             rc = kvt_model_decode(m, c, 3, logits);
         if (c[0])
-            kvt_caches_dispose(c, 3);
+            kvt_caches_destroy(c, 3);
         kvt_model_free(m);
         kvt_set_allocator(NULL);
         if (rc == 0)
@@ -492,14 +492,14 @@ static void check_batch_invariance(kvt_model *m, int32_t block, const int *prefi
             }
         }
         for (int i = 0; i < n; i++) {
-            kvt_caches_dispose(bc[i], L);
-            kvt_caches_dispose(ac[i], L);
+            kvt_caches_destroy(bc[i], L);
+            kvt_caches_destroy(ac[i], L);
         }
     }
     print_message("  [%s kernels] block %d: %ld logit rows equal bit for bit (n = 1..%d, %d steps)\n",
                   kvt__kernels_isa(), block, compared, NSEQ, steps);
     for (int i = 0; i < NSEQ; i++)
-        kvt_caches_dispose(base[i], L);
+        kvt_caches_destroy(base[i], L);
     free(batch);
     free(alone);
     free(lg);
@@ -591,8 +591,8 @@ static void test_prefill_one_is_decode(void **state)
     assert_int_equal(kvt_model_prefill(m, a, tok + 11, 1, la), 0);
     assert_int_equal(kvt_model_decode(m, b, tok[11], lb), 0);
     assert_memory_equal(la, lb, sizeof la);
-    kvt_caches_dispose(a, 3);
-    kvt_caches_dispose(b, 3);
+    kvt_caches_destroy(a, 3);
+    kvt_caches_destroy(b, 3);
     kvt_model_free(m);
 }
 
@@ -653,14 +653,14 @@ static void test_batch_errors(void **state)
     kvt_cache **wk[2] = {c[0], wrong};
     assert_int_equal(kvt_model_decode_batch(m, 2, wk, t3, logits), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "needs a \"rotating\" cache"));
-    kvt_cache_dispose(wrong[0]);
+    kvt_cache_destroy(wrong[0]);
     assert_offsets(c, 3, len);
     /* and the two that can still step do */
     assert_int_equal(kvt_model_decode_batch(m, 2, cp, t3, logits), 0);
     int64_t after[3] = {11, 600, 600};
     assert_offsets(c, 3, after);
     for (int i = 0; i < 3; i++)
-        kvt_caches_dispose(c[i], 3);
+        kvt_caches_destroy(c[i], 3);
     free(tok);
     kvt_model_free(m);
 }
@@ -693,10 +693,10 @@ static void test_batch_more_than_a_chunk(void **state)
         assert_int_equal(kvt_model_prefill(m, f, t, 1 + i % 3, NULL), 0);
         assert_int_equal(kvt_model_decode(m, f, tok[i], alone), 0);
         assert_memory_equal(lg + (size_t)i * V, alone, sizeof alone);
-        kvt_caches_dispose(f, 3);
+        kvt_caches_destroy(f, 3);
     }
     for (int i = 0; i < n; i++)
-        kvt_caches_dispose(cp[i], L);
+        kvt_caches_destroy(cp[i], L);
     free(c);
     free(cp);
     free(tok);
@@ -730,7 +730,7 @@ static void test_batch_out_of_memory(void **state)
         long calls = oom_calls();
         for (int i = 0; i < 3; i++)
             if (c[i][0])
-                kvt_caches_dispose(c[i], 3);
+                kvt_caches_destroy(c[i], 3);
         kvt_model_free(m);
         kvt_set_allocator(NULL);
         if (calls < k) {

@@ -85,7 +85,7 @@ static void test_default_model_race_and_reuse(void **state)
     print_message("  greedy: %d distinct tokens of 64, %d printable\n", distinct, printable);
     assert_true(distinct >= 8);
     assert_true(printable >= 32);
-    kvt_caches_dispose(cc, 12);
+    kvt_caches_destroy(cc, 12);
     kvt_model_free(m);
     /* no temporaries left behind by either writer */
     char cmd[512];

@@ -75,7 +75,7 @@ static void squeeze(kvt_prompt_cache *pc, size_t bytes)
 static int64_t turn(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n)
 {
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, prompt, n, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, prompt, n, "", NULL, &h), 0);
     int64_t p = h.prefix_len;
     if (p > 0)
         assert_memory_equal(h.entry.tokens, prompt, (size_t)p * sizeof *prompt);
@@ -88,7 +88,7 @@ static int64_t turn(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n)
         p = 0;
         assert_int_equal(pcu_fresh("k", c, prompt, n), 0);
     }
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_int_equal(pcu_put(pc, "", prompt, n, c, 1, NULL, 0, (kvt_hook){0}, NULL), 0);
     return p;
 }
@@ -260,11 +260,11 @@ static void test_cut_spills_once(void **state)
     assert_int_equal(pcu_stats(f.pc).entries, 0);
     assert_int_equal(mem_tier_counts_get(mt).spills, 1);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(f.pc, a, 13, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(f.pc, a, 13, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 12);
     assert_memory_equal(h.entry.tokens, a, 12 * sizeof *a);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     done(&f);
     mem_tier_destroy(mt);
 }
@@ -291,9 +291,9 @@ static void test_out_of_memory(void **state)
         oom_arm(k);
         int rc1 = pcu_put(f.pc, "", b, 16, c, 1, NULL, 0, (kvt_hook){0}, NULL); /* cuts a */
         kvt_hit h;
-        int rc2 = kvt_prompt_cache_take(f.pc, a, 20, "", NULL, &h);
+        int rc2 = kvt_prompt_cache_lend(f.pc, a, 20, "", NULL, &h);
         if (rc2 == 0)
-            kvt_hit_dispose(&h);
+            kvt_hit_clear(&h);
         int rc3 = kvt_prompt_cache_trim(f.pc, b, 16, "", 10);
         int rc4 = kvt_prompt_cache_set_max_bytes(f.pc, one / 2);
         kvt_set_allocator(NULL);

@@ -48,7 +48,7 @@ static void engine_turn(kvt_prompt_cache *pc, const char *ns, const int32_t *pro
                         const char *session, int64_t *p_out)
 {
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, prompt, n, ns, session, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, prompt, n, ns, session, &h), 0);
     kvt_cache *c[8];
     int nc = (int)strlen(kinds);
     kvt_hook hook = {0};
@@ -66,7 +66,7 @@ static void engine_turn(kvt_prompt_cache *pc, const char *ns, const int32_t *pro
     }
     if (p_out)
         *p_out = h.prefix_len;
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_int_equal(pcu_put(pc, ns, prompt, n, c, nc, NULL, 0, hook, session), 0);
 }
 
@@ -87,11 +87,11 @@ static void test_r01_budget_bytes_shared_once(void **state)
     assert_int_equal(pcu_stats(pc).bytes, bytes_a);
     /* b: a view of a extended by 4 tokens (shares a's two blocks per layer) */
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, b, 12, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, b, 12, "", NULL, &h), 0);
     assert_int_equal(h.prefix_len, 8);
     kvt_cache *cb[2] = {h.entry.caches[0], h.entry.caches[1]};
     h.entry.caches[0] = h.entry.caches[1] = NULL;
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_int_equal(pcu_extend(cb, 2, b + 8, 4), 0);
     size_t bytes_b = pcu_unique_bytes(cb, 2);
     /* blocks of a held by b: 2 full blocks per layer */
@@ -124,14 +124,14 @@ static void test_r02_take_cap_views_donor_kept(void **state)
     assert_int_equal(pcu_put(pc, "", a, 10, ca, 2, NULL, 0, (kvt_hook){count_hook, NULL}, NULL), 0);
     size_t before = pcu_stats(pc).bytes;
     kvt_hit h1, h2;
-    assert_int_equal(kvt_prompt_cache_take(pc, a, 10, "", NULL, &h1), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, a, 10, "", NULL, &h1), 0);
     assert_int_equal(h1.prefix_len, 9); /* one token must still run */
     assert_int_equal(kvt_cache_offset(h1.entry.caches[0]), 9);
     assert_int_equal(kvt_cache_offset(h1.entry.caches[1]), 9);
     assert_int_equal(h1.entry.n_tokens, 9);
     assert_memory_equal(h1.entry.tokens, a, 9 * sizeof(int32_t));
     int32_t b[6] = {1, 2, 3, 4, 50, 60};
-    assert_int_equal(kvt_prompt_cache_take(pc, b, 6, "", NULL, &h2), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, b, 6, "", NULL, &h2), 0);
     assert_int_equal(h2.prefix_len, 4);
     assert_int_equal(kvt_cache_offset(h2.entry.caches[0]), 4);
     assert_int_equal(h1.entry_id, h2.entry_id);
@@ -141,16 +141,16 @@ static void test_r02_take_cap_views_donor_kept(void **state)
     assert_int_equal(pcu_stats(pc).hits, 2);
     /* a 1-token prompt and an unknown one miss */
     kvt_hit h3;
-    assert_int_equal(kvt_prompt_cache_take(pc, a, 1, "", NULL, &h3), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, a, 1, "", NULL, &h3), 0);
     assert_int_equal(h3.prefix_len, 0);
     assert_int_equal(h3.source, KVT_HIT_NONE);
     assert_int_equal(pcu_stats(pc).misses, 1);
     /* release hook: once, after the donor and both views are gone */
     kvt_prompt_cache_clear(pc);
     assert_int_equal(hook_runs, 0);
-    kvt_hit_dispose(&h1);
+    kvt_hit_clear(&h1);
     assert_int_equal(hook_runs, 0);
-    kvt_hit_dispose(&h2);
+    kvt_hit_clear(&h2);
     assert_int_equal(hook_runs, 1);
     kvt_prompt_cache_destroy(pc);
     assert_int_equal(hook_runs, 1);
@@ -166,14 +166,14 @@ static void test_r02_reachable_range_every_layer(void **state)
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "kr", NULL), 0); /* kv + recurrent */
     int32_t div[9] = {1, 2, 3, 4, 5, 0, 0, 0, 0};
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, div, 9, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, div, 9, "", NULL, &h), 0);
     assert_int_equal(h.prefix_len, 0); /* recurrent layer cannot go back to 5 */
     assert_int_equal(kvt_prompt_cache_peek(pc, div, 9, "", NULL), 0);
     int32_t ext[9];
     pcu_seq(ext, 9, 1);
-    assert_int_equal(kvt_prompt_cache_take(pc, ext, 9, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, ext, 9, "", NULL, &h), 0);
     assert_int_equal(h.prefix_len, 8); /* full prefix: no trim needed */
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     /* equal prompt: cap 7 would need a trim: miss */
     assert_int_equal(kvt_prompt_cache_peek(pc, a, 8, "", NULL), 0);
     /* a wrapped rotating layer (window 6, 8 tokens) is untrimmable too */
@@ -211,8 +211,8 @@ static void test_r03_walk_longest_and_namespaces(void **state)
     kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.prefix_walks, 0); /* peek does not count */
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 7, "", NULL, &h), 0);
-    kvt_hit_dispose(&h);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 7, "", NULL, &h), 0);
+    kvt_hit_clear(&h);
     assert_int_equal(pcu_stats(pc).prefix_walks, 1);
     kvt_prompt_cache_destroy(pc);
 }
@@ -240,11 +240,11 @@ static void test_r05_equal_replacement_sessions_follow(void **state)
     int32_t p[10];
     pcu_seq(p, 10, 1);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 10, "", "s1", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 10, "", "s1", &h), 0);
     assert_int_equal(h.source, KVT_HIT_SESSION);
     assert_int_equal(h.entry_id, id2);
     assert_int_equal(h.prefix_len, 8);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_destroy(pc);
 }
 
@@ -316,8 +316,8 @@ static void test_r06_victim_unpinned_session_free(void **state)
     /* use c so d is older than c */
     int32_t pc5[5] = {3, 3, 3, 3, 0};
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, pc5, 5, "", NULL, &h), 0);
-    kvt_hit_dispose(&h);
+    assert_int_equal(kvt_prompt_cache_lend(pc, pc5, 5, "", NULL, &h), 0);
+    kvt_hit_clear(&h);
     int64_t n;
     assert_int_equal(kvt_prompt_cache_evict(pc, 1, &n), 0);
     assert_false(kvt_prompt_cache_find_exact(pc, d, 4, "", NULL)); /* LRU session-free */
@@ -356,14 +356,14 @@ static void test_r06_spill_on_eviction_and_failure(void **state)
     kvt_hit h;
     int32_t p[9];
     pcu_seq(p, 9, 10);
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 9, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 9, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 8);
     const float *k, *v;
     int32_t nt;
     assert_int_equal(kvt_kv_block(h.entry.caches[0], 0, &k, &v, &nt), 0);
     assert_true(k[0] == 100.0f); /* token 10 * 10 + dim 0 + 0.001 * 0 */
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     mem_tier_refuse_spills(mt, 1);
     assert_int_equal(kvt_prompt_cache_evict(pc, 1, &n), 0);
     assert_int_equal(n, 1); /* eviction never unwinds */
@@ -395,9 +395,9 @@ static void test_r06_pending_write_blocks_eviction(void **state)
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
     /* the engine's write-behind snapshot of a: queued, not durable */
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_get_exact(pc, a, 8, "", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend_exact(pc, a, 8, "", &h), 0);
     assert_int_equal(tier->spill(tier->self, &h.entry), 0);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     int64_t n;
     assert_int_equal(kvt_prompt_cache_evict(pc, 1, &n), 0);
     assert_int_equal(n, 0);
@@ -555,21 +555,21 @@ static void test_r10_sessions(void **state)
     assert_int_equal(s.entries, 1); /* 16 superseded 8 */
     /* a session in another ns does not see it */
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 20, "other", "chat", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 20, "other", "chat", &h), 0);
     assert_int_equal(h.prefix_len, 0);
     /* a prompt that edits the history falls back to the walk */
     int32_t e[20];
     memcpy(e, t, sizeof e);
     e[3] = -5;
-    assert_int_equal(kvt_prompt_cache_take(pc, e, 20, "", "chat", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, e, 20, "", "chat", &h), 0);
     assert_int_equal(h.source, KVT_HIT_RAM);
     assert_int_equal(h.prefix_len, 3);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_close_session(pc, "chat");
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 20, "", "chat", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 20, "", "chat", &h), 0);
     assert_int_equal(h.source, KVT_HIT_RAM); /* walk, not session */
     assert_int_equal(h.prefix_len, 16);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     s = pcu_stats(pc);
     assert_int_equal(s.session_hits, 1);
     assert_int_equal(s.session_misses, 4);
@@ -629,15 +629,15 @@ static void test_r12_objects(void **state)
     assert_null(hk.fn);
     assert_int_equal(kvt_prompt_cache_object_put(pc, "", &a, 0, NULL), KVT_EINVAL);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_object_take(pc, "img1", &h), 0);
+    assert_int_equal(kvt_prompt_cache_object_lend(pc, "img1", &h), 0);
     assert_int_equal(h.entry.n_attachments, 1);
     size_t nb;
     const void *got = kvt_attachment_blob_data(h.entry.attachments[0], &nb);
     assert_int_equal(nb, sizeof data);
     assert_memory_equal(got, data, sizeof data);
     assert_string_equal(h.entry.ns, "object:img1");
-    kvt_hit_dispose(&h);
-    assert_int_equal(kvt_prompt_cache_object_take(pc, "img2", &h), KVT_ENOTFOUND);
+    kvt_hit_clear(&h);
+    assert_int_equal(kvt_prompt_cache_object_lend(pc, "img2", &h), KVT_ENOTFOUND);
     kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.object_hits, 1);
     assert_int_equal(s.object_misses, 1);
@@ -648,11 +648,11 @@ static void test_r12_objects(void **state)
     assert_int_equal(n, 1);
     assert_true(mem_tier_has(mt, "object:img1", NULL, 0));
     assert_int_equal(blob_hooks, 0); /* the spilled copy holds a share */
-    assert_int_equal(kvt_prompt_cache_object_take(pc, "img1", &h), 0);
+    assert_int_equal(kvt_prompt_cache_object_lend(pc, "img1", &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     got = kvt_attachment_blob_data(h.entry.attachments[0], &nb);
     assert_memory_equal(got, data, sizeof data);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     s = pcu_stats(pc);
     assert_int_equal(s.object_restores, 1);
     assert_int_equal(s.object_misses, 2);
@@ -694,9 +694,9 @@ static void test_r13_peek_find_clear_counters(void **state)
     pcu_seq(p, 9, 1);
     assert_int_equal(pcu_put_fresh(pc, "", a, 8, "k", NULL), 0);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 9, "", "s", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 9, "", "s", &h), 0);
     assert_int_equal(h.source, KVT_HIT_RAM);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_destroy(pc);
 }
 
@@ -751,10 +751,10 @@ static void test_trim_in_place(void **state)
     kvt_hit h;
     int32_t p[6];
     pcu_seq(p, 6, 1);
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 6, "", "s", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 6, "", "s", &h), 0);
     assert_int_equal(h.source, KVT_HIT_SESSION); /* the session stayed on it */
     assert_int_equal(h.prefix_len, 5);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_destroy(pc);
 }
 
@@ -815,9 +815,9 @@ static void test_bad_arguments(void **state)
     kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
     kvt_hit h;
     int32_t a[4] = {1, 2, 3, 4};
-    assert_int_equal(kvt_prompt_cache_take(pc, NULL, 4, "", NULL, &h), KVT_EINVAL);
-    assert_int_equal(kvt_prompt_cache_take(pc, a, 4, NULL, NULL, &h), KVT_EINVAL);
-    assert_int_equal(kvt_prompt_cache_take(pc, a, -1, "", NULL, &h), KVT_EINVAL);
+    assert_int_equal(kvt_prompt_cache_lend(pc, NULL, 4, "", NULL, &h), KVT_EINVAL);
+    assert_int_equal(kvt_prompt_cache_lend(pc, a, 4, NULL, NULL, &h), KVT_EINVAL);
+    assert_int_equal(kvt_prompt_cache_lend(pc, a, -1, "", NULL, &h), KVT_EINVAL);
     kvt_cache *c[1];
     assert_int_equal(pcu_fresh("k", c, a, 3), 0);
     kvt_entry e = {"", a, 4, c, 1, NULL, 0, {0}};
@@ -833,7 +833,7 @@ static void test_bad_arguments(void **state)
     kvt_prompt_cache *x;
     assert_int_equal(kvt_prompt_cache_create(&cfg, &x), KVT_EINVAL);
     kvt_prompt_cache_destroy(NULL);
-    kvt_hit_dispose(NULL);
+    kvt_hit_clear(NULL);
     kvt_lease_release(NULL);
     kvt_prompt_cache_destroy(pc);
 }
@@ -856,13 +856,13 @@ static void test_out_of_memory_paths(void **state)
         oom_arm(k);
         int rc1 = pcu_put(pc, "", t, 12, c, 2, NULL, 0, (kvt_hook){0}, "s");
         kvt_hit h;
-        int rc2 = kvt_prompt_cache_take(pc, t, 16, "", "s", &h);
+        int rc2 = kvt_prompt_cache_lend(pc, t, 16, "", "s", &h);
         if (rc2 == 0)
-            kvt_hit_dispose(&h);
+            kvt_hit_clear(&h);
         kvt_attachment *a = NULL;
         int rc3 = kvt_attachment_blob("x", "abc", 3, &a);
         if (rc3 == 0 && (rc3 = kvt_prompt_cache_object_put(pc, "k", &a, 1, NULL)) != 0)
-            kvt_attachment_dispose(a);
+            kvt_attachment_destroy(a);
         int rc4 = kvt_prompt_cache_trim(pc, t, 12, "", 6);
         kvt_set_allocator(NULL);
         int rcs[4] = {rc1, rc2, rc3, rc4};
@@ -962,10 +962,10 @@ static void test_backend_kind_reach(void **state)
     memcpy(p, t, sizeof p);
     p[9] = -1; /* diverges at 9: the 12-token entry reaches back to 8 */
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 16, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 16, "", NULL, &h), 0);
     assert_int_equal(h.prefix_len, 9);
     assert_int_equal(kvt_cache_offset(h.entry.caches[1]), 9);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     p[9] = 10;
     p[6] = -1; /* diverges at 6: below 12's reach; the 7-token entry reaches 3..7 */
     assert_int_equal(kvt_prompt_cache_peek(pc, p, 16, "", NULL), 6);

@@ -207,7 +207,7 @@ typedef struct world {
 static void check_world(world *w, int step)
 {
     kvt_prompt_cache_stats s;
-    kvt_prompt_cache_stats_get(w->pc, &s);
+    kvt_prompt_cache_get_stats(w->pc, &s);
     oracle *o = w->o;
     int64_t live = 0, pinned = 0;
     int bad = 0;
@@ -425,10 +425,10 @@ static void op_turn(world *w, int step, int do_put)
     const char *ns = NS[rnd(4) == 0];
     int sess = rnd(4) == 0 ? -1 : (int)rnd(NSESS);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(w->pc, p, n, ns, sess >= 0 ? SESS[sess] : NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(w->pc, p, n, ns, sess >= 0 ? SESS[sess] : NULL, &h), 0);
     oracle_take(w, ns, p, n, sess, &h, step);
     if (!do_put) {
-        kvt_hit_dispose(&h);
+        kvt_hit_clear(&h);
         return;
     }
     kvt_cache *c[MAXL];
@@ -452,7 +452,7 @@ static void op_turn(world *w, int step, int do_put)
         nc = (int)strlen(kinds);
         assert_int_equal(pcu_fresh(kinds, c, p, n), 0);
     }
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     oentry x;
     memset(&x, 0, sizeof x);
     strcpy(x.ns, ns);
@@ -469,7 +469,7 @@ static void op_turn(world *w, int step, int do_put)
     x.id = id;
     if (getenv("KVT_DIFF_TRACE")) {
         kvt_prompt_cache_stats cs;
-        kvt_prompt_cache_stats_get(w->pc, &cs);
+        kvt_prompt_cache_get_stats(w->pc, &cs);
         printf("step %d put n=%lld ns='%s' sess=%d kinds=%s id=%llu alone=%zu max=%zu cache bytes=%zu entries=%lld "
                "oracle bytes(before)=%zu\n",
                step, (long long)n, ns, sess, kinds, (unsigned long long)id, entry_alone(&x), o->max_bytes, cs.bytes,
@@ -642,7 +642,7 @@ static void test_differential(void **state)
         check_world(&w, step);
     }
     kvt_prompt_cache_stats s;
-    kvt_prompt_cache_stats_get(w.pc, &s);
+    kvt_prompt_cache_get_stats(w.pc, &s);
     printf("  hits %llu misses %llu session hits %llu replacements %llu supersedes %llu evictions %llu "
            "oversize %llu\n",
            (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.session_hits,

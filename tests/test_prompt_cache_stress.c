@@ -72,7 +72,7 @@ static void *worker(void *p)
         unsigned op = rnd(&s, 100);
         if (op < 50) {
             kvt_hit h;
-            if (kvt_prompt_cache_take(a->pc, prompt, n, ns, session, &h) != 0)
+            if (kvt_prompt_cache_lend(a->pc, prompt, n, ns, session, &h) != 0)
                 continue;
             if (h.prefix_len > 0) {
                 if (h.entry.n_tokens != h.prefix_len || memcmp(h.entry.tokens, prompt, (size_t)h.prefix_len * 4) ||
@@ -96,7 +96,7 @@ static void *worker(void *p)
                     hook = (kvt_hook){hook_fn, NULL};
                 }
             }
-            kvt_hit_dispose(&h);
+            kvt_hit_clear(&h);
             if (ok)
                 pcu_put(a->pc, ns, prompt, n, c, 2, NULL, 0, hook, rnd(&s, 2) ? session : NULL);
             else
@@ -121,15 +121,15 @@ static void *worker(void *p)
                 kvt_attachment *att;
                 if (kvt_attachment_blob("x", key, sizeof key, &att) == 0 &&
                     kvt_prompt_cache_object_put(a->pc, key, &att, 1, NULL) != 0)
-                    kvt_attachment_dispose(att);
+                    kvt_attachment_destroy(att);
             } else {
                 kvt_hit h;
-                if (kvt_prompt_cache_object_take(a->pc, key, &h) == 0) {
+                if (kvt_prompt_cache_object_lend(a->pc, key, &h) == 0) {
                     size_t nb;
                     const char *d = kvt_attachment_blob_data(h.entry.attachments[0], &nb);
                     if (nb != 8 || strcmp(d, key) != 0)
                         atomic_fetch_add(&bad_views, 1);
-                    kvt_hit_dispose(&h);
+                    kvt_hit_clear(&h);
                 }
             }
         } else if (op < 80) {
@@ -152,7 +152,7 @@ static void *worker(void *p)
             kvt_prompt_cache_close_session(a->pc, session);
         } else if (op < 99) {
             kvt_prompt_cache_stats st;
-            kvt_prompt_cache_stats_get(a->pc, &st);
+            kvt_prompt_cache_get_stats(a->pc, &st);
             if (st.entries < 0)
                 atomic_fetch_add(&bad_views, 1);
         } else {
@@ -187,7 +187,7 @@ static void test_threads(void **state)
     mem_tier_quiesce(mt);
     assert_int_equal(atomic_load(&bad_views), 0);
     kvt_prompt_cache_stats st;
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     printf("  hits %llu misses %llu evictions %llu spills %llu demotions %llu cold restores %llu prefetch reads %llu\n",
            (unsigned long long)st.hits, (unsigned long long)st.misses, (unsigned long long)st.evictions,
            (unsigned long long)st.spills, (unsigned long long)st.demotions, (unsigned long long)st.cold_restores,
@@ -195,7 +195,7 @@ static void test_threads(void **state)
     assert_int_equal(st.pinned, 0); /* every lease was released */
     assert_true(st.hits > 0);
     kvt_prompt_cache_clear(pc);
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     assert_int_equal(st.entries, 0);
     assert_int_equal(st.bytes, 0);
     kvt_prompt_cache_destroy(pc);

@@ -52,32 +52,32 @@ static void test_cold_only_when_strictly_longer(void **state)
     assert_int_equal(pcu_put_fresh(pc, "", t, 8, "k", NULL), 0);
     tier_put(mt, "", t, 8, "k");
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 12, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_RAM); /* equal length: RAM serves */
     assert_int_equal(h.prefix_len, 8);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_int_equal(mem_tier_counts_get(mt).restores, 0);
     tier_put(mt, "", t, 10, "k");
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 12, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 10);
     assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 10);
     assert_memory_equal(h.entry.tokens, t, 10 * sizeof(int32_t));
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     /* longer than the prompt allows: the cold entry is trimmed to n - 1 */
     tier_put(mt, "", t, 16, "k");
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 12, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 11);
     assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 11);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.hits, 3); /* RAM candidacy only */
     assert_int_equal(s.misses, 0);
     assert_int_equal(s.cold_restores, 2);
     assert_int_equal(mem_tier_counts_get(mt).restores, 2);
     /* RAM miss, cold hit: a miss for RAM */
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 12, "lora", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 12, "lora", NULL, &h), 0);
     assert_int_equal(h.prefix_len, 0);
     assert_int_equal(pcu_stats(pc).misses, 1);
     kvt_prompt_cache_destroy(pc);
@@ -101,10 +101,10 @@ static void test_untrimmable_cold_tail_dropped(void **state)
     memcpy(p, t, sizeof p);
     p[9] = -1; /* diverges at 9: the cold entry would need a trim */
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 14, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 14, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_RAM);
     assert_int_equal(h.prefix_len, 6);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.cold_unusable, 1);
     assert_int_equal(s.cold_restores, 0);
@@ -116,10 +116,10 @@ static void test_untrimmable_cold_tail_dropped(void **state)
     /* a prompt extending all of it: served from the cold tier */
     int32_t q[14];
     pcu_seq(q, 14, 1);
-    assert_int_equal(kvt_prompt_cache_take(pc, q, 14, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, q, 14, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 12);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }
@@ -155,10 +155,10 @@ static void test_cold_claims_checked(void **state)
     pcu_seq(t, 16, 1);
     tier_put(mt, "", t, 10, "k");
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 10, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 10, "", NULL, &h), 0);
     assert_true(h.prefix_len <= 9);
     assert_int_not_equal(h.source, KVT_HIT_COLD);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 
@@ -175,10 +175,10 @@ static void test_cold_claims_checked(void **state)
     int32_t p[14];
     memcpy(p, t, sizeof p);
     p[9] = -1; /* diverges at 9: the cold entry would need a trim */
-    assert_int_equal(kvt_prompt_cache_take(pc, p, 14, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 14, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_RAM);
     assert_int_equal(h.prefix_len, 6);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_int_equal(pcu_stats(pc).cold_unusable, 1);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
@@ -194,33 +194,33 @@ static void test_promotion(void **state)
     tier_put(mt, "", t, 12, "kk");
     kvt_prompt_cache *plain = mk(mt, 0);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(plain, t, 14, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(plain, t, 14, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_false(kvt_prompt_cache_find_exact(plain, t, 12, "", NULL)); /* not promoted */
     kvt_prompt_cache_destroy(plain);
 
     kvt_prompt_cache *pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
     int64_t runs0 = mem_tier_counts_get(mt).hooks_run;
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 14, "", "s", &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 12);
     assert_true(kvt_prompt_cache_find_exact(pc, t, 12, "", NULL));
     assert_int_equal(pcu_stats(pc).promotions, 1);
     /* a second request reuses RAM before the first one finishes */
     kvt_hit h2;
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 15, "", NULL, &h2), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 15, "", NULL, &h2), 0);
     assert_int_equal(h2.source, KVT_HIT_RAM);
     assert_int_equal(h2.prefix_len, 12);
     assert_int_equal(mem_tier_counts_get(mt).restores, 2);
     /* the session follows the promoted entry */
     kvt_hit h3;
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 16, "", "s", &h3), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 16, "", "s", &h3), 0);
     assert_int_equal(h3.source, KVT_HIT_SESSION);
-    kvt_hit_dispose(&h3);
+    kvt_hit_clear(&h3);
     /* the restore's release hook runs once: after the views and the RAM copy */
-    kvt_hit_dispose(&h);
-    kvt_hit_dispose(&h2);
+    kvt_hit_clear(&h);
+    kvt_hit_clear(&h2);
     assert_int_equal(mem_tier_counts_get(mt).hooks_run, runs0);
     kvt_prompt_cache_clear(pc);
     assert_int_equal(mem_tier_counts_get(mt).hooks_run, runs0 + 1);
@@ -314,26 +314,26 @@ static void test_session_hit_asks_cold(void **state)
     tier_put(mt, "", t, 8, "k");
     kvt_hit h;
     /* equal length in the cold tier: the session's entry serves, no restore */
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 14, "", "s", &h), 0);
     assert_int_equal(h.source, KVT_HIT_SESSION);
     assert_int_equal(h.prefix_len, 8);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_int_equal(mem_tier_counts_get(mt).restores, 0);
     /* strictly longer in the cold tier: it serves */
     tier_put(mt, "", t, 12, "k");
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 14, "", "s", &h), 0);
     assert_int_equal(h.source, KVT_HIT_COLD);
     assert_int_equal(h.prefix_len, 12);
     assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 12);
     assert_memory_equal(h.entry.tokens, t, 12 * sizeof(int32_t));
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     /* the cold restore fails: the session's entry still serves */
     mem_tier_fail_restores(mt, 1);
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", "s", &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 14, "", "s", &h), 0);
     assert_int_equal(h.source, KVT_HIT_SESSION);
     assert_int_equal(h.prefix_len, 8);
     assert_int_equal(kvt_cache_offset(h.entry.caches[0]), 8);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     mem_tier_fail_restores(mt, 0);
     kvt_prompt_cache_stats s = pcu_stats(pc);
     assert_int_equal(s.session_hits, 3); /* RAM candidacy: the session's entry each time */
@@ -400,10 +400,10 @@ static void test_restore_failure_falls_back(void **state)
     tier_put(mt, "", t, 12, "k");
     mem_tier_fail_restores(mt, 1);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_take(pc, t, 14, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(pc, t, 14, "", NULL, &h), 0);
     assert_int_equal(h.source, KVT_HIT_RAM);
     assert_int_equal(h.prefix_len, 4);
-    kvt_hit_dispose(&h);
+    kvt_hit_clear(&h);
     assert_int_equal(pcu_stats(pc).cold_failures, 1);
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
@@ -433,12 +433,12 @@ static void test_out_of_memory_cold_paths(void **state)
         assert_int_equal(mem_tier_insert(mt, &obj), 0);
         oom_arm(k);
         kvt_hit h;
-        int rc1 = kvt_prompt_cache_take(pc, t, 14, "", "s", &h);
+        int rc1 = kvt_prompt_cache_lend(pc, t, 14, "", "s", &h);
         if (rc1 == 0)
-            kvt_hit_dispose(&h);
-        int rc2 = kvt_prompt_cache_object_take(pc, "img", &h);
+            kvt_hit_clear(&h);
+        int rc2 = kvt_prompt_cache_object_lend(pc, "img", &h);
         if (rc2 == 0)
-            kvt_hit_dispose(&h);
+            kvt_hit_clear(&h);
         kvt_lease *l = NULL;
         int rc3 = kvt_prompt_cache_prefetch(pc, u, 12, "", NULL, &l);
         int rc4 = rc3 == 0 ? kvt_lease_wait(l, UINT64_MAX) : 0;

@@ -108,7 +108,7 @@ static void test_prompt_partial_block(void **state)
     bad.first = -1;
     assert_int_equal(kvt_trace_prompt(t, &bad, p), KVT_EINVAL);
     free(p);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
     unlink(temp_file("", 0));
 }
 
@@ -135,12 +135,12 @@ static void test_load_fields(void **state)
     assert_int_equal(t->requests[1].first, 3);
     assert_int_equal(t->ids[4], 3);
     assert_int_equal(t->requests[2].first, 5);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
     /* max_requests loads the first lines only */
     assert_int_equal(kvt_trace_load(temp_file(text, 0), 2, &t), 0);
     assert_int_equal(t->n_requests, 2);
     assert_int_equal(t->n_ids, 5);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
     unlink(temp_file("", 0));
 }
 
@@ -224,7 +224,7 @@ static void test_sim_lru_ref_by_hand(void **state)
      * (512); the final token of a prompt is never reusable */
     assert_int_equal(r.token_hits, 1024 + 512);
     assert_int_equal(r.tokens, 9 * 512);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
 }
 
 /* Ids are hashes up to 2^40: a sparse trace gives the same figures as its
@@ -258,7 +258,7 @@ static void test_sim_sparse_ids(void **state)
         }
     }
     free(sparse.ids);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
 }
 
 static void test_sim_opt_by_hand(void **state)
@@ -289,8 +289,8 @@ static void test_sim_opt_by_hand(void **state)
             assert_true(p.peak_blocks <= cap);
         }
     }
-    kvt_trace_free(t);
-    kvt_trace_free(t2);
+    kvt_trace_destroy(t);
+    kvt_trace_destroy(t2);
 }
 
 static int stop_after_two(int64_t done, int64_t total, void *ctx)
@@ -313,7 +313,7 @@ static void test_sim_errors(void **state)
     int calls = 0;
     assert_int_equal(kvt_replay_sim(t, "lru", 1, stop_after_two, &calls, &r), 0);
     assert_int_equal(calls, 1); /* called at the end of a 1-request trace */
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
 }
 
 /* ---- block policies ------------------------------------------------------------ */
@@ -568,7 +568,7 @@ static void test_cache_by_hand(void **state)
     bad.ssd_blocks = 0;
     bad.bytes_per_token = KVT_REPLAY_MAX_BYTES_PER_TOKEN + 8;
     assert_int_equal(kvt_replay_cache(t, &bad, NULL, NULL, &r), KVT_EINVAL);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
 }
 
 /* A block whose reuse ends inside it is not a hit: the second request
@@ -592,7 +592,7 @@ static void test_cache_mid_block_reuse(void **state)
     assert_int_equal(r.block_hits, 1);
     assert_int_equal(r.prefix_block_hits, 1);
     assert_int_equal(r.ram_block_hits, 1);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
 }
 
 /* ---- the shared Mooncake traces ---------------------------------------------- */
@@ -652,8 +652,8 @@ static void test_mooncake_cross_check(void **state)
     /* Belady: at 10,000 blocks it loses nothing to capacity */
     check_close(sim_ratio(c, "opt", 10000), 0.366, 0.001);
     check_close(sim_ratio(s, "opt", 10000), 0.618, 0.001);
-    kvt_trace_free(c);
-    kvt_trace_free(s);
+    kvt_trace_destroy(c);
+    kvt_trace_destroy(s);
 }
 
 /* The best shipped online policy beats LRU at 10,000 blocks (issue 6). */
@@ -677,8 +677,8 @@ static void test_mooncake_policy_beats_lru(void **state)
     double cn = sim_ratio(c, "lfu-learned", 10000), sn = sim_ratio(s, "lfu-learned", 10000);
     assert_true(cn >= 0.236 && cn > cb);
     assert_true(sn >= 0.448 && sn > sb);
-    kvt_trace_free(c);
-    kvt_trace_free(s);
+    kvt_trace_destroy(c);
+    kvt_trace_destroy(s);
 }
 
 /* The real prompt cache on a slice (first 2000 requests of each trace, 10,000
@@ -707,7 +707,7 @@ static kvt_trace *shared_slice(const char *name, int64_t n)
     kvt_trace *full = shared_trace(name);
     if (!full)
         return NULL;
-    kvt_trace_free(full);
+    kvt_trace_destroy(full);
     char path[4096];
     snprintf(path, sizeof path, "%s/data/traces/%s", getenv("KVT_SHARED_DIR"), name);
     kvt_trace *t = NULL;
@@ -739,8 +739,8 @@ static void test_mooncake_cache_slice(void **state)
     assert_true(cl > ce);
     check_close(cl, sim_ratio(c, "lru", 10000), 0.003);
     check_close(sl, sim_ratio(s, "lru", 10000), 0.003);
-    kvt_trace_free(c);
-    kvt_trace_free(s);
+    kvt_trace_destroy(c);
+    kvt_trace_destroy(s);
 }
 
 /* ---- the command ----------------------------------------------------------------- */

@@ -159,7 +159,7 @@ static const int req_len[NREQ] = {40, 57, 40};
 static const int req_salt[NREQ] = {1, 1, 1};
 
 static void run_requests(kvt_model *m, kvt_tokenizer *tok, int chunk, int batched, float temp, uint64_t pc,
-                         gen_result out[NREQ], kvt_service_report *rep)
+                         gen_result out[NREQ], kvt_service_stats *rep)
 {
     kvt_service *svc = service(m, pc, 0);
     kvt_sampler *sp = NULL;
@@ -177,7 +177,7 @@ static void run_requests(kvt_model *m, kvt_tokenizer *tok, int chunk, int batche
             assert_int_equal(step_generate(m, svc, sp, prompt, req_len[i], &o, chunk, batched, &out[i]), 0);
         }
     }
-    assert_int_equal(kvt_service_report_get(svc, rep), 0);
+    assert_int_equal(kvt_service_get_stats(svc, rep), 0);
     assert_int_equal(rep->admitted, 0);
     kvt_sampler_free(sp);
     kvt_service_destroy(svc);
@@ -194,7 +194,7 @@ static void test_stepwise_equals_generate(void **state)
         for (int t = 0; t < 2; t++) {
             float temp = t ? 0.8f : 0.0f;
             gen_result ref[NREQ], off[NREQ];
-            kvt_service_report ref_rep, off_rep;
+            kvt_service_stats ref_rep, off_rep;
             run_requests(m, tok, 0, 0, temp, 8u << 20, ref, &ref_rep);
             run_requests(m, tok, 0, 0, temp, 0, off, &off_rep);
             print_message("  %s, temperature %.1f: reused %lld, %lld, %lld; replies %lld, %lld, %lld tokens\n",
@@ -210,7 +210,7 @@ static void test_stepwise_equals_generate(void **state)
             for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++) {
                 for (int batched = 0; batched < 2; batched++) {
                     gen_result got[NREQ];
-                    kvt_service_report rep;
+                    kvt_service_stats rep;
                     run_requests(m, tok, chunks[c], batched, temp, 8u << 20, got, &rep);
                     for (int i = 0; i < NREQ; i++) {
                         assert_int_equal(got[i].n_reply, ref[i].n_reply);
@@ -256,14 +256,14 @@ static void test_cancel_publishes_computed(void **state)
         assert_int_equal(done, 0);
         assert_int_equal(kvt_seq_prefill(s, 7, &done), 0);
         assert_int_equal(kvt_seq_cached(s), 14);
-        kvt_service_report rep;
-        assert_int_equal(kvt_service_report_get(svc, &rep), 0);
+        kvt_service_stats rep;
+        assert_int_equal(kvt_service_get_stats(svc, &rep), 0);
         assert_int_equal(rep.admitted, 1);
         kvt_turn_stats st;
         assert_int_equal(kvt_seq_finish(s, 0, &st), 0);
         assert_int_equal(st.generated_tokens, 0);
         assert_int_equal(st.ttft_ms, 0);
-        assert_int_equal(kvt_service_report_get(svc, &rep), 0);
+        assert_int_equal(kvt_service_get_stats(svc, &rep), 0);
         assert_int_equal(rep.admitted, 0);
         assert_int_equal(rep.publishes, 1);
         /* a prompt extending those 14 tokens reuses all of them, on every kind */
@@ -291,7 +291,7 @@ static void test_cancel_publishes_computed(void **state)
         print_message("  %s: cancelled after %d fed tokens\n", model_name[k], fed);
         if (fed > 0)
             assert_int_equal(kvt_service_peek(svc, full, 21 + fed, NULL), 20 + fed);
-        assert_int_equal(kvt_service_report_get(svc, &rep), 0);
+        assert_int_equal(kvt_service_get_stats(svc, &rep), 0);
         assert_int_equal(rep.admitted, 0);
 
         kvt_sampler_free(sp);
@@ -374,8 +374,8 @@ static void test_errors(void **state)
 
     /* a failing prefill (a token outside the vocabulary): the sequence is
      * failed, publishes nothing, and finish releases it */
-    kvt_service_report before, after;
-    assert_int_equal(kvt_service_report_get(svc, &before), 0);
+    kvt_service_stats before, after;
+    assert_int_equal(kvt_service_get_stats(svc, &before), 0);
     int32_t badp[30];
     make_prompt(badp, 30, 10);
     badp[12] = VOCAB + 5; /* before the first checkpoint boundary (16) */
@@ -387,7 +387,7 @@ static void test_errors(void **state)
     assert_non_null(strstr(kvt_last_error(), "failed"));
     assert_int_equal(kvt_seq_next(s, &t, &fin), KVT_EINVAL);
     assert_int_equal(kvt_seq_finish(s, 0, NULL), 0);
-    assert_int_equal(kvt_service_report_get(svc, &after), 0);
+    assert_int_equal(kvt_service_get_stats(svc, &after), 0);
     assert_int_equal(after.publishes, before.publishes);
     assert_int_equal(after.admitted, 0);
 

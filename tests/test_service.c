@@ -39,7 +39,7 @@ static int new_caches(void *ctx, kvt_cache **c)
     if (!rc)
         rc = kvt_recurrent_create(REC, &c[2]);
     if (rc)
-        kvt_caches_dispose(c, 3);
+        kvt_caches_destroy(c, 3);
     return rc;
 }
 
@@ -179,8 +179,8 @@ static void test_admit_context_limit(void **state)
     r.n_prompt = 5;
     r.max_tokens = -1;
     assert_int_equal(kvt_service_admit(s, &r, &a), KVT_EINVAL);
-    kvt_service_report rep;
-    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    kvt_service_stats rep;
+    assert_int_equal(kvt_service_get_stats(s, &rep), 0);
     assert_int_equal(rep.rejected, 1); /* fits() asked, admit() refused once */
     kvt_service_destroy(s);
 }
@@ -199,8 +199,8 @@ static void test_admit_budget(void **state)
     assert_int_equal(kvt_service_fits(s, &r), 0);
     assert_int_equal(kvt_service_admit(s, &r, &a3), KVT_EAGAIN); /* waits: does not fit beside two */
     assert_null(a3);
-    kvt_service_report rep;
-    kvt_service_report_get(s, &rep);
+    kvt_service_stats rep;
+    kvt_service_get_stats(s, &rep);
     assert_int_equal(rep.admitted, 2);
     assert_int_equal(rep.kv_projected_bytes, 2 * one);
     assert_int_equal(rep.kv_budget_bytes, 2 * one + 10);
@@ -211,7 +211,7 @@ static void test_admit_budget(void **state)
     kvt_service_release(s, a1, 1);
     assert_int_equal(kvt_service_fits(s, &r), 1);
     kvt_service_release(s, a2, 1);
-    kvt_service_report_get(s, &rep);
+    kvt_service_get_stats(s, &rep);
     assert_int_equal(rep.admitted, 0);
     assert_int_equal(rep.kv_projected_bytes, 0);
     assert_int_equal(kvt_service_admit(s, &big, &a3), KVT_ELIMIT);
@@ -269,8 +269,8 @@ static void test_admit_wait_release(void **state)
     assert_int_equal(pthread_create(&th, NULL, wait_thread, &w), 0);
     /* let the waiter block, then make room */
     for (int i = 0; i < 100; i++) {
-        kvt_service_report rep;
-        kvt_service_report_get(s, &rep);
+        kvt_service_stats rep;
+        kvt_service_get_stats(s, &rep);
         if (rep.waited > 0)
             break;
         struct timespec ts = {0, 2000000};
@@ -280,8 +280,8 @@ static void test_admit_wait_release(void **state)
     pthread_join(th, NULL);
     assert_int_equal(w.rc, 0);
     assert_non_null(w.a);
-    kvt_service_report rep;
-    kvt_service_report_get(s, &rep);
+    kvt_service_stats rep;
+    kvt_service_get_stats(s, &rep);
     assert_int_equal(rep.admitted, 1);
     kvt_service_release(s, w.a, 1);
     kvt_service_destroy(s);
@@ -340,7 +340,7 @@ static void test_acquire_publish_reuse(void **state)
     assert_int_equal(kvt_cache_offset(st.caches[2]), 6);
     const unsigned char *rs = kvt_recurrent_state(st.caches[2]);
     assert_int_equal(rs[0], 5); /* the state after token 5 */
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
 
     /* Another namespace, or another version of an adapter, never reuses it. */
@@ -351,11 +351,11 @@ static void test_acquire_publish_reuse(void **state)
     kvt_service_release(s, a, 1);
     a = start(s, 12, "fr@2", NULL, 0, &st);
     assert_int_equal(st.reused_tokens, 0);
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
     a = start(s, 12, "fr@1", NULL, 0, &st);
     assert_int_equal(st.reused_tokens, 10);
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
 
     /* A request without prefix identity reuses nothing and keeps nothing. */
@@ -364,11 +364,11 @@ static void test_acquire_publish_reuse(void **state)
     assert_int_equal(kvt_service_keeps(s, a), 0);
     run_tokens(st.caches, 0, 10);
     assert_int_equal(kvt_service_publish(s, a, toks, 10, &st), KVT_EUNSUPPORTED);
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
 
-    kvt_service_report rep;
-    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    kvt_service_stats rep;
+    assert_int_equal(kvt_service_get_stats(s, &rep), 0);
     assert_int_equal(rep.acquires, 6);
     assert_int_equal(rep.reused_tokens, 16);
     assert_int_equal(rep.publishes, 2);
@@ -389,11 +389,11 @@ static void test_cache_off(void **state)
     assert_int_equal(kvt_service_keeps(s, a), 0);
     run_tokens(st.caches, 0, 6);
     assert_int_equal(kvt_service_publish(s, a, toks, 6, &st), KVT_EUNSUPPORTED);
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
     a = start(s, 8, "", NULL, 0, &st);
     assert_int_equal(st.reused_tokens, 0);
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
     assert_int_equal(kvt_service_peek(s, toks, 8, ""), 0);
     kvt_service_destroy(s);
@@ -409,11 +409,11 @@ static void test_report_json_close(void **state)
     kvt_state st;
     kvt_admission *a = start(s, 6, "", NULL, 0, &st);
     char *text = NULL;
-    assert_int_equal(kvt_service_report_json(s, &text), 0);
+    assert_int_equal(kvt_service_stats_json(s, &text), 0);
     json_error_t err;
     json_t *doc = json_loads(text, 0, &err);
     assert_non_null(doc);
-    kvt_service_json_free(text);
+    kvt_string_free(text);
     json_t *kv = json_object_get(doc, "kv");
     assert_int_equal(json_integer_value(json_object_get(kv, "projected_bytes")),
                      (json_int_t)kvt_service_project_bytes(s, 10));
@@ -426,8 +426,8 @@ static void test_report_json_close(void **state)
 
     assert_int_equal(kvt_service_close(s), 0);
     assert_int_equal(kvt_service_close(s), 0); /* idempotent */
-    kvt_service_report rep;
-    kvt_service_report_get(s, &rep);
+    kvt_service_stats rep;
+    kvt_service_get_stats(s, &rep);
     assert_int_equal(rep.entries, 0); /* cleared */
     kvt_request r = {.prompt = toks, .n_prompt = 4, .max_tokens = 1};
     kvt_admission *b = NULL;
@@ -439,9 +439,9 @@ static void test_report_json_close(void **state)
 
     /* unlimited budget reports null */
     s = make(0, 0, 1000);
-    assert_int_equal(kvt_service_report_json(s, &text), 0);
+    assert_int_equal(kvt_service_stats_json(s, &text), 0);
     doc = json_loads(text, 0, &err);
-    kvt_service_json_free(text);
+    kvt_string_free(text);
     assert_true(json_is_null(json_object_get(json_object_get(doc, "kv"), "budget_bytes")));
     json_decref(doc);
     kvt_service_destroy(s);
@@ -467,10 +467,10 @@ static void test_cold_tier_demote_and_close(void **state)
     assert_int_equal(kvt_service_publish(s, a, toks, 10, &st), 0);
     kvt_service_release(s, a, 1);
     /* the demoter thread moves the idle entry to the cold tier */
-    kvt_service_report rep;
+    kvt_service_stats rep;
     for (int i = 0; i < 200; i++) {
         mem_tier_drain(mt);
-        kvt_service_report_get(s, &rep);
+        kvt_service_get_stats(s, &rep);
         if (rep.entries == 0 && rep.demotions > 0)
             break;
         struct timespec ts = {0, 5000000};
@@ -482,7 +482,7 @@ static void test_cold_tier_demote_and_close(void **state)
     /* and the next request gets it back from there */
     a = start(s, 14, "", NULL, 0, &st);
     assert_int_equal(st.reused_tokens, 10);
-    kvt_service_report_get(s, &rep);
+    kvt_service_get_stats(s, &rep);
     assert_int_equal(rep.cold_restores, 1);
     run_tokens(st.caches, 10, 14);
     assert_int_equal(kvt_service_publish(s, a, toks, 14, &st), 0);
@@ -491,7 +491,7 @@ static void test_cold_tier_demote_and_close(void **state)
     /* prefetch: the demoted entry comes back to RAM before the request */
     for (int i = 0; i < 200; i++) {
         mem_tier_drain(mt);
-        kvt_service_report_get(s, &rep);
+        kvt_service_get_stats(s, &rep);
         if (rep.entries == 0)
             break;
         struct timespec ts = {0, 5000000};
@@ -506,7 +506,7 @@ static void test_cold_tier_demote_and_close(void **state)
     assert_int_equal(kvt_service_peek(s, toks, 20, ""), 14);
     a = start(s, 20, "", NULL, 0, &st);
     assert_int_equal(st.reused_tokens, 14);
-    kvt_state_dispose(&st);
+    kvt_state_clear(&st);
     kvt_service_release(s, a, 1);
     kvt_lease_release(pl);
     /* close hands what RAM holds to the cold tier and flushes it */
@@ -514,7 +514,7 @@ static void test_cold_tier_demote_and_close(void **state)
     assert_int_equal(kvt_service_close(s), 0);
     mem_tier_drain(mt);
     assert_true(mem_tier_has(mt, "", toks, 14));
-    kvt_service_report_get(s, &rep);
+    kvt_service_get_stats(s, &rep);
     assert_int_equal(rep.entries, 0);
     kvt_service_destroy(s);
     mem_tier_destroy(mt);
@@ -549,7 +549,7 @@ static void *worker_main(void *arg)
         run_tokens(st.caches, R, n);
         if (kvt_service_publish(w->s, a, toks, n, &st))
             w->fails++;
-        kvt_state_dispose(&st);
+        kvt_state_clear(&st);
         (void)kvt_service_peek(w->s, toks, n, "");
         kvt_service_release(w->s, a, 1);
     }
@@ -607,8 +607,8 @@ static void test_close_flushes_outside_the_mutex(void **state)
         pthread_cond_wait(&slow.cv, &slow.mu);
     pthread_mutex_unlock(&slow.mu);
     /* the first close is inside the flush: report must answer now */
-    kvt_service_report rep;
-    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    kvt_service_stats rep;
+    assert_int_equal(kvt_service_get_stats(s, &rep), 0);
     kvt_request r = {.prompt = toks, .n_prompt = 10, .max_tokens = 4, .ns = ""};
     kvt_admission *none = NULL;
     assert_int_equal(kvt_service_admit(s, &r, &none), KVT_ECLOSED);
@@ -620,7 +620,7 @@ static void test_close_flushes_outside_the_mutex(void **state)
     void *r1, *r2;
     pthread_join(t2, &r2);
     /* the second close returned: the first's flush and clear are done */
-    assert_int_equal(kvt_service_report_get(s, &rep), 0);
+    assert_int_equal(kvt_service_get_stats(s, &rep), 0);
     assert_int_equal(rep.entries, 0);
     assert_true(mem_tier_has(mt, "", toks, 10));
     pthread_join(t1, &r1);
@@ -648,8 +648,8 @@ static void test_concurrent_requests(void **state)
         pthread_join(th[i], NULL);
         assert_int_equal(w[i].fails, 0);
     }
-    kvt_service_report rep;
-    kvt_service_report_get(s, &rep);
+    kvt_service_stats rep;
+    kvt_service_get_stats(s, &rep);
     assert_int_equal(rep.acquires, T * 40);
     assert_int_equal(rep.publishes, T * 40);
     assert_int_equal(rep.admitted, 0);

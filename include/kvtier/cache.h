@@ -60,7 +60,7 @@ KVT_API int kvt_dtype_parse(const char *name, kvt_dtype *out);
 
 /** One named tensor of an encoded cache.
  * `data` is borrowed from `owner` (a retained reference released by
- * kvt_cache_state_free) or, when owner is NULL, from the cache object that
+ * kvt_cache_state_clear) or, when owner is NULL, from the cache object that
  * produced the state (valid until that object is next modified or disposed). */
 typedef struct kvt_tensor {
     char name[KVT_TENSOR_NAME_MAX]; /* unique within one cache state, e.g. "blk3" */
@@ -92,7 +92,7 @@ typedef struct kvt_cache_state {
 
 /** Releases a state's tensor array and every owner reference in it, then
  * zeroes the struct. NULL is a no-op. */
-KVT_API void kvt_cache_state_free(kvt_cache_state *st);
+KVT_API void kvt_cache_state_clear(kvt_cache_state *st);
 
 /* ---- the ops table ------------------------------------------------------ */
 
@@ -156,7 +156,7 @@ KVT_API int kvt_cache_can_trim(const kvt_cache *c, int64_t length);
 KVT_API int kvt_cache_trim(kvt_cache *c, int64_t length);
 
 /** Zero-copy clone. @param out receives a new object the caller owns and
- * disposes with kvt_cache_dispose(). @return 0, KVT_EINVAL, KVT_ENOMEM. */
+ * disposes with kvt_cache_destroy(). @return 0, KVT_EINVAL, KVT_ENOMEM. */
 KVT_API int kvt_cache_clone(const kvt_cache *c, kvt_cache **out);
 
 /** Appends n_tokens tokens of state (kind-specific inputs, see each kind).
@@ -166,17 +166,17 @@ KVT_API int kvt_cache_append(kvt_cache *c, int64_t n_tokens, const void *const *
 
 /** Frees `c` (NULL is a no-op). Buffers shared with clones stay alive
  * until their last holder releases them. */
-KVT_API void kvt_cache_dispose(kvt_cache *c);
+KVT_API void kvt_cache_destroy(kvt_cache *c);
 
 /** Serialises `c` into `out` (zeroed first). On success the caller owns the
- * state and frees it with kvt_cache_state_free(). @return 0; KVT_EINVAL (c or
+ * state and frees it with kvt_cache_state_clear(). @return 0; KVT_EINVAL (c or
  * out NULL); KVT_ENOMEM. Thread-safe with other readers of `c`. */
 KVT_API int kvt_cache_encode(const kvt_cache *c, kvt_cache_state *out);
 
 /** Rebuilds a cache from a state, by the kind registered under st->kind.
  * Untrusted input: every parameter and tensor size is checked.
  * @param out receives a new object the caller owns and disposes with
- * kvt_cache_dispose().
+ * kvt_cache_destroy().
  * @return 0; KVT_EINVAL (st or out NULL); KVT_EUNSUPPORTED (unknown kind);
  * KVT_EFORMAT (a parameter or tensor that does not fit the kind;
  * kvt_last_error names it); KVT_ENOMEM. Thread-safe. */
@@ -201,7 +201,7 @@ typedef int (*kvt_new_caches_fn)(void *ctx, kvt_cache **caches);
  * n > 0); otherwise as kvt_cache_clone. */
 KVT_API int kvt_caches_clone(kvt_cache *const *caches, int n, kvt_cache **out);
 /** Disposes `n` caches and NULLs the slots (NULL slots are skipped). */
-KVT_API void kvt_caches_dispose(kvt_cache **caches, int n);
+KVT_API void kvt_caches_destroy(kvt_cache **caches, int n);
 
 /* ---- kind "kv": plain attention K/V in blocks -------------------------- */
 
@@ -331,14 +331,14 @@ KVT_API const void *kvt_attachment_blob_data(const kvt_attachment *a, size_t *by
 KVT_API size_t kvt_attachment_bytes(const kvt_attachment *a);
 /** Clones an attachment through its kind (zero-copy where the kind can: a
  * blob clone shares its buffer). *out is NULL on every error.
- * @param out receives the clone; caller frees with kvt_attachment_dispose().
+ * @param out receives the clone; caller frees with kvt_attachment_destroy().
  * @return 0; KVT_EINVAL (a or out NULL); KVT_ENOMEM or the kind's error.
  * Thread-safe with other clones of the same attachment. */
 KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out);
 /** Disposes an attachment (its kind's ops->dispose): the shared bytes go
  * when the last clone goes. NULL is a no-op. Call exactly once per
  * attachment; not thread-safe with other calls on the same attachment. */
-KVT_API void kvt_attachment_dispose(kvt_attachment *a);
+KVT_API void kvt_attachment_destroy(kvt_attachment *a);
 
 #ifdef __cplusplus
 }

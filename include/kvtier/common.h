@@ -11,7 +11,7 @@
  *
  * Ownership, the same in every module: kvtier frees an array only if kvtier
  * allocated it, and frees each one it allocated at the documented end call
- * (kvt_state_dispose, kvt_hit_dispose, kvt_entry_clear). Calls that adopt
+ * (kvt_state_clear, kvt_hit_clear, kvt_entry_clear). Calls that adopt
  * state (kvt_prompt_cache_put, kvt_prompt_cache_put_hit,
  * kvt_prompt_cache_object_put, kvt_service_publish) take the caches, the
  * attachments and the release hook on success, setting each slot to NULL,

@@ -6,11 +6,11 @@
  * Typical use by an engine (the config sets new_caches, so a miss lends
  * fresh caches and one path serves hit and miss):
  *   kvt_hit hit;
- *   kvt_prompt_cache_take(pc, prompt, n, "", "chat-7", &hit);
+ *   kvt_prompt_cache_lend(pc, prompt, n, "", "chat-7", &hit);
  *   // prefill prompt[hit.prefix_len..n) into hit.entry.caches, generate
  *   // into all[0..n_all), then put the longer state back:
  *   kvt_prompt_cache_put_hit(pc, &hit, all, n_all, "chat-7");
- *   kvt_hit_dispose(&hit);   // releases what put_hit did not adopt
+ *   kvt_hit_clear(&hit);   // releases what put_hit did not adopt
  * Shutdown: kvt_prompt_cache_destroy() hands every entry to the cold tier
  * and flushes it first (kvt_prompt_cache_close()).
  *
@@ -167,7 +167,7 @@ typedef enum kvt_hit_source {
 /** What take lends. entry is an owned entry (see tier.h): tokens =
  * prompt[0..prefix_len), caches = zero-copy views trimmed to prefix_len (one
  * per layer of the donor), attachments = clones, hook = one share of the
- * donor's release hook. Release it with kvt_hit_dispose(), or move parts out
+ * donor's release hook. Release it with kvt_hit_clear(), or move parts out
  * first: set the slots you keep to NULL and empty the hook you keep
  * (kvt_prompt_cache_put NULLs the slots of the arrays it adopts from, so
  * passing hit.entry.caches as the new entry's caches array does that; the
@@ -182,7 +182,7 @@ typedef struct kvt_hit {
 
 /** Releases what a hit still owns (kvt_entry_clear on hit->entry) and zeroes
  * it. NULL and a zeroed hit are no-ops. Thread-safe for distinct hits. */
-KVT_API void kvt_hit_dispose(kvt_hit *hit);
+KVT_API void kvt_hit_clear(kvt_hit *hit);
 
 /** Lends the longest usable prefix of `prompt` held in RAM or the cold tier.
  *
@@ -210,12 +210,12 @@ KVT_API void kvt_hit_dispose(kvt_hit *hit);
  *               prefix_len 0 and source KVT_HIT_NONE, lending n_layers
  *               fresh caches (ns set, no tokens) when the config has
  *               new_caches, nothing otherwise. Caller frees with
- *               kvt_hit_dispose(), or hands it to kvt_prompt_cache_put_hit().
+ *               kvt_hit_clear(), or hands it to kvt_prompt_cache_put_hit().
  * @return 0; KVT_EINVAL (NULL pc/ns/out, prompt NULL with n > 0, n < 0);
  * KVT_ENOMEM (a copy or clone failed: nothing is lent; the lookup was
  * already counted); on a miss, the error of new_caches (nothing is lent).
  * A failing cold restore is not an error: the RAM candidate serves. */
-KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
+KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
                                   const char *ns, const char *session, kvt_hit *out);
 
 /** Inserts an entry.
@@ -258,7 +258,7 @@ KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char 
  * [hit->prefix_len, n_tokens) to every cache; tokens must begin with the
  * prefix the hit lent (checked). On success the hit's parts are adopted and
  * the hit is released and zeroed; on error nothing is adopted and the hit is
- * unchanged. Either way end with kvt_hit_dispose(hit) (a no-op after a
+ * unchanged. Either way end with kvt_hit_clear(hit) (a no-op after a
  * success), so one code path serves every outcome.
  * @param tokens (n_tokens) borrowed; @param session as for put.
  * @return 0; KVT_EINVAL (NULL pc/hit/tokens, a hit that lends no caches,
@@ -284,7 +284,7 @@ KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tok
 /** Lends views of the entry of exactly `tokens` in `ns` (RAM only; a use:
  * touches recency, no counters). @param out as for take (prefix_len = n).
  * @return 0; KVT_ENOTFOUND; KVT_EINVAL; KVT_ENOMEM. */
-KVT_API int kvt_prompt_cache_get_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
+KVT_API int kvt_prompt_cache_lend_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
                                        const char *ns, kvt_hit *out);
 
 /** Cuts the resident entry of exactly `tokens` (n) in `ns` back to `new_len`
@@ -411,7 +411,7 @@ KVT_API int kvt_prompt_cache_object_put(kvt_prompt_cache *pc, const char *key,
  * (discarded if a clear ran meanwhile). Counters: object_hits,
  * object_misses (RAM), object_restores.
  * @return 0; KVT_ENOTFOUND (in no tier); KVT_EINVAL; KVT_ENOMEM; KVT_ESTALE. */
-KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, kvt_hit *out);
+KVT_API int kvt_prompt_cache_object_lend(kvt_prompt_cache *pc, const char *key, kvt_hit *out);
 
 /* ---- clear, stats ------------------------------------------------------------ */
 
@@ -464,7 +464,7 @@ typedef struct kvt_prompt_cache_stats {
  * spill_failures and the write_behind_* counters, counted off-lock, are read
  * just after it). NULL arguments
  * are a no-op. */
-KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out);
+KVT_API void kvt_prompt_cache_get_stats(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out);
 
 #ifdef __cplusplus
 }

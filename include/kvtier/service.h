@@ -15,7 +15,7 @@
  *     kvt_service_release()     bytes return to the budget
  *
  * The scheduler never learns what is resident or where (RAM, SSD); what the
- * service holds is in kvt_service_report().
+ * service holds is in kvt_service_get_stats().
  *
  * Namespaces: state made under one namespace never serves a prompt in
  * another. An adapter's namespace carries its identity AND its
@@ -214,12 +214,12 @@ KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req);
  * Arrays: kvtier frees an array only if kvtier allocated it. A state filled
  * by kvt_service_acquire(), kvt_state_init() or kvt_state_clone() holds
  * arrays from kvtier's allocator (kvt_set_allocator) and says so in
- * `kvtier_arrays`; kvt_state_dispose() and a successful
+ * `kvtier_arrays`; kvt_state_clear() and a successful
  * kvt_service_publish() free them. A state you fill yourself (a stack array,
- * your own malloc; kvtier_arrays left 0) keeps its arrays: kvt_state_dispose()
+ * your own malloc; kvtier_arrays left 0) keeps its arrays: kvt_state_clear()
  * and publish only dispose or adopt the caches and attachments in them, and
  * the arrays stay yours. Either way, ending a state is the same code:
- * publish or not, then kvt_state_dispose() (a no-op on what publish took). */
+ * publish or not, then kvt_state_clear() (a no-op on what publish took). */
 typedef struct kvt_state {
     int32_t n_layers;
     kvt_cache **caches;          /* (n_layers) the caller owns each */
@@ -236,7 +236,7 @@ typedef struct kvt_state {
 /** Makes *st an empty state whose arrays come from kvtier's allocator:
  * `caches` holds n_layers NULL slots, `attachments` n_attachments NULL
  * slots (NULL when 0), no hook, reused_tokens 0. Fill the slots, then hand
- * it to kvt_service_publish() and/or end it with kvt_state_dispose(), which
+ * it to kvt_service_publish() and/or end it with kvt_state_clear(), which
  * free the arrays.
  * @return 0; KVT_EINVAL (st NULL, n_layers < 1 or n_attachments < 0);
  *   KVT_ENOMEM (then *st is zeroed). Thread-safe (touches only `st`). */
@@ -249,7 +249,7 @@ KVT_API int kvt_state_init(kvt_state *st, int32_t n_layers, int32_t n_attachment
  * share of src's hook: the clones' buffers are refcounted and keep their
  * bytes alive by themselves, as they do for state the SSD store restores).
  * `src` is only read and stays the caller's. Publish *out while `src` keeps
- * running, then kvt_state_dispose(out).
+ * running, then kvt_state_clear(out).
  * @return 0; KVT_EINVAL (NULL argument, src without caches or with a NULL
  *   slot); KVT_ENOMEM or a clone error (then *out is zeroed, nothing is left
  *   allocated). Thread-safe with other readers of src's caches. */
@@ -260,7 +260,7 @@ KVT_API int kvt_state_clone(const kvt_state *src, kvt_state *out);
  * fresh caches.
  *
  * @param out filled on success (its arrays are kvtier's, see kvt_state); the
- *   caller owns it and ends it with kvt_state_dispose(), after handing it to
+ *   caller owns it and ends it with kvt_state_clear(), after handing it to
  *   kvt_service_publish() or not.
  * @param adm a live admission (not yet released; anything else is undefined).
  * @return 0; KVT_EINVAL (NULL service, admission or out); KVT_ECLOSED;
@@ -274,7 +274,7 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state 
  * arrays of your own are left to you), and zeroes *st. NULL and a zeroed
  * state are no-ops, so calling it after a successful kvt_service_publish()
  * is harmless. Thread-safe (touches only `st`). */
-KVT_API void kvt_state_dispose(kvt_state *st);
+KVT_API void kvt_state_clear(kvt_state *st);
 
 /** Whether state the request publishes may be kept (a prompt cache exists and
  * the request reuses prefixes): a caller skips snapshots the service would
@@ -290,7 +290,7 @@ KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *adm);
  * adopts the caches, the attachments and the hook in `st`, frees the arrays
  * if kvtier allocated them (arrays of your own are never freed: see
  * kvt_state) and zeroes *st. On error nothing is taken and *st is unchanged.
- * Either way the caller may end with kvt_state_dispose(st).
+ * Either way the caller may end with kvt_state_clear(st).
  * To keep using the live caches, publish a clone (kvt_state_clone): that is
  * the zero-copy prompt-boundary snapshot, which must be taken while the
  * caches hold exactly the prompt (a wrapped ring or a recurrent state cannot
@@ -351,7 +351,7 @@ KVT_API void kvt_service_close_session(kvt_service *svc, const char *session);
 /* ---- report ------------------------------------------------------------------ */
 
 /** What the service holds, as it reports itself (/stats). */
-typedef struct kvt_service_report {
+typedef struct kvt_service_stats {
     /* prompt cache (RAM) */
     uint64_t entries, bytes, max_bytes;
     uint64_t hits, misses, session_hits, session_misses, demotions;
@@ -371,10 +371,10 @@ typedef struct kvt_service_report {
     uint64_t kv_projected_bytes; /* their projected KV bytes */
     uint64_t kv_budget_bytes;    /* 0 = unlimited */
     uint64_t rejected, waited;   /* KVT_ELIMIT refusals; KVT_EAGAIN answers */
-} kvt_service_report;
+} kvt_service_stats;
 
 /** Fills `out` with a snapshot of the counters. @return 0, KVT_EINVAL. Thread-safe. */
-KVT_API int kvt_service_report_get(kvt_service *svc, kvt_service_report *out);
+KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out);
 
 /** The report as one JSON document:
  *   {"prefixes": {"entries", "bytes", "max_bytes", "hits", "misses",
@@ -385,10 +385,10 @@ KVT_API int kvt_service_report_get(kvt_service *svc, kvt_service_report *out);
  *                 "rejected", "waited"},
  *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)}}
  * @param out receives a NUL-terminated string; caller frees with
- *   kvt_service_json_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
-KVT_API int kvt_service_report_json(kvt_service *svc, char **out);
-/** Frees a string from kvt_service_report_json(). NULL is a no-op. */
-KVT_API void kvt_service_json_free(char *s);
+ *   kvt_string_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_service_stats_json(kvt_service *svc, char **out);
+/** Frees a string from kvt_service_stats_json(). NULL is a no-op. */
+KVT_API void kvt_string_free(char *s);
 
 /** Closes the service: stops idle demotion, flushes the cold tier (if any),
  * hands it every RAM entry it does not hold yet and flushes it again (every
@@ -396,7 +396,7 @@ KVT_API void kvt_service_json_free(char *s);
  * disk), clears the prompt cache and refuses new work
  * (KVT_ECLOSED). Idempotent: a second call does nothing and returns 0 once
  * the first has finished. The flush runs without the service mutex held, so
- * kvt_service_report() and other calls answer meanwhile.
+ * kvt_service_get_stats() and other calls answer meanwhile.
  * Errors of every step are aggregated (the first code is returned, the
  * message lists each); no step is skipped because an earlier one failed.
  * Admissions still held stay valid for release. Thread-safe. */

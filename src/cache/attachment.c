@@ -112,7 +112,7 @@ KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out)
     return a->ops->clone(a, out);
 }
 
-KVT_API void kvt_attachment_dispose(kvt_attachment *a)
+KVT_API void kvt_attachment_destroy(kvt_attachment *a)
 {
     if (a)
         a->ops->dispose(a);

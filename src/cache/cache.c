@@ -183,7 +183,7 @@ KVT_API int kvt_cache_append(kvt_cache *c, int64_t n_tokens, const void *const *
     return c->ops->append(c, n_tokens, inputs);
 }
 
-KVT_API void kvt_cache_dispose(kvt_cache *c)
+KVT_API void kvt_cache_destroy(kvt_cache *c)
 {
     if (c)
         c->ops->dispose(c);
@@ -196,11 +196,11 @@ KVT_API int kvt_cache_encode(const kvt_cache *c, kvt_cache_state *out)
     memset(out, 0, sizeof *out);
     int rc = c->ops->encode(c, out);
     if (rc)
-        kvt_cache_state_free(out);
+        kvt_cache_state_clear(out);
     return rc;
 }
 
-KVT_API void kvt_cache_state_free(kvt_cache_state *st)
+KVT_API void kvt_cache_state_clear(kvt_cache_state *st)
 {
     if (!st)
         return;
@@ -288,19 +288,19 @@ KVT_API int kvt_caches_clone(kvt_cache *const *caches, int n, kvt_cache **out)
     for (int i = 0; i < n; i++) {
         int rc = kvt_cache_clone(caches[i], &out[i]);
         if (rc) {
-            kvt_caches_dispose(out, i);
+            kvt_caches_destroy(out, i);
             return rc;
         }
     }
     return 0;
 }
 
-KVT_API void kvt_caches_dispose(kvt_cache **caches, int n)
+KVT_API void kvt_caches_destroy(kvt_cache **caches, int n)
 {
     if (!caches)
         return;
     for (int i = 0; i < n; i++) {
-        kvt_cache_dispose(caches[i]);
+        kvt_cache_destroy(caches[i]);
         caches[i] = NULL;
     }
 }

@@ -255,9 +255,9 @@ static void entry_discard(pc_entry *x)
 static void entry_dispose(pc_entry *e)
 {
     for (int32_t i = 0; i < e->n_caches; i++)
-        kvt_cache_dispose(e->caches[i]);
+        kvt_cache_destroy(e->caches[i]);
     for (int32_t i = 0; i < e->n_atts; i++)
-        kvt_attachment_dispose(e->atts[i]);
+        kvt_attachment_destroy(e->atts[i]);
     if (e->share)
         share_run(e->share);
     e->share = NULL;
@@ -928,7 +928,7 @@ static int lend_finish(kvt_hit *out)
             continue;
         int rc = kvt_cache_trim(out->entry.caches[i], out->prefix_len);
         if (rc) {
-            kvt_hit_dispose(out);
+            kvt_hit_clear(out);
             return rc;
         }
     }
@@ -945,13 +945,13 @@ static int lend_fresh(kvt_prompt_cache *pc, const char *ns, kvt_hit *out)
         return rc;
     rc = pc->new_caches(pc->new_caches_ctx, out->entry.caches);
     if (rc) {
-        kvt_hit_dispose(out);
+        kvt_hit_clear(out);
         return kvt__fail(rc, "prompt cache: new_caches failed on a miss: %s", kvt_strerror(rc));
     }
     return 0;
 }
 
-KVT_API void kvt_hit_dispose(kvt_hit *hit)
+KVT_API void kvt_hit_clear(kvt_hit *hit)
 {
     if (!hit)
         return;
@@ -1225,7 +1225,7 @@ KVT_API int kvt_prompt_cache_put_hit(kvt_prompt_cache *pc, kvt_hit *hit, const i
     if (rc)
         return rc; /* nothing adopted: the hit is unchanged */
     hit->entry.hook = (kvt_hook){NULL, NULL}; /* the share moved with the entry */
-    kvt_hit_dispose(hit);
+    kvt_hit_clear(hit);
     return 0;
 }
 
@@ -1298,10 +1298,10 @@ static void promote(kvt_prompt_cache *pc, kvt_entry *r, const char *session, uin
     kvt_entry_clear(&copy); /* what put did not adopt */
 }
 
-KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
+KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
                                   const char *session, kvt_hit *out)
 {
-    int rc = check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_take");
+    int rc = check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_lend");
     if (rc)
         return rc;
     memset(out, 0, sizeof *out);
@@ -1407,10 +1407,10 @@ KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tok
     return e != NULL;
 }
 
-KVT_API int kvt_prompt_cache_get_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
+KVT_API int kvt_prompt_cache_lend_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
                                        kvt_hit *out)
 {
-    int rc = check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_get_exact");
+    int rc = check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_lend_exact");
     if (rc)
         return rc;
     memset(out, 0, sizeof *out);
@@ -1418,7 +1418,7 @@ KVT_API int kvt_prompt_cache_get_exact(kvt_prompt_cache *pc, const int32_t *toke
     pc_entry *e = kvt__index_exact(pc->ix, ns, tokens, n);
     if (!e) {
         pthread_mutex_unlock(&pc->mu);
-        return kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_get_exact: no entry of %lld tokens in ns '%s'",
+        return kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_lend_exact: no entry of %lld tokens in ns '%s'",
                          (long long)n, ns);
     }
     rc = lend_locked(pc, e, n, out);
@@ -1997,14 +1997,14 @@ KVT_API int kvt_prompt_cache_object_put(kvt_prompt_cache *pc, const char *key, k
     return rc;
 }
 
-KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, kvt_hit *out)
+KVT_API int kvt_prompt_cache_object_lend(kvt_prompt_cache *pc, const char *key, kvt_hit *out)
 {
     if (!pc || !key || !*key || !out)
-        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_object_take: bad arguments");
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_object_lend: bad arguments");
     memset(out, 0, sizeof *out);
     char *ns = object_ns(key);
     if (!ns)
-        return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_object_take: out of memory");
+        return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_object_lend: out of memory");
     int rc;
     pthread_mutex_lock(&pc->mu);
     pc_entry *e = kvt__index_exact(pc->ix, ns, NULL, 0);
@@ -2021,7 +2021,7 @@ KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, 
     kvt_cold_hit ch;
     if (!pc->has_cold || !pc->cold.find_exact || pc->cold.find_exact(pc->cold.self, NULL, 0, ns, &ch) != 0) {
         pthread_mutex_unlock(&pc->mu);
-        rc = kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_object_take: no object '%s' in any tier", key);
+        rc = kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_object_lend: no object '%s' in any tier", key);
         kvt__free(ns);
         return rc;
     }
@@ -2032,7 +2032,7 @@ KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, 
     rc = pc->cold.restore(pc->cold.self, ch.handle, &r);
     if (rc) {
         kvt__free(ns);
-        return kvt__fail(rc, "kvt_prompt_cache_object_take: restoring '%s' failed (%s)", key, kvt_strerror(rc));
+        return kvt__fail(rc, "kvt_prompt_cache_object_lend: restoring '%s' failed (%s)", key, kvt_strerror(rc));
     }
     pthread_mutex_lock(&pc->mu);
     pc->st.object_restores++;
@@ -2046,7 +2046,7 @@ KVT_API int kvt_prompt_cache_object_take(kvt_prompt_cache *pc, const char *key, 
         pthread_mutex_lock(&pc->mu);
         e = kvt__index_exact(pc->ix, ns, NULL, 0);
         rc = e ? lend_locked(pc, e, 0, out)
-               : kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_object_take: '%s' did not fit the budget", key);
+               : kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_object_lend: '%s' did not fit the budget", key);
         if (rc == 0)
             out->source = KVT_HIT_COLD;
         pthread_mutex_unlock(&pc->mu);
@@ -2068,7 +2068,7 @@ KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc)
     gone_process(pc, gone);
 }
 
-KVT_API void kvt_prompt_cache_stats_get(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out)
+KVT_API void kvt_prompt_cache_get_stats(kvt_prompt_cache *pc, kvt_prompt_cache_stats *out)
 {
     if (!pc || !out)
         return;

@@ -127,7 +127,7 @@ KVT_API int kvt_service_layer_of(const kvt_cache *c, kvt_service_layer *out)
         rc = kvt__fail(KVT_EUNSUPPORTED, "kvt_service_layer_of: cache kind '%s' has no known growth: "
                        "describe this layer in kvt_service_config.layers", st.kind);
     }
-    kvt_cache_state_free(&st);
+    kvt_cache_state_clear(&st);
     return rc;
 }
 
@@ -148,7 +148,7 @@ static int layers_from_caches(const kvt_service_config *cfg, kvt_service_layer *
             kvt__fail(rc, "service: layer %d is of kind '%s', whose growth kvtier does not know: pass "
                       "kvt_service_config.layers", i, kvt_cache_kind(c[i]));
     }
-    kvt_caches_dispose(c, cfg->n_layers);
+    kvt_caches_destroy(c, cfg->n_layers);
     kvt__free(c);
     return rc;
 }
@@ -520,14 +520,14 @@ KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *lease, int com
 
 /* kvtier frees a state's arrays only when it allocated them (kvtier_arrays):
  * a caller's stack or malloc array is never handed to kvt__free. */
-KVT_API void kvt_state_dispose(kvt_state *st)
+KVT_API void kvt_state_clear(kvt_state *st)
 {
     if (!st)
         return;
     if (st->caches)
-        kvt_caches_dispose(st->caches, st->n_layers);
+        kvt_caches_destroy(st->caches, st->n_layers);
     for (int32_t i = 0; st->attachments && i < st->n_attachments; i++) {
-        kvt_attachment_dispose(st->attachments[i]);
+        kvt_attachment_destroy(st->attachments[i]);
         st->attachments[i] = NULL;
     }
     kvt_hook_run(&st->hook);
@@ -576,7 +576,7 @@ KVT_API int kvt_state_clone(const kvt_state *src, kvt_state *out)
     for (int32_t i = 0; !rc && i < src->n_attachments; i++)
         rc = kvt_attachment_clone(src->attachments[i], &out->attachments[i]);
     if (rc) {
-        kvt_state_dispose(out);
+        kvt_state_clear(out);
         return rc;
     }
     out->reused_tokens = src->reused_tokens;
@@ -615,7 +615,7 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_stat
     }
     out->kvtier_arrays = 1; /* caches and the attachments take may add */
     if (lease_keeps(svc, lease)) {
-        rc = kvt__service_pc_take(svc->pc, lease->prompt, lease->n_prompt, lease->ns, lease->session,
+        rc = kvt__service_pc_lend(svc->pc, lease->prompt, lease->n_prompt, lease->ns, lease->session,
                                   svc->n_layers, out);
         if (rc)
             goto done;
@@ -633,7 +633,7 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_stat
     pthread_mutex_unlock(&svc->mu);
 done:
     if (rc)
-        kvt_state_dispose(out);
+        kvt_state_clear(out);
     return rc;
 }
 
@@ -739,7 +739,7 @@ KVT_API void kvt_service_close_session(kvt_service *svc, const char *session)
 
 /* ---- report ---------------------------------------------------------------------------- */
 
-KVT_API int kvt_service_report_get(kvt_service *svc, kvt_service_report *out)
+KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out)
 {
     if (!svc || !out)
         return kvt__fail(KVT_EINVAL, "report: NULL argument");
@@ -764,13 +764,13 @@ static int set_u64(json_t *o, const char *k, uint64_t v)
     return json_object_set_new(o, k, json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v));
 }
 
-KVT_API int kvt_service_report_json(kvt_service *svc, char **out)
+KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
 {
     if (!out)
         return kvt__fail(KVT_EINVAL, "report: out is NULL");
     *out = NULL;
-    kvt_service_report r;
-    int rc = kvt_service_report_get(svc, &r);
+    kvt_service_stats r;
+    int rc = kvt_service_get_stats(svc, &r);
     if (rc)
         return rc;
     json_t *root = json_object(), *p = json_object(), *q = json_object(), *kv = json_object();
@@ -809,7 +809,7 @@ KVT_API int kvt_service_report_json(kvt_service *svc, char **out)
     return 0;
 }
 
-KVT_API void kvt_service_json_free(char *s) { kvt__free(s); }
+KVT_API void kvt_string_free(char *s) { kvt__free(s); }
 
 KVT_API int kvt_service_close(kvt_service *svc)
 {

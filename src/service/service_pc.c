@@ -52,16 +52,16 @@ void kvt__service_pc_destroy(kvt__service_pc *s)
     kvt__free(s);
 }
 
-int kvt__service_pc_take(kvt__service_pc *s, const int32_t *prompt, int64_t n, const char *ns,
+int kvt__service_pc_lend(kvt__service_pc *s, const int32_t *prompt, int64_t n, const char *ns,
                          const char *session, int32_t n_layers, kvt_state *out)
 {
     kvt_hit hit;
-    int rc = kvt_prompt_cache_take(s->pc, prompt, n, ns, session, &hit);
+    int rc = kvt_prompt_cache_lend(s->pc, prompt, n, ns, session, &hit);
     if (rc)
         return rc;
     if (hit.prefix_len > 0 && hit.entry.n_caches != n_layers) {
         int64_t got = hit.entry.n_caches;
-        kvt_hit_dispose(&hit);
+        kvt_hit_clear(&hit);
         return kvt__fail(KVT_EIDENTITY, "service: a reused entry has %lld layers, the model %d", (long long)got,
                          n_layers);
     }
@@ -80,7 +80,7 @@ int kvt__service_pc_take(kvt__service_pc *s, const int32_t *prompt, int64_t n, c
         hit.entry.hook = (kvt_hook){0};
         out->reused_tokens = hit.prefix_len;
     }
-    kvt_hit_dispose(&hit);
+    kvt_hit_clear(&hit);
     return 0;
 }
 
@@ -101,7 +101,7 @@ int kvt__service_pc_put(kvt__service_pc *s, const int32_t *tokens, int64_t n, co
     if (rc)
         return rc;
     st->hook = (kvt_hook){0}; /* adopted (put emptied its copy) */
-    kvt_state_dispose(st);    /* frees the emptied arrays if kvtier's, zeroes st */
+    kvt_state_clear(st);    /* frees the emptied arrays if kvtier's, zeroes st */
     return 0;
 }
 
@@ -121,11 +121,11 @@ void kvt__service_pc_reclaim(kvt__service_pc *s, kvt_over_budget_fn pressure, vo
         (void)kvt_prompt_cache_reclaim(s->pc, pressure, ctx, NULL);
 }
 
-void kvt__service_pc_stats(kvt__service_pc *s, kvt_service_report *out)
+void kvt__service_pc_stats(kvt__service_pc *s, kvt_service_stats *out)
 {
     kvt_prompt_cache_stats ps;
     memset(&ps, 0, sizeof ps);
-    kvt_prompt_cache_stats_get(s->pc, &ps);
+    kvt_prompt_cache_get_stats(s->pc, &ps);
     out->entries = ps.entries > 0 ? (uint64_t)ps.entries : 0;
     out->bytes = ps.bytes;
     out->max_bytes = ps.max_bytes;
@@ -173,7 +173,7 @@ int kvt__service_pc_clear(kvt__service_pc *s)
          * durable too. */
         rc = kvt__service_pc_flush(s);
         kvt_prompt_cache_stats ps;
-        kvt_prompt_cache_stats_get(s->pc, &ps);
+        kvt_prompt_cache_get_stats(s->pc, &ps);
         if (ps.entries > 0)
             (void)kvt_prompt_cache_evict(s->pc, ps.entries, NULL);
     }

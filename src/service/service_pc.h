@@ -16,7 +16,7 @@ int kvt__service_pc_create(uint64_t max_bytes, int32_t block_tokens, const kvt_c
 void kvt__service_pc_destroy(kvt__service_pc *pc);
 /** Longest usable prefix into out->caches (n_layers slots, all NULL on a
  * miss), out->reused_tokens, attachments and hook. 0 on hit and miss alike. */
-int kvt__service_pc_take(kvt__service_pc *pc, const int32_t *prompt, int64_t n, const char *ns,
+int kvt__service_pc_lend(kvt__service_pc *pc, const int32_t *prompt, int64_t n, const char *ns,
                          const char *session, int32_t n_layers, kvt_state *out);
 /** Adopts st's caches/attachments/hook on 0 (st zeroed); on error they stay in st. */
 int kvt__service_pc_put(kvt__service_pc *pc, const int32_t *tokens, int64_t n, const char *ns,
@@ -26,7 +26,7 @@ void kvt__service_pc_close_session(kvt__service_pc *pc, const char *session);
 void kvt__service_pc_reclaim(kvt__service_pc *pc, int (*pressure)(void *ctx), void *ctx);
 /** Entries idle idle_ms leave RAM once the cold tier holds them. */
 int kvt__service_pc_demote_idle(kvt__service_pc *pc, uint64_t idle_ms);
-void kvt__service_pc_stats(kvt__service_pc *pc, kvt_service_report *out);
+void kvt__service_pc_stats(kvt__service_pc *pc, kvt_service_stats *out);
 int kvt__service_pc_clear(kvt__service_pc *pc);
 int kvt__service_pc_prefetch(kvt__service_pc *pc, const int32_t *prompt, int64_t n, const char *ns,
                              const char *session, kvt_lease **out);

@@ -250,7 +250,7 @@ KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_lay
         for (int32_t p = 0; p < st.n_params && p < KVT_CACHE_PARAMS_MAX; p++)
             len += (size_t)snprintf(s + len, cap - len, "%s%lld", p ? "," : "", (long long)st.params[p]);
         len += (size_t)snprintf(s + len, cap - len, ")");
-        kvt_cache_state_free(&st);
+        kvt_cache_state_clear(&st);
     }
     sha256_hex(s, len, out);
     kvt__free(s);
@@ -1792,7 +1792,7 @@ out:
         kvt__fail(rc, "%s", err);
     json_decref(meta);
     for (int32_t l = 0; l < L; l++)
-        kvt_cache_state_free(&st[l]);
+        kvt_cache_state_clear(&st[l]);
     kvt__free(st);
     kvt__free(rg);
     kvt__free(keys);
@@ -1991,7 +1991,7 @@ static int build_layer(const json_t *lj, int32_t l, const rshard *ent, const rsh
         if (rc && rc != KVT_ENOMEM)
             *reason = KVT_STORE_REFUSED_MALFORMED;
     }
-    kvt_cache_state_free(&cs);
+    kvt_cache_state_clear(&cs);
     return rc;
 }
 

@@ -24,7 +24,7 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
             rc = kvt__fail(KVT_EINVAL, "kvt_store_config_fingerprint_of: new_caches left layer %d NULL", i);
     if (!rc)
         rc = kvt_store_config_fingerprint(c, n_layers, out);
-    kvt_caches_dispose(c, n_layers);
+    kvt_caches_destroy(c, n_layers);
     kvt__free(c);
     return rc;
 }

@@ -99,9 +99,9 @@ KVT_API void kvt_entry_clear(kvt_entry *e)
     if (!e)
         return;
     for (int32_t i = 0; e->caches && i < e->n_caches; i++)
-        kvt_cache_dispose(e->caches[i]);
+        kvt_cache_destroy(e->caches[i]);
     for (int32_t i = 0; e->attachments && i < e->n_attachments; i++)
-        kvt_attachment_dispose(e->attachments[i]);
+        kvt_attachment_destroy(e->attachments[i]);
     kvt_hook_run(&e->hook); /* after every view of the memory it releases */
     kvt__free((void *)e->ns);
     kvt__free((void *)e->tokens);

@@ -59,13 +59,13 @@ int pcu_fresh(const char *kinds, kvt_cache **caches, const int32_t *tokens, int6
         default: rc = kvt_kv_create(PCU_KV_DIM, PCU_BLOCK, &caches[l]); break;
         }
         if (rc) {
-            kvt_caches_dispose(caches, l);
+            kvt_caches_destroy(caches, l);
             return rc;
         }
     }
     int rc = pcu_extend(caches, nc, tokens, n);
     if (rc)
-        kvt_caches_dispose(caches, nc);
+        kvt_caches_destroy(caches, nc);
     return rc;
 }
 
@@ -75,9 +75,9 @@ int pcu_put(kvt_prompt_cache *pc, const char *ns, const int32_t *tokens, int64_t
     kvt_entry e = {ns, tokens, n, caches, nc, atts, na, hook};
     int rc = kvt_prompt_cache_put(pc, &e, session);
     if (rc) {
-        kvt_caches_dispose(caches, nc);
+        kvt_caches_destroy(caches, nc);
         for (int i = 0; i < na; i++)
-            kvt_attachment_dispose(atts[i]);
+            kvt_attachment_destroy(atts[i]);
         kvt_hook_run(&e.hook);
     }
     return rc;
@@ -134,6 +134,6 @@ void pcu_seq(int32_t *t, int64_t n, int32_t base)
 kvt_prompt_cache_stats pcu_stats(kvt_prompt_cache *pc)
 {
     kvt_prompt_cache_stats s;
-    kvt_prompt_cache_stats_get(pc, &s);
+    kvt_prompt_cache_get_stats(pc, &s);
     return s;
 }

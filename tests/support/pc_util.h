@@ -32,7 +32,7 @@ size_t pcu_unique_bytes(kvt_cache *const *caches, int nc);
 /** t[i] = base + i for i in [0, n): a token run no other run overlaps
  * when the bases are far apart. */
 void pcu_seq(int32_t *t, int64_t n, int32_t base);
-/** The cache's statistics (kvt_prompt_cache_stats_get), by value. */
+/** The cache's statistics (kvt_prompt_cache_get_stats), by value. */
 kvt_prompt_cache_stats pcu_stats(kvt_prompt_cache *pc);
 
 #endif

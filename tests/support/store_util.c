@@ -133,7 +133,7 @@ int store_entry_diff(const kvt_entry *a, const kvt_entry *b)
         if (kvt_cache_encode(a->caches[l], &x))
             return 4;
         if (kvt_cache_encode(b->caches[l], &y)) {
-            kvt_cache_state_free(&x);
+            kvt_cache_state_clear(&x);
             return 4;
         }
         int d = 0;
@@ -149,8 +149,8 @@ int store_entry_diff(const kvt_entry *a, const kvt_entry *b)
         }
         if (d)
             fprintf(stderr, "diff: layer %d (%s) differs (%d)\n", (int)l, x.kind, d);
-        kvt_cache_state_free(&x);
-        kvt_cache_state_free(&y);
+        kvt_cache_state_clear(&x);
+        kvt_cache_state_clear(&y);
         if (d)
             return d;
     }
@@ -170,7 +170,7 @@ void store_identity(const store_cfg *cfg, const char *model, char *fp, kvt_store
     int L = store_make_empty(cfg, c, 16);
     if (kvt_store_config_fingerprint(c, L, fp))
         strcpy(fp, "fingerprint-failed");
-    kvt_caches_dispose(c, L);
+    kvt_caches_destroy(c, L);
     id->model_id = model;
     id->config_fingerprint = fp;
     id->tokenizer_hash = "tok-1";

@@ -33,7 +33,7 @@ typedef struct store_cfg {
 int store_make_entry(const store_cfg *cfg, const char *ns, const int32_t *tokens, int64_t n, kvt_entry *out);
 
 /** The empty caches of cfg (for kvt_store_config_fingerprint); caller
- * disposes with kvt_caches_dispose. @return layers created. */
+ * disposes with kvt_caches_destroy. @return layers created. */
 int store_make_empty(const store_cfg *cfg, kvt_cache **caches, int max);
 
 /** 0 when a and b hold identical ns, tokens, per-layer encoded state (kind,

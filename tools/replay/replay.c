@@ -133,11 +133,11 @@ KVT_API int kvt_trace_load(const char *path, int64_t max_requests, kvt_trace **o
 fail:
     free(line);
     fclose(f);
-    kvt_trace_free(t);
+    kvt_trace_destroy(t);
     return rc;
 }
 
-KVT_API void kvt_trace_free(kvt_trace *t)
+KVT_API void kvt_trace_destroy(kvt_trace *t)
 {
     if (!t)
         return;

@@ -61,7 +61,7 @@ typedef struct kvt_trace {
  * @param max_requests load at most this many requests (first lines); <= 0
  *                     loads all.
  * @param out          receives the trace; the caller frees it with
- *                     kvt_trace_free().
+ *                     kvt_trace_destroy().
  * @return 0; -errno (cannot open or read); KVT_EFORMAT (no request at all,
  *         a line that is not a request object, a negative id or length, or a hash_ids length
  *         that is not ceil(input_length / 512): kvt_last_error names the
@@ -71,7 +71,7 @@ typedef struct kvt_trace {
 KVT_API int kvt_trace_load(const char *path, int64_t max_requests, kvt_trace **out);
 
 /** Frees a trace (NULL is a no-op). */
-KVT_API void kvt_trace_free(kvt_trace *t);
+KVT_API void kvt_trace_destroy(kvt_trace *t);
 
 /** The 512 tokens that stand for hash id `id`.
  *

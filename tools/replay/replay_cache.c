@@ -56,7 +56,7 @@ static int replay_one(kvt_prompt_cache *pc, const kvt_trace_request *r, const in
 {
     int64_t n = r->input_length;
     kvt_hit hit;
-    int rc = kvt_prompt_cache_take(pc, prompt, n, "", NULL, &hit);
+    int rc = kvt_prompt_cache_lend(pc, prompt, n, "", NULL, &hit);
     if (rc)
         return rc;
     int64_t p = hit.prefix_len;
@@ -66,7 +66,7 @@ static int replay_one(kvt_prompt_cache *pc, const kvt_trace_request *r, const in
     if (p > 0 && hit.entry.n_caches == 1) {
         e = hit.entry; /* its caches array: put NULLs the slot it adopts */
     } else {
-        kvt_hit_dispose(&hit);
+        kvt_hit_clear(&hit);
         if ((rc = kvt_kv_create(kv_dim, KVT_TRACE_BLOCK_TOKENS, &own)))
             return rc;
         e = (kvt_entry){.ns = "", .caches = &own, .n_caches = 1};
@@ -80,10 +80,10 @@ static int replay_one(kvt_prompt_cache *pc, const kvt_trace_request *r, const in
         rc = kvt_prompt_cache_put(pc, &e, NULL);
     }
     if (own)
-        kvt_cache_dispose(own); /* NULL when put adopted it */
+        kvt_cache_destroy(own); /* NULL when put adopted it */
     else {
         hit.entry.hook = e.hook; /* emptied when put adopted it */
-        kvt_hit_dispose(&hit);
+        kvt_hit_clear(&hit);
     }
     return rc;
 }
@@ -118,7 +118,7 @@ static int ssd_open(ssd *d, const kvt_replay_config *cfg, int32_t kv_dim, size_t
     int rc = kvt_kv_create(kv_dim, KVT_TRACE_BLOCK_TOKENS, &empty);
     if (rc == 0)
         rc = kvt_store_config_fingerprint(&empty, 1, fp);
-    kvt_cache_dispose(empty);
+    kvt_cache_destroy(empty);
     if (rc)
         return rc;
     kvt_store_identity id = {.model_id = "kvtier-replay", .config_fingerprint = fp,
@@ -203,7 +203,7 @@ KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
         if (d.store)
             kvt_store_flush(d.store); /* spills land before the next arrival */
         kvt_prompt_cache_stats st;
-        kvt_prompt_cache_stats_get(pc, &st);
+        kvt_prompt_cache_get_stats(pc, &st);
         out->peak_blocks = KVT__MAX(out->peak_blocks, (int64_t)(st.bytes / block_bytes));
         out->requests = q + 1;
         if (progress && ((q + 1) % 256 == 0 || q + 1 == t->n_requests) &&
@@ -212,7 +212,7 @@ KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
     }
     out->seconds = (double)(kvt_now_ns() - t0) / 1e9;
     kvt_prompt_cache_stats st;
-    kvt_prompt_cache_stats_get(pc, &st);
+    kvt_prompt_cache_get_stats(pc, &st);
     out->entries_evicted = (int64_t)(st.evictions + st.oversize_drops);
     out->blocks_trimmed = (int64_t)st.blocks_cut;
 out:
