@@ -164,7 +164,7 @@ typedef enum kvt_hit_source {
     KVT_HIT_COLD        /* restored from the cold tier */
 } kvt_hit_source;
 
-/** What take lends. entry is an owned entry (see tier.h): tokens =
+/** What take lends. entry is a kvtier-allocated entry (see tier.h): tokens =
  * prompt[0..prefix_len), caches = zero-copy views trimmed to prefix_len (one
  * per layer of the donor), attachments = clones, hook = one share of the
  * donor's release hook. Release it with kvt_hit_clear(), or move parts out

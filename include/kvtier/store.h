@@ -286,7 +286,7 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
  * @param handle from kvt_store_find / kvt_store_find_exact.
  * @param prompt (n_prompt) the tokens the caller will use, borrowed; may be
  *        NULL with n_prompt 0.
- * @param out receives an owned entry (kvt_entry_init; the caches own their
+ * @param out receives a kvtier-allocated entry (kvt_entry_init; the caches own their
  *        bytes or a read-only mapping of the shard that their buffers release,
  *        the hook is empty); the caller releases it with kvt_entry_clear().
  *        Zeroed on error. Shards are never truncated or rewritten under
@@ -329,7 +329,7 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
 
 /** Queues an entry for write-behind; returns at once.
  *
- * @param e an owned entry (kvt_entry_init; e.g. zero-copy clones of the
+ * @param e a kvtier-allocated entry (kvt_entry_init; e.g. zero-copy clones of the
  *        caches). Ownership passes to the store on 0: the writer clears it
  *        (kvt_entry_clear) after the write, whether it succeeds or fails, and
  *        *e is zeroed. On error it stays with the caller.

@@ -78,7 +78,7 @@ typedef struct kvt_entry {
     kvt_hook hook;                 /* runs after caches and attachments are gone */
 } kvt_entry;
 
-/** Makes *e an owned entry: copies ns and tokens[0..n_tokens) and allocates
+/** Makes *e a kvtier-allocated entry: copies ns and tokens[0..n_tokens) and allocates
  * zeroed caches (n_caches) and attachments (n_attachments) arrays for the
  * caller to fill (slots left NULL are skipped by kvt_entry_clear). The hook
  * is empty. Used by cold tiers to build what restore returns and by the
@@ -90,7 +90,7 @@ typedef struct kvt_entry {
 KVT_API int kvt_entry_init(kvt_entry *e, const char *ns, const int32_t *tokens, int64_t n_tokens,
                            int32_t n_caches, int32_t n_attachments);
 
-/** Releases an owned entry: disposes every non-NULL cache and attachment,
+/** Releases a kvtier-allocated entry: disposes every non-NULL cache and attachment,
  * then runs the hook, then frees ns, tokens and the arrays, and zeroes *e.
  * NULL, and an all-zero entry, are no-ops. Never call it on a borrowed entry.
  * Thread-safe for distinct entries. */
@@ -113,7 +113,7 @@ typedef struct kvt_cold_hit {
                             entry has gone makes restore fail KVT_ENOTFOUND */
 } kvt_cold_hit;
 
-/** Completion of restore_async. On status 0, *entry is an owned entry and
+/** Completion of restore_async. On status 0, *entry is a kvtier-allocated entry and
  * ownership of its contents passes to the callee, which must move them out
  * (struct copy) or kvt_entry_clear() it before returning; on error entry is
  * NULL. Runs exactly once per accepted restore_async, on a tier worker
@@ -149,7 +149,7 @@ typedef struct kvt_tier_stats {
  * spill are NULL or refuse with KVT_EREADONLY, and no chain writes into it. */
 #define KVT_TIER_READ_ONLY 1u
 
-/** A tier's eviction hook: the tier hands `e`, an owned entry it is about to
+/** A tier's eviction hook: the tier hands `e`, a kvtier-allocated entry it is about to
  * drop, to the tier below (demotion). Ownership passes to the hook on 0 (the
  * hook writes it behind and releases it with kvt_entry_clear); on error it
  * stays with the evicting tier, which drops it as it would without a hook.
@@ -176,7 +176,7 @@ typedef struct kvt_cold_tier {
     int (*find_exact)(void *self, const int32_t *tokens, int64_t n, const char *ns,
                       kvt_cold_hit *out);
 
-    /** Reads the stored entry `handle` into *out, an owned entry (built with
+    /** Reads the stored entry `handle` into *out, a kvtier-allocated entry (built with
      * kvt_entry_init; the caller releases it with kvt_entry_clear). The
      * caches own their bytes, or alias a mapping that out->hook releases.
      * The entry is returned whole (untrimmed); the caller trims.
@@ -197,7 +197,7 @@ typedef struct kvt_cold_tier {
      * durable; the caller keeps its entry). */
     int (*store)(void *self, const kvt_entry *e);
 
-    /** Write-behind: takes *e, an owned entry (zero-copy views and a token
+    /** Write-behind: takes *e, a kvtier-allocated entry (zero-copy views and a token
      * copy made for the tier, with a share of the release hook), queues its
      * write and returns without blocking on I/O. The prompt cache spills
      * every entry it keeps when it is put, and an entry leaving RAM that

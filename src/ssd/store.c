@@ -2029,7 +2029,7 @@ static int load_block(int dirfd, const char *dir, const char *name, const char *
  * checks, its key, ns, range and tokens against the entry's), every payload's
  * checksum (XXH3-128; SHA-256 as well when strict), every layer description
  * against the tensors it names, and each layer's decode. On success *out is
- * the owned entry. On failure *reason is the refusal (-1 for a plain miss:
+ * the kvtier-allocated entry. On failure *reason is the refusal (-1 for a plain miss:
  * the entry file is gone) and bad_shard (64 bytes) names the shard at fault
  * ("" when none is). *bytes receives the shard bytes read. */
 static int load_entry(int dirfd, const char *dir, const char *name, const char *identity, const int32_t *want_tok,

@@ -212,7 +212,7 @@ static int level_lookup(level *l, int op, const int32_t *tokens, int64_t n, cons
 
 /* ---- entries shared between the caller and the writer ------------------------------ */
 
-/* Makes *copy an owned entry holding zero-copy clones of e's caches and
+/* Makes *copy a kvtier-allocated entry holding zero-copy clones of e's caches and
  * attachments. e's hook (if any) becomes shared by e and the copy. */
 static int entry_share(kvt_entry *e, kvt_entry *copy)
 {
@@ -231,7 +231,7 @@ static int entry_share(kvt_entry *e, kvt_entry *copy)
 
 /* ---- the writer ------------------------------------------------------------------- */
 
-/* Queues an owned entry for the writer; ownership passes on 0. */
+/* Queues a kvtier-allocated entry for the writer; ownership passes on 0. */
 static int enqueue_write(kvt_tier_chain *c, int lvl, int from, int kind, kvt_entry *e)
 {
     wjob *j = kvt__malloc(sizeof *j);

@@ -1,6 +1,6 @@
 /*
  * tier.c: the helpers of tier.h: running release hooks and building,
- * releasing and classifying owned entries (kvt_entry). Owns no state; never
+ * releasing and classifying kvtier-allocated entries (kvt_entry). Owns no state; never
  * does I/O and never touches a cold tier.
  */
 #include "kvtier/tier.h"

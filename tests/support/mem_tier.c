@@ -142,7 +142,7 @@ static void evict_locked(mem_tier *t, const stored *keep)
     }
 }
 
-/* Adds or replaces (ns, tokens) with an owned entry; locked. */
+/* Adds or replaces (ns, tokens) with a kvtier-allocated entry; locked. */
 static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
 {
     int64_t bytes = pending ? entry_bytes(owned) : 0;

@@ -56,7 +56,7 @@ void mem_tier_quiesce(mem_tier *t);
 mem_tier_counts mem_tier_counts_get(mem_tier *t);
 /** Whether an entry of exactly (ns, tokens) is stored (durable). */
 int mem_tier_has(mem_tier *t, const char *ns, const int32_t *tokens, int64_t n);
-/** Stores an owned entry directly (ownership passes on 0). */
+/** Stores a kvtier-allocated entry directly (ownership passes on 0). */
 int mem_tier_insert(mem_tier *t, kvt_entry *owned);
 
 #endif

@@ -27,7 +27,7 @@ typedef struct store_cfg {
     int attach;        /* > 0: one blob attachment of this many bytes */
 } store_cfg;
 
-/** Builds an owned entry (kvt_entry_clear frees it) for tokens in ns. State
+/** Builds a kvtier-allocated entry (kvt_entry_clear frees it) for tokens in ns. State
  * at position p depends only on tokens[0..p] (causal), recurrent state and
  * attachment on all tokens. @return 0 or a kvtier error. */
 int store_make_entry(const store_cfg *cfg, const char *ns, const int32_t *tokens, int64_t n, kvt_entry *out);
