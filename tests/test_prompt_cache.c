@@ -809,6 +809,68 @@ static void test_retention_policies(void **state)
     kvt_retention_slru.destroy(r);
 }
 
+/* A NULL namespace is "" (the base model) in every call: put (kvt_entry.ns),
+ * find_exact, peek, lend, lend_exact, pin, prefetch, trim and
+ * kvt_entry_init answer for NULL exactly as for "", and NULL never reaches
+ * another namespace's entry. */
+static void test_null_ns_is_base_model(void **state)
+{
+    (void)state;
+    kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
+    int32_t a[8], p[9], b[8];
+    pcu_seq(a, 8, 1);
+    pcu_seq(p, 9, 1); /* a, extended by one token */
+    pcu_seq(b, 8, 500);
+    kvt_cache *c[1];
+    assert_int_equal(pcu_fresh("k", c, a, 8), 0);
+    kvt_entry e = {NULL, a, 8, c, 1, NULL, 0, {0}};
+    assert_int_equal(kvt_prompt_cache_put(pc, &e, "s"), 0);
+    assert_null(c[0]); /* adopted */
+    assert_int_equal(pcu_put_fresh(pc, "lora:x", b, 8, "k", NULL), 0);
+    uint64_t id = 0, id2 = 0;
+    assert_true(kvt_prompt_cache_find_exact(pc, a, 8, "", &id));
+    assert_true(kvt_prompt_cache_find_exact(pc, a, 8, NULL, &id2));
+    assert_int_equal(id2, id);
+    assert_false(kvt_prompt_cache_find_exact(pc, b, 8, NULL, NULL));
+    assert_true(kvt_prompt_cache_find_exact(pc, b, 8, "lora:x", NULL));
+    id2 = 0;
+    assert_int_equal(kvt_prompt_cache_peek(pc, p, 9, NULL, &id2), 8);
+    assert_int_equal(id2, id);
+    assert_int_equal(kvt_prompt_cache_peek(pc, b, 8, NULL, NULL), 0);
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 9, NULL, NULL, &h), 0);
+    assert_int_equal(h.prefix_len, 8);
+    assert_int_equal(h.entry_id, id);
+    assert_string_equal(h.entry.ns, "");
+    kvt_hit_clear(&h);
+    assert_int_equal(kvt_prompt_cache_lend_exact(pc, a, 8, NULL, &h), 0);
+    assert_int_equal(h.prefix_len, 8);
+    assert_int_equal(h.entry_id, id);
+    kvt_hit_clear(&h);
+    assert_int_equal(kvt_prompt_cache_lend_exact(pc, b, 8, NULL, &h), KVT_ENOTFOUND);
+    kvt_lease *l = NULL;
+    assert_int_equal(kvt_prompt_cache_pin(pc, a, 8, NULL, &l), 0);
+    assert_int_equal(pcu_stats(pc).pinned, 1);
+    kvt_lease_release(l);
+    assert_int_equal(pcu_stats(pc).pinned, 0);
+    l = NULL;
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, p, 9, NULL, "s", &l), 0);
+    assert_non_null(l);
+    assert_int_equal(kvt_lease_wait(l, 0), 0);
+    assert_int_equal(pcu_stats(pc).pinned, 1); /* the session's entry in "" serves: pinned */
+    kvt_lease_release(l);
+    assert_int_equal(kvt_prompt_cache_trim(pc, a, 8, NULL, 5), 0);
+    assert_false(kvt_prompt_cache_find_exact(pc, a, 8, "", NULL));
+    assert_true(kvt_prompt_cache_find_exact(pc, a, 5, "", NULL));
+    kvt_entry x;
+    assert_int_equal(kvt_entry_init(&x, NULL, a, 3, 1, 0), 0);
+    assert_non_null(x.ns);
+    assert_string_equal(x.ns, "");
+    assert_int_equal(x.n_tokens, 3);
+    kvt_entry_clear(&x);
+    kvt_prompt_cache_destroy(pc);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -816,7 +878,8 @@ static void test_bad_arguments(void **state)
     kvt_hit h;
     int32_t a[4] = {1, 2, 3, 4};
     assert_int_equal(kvt_prompt_cache_lend(pc, NULL, 4, "", NULL, &h), KVT_EINVAL);
-    assert_int_equal(kvt_prompt_cache_lend(pc, a, 4, NULL, NULL, &h), KVT_EINVAL);
+    assert_int_equal(kvt_prompt_cache_lend(pc, a, 4, NULL, NULL, &h), 0); /* NULL ns is "": a miss */
+    kvt_hit_clear(&h);
     assert_int_equal(kvt_prompt_cache_lend(pc, a, -1, "", NULL, &h), KVT_EINVAL);
     kvt_cache *c[1];
     assert_int_equal(pcu_fresh("k", c, a, 3), 0);
@@ -1001,6 +1064,7 @@ int main(void)
         cmocka_unit_test(test_trim_in_place),
         cmocka_unit_test(test_retention_policies),
         cmocka_unit_test(test_backend_kind_reach),
+        cmocka_unit_test(test_null_ns_is_base_model),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_out_of_memory_paths),
     };

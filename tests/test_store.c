@@ -529,6 +529,55 @@ static void lookup_while_pending(void **state)
     store_rmtree(f.root);
 }
 
+/* A NULL namespace is "" (the base model) in every lookup: find, find_exact,
+ * pending (while the write is held up) and contains answer for NULL exactly
+ * as for "", and never for another namespace's entry. */
+static void null_ns_is_base_model(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "nullns");
+    store_faults fl;
+    kvt_store_io io;
+    store_faults_init(&fl, &io);
+    kvt_store_options o = {.io = &io};
+    kvt_store *s = fx_open(&f, &o);
+    int32_t t[10], u[10];
+    pcu_seq(t, 10, 1);
+    pcu_seq(u, 10, 700);
+    put_tokens(s, &f.cfg, "lora:x", u, 10); /* another namespace: NULL never sees it */
+    store_faults_gate(&fl, 1);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
+    assert_int_equal(kvt_store_put_async(s, &e), 0);
+    store_faults_wait_blocked(&fl, 1); /* the writer is inside a pwrite */
+    assert_int_equal(kvt_store_pending(s, t, 10, ""), 1);
+    assert_int_equal(kvt_store_pending(s, t, 10, NULL), 1);
+    assert_int_equal(kvt_store_pending(s, t, 10, "other"), 0);
+    kvt_cold_hit a, b;
+    memset(&b, 0, sizeof b);
+    assert_int_equal(kvt_store_find(s, t, 10, "", &a), 0);
+    assert_int_equal(kvt_store_find(s, t, 10, NULL, &b), 0);
+    assert_int_equal(b.prefix_len, 9);
+    assert_int_equal(b.handle, a.handle);
+    store_faults_gate(&fl, 0);
+    assert_int_equal(kvt_store_flush(s), 0);
+    assert_int_equal(kvt_store_pending(s, t, 10, NULL), 0);
+    assert_int_equal(kvt_store_contains(s, t, 10, NULL), 1);
+    assert_int_equal(kvt_store_contains(s, u, 10, NULL), 0);
+    assert_int_equal(kvt_store_contains(s, u, 10, "lora:x"), 1);
+    memset(&b, 0, sizeof b);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &a), 0);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, NULL, &b), 0);
+    assert_int_equal(b.handle, a.handle);
+    assert_int_equal(b.n_tokens, 10);
+    assert_int_equal(kvt_store_find_exact(s, u, 10, NULL, &b), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find(s, u, 10, NULL, &b), KVT_ENOTFOUND);
+    expect_restores(s, &f.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 typedef struct acb {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -1159,7 +1208,7 @@ static void bad_arguments(void **state)
     assert_int_equal(kvt_store_put(NULL, &e), KVT_EINVAL);
     assert_int_equal(kvt_store_put_async(NULL, &e), KVT_EINVAL);
     assert_int_equal(kvt_store_find(NULL, t, 8, "", &hit), KVT_EINVAL);
-    assert_int_equal(kvt_store_find(s, t, 8, NULL, &hit), KVT_EINVAL);
+    assert_int_equal(kvt_store_find(s, t, 8, NULL, &hit), KVT_ENOTFOUND); /* NULL ns is "": empty */
     assert_int_equal(kvt_store_find(s, NULL, 3, "", &hit), KVT_EINVAL);
     assert_int_equal(kvt_store_find(s, t, 8, "", NULL), KVT_EINVAL);
     assert_int_equal(kvt_store_find_exact(s, t, -1, "", &hit), KVT_EINVAL);
@@ -1462,6 +1511,7 @@ int main(void)
         cmocka_unit_test(durability_order),
         cmocka_unit_test(write_behind_failure_counts),
         cmocka_unit_test(lookup_while_pending),
+        cmocka_unit_test(null_ns_is_base_model),
         cmocka_unit_test(async_restore),
         cmocka_unit_test(refused_truncated),
         cmocka_unit_test(refused_header_bound),

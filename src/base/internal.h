@@ -17,6 +17,8 @@ void *kvt__calloc(size_t n, size_t size);
 void *kvt__realloc(void *ptr, size_t bytes);
 void kvt__free(void *ptr);
 char *kvt__strdup(const char *s);
+/* A namespace argument: NULL means "", the base model, in every public call. */
+static inline const char *kvt__ns(const char *ns) { return ns ? ns : ""; }
 
 /** Records the detail sentence for kvt_last_error() and returns code, so a
  * failure reads `return kvt__fail(KVT_EFORMAT, "%s: ...", path);`. */

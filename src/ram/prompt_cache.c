@@ -747,8 +747,8 @@ static int64_t evict(kvt_prompt_cache *pc, int64_t limit, pc_entry **gone)
  * elements are not yet adopted). */
 static int entry_build(const kvt_entry *e, pc_entry **out)
 {
-    if (!e || !e->ns)
-        return kvt__fail(KVT_EINVAL, "prompt cache put: entry or ns is NULL");
+    if (!e)
+        return kvt__fail(KVT_EINVAL, "prompt cache put: entry is NULL");
     if (e->n_tokens < 0 || e->n_caches < 0 || e->n_attachments < 0)
         return kvt__fail(KVT_EINVAL, "prompt cache put: negative count (tokens %lld, caches %d, attachments %d)",
                          (long long)e->n_tokens, (int)e->n_caches, (int)e->n_attachments);
@@ -767,7 +767,7 @@ static int entry_build(const kvt_entry *e, pc_entry **out)
     for (int32_t i = 0; i < e->n_attachments; i++)
         if (!e->attachments[i])
             return kvt__fail(KVT_EINVAL, "prompt cache put: attachment %d is NULL", (int)i);
-    pc_entry *x = entry_shell(e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
+    pc_entry *x = entry_shell(kvt__ns(e->ns), e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
     if (!x)
         return kvt__fail(KVT_ENOMEM, "prompt cache put: out of memory for %lld tokens", (long long)e->n_tokens);
     for (int32_t i = 0; i < e->n_caches; i++)
@@ -1212,7 +1212,7 @@ KVT_API int kvt_prompt_cache_put_hit(kvt_prompt_cache *pc, kvt_hit *hit, const i
 {
     if (!pc || !hit || (!tokens && n_tokens > 0))
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put_hit: cache, hit or tokens is NULL");
-    if (!hit->entry.ns || hit->entry.n_caches < 1)
+    if (hit->entry.n_caches < 1)
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put_hit: the hit lends no caches (a miss, and the "
                          "cache has no new_caches)");
     if (n_tokens < hit->prefix_len || !tokens_equal(tokens, hit->entry.tokens, hit->prefix_len))
@@ -1234,8 +1234,8 @@ KVT_API int kvt_prompt_cache_put_hit(kvt_prompt_cache *pc, kvt_hit *hit, const i
 static int check_prompt(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns, const void *out,
                         const char *fn)
 {
-    if (!pc || !ns || !out)
-        return kvt__fail(KVT_EINVAL, "%s: cache, ns or out is NULL", fn);
+    if (!pc || !out)
+        return kvt__fail(KVT_EINVAL, "%s: cache or out is NULL", fn);
     if (n < 0 || (!prompt && n > 0))
         return kvt__fail(KVT_EINVAL, "%s: prompt NULL or negative length %lld", fn, (long long)n);
     return 0;
@@ -1301,6 +1301,7 @@ static void promote(kvt_prompt_cache *pc, kvt_entry *r, const char *session, uin
 KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
                                   const char *session, kvt_hit *out)
 {
+    ns = kvt__ns(ns);
     int rc = check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_lend");
     if (rc)
         return rc;
@@ -1379,6 +1380,7 @@ KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, i
 KVT_API int64_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
                                       uint64_t *out_id)
 {
+    ns = kvt__ns(ns);
     if (out_id)
         *out_id = 0;
     if (!pc || !ns || n < 0 || (!prompt && n > 0))
@@ -1395,6 +1397,7 @@ KVT_API int64_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *promp
 KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
                                         uint64_t *out_id)
 {
+    ns = kvt__ns(ns);
     if (out_id)
         *out_id = 0;
     if (!pc || !ns || n < 0 || (!tokens && n > 0))
@@ -1410,6 +1413,7 @@ KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tok
 KVT_API int kvt_prompt_cache_lend_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
                                        kvt_hit *out)
 {
+    ns = kvt__ns(ns);
     int rc = check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_lend_exact");
     if (rc)
         return rc;
@@ -1502,6 +1506,7 @@ static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_en
 KVT_API int kvt_prompt_cache_trim(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
                                   int64_t new_len)
 {
+    ns = kvt__ns(ns);
     if (!pc || !ns || n < 0 || (!tokens && n > 0))
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_trim: bad arguments");
     pc_entry *gone = NULL;
@@ -1747,6 +1752,7 @@ static int lease_new(kvt_prompt_cache *pc, kvt_lease **out)
 KVT_API int kvt_prompt_cache_pin(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
                                  kvt_lease **out)
 {
+    ns = kvt__ns(ns);
     int rc = check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_pin");
     if (rc)
         return rc;
@@ -1838,6 +1844,7 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
 KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
                                       const char *session, kvt_lease **out)
 {
+    ns = kvt__ns(ns);
     int rc = check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_prefetch");
     if (rc)
         return rc;

@@ -2321,7 +2321,8 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
 KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt, const char *ns,
                            kvt_cold_hit *hit)
 {
-    if (!s || !ns || !hit || n_prompt < 0 || (n_prompt && !prompt))
+    ns = kvt__ns(ns);
+    if (!s || !hit || n_prompt < 0 || (n_prompt && !prompt))
         return kvt__fail(KVT_EINVAL, "kvt_store_find: bad arguments");
     pthread_mutex_lock(&s->mu);
     st_ns *n = ns_get(s, ns, 0);
@@ -2346,7 +2347,8 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt
 KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns,
                                  kvt_cold_hit *hit)
 {
-    if (!s || !ns || !hit || n_tokens < 0 || (n_tokens && !tokens))
+    ns = kvt__ns(ns);
+    if (!s || !hit || n_tokens < 0 || (n_tokens && !tokens))
         return kvt__fail(KVT_EINVAL, "kvt_store_find_exact: bad arguments");
     pthread_mutex_lock(&s->mu);
     st_ns *n = ns_get(s, ns, 0);
@@ -2363,7 +2365,8 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
 
 KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns)
 {
-    if (!s || !ns || n_tokens < 0 || (n_tokens && !tokens))
+    ns = kvt__ns(ns);
+    if (!s || n_tokens < 0 || (n_tokens && !tokens))
         return 0;
     kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);
@@ -2374,7 +2377,8 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
 
 KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns)
 {
-    if (!s || !ns || n_tokens < 0 || (n_tokens && !tokens))
+    ns = kvt__ns(ns);
+    if (!s || n_tokens < 0 || (n_tokens && !tokens))
         return 0;
     kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);

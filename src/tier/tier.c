@@ -62,8 +62,7 @@ KVT_API int kvt_entry_init(kvt_entry *e, const char *ns, const int32_t *tokens, 
     if (!e)
         return kvt__fail(KVT_EINVAL, "kvt_entry_init: entry is NULL");
     memset(e, 0, sizeof *e);
-    if (!ns)
-        return kvt__fail(KVT_EINVAL, "kvt_entry_init: ns is NULL");
+    ns = kvt__ns(ns);
     if (n_tokens < 0 || n_caches < 0 || n_attachments < 0)
         return kvt__fail(KVT_EINVAL, "kvt_entry_init: negative count (tokens %lld, caches %d, attachments %d)",
                          (long long)n_tokens, (int)n_caches, (int)n_attachments);
