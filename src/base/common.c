@@ -61,6 +61,7 @@ void kvt__free(void *p)
     if (p)
         kvt__alloc.free_fn(p, kvt__alloc.ctx);
 }
+KVT_API void kvt_string_free(char *s) { kvt__free(s); }
 void *kvt__calloc(size_t n, size_t size)
 {
     if (size && n > SIZE_MAX / size)

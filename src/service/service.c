@@ -2,7 +2,7 @@
  * service.c: the cache service a scheduler talks to (DESIGN.md section 6).
  *
  * Owns: admission under the model's position limit and the KV byte budget
- * (projected from the layers' growth kinds), the leases of admitted requests,
+ * (projected from the layers' growth kinds), the admissions of admitted requests,
  * namespaces with adapter identity and version, and the glue to the prompt
  * cache (acquire = take, publish = put) and its report.
  *
@@ -24,7 +24,7 @@
 #include <time.h>
 
 struct kvt_admission {
-    kvt_admission *next, *prev;      /* the service's list of held leases */
+    kvt_admission *next, *prev;      /* the service's list of held admissions */
     int32_t *prompt;             /* (n_prompt) copied at admit */
     int64_t n_prompt;
     char *ns;                    /* "" for the base model */
@@ -46,9 +46,9 @@ struct kvt_service {
     int (*pressure)(void *ctx);  /* boundary check, NULL = none */
     void *pressure_ctx;
     kvt__service_pc *pc;         /* NULL: keeps nothing */
-    kvt_admission leases;            /* sentinel of the held-lease list */
-    uint64_t projected;          /* sum of held leases' bytes */
-    uint64_t n_leases;
+    kvt_admission admissions;            /* sentinel of the held-admission list */
+    uint64_t projected;          /* sum of held admissions' bytes */
+    uint64_t n_admissions;
     int closed;
     int close_done;              /* close's flush and clear have finished */
     /* idle demotion (cold tier only) */
@@ -196,7 +196,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
     s->kv_budget = cfg->kv_budget_bytes;
     s->pressure = cfg->pressure;
     s->pressure_ctx = cfg->pressure_ctx;
-    s->leases.next = s->leases.prev = &s->leases;
+    s->admissions.next = s->admissions.prev = &s->admissions;
     if (cfg->prompt_cache_bytes > 0) {
         rc = kvt__service_pc_create(cfg->prompt_cache_bytes, cfg->block_tokens, cfg->cold, &s->pc);
         if (rc)
@@ -246,7 +246,7 @@ fail:
     return rc;
 }
 
-static void lease_free(kvt_admission *l)
+static void admission_free(kvt_admission *l)
 {
     if (!l)
         return;
@@ -262,11 +262,11 @@ KVT_API void kvt_service_destroy(kvt_service *svc)
         return;
     (void)kvt_service_close(svc);
     /* Leases never released are the caller's bug; free them so nothing leaks. */
-    while (svc->leases.next != &svc->leases) {
-        kvt_admission *l = svc->leases.next;
+    while (svc->admissions.next != &svc->admissions) {
+        kvt_admission *l = svc->admissions.next;
         l->prev->next = l->next;
         l->next->prev = l->prev;
-        lease_free(l);
+        admission_free(l);
     }
     kvt__service_pc_destroy(svc->pc);
     pthread_cond_destroy(&svc->stop);
@@ -387,7 +387,7 @@ static int fits_locked(kvt_service *s, const kvt_request *req, uint64_t *need_ou
     *need_out = need;
     if (!s->kv_budget)
         return 1;
-    if (need > s->kv_budget && s->n_leases == 0) {
+    if (need > s->kv_budget && s->n_admissions == 0) {
         s->rejected++;
         return kvt__fail(KVT_ELIMIT, "kv budget: request needs %llu bytes of KV (%.2f MB; prompt %lld + "
                          "max_tokens %lld tokens), over --kv-budget %llu bytes (%.2f MB); lower max_tokens "
@@ -400,7 +400,7 @@ static int fits_locked(kvt_service *s, const kvt_request *req, uint64_t *need_ou
     return 1;
 }
 
-static int lease_new(const kvt_request *req, uint64_t bytes, kvt_admission **out)
+static int admission_new(const kvt_request *req, uint64_t bytes, kvt_admission **out)
 {
     kvt_admission *l = kvt__calloc(1, sizeof *l);
     if (!l)
@@ -417,8 +417,8 @@ static int lease_new(const kvt_request *req, uint64_t bytes, kvt_admission **out
     *out = l;
     return 0;
 oom:
-    lease_free(l);
-    return kvt__fail(KVT_ENOMEM, "service: out of memory for a lease");
+    admission_free(l);
+    return kvt__fail(KVT_ENOMEM, "service: out of memory for an admission");
 }
 
 /* Admits under the held mutex: 0, KVT_EAGAIN or an error. */
@@ -433,18 +433,18 @@ static int admit_locked(kvt_service *s, const kvt_request *req, kvt_admission **
         return kvt__fail(KVT_EAGAIN, "kv budget: request needs %llu bytes, %llu of %llu are held by %llu "
                          "admitted requests; wait for a release", (unsigned long long)need,
                          (unsigned long long)s->projected, (unsigned long long)s->kv_budget,
-                         (unsigned long long)s->n_leases);
+                         (unsigned long long)s->n_admissions);
     }
     kvt_admission *l = NULL;
-    int rc = lease_new(req, need, &l);
+    int rc = admission_new(req, need, &l);
     if (rc)
         return rc;
-    l->next = &s->leases;
-    l->prev = s->leases.prev;
+    l->next = &s->admissions;
+    l->prev = s->admissions.prev;
     l->prev->next = l;
-    s->leases.prev = l;
+    s->admissions.prev = l;
     s->projected = sat_add(s->projected, need);
-    s->n_leases++;
+    s->n_admissions++;
     *out = l;
     return 0;
 }
@@ -501,19 +501,19 @@ KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req)
     return rc;
 }
 
-KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *lease, int completed)
+KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int completed)
 {
     (void)completed; /* generation checkpoints are not kept yet: nothing differs */
-    if (!svc || !lease)
+    if (!svc || !adm)
         return;
     pthread_mutex_lock(&svc->mu);
-    lease->prev->next = lease->next;
-    lease->next->prev = lease->prev;
-    svc->projected = svc->projected >= lease->bytes ? svc->projected - lease->bytes : 0;
-    svc->n_leases--;
+    adm->prev->next = adm->next;
+    adm->next->prev = adm->prev;
+    svc->projected = svc->projected >= adm->bytes ? svc->projected - adm->bytes : 0;
+    svc->n_admissions--;
     pthread_cond_broadcast(&svc->released);
     pthread_mutex_unlock(&svc->mu);
-    lease_free(lease);
+    admission_free(adm);
 }
 
 /* ---- request state ------------------------------------------------------------------ */
@@ -583,7 +583,7 @@ KVT_API int kvt_state_clone(const kvt_state *src, kvt_state *out)
     return 0;
 }
 
-static int lease_keeps(const kvt_service *s, const kvt_admission *l) { return s->pc && !l->no_reuse; }
+static int admission_keeps(const kvt_service *s, const kvt_admission *l) { return s->pc && !l->no_reuse; }
 
 /* KVT_ECLOSED (with its detail) once close has begun, else 0. */
 static int check_open(kvt_service *s)
@@ -594,18 +594,18 @@ static int check_open(kvt_service *s)
     return closed ? kvt__fail(KVT_ECLOSED, "service: closed") : 0;
 }
 
-KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_state *out)
+KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state *out)
 {
     if (!out)
         return kvt__fail(KVT_EINVAL, "service: out is NULL");
     memset(out, 0, sizeof *out);
-    if (!svc || !lease)
-        return kvt__fail(KVT_EINVAL, "service: NULL service or lease");
+    if (!svc || !adm)
+        return kvt__fail(KVT_EINVAL, "service: NULL service or admission");
     int rc = check_open(svc);
     if (rc)
         return rc;
     /* The lookup runs outside the service mutex: the prompt cache locks
-     * itself and may read the cold tier (I/O) meanwhile; the lease's fields
+     * itself and may read the cold tier (I/O) meanwhile; the admission's fields
      * are immutable after admit. */
     out->n_layers = svc->n_layers;
     out->caches = kvt__calloc((size_t)svc->n_layers, sizeof *out->caches);
@@ -614,8 +614,8 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_stat
         goto done;
     }
     out->kvtier_arrays = 1; /* caches and the attachments take may add */
-    if (lease_keeps(svc, lease)) {
-        rc = kvt__service_pc_lend(svc->pc, lease->prompt, lease->n_prompt, lease->ns, lease->session,
+    if (admission_keeps(svc, adm)) {
+        rc = kvt__service_pc_lend(svc->pc, adm->prompt, adm->n_prompt, adm->ns, adm->session,
                                   svc->n_layers, out);
         if (rc)
             goto done;
@@ -637,21 +637,21 @@ done:
     return rc;
 }
 
-KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *lease)
+KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *adm)
 {
-    if (!svc || !lease)
+    if (!svc || !adm)
         return 0;
     pthread_mutex_lock(&svc->mu);
-    int k = lease_keeps(svc, lease) && !svc->closed;
+    int k = admission_keeps(svc, adm) && !svc->closed;
     pthread_mutex_unlock(&svc->mu);
     return k;
 }
 
-KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const int32_t *tokens,
+KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *adm, const int32_t *tokens,
                                 int64_t n_tokens, kvt_state *st)
 {
-    if (!svc || !lease || !tokens || !st || !st->caches)
-        return kvt__fail(KVT_EINVAL, "publish: NULL service, lease, tokens or state");
+    if (!svc || !adm || !tokens || !st || !st->caches)
+        return kvt__fail(KVT_EINVAL, "publish: NULL service, admission, tokens or state");
     if (n_tokens < 1)
         return kvt__fail(KVT_EINVAL, "publish: %lld tokens (at least 1)", (long long)n_tokens);
     if (st->n_layers != svc->n_layers)
@@ -668,13 +668,13 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *lease, const in
     int rc = check_open(svc);
     if (rc)
         return rc;
-    if (!lease_keeps(svc, lease))
+    if (!admission_keeps(svc, adm))
         return kvt__fail(KVT_EUNSUPPORTED, "publish: this service keeps no state for the request "
                          "(no prompt cache, or the request reuses nothing)");
     /* outside the service mutex: the prompt cache locks itself; with a cold
      * tier the kept state is queued for it at once (write-behind), and
      * eviction spills only what the tier does not hold */
-    rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, lease->ns, lease->session, st);
+    rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, adm->ns, adm->session, st);
     if (rc)
         return rc;
     pthread_mutex_lock(&svc->mu);
@@ -750,7 +750,7 @@ KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out)
     out->acquires = svc->acquires;
     out->reused_tokens = svc->reused_tokens;
     out->publishes = svc->publishes;
-    out->admitted = svc->n_leases;
+    out->admitted = svc->n_admissions;
     out->kv_projected_bytes = svc->projected;
     out->kv_budget_bytes = svc->kv_budget;
     out->rejected = svc->rejected;
@@ -808,8 +808,6 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
         return kvt__fail(KVT_ENOMEM, "report: out of memory");
     return 0;
 }
-
-KVT_API void kvt_string_free(char *s) { kvt__free(s); }
 
 KVT_API int kvt_service_close(kvt_service *svc)
 {
