@@ -1,6 +1,6 @@
 /*
  * embed_ram.c: the RAM prefix cache from an engine's side. The five steps
- * (create caches, put, take, extend, miss) are one code path: take lends
+ * (create caches, put, lend, extend, miss) are one code path: lend lends
  * the longest cached prefix, or fresh caches on a miss; the engine prefills
  * only what is new; put_hit puts the longer state back. Two plain kv
  * layers; "prefill" appends K = V = the token id, so reuse can be checked.
@@ -52,7 +52,7 @@ int main(void)
     kvt_prompt_cache *pc;
     CHECK(kvt_prompt_cache_create(&cfg, &pc));
     int64_t a = serve(pc, prompt, 40); /* miss: fresh caches, 40 tokens prefilled, put */
-    int64_t b = serve(pc, prompt, 60); /* take reuses 40 (zero-copy), extends to 60 */
+    int64_t b = serve(pc, prompt, 60); /* lend reuses 40 (zero-copy), extends to 60 */
     int64_t c = serve(pc, other, 8);   /* another prompt: a miss again */
     kvt_hit hit;                       /* what the cache lends now */
     CHECK(kvt_prompt_cache_lend(pc, prompt, 60, "", NULL, &hit));

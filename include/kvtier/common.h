@@ -17,9 +17,15 @@
  * attachments and the release hook on success, setting each slot to NULL,
  * and never free an array of yours (a stack array, your own malloc); a
  * successful kvt_service_publish also ends a state kvtier built, freeing its
- * arrays. On error they take nothing. So "call, then dispose" is right on
- * every outcome. Every destroy, dispose, clear, free and release accepts
- * NULL.
+ * arrays. On error they take nothing. So "call, then clear" is right on
+ * every outcome.
+ *
+ * One verb per act: kvt_x_destroy ends an object (a handle or a cache),
+ * kvt_x_clear ends a value struct you hold (kvt_hit, kvt_state, kvt_entry,
+ * kvt_cache_state), kvt_x_release drops a reference or a hold (buffers,
+ * admissions, leases), kvt_string_free frees a string kvtier returned.
+ * Every one of them accepts NULL. A NULL namespace means "" (the base
+ * model) in every call that takes one.
  */
 #ifndef KVTIER_COMMON_H
 #define KVTIER_COMMON_H
@@ -100,6 +106,12 @@ typedef struct kvt_allocator {
  * installed at the time. Not thread-safe.
  */
 KVT_API void kvt_set_allocator(const kvt_allocator *alloc);
+
+/** Frees a string kvtier returned to the caller (kvt_service_stats_json()
+ * and any other call whose doc says "caller frees with kvt_string_free"),
+ * through the allocator installed by kvt_set_allocator(). NULL is a no-op.
+ * Thread-safe for distinct strings. */
+KVT_API void kvt_string_free(char *s);
 
 /** Monotonic clock in milliseconds (CLOCK_MONOTONIC). Thread-safe. */
 KVT_API uint64_t kvt_now_ms(void);

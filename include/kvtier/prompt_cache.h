@@ -10,14 +10,14 @@
  *   // prefill prompt[hit.prefix_len..n) into hit.entry.caches, generate
  *   // into all[0..n_all), then put the longer state back:
  *   kvt_prompt_cache_put_hit(pc, &hit, all, n_all, "chat-7");
- *   kvt_hit_clear(&hit);   // releases what put_hit did not adopt
+ *   kvt_hit_clear(&hit);     // releases what put_hit did not adopt
  * Shutdown: kvt_prompt_cache_destroy() hands every entry to the cold tier
  * and flushes it first (kvt_prompt_cache_close()).
  *
  * Budget: bytes, never a count of entries: the unique bytes of every refcounted
  * buffer (kv block) held by resident entries, each counted once however many
  * entries share it, plus each entry's private bytes (mutable tails, ring and
- * recurrent state outside shared buffers, attachments). Views lent by take
+ * recurrent state outside shared buffers, attachments). Views lent by lend
  * are not counted: they belong to the caller.
  *
  * Thread-safety: every function may be called from any thread at any time;
@@ -44,6 +44,9 @@
  * those writes are withdrawn (tier->withdraw) once the new one is queued.
  * Entries restored from the tier (promotions, prefetch) are not written
  * back. KVT_PC_NO_WRITE_BEHIND keeps the older rule: spill only on eviction.
+ *
+ * Namespaces: every `ns` argument (and kvt_entry.ns in put) is borrowed;
+ * "" is the base model and NULL means "", as in the service.
  *
  * Block-granular eviction (a kvt_block_policy in the config) cuts resident
  * entries back in place; kvt_prompt_cache_trim() is that primitive.
@@ -106,7 +109,7 @@ typedef struct kvt_prompt_cache_config {
      * be used by no one else meanwhile (the cache calls it under its lock).
      * Create it with kvt_block_policy_create (kvtier/retention_block.h). */
     kvt_block_policy *block_policy;
-    /* Fresh caches on a miss: NULL = a miss lends nothing. When set, a take
+    /* Fresh caches on a miss: NULL = a miss lends nothing. When set, a lend
      * that finds no prefix lends n_layers fresh caches made by
      * new_caches(new_caches_ctx, ...) instead, so one code path serves hit
      * and miss: prefill prompt[hit.prefix_len..n) into hit.entry.caches,
@@ -153,7 +156,7 @@ KVT_API int kvt_prompt_cache_close(kvt_prompt_cache *pc);
  * during or after the call. NULL is a no-op. */
 KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc);
 
-/* ---- take / put ------------------------------------------------------------ */
+/* ---- lend / put ------------------------------------------------------------ */
 
 /** Where a hit came from. */
 typedef enum kvt_hit_source {
@@ -164,9 +167,9 @@ typedef enum kvt_hit_source {
     KVT_HIT_COLD        /* restored from the cold tier */
 } kvt_hit_source;
 
-/** What take lends. entry is a kvtier-allocated entry (see tier.h): tokens =
- * prompt[0..prefix_len), caches = zero-copy views trimmed to prefix_len (one
- * per layer of the donor), attachments = clones, hook = one share of the
+/** What kvt_prompt_cache_lend lends. entry is a kvtier-allocated entry (see
+ * tier.h): tokens = prompt[0..prefix_len), caches = zero-copy views trimmed
+ * to prefix_len (one per layer of the donor), attachments = clones, hook = one share of the
  * donor's release hook. Release it with kvt_hit_clear(), or move parts out
  * first: set the slots you keep to NULL and empty the hook you keep
  * (kvt_prompt_cache_put NULLs the slots of the arrays it adopts from, so
@@ -204,14 +207,14 @@ KVT_API void kvt_hit_clear(kvt_hit *hit);
  * `session` is set; prefix_walks per walk; cold_restores per restore used.
  *
  * @param prompt (n) tokens, borrowed; n >= 0 (n <= 1 is always a miss).
- * @param ns     namespace (borrowed; "" = base model); must not be NULL.
+ * @param ns     namespace (borrowed; "" = base model); NULL means "".
  * @param session session id (borrowed) or NULL.
  * @param out    receives the hit (zeroed first); a miss is a success with
  *               prefix_len 0 and source KVT_HIT_NONE, lending n_layers
  *               fresh caches (ns set, no tokens) when the config has
  *               new_caches, nothing otherwise. Caller frees with
  *               kvt_hit_clear(), or hands it to kvt_prompt_cache_put_hit().
- * @return 0; KVT_EINVAL (NULL pc/ns/out, prompt NULL with n > 0, n < 0);
+ * @return 0; KVT_EINVAL (NULL pc/out, prompt NULL with n > 0, n < 0);
  * KVT_ENOMEM (a copy or clone failed: nothing is lent; the lookup was
  * already counted); on a miss, the error of new_caches (nothing is lent).
  * A failing cold restore is not an error: the RAM candidate serves. */
@@ -220,7 +223,7 @@ KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, i
 
 /** Inserts an entry.
  *
- * e->ns and e->tokens are borrowed (copied). The caches, the attachments and
+ * e->ns and e->tokens are borrowed (copied); a NULL e->ns means "". The caches, the attachments and
  * the hook are adopted: ownership passes to the cache on success, and the
  * cache then sets every e->caches[i] and e->attachments[i] to NULL and
  * empties e->hook (the arrays themselves stay the caller's). On error
@@ -247,12 +250,12 @@ KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, i
  * writes of the entries it superseded are withdrawn (tier->withdraw):
  * write_behind_withdrawn.
  *
- * @return 0; KVT_EINVAL (NULL pc/e/ns, n_tokens < 0, tokens NULL with
+ * @return 0; KVT_EINVAL (NULL pc/e, n_tokens < 0, tokens NULL with
  * n_tokens > 0, a NULL cache or attachment slot, a cache whose offset is not
  * n_tokens); KVT_ENOMEM. */
 KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char *session);
 
-/** Puts back what take lent, extended: the entry (hit->entry.ns,
+/** Puts back what lend lent, extended: the entry (hit->entry.ns,
  * tokens[0..n_tokens)) made of the hit's caches, attachments and hook share,
  * as kvt_prompt_cache_put() does. The engine has appended tokens
  * [hit->prefix_len, n_tokens) to every cache; tokens must begin with the
@@ -267,7 +270,7 @@ KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char 
 KVT_API int kvt_prompt_cache_put_hit(kvt_prompt_cache *pc, kvt_hit *hit, const int32_t *tokens,
                                      int64_t n_tokens, const char *session);
 
-/** Longest usable RAM prefix of `prompt` (n tokens) in `ns`, as take would
+/** Longest usable RAM prefix of `prompt` (n tokens) in `ns`, as lend would
  * find it by the tree walk, without lending anything, touching recency,
  * counters or the cold tier.
  * @param out_id optional: receives the id of the entry that would serve.
@@ -282,7 +285,7 @@ KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tok
                                         const char *ns, uint64_t *out_id);
 
 /** Lends views of the entry of exactly `tokens` in `ns` (RAM only; a use:
- * touches recency, no counters). @param out as for take (prefix_len = n).
+ * touches recency, no counters). @param out as for lend (prefix_len = n).
  * @return 0; KVT_ENOTFOUND; KVT_EINVAL; KVT_ENOMEM. */
 KVT_API int kvt_prompt_cache_lend_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n,
                                        const char *ns, kvt_hit *out);
@@ -423,11 +426,11 @@ KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
 
 /** Counters and occupancy. A consistent snapshot. */
 typedef struct kvt_prompt_cache_stats {
-    uint64_t hits, misses;               /* take: RAM candidacy only */
+    uint64_t hits, misses;               /* lend: RAM candidacy only */
     uint64_t session_hits, session_misses;
-    uint64_t prefix_walks;               /* radix walks made by take */
+    uint64_t prefix_walks;               /* radix walks made by lend */
     uint64_t object_hits, object_misses, object_restores;
-    uint64_t cold_restores;              /* restores that served a take */
+    uint64_t cold_restores;              /* restores that served a lend */
     uint64_t cold_unusable;              /* restored but untrimmable: dropped */
     uint64_t cold_failures;              /* restore errors */
     uint64_t promotions;                 /* restored prefixes put into RAM */

@@ -387,8 +387,6 @@ KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out);
  * @param out receives a NUL-terminated string; caller frees with
  *   kvt_string_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_service_stats_json(kvt_service *svc, char **out);
-/** Frees a string from kvt_service_stats_json(). NULL is a no-op. */
-KVT_API void kvt_string_free(char *s);
 
 /** Closes the service: stops idle demotion, flushes the cold tier (if any),
  * hands it every RAM entry it does not hold yet and flushes it again (every

@@ -251,12 +251,13 @@ KVT_API int kvt_store_close(kvt_store *s);
  * O(n_prompt) walks of two radix trees: durable entries and entries whose
  * write-behind is queued or in flight (a pending entry is found; on equal
  * prefixes the durable one is chosen).
- * @param prompt (n_prompt) token ids, borrowed; @param ns namespace, non-NULL.
+ * @param prompt (n_prompt) token ids, borrowed; @param ns namespace; NULL
+ * means "" (the base model).
  * @param hit receives prefix_len, n_tokens and the handle on success; the
  *        handle stays valid until the entry is evicted or superseded (then
  *        restore returns KVT_ENOTFOUND).
  * @return 0; KVT_ENOTFOUND (no usable prefix of at least 1 token); KVT_EINVAL
- * (NULL s, ns or hit, n_prompt < 0, NULL prompt with n_prompt > 0).
+ * (NULL s or hit, n_prompt < 0, NULL prompt with n_prompt > 0).
  * Thread-safe. */
 KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt, const char *ns,
                            kvt_cold_hit *hit);
@@ -286,8 +287,8 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
  * @param handle from kvt_store_find / kvt_store_find_exact.
  * @param prompt (n_prompt) the tokens the caller will use, borrowed; may be
  *        NULL with n_prompt 0.
- * @param out receives a kvtier-allocated entry (kvt_entry_init; the caches own their
- *        bytes or a read-only mapping of the shard that their buffers release,
+ * @param out receives a kvtier-allocated entry (kvt_entry_init; the caches
+ *        own their bytes or a read-only mapping of the shard that their buffers release,
  *        the hook is empty); the caller releases it with kvt_entry_clear().
  *        Zeroed on error. Shards are never truncated or rewritten under
  *        their final names, so a mapping stays valid after an eviction.
@@ -329,7 +330,8 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
 
 /** Queues an entry for write-behind; returns at once.
  *
- * @param e a kvtier-allocated entry (kvt_entry_init; e.g. zero-copy clones of the
+ * @param e a kvtier-allocated entry (kvt_entry_init; e.g. zero-copy clones of
+ *        the
  *        caches). Ownership passes to the store on 0: the writer clears it
  *        (kvt_entry_clear) after the write, whether it succeeds or fails, and
  *        *e is zeroed. On error it stays with the caller.
@@ -346,7 +348,8 @@ KVT_API int kvt_store_put(kvt_store *s, const kvt_entry *e);
 KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e);
 
 /** Whether a write of exactly (ns, tokens) is queued or in flight (1) or
- * not (0; also for a NULL store or ns, or NULL tokens with n_tokens > 0).
+ * not (0; also for a NULL store, or NULL tokens with n_tokens > 0). A NULL
+ * ns means "".
  * Index only. Thread-safe. */
 KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
 
@@ -363,8 +366,8 @@ KVT_API int kvt_store_flush(kvt_store *s);
 KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier);
 
 /** Whether an entry of exactly (tokens, ns) is durable and indexed (1) or
- * not (0: absent, still pending, evicted, or a NULL store or ns, or NULL
- * tokens with n_tokens > 0). Index only (no I/O). Thread-safe. */
+ * not (0: absent, still pending, evicted, or a NULL store, or NULL tokens
+ * with n_tokens > 0). A NULL ns means "". Index only (no I/O). Thread-safe. */
 KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
 
 /** Fills *out with the current counters (a NULL store or out is a no-op).

@@ -5,7 +5,7 @@
  * An entry (a checkpoint) is (ns, tokens, layer caches,
  * attachments, release hook). The same struct carries an entry in three
  * ownership forms; every call that takes or returns one says which:
- *   - owned: every pointer in it (ns, tokens, the two arrays and their
+ *   - kvtier-allocated: every pointer in it (ns, tokens, the two arrays and their
  *     elements) was allocated by kvtier's allocator (kvt_entry_init) and is
  *     released, hook last, by kvt_entry_clear();
  *   - borrowed: the caller's memory, read during the call only;
@@ -48,7 +48,7 @@ extern "C" {
 
 /** A release hook: `fn(ctx)`, e.g. unmapping the file
  * the bytes of a restored entry live in. Whoever holds a kvt_hook with a
- * non-NULL fn must call kvt_hook_run() on it exactly once, after disposing
+ * non-NULL fn must call kvt_hook_run() on it exactly once, after destroying
  * every cache and attachment that may alias the memory it releases. A hook
  * with fn NULL is empty (nothing to run). The prompt cache refcounts an
  * entry's hook: the donor entry and every lent view hold one share each and
@@ -68,7 +68,10 @@ KVT_API void kvt_hook_run(kvt_hook *h);
  * comment). Shapes: tokens (n_tokens) int32 ids; caches (n_caches) one per
  * model layer, each with offset == n_tokens; attachments (n_attachments). */
 typedef struct kvt_entry {
-    const char *ns;                /* namespace, "" = base model; NUL-terminated */
+    const char *ns;                /* namespace, "" = base model; NUL-terminated.
+                                      NULL means "" where kvtier reads it
+                                      (put, kvt_entry_init); kvtier never
+                                      hands a NULL ns to a cold tier */
     const int32_t *tokens;         /* (n_tokens) */
     int64_t n_tokens;              /* >= 0; 0 for objects (ns "object:<key>") */
     kvt_cache **caches;            /* (n_caches) */
@@ -78,20 +81,20 @@ typedef struct kvt_entry {
     kvt_hook hook;                 /* runs after caches and attachments are gone */
 } kvt_entry;
 
-/** Makes *e a kvtier-allocated entry: copies ns and tokens[0..n_tokens) and allocates
- * zeroed caches (n_caches) and attachments (n_attachments) arrays for the
+/** Makes *e a kvtier-allocated entry: copies ns (NULL means "") and
+ * tokens[0..n_tokens) and allocates zeroed caches (n_caches) and attachments (n_attachments) arrays for the
  * caller to fill (slots left NULL are skipped by kvt_entry_clear). The hook
  * is empty. Used by cold tiers to build what restore returns and by the
  * prompt cache to build what spill receives.
  * @param tokens may be NULL when n_tokens is 0.
- * @return 0; KVT_EINVAL (e or ns NULL, n_tokens/n_caches/n_attachments
+ * @return 0; KVT_EINVAL (e NULL, n_tokens/n_caches/n_attachments
  * negative, tokens NULL with n_tokens > 0); KVT_ENOMEM (then *e is zeroed and
  * nothing is left allocated). Thread-safe. */
 KVT_API int kvt_entry_init(kvt_entry *e, const char *ns, const int32_t *tokens, int64_t n_tokens,
                            int32_t n_caches, int32_t n_attachments);
 
-/** Releases a kvtier-allocated entry: disposes every non-NULL cache and attachment,
- * then runs the hook, then frees ns, tokens and the arrays, and zeroes *e.
+/** Releases a kvtier-allocated entry: destroys every non-NULL cache and
+ * attachment, then runs the hook, then frees ns, tokens and the arrays, and zeroes *e.
  * NULL, and an all-zero entry, are no-ops. Never call it on a borrowed entry.
  * Thread-safe for distinct entries. */
 KVT_API void kvt_entry_clear(kvt_entry *e);
@@ -113,8 +116,8 @@ typedef struct kvt_cold_hit {
                             entry has gone makes restore fail KVT_ENOTFOUND */
 } kvt_cold_hit;
 
-/** Completion of restore_async. On status 0, *entry is a kvtier-allocated entry and
- * ownership of its contents passes to the callee, which must move them out
+/** Completion of restore_async. On status 0, *entry is a kvtier-allocated
+ * entry and ownership of its contents passes to the callee, which must move them out
  * (struct copy) or kvt_entry_clear() it before returning; on error entry is
  * NULL. Runs exactly once per accepted restore_async, on a tier worker
  * thread (or inline, before restore_async returns). */
@@ -158,7 +161,8 @@ typedef int (*kvt_tier_evict_fn)(void *arg, kvt_entry *e);
 
 /** A cold (lower) tier: a table of functions over `self`. `find`, `restore`
  * and `store` are required; the others are optional (NULL). All tokens and
- * ns arguments are borrowed for the call. */
+ * ns arguments are borrowed for the call; the prompt cache never passes a
+ * NULL ns (a NULL ns given to kvtier is "" by then). */
 typedef struct kvt_cold_tier {
     void *self;
 
@@ -192,7 +196,7 @@ typedef struct kvt_cold_tier {
     int (*restore_async)(void *self, uint64_t handle, kvt_restore_done_fn done, void *arg);
 
     /** Writes *e (borrowed: caches and attachments are read, never kept or
-     * disposed) and returns once it is durable.
+     * destroyed) and returns once it is durable.
      * @return 0 (durable); KVT_EIO / -errno / KVT_ENOMEM (nothing new is
      * durable; the caller keeps its entry). */
     int (*store)(void *self, const kvt_entry *e);
@@ -205,7 +209,7 @@ typedef struct kvt_cold_tier {
      * stay bounded: refuse with KVT_EAGAIN rather than grow without limit.
      * Ownership passes to the tier on 0 (it calls kvt_entry_clear when the
      * write ends, on success and failure alike); on error it stays with the
-     * caller, which disposes it: the spill degrades to no spill.
+     * caller, which clears it (kvt_entry_clear): the spill degrades to no spill.
      * @return 0; KVT_EAGAIN (queue full, refused); another error.
      * Optional (NULL: the prompt cache never spills). */
     int (*spill)(void *self, kvt_entry *e);
