@@ -116,7 +116,7 @@ typedef struct kvt_cache_ops {
      * built-in kinds below). */
     int (*append)(kvt_cache *c, int64_t n_tokens, const void *const *inputs);
     /** Frees the object and drops its buffer references. */
-    void (*dispose)(kvt_cache *c);
+    void (*destroy)(kvt_cache *c);
     /** Serialises to named tensors (sharing buffers where possible). */
     int (*encode)(const kvt_cache *c, kvt_cache_state *out);
     /** Builds a new cache of this kind from a state (copies or retains the
@@ -305,7 +305,7 @@ typedef struct kvt_attachment_ops {
     const char *kind;                                   /* e.g. "blob" */
     size_t (*bytes)(const kvt_attachment *a);           /* bytes held */
     int (*clone)(const kvt_attachment *a, kvt_attachment **out); /* zero-copy where possible */
-    void (*dispose)(kvt_attachment *a);
+    void (*destroy)(kvt_attachment *a);
     /** Optional: the bytes to persist (borrowed, valid while `a` lives);
      * NULL ops means the attachment is never written to a lower tier. */
     int (*serialize)(const kvt_attachment *a, const void **data, size_t *bytes);
@@ -335,7 +335,7 @@ KVT_API size_t kvt_attachment_bytes(const kvt_attachment *a);
  * @return 0; KVT_EINVAL (a or out NULL); KVT_ENOMEM or the kind's error.
  * Thread-safe with other clones of the same attachment. */
 KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out);
-/** Disposes an attachment (its kind's ops->dispose): the shared bytes go
+/** Disposes an attachment (its kind's ops->destroy): the shared bytes go
  * when the last clone goes. NULL is a no-op. Call exactly once per
  * attachment; not thread-safe with other calls on the same attachment. */
 KVT_API void kvt_attachment_destroy(kvt_attachment *a);

@@ -62,7 +62,7 @@ static const kvt_attachment_ops kvt__blob_ops = {
     .kind = "blob",
     .bytes = blob_bytes,
     .clone = blob_clone,
-    .dispose = blob_dispose,
+    .destroy = blob_dispose,
     .serialize = blob_serialize,
 };
 
@@ -115,5 +115,5 @@ KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out)
 KVT_API void kvt_attachment_destroy(kvt_attachment *a)
 {
     if (a)
-        a->ops->dispose(a);
+        a->ops->destroy(a);
 }

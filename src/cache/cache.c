@@ -88,7 +88,7 @@ KVT_API int kvt_cache_register_kind(const kvt_cache_ops *ops)
                           : !ops->trim        ? "trim"
                           : !ops->clone       ? "clone"
                           : !ops->append      ? "append"
-                          : !ops->dispose     ? "dispose"
+                          : !ops->destroy     ? "dispose"
                           : !ops->encode      ? "encode"
                           : !ops->decode      ? "decode"
                                               : NULL;
@@ -186,7 +186,7 @@ KVT_API int kvt_cache_append(kvt_cache *c, int64_t n_tokens, const void *const *
 KVT_API void kvt_cache_destroy(kvt_cache *c)
 {
     if (c)
-        c->ops->dispose(c);
+        c->ops->destroy(c);
 }
 
 KVT_API int kvt_cache_encode(const kvt_cache *c, kvt_cache_state *out)

@@ -328,7 +328,7 @@ const kvt_cache_ops kvt__kv_ops = {
     .trim = kv_trim,
     .clone = kv_clone,
     .append = kv_append,
-    .dispose = kv_dispose,
+    .destroy = kv_dispose,
     .encode = kv_encode,
     .decode = kv_decode,
 };

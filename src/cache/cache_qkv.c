@@ -333,7 +333,7 @@ const kvt_cache_ops kvt__qkv_ops = {
     .trim = qkv_trim,
     .clone = qkv_clone,
     .append = qkv_append,
-    .dispose = qkv_dispose,
+    .destroy = qkv_dispose,
     .encode = qkv_encode,
     .decode = qkv_decode,
 };

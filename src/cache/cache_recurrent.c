@@ -147,7 +147,7 @@ const kvt_cache_ops kvt__recurrent_ops = {
     .trim = rec_trim,
     .clone = rec_clone,
     .append = rec_append,
-    .dispose = rec_dispose,
+    .destroy = rec_dispose,
     .encode = rec_encode,
     .decode = rec_decode,
 };

@@ -193,7 +193,7 @@ const kvt_cache_ops kvt__rotating_ops = {
     .trim = rot_trim,
     .clone = rot_clone,
     .append = rot_append,
-    .dispose = rot_dispose,
+    .destroy = rot_dispose,
     .encode = rot_encode,
     .decode = rot_decode,
 };
