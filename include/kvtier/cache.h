@@ -61,7 +61,7 @@ KVT_API int kvt_dtype_parse(const char *name, kvt_dtype *out);
 /** One named tensor of an encoded cache.
  * `data` is borrowed from `owner` (a retained reference released by
  * kvt_cache_state_clear) or, when owner is NULL, from the cache object that
- * produced the state (valid until that object is next modified or disposed). */
+ * produced the state (valid until that object is next modified or destroyed). */
 typedef struct kvt_tensor {
     char name[KVT_TENSOR_NAME_MAX]; /* unique within one cache state, e.g. "blk3" */
     kvt_dtype dtype;
@@ -156,7 +156,7 @@ KVT_API int kvt_cache_can_trim(const kvt_cache *c, int64_t length);
 KVT_API int kvt_cache_trim(kvt_cache *c, int64_t length);
 
 /** Zero-copy clone. @param out receives a new object the caller owns and
- * disposes with kvt_cache_destroy(). @return 0, KVT_EINVAL, KVT_ENOMEM. */
+ * destroys with kvt_cache_destroy(). @return 0, KVT_EINVAL, KVT_ENOMEM. */
 KVT_API int kvt_cache_clone(const kvt_cache *c, kvt_cache **out);
 
 /** Appends n_tokens tokens of state (kind-specific inputs, see each kind).
@@ -175,7 +175,7 @@ KVT_API int kvt_cache_encode(const kvt_cache *c, kvt_cache_state *out);
 
 /** Rebuilds a cache from a state, by the kind registered under st->kind.
  * Untrusted input: every parameter and tensor size is checked.
- * @param out receives a new object the caller owns and disposes with
+ * @param out receives a new object the caller owns and destroys with
  * kvt_cache_destroy().
  * @return 0; KVT_EINVAL (st or out NULL); KVT_EUNSUPPORTED (unknown kind);
  * KVT_EFORMAT (a parameter or tensor that does not fit the kind;
@@ -190,7 +190,7 @@ KVT_API int kvt_cache_register_kind(const kvt_cache_ops *ops);
 
 /** Makes a model's fresh (empty) per-layer caches: fills caches[0..n) for
  * the n layers the owner was configured with (the slots arrive NULL).
- * @return 0, or a negative status; on error kvtier disposes whatever caches
+ * @return 0, or a negative status; on error kvtier destroys whatever caches
  * were already put in the slots. Called by kvtier without any of its locks
  * held, possibly from several threads at once: it must be safe to call
  * concurrently. `ctx` is the pointer given beside the function. */
@@ -200,7 +200,7 @@ typedef int (*kvt_new_caches_fn)(void *ctx, kvt_cache **caches);
  * left allocated). @return 0; KVT_EINVAL (n < 0, or caches/out NULL with
  * n > 0); otherwise as kvt_cache_clone. */
 KVT_API int kvt_caches_clone(kvt_cache *const *caches, int n, kvt_cache **out);
-/** Disposes `n` caches and NULLs the slots (NULL slots are skipped). */
+/** Destroys `n` caches and NULLs the slots (NULL slots are skipped). */
 KVT_API void kvt_caches_destroy(kvt_cache **caches, int n);
 
 /* ---- kind "kv": plain attention K/V in blocks -------------------------- */
@@ -225,7 +225,7 @@ KVT_API int kvt_kv_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out)
 
 /** Borrowed pointers into block `index` of a kv cache.
  * *k and *v point at (*n_tokens, kv_dim) f32 rows, valid until the cache is
- * next modified or disposed. *n_tokens is block_tokens except for the tail.
+ * next modified or destroyed. *n_tokens is block_tokens except for the tail.
  * @return 0; KVT_EINVAL (not a kv cache); KVT_ERANGE (no such block). */
 KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, const float **v,
                          int32_t *n_tokens);
@@ -259,7 +259,7 @@ KVT_API int kvt_rotating_create(int32_t kv_dim, int32_t window, int32_t keep, kv
  * *n_valid slots filled (n_valid = min(offset, window)). Slot order is
  * storage order, not token order: attention that is order-free over its keys
  * (softmax with RoPE already applied to K) can use it as is.
- * Valid until the cache is next modified or disposed.
+ * Valid until the cache is next modified or destroyed.
  * @return 0 or KVT_EINVAL (not a rotating cache). */
 KVT_API int kvt_rotating_view(const kvt_cache *c, const float **k, const float **v, int32_t *n_valid);
 
@@ -273,7 +273,7 @@ KVT_API int kvt_rotating_view(const kvt_cache *c, const float **k, const float *
 KVT_API int kvt_recurrent_create(size_t state_bytes, kvt_cache **out);
 
 /** Borrowed pointer to the current state (state_bytes bytes), valid until the
- * cache is next modified or disposed; NULL when c is not recurrent. */
+ * cache is next modified or destroyed; NULL when c is not recurrent. */
 KVT_API const void *kvt_recurrent_state(const kvt_cache *c);
 
 /* ---- kind "qkv": int8 quantized kv ------------------------------------------ */
@@ -322,7 +322,7 @@ struct kvt_attachment {
  * refcounted buffer (clones share it). @return 0, KVT_EINVAL, KVT_ENOMEM. */
 KVT_API int kvt_attachment_blob(const char *name, const void *data, size_t bytes, kvt_attachment **out);
 /** The bytes of a blob attachment: borrowed, valid until `a` and every
- * clone of it are disposed; *bytes (if not NULL) receives their count.
+ * clone of it are destroyed; *bytes (if not NULL) receives their count.
  * @return NULL (and *bytes 0) for NULL or an attachment of another kind.
  * Thread-safe (reads immutable data). */
 KVT_API const void *kvt_attachment_blob_data(const kvt_attachment *a, size_t *bytes);
@@ -335,7 +335,7 @@ KVT_API size_t kvt_attachment_bytes(const kvt_attachment *a);
  * @return 0; KVT_EINVAL (a or out NULL); KVT_ENOMEM or the kind's error.
  * Thread-safe with other clones of the same attachment. */
 KVT_API int kvt_attachment_clone(const kvt_attachment *a, kvt_attachment **out);
-/** Disposes an attachment (its kind's ops->destroy): the shared bytes go
+/** Destroys an attachment (its kind's ops->destroy): the shared bytes go
  * when the last clone goes. NULL is a no-op. Call exactly once per
  * attachment; not thread-safe with other calls on the same attachment. */
 KVT_API void kvt_attachment_destroy(kvt_attachment *a);

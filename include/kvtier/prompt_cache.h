@@ -25,7 +25,7 @@
  * cold-tier restores and spills run outside it, and the tier's find,
  * find_exact and pending (index only) run inside it. The one exception is
  * kvt_prompt_cache_relieve(), whose writes must finish by definition.
- * Release hooks and cache disposal run outside the lock, except in relieve
+ * Release hooks and cache destruction run outside the lock, except in relieve
  * and reclaim, which free each released entry at once so that the caller's
  * pressure check sees the memory gone. Callbacks the cache runs under its
  * lock (over_budget, pressure, the tier's find/find_exact/pending/store) must

@@ -217,7 +217,7 @@ KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req);
  * `kvtier_arrays`; kvt_state_clear() and a successful
  * kvt_service_publish() free them. A state you fill yourself (a stack array,
  * your own malloc; kvtier_arrays left 0) keeps its arrays: kvt_state_clear()
- * and publish only dispose or adopt the caches and attachments in them, and
+ * and publish only destroy or adopt the caches and attachments in them, and
  * the arrays stay yours. Either way, ending a state is the same code:
  * publish or not, then kvt_state_clear() (a no-op on what publish took). */
 typedef struct kvt_state {
@@ -269,7 +269,7 @@ KVT_API int kvt_state_clone(const kvt_state *src, kvt_state *out);
  */
 KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state *out);
 
-/** Ends a state: disposes every non-NULL cache and attachment, then runs the
+/** Ends a state: destroys every non-NULL cache and attachment, then runs the
  * hook, then frees the two arrays if kvtier allocated them (kvtier_arrays;
  * arrays of your own are left to you), and zeroes *st. NULL and a zeroed
  * state are no-ops, so calling it after a successful kvt_service_publish()

@@ -200,7 +200,7 @@ KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_lay
 /** The same fingerprint from the model's recipe for fresh caches (the
  * new_caches function a service or prompt cache is configured with), so the
  * caller builds no caches of its own: new_caches(ctx, ...) fills n_layers
- * caches, which are read and disposed before the call returns.
+ * caches, which are read and destroyed before the call returns.
  * @param out receives 64 hex digits and a NUL.
  * @return 0; KVT_EINVAL (NULL new_caches or out, n_layers outside 1..256,
  * a slot left NULL); new_caches' error; KVT_ENOMEM. Thread-safe when
@@ -316,7 +316,7 @@ KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_d
  * and that it can serve (the prompt cache's put rule).
  *
  * @param e borrowed: ns, tokens, caches and attachments are read during the
- *        call, never kept or disposed; no other thread may modify the caches
+ *        call, never kept or destroyed; no other thread may modify the caches
  *        during the call. Every cache must hold exactly e->n_tokens tokens;
  *        each attachment needs ops->serialize.
  * @return 0; KVT_EINVAL (offsets differ from n_tokens, NULL, ns or an

@@ -88,7 +88,7 @@ KVT_API int kvt_cache_register_kind(const kvt_cache_ops *ops)
                           : !ops->trim        ? "trim"
                           : !ops->clone       ? "clone"
                           : !ops->append      ? "append"
-                          : !ops->destroy     ? "dispose"
+                          : !ops->destroy     ? "destroy"
                           : !ops->encode      ? "encode"
                           : !ops->decode      ? "decode"
                                               : NULL;
