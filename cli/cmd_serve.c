@@ -49,7 +49,7 @@ static void usage(FILE *f)
             "  --ssd-cache DIR       SSD tier under the prompt cache; flushed at shutdown, so a\n"
             "                        restarted server reuses what reached it\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
-            "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
+            "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
             "  --max-queue N         requests waiting for admission at most (default 64); then 429\n"
             "                        with Retry-After\n"

@@ -101,7 +101,13 @@ typedef struct kvt_store_options {
     /** Byte budget over the whole root (every identity directory counts),
      * bytes; 0 = unlimited (`--ssd-cache-max`). When a write takes the root
      * over it, least recently used entries go first (own entries by last
-     * use, idle directories of other identities by file time). */
+     * use, idle directories of other identities by file time). Several
+     * processes may share a root and an identity directory: block files are
+     * deleted only under an exclusive lock of <dir>/.budget.lock, from the
+     * files on disk (an entry file goes before or with the blocks only it
+     * uses; a block goes only when no entry file references it), and puts
+     * hold the shared lock while they rely on existing blocks, so budget
+     * eviction never leaves an entry with a missing block. */
     uint64_t max_bytes;
     /** Write-behind queue bound in bytes of queued cache state; 0 = 256 MiB.
      * kvt_store_put_async refuses (and counts as dropped) what does not fit. */
@@ -226,9 +232,11 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
 KVT_API int kvt_store_open(const char *root, const kvt_store_identity *identity,
                            const kvt_store_options *opts, kvt_store **out);
 
-/** Flushes the write-behind queue, stops the threads and frees the store.
- * NULL is a no-op (returns 0). Queued async restores still complete (their
- * callbacks run) before it returns.
+/** Flushes the write-behind queue, stops the threads, applies the budget a
+ * last time (waiting for puts of other processes on the same directory to
+ * finish, so the root ends within max_bytes plus a shard written meanwhile)
+ * and frees the store. NULL is a no-op (returns 0). Queued async restores
+ * still complete (their callbacks run) before it returns.
  * @return 0 when every write since open was made durable, else the status of
  * the last failure (KVT_EIO, -ENOSPC, ...). The store is freed either way.
  * Not thread-safe with other calls on the same store. */
