@@ -1,161 +1,48 @@
 /*
- * bench_engine.c: `kvtier bench engine`: prefill and decode tokens/s of the
- * reference engine on stories260K and on the built-in default model, with
- * two baselines measured in the same run: the same prompt fed one token at a
- * time through the engine's decode (what batching buys), and a plain
- * llama2.c-style decode loop written here (naive single-threaded matvec over
- * a contiguous KV array) that the engine's decode must at least match.
- * Reports medians. Owns nothing beyond the run; never writes files except
- * the default model on first use (kvt_default_model).
+ * bench_engine.c: `kvtier bench engine`: the reference engine on stories260K
+ * and on the built-in default model, each figure next to a baseline measured
+ * in the same run:
+ *   prefill    one batched prefill of P tokens vs the same tokens fed one at
+ *              a time through decode (what batching buys);
+ *   decode     greedy decode from BOS vs a copy of llama2.c run.c's loop built
+ *              as run.c is built (-Ofast -march=native, bench_llama2c.h), on
+ *              one thread and with OpenMP on the engine's thread count;
+ *   batched    aggregate tokens/s of kvt_model_decode_batch over 1, 2, 4, 8
+ *              sequences at mixed positions vs one sequence;
+ *   context    decode tokens/s at 1k, 2k and 4k tokens of context (default
+ *              model).
+ * Reports medians of runs. Owns nothing beyond the run; never writes files
+ * except the default model on first use (kvt_default_model).
  */
+#include "bench_llama2c.h"
 #include "bench_util.h"
 #include "cli.h"
 #include "model.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* ---- the plain llama2.c-style baseline (plain attention models only) ---- */
+#define N_BATCH 4
+static const int k_batch_n[N_BATCH] = {1, 2, 4, 8};
+#define N_CTX 3
 
 typedef struct {
-    const kvt_model_config *c;
-    const float *w; /* the checkpoint's floats after the header (read from the file) */
-    const float *emb, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn, *w1, *w2, *w3, *rms_final, *wcls;
-    float *x, *xb, *xb2, *q, *k, *v, *att, *hb, *hb2, *kc, *vc; /* kc, vc: (layer, seq_len, kv_dim) */
-    void *file;
-} plain_llama;
+    int runs, slow_runs, prompt, decode, batch_steps, ctx_runs, threads;
+} bench_opts;
 
-static void pl_rmsnorm(float *o, const float *x, const float *w, int n)
-{
-    float ss = 0;
-    for (int j = 0; j < n; j++)
-        ss += x[j] * x[j];
-    ss = 1.0f / sqrtf(ss / n + 1e-5f);
-    for (int j = 0; j < n; j++)
-        o[j] = w[j] * (ss * x[j]);
-}
-
-static void pl_matmul(float *o, const float *x, const float *w, int n, int d)
-{
-    for (int i = 0; i < d; i++) {
-        float val = 0;
-        for (int j = 0; j < n; j++)
-            val += w[(size_t)i * n + j] * x[j];
-        o[i] = val;
-    }
-}
-
-static int pl_open(plain_llama *p, const char *path, const kvt_model_config *c)
-{
-    memset(p, 0, sizeof *p);
-    p->c = c;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -1;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    p->file = malloc((size_t)n);
-    if (!p->file || fread(p->file, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        return -1;
-    }
-    fclose(f);
-    size_t d = (size_t)c->dim, L = (size_t)c->n_layers, h = (size_t)c->hidden_dim, kv = (size_t)c->kv_dim;
-    const float *w = (const float *)((const char *)p->file + 28);
-    p->emb = w, w += (size_t)c->vocab_size * d;
-    p->rms_att = w, w += L * d;
-    p->wq = w, w += L * d * d;
-    p->wk = w, w += L * kv * d;
-    p->wv = w, w += L * kv * d;
-    p->wo = w, w += L * d * d;
-    p->rms_ffn = w, w += L * d;
-    p->w1 = w, w += L * h * d;
-    p->w2 = w, w += L * d * h;
-    p->w3 = w, w += L * h * d;
-    p->rms_final = w, w += d;
-    w += (size_t)c->seq_len * c->head_size;
-    p->wcls = c->shared_classifier ? p->emb : w;
-    p->x = calloc(d, 4), p->xb = calloc(d, 4), p->xb2 = calloc(d, 4), p->q = calloc(d, 4);
-    p->k = calloc(kv, 4), p->v = calloc(kv, 4), p->att = calloc((size_t)c->n_heads * c->seq_len, 4);
-    p->hb = calloc(h, 4), p->hb2 = calloc(h, 4);
-    p->kc = calloc(L * c->seq_len * kv, 4), p->vc = calloc(L * c->seq_len * kv, 4);
-    return p->kc && p->vc ? 0 : -1;
-}
-
-static void pl_close(plain_llama *p)
-{
-    void *ptrs[] = {p->file, p->x, p->xb, p->xb2, p->q, p->k, p->v, p->att, p->hb, p->hb2, p->kc, p->vc};
-    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++)
-        free(ptrs[i]);
-}
-
-static void pl_forward(plain_llama *p, int token, int pos, float *logits)
-{
-    const kvt_model_config *c = p->c;
-    int d = c->dim, kv = c->kv_dim, hs = c->head_size, hd = c->hidden_dim, kv_mul = c->n_heads / c->n_kv_heads;
-    size_t dd = (size_t)d * d, kd = (size_t)kv * d, hdd = (size_t)hd * d;
-    memcpy(p->x, p->emb + (size_t)token * d, (size_t)d * 4);
-    for (int l = 0; l < c->n_layers; l++) {
-        pl_rmsnorm(p->xb, p->x, p->rms_att + (size_t)l * d, d);
-        float *kr = p->kc + ((size_t)l * c->seq_len + pos) * kv, *vr = p->vc + ((size_t)l * c->seq_len + pos) * kv;
-        pl_matmul(p->q, p->xb, p->wq + l * dd, d, d);
-        pl_matmul(kr, p->xb, p->wk + l * kd, d, kv);
-        pl_matmul(vr, p->xb, p->wv + l * kd, d, kv);
-        for (int i = 0; i < d; i += 2) {
-            float freq = 1.0f / powf(10000.0f, (float)(i % hs) / (float)hs), val = pos * freq;
-            float fcr = cosf(val), fci = sinf(val);
-            for (int v = 0; v < (i < kv ? 2 : 1); v++) {
-                float *vec = v == 0 ? p->q : kr, v0 = vec[i], v1 = vec[i + 1];
-                vec[i] = v0 * fcr - v1 * fci;
-                vec[i + 1] = v0 * fci + v1 * fcr;
-            }
-        }
-        for (int h = 0; h < c->n_heads; h++) {
-            float *q = p->q + h * hs, *att = p->att + (size_t)h * c->seq_len;
-            for (int t = 0; t <= pos; t++) {
-                const float *k = p->kc + ((size_t)l * c->seq_len + t) * kv + (h / kv_mul) * hs;
-                float s = 0;
-                for (int i = 0; i < hs; i++)
-                    s += q[i] * k[i];
-                att[t] = s / sqrtf((float)hs);
-            }
-            float mx = att[0], sum = 0;
-            for (int t = 1; t <= pos; t++)
-                mx = att[t] > mx ? att[t] : mx;
-            for (int t = 0; t <= pos; t++)
-                sum += (att[t] = expf(att[t] - mx));
-            float *o = p->xb + h * hs;
-            memset(o, 0, (size_t)hs * 4);
-            for (int t = 0; t <= pos; t++) {
-                const float *v = p->vc + ((size_t)l * c->seq_len + t) * kv + (h / kv_mul) * hs;
-                float a = att[t] / sum;
-                for (int i = 0; i < hs; i++)
-                    o[i] += a * v[i];
-            }
-        }
-        pl_matmul(p->xb2, p->xb, p->wo + l * dd, d, d);
-        for (int i = 0; i < d; i++)
-            p->x[i] += p->xb2[i];
-        pl_rmsnorm(p->xb, p->x, p->rms_ffn + (size_t)l * d, d);
-        pl_matmul(p->hb, p->xb, p->w1 + l * hdd, d, hd);
-        pl_matmul(p->hb2, p->xb, p->w3 + l * hdd, d, hd);
-        for (int i = 0; i < hd; i++) {
-            float v = p->hb[i];
-            p->hb[i] = v * (1.0f / (1.0f + expf(-v))) * p->hb2[i];
-        }
-        pl_matmul(p->xb, p->hb, p->w2 + l * hdd, hd, d);
-        for (int i = 0; i < d; i++)
-            p->x[i] += p->xb[i];
-    }
-    pl_rmsnorm(p->x, p->x, p->rms_final, d);
-    pl_matmul(logits, p->x, p->wcls, d, c->vocab_size);
-}
-
-/* ---- measurements --------------------------------------------------------- */
+typedef struct {
+    int prompt;
+    double prefill_tps, single_tps;
+    int dec_steps;                  /* greedy steps from BOS */
+    double dec_tps, l2c_tps, omp_tps;
+    int l2c_same, omp_same;         /* -1: not run; 1: the same greedy ids as the engine */
+    double batch_tps[N_BATCH];
+    int batch_same;                 /* sequence 0 chose the same ids whatever n */
+    int ctx[N_CTX];
+    double ctx_tps[N_CTX];          /* 0: not run */
+} bench_result;
 
 static int argmax(const float *v, int n)
 {
@@ -166,17 +53,202 @@ static int argmax(const float *v, int n)
     return a;
 }
 
-typedef struct {
-    int runs, slow_runs, prompt, decode;
-} bench_opts;
+static double tps(long tokens, uint64_t t0, uint64_t t1) { return tokens / ((double)(t1 - t0) * 1e-9); }
 
-typedef struct {
-    double prefill_tps, single_tps, decode_tps, short_decode_tps, plain_tps, plain_long_tps;
-    int prompt, decode;
-    int agree; /* engine and plain loop chose the same greedy tokens */
-} bench_result;
+/* Batched prefill of P tokens vs the same tokens one at a time. */
+static int bench_prefill(kvt_model *m, const int32_t *tok, int prompt, const bench_opts *o, int slow_runs,
+                         bench_result *r)
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, rc = 0;
+    kvt_cache **caches = calloc((size_t)L, sizeof *caches);
+    float *logits = malloc(sizeof(float) * (size_t)c->vocab_size);
+    double t[64];
+    int runs = (o->runs);
+    for (int run = 0; run < runs && rc == 0; run++) {
+        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
+            break;
+        uint64_t t0 = kvt_now_ns();
+        rc = kvt_model_prefill(m, caches, tok, prompt, logits);
+        t[run] = tps(prompt, t0, kvt_now_ns());
+        kvt_caches_dispose(caches, L);
+    }
+    if (rc == 0)
+        r->prefill_tps = kvt_bench_util_median(t, runs);
+    runs = (slow_runs);
+    for (int run = 0; run < runs && rc == 0; run++) {
+        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
+            break;
+        uint64_t t0 = kvt_now_ns();
+        for (int i = 0; i < prompt && rc == 0; i++)
+            rc = kvt_model_decode(m, caches, tok[i], logits);
+        t[run] = tps(prompt, t0, kvt_now_ns());
+        kvt_caches_dispose(caches, L);
+    }
+    if (rc == 0)
+        r->single_tps = kvt_bench_util_median(t, runs);
+    r->prompt = prompt;
+    free(caches);
+    free(logits);
+    return rc;
+}
 
-static int bench_model(const char *name, const char *path, const bench_opts *o, bench_result *r)
+/* Greedy decode of `steps` tokens from BOS: the engine, then the llama2.c
+ * loop on one thread and with OpenMP (plain attention models only). */
+static int bench_decode(kvt_model *m, const char *path, int steps, const bench_opts *o, int base_runs,
+                        bench_result *r)
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size, rc = 0;
+    kvt_cache **caches = calloc((size_t)L, sizeof *caches);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    int32_t *eng = malloc(sizeof *eng * (size_t)steps), *base = malloc(sizeof *base * (size_t)steps);
+    double t[64];
+    int runs = (o->runs);
+    r->dec_steps = steps;
+    for (int run = 0; run < runs && rc == 0; run++) {
+        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
+            break;
+        int32_t tok = 1; /* BOS */
+        uint64_t t0 = kvt_now_ns();
+        for (int i = 0; i < steps && rc == 0; i++) {
+            rc = kvt_model_decode(m, caches, tok, logits);
+            eng[i] = tok = argmax(logits, V);
+        }
+        t[run] = tps(steps, t0, kvt_now_ns());
+        kvt_caches_dispose(caches, L);
+    }
+    if (rc == 0)
+        r->dec_tps = kvt_bench_util_median(t, runs);
+    r->l2c_same = r->omp_same = -1;
+    int plain = 1;
+    for (int l = 0; l < L; l++)
+        plain &= c->layer_kind[l] == KVT_LAYER_ATTN;
+    kvt_llama2c *p = NULL;
+    if (rc != 0 || !plain || kvt_llama2c_open(path, c, &p) != 0)
+        goto done;
+    for (int variant = 0; variant < 2; variant++) {
+        if (variant == 1 && !kvt_llama2c_omp_available())
+            break;
+        int same = 1;
+        runs = (base_runs);
+        for (int run = 0; run < runs; run++) {
+            int32_t tok = 1;
+            uint64_t t0 = kvt_now_ns();
+            for (int i = 0; i < steps; i++) {
+                if (variant == 0)
+                    kvt_llama2c_forward(p, tok, i, logits);
+                else
+                    kvt_llama2c_forward_omp(p, tok, i, logits, o->threads);
+                base[i] = tok = argmax(logits, V);
+            }
+            t[run] = tps(steps, t0, kvt_now_ns());
+            same &= !memcmp(base, eng, sizeof *eng * (size_t)steps);
+        }
+        if (variant == 0)
+            r->l2c_tps = kvt_bench_util_median(t, runs), r->l2c_same = same;
+        else
+            r->omp_tps = kvt_bench_util_median(t, runs), r->omp_same = same;
+    }
+    kvt_llama2c_close(p);
+done:
+    free(caches);
+    free(logits);
+    free(eng);
+    free(base);
+    return rc;
+}
+
+/* Aggregate tokens/s of batched decode over n = 1, 2, 4, 8 sequences, each
+ * after a prompt of its own length (8 + 24 i tokens: mixed positions). */
+static int bench_batch(kvt_model *m, const int32_t *tok, const bench_opts *o, int runs, bench_result *r)
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size, S = o->batch_steps, nmax = k_batch_n[N_BATCH - 1], rc = 0;
+    kvt_cache **store = calloc((size_t)nmax * L, sizeof *store), **seq[8];
+    float *logits = malloc(sizeof(float) * (size_t)V * nmax);
+    int32_t next[8], *first = malloc(sizeof *first * (size_t)S), *ids = malloc(sizeof *ids * (size_t)S);
+    double t[64];
+    runs = (runs);
+    r->batch_same = 1;
+    for (int i = 0; i < nmax; i++)
+        seq[i] = store + (size_t)i * L;
+    for (int b = 0; b < N_BATCH && rc == 0; b++) {
+        int n = k_batch_n[b];
+        for (int run = 0; run < runs && rc == 0; run++) {
+            for (int i = 0; i < n && rc == 0; i++) {
+                if ((rc = kvt_model_new_caches(m, 256, seq[i])) != 0)
+                    break;
+                int len = 8 + 24 * i;
+                rc = kvt_model_prefill(m, seq[i], tok, len, logits);
+                next[i] = argmax(logits, V);
+            }
+            uint64_t t0 = kvt_now_ns();
+            for (int s = 0; s < S && rc == 0; s++) {
+                ids[s] = next[0];
+                rc = kvt_model_decode_batch(m, n, seq, next, logits);
+                for (int i = 0; i < n; i++)
+                    next[i] = argmax(logits + (size_t)i * V, V);
+            }
+            t[run] = tps((long)n * S, t0, kvt_now_ns());
+            for (int i = 0; i < n; i++)
+                kvt_caches_dispose(seq[i], L);
+            if (b == 0 && run == 0)
+                memcpy(first, ids, sizeof *ids * (size_t)S);
+            else
+                r->batch_same &= !memcmp(first, ids, sizeof *ids * (size_t)S);
+        }
+        if (rc == 0)
+            r->batch_tps[b] = kvt_bench_util_median(t, runs);
+    }
+    free(store);
+    free(logits);
+    free(first);
+    free(ids);
+    return rc;
+}
+
+/* Decode tokens/s at 1k, 2k and seq_len - steps tokens of context: one
+ * sequence prefilled up to each length in turn, `steps` greedy tokens timed
+ * at each. */
+static int bench_context(kvt_model *m, const int32_t *tok, int n_tok, const bench_opts *o, bench_result *r)
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size, S = o->batch_steps, rc = 0;
+    int want[N_CTX] = {1024, 2048, c->seq_len - S};
+    kvt_cache **caches = calloc((size_t)L, sizeof *caches);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    double t[N_CTX][64];
+    int runs = (o->ctx_runs);
+    for (int k = 0; k < N_CTX; k++)
+        r->ctx[k] = want[k] <= c->seq_len - S && want[k] <= n_tok ? want[k] : 0;
+    for (int run = 0; run < runs && rc == 0; run++) {
+        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
+            break;
+        int at = 0;
+        for (int k = 0; k < N_CTX && rc == 0; k++) {
+            if (!r->ctx[k] || r->ctx[k] < at)
+                continue;
+            if (r->ctx[k] > at && (rc = kvt_model_prefill(m, caches, tok + at, r->ctx[k] - at, logits)) != 0)
+                break;
+            at = r->ctx[k];
+            uint64_t t0 = kvt_now_ns();
+            for (int s = 0; s < S && rc == 0; s++)
+                rc = kvt_model_decode(m, caches, argmax(logits, V), logits);
+            t[k][run] = tps(S, t0, kvt_now_ns());
+            at += S;
+        }
+        kvt_caches_dispose(caches, L);
+    }
+    for (int k = 0; k < N_CTX && rc == 0; k++)
+        if (r->ctx[k])
+            r->ctx_tps[k] = kvt_bench_util_median(t[k], runs);
+    free(caches);
+    free(logits);
+    return rc;
+}
+
+static int bench_model(const char *name, const char *path, int is_default, const bench_opts *o, bench_result *r)
 {
     kvt_model *m = NULL;
     int rc = kvt_model_load(path, &m);
@@ -185,134 +257,92 @@ static int bench_model(const char *name, const char *path, const bench_opts *o, 
         return 1;
     }
     const kvt_model_config *c = kvt_model_get_config(m);
-    int L = c->n_layers, V = c->vocab_size;
-    int prompt = o->prompt, dec = o->decode;
-    if (prompt + dec > c->seq_len)
-        prompt = c->seq_len - dec;
     memset(r, 0, sizeof *r);
-    r->prompt = prompt;
-    r->decode = dec;
-    int32_t *tok = malloc(sizeof *tok * (size_t)(prompt + dec));
-    float *logits = malloc(sizeof(float) * (size_t)V), *pl_logits = malloc(sizeof(float) * (size_t)V);
-    kvt_cache **caches = calloc((size_t)L, sizeof *caches);
-    double *t = calloc((size_t)(o->runs + o->slow_runs + 2), sizeof *t);
+    int n_tok = c->seq_len;
+    int32_t *tok = malloc(sizeof *tok * (size_t)n_tok);
     uint64_t s = 42;
-    for (int i = 0; i < prompt; i++) {
+    for (int i = 0; i < n_tok; i++) {
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        tok[i] = (int32_t)((s >> 33) % (uint64_t)V);
+        tok[i] = (int32_t)((s >> 33) % (uint64_t)c->vocab_size);
     }
-    fprintf(stderr, "%s: %d layers, dim %d, prompt %d tokens, decode %d tokens, %d runs\n", name, L, c->dim,
-            prompt, dec, o->runs);
-    /* batched prefill, then greedy decode on the same caches */
-    double *td = calloc((size_t)o->runs, sizeof *td);
-    for (int run = 0; run < o->runs && rc == 0; run++) {
-        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
-            break;
-        uint64_t t0 = kvt_now_ns();
-        rc = kvt_model_prefill(m, caches, tok, prompt, logits);
-        uint64_t t1 = kvt_now_ns();
-        for (int i = 0; i < dec && rc == 0; i++) {
-            tok[prompt + i] = argmax(logits, V);
-            rc = kvt_model_decode(m, caches, tok[prompt + i], logits);
-        }
-        uint64_t t2 = kvt_now_ns();
-        t[run] = prompt / ((t1 - t0) * 1e-9);
-        td[run] = dec / ((t2 - t1) * 1e-9);
-        kvt_caches_dispose(caches, L);
-    }
-    r->prefill_tps = kvt_bench_util_median(t, o->runs);
-    r->decode_tps = kvt_bench_util_median(td, o->runs);
-    /* the same prompt fed one token at a time through decode */
-    for (int run = 0; run < o->slow_runs && rc == 0; run++) {
-        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
-            break;
-        uint64_t t0 = kvt_now_ns();
-        for (int i = 0; i < prompt && rc == 0; i++)
-            rc = kvt_model_decode(m, caches, tok[i], logits);
-        t[run] = prompt / ((kvt_now_ns() - t0) * 1e-9);
-        kvt_caches_dispose(caches, L);
-    }
-    r->single_tps = kvt_bench_util_median(t, o->slow_runs);
-    /* plain llama2.c-style decode of the same tokens after a short prompt */
-    int plain_ok = 1;
-    for (int l = 0; l < L; l++)
-        plain_ok &= c->layer_kind[l] == KVT_LAYER_ATTN;
-    /* short-context decode: engine (median of runs) vs the plain loop, both
-     * greedy from the same 8-token prompt, same positions */
-    plain_llama pl;
-    int warm = 8;
-    int32_t *eng_ids = calloc((size_t)dec, sizeof *eng_ids), *pl_ids = calloc((size_t)dec, sizeof *pl_ids);
-    for (int run = 0; run < o->runs && rc == 0; run++) {
-        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
-            break;
-        rc = kvt_model_prefill(m, caches, tok, warm, logits);
-        uint64_t t0 = kvt_now_ns();
-        for (int i = 0; i < dec && rc == 0; i++) {
-            eng_ids[i] = argmax(logits, V);
-            rc = kvt_model_decode(m, caches, eng_ids[i], logits);
-        }
-        td[run] = dec / ((kvt_now_ns() - t0) * 1e-9);
-        kvt_caches_dispose(caches, L);
-    }
-    r->short_decode_tps = kvt_bench_util_median(td, o->runs);
-    if (rc == 0 && plain_ok && pl_open(&pl, path, c) == 0) {
-        for (int i = 0; i < warm; i++)
-            pl_forward(&pl, tok[i], i, pl_logits);
-        uint64_t t0 = kvt_now_ns();
-        for (int i = 0; i < dec; i++) {
-            pl_ids[i] = argmax(pl_logits, V);
-            pl_forward(&pl, pl_ids[i], warm + i, pl_logits);
-        }
-        r->plain_tps = dec / ((kvt_now_ns() - t0) * 1e-9);
-        r->agree = !memcmp(eng_ids, pl_ids, sizeof *pl_ids * (size_t)dec);
-        /* the same after the whole prompt, when the plain loop can feed it in
-         * under ~20 s (not the default model: it would take minutes) */
-        if ((prompt + dec) / r->plain_tps < 20.0) {
-            for (int i = 0; i < prompt; i++)
-                pl_forward(&pl, tok[i], i, pl_logits);
-            t0 = kvt_now_ns();
-            for (int i = 0; i < dec; i++) {
-                pl_ids[i] = argmax(pl_logits, V);
-                pl_forward(&pl, pl_ids[i], prompt + i, pl_logits);
-            }
-            r->plain_long_tps = dec / ((kvt_now_ns() - t0) * 1e-9);
-            r->agree &= !memcmp(tok + prompt, pl_ids, sizeof *pl_ids * (size_t)dec);
-        }
-        pl_close(&pl);
-    }
-    free(eng_ids);
-    free(pl_ids);
+    int prompt = o->prompt > c->seq_len ? c->seq_len : o->prompt;
+    int steps = is_default ? (o->decode < c->seq_len ? o->decode : c->seq_len) : c->seq_len;
+    int slow_runs = is_default ? o->slow_runs : 3, base_runs = is_default ? (o->runs < 3 ? o->runs : 3) : o->runs;
+    fprintf(stderr, "%s: %d layers, dim %d, seq_len %d, %d threads; prefill %d tokens, decode %d tokens from BOS, "
+            "%d runs\n", name, c->n_layers, c->dim, c->seq_len, o->threads, prompt, steps, o->runs);
+    rc = bench_prefill(m, tok, prompt, o, slow_runs, r);
+    if (rc == 0)
+        rc = bench_decode(m, path, steps, o, base_runs, r);
+    if (rc == 0)
+        rc = bench_batch(m, tok, o, base_runs, r);
+    if (rc == 0 && is_default)
+        rc = bench_context(m, tok, n_tok, o, r);
     if (rc != 0)
         fprintf(stderr, "kvtier bench engine: %s: %s (%s)\n", name, kvt_last_error(), kvt_strerror(rc));
-    free(td);
-    free(t);
-    free(caches);
     free(tok);
-    free(logits);
-    free(pl_logits);
     kvt_model_free(m);
     return rc ? 1 : 0;
 }
 
-static void print_row(const char *name, const bench_result *r)
+static const char *yes_no(int v) { return v < 0 ? "-" : v ? "yes" : "NO"; }
+
+static void print_tables(const char *const *names, const bench_result *rs, const int *have, const bench_opts *o)
 {
-    char pl_long[32] = "-", ratio_long[32] = "-", same[8] = "-";
-    if (r->plain_long_tps > 0) {
-        snprintf(pl_long, sizeof pl_long, "%.1f", r->plain_long_tps);
-        snprintf(ratio_long, sizeof ratio_long, "%.2fx", r->decode_tps / r->plain_long_tps);
+    printf("prefill (tokens/s)\n%-12s %6s %10s %10s %8s\n", "model", "prompt", "prefill", "1-by-1", "batched");
+    for (int i = 0; i < 2; i++)
+        if (have[i])
+            printf("%-12s %6d %10.1f %10.1f %7.1fx\n", names[i], rs[i].prompt, rs[i].prefill_tps, rs[i].single_tps,
+                   rs[i].prefill_tps / rs[i].single_tps);
+    printf("\ngreedy decode from BOS (tokens/s) vs llama2.c run.c's loop (-Ofast -march=native)\n"
+           "%-12s %6s %9s %9s %7s %10s %7s %s\n", "model", "steps", "kvtier", "run.c", "ratio", "run.c-omp", "ratio",
+           "same ids");
+    for (int i = 0; i < 2; i++) {
+        if (!have[i])
+            continue;
+        const bench_result *r = &rs[i];
+        char a[16] = "-", b[16] = "-", cc[16] = "-", d[16] = "-";
+        if (r->l2c_tps > 0)
+            snprintf(a, sizeof a, "%.1f", r->l2c_tps), snprintf(b, sizeof b, "%.2fx", r->dec_tps / r->l2c_tps);
+        if (r->omp_tps > 0)
+            snprintf(cc, sizeof cc, "%.1f", r->omp_tps), snprintf(d, sizeof d, "%.2fx", r->dec_tps / r->omp_tps);
+        printf("%-12s %6d %9.1f %9s %7s %10s %7s %s/%s\n", names[i], r->dec_steps, r->dec_tps, a, b, cc, d,
+               yes_no(r->l2c_same), yes_no(r->omp_same));
     }
-    if (r->plain_tps > 0)
-        snprintf(same, sizeof same, "%s", r->agree ? "yes" : "NO");
-    printf("%-12s %6d %10.1f %10.1f %7.1fx %9.1f %9s %7s %9.1f %9.1f %7.2fx %s\n", name, r->prompt, r->prefill_tps,
-           r->single_tps, r->prefill_tps / r->single_tps, r->decode_tps, pl_long, ratio_long, r->short_decode_tps,
-           r->plain_tps, r->plain_tps > 0 ? r->short_decode_tps / r->plain_tps : 0.0, same);
+    printf("\nbatched decode (kvt_model_decode_batch, aggregate tokens/s, %d steps; sequence i after 8 + 24 i "
+           "tokens)\n%-12s", o->batch_steps, "model");
+    for (int b = 0; b < N_BATCH; b++)
+        printf(" %8s%d", "n=", k_batch_n[b]);
+    printf(" %9s %s\n", "8 vs 1", "same ids");
+    for (int i = 0; i < 2; i++) {
+        if (!have[i])
+            continue;
+        printf("%-12s", names[i]);
+        for (int b = 0; b < N_BATCH; b++)
+            printf(" %9.1f", rs[i].batch_tps[b]);
+        printf(" %8.2fx %s\n", rs[i].batch_tps[N_BATCH - 1] / rs[i].batch_tps[0], yes_no(rs[i].batch_same));
+    }
+    if (have[1]) {
+        const bench_result *r = &rs[1];
+        printf("\ndecode at context (default model, tokens/s, %d steps after a prefill to C tokens)\n",
+               o->batch_steps);
+        for (int k = 0; k < N_CTX; k++)
+            if (r->ctx[k])
+                printf("  C = %5d: %7.1f\n", r->ctx[k], r->ctx_tps[k]);
+    }
+    printf("\nAll figures medians of runs. prefill: one batched prefill of `prompt` tokens vs the same tokens fed\n"
+           "through decode one at a time. decode: greedy from BOS, the engine vs a copy of llama2.c run.c's forward\n"
+           "loop built as `make runfast` builds it (run.c) and as `make runomp` does on %d threads (run.c-omp);\n"
+           "same ids: both chose the engine's greedy tokens. batched: n sequences at mixed positions decoded\n"
+           "together, one pass over the weights per step; same ids: sequence 0 chose the same tokens for every n\n"
+           "(batch invariance).\n",
+           o->threads);
 }
 
 int kvt_bench_engine(int argc, char **argv)
 {
-    bench_opts o = {5, 3, 1024, 64};
+    bench_opts o = {5, 1, 1024, 64, 32, 1, 0};
     const char *model = NULL;
-    int skip_default = 0, default_slow_runs = 1;
+    int skip_default = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--model") && v)
@@ -324,21 +354,31 @@ int kvt_bench_engine(int argc, char **argv)
         else if (!strcmp(a, "--decode") && v)
             o.decode = atoi(v), i++;
         else if (!strcmp(a, "--slow-runs") && v)
-            default_slow_runs = atoi(v), i++;
+            o.slow_runs = atoi(v), i++;
+        else if (!strcmp(a, "--batch-steps") && v)
+            o.batch_steps = atoi(v), i++;
+        else if (!strcmp(a, "--context-runs") && v)
+            o.ctx_runs = atoi(v), i++;
         else if (!strcmp(a, "--no-default"))
             skip_default = 1;
         else {
             fprintf(a && !strcmp(a, "--help") ? stdout : stderr,
                     "usage: kvtier bench engine [--model stories260K.bin] [--runs N (5)] [--prompt TOKENS (1024)]\n"
-                    "       [--decode TOKENS (64)] [--slow-runs N (1, one-at-a-time prefill runs on the default "
-                    "model)] [--no-default]\n");
+                    "       [--decode TOKENS (64, default model; stories260K decodes its whole seq_len)]\n"
+                    "       [--slow-runs N (1, one-at-a-time prefill runs on the default model)]\n"
+                    "       [--batch-steps N (32, steps of the batched and at-context decode)]\n"
+                    "       [--context-runs N (1, runs of the decode at 1k/2k/4k context)] [--no-default]\n");
             return strcmp(a, "--help") ? 2 : 0;
         }
     }
-    if (o.runs < 1 || o.prompt < 1 || o.decode < 1 || default_slow_runs < 1) {
-        fprintf(stderr, "kvtier bench engine: --runs, --prompt, --decode, --slow-runs must be >= 1\n");
+    if (o.runs < 1 || o.runs > 64 || o.prompt < 1 || o.decode < 1 || o.slow_runs < 1 || o.slow_runs > 64 ||
+        o.batch_steps < 1 || o.ctx_runs < 1 || o.ctx_runs > 64) {
+        fprintf(stderr, "kvtier bench engine: --runs, --slow-runs, --context-runs must be in [1, 64]; --prompt, "
+                "--decode, --batch-steps >= 1\n");
         return 2;
     }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o.threads = ncpu < 1 ? 1 : ncpu > 8 ? 8 : (int)ncpu; /* what the engine's pool uses */
     char stories[4096];
     if (!model) {
         const char *shared = getenv("KVT_SHARED_DIR");
@@ -349,7 +389,7 @@ int kvt_bench_engine(int argc, char **argv)
     const char *names[2] = {"stories260K", "default"};
     int have[2] = {0, 0}, status = 0;
     if (access(model, R_OK) == 0) {
-        status |= bench_model(names[0], model, &o, &rs[0]);
+        status |= bench_model(names[0], model, 0, &o, &rs[0]);
         have[0] = !status;
     } else {
         fprintf(stderr, "kvtier bench engine: %s not found; skipping it (pass --model)\n", model);
@@ -361,21 +401,10 @@ int kvt_bench_engine(int argc, char **argv)
             fprintf(stderr, "kvtier bench engine: default model: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
             return 1;
         }
-        bench_opts od = o;
-        od.slow_runs = default_slow_runs;
-        int st = bench_model(names[1], mp, &od, &rs[1]);
+        int st = bench_model(names[1], mp, 1, &o, &rs[1]);
         status |= st;
         have[1] = !st;
     }
-    printf("%-12s %6s %10s %10s %8s %9s %9s %7s %9s %9s %8s %s\n", "model", "prompt", "prefill", "1-by-1",
-           "batched", "dec@P", "plain@P", "ratio", "dec@8", "plain@8", "ratio", "same ids");
-    for (int i = 0; i < 2; i++)
-        if (have[i])
-            print_row(names[i], &rs[i]);
-    printf("all figures tokens/s. prefill: median of runs, one batched prefill of P = `prompt` tokens; 1-by-1:\n"
-           "the same tokens fed through decode one at a time (batched = the ratio). dec@P: greedy decode right after\n"
-           "the prompt; dec@8: after an 8-token prompt. plain@P / plain@8: a naive single-threaded llama2.c-style\n"
-           "loop (contiguous KV, scalar matvec) run here at the same positions (plain@P skipped when feeding it the\n"
-           "prompt would take minutes); same ids: engine and plain loop chose the same greedy tokens.\n");
+    print_tables(names, rs, have, &o);
     return status;
 }

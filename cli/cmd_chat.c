@@ -79,7 +79,7 @@ static void usage(FILE *f)
             "                        goes on (replies unchanged, exit 0) and --stats counts it\n"
             "                        (\"ssd_cache\": mode, cause, write_failures, writes_skipped)\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
-            "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
+            "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
             "  --transcript FILE     resume the conversation saved in FILE (JSON: [{\"user\": ...,\n"
             "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"

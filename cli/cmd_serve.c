@@ -39,7 +39,8 @@ static void usage(FILE *f)
             "                        default model, created on first use)\n"
             "  --model-name NAME     the model id clients name (default: the model file's name\n"
             "                        without extension); a request naming another gets 404\n"
-            "  --host ADDR           address to bind (default 127.0.0.1: loopback only)\n"
+            "  --host ADDR           IPv4/IPv6 address to bind, or localhost (default 127.0.0.1:\n"
+            "                        loopback only; 0.0.0.0 or :: listen on every interface)\n"
             "  --port N              TCP port (default 8080; 0 picks a free one, printed at start)\n"
             "  --prompt-cache BYTES  RAM prompt cache (default 1G); 0 keeps nothing: cache off.\n"
             "                        Suffixes K, M, G, T (x1024).\n"
@@ -48,7 +49,7 @@ static void usage(FILE *f)
             "  --ssd-cache DIR       SSD tier under the prompt cache; flushed at shutdown, so a\n"
             "                        restarted server reuses what reached it\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
-            "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
+            "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
             "  --max-queue N         requests waiting for admission at most (default 64); then 429\n"
             "                        with Retry-After\n"
@@ -191,7 +192,7 @@ int kvt_cmd_serve(int argc, char **argv)
         fprintf(stderr, "kvtier serve: %s\n", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
         return 1;
     }
-    const char *host = o.host ? o.host : "127.0.0.1";
+    const char *host = o.host && strcmp(o.host, "localhost") ? o.host : "127.0.0.1";
     int v6 = strchr(host, ':') != NULL;
     fprintf(stderr, "kvtier serve: listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "",
             kvt_server_port(s));

@@ -11,7 +11,6 @@
 
 #include "kernels.h"
 #include "pool.h"
-#include "sampler.h"
 
 #include "internal.h"
 
@@ -53,6 +52,11 @@ int kvt__model_alloc_scratch(kvt_model *m)
     /* The engine splits work over its own threads; OpenBLAS runs each piece
      * single-threaded (its own threads would fight ours and spin). */
     openblas_set_num_threads(1);
+    /* OpenBLAS falls back to its SSE3 "Prescott" kernels on a CPU it does not
+     * know (e.g. 0.3.21 on Emerald Rapids): then the AVX kernels here are
+     * faster for prefill too (OPENBLAS_CORETYPE=SkylakeX restores OpenBLAS's) */
+    const char *core = openblas_get_corename();
+    m->own_gemm = core && !strcmp(core, "Prescott") && strcmp(kvt__kernels_isa(), "c") != 0;
     return kvt__pool_create(0, &m->pool);
 }
 
@@ -113,6 +117,10 @@ static void rmsnorm(float *o, const float *x, const float *w, int n)
 /* Below this many multiply-adds a product runs on the calling thread only:
  * waking a worker costs more than it saves. */
 #define PAR_MIN_MACS (1 << 17)
+/* Parts per thread of a threaded product or decode attention: threads claim
+ * parts as they come, so one the OS has not scheduled delays a run by at most
+ * one part. */
+#define PARTS_PER_THREAD 4
 
 typedef struct {
     float *out;
@@ -139,16 +147,19 @@ static void run_matmul(kvt_model *m, float *out, const float *x, const float *W,
 {
     mm_job j = {out, x, W, T, n_in, n_out, rows};
     double macs = (double)T * n_in * n_out;
-    int parts = macs >= PAR_MIN_MACS && n_out >= 16 ? kvt__pool_size(m->pool) : 1;
+    int parts = 1;
+    if (macs >= PAR_MIN_MACS && n_out >= 64) /* a few parts per thread, each >= 32 rows */
+        parts = KVT__MIN(PARTS_PER_THREAD * kvt__pool_size(m->pool), n_out / 32);
     kvt__pool_run(m->pool, mm_part, &j, parts);
 }
 
 /* out (T, n_out) = x (T, n_in) . W^T, W (n_out, n_in) row-major; rows of W
- * split over the pool. A prefill chunk (T > 1) runs OpenBLAS sgemm; a single
- * row runs the decode kernel. */
+ * split over the pool. A prefill chunk (T > 1) runs OpenBLAS sgemm unless
+ * OpenBLAS runs its generic SSE3 kernels on a CPU where ours are wider
+ * (m->own_gemm); a single row runs the decode kernel. */
 static void matmul(kvt_model *m, float *out, const float *x, const float *W, int T, int n_in, int n_out)
 {
-    run_matmul(m, out, x, W, T, n_in, n_out, T == 1);
+    run_matmul(m, out, x, W, T, n_in, n_out, T == 1 || m->own_gemm);
 }
 
 /* The same product for the n rows of a (batched) decode: always the decode
@@ -205,19 +216,14 @@ static void decode_head(const kvt_model_config *c, const kvt__seg *segs, int n_s
     float scale = 1.0f / sqrtf((float)hs);
     int base = 0;
     for (int s = 0; s < n_segs; s++) {
-        const kvt__seg *g = &segs[s];
-        for (int t = 0; t < g->n; t++)
-            S[base + t] = kvt__dot(q, g->k + (size_t)t * kv + koff, hs) * scale;
-        base += g->n;
+        kvt__attn_scores(S + base, q, segs[s].k + koff, kv, segs[s].n, hs, scale);
+        base += segs[s].n;
     }
-    kvt_softmax(S, ctx);
-    memset(out, 0, (size_t)hs * sizeof(float));
+    kvt__softmax(S, ctx);
     base = 0;
     for (int s = 0; s < n_segs; s++) {
-        const kvt__seg *g = &segs[s];
-        for (int t = 0; t < g->n; t++)
-            kvt__axpy(out, S[base + t], g->v + (size_t)t * kv + koff, hs);
-        base += g->n;
+        kvt__attn_values(out, S + base, segs[s].v + koff, kv, segs[s].n, hs, s > 0);
+        base += segs[s].n;
     }
 }
 
@@ -268,7 +274,7 @@ static void attn_part(void *vj, int part, int n_parts)
         for (int t = 0; t < j->T; t++) {
             float *row = S + (size_t)t * ctx;
             int n = (int)(j->p0 + t + 1); /* causal inside the batch */
-            kvt_softmax(row, n);
+            kvt__softmax(row, n);
             if (n < ctx) /* zero the future keys this row's segments multiply */
                 memset(row + n, 0, (size_t)(ctx - n) * sizeof(float));
         }
@@ -401,11 +407,7 @@ static void ffn_residual(kvt_model *m, int l, int T, int rows)
         rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, w->rms_ffn + (size_t)l * d, d);
     run_matmul(m, s->hb, s->xb, w->w1 + l * hdd, T, d, hd, rows);
     run_matmul(m, s->hb2, s->xb, w->w3 + l * hdd, T, d, hd, rows);
-    for (size_t i = 0; i < (size_t)T * hd; i++) {
-        float v = s->hb[i];
-        v *= 1.0f / (1.0f + expf(-v));
-        s->hb[i] = v * s->hb2[i];
-    }
+    kvt__silu_mul(s->hb, s->hb2, (size_t)T * hd);
     run_matmul(m, s->xb, s->hb, w->w2 + l * hdd, T, hd, d, rows);
     for (size_t i = 0; i < (size_t)T * d; i++)
         s->x[i] += s->xb[i];
@@ -614,7 +616,7 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
     double macs = 0;
     for (int i = 0; i < n; i++)
         macs += 2.0 * (double)m->dec_ctx[i] * c->dim;
-    int parts = macs >= PAR_MIN_MACS ? kvt__pool_size(m->pool) : 1;
+    int parts = macs >= PAR_MIN_MACS ? PARTS_PER_THREAD * kvt__pool_size(m->pool) : 1;
     if (parts > n * c->n_heads)
         parts = n * c->n_heads;
     if ((rc = ensure_scores(m, (size_t)max_ctx * (size_t)parts)) != 0)

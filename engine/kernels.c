@@ -9,6 +9,7 @@
  */
 #include "kernels.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -46,10 +47,44 @@ static void c_matmul(float *out, size_t ldo, const float *x, int n, const float 
             out[(size_t)i * ldo + r] = c_dot_lanes(W + (size_t)r * n_in, x + (size_t)i * n_in, n_in);
 }
 
-static void c_axpy(float *y, float a, const float *x, int n)
+static void c_scores(float *S, const float *q, const float *K, size_t ldk, int n, int hs, float scale)
 {
-    for (int j = 0; j < n; j++)
-        y[j] += a * x[j];
+    for (int t = 0; t < n; t++)
+        S[t] = c_dot_lanes(q, K + (size_t)t * ldk, hs) * scale;
+}
+
+static void c_softmax(float *x, int n)
+{
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    float acc[C_LANES] = {0};
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        acc[i % C_LANES] += x[i];
+    }
+    float s0 = acc[0] + acc[4], s1 = acc[1] + acc[5], s2 = acc[2] + acc[6], s3 = acc[3] + acc[7];
+    float sum = (s0 + s2) + (s1 + s3);
+    for (int i = 0; i < n; i++)
+        x[i] /= sum;
+}
+
+static void c_values(float *out, const float *S, const float *V, size_t ldv, int n, int hs, int accumulate)
+{
+    if (!accumulate)
+        memset(out, 0, (size_t)hs * sizeof(float));
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < hs; i++)
+            out[i] += S[t] * V[(size_t)t * ldv + i];
+}
+
+static void c_silu_mul(float *h, const float *g, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = h[i];
+        v *= 1.0f / (1.0f + expf(-v));
+        h[i] = v * g[i];
+    }
 }
 
 #ifdef KVT__X86
@@ -126,23 +161,124 @@ static AVX512 void avx512_matmul(float *out, size_t ldo, const float *x, int n, 
     }
 }
 
-static AVX512 float avx512_dot(const float *a, const float *b, int n)
+/* exp as Cephes expf: n = round(x log2 e), r = x - n ln2 (in two parts),
+ * e^r = 1 + r + r^2 p(r), times 2^n. */
+static inline __attribute__((always_inline)) AVX512 __m512 exp512(__m512 x)
 {
-    float out;
-    tile512(&out, 1, b, n, a, 0, 1, 1);
-    return out;
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(88.3762626647949f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, n);
 }
 
-static AVX512 void avx512_axpy(float *y, float a, const float *x, int n)
+static AVX512 void avx512_scores(float *S, const float *q, const float *K, size_t ldk, int n, int hs, float scale)
 {
-    __m512 av = _mm512_set1_ps(a);
-    int j = 0;
-    for (; j + 16 <= n; j += 16)
-        _mm512_storeu_ps(y + j, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + j), _mm512_loadu_ps(y + j)));
-    if (j < n) {
-        __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
-        _mm512_mask_storeu_ps(y + j, k,
-                              _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(k, x + j), _mm512_maskz_loadu_ps(k, y + j)));
+    for (int t = 0; t < n; t++) {
+        float d;
+        tile512(&d, 1, q, hs, K + (size_t)t * ldk, 0, 1, 1);
+        S[t] = d * scale;
+    }
+}
+
+static AVX512 void avx512_softmax(float *x, int n)
+{
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+    __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+    if (i < n)
+        mv = _mm512_mask_max_ps(mv, k, mv, _mm512_maskz_loadu_ps(k, x + i));
+    __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mv)), sum = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx));
+        _mm512_storeu_ps(x + i, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    if (i < n) {
+        __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mx)));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        sum = _mm512_add_ps(sum, e);
+    }
+    __m512 s = _mm512_set1_ps(_mm512_reduce_add_ps(sum));
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), s));
+    if (i < n)
+        _mm512_mask_storeu_ps(x + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), s));
+}
+
+/* NV vectors (16 floats each, the last one masked by k) of out held in
+ * registers while every value row passes. */
+static inline __attribute__((always_inline)) AVX512 void values512(float *out, const float *S, const float *V,
+                                                                    size_t ldv, int n, const int NV, __mmask16 k,
+                                                                    int accumulate)
+{
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++)
+        acc[v] = !accumulate ? _mm512_setzero_ps()
+                 : v < NV - 1 ? _mm512_loadu_ps(out + 16 * v)
+                              : _mm512_maskz_loadu_ps(k, out + 16 * v);
+    for (int t = 0; t < n; t++) {
+        __m512 a = _mm512_set1_ps(S[t]);
+        const float *row = V + (size_t)t * ldv;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++)
+            acc[v] = _mm512_fmadd_ps(a, v < NV - 1 ? _mm512_loadu_ps(row + 16 * v) : _mm512_maskz_loadu_ps(k, row + 16 * v),
+                                     acc[v]);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+        if (v < NV - 1)
+            _mm512_storeu_ps(out + 16 * v, acc[v]);
+        else
+            _mm512_mask_storeu_ps(out + 16 * v, k, acc[v]);
+    }
+}
+
+static AVX512 void avx512_values(float *out, const float *S, const float *V, size_t ldv, int n, int hs, int accumulate)
+{
+    for (int i0 = 0; i0 < hs; i0 += 128) { /* 128 output floats (8 registers) at a time */
+        int w = hs - i0 < 128 ? hs - i0 : 128, nv = (w + 15) / 16;
+        __mmask16 k = (__mmask16)(w % 16 ? (1u << (w % 16)) - 1 : 0xffffu);
+        float *o = out + i0;
+        const float *v0 = V + i0;
+        switch (nv) {
+        case 1: values512(o, S, v0, ldv, n, 1, k, accumulate); break;
+        case 2: values512(o, S, v0, ldv, n, 2, k, accumulate); break;
+        case 3: values512(o, S, v0, ldv, n, 3, k, accumulate); break;
+        case 4: values512(o, S, v0, ldv, n, 4, k, accumulate); break;
+        case 5: values512(o, S, v0, ldv, n, 5, k, accumulate); break;
+        case 6: values512(o, S, v0, ldv, n, 6, k, accumulate); break;
+        case 7: values512(o, S, v0, ldv, n, 7, k, accumulate); break;
+        default: values512(o, S, v0, ldv, n, 8, k, accumulate); break;
+        }
+    }
+}
+
+static AVX512 void avx512_silu_mul(float *h, const float *g, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(h + i);
+        __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+        _mm512_storeu_ps(h + i, _mm512_mul_ps(_mm512_mul_ps(v, sg), _mm512_loadu_ps(g + i)));
+    }
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(k, h + i);
+        __m512 sg = _mm512_div_ps(one, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+        _mm512_mask_storeu_ps(h + i, k, _mm512_mul_ps(_mm512_mul_ps(v, sg), _mm512_maskz_loadu_ps(k, g + i)));
     }
 }
 
@@ -224,22 +360,101 @@ static AVX2 void avx2_matmul(float *out, size_t ldo, const float *x, int n, cons
             tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 1, 1);
 }
 
-static AVX2 float avx2_dot(const float *a, const float *b, int n)
+static inline __attribute__((always_inline)) AVX2 __m256 exp256(__m256 x)
 {
-    float out;
-    tile256(&out, 1, b, n, a, 0, 1, 1);
-    return out;
+    /* as exp512; 2^n built in the exponent field, so x is kept where n is a
+     * normal exponent */
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-static AVX2 void avx2_axpy(float *y, float a, const float *x, int n)
+static AVX2 void avx2_scores(float *S, const float *q, const float *K, size_t ldk, int n, int hs, float scale)
 {
-    __m256 av = _mm256_set1_ps(a);
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + j), _mm256_loadu_ps(y + j)));
-    if (j < n) {
-        __m256i k = tail_mask256(n - j);
-        _mm256_maskstore_ps(y + j, k, _mm256_fmadd_ps(av, _mm256_maskload_ps(x + j, k), _mm256_maskload_ps(y + j, k)));
+    for (int t = 0; t < n; t++) {
+        float d;
+        tile256(&d, 1, q, hs, K + (size_t)t * ldk, 0, 1, 1);
+        S[t] = d * scale;
+    }
+}
+
+static AVX2 void avx2_softmax(float *x, int n)
+{
+    float mx = x[0];
+    for (int i = 1; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
+    __m256 m = _mm256_set1_ps(mx), sum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (i < n) {
+        __m256i k = tail_mask256(n - i);
+        __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(x + i, k), m)), _mm256_castsi256_ps(k));
+        _mm256_maskstore_ps(x + i, k, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float s = hsum256(sum);
+    for (i = 0; i < n; i++)
+        x[i] /= s;
+}
+
+static AVX2 void avx2_values(float *out, const float *S, const float *V, size_t ldv, int n, int hs, int accumulate)
+{
+    for (int i0 = 0; i0 < hs; i0 += 64) { /* 64 output floats (8 registers) at a time */
+        int w = hs - i0 < 64 ? hs - i0 : 64, nv = (w + 7) / 8;
+        __m256i k = tail_mask256(w % 8 ? w % 8 : 8);
+        __m256 acc[8];
+        for (int v = 0; v < 8; v++)
+            acc[v] = _mm256_setzero_ps();
+        if (accumulate)
+            for (int v = 0; v < nv; v++)
+                acc[v] = v < nv - 1 ? _mm256_loadu_ps(out + i0 + 8 * v) : _mm256_maskload_ps(out + i0 + 8 * v, k);
+        for (int t = 0; t < n; t++) {
+            __m256 a = _mm256_set1_ps(S[t]);
+            const float *row = V + (size_t)t * ldv + i0;
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++)
+                if (v < nv)
+                    acc[v] = _mm256_fmadd_ps(a, v < nv - 1 ? _mm256_loadu_ps(row + 8 * v) : _mm256_maskload_ps(row + 8 * v, k),
+                                             acc[v]);
+        }
+        for (int v = 0; v < nv; v++) {
+            if (v < nv - 1)
+                _mm256_storeu_ps(out + i0 + 8 * v, acc[v]);
+            else
+                _mm256_maskstore_ps(out + i0 + 8 * v, k, acc[v]);
+        }
+    }
+}
+
+static AVX2 void avx2_silu_mul(float *h, const float *g, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(h + i);
+        __m256 sg = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(_mm256_mul_ps(v, sg), _mm256_loadu_ps(g + i)));
+    }
+    if (i < n) { /* the same arithmetic on the tail, so an element's value never depends on n */
+        __m256i k = tail_mask256((int)(n - i));
+        __m256 v = _mm256_maskload_ps(h + i, k);
+        __m256 sg = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+        _mm256_maskstore_ps(h + i, k, _mm256_mul_ps(_mm256_mul_ps(v, sg), _mm256_maskload_ps(g + i, k)));
     }
 }
 
@@ -250,16 +465,18 @@ static AVX2 void avx2_axpy(float *y, float a, const float *x, int n)
 typedef struct {
     const char *name;
     void (*matmul)(float *, size_t, const float *, int, const float *, int, int, int);
-    float (*dot)(const float *, const float *, int);
-    void (*axpy)(float *, float, const float *, int);
+    void (*scores)(float *, const float *, const float *, size_t, int, int, float);
+    void (*softmax)(float *, int);
+    void (*values)(float *, const float *, const float *, size_t, int, int, int);
+    void (*silu_mul)(float *, const float *, size_t);
 } kernel_set;
 
 static const kernel_set k_sets[] = {
 #ifdef KVT__X86
-    {"avx512", avx512_matmul, avx512_dot, avx512_axpy},
-    {"avx2", avx2_matmul, avx2_dot, avx2_axpy},
+    {"avx512", avx512_matmul, avx512_scores, avx512_softmax, avx512_values, avx512_silu_mul},
+    {"avx2", avx2_matmul, avx2_scores, avx2_softmax, avx2_values, avx2_silu_mul},
 #endif
-    {"c", c_matmul, c_dot_lanes, c_axpy},
+    {"c", c_matmul, c_scores, c_softmax, c_values, c_silu_mul},
 };
 
 static const kernel_set *g_set;
@@ -297,9 +514,19 @@ void kvt__matmul_rows(float *out, size_t ldo, const float *x, int n, const float
     set()->matmul(out, ldo, x, n, W, n_in, r0, r1);
 }
 
-float kvt__dot(const float *a, const float *b, int n) { return set()->dot(a, b, n); }
+void kvt__attn_scores(float *S, const float *q, const float *K, size_t ldk, int n, int hs, float scale)
+{
+    set()->scores(S, q, K, ldk, n, hs, scale);
+}
 
-void kvt__axpy(float *y, float a, const float *x, int n) { set()->axpy(y, a, x, n); }
+void kvt__softmax(float *x, int n) { set()->softmax(x, n); }
+
+void kvt__attn_values(float *out, const float *S, const float *V, size_t ldv, int n, int hs, int accumulate)
+{
+    set()->values(out, S, V, ldv, n, hs, accumulate);
+}
+
+void kvt__silu_mul(float *h, const float *g, size_t n) { set()->silu_mul(h, g, n); }
 
 const char *kvt__kernels_isa(void) { return set()->name; }
 

@@ -1,8 +1,9 @@
 /*
  * engine/kernels.h: the vector kernels of the decode path (internal to
- * engine/): a row-blocked matrix product over several input rows, a dot
- * product and an axpy. One implementation is chosen per process (AVX-512,
- * AVX2+FMA or plain C, by what the CPU supports) and every caller uses it.
+ * engine/): a row-blocked matrix product over several input rows, attention
+ * scores, softmax, the weighted sum of values, and SwiGLU's silu(h) * g. One
+ * implementation is chosen per process (AVX-512, AVX2+FMA or plain C, by what
+ * the CPU supports) and every caller uses it.
  *
  * Summation-order rule (what makes batched decode batch-invariant): each
  * output element of kvt__matmul_rows is computed as
@@ -12,8 +13,9 @@
  *     out = horizontal sum of acc (a fixed tree)
  * so its bits depend only on that weight row and that input row: never on
  * how many rows are multiplied together, which rows they are, where the
- * row range of a thread starts, or on memory alignment. kvt__dot follows the
- * same rule.
+ * row range of a thread starts, or on memory alignment. The attention
+ * kernels keep the same kind of rule: every result depends only on its own
+ * query, keys, values and length, in an order fixed by head_size.
  */
 #ifndef KVT_ENGINE_KERNELS_H
 #define KVT_ENGINE_KERNELS_H
@@ -27,11 +29,26 @@
  * Thread-safe: reads W and x, writes only the given output elements. */
 void kvt__matmul_rows(float *out, size_t ldo, const float *x, int n, const float *W, int n_in, int r0, int r1);
 
-/** sum_j a[j] * b[j] over n floats, in the order stated above. */
-float kvt__dot(const float *a, const float *b, int n);
+/** Attention scores of one query head over n keys: S[t] = dot(q, K + t * ldk)
+ * * scale for t in [0, n), each dot in kvt__dot's order. q (hs), K rows of
+ * at least hs floats, ldk floats apart. */
+void kvt__attn_scores(float *S, const float *q, const float *K, size_t ldk, int n, int hs, float scale);
 
-/** y[j] += a * x[j] for j in [0, n) (one multiply-add per element). */
-void kvt__axpy(float *y, float a, const float *x, int n);
+/** In-place softmax of x[0..n): exp(x - max) / sum, with a vectorised exp
+ * (Cephes expf: range reduction to [-ln2/2, ln2/2] and a degree-5
+ * polynomial, about 1 ulp; libm expf in the plain C set) and the sum taken
+ * in 16 (or 8) lanes then reduced in a fixed tree. */
+void kvt__softmax(float *x, int n);
+
+/** Weighted sum of n value rows: out[i] = (accumulate ? out[i] : 0) +
+ * sum_t S[t] * V[t * ldv + i] for i in [0, hs), t ascending (one fused
+ * multiply-add per term, per element in t order), so a sum split over
+ * segments with accumulate = 1 after the first equals the sum in one call. */
+void kvt__attn_values(float *out, const float *S, const float *V, size_t ldv, int n, int hs, int accumulate);
+
+/** h[i] = silu(h[i]) * g[i] = h / (1 + exp(-h)) * g for i in [0, n), with
+ * kvt__softmax's exp. */
+void kvt__silu_mul(float *h, const float *g, size_t n);
 
 /** Name of the kernel set in use: "avx512", "avx2" or "c". */
 const char *kvt__kernels_isa(void);

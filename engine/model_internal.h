@@ -66,6 +66,7 @@ struct kvt_model {
     kvt__seg *segs;       /* (segs_cap) block pointers of the attention being run */
     size_t segs_cap;
     struct kvt__pool *pool; /* worker threads of the forward pass */
+    int own_gemm;           /* 1: prefill products through kernels.h, not OpenBLAS */
     /* per-sequence arrays of a batched decode, one allocation (dec_block) */
     void *dec_block;
     const void **dec_ptrs; /* (dec_cap * n_layers) caches, sorted to find one passed twice */

@@ -1,16 +1,20 @@
 /*
- * pool.c: a tiny fork-join thread pool for the forward pass. A model owns
- * one; kvt__pool_run() runs fn(ctx, i, n) for i in [0, n) with the caller as
- * participant 0 and returns when all are done. It owns its worker threads
- * and nothing else; it must never run jobs of two callers at once (the model
- * is used by one thread at a time) and never leave a worker running after
- * kvt__pool_free().
+ * pool.c: a small fork-join thread pool for the forward pass. A model owns
+ * one; kvt__pool_run() runs fn(ctx, i, n) for every part i in [0, n) and
+ * returns when all are done. Parts are claimed one at a time from a shared
+ * counter by the caller and by every worker that is awake, so a worker that
+ * the OS has not scheduled (a loaded machine) delays a run by at most the
+ * part it already holds: the caller takes the rest itself and never waits for
+ * a worker to wake up. It owns its worker threads and nothing else; it must
+ * never run jobs of two callers at once (the model is used by one thread at a
+ * time) and never leave a worker running after kvt__pool_free().
  */
 #include "pool.h"
 
 #include "internal.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
 struct kvt__pool {
@@ -18,12 +22,15 @@ struct kvt__pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t generation; /* bumped per job (under mu) */
-    int pending;         /* workers still running the job (under mu) */
-    int stop;
-    kvt__pool_fn fn;
+    uint64_t generation; /* bumped per run (under mu) */
+    int stop;            /* (under mu) */
+    kvt__pool_fn fn;     /* the run's job (under mu) */
     void *ctx;
     int n_parts;
+    /* (generation << 32) | next part to claim: a claim succeeds only for the
+     * run it was read for, so a late worker never takes a part of the next */
+    _Atomic uint64_t claim;
+    atomic_int parts_done; /* parts of the current run finished */
 };
 
 typedef struct {
@@ -31,11 +38,33 @@ typedef struct {
     int index; /* 1..n_workers */
 } worker_arg;
 
+/* Claims and runs parts of run `gen` until none is left; returns how many
+ * it ran. */
+static int run_parts(kvt__pool *p, uint64_t gen, kvt__pool_fn fn, void *ctx, int n)
+{
+    int ran = 0;
+    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    for (;;) {
+        if (c >> 32 != (gen & 0xffffffffu) || (int)(c & 0xffffffffu) >= n)
+            return ran;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue; /* c now holds the current value */
+        fn(ctx, (int)(c & 0xffffffffu), n);
+        ran++;
+        if (atomic_fetch_add_explicit(&p->parts_done, 1, memory_order_acq_rel) + 1 == n) {
+            pthread_mutex_lock(&p->mu); /* the last part: wake the caller */
+            pthread_cond_signal(&p->done);
+            pthread_mutex_unlock(&p->mu);
+        }
+        c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    }
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg *wa = arg;
     kvt__pool *p = wa->p;
-    int me = wa->index;
     kvt__free(wa);
     uint64_t seen = 0;
     pthread_mutex_lock(&p->mu);
@@ -49,11 +78,8 @@ static void *worker_main(void *arg)
         void *ctx = p->ctx;
         int n = p->n_parts;
         pthread_mutex_unlock(&p->mu);
-        if (me < n)
-            fn(ctx, me, n);
+        run_parts(p, seen, fn, ctx, n);
         pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0)
-            pthread_cond_signal(&p->done);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -72,6 +98,8 @@ int kvt__pool_create(int n_threads, kvt__pool **out)
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->parts_done, 0);
     p->threads = kvt__calloc((size_t)n_threads, sizeof *p->threads);
     if (!p->threads) {
         kvt__pool_free(p);
@@ -110,16 +138,14 @@ void kvt__pool_run(kvt__pool *p, kvt__pool_fn fn, void *ctx, int n_parts)
     p->fn = fn;
     p->ctx = ctx;
     p->n_parts = n_parts;
-    p->pending = p->n_workers;
-    p->generation++;
+    uint64_t gen = ++p->generation;
+    atomic_store_explicit(&p->parts_done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->claim, (gen & 0xffffffffu) << 32, memory_order_release);
     pthread_cond_broadcast(&p->go);
     pthread_mutex_unlock(&p->mu);
-    /* the caller is participant 0, and takes parts beyond the pool's size */
-    fn(ctx, 0, n_parts);
-    for (int i = p->n_workers + 1; i < n_parts; i++)
-        fn(ctx, i, n_parts);
+    run_parts(p, gen, fn, ctx, n_parts);
     pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
+    while (atomic_load_explicit(&p->parts_done, memory_order_acquire) < n_parts)
         pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }

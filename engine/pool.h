@@ -16,8 +16,12 @@ typedef void (*kvt__pool_fn)(void *ctx, int i, int n);
 int kvt__pool_create(int n_threads, kvt__pool **out);
 /** Threads taking part in a run, the caller included (>= 1; 1 for NULL). */
 int kvt__pool_size(const kvt__pool *p);
-/** Runs fn(ctx, i, n_parts) for every i, part 0 on the calling thread, and
- * returns when all parts are done. Not reentrant; one caller at a time. */
+/** Runs fn(ctx, i, n_parts) once for every i in [0, n_parts) and returns
+ * when all are done. Parts are claimed one by one by the calling thread and
+ * by the workers that are awake, so which thread runs a part varies (a part
+ * must not depend on it) and a worker the OS has not scheduled yet never
+ * holds the run up; give a few parts per thread. Not reentrant; one caller at
+ * a time. */
 void kvt__pool_run(kvt__pool *p, kvt__pool_fn fn, void *ctx, int n_parts);
 /** Stops and joins the workers. NULL is a no-op. */
 void kvt__pool_free(kvt__pool *p);

@@ -69,11 +69,8 @@ static int point_range_at(const kvt_model_config *c, int64_t n)
  * A refused publish is not the generation's error: the state is not kept. */
 static int publish_snapshot(kvt_seq *s, int64_t n)
 {
-    kvt_state snap = {.n_layers = s->state.n_layers};
-    snap.caches = kvt__calloc((size_t)s->state.n_layers, sizeof *snap.caches);
-    if (!snap.caches)
-        return kvt__fail(KVT_ENOMEM, "chat: out of memory for a snapshot");
-    int rc = kvt_caches_clone(s->state.caches, s->state.n_layers, snap.caches);
+    kvt_state snap; /* arrays from kvtier: publish (or dispose) frees them */
+    int rc = kvt_state_clone(&s->state, &snap);
     if (!rc)
         rc = kvt_service_publish(s->svc, s->adm, s->all, n, &snap);
     kvt_state_dispose(&snap);

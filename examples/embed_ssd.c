@@ -2,11 +2,12 @@
  * embed_ssd.c: the SSD store as the prompt cache's cold tier. A first
  * process computes a 40-token prefix and shuts down; a second process
  * (forked before any kvtier object exists) gets it back from disk.
- * Shutdown order: the prompt cache hands its entries to the store and is
- * destroyed, then the store is flushed and closed.
- * Usage: embed_ssd DIR   (DIR is created; reuse it to resume)
+ * Shutdown order: the prompt cache first (destroy hands every entry to the
+ * store and flushes it), then the store (kvt_store_close).
+ * Usage: embed_ssd DIR   (created if absent; run again to resume from it)
  * Build: cc embed_ssd.c $(pkg-config --cflags --libs kvtier)
  */
+#define _POSIX_C_SOURCE 200809L
 #include <kvtier/prompt_cache.h>
 #include <kvtier/store.h>
 #include <stdio.h>
@@ -19,47 +20,46 @@
 #define CHECK(x) do { int rc_ = (x); if (rc_) { fprintf(stderr, "%s: %s (%s)\n", #x, \
     kvt_strerror(rc_), kvt_last_error()); exit(1); } } while (0)
 
-static void fresh_caches(kvt_cache **caches)
+static int new_caches(void *ctx, kvt_cache **caches)
 {
-    for (int l = 0; l < L; l++)
-        CHECK(kvt_kv_create(D, 16, &caches[l]));
+    (void)ctx;
+    int rc = 0;
+    for (int l = 0; l < L && !rc; l++)
+        rc = kvt_kv_create(D, 16, &caches[l]);
+    return rc;
 }
 
-static void prefill(kvt_cache **caches, const int32_t *tokens, int64_t from, int64_t to)
+/* One request: reuse, prefill the new tokens, put back; returns the reuse. */
+static int64_t serve(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, kvt_hit_source *from)
 {
-    for (int64_t t = from; t < to; t++) {
-        float kv[D] = {(float)tokens[t], (float)tokens[t], (float)tokens[t], (float)tokens[t]};
+    kvt_hit hit;
+    CHECK(kvt_prompt_cache_take(pc, prompt, n, "", NULL, &hit));
+    for (int64_t t = hit.prefix_len; t < n; t++) {
+        float kv[D] = {(float)prompt[t], (float)prompt[t], (float)prompt[t], (float)prompt[t]};
         const void *in[2] = {kv, kv};
         for (int l = 0; l < L; l++)
-            CHECK(kvt_cache_append(caches[l], 1, in));
+            CHECK(kvt_cache_append(hit.entry.caches[l], 1, in));
     }
+    int64_t reused = hit.prefix_len;
+    *from = hit.source;
+    CHECK(kvt_prompt_cache_put_hit(pc, &hit, prompt, n, NULL));
+    kvt_hit_dispose(&hit);
+    return reused;
 }
 
-/* Opens the store of this model under dir and a prompt cache over it. */
-static void open_tiers(const char *dir, kvt_store **store, kvt_prompt_cache **pc, kvt_cold_tier *tier)
+/* Opens this model's store under dir (the identity says which model wrote
+ * a shard: another model's are never served) and a prompt cache over it. */
+static void open_tiers(const char *dir, kvt_store **store, kvt_cold_tier *tier, kvt_prompt_cache **pc)
 {
-    kvt_cache *shape[L]; /* the fingerprint is read off a set of empty caches */
-    fresh_caches(shape);
     char fp[KVT_STORE_FINGERPRINT_LEN];
-    CHECK(kvt_store_config_fingerprint(shape, L, fp));
-    kvt_caches_dispose(shape, L);
+    CHECK(kvt_store_config_fingerprint_of(new_caches, NULL, L, fp));
     kvt_store_identity id = {.model_id = "example-model", .config_fingerprint = fp,
                              .tokenizer_hash = "example-tokenizer"};
     CHECK(kvt_store_open(dir, &id, NULL, store));
     kvt_store_cold_tier(*store, tier);
-    kvt_prompt_cache_config cfg = {.max_bytes = 1 << 20, .cold = tier};
+    kvt_prompt_cache_config cfg = {.max_bytes = 1 << 20, .cold = tier, .new_caches = new_caches,
+                                   .n_layers = L};
     CHECK(kvt_prompt_cache_create(&cfg, pc));
-}
-
-/* The shutdown order: entries to the store, store flushed, cache, store. */
-static void close_tiers(kvt_store *store, kvt_prompt_cache *pc)
-{
-    kvt_prompt_cache_stats st;
-    kvt_prompt_cache_stats_get(pc, &st);
-    CHECK(kvt_prompt_cache_evict(pc, st.entries, NULL)); /* spills each entry */
-    CHECK(kvt_store_flush(store));                      /* makes the spills durable */
-    kvt_prompt_cache_destroy(pc);                       /* would drop, not spill */
-    CHECK(kvt_store_close(store));
 }
 
 int main(int argc, char **argv)
@@ -72,34 +72,26 @@ int main(int argc, char **argv)
     for (int i = 0; i < 60; i++)
         prompt[i] = 100 + i;
     kvt_store *store;
-    kvt_prompt_cache *pc;
     kvt_cold_tier tier;
+    kvt_prompt_cache *pc;
+    kvt_hit_source from;
     pid_t child = fork();
     if (child == 0) { /* process 1: compute 40 tokens, keep them, shut down */
-        open_tiers(argv[1], &store, &pc, &tier);
-        kvt_cache *caches[L];
-        fresh_caches(caches);
-        prefill(caches, prompt, 0, 40);
-        kvt_entry e = {.ns = "", .tokens = prompt, .n_tokens = 40, .caches = caches, .n_caches = L};
-        CHECK(kvt_prompt_cache_put(pc, &e, NULL));
-        close_tiers(store, pc);
+        open_tiers(argv[1], &store, &tier, &pc);
+        serve(pc, prompt, 40, &from);
+        kvt_prompt_cache_destroy(pc); /* hands the entry to the store, flushes it */
+        CHECK(kvt_store_close(store));
         _exit(0);
     }
     int status;
     if (child < 0 || waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status))
         return 1;
-
-    /* process 2: a fresh RAM tier; the prefix comes back from disk */
-    open_tiers(argv[1], &store, &pc, &tier);
-    kvt_hit hit;
-    CHECK(kvt_prompt_cache_take(pc, prompt, 60, "", NULL, &hit));
-    const float *k, *v;
-    int32_t n;
-    CHECK(kvt_kv_block(hit.entry.caches[0], 2, &k, &v, &n));
-    printf("second process: %lld tokens reused from %s, block 2 starts with token %.0f\n",
-           (long long)hit.prefix_len, hit.source == KVT_HIT_COLD ? "SSD" : "RAM", k[0]);
-    int ok = hit.prefix_len == 40 && hit.source == KVT_HIT_COLD && k[0] == 132.0f;
-    kvt_hit_dispose(&hit);
-    close_tiers(store, pc);
-    return ok ? 0 : 1;
+    open_tiers(argv[1], &store, &tier, &pc); /* process 2: empty RAM, the prefix on disk */
+    int64_t reused = serve(pc, prompt, 60, &from);
+    printf("second process: reused %lld tokens from %s\n", (long long)reused,
+           from == KVT_HIT_COLD ? "the SSD store" : "RAM");
+    CHECK(kvt_prompt_cache_close(pc)); /* the same as destroy does, with its status */
+    kvt_prompt_cache_destroy(pc);
+    CHECK(kvt_store_close(store));
+    return reused == 40 && from == KVT_HIT_COLD ? 0 : 1;
 }

@@ -7,7 +7,8 @@
 #   test_installed.sh examples BUILD_DIR SOURCE_DIR
 #       each examples/*.c builds with `cc $(pkg-config --cflags --libs
 #       kvtier)` and runs without LD_LIBRARY_PATH (kvtier.pc carries the
-#       rpath), then again built with ASan+UBSan, then under valgrind
+#       rpath), then again built with ASan+UBSan, then under valgrind; and
+#       the C example in README.md's "Embedding kvtier" section builds and runs
 set -eu
 mode=$1 build=$2 src=$3
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvt-installed.XXXXXX")
@@ -63,4 +64,17 @@ for ex in "$src"/examples/*.c; do
         "$tmp/$name" $args >/dev/null || { echo "FAIL: $name under valgrind" >&2; fail=1; continue; }
     echo "ok: $name (installed library, pkg-config, ASan+UBSan, valgrind)"
 done
+# the example printed in the README's "Embedding kvtier" section builds and runs as shown
+awk '/^## Embedding kvtier/ { s = 1 } s && /^```c$/ { c = 1; next } c && /^```$/ { exit } c { print }' \
+    "$src/README.md" >"$tmp/readme_example.c"
+if [ ! -s "$tmp/readme_example.c" ]; then
+    echo "FAIL: README.md has no C example in its Embedding kvtier section" >&2
+    fail=1
+elif $CC -std=c11 -Wall -Wextra -Wpedantic -Werror -o "$tmp/readme_example" "$tmp/readme_example.c" $CFLAGS $LIBS &&
+    "$tmp/readme_example" >/dev/null; then
+    echo "ok: the README's example ($(wc -l <"$tmp/readme_example.c") lines) builds and runs"
+else
+    echo "FAIL: the README's example does not build or run" >&2
+    fail=1
+fi
 exit $fail

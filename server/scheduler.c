@@ -41,6 +41,16 @@ struct kvt_srv_sched {
     float *batch_logits;        /* (max_running, vocab_size) */
 };
 
+/* A condition variable whose timed waits use CLOCK_MONOTONIC (deadline_in). */
+static void cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 /* ---- jobs ------------------------------------------------------------------------------ */
 
 kvt_srv_job *kvt_srv_job_new(void)
@@ -49,11 +59,7 @@ kvt_srv_job *kvt_srv_job_new(void)
     if (!j)
         return NULL;
     pthread_mutex_init(&j->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&j->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&j->cv);
     atomic_init(&j->refs, 1);
     atomic_init(&j->cancel, 0);
     j->status = 200;
@@ -474,6 +480,17 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+static void sched_free(kvt_srv_sched *s)
+{
+    free(s->batch);
+    free(s->batch_caches);
+    free(s->batch_tokens);
+    free(s->batch_logits);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
 int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *svc, kvt_srv_metrics *metrics,
                          const kvt_srv_sched_opts *o, kvt_srv_sched **out)
 {
@@ -489,11 +506,7 @@ int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *sv
     s->metrics = metrics;
     s->o = *o;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&s->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    cond_init_monotonic(&s->cv);
     size_t R = (size_t)o->max_running;
     s->batch = calloc(R, sizeof *s->batch);
     s->batch_caches = calloc(R, sizeof *s->batch_caches);
@@ -503,13 +516,7 @@ int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *sv
     if (!rc)
         rc = pthread_create(&s->thread, NULL, engine_main, s);
     if (rc) {
-        free(s->batch);
-        free(s->batch_caches);
-        free(s->batch_tokens);
-        free(s->batch_logits);
-        pthread_cond_destroy(&s->cv);
-        pthread_mutex_destroy(&s->mu);
-        free(s);
+        sched_free(s);
         return -rc;
     }
     *out = s;
@@ -582,11 +589,5 @@ void kvt_srv_sched_destroy(kvt_srv_sched *s)
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
-    free(s->batch);
-    free(s->batch_caches);
-    free(s->batch_tokens);
-    free(s->batch_logits);
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
-    free(s);
+    sched_free(s);
 }

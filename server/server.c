@@ -817,17 +817,17 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
 {
     *out = NULL;
     if (!o)
-        return kvt__fail(KVT_EINVAL, "serve: no options");
+        return kvt__fail(KVT_EINVAL, "no options");
     if ((o->model_path != NULL) != (o->tok_path != NULL))
-        return kvt__fail(KVT_EINVAL, "serve: %s given without %s", o->model_path ? "--model" : "--tokenizer",
+        return kvt__fail(KVT_EINVAL, "%s given without %s", o->model_path ? "--model" : "--tokenizer",
                          o->model_path ? "--tokenizer" : "--model");
     if (o->port < 0 || o->port > 65535)
-        return kvt__fail(KVT_EINVAL, "serve: port %d is not in [0, 65535]", o->port);
+        return kvt__fail(KVT_EINVAL, "port %d is not in [0, 65535]", o->port);
     kvt_server *s = calloc(1, sizeof *s);
     if (!s)
-        return kvt__fail(KVT_ENOMEM, "serve: out of memory");
+        return kvt__fail(KVT_ENOMEM, "out of memory");
     s->o = *o;
-    s->host = xstrdup(o->host ? o->host : "127.0.0.1");
+    s->host = xstrdup(!o->host || !strcmp(o->host, "localhost") ? "127.0.0.1" : o->host);
     s->model_path = xstrdup(o->model_path);
     s->tok_path = xstrdup(o->tok_path);
     s->model_name_opt = xstrdup(o->model_name);
@@ -853,7 +853,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->metrics = kvt_srv_metrics_create();
     if (!s->metrics || !s->host) {
         kvt_server_destroy(s);
-        return kvt__fail(KVT_ENOMEM, "serve: out of memory");
+        return kvt__fail(KVT_ENOMEM, "out of memory");
     }
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
@@ -868,7 +868,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
         a6->sin6_port = htons((uint16_t)o->port);
         flags |= MHD_USE_IPv6;
     } else {
-        int rc = kvt__fail(KVT_EINVAL, "serve: --host '%s' is not an IPv4 or IPv6 address", s->host);
+        int rc = kvt__fail(KVT_EINVAL, "--host '%s' is not an IPv4 or IPv6 address", s->host);
         kvt_server_destroy(s);
         return rc;
     }
@@ -878,7 +878,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)65536, MHD_OPTION_END);
     if (!s->d) {
         int err = errno ? errno : EADDRINUSE;
-        int rc = kvt__fail(-err, "serve: cannot listen on %s port %d: %s", s->host, o->port, strerror(err));
+        int rc = kvt__fail(-err, "cannot listen on %s port %d: %s", s->host, o->port, strerror(err));
         kvt_server_destroy(s);
         return rc;
     }
@@ -927,7 +927,7 @@ int kvt_server_load(kvt_server *s)
         return rc;
     kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running};
     if ((rc = kvt_srv_sched_create(s->m, s->tok, s->svc, s->metrics, &sco, &s->sched)))
-        return kvt__fail(rc, "serve: cannot start the engine thread");
+        return kvt__fail(rc, "cannot start the engine thread");
     s->created = unix_s();
     atomic_store(&s->ready, 1);
     return 0;

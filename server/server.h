@@ -30,7 +30,7 @@ typedef struct kvt_server kvt_server;
 
 /** Settings of a server. Zero-initialise, then set; zero means the default. */
 typedef struct kvt_server_opts {
-    const char *host;            /* address to bind (IPv4 or IPv6 literal); NULL = "127.0.0.1" */
+    const char *host;            /* address to bind (IPv4 or IPv6 literal, or "localhost"); NULL = "127.0.0.1" */
     int port;                    /* TCP port; 0 = any free port (see kvt_server_port) */
     const char *model_path;      /* llama2.c checkpoint; NULL (with tok_path NULL) = built-in default model */
     const char *tok_path;        /* its tokenizer.bin */

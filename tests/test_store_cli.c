@@ -2,7 +2,9 @@
  * test_store_cli.c: `kvtier store inspect|verify|gc` (issue 5) run as a
  * child process on a real store: inspect lists identities, entries and the
  * longest prefixes from headers only; verify exits 0 on a good root and 1
- * after a bit flip, naming the checksum; gc --max 0 empties idle directories.
+ * after a bit flip, naming the checksum; gc --max 0 empties idle directories;
+ * a symlinked identity directory is refused by inspect and verify and never
+ * followed by gc.
  * Skips when KVT_BIN is not set.
  */
 #include <setjmp.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 /* Runs `kvtier store ARGS` and captures stdout into out; returns the exit status. */
 static int run(const char *args, char *out, size_t cap)
@@ -100,6 +103,53 @@ static void store_cli(void **state)
     store_rmtree(root);
 }
 
+/* An identity directory that is a symlink: refused by inspect and verify
+ * (verify exits 1 naming it), never followed by gc. */
+static void store_cli_symlink(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN")) {
+        printf("KVT_BIN not set (run under ctest): skipping\n");
+        skip();
+    }
+    store_cfg cfg = {.n_kv = 2, .kv_dim = 8, .block = 4};
+    char root[512], real[700], fp[KVT_STORE_FINGERPRINT_LEN];
+    store_tmpdir(root, sizeof root, "clisym");
+    kvt_store_identity id;
+    store_identity(&cfg, "cli-model", fp, &id);
+    kvt_store *s = NULL;
+    assert_int_equal(kvt_store_open(root, &id, NULL, &s), 0);
+    int32_t t[20];
+    for (int i = 0; i < 20; i++)
+        t[i] = i + 1;
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&cfg, "", t, 20, &e), 0);
+    assert_int_equal(kvt_store_put(s, &e), 0);
+    kvt_entry_clear(&e);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", kvt_store_dir(s));
+    assert_int_equal(kvt_store_close(s), 0);
+    snprintf(real, sizeof real, "%s.real", root);
+    store_rmtree(real);
+    assert_int_equal(rename(dir, real), 0);
+    assert_int_equal(symlink(real, dir), 0);
+    int files = store_count_files(real, "");
+    char out[8192], args[1200];
+    snprintf(args, sizeof args, "verify '%s'", root);
+    assert_int_equal(run(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, "refused (symlink)"));
+    assert_non_null(strstr(out, "verify: FAILED"));
+    snprintf(args, sizeof args, "inspect '%s'", root);
+    assert_int_equal(run(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "refused (symlink)"));
+    snprintf(args, sizeof args, "gc '%s' --max 0", root);
+    assert_int_equal(run(args, out, sizeof out), 0);
+    assert_int_equal(store_count_files(real, ""), files);
+    unlink(dir);
+    store_rmtree(real);
+    store_rmtree(root);
+}
+
 /* `kvtier bench ssd` on 16 MB: one row of figures, writes as well as reads
  * the best of --reads runs (a single write sample swung store/raw between 27 %
  * and 282 % on a shared disk), its directory removed. Not a timing test. */
@@ -130,6 +180,7 @@ static void bench_ssd_smoke(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(store_cli), cmocka_unit_test(bench_ssd_smoke)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(store_cli), cmocka_unit_test(store_cli_symlink),
+                                       cmocka_unit_test(bench_ssd_smoke)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -188,6 +188,14 @@ KVT_API int kvt_cache_decode(const kvt_cache_state *st, kvt_cache **out);
  * taken); KVT_ENOMEM (more than 32 kinds). Thread-safe. */
 KVT_API int kvt_cache_register_kind(const kvt_cache_ops *ops);
 
+/** Makes a model's fresh (empty) per-layer caches: fills caches[0..n) for
+ * the n layers the owner was configured with (the slots arrive NULL).
+ * @return 0, or a negative status; on error kvtier disposes whatever caches
+ * were already put in the slots. Called by kvtier without any of its locks
+ * held, possibly from several threads at once: it must be safe to call
+ * concurrently. `ctx` is the pointer given beside the function. */
+typedef int (*kvt_new_caches_fn)(void *ctx, kvt_cache **caches);
+
 /** Clones `n` caches into out[0..n) (all or nothing: on error nothing is
  * left allocated). @return 0; KVT_EINVAL (n < 0, or caches/out NULL with
  * n > 0); otherwise as kvt_cache_clone. */
@@ -221,6 +229,11 @@ KVT_API int kvt_kv_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out)
  * @return 0; KVT_EINVAL (not a kv cache); KVT_ERANGE (no such block). */
 KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, const float **v,
                          int32_t *n_tokens);
+/** Blocks of a kv (or qkv) cache that hold tokens: ceil(offset / B), the
+ * last one possibly partial (the mutable tail); valid block indices for
+ * kvt_kv_block() / kvt_qkv_read_block() are [0, count). 0 for an empty
+ * cache and for other kinds. Thread-safe with other readers. */
+KVT_API int64_t kvt_kv_block_count(const kvt_cache *c);
 /** Tokens per block of a kv (or qkv) cache; 0 for other kinds. */
 KVT_API int32_t kvt_kv_block_tokens(const kvt_cache *c);
 /** Floats per token of K (and of V) of a kv, rotating or qkv cache; 0 otherwise. */

@@ -6,7 +6,20 @@
  * KVT_E* code from the list below, or -errno for a system failure.
  * kvt_strerror() names both kinds. Calls that fail also leave a sentence
  * naming what was wrong (the file, the field, the numbers) in a thread-local
- * buffer read with kvt_last_error().
+ * buffer read with kvt_last_error(). On error, out-parameters are zeroed or
+ * NULL and nothing is left allocated. No call exits or aborts.
+ *
+ * Ownership, the same in every module: kvtier frees an array only if kvtier
+ * allocated it, and frees each one it allocated at the documented end call
+ * (kvt_state_dispose, kvt_hit_dispose, kvt_entry_clear). Calls that adopt
+ * state (kvt_prompt_cache_put, kvt_prompt_cache_put_hit,
+ * kvt_prompt_cache_object_put, kvt_service_publish) take the caches, the
+ * attachments and the release hook on success, setting each slot to NULL,
+ * and never free an array of yours (a stack array, your own malloc); a
+ * successful kvt_service_publish also ends a state kvtier built, freeing its
+ * arrays. On error they take nothing. So "call, then dispose" is right on
+ * every outcome. Every destroy, dispose, clear, free and release accepts
+ * NULL.
  */
 #ifndef KVTIER_COMMON_H
 #define KVTIER_COMMON_H
@@ -44,7 +57,8 @@ extern "C" {
     X(KVT_EIO, -10013, "storage I/O failed")                                   \
     X(KVT_ESTALE, -10014, "result discarded: the cache was cleared meanwhile") \
     X(KVT_ELIMIT, -10015, "request exceeds a model or budget limit")           \
-    X(KVT_EAGAIN, -10016, "does not fit now; retry later")
+    X(KVT_EAGAIN, -10016, "does not fit now; retry later")                     \
+    X(KVT_EREADONLY, -10017, "the tier is read-only")
 
 enum kvt_status {
 #define KVT__ENUM(name, value, msg) name = value,

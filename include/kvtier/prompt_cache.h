@@ -3,18 +3,16 @@
  * (ns, tokens, layer caches, attachments, release hook), indexed by a radix
  * tree per namespace, tiered over an optional cold tier (kvtier/tier.h).
  *
- * Typical use by an engine:
+ * Typical use by an engine (the config sets new_caches, so a miss lends
+ * fresh caches and one path serves hit and miss):
  *   kvt_hit hit;
  *   kvt_prompt_cache_take(pc, prompt, n, "", "chat-7", &hit);
- *   // prefill prompt[hit.prefix_len..n) into hit.entry.caches (or fresh
- *   // caches on a miss), generate, then publish:
- *   kvt_entry e = { .ns = "", .tokens = all, .n_tokens = n_all,
- *                   .caches = hit.entry.caches, .n_caches = L,
- *                   .hook = hit.entry.hook };  // on a miss: fresh caches
- *   hit.entry.hook = (kvt_hook){0};            // the hook share moves to e
- *   if (kvt_prompt_cache_put(pc, &e, "chat-7") != 0)  // adopts caches + hook
- *       hit.entry.hook = e.hook;               // not adopted: give it back
- *   kvt_hit_dispose(&hit);                     // frees what put left behind
+ *   // prefill prompt[hit.prefix_len..n) into hit.entry.caches, generate
+ *   // into all[0..n_all), then put the longer state back:
+ *   kvt_prompt_cache_put_hit(pc, &hit, all, n_all, "chat-7");
+ *   kvt_hit_dispose(&hit);   // releases what put_hit did not adopt
+ * Shutdown: kvt_prompt_cache_destroy() hands every entry to the cold tier
+ * and flushes it first (kvt_prompt_cache_close()).
  *
  * Budget: bytes, never a count of entries: the unique bytes of every refcounted
  * buffer (kv block) held by resident entries, each counted once however many
@@ -108,18 +106,49 @@ typedef struct kvt_prompt_cache_config {
      * be used by no one else meanwhile (the cache calls it under its lock).
      * Create it with kvt_block_policy_create (kvtier/retention_block.h). */
     kvt_block_policy *block_policy;
+    /* Fresh caches on a miss: NULL = a miss lends nothing. When set, a take
+     * that finds no prefix lends n_layers fresh caches made by
+     * new_caches(new_caches_ctx, ...) instead, so one code path serves hit
+     * and miss: prefill prompt[hit.prefix_len..n) into hit.entry.caches,
+     * then kvt_prompt_cache_put_hit(). new_caches_ctx is borrowed for the
+     * life of the cache. */
+    kvt_new_caches_fn new_caches;
+    void *new_caches_ctx;
+    int32_t n_layers;                   /* 1..256 with new_caches, else 0 */
 } kvt_prompt_cache_config;
 
 /** Creates a prompt cache.
  * @param cfg borrowed for the call.
  * @param out receives the cache; caller frees with kvt_prompt_cache_destroy().
  * @return 0; KVT_EINVAL (cfg/out NULL, block_tokens < 0, a cold tier missing
- * find/restore/store); KVT_ENOMEM. Thread-safe. */
+ * find/restore/store, new_caches set with n_layers outside 1..256);
+ * KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prompt_cache **out);
 
-/** Waits for in-flight prefetch reads, then frees every entry (without
- * spilling; queued write-behind completes in the tier; release hooks run
- * once their views are gone) and the cache.
+/** Graceful shutdown, as kvt_service_close() does for the service: waits
+ * for in-flight prefetch reads, then every resident entry (pinned ones too)
+ * leaves RAM: one the cold tier neither holds nor has a write pending for
+ * is handed to it (write-behind spill; when the tier refuses the spill, a
+ * synchronous store), then the tier is flushed (its flush op), so a
+ * restarted process finds every prefix on disk. Sessions are dropped and
+ * reads still in flight are discarded, as by kvt_prompt_cache_clear().
+ * Without a cold tier it is kvt_prompt_cache_clear(). The cache stays
+ * usable (a second close hands over only what was put since); every step
+ * runs whatever an earlier one said.
+ * @return 0 (everything handed over and durable, or no cold tier); the
+ *   first failure otherwise: a hand-over refused (KVT_EIO, -ENOSPC, ...;
+ *   that entry is lost, counted in spill_failures) or the tier's flush
+ *   error; kvt_last_error names the step. NULL is a no-op (returns 0).
+ * Thread-safe, but no other thread should use the cache meanwhile: an entry
+ * put during the call may or may not be handed over. */
+KVT_API int kvt_prompt_cache_close(kvt_prompt_cache *pc);
+
+/** Closes the cache (kvt_prompt_cache_close(): every entry is handed to the
+ * cold tier and the tier flushed, so destroying loses nothing (what
+ * write-behind already queued is not written twice); call close
+ * yourself to see its status), then frees every entry (release hooks run
+ * once their views are gone) and the cache. To drop the entries instead,
+ * call kvt_prompt_cache_clear() first. The cold tier must still be open.
  * Every lease must have been released and no other thread may use the cache
  * during or after the call. NULL is a no-op. */
 KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc);
@@ -128,7 +157,8 @@ KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc);
 
 /** Where a hit came from. */
 typedef enum kvt_hit_source {
-    KVT_HIT_NONE = 0,   /* miss: prefix_len 0, no caches */
+    KVT_HIT_NONE = 0,   /* miss: prefix_len 0; no caches, or fresh ones when
+                           the config has new_caches */
     KVT_HIT_RAM,        /* longest RAM candidate, found by the tree walk */
     KVT_HIT_SESSION,    /* the session's latest entry, without a walk */
     KVT_HIT_COLD        /* restored from the cold tier */
@@ -177,11 +207,13 @@ KVT_API void kvt_hit_dispose(kvt_hit *hit);
  * @param ns     namespace (borrowed; "" = base model); must not be NULL.
  * @param session session id (borrowed) or NULL.
  * @param out    receives the hit (zeroed first); a miss is a success with
- *               prefix_len 0 and source KVT_HIT_NONE. Caller frees with
- *               kvt_hit_dispose().
+ *               prefix_len 0 and source KVT_HIT_NONE, lending n_layers
+ *               fresh caches (ns set, no tokens) when the config has
+ *               new_caches, nothing otherwise. Caller frees with
+ *               kvt_hit_dispose(), or hands it to kvt_prompt_cache_put_hit().
  * @return 0; KVT_EINVAL (NULL pc/ns/out, prompt NULL with n > 0, n < 0);
  * KVT_ENOMEM (a copy or clone failed: nothing is lent; the lookup was
- * already counted).
+ * already counted); on a miss, the error of new_caches (nothing is lent).
  * A failing cold restore is not an error: the RAM candidate serves. */
 KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n,
                                   const char *ns, const char *session, kvt_hit *out);
@@ -219,6 +251,21 @@ KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, i
  * n_tokens > 0, a NULL cache or attachment slot, a cache whose offset is not
  * n_tokens); KVT_ENOMEM. */
 KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char *session);
+
+/** Puts back what take lent, extended: the entry (hit->entry.ns,
+ * tokens[0..n_tokens)) made of the hit's caches, attachments and hook share,
+ * as kvt_prompt_cache_put() does. The engine has appended tokens
+ * [hit->prefix_len, n_tokens) to every cache; tokens must begin with the
+ * prefix the hit lent (checked). On success the hit's parts are adopted and
+ * the hit is released and zeroed; on error nothing is adopted and the hit is
+ * unchanged. Either way end with kvt_hit_dispose(hit) (a no-op after a
+ * success), so one code path serves every outcome.
+ * @param tokens (n_tokens) borrowed; @param session as for put.
+ * @return 0; KVT_EINVAL (NULL pc/hit/tokens, a hit that lends no caches,
+ *   tokens that do not begin with the lent prefix, a cache that does not
+ *   hold n_tokens tokens); KVT_ENOMEM. Thread-safe for distinct hits. */
+KVT_API int kvt_prompt_cache_put_hit(kvt_prompt_cache *pc, kvt_hit *hit, const int32_t *tokens,
+                                     int64_t n_tokens, const char *session);
 
 /** Longest usable RAM prefix of `prompt` (n tokens) in `ns`, as take would
  * find it by the tree walk, without lending anything, touching recency,

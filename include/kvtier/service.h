@@ -66,18 +66,27 @@ typedef struct kvt_service_layer {
     size_t fixed_bytes;     /* FIXED: bytes of state */
 } kvt_service_layer;
 
-/** Makes `n_layers` empty caches for one request (the model's fresh state).
- * Fills caches[0..n_layers); on error leaves every slot NULL and returns a
- * negative status. Called from kvt_service_acquire, without the service
- * mutex: it must be safe to call from several threads at once. */
-typedef int (*kvt_new_caches_fn)(void *ctx, kvt_cache **caches);
+/** How one layer of the built-in kinds grows, read off a cache of it:
+ * "kv" PER_TOKEN (2 * kv_dim * 4 bytes per token, its block_tokens),
+ * "qkv" PER_TOKEN (2 * kv_dim int8 codes + 2 * kv_dim / group_size f32
+ * scales per token, its block_tokens), "rotating" WINDOW (2 * kv_dim * 4
+ * bytes per token, its window), "recurrent" FIXED (its state bytes).
+ * @param c any cache of the layer (only its kind and parameters are read).
+ * @return 0; KVT_EINVAL (NULL argument); KVT_EUNSUPPORTED (a backend kind:
+ *   describe that layer yourself); KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_service_layer_of(const kvt_cache *c, kvt_service_layer *out);
 
 /** How to build a service. Zero-initialise, then fill. */
 typedef struct kvt_service_config {
     int32_t n_layers;                 /* 1..256 */
-    const kvt_service_layer *layers;  /* (n_layers); copied by create */
+    const kvt_service_layer *layers;  /* (n_layers) copied by create; NULL:
+                                         create makes one set of fresh caches
+                                         and reads each layer off it
+                                         (kvt_service_layer_of), so the model
+                                         is described once, by new_caches */
     int64_t max_positions;            /* the model's position limit (seq_len), >= 1 */
-    kvt_new_caches_fn new_caches;     /* required */
+    kvt_new_caches_fn new_caches;     /* required: fills n_layers fresh caches
+                                         (kvtier/cache.h) */
     void *new_caches_ctx;             /* passed to new_caches; borrowed for the service's life */
     void (*new_caches_ctx_free)(void *ctx); /* optional: run on new_caches_ctx by
                                          kvt_service_destroy; if create fails the
@@ -120,8 +129,10 @@ typedef struct kvt_service_config {
  * @param out  receives the service; caller frees with kvt_service_destroy().
  * @return 0; KVT_EINVAL (a NULL argument, n_layers outside 1..256,
  *   max_positions < 1, a layer with bytes_per_token 0 for a growing kind or a
- *   window < 1; kvt_last_error() names the layer); KVT_ENOMEM; an error of
- *   the prompt cache's construction. Thread-safe.
+ *   window < 1; kvt_last_error() names the layer); with layers NULL, the
+ *   error of new_caches or KVT_EUNSUPPORTED (a layer of a backend kind:
+ *   pass layers); KVT_ENOMEM; an error of the prompt cache's construction.
+ *   Thread-safe.
  */
 KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out);
 
@@ -198,7 +209,17 @@ KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req);
 
 /* ---- request state ----------------------------------------------------------- */
 
-/** A request's state, owned by the caller. */
+/** A request's state, owned by the caller.
+ *
+ * Arrays: kvtier frees an array only if kvtier allocated it. A state filled
+ * by kvt_service_acquire(), kvt_state_init() or kvt_state_clone() holds
+ * arrays from kvtier's allocator (kvt_set_allocator) and says so in
+ * `kvtier_arrays`; kvt_state_dispose() and a successful
+ * kvt_service_publish() free them. A state you fill yourself (a stack array,
+ * your own malloc; kvtier_arrays left 0) keeps its arrays: kvt_state_dispose()
+ * and publish only dispose or adopt the caches and attachments in them, and
+ * the arrays stay yours. Either way, ending a state is the same code:
+ * publish or not, then kvt_state_dispose() (a no-op on what publish took). */
 typedef struct kvt_state {
     int32_t n_layers;
     kvt_cache **caches;          /* (n_layers) the caller owns each */
@@ -207,14 +228,40 @@ typedef struct kvt_state {
     kvt_attachment **attachments; /* (n_attachments) stored with a reused prefix */
     kvt_hook hook;               /* runs after the caches and attachments are gone
                                     (keeps a restored donor's backing alive) */
+    int32_t kvtier_arrays;       /* nonzero: kvtier allocated `caches` and
+                                    `attachments` (set by acquire, init and
+                                    clone; never set it yourself) */
 } kvt_state;
+
+/** Makes *st an empty state whose arrays come from kvtier's allocator:
+ * `caches` holds n_layers NULL slots, `attachments` n_attachments NULL
+ * slots (NULL when 0), no hook, reused_tokens 0. Fill the slots, then hand
+ * it to kvt_service_publish() and/or end it with kvt_state_dispose(), which
+ * free the arrays.
+ * @return 0; KVT_EINVAL (st NULL, n_layers < 1 or n_attachments < 0);
+ *   KVT_ENOMEM (then *st is zeroed). Thread-safe (touches only `st`). */
+KVT_API int kvt_state_init(kvt_state *st, int32_t n_layers, int32_t n_attachments);
+
+/** The prompt-boundary snapshot: *out becomes a state (arrays from kvtier,
+ * as kvt_state_init) holding a zero-copy clone of every cache of `src`
+ * (kvt_cache_clone: full blocks shared, nothing copied) and a clone of every
+ * attachment; reused_tokens is copied, the hook is not (the clone holds no
+ * share of src's hook: the clones' buffers are refcounted and keep their
+ * bytes alive by themselves, as they do for state the SSD store restores).
+ * `src` is only read and stays the caller's. Publish *out while `src` keeps
+ * running, then kvt_state_dispose(out).
+ * @return 0; KVT_EINVAL (NULL argument, src without caches or with a NULL
+ *   slot); KVT_ENOMEM or a clone error (then *out is zeroed, nothing is left
+ *   allocated). Thread-safe with other readers of src's caches. */
+KVT_API int kvt_state_clone(const kvt_state *src, kvt_state *out);
 
 /** The request's state: the longest reusable prefix of its prompt in its
  * namespace (at most n_prompt - 1 tokens: one must run to give logits), else
  * fresh caches.
  *
- * @param out filled on success; the caller owns it and ends it with
- *   kvt_state_dispose() or by handing its caches to kvt_service_publish().
+ * @param out filled on success (its arrays are kvtier's, see kvt_state); the
+ *   caller owns it and ends it with kvt_state_dispose(), after handing it to
+ *   kvt_service_publish() or not.
  * @param adm a live admission (not yet released; anything else is undefined).
  * @return 0; KVT_EINVAL (NULL service, admission or out); KVT_ECLOSED;
  *   KVT_ENOMEM or a cache-creation error (nothing is left allocated).
@@ -222,8 +269,11 @@ typedef struct kvt_state {
  */
 KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state *out);
 
-/** Disposes a state's caches and attachments, then runs its hook; zeroes it. NULL and a zeroed
- * state are no-ops. Thread-safe (touches only `st`). */
+/** Ends a state: disposes every non-NULL cache and attachment, then runs the
+ * hook, then frees the two arrays if kvtier allocated them (kvtier_arrays;
+ * arrays of your own are left to you), and zeroes *st. NULL and a zeroed
+ * state are no-ops, so calling it after a successful kvt_service_publish()
+ * is harmless. Thread-safe (touches only `st`). */
 KVT_API void kvt_state_dispose(kvt_state *st);
 
 /** Whether state the request publishes may be kept (a prompt cache exists and
@@ -236,12 +286,15 @@ KVT_API int kvt_service_keeps(kvt_service *svc, const kvt_admission *adm);
  * and retention policy. With a cold tier, kept state is queued for it
  * before publish returns (write-behind; see kvt_service_config.cold).
  *
- * Every cache must hold exactly n_tokens tokens. Ownership of the caches and
- * attachments in `st` passes to the service on success (st is zeroed); on
- * error it stays with the caller. Publish a clone (kvt_caches_clone) to keep
- * using the live caches: that is the zero-copy prompt-boundary snapshot,
- * which must be taken while the caches hold exactly the prompt (a wrapped
- * ring or a recurrent state cannot be rewound later).
+ * Every cache must hold exactly n_tokens tokens. On success the service
+ * adopts the caches, the attachments and the hook in `st`, frees the arrays
+ * if kvtier allocated them (arrays of your own are never freed: see
+ * kvt_state) and zeroes *st. On error nothing is taken and *st is unchanged.
+ * Either way the caller may end with kvt_state_dispose(st).
+ * To keep using the live caches, publish a clone (kvt_state_clone): that is
+ * the zero-copy prompt-boundary snapshot, which must be taken while the
+ * caches hold exactly the prompt (a wrapped ring or a recurrent state cannot
+ * be rewound later).
  * @return 0; KVT_EINVAL (NULL argument, n_tokens < 1, a cache whose offset is
  *   not n_tokens, wrong layer count; kvt_last_error says which);
  *   KVT_EUNSUPPORTED (the service keeps nothing for this request: see
@@ -252,9 +305,13 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *adm, const int3
                                 int64_t n_tokens, kvt_state *st);
 
 /** Ends a request: its projected KV bytes return to the budget and waiting
- * admissions are woken. `completed` says whether the generation finished
- * (reserved for generation checkpoints: an interrupted one would keep them).
- * The admission is freed; NULL is a no-op. Thread-safe. */
+ * admissions are woken. The admission is freed; NULL is a no-op.
+ * @param completed 1 when the generation ran to its end (stop token or
+ *   max_tokens), 0 when it was interrupted or failed. This version keeps
+ *   nothing per generation, so both values release the same way today; pass
+ *   the truth: a service that keeps generation checkpoints removes them for
+ *   a completed request and keeps them for an interrupted one to resume.
+ * Thread-safe. */
 KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int completed);
 
 /** An execution boundary passed: while the config's pressure check says so,

@@ -101,7 +101,13 @@ typedef struct kvt_store_options {
     /** Byte budget over the whole root (every identity directory counts),
      * bytes; 0 = unlimited (`--ssd-cache-max`). When a write takes the root
      * over it, least recently used entries go first (own entries by last
-     * use, idle directories of other identities by file time). */
+     * use, idle directories of other identities by file time). Several
+     * processes may share a root and an identity directory: block files are
+     * deleted only under an exclusive lock of <dir>/.budget.lock, from the
+     * files on disk (an entry file goes before or with the blocks only it
+     * uses; a block goes only when no entry file references it), and puts
+     * hold the shared lock while they rely on existing blocks, so budget
+     * eviction never leaves an entry with a missing block. */
     uint64_t max_bytes;
     /** Write-behind queue bound in bytes of queued cache state; 0 = 256 MiB.
      * kvt_store_put_async refuses (and counts as dropped) what does not fit. */
@@ -191,6 +197,17 @@ typedef struct kvt_store_stats {
 KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_layers,
                                          char out[KVT_STORE_FINGERPRINT_LEN]);
 
+/** The same fingerprint from the model's recipe for fresh caches (the
+ * new_caches function a service or prompt cache is configured with), so the
+ * caller builds no caches of its own: new_caches(ctx, ...) fills n_layers
+ * caches, which are read and disposed before the call returns.
+ * @param out receives 64 hex digits and a NUL.
+ * @return 0; KVT_EINVAL (NULL new_caches or out, n_layers outside 1..256,
+ * a slot left NULL); new_caches' error; KVT_ENOMEM. Thread-safe when
+ * new_caches is. */
+KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *ctx, int32_t n_layers,
+                                            char out[KVT_STORE_FINGERPRINT_LEN]);
+
 /** Opens (creating when absent) the store of `identity` under `root`.
  *
  * Creates root and root/<identity dir>/ (mode 0755), writes IDENTITY, scans
@@ -215,9 +232,11 @@ KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_lay
 KVT_API int kvt_store_open(const char *root, const kvt_store_identity *identity,
                            const kvt_store_options *opts, kvt_store **out);
 
-/** Flushes the write-behind queue, stops the threads and frees the store.
- * NULL is a no-op (returns 0). Queued async restores still complete (their
- * callbacks run) before it returns.
+/** Flushes the write-behind queue, stops the threads, applies the budget a
+ * last time (waiting for puts of other processes on the same directory to
+ * finish, so the root ends within max_bytes plus a shard written meanwhile)
+ * and frees the store. NULL is a no-op (returns 0). Queued async restores
+ * still complete (their callbacks run) before it returns.
  * @return 0 when every write since open was made durable, else the status of
  * the last failure (KVT_EIO, -ENOSPC, ...). The store is freed either way.
  * Not thread-safe with other calls on the same store. */

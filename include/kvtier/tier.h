@@ -120,6 +120,42 @@ typedef struct kvt_cold_hit {
  * thread (or inline, before restore_async returns). */
 typedef void (*kvt_restore_done_fn)(void *arg, int status, kvt_entry *entry);
 
+/** A tier's counters, one list: X(name, kind, help) with kind counter (only
+ * grows) or gauge (a current value). It generates kvt_tier_stats and can
+ * generate the report's JSON and Prometheus lines (kvt_tier_stats_names). */
+#define KVT_TIER_COUNTERS(X)                                                                     \
+    X(finds, counter, "find calls answered")                                                    \
+    X(find_hits, counter, "finds that reported a usable prefix")                                \
+    X(finds_over_budget, counter, "finds not answered within the lookup time budget (a miss)")  \
+    X(restores, counter, "entries restored")                                                    \
+    X(restore_failures, counter, "restores that failed")                                        \
+    X(stores, counter, "entries written by store, spill, promotion or demotion")                \
+    X(write_failures, counter, "writes that failed or were refused")                            \
+    X(promotions, counter, "entries written into this tier because a lower tier restored them") \
+    X(promotions_dropped, counter, "promotions not written (queue full or the write failed)")   \
+    X(demotions, counter, "entries this tier evicted that a lower tier took")                   \
+    X(evictions, counter, "entries this tier evicted")                                          \
+    X(entries, gauge, "entries held")                                                           \
+    X(bytes, gauge, "bytes held")
+
+/** Counters and bytes of one tier (see KVT_TIER_COUNTERS); all uint64. */
+typedef struct kvt_tier_stats {
+#define KVT__TIER_FIELD(name, kind, help) uint64_t name;
+    KVT_TIER_COUNTERS(KVT__TIER_FIELD)
+#undef KVT__TIER_FIELD
+} kvt_tier_stats;
+
+/** kvt_cold_tier.flags: the tier is read-only (a published cache): store and
+ * spill are NULL or refuse with KVT_EREADONLY, and no chain writes into it. */
+#define KVT_TIER_READ_ONLY 1u
+
+/** A tier's eviction hook: the tier hands `e`, an owned entry it is about to
+ * drop, to the tier below (demotion). Ownership passes to the hook on 0 (the
+ * hook writes it behind and releases it with kvt_entry_clear); on error it
+ * stays with the evicting tier, which drops it as it would without a hook.
+ * Never blocks on I/O; never calls back into the evicting tier. */
+typedef int (*kvt_tier_evict_fn)(void *arg, kvt_entry *e);
+
 /** A cold (lower) tier: a table of functions over `self`. `find`, `restore`
  * and `store` are required; the others are optional (NULL). All tokens and
  * ns arguments are borrowed for the call. */
@@ -191,6 +227,23 @@ typedef struct kvt_cold_tier {
      * it is already being written: it completes as usual).
      * Optional (NULL: queued writes always complete). */
     int (*withdraw)(void *self, const int32_t *tokens, int64_t n, const char *ns);
+
+    /* ---- tier-chain extensions (zero in a table that predates them) ---- */
+
+    /** Fills *out with the tier's counters and bytes (kvt_tier_stats).
+     * Never blocks on I/O. @return 0. Optional (NULL: no counters). */
+    int (*stats)(void *self, kvt_tier_stats *out);
+
+    /** Installs the eviction hook (fn NULL removes it): from the next
+     * eviction on, the tier hands what it evicts to fn(arg, entry) instead
+     * of only deleting it (see kvt_tier_evict_fn). An entry that cannot be
+     * handed over whole (or that the hook refuses) is deleted as before.
+     * Once set_evict returns, the previous hook is never called again (calls
+     * in flight have returned). Optional (NULL: evictions are deleted). */
+    void (*set_evict)(void *self, kvt_tier_evict_fn fn, void *arg);
+
+    /** KVT_TIER_READ_ONLY or 0. */
+    uint32_t flags;
 } kvt_cold_tier;
 
 #ifdef __cplusplus

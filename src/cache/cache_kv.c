@@ -369,6 +369,14 @@ KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, con
     return 0;
 }
 
+KVT_API int64_t kvt_kv_block_count(const kvt_cache *c)
+{
+    if (c && c->ops == &kvt__kv_ops)
+        return ((const kv_cache *)c)->blocks.n;
+    int64_t B = kvt_kv_block_tokens(c), n = c ? kvt_cache_offset(c) : 0;
+    return B > 0 ? (n + B - 1) / B : 0;
+}
+
 KVT_API int32_t kvt_kv_block_tokens(const kvt_cache *c)
 {
     if (c && c->ops == &kvt__kv_ops)

@@ -161,6 +161,9 @@ struct kvt_prompt_cache {
     kvt_prompt_cache_stats st;
     atomic_uint_fast64_t spills, spill_failures;
     atomic_uint_fast64_t wb_queued, wb_dropped, wb_withdrawn;
+    kvt_new_caches_fn new_caches; /* fresh caches on a miss, or NULL */
+    void *new_caches_ctx;
+    int32_t n_layers;
 };
 
 struct pc_read {
@@ -932,6 +935,22 @@ static int lend_finish(kvt_hit *out)
     return 0;
 }
 
+/* A miss with new_caches: lends n_layers fresh caches (ns set, no tokens). */
+static int lend_fresh(kvt_prompt_cache *pc, const char *ns, kvt_hit *out)
+{
+    if (!pc->new_caches)
+        return 0;
+    int rc = kvt_entry_init(&out->entry, ns, NULL, 0, pc->n_layers, 0);
+    if (rc)
+        return rc;
+    rc = pc->new_caches(pc->new_caches_ctx, out->entry.caches);
+    if (rc) {
+        kvt_hit_dispose(out);
+        return kvt__fail(rc, "prompt cache: new_caches failed on a miss: %s", kvt_strerror(rc));
+    }
+    return 0;
+}
+
 KVT_API void kvt_hit_dispose(kvt_hit *hit)
 {
     if (!hit)
@@ -951,11 +970,17 @@ KVT_API int kvt_prompt_cache_create(const kvt_prompt_cache_config *cfg, kvt_prom
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_create: block_tokens %d < 0", (int)cfg->block_tokens);
     if (cfg->cold && (!cfg->cold->find || !cfg->cold->restore || !cfg->cold->store))
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_create: the cold tier lacks find, restore or store");
+    if (cfg->new_caches && (cfg->n_layers < 1 || cfg->n_layers > 256))
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_create: new_caches with n_layers %d (1..256)",
+                         (int)cfg->n_layers);
     kvt_prompt_cache *pc = kvt__calloc(1, sizeof *pc);
     if (!pc)
         return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_create: out of memory");
     pc->max_bytes = cfg->max_bytes;
     pc->flags = cfg->flags;
+    pc->new_caches = cfg->new_caches;
+    pc->new_caches_ctx = cfg->new_caches_ctx;
+    pc->n_layers = cfg->new_caches ? cfg->n_layers : 0;
     if (cfg->cold) {
         pc->cold = *cfg->cold;
         pc->has_cold = 1;
@@ -1000,17 +1025,67 @@ static void clear_locked(kvt_prompt_cache *pc, pc_entry **gone)
     pc->epoch++;
 }
 
-KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc)
+/* Close's hand-over, off-lock: each leaving entry marked `spill` goes to
+ * the cold tier by write-behind, or, when the tier refuses it (queue full,
+ * no spill op), by a synchronous store; then every entry is disposed.
+ * Returns the first failure (the entry it concerns is lost, counted). */
+static int close_hand_over(kvt_prompt_cache *pc, pc_entry *gone)
+{
+    int rc = 0;
+    while (gone) {
+        pc_entry *e = gone;
+        gone = e->gone;
+        if (e->spill) {
+            kvt_entry owned;
+            int wrc = entry_to_owned(e, &owned);
+            if (wrc == 0 && pc->cold.spill && pc->cold.spill(pc->cold.self, &owned) == 0) {
+                atomic_fetch_add(&pc->spills, 1);
+            } else if (wrc == 0) {
+                wrc = pc->cold.store(pc->cold.self, &owned); /* durable on return */
+                kvt_entry_clear(&owned);
+            }
+            if (wrc) {
+                atomic_fetch_add(&pc->spill_failures, 1);
+                if (!rc)
+                    rc = kvt__fail(wrc, "prompt cache close: an entry of %lld tokens could not be handed "
+                                   "to the cold tier: %s", (long long)e->n_tokens, kvt_strerror(wrc));
+            }
+        }
+        entry_dispose(e);
+    }
+    return rc;
+}
+
+KVT_API int kvt_prompt_cache_close(kvt_prompt_cache *pc)
 {
     if (!pc)
-        return;
+        return 0;
     pc_entry *gone = NULL;
     pthread_mutex_lock(&pc->mu);
     while (pc->reads)
         pthread_cond_wait(&pc->cv, &pc->mu);
+    /* every entry (pinned ones too) leaves; those the tier neither holds nor
+     * has a write pending for are handed to it */
+    while (pc->head) {
+        pc_entry *e = pc->head;
+        entry_unlink(pc, e, pc->has_cold && !tier_holds(pc, e) && !write_pending(pc, e), &gone);
+    }
     clear_locked(pc, &gone);
     pthread_mutex_unlock(&pc->mu);
-    gone_process(pc, gone);
+    int rc = close_hand_over(pc, gone);
+    if (pc->has_cold && pc->cold.flush) {
+        int frc = pc->cold.flush(pc->cold.self);
+        if (frc && !rc)
+            rc = kvt__fail(frc, "prompt cache close: flushing the cold tier failed: %s", kvt_strerror(frc));
+    }
+    return rc;
+}
+
+KVT_API void kvt_prompt_cache_destroy(kvt_prompt_cache *pc)
+{
+    if (!pc)
+        return;
+    (void)kvt_prompt_cache_close(pc);
     kvt__index_destroy(pc->ix);
     kvt__pc_blocks_destroy(pc->blocks);
     pc->rops->destroy(pc->ret);
@@ -1130,6 +1205,28 @@ KVT_API int kvt_prompt_cache_put(kvt_prompt_cache *pc, kvt_entry *e, const char 
     if (!pc)
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put: cache is NULL");
     return put_common(pc, e, session, 0, NULL, UINT64_MAX, 1);
+}
+
+KVT_API int kvt_prompt_cache_put_hit(kvt_prompt_cache *pc, kvt_hit *hit, const int32_t *tokens,
+                                     int64_t n_tokens, const char *session)
+{
+    if (!pc || !hit || (!tokens && n_tokens > 0))
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put_hit: cache, hit or tokens is NULL");
+    if (!hit->entry.ns || hit->entry.n_caches < 1)
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put_hit: the hit lends no caches (a miss, and the "
+                         "cache has no new_caches)");
+    if (n_tokens < hit->prefix_len || !tokens_equal(tokens, hit->entry.tokens, hit->prefix_len))
+        return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_put_hit: the %lld tokens do not begin with the "
+                         "%lld-token prefix the hit lent", (long long)n_tokens, (long long)hit->prefix_len);
+    kvt_entry e = hit->entry; /* the same arrays: put NULLs the hit's slots */
+    e.tokens = tokens;
+    e.n_tokens = n_tokens;
+    int rc = kvt_prompt_cache_put(pc, &e, session);
+    if (rc)
+        return rc; /* nothing adopted: the hit is unchanged */
+    hit->entry.hook = (kvt_hook){NULL, NULL}; /* the share moved with the entry */
+    kvt_hit_dispose(hit);
+    return 0;
 }
 
 /* ---- take ------------------------------------------------------------------------- */
@@ -1276,7 +1373,7 @@ KVT_API int kvt_prompt_cache_take(kvt_prompt_cache *pc, const int32_t *prompt, i
     pthread_mutex_unlock(&pc->mu);
     if (rc)
         return rc;
-    return p > 0 ? lend_finish(out) : 0;
+    return p > 0 ? lend_finish(out) : lend_fresh(pc, ns, out);
 }
 
 KVT_API int64_t kvt_prompt_cache_peek(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,

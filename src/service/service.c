@@ -101,21 +101,80 @@ static void *demoter_main(void *arg)
     return NULL;
 }
 
+KVT_API int kvt_service_layer_of(const kvt_cache *c, kvt_service_layer *out)
+{
+    if (!c || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_service_layer_of: NULL cache or out");
+    memset(out, 0, sizeof *out);
+    kvt_cache_state st;
+    int rc = kvt_cache_encode(c, &st); /* the kind's parameters, as the store reads them */
+    if (rc)
+        return rc;
+    const int64_t *p = st.params;
+    if (!strcmp(st.kind, "kv") && st.n_params >= 2) {
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN, .bytes_per_token = 2 * (size_t)p[0] * 4,
+                                   .block_tokens = (int32_t)p[1]};
+    } else if (!strcmp(st.kind, "qkv") && st.n_params >= 3 && p[2] > 0) {
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN,
+                                   .bytes_per_token = 2 * (size_t)p[0] + 2 * (size_t)(p[0] / p[2]) * 4,
+                                   .block_tokens = (int32_t)p[1]};
+    } else if (!strcmp(st.kind, "rotating") && st.n_params >= 2) {
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_WINDOW, .bytes_per_token = 2 * (size_t)p[0] * 4,
+                                   .window = (int32_t)p[1]};
+    } else if (!strcmp(st.kind, "recurrent") && st.n_params >= 1) {
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_FIXED, .fixed_bytes = (size_t)p[0]};
+    } else {
+        rc = kvt__fail(KVT_EUNSUPPORTED, "kvt_service_layer_of: cache kind '%s' has no known growth: "
+                       "describe this layer in kvt_service_config.layers", st.kind);
+    }
+    kvt_cache_state_free(&st);
+    return rc;
+}
+
+/* cfg->layers NULL: one set of fresh caches says how each layer grows. */
+static int layers_from_caches(const kvt_service_config *cfg, kvt_service_layer *layers)
+{
+    kvt_cache **c = kvt__calloc((size_t)cfg->n_layers, sizeof *c);
+    if (!c)
+        return kvt__fail(KVT_ENOMEM, "service: out of memory");
+    int rc = cfg->new_caches(cfg->new_caches_ctx, c);
+    if (rc)
+        kvt__fail(rc, "service: new_caches failed making the caches the layers are read off: %s",
+                  kvt_strerror(rc));
+    for (int32_t i = 0; !rc && i < cfg->n_layers; i++) {
+        rc = c[i] ? kvt_service_layer_of(c[i], &layers[i])
+                  : kvt__fail(KVT_EINVAL, "service: new_caches left layer %d NULL", i);
+        if (rc == KVT_EUNSUPPORTED)
+            kvt__fail(rc, "service: layer %d is of kind '%s', whose growth kvtier does not know: pass "
+                      "kvt_service_config.layers", i, kvt_cache_kind(c[i]));
+    }
+    kvt_caches_dispose(c, cfg->n_layers);
+    kvt__free(c);
+    return rc;
+}
+
 KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
 {
     if (!out)
         return kvt__fail(KVT_EINVAL, "service: out is NULL");
     *out = NULL;
-    if (!cfg || !cfg->layers || !cfg->new_caches)
-        return kvt__fail(KVT_EINVAL, "service: config, layers and new_caches are required");
+    if (!cfg || !cfg->new_caches)
+        return kvt__fail(KVT_EINVAL, "service: config and new_caches are required");
     if (cfg->n_layers < 1 || cfg->n_layers > 256)
         return kvt__fail(KVT_EINVAL, "service: n_layers %d outside 1..256", cfg->n_layers);
+    kvt_service_layer derived[256];
+    if (!cfg->layers) {
+        int rc = layers_from_caches(cfg, derived);
+        if (rc)
+            return rc;
+    }
+    const kvt_service_layer *cfg_layers = cfg->layers ? cfg->layers : derived;
     if (cfg->block_tokens < 0)
         return kvt__fail(KVT_EINVAL, "service: block_tokens %d < 0", cfg->block_tokens);
     if (cfg->max_positions < 1)
         return kvt__fail(KVT_EINVAL, "service: max_positions %lld < 1", (long long)cfg->max_positions);
     for (int32_t i = 0; i < cfg->n_layers; i++) {
-        int rc = check_layer(&cfg->layers[i], i);
+        int rc = check_layer(&cfg_layers[i], i);
         if (rc)
             return rc;
     }
@@ -128,7 +187,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
         rc = kvt__fail(KVT_ENOMEM, "service: out of memory");
         goto fail;
     }
-    memcpy(s->layers, cfg->layers, (size_t)cfg->n_layers * sizeof *s->layers);
+    memcpy(s->layers, cfg_layers, (size_t)cfg->n_layers * sizeof *s->layers);
     s->n_layers = cfg->n_layers;
     s->max_positions = cfg->max_positions;
     s->new_caches = cfg->new_caches;
@@ -459,19 +518,69 @@ KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *lease, int com
 
 /* ---- request state ------------------------------------------------------------------ */
 
+/* kvtier frees a state's arrays only when it allocated them (kvtier_arrays):
+ * a caller's stack or malloc array is never handed to kvt__free. */
 KVT_API void kvt_state_dispose(kvt_state *st)
 {
     if (!st)
         return;
-    if (st->caches) {
+    if (st->caches)
         kvt_caches_dispose(st->caches, st->n_layers);
-        kvt__free(st->caches);
-    }
-    for (int32_t i = 0; i < st->n_attachments; i++)
+    for (int32_t i = 0; st->attachments && i < st->n_attachments; i++) {
         kvt_attachment_dispose(st->attachments[i]);
-    kvt__free(st->attachments);
+        st->attachments[i] = NULL;
+    }
     kvt_hook_run(&st->hook);
+    if (st->kvtier_arrays) {
+        kvt__free(st->caches);
+        kvt__free(st->attachments);
+    }
     memset(st, 0, sizeof *st);
+}
+
+KVT_API int kvt_state_init(kvt_state *st, int32_t n_layers, int32_t n_attachments)
+{
+    if (!st)
+        return kvt__fail(KVT_EINVAL, "kvt_state_init: state is NULL");
+    memset(st, 0, sizeof *st);
+    if (n_layers < 1 || n_attachments < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_state_init: %d layers (at least 1), %d attachments (at least 0)",
+                         n_layers, n_attachments);
+    st->caches = kvt__calloc((size_t)n_layers, sizeof *st->caches);
+    st->attachments = n_attachments ? kvt__calloc((size_t)n_attachments, sizeof *st->attachments) : NULL;
+    if (!st->caches || (n_attachments && !st->attachments)) {
+        kvt__free(st->caches);
+        kvt__free(st->attachments);
+        memset(st, 0, sizeof *st);
+        return kvt__fail(KVT_ENOMEM, "kvt_state_init: out of memory for %d layers", n_layers);
+    }
+    st->n_layers = n_layers;
+    st->n_attachments = n_attachments;
+    st->kvtier_arrays = 1;
+    return 0;
+}
+
+KVT_API int kvt_state_clone(const kvt_state *src, kvt_state *out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "kvt_state_clone: out is NULL");
+    memset(out, 0, sizeof *out);
+    if (!src || !src->caches || (src->n_attachments > 0 && !src->attachments))
+        return kvt__fail(KVT_EINVAL, "kvt_state_clone: NULL source state or arrays");
+    for (int32_t i = 0; i < src->n_layers; i++)
+        if (!src->caches[i])
+            return kvt__fail(KVT_EINVAL, "kvt_state_clone: layer %d has no cache", i);
+    int rc = kvt_state_init(out, src->n_layers, src->n_attachments);
+    if (!rc)
+        rc = kvt_caches_clone(src->caches, src->n_layers, out->caches);
+    for (int32_t i = 0; !rc && i < src->n_attachments; i++)
+        rc = kvt_attachment_clone(src->attachments[i], &out->attachments[i]);
+    if (rc) {
+        kvt_state_dispose(out);
+        return rc;
+    }
+    out->reused_tokens = src->reused_tokens;
+    return 0;
 }
 
 static int lease_keeps(const kvt_service *s, const kvt_admission *l) { return s->pc && !l->no_reuse; }
@@ -504,6 +613,7 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *lease, kvt_stat
         rc = kvt__fail(KVT_ENOMEM, "service: out of memory");
         goto done;
     }
+    out->kvtier_arrays = 1; /* caches and the attachments take may add */
     if (lease_keeps(svc, lease)) {
         rc = kvt__service_pc_take(svc->pc, lease->prompt, lease->n_prompt, lease->ns, lease->session,
                                   svc->n_layers, out);

@@ -101,7 +101,7 @@ int kvt__service_pc_put(kvt__service_pc *s, const int32_t *tokens, int64_t n, co
     if (rc)
         return rc;
     st->hook = (kvt_hook){0}; /* adopted (put emptied its copy) */
-    kvt_state_dispose(st);    /* frees the emptied arrays */
+    kvt_state_dispose(st);    /* frees the emptied arrays if kvtier's, zeroes st */
     return 0;
 }
 

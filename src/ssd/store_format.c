@@ -257,7 +257,8 @@ static kvt_store_io io_or_default(const kvt_store_io *io_opt)
 }
 
 /* SHA-256 of a shard's payload, computed on a second thread while the
- * writer thread copies the same (immutable) bytes into the file, so a store
+ * writer thread copies the same (immutable) bytes into the file (and
+ * computes their XXH3-128 as it goes), so a store
  * costs max(hash, write) instead of their sum on a 2-core machine; the hash
  * is only waited for in kvt__shard_seal, so a caller that begins shard k+1
  * before sealing shard k keeps both cores hashing while it writes. Small
@@ -266,7 +267,6 @@ static kvt_store_io io_or_default(const kvt_store_io *io_opt)
 
 typedef struct {
     EVP_MD_CTX *md;
-    XXH3_state_t *xx;
     const kvt__st_out *t;
     const int32_t *ord;
     int32_t n;
@@ -278,7 +278,6 @@ static void *hash_payload(void *arg)
     for (int32_t k = 0; k < j->n; k++) {
         const kvt__st_out *x = &j->t[j->ord[k]];
         EVP_DigestUpdate(j->md, x->data, x->bytes);
-        XXH3_128bits_update(j->xx, x->data, x->bytes);
     }
     kvt__free(j); /* the job is the thread's own */
     return NULL;
@@ -362,7 +361,7 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
     /* Payload first (hashed beside the writes, see hash_payload), then, in
      * kvt__shard_seal, the header with the real hash over a same-length
      * placeholder. The hash may still run when this returns. */
-    kvt__hash_job hj = {md, xx, ps->t, ps->ord, n};
+    kvt__hash_job hj = {md, ps->t, ps->ord, n};
     int threaded = payload >= KVT__HASH_THREAD_MIN;
     kvt__hash_job *hjp = NULL;
     if (threaded && (hjp = kvt__malloc(sizeof *hjp))) {
@@ -381,10 +380,11 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
         size_t left = x->bytes;
         while (left) {
             size_t c = left < KVT__IO_CHUNK ? left : KVT__IO_CHUNK;
-            if (!threaded) {
+            /* XXH3-128 here, beside the writes: the SHA-256 thread (when
+             * there is one) is the slower of the two */
+            if (!threaded)
                 EVP_DigestUpdate(md, p, c);
-                XXH3_128bits_update(xx, p, c);
-            }
+            XXH3_128bits_update(xx, p, c);
             if ((rc = write_all(&ps->io, fd, p, c, off, path)))
                 break;
             p += c;

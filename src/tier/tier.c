@@ -6,7 +6,9 @@
 #include "kvtier/tier.h"
 
 #include "internal.h"
+#include "tier_internal.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 KVT_API void kvt_hook_run(kvt_hook *h)
@@ -17,6 +19,41 @@ KVT_API void kvt_hook_run(kvt_hook *h)
     h->fn = NULL;
     h->ctx = NULL;
     copy.fn(copy.ctx);
+}
+
+/* One refcount for every share of a hook (kvt__hook_share). */
+typedef struct hook_share {
+    atomic_int_fast64_t refs;
+    kvt_hook inner;
+} hook_share;
+
+static void hook_share_run(void *ctx)
+{
+    hook_share *s = ctx;
+    if (atomic_fetch_sub(&s->refs, 1) == 1) {
+        kvt_hook_run(&s->inner);
+        kvt__free(s);
+    }
+}
+
+int kvt__hook_share(kvt_hook *h, kvt_hook *copy)
+{
+    *copy = (kvt_hook){NULL, NULL};
+    if (!h->fn)
+        return 0;
+    hook_share *s;
+    if (h->fn == hook_share_run) {
+        s = h->ctx;
+    } else {
+        if (!(s = kvt__malloc(sizeof *s)))
+            return kvt__fail(KVT_ENOMEM, "sharing a release hook: out of memory");
+        atomic_init(&s->refs, 1);
+        s->inner = *h;
+        *h = (kvt_hook){hook_share_run, s};
+    }
+    atomic_fetch_add(&s->refs, 1);
+    *copy = (kvt_hook){hook_share_run, s};
+    return 0;
 }
 
 KVT_API int kvt_entry_init(kvt_entry *e, const char *ns, const int32_t *tokens, int64_t n_tokens,

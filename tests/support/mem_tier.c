@@ -17,6 +17,7 @@ typedef struct stored {
     kvt_entry e; /* owned clones */
     int pending; /* spilled, not yet written */
     int64_t bytes; /* cache bytes while pending */
+    uint64_t seq;  /* insertion order: capacity eviction drops the oldest */
 } stored;
 
 struct mem_tier {
@@ -29,6 +30,10 @@ struct mem_tier {
     int fail_writes, refuse_spills, manual_spills, delay_ms, gate_closed, no_async, loose, fail_restores;
     int queue_bytes;
     int active_async;
+    int capacity;               /* > 0: at most this many entries (mem_tier_capacity) */
+    uint64_t next_seq, evictions;
+    kvt_tier_evict_fn evict_fn; /* the eviction hook (kvt_cold_tier.set_evict) */
+    void *evict_arg;
     mem_tier_counts c;
     atomic_int_fast64_t hooks_run;
 };
@@ -115,6 +120,28 @@ static stored *by_handle(mem_tier *t, uint64_t h)
     return NULL;
 }
 
+static void remove_at(mem_tier *t, size_t i);
+
+/* Over capacity: drops the oldest durable entry other than `keep`, handing
+ * it to the eviction hook when one is set; locked. */
+static void evict_locked(mem_tier *t, const stored *keep)
+{
+    while (t->capacity > 0 && t->n > (size_t)t->capacity) {
+        size_t victim = t->n;
+        for (size_t i = 0; i < t->n; i++)
+            if (&t->v[i] != keep && !t->v[i].pending && (victim == t->n || t->v[i].seq < t->v[victim].seq))
+                victim = i;
+        if (victim == t->n)
+            return;
+        t->evictions++;
+        if (t->evict_fn && t->evict_fn(t->evict_arg, &t->v[victim].e) == 0)
+            memset(&t->v[victim].e, 0, sizeof t->v[victim].e); /* the hook owns it */
+        if (keep == &t->v[t->n - 1])
+            keep = &t->v[victim]; /* remove_at moves the last slot into victim's */
+        remove_at(t, victim);
+    }
+}
+
 /* Adds or replaces (ns, tokens) with an owned entry; locked. */
 static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
 {
@@ -128,6 +155,7 @@ static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
         s->pending = pending;
         s->bytes = bytes;
         s->handle = ++t->next_handle;
+        s->seq = ++t->next_seq;
         return 0;
     }
     if (t->n == t->cap) {
@@ -142,7 +170,9 @@ static int add_locked(mem_tier *t, kvt_entry *owned, int pending)
     t->v[t->n].pending = pending;
     t->v[t->n].bytes = bytes;
     t->v[t->n].handle = ++t->next_handle;
+    t->v[t->n].seq = ++t->next_seq;
     t->n++;
+    evict_locked(t, &t->v[t->n - 1]);
     return 0;
 }
 
@@ -398,6 +428,43 @@ int mem_tier_drain(mem_tier *t)
     return n;
 }
 
+static int mt_stats(void *self, kvt_tier_stats *out)
+{
+    mem_tier *t = self;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&t->mu);
+    out->finds = (uint64_t)t->c.finds;
+    out->restores = (uint64_t)t->c.restores;
+    out->stores = (uint64_t)(t->c.stores + t->c.spill_writes);
+    out->write_failures = (uint64_t)(t->c.failed_writes + t->c.refused_spills);
+    out->evictions = t->evictions;
+    for (size_t i = 0; i < t->n; i++) {
+        if (t->v[i].pending)
+            continue;
+        out->entries++;
+        out->bytes += (uint64_t)entry_bytes(&t->v[i].e);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+static void mt_set_evict(void *self, kvt_tier_evict_fn fn, void *arg)
+{
+    mem_tier *t = self;
+    pthread_mutex_lock(&t->mu);
+    t->evict_fn = fn;
+    t->evict_arg = arg;
+    pthread_mutex_unlock(&t->mu);
+}
+
+void mem_tier_capacity(mem_tier *t, int max_entries)
+{
+    pthread_mutex_lock(&t->mu);
+    t->capacity = max_entries;
+    evict_locked(t, NULL);
+    pthread_mutex_unlock(&t->mu);
+}
+
 int mem_tier_create(mem_tier **out)
 {
     mem_tier *t = calloc(1, sizeof *t);
@@ -405,8 +472,18 @@ int mem_tier_create(mem_tier **out)
         return KVT_ENOMEM;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
-    t->iface = (kvt_cold_tier){t, mt_find, mt_find_exact, mt_restore, mt_restore_async,
-                               mt_store, mt_spill, mt_pending, mt_flush, mt_withdraw};
+    t->iface = (kvt_cold_tier){.self = t,
+                               .find = mt_find,
+                               .find_exact = mt_find_exact,
+                               .restore = mt_restore,
+                               .restore_async = mt_restore_async,
+                               .store = mt_store,
+                               .spill = mt_spill,
+                               .pending = mt_pending,
+                               .flush = mt_flush,
+                               .withdraw = mt_withdraw,
+                               .stats = mt_stats,
+                               .set_evict = mt_set_evict};
     *out = t;
     return 0;
 }

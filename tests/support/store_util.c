@@ -5,6 +5,7 @@
  * allocate with malloc; never used by the library.
  */
 #include "store_util.h"
+#include "pc_util.h"
 
 #include "kvtier/cache.h"
 
@@ -490,4 +491,138 @@ int store_crash_trials(int trials, uint64_t seed, int verbose)
         }
     }
     return failed;
+}
+
+/* ---- several writer processes on one root with a budget --------------------------- */
+
+static const store_cfg MP_CFG = {.n_kv = 2, .kv_dim = 8, .block = 4};
+
+static uint64_t mp_xs(uint64_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* One writer: puts (sync and write-behind) entries over a few shared
+ * starts, restores what it finds and checks the bytes. Exit status: 0 ok,
+ * 1 wrong bytes, 2 store error. */
+static int mp_writer(const char *root, uint64_t max, uint64_t seed, int rounds)
+{
+    kvt_store_identity id;
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    store_identity(&MP_CFG, "model-m", fp, &id);
+    kvt_store_options o = {.max_bytes = max};
+    kvt_store *s = NULL;
+    if (kvt_store_open(root, &id, &o, &s)) {
+        fprintf(stderr, "writer: open: %s\n", kvt_last_error());
+        return 2;
+    }
+    uint64_t x = seed | 1;
+    int status = 0;
+    for (int r = 0; r < rounds && !status; r++) {
+        int32_t t[64];
+        int start = (int)(mp_xs(&x) % 3); /* three shared conversation starts */
+        pcu_seq(t, 64, 1000 * (start + 1));
+        int64_t n = 8 + (int64_t)(mp_xs(&x) % 40);
+        int64_t fork_at = 4 + (int64_t)(mp_xs(&x) % (uint64_t)(n - 4));
+        for (int64_t i = fork_at; i < n; i++)
+            t[i] = (int32_t)(mp_xs(&x) % 50000) + 1;
+        kvt_entry e;
+        if (store_make_entry(&MP_CFG, "", t, n, &e))
+            return 2;
+        int rc;
+        if (mp_xs(&x) % 2) {
+            rc = kvt_store_put(s, &e);
+            kvt_entry_clear(&e);
+        } else {
+            rc = kvt_store_put_async(s, &e);
+            if (rc)
+                kvt_entry_clear(&e);
+            if (rc == KVT_EAGAIN)
+                rc = 0;
+        }
+        if (rc) {
+            fprintf(stderr, "writer: put: %s\n", kvt_last_error());
+            status = 2;
+            break;
+        }
+        /* restore the longest prefix found for a prompt over this start */
+        kvt_cold_hit hit;
+        if (kvt_store_find(s, t, n, "", &hit) == 0) {
+            kvt_entry got;
+            rc = kvt_store_restore(s, hit.handle, t, n, &got);
+            if (rc == 0) {
+                kvt_entry want;
+                if (store_make_entry(&MP_CFG, "", got.tokens, got.n_tokens, &want))
+                    return 2;
+                if (store_entry_diff(&got, &want)) {
+                    fprintf(stderr, "writer: restored bytes differ\n");
+                    status = 1;
+                }
+                kvt_entry_clear(&want);
+                kvt_entry_clear(&got);
+            } else if (rc != KVT_ENOTFOUND && rc != KVT_EFORMAT) {
+                /* gone (another process's budget) is a miss; a missing
+                 * block (EFORMAT) is what this test exists to catch */
+                fprintf(stderr, "writer: restore: %s\n", kvt_last_error());
+                status = 2;
+            } else if (rc == KVT_EFORMAT) {
+                fprintf(stderr, "writer: restore refused: %s\n", kvt_last_error());
+                status = 1;
+            }
+        }
+    }
+    int crc = kvt_store_close(s);
+    if (crc && !status) {
+        fprintf(stderr, "writer: close: %s\n", kvt_strerror(crc));
+        status = 2;
+    }
+    return status;
+}
+
+
+static int mp_count(void *ctx, const kvt_store_shard_info *in)
+{
+    store_mp_result *a = ctx;
+    a->bytes += in->bytes;
+    if (in->bytes > a->biggest)
+        a->biggest = in->bytes;
+    if (in->type == 'e' || in->type == 'b')
+        a->shards++;
+    if (in->status) {
+        a->bad++;
+        fprintf(stderr, "verify: %s/%s refused (%s)\n", in->dir, in->file,
+                kvt_store_refusal_name((kvt_store_refusal)(in->status - 1)));
+    }
+    return 0;
+}
+
+
+int store_multiproc_run(const char *root, int writers, int rounds, uint64_t max, uint64_t seed, store_mp_result *out)
+{
+    memset(out, 0, sizeof *out);
+    pid_t pids[64];
+    if (writers > 64)
+        return -1;
+    for (int w = 0; w < writers; w++) {
+        fflush(NULL);
+        pids[w] = fork();
+        if (pids[w] < 0)
+            return -1;
+        if (pids[w] == 0)
+            _exit(mp_writer(root, max, seed + 7919u * (uint64_t)(w + 1), rounds));
+    }
+    for (int w = 0; w < writers; w++) {
+        int st = 0;
+        if (waitpid(pids[w], &st, 0) != pids[w])
+            return -1;
+        if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+            fprintf(stderr, "writer %d: %s %d\n", w, WIFEXITED(st) ? "exit" : "signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+            out->failed_writers++;
+        }
+    }
+    return kvt_store_walk(root, 1, mp_count, out);
 }

@@ -3,8 +3,9 @@
  * state is a pure function of (config, tokens) so a test (or a parent process
  * after a crash) can rebuild the exact bytes that were written, an exact
  * comparison of two entries, directory helpers, a fault-injecting write
- * layer, and the SIGKILL crash trials shared by test_store_crash and
- * test_long_store_crash.
+ * layer, the SIGKILL crash trials shared by test_store_crash and
+ * test_long_store_crash, and the several-writers-one-budget run shared by
+ * test_store_multiproc and test_long_store_multiproc.
  */
 #ifndef KVT_TEST_STORE_UTIL_H
 #define KVT_TEST_STORE_UTIL_H
@@ -80,5 +81,20 @@ void store_faults_wait_blocked(store_faults *f, int n);
 /** Runs `trials` SIGKILL crash trials under root (see test_store_crash.c).
  * @return 0 when every trial passed; prints the seed. */
 int store_crash_trials(int trials, uint64_t seed, int verbose);
+
+/** What store_multiproc_run saw after its writers ended (kvt_store_walk with
+ * verify over the root). */
+typedef struct store_mp_result {
+    uint64_t bytes, biggest; /* file bytes of the root; the largest file */
+    int shards, bad;         /* entry and block shards; refused files */
+    int failed_writers;      /* writers that saw wrong bytes or a store error */
+} store_mp_result;
+
+/** Forks `writers` processes that each open `root` with max_bytes = max and
+ * for `rounds` put (sync or write-behind) entries over three shared starts
+ * and restore what they find, checking the bytes; then verifies the root.
+ * @return 0 (see *out), or -1 when a process cannot be forked or waited for,
+ * or kvt_store_walk's error. */
+int store_multiproc_run(const char *root, int writers, int rounds, uint64_t max, uint64_t seed, store_mp_result *out);
 
 #endif

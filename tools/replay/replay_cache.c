@@ -216,6 +216,7 @@ KVT_API int kvt_replay_cache(const kvt_trace *t, const kvt_replay_config *cfg,
     out->entries_evicted = (int64_t)(st.evictions + st.oversize_drops);
     out->blocks_trimmed = (int64_t)st.blocks_cut;
 out:
+    kvt_prompt_cache_clear(pc); /* a replay's state is dropped, not handed to the store */
     kvt_prompt_cache_destroy(pc);
     int src = ssd_close(&d, out);
     if (rc == 0 && src)

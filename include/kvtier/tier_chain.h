@@ -1,0 +1,130 @@
+/*
+ * kvtier/tier_chain.h: a chain of cold tiers (SSD -> remote -> published)
+ * composed into one kvt_cold_tier, so the RAM prompt cache sits on a whole
+ * hierarchy the way it sits on one tier.
+ *
+ * Levels are ordered top (fastest) first. The chain's table does:
+ *   find / find_exact  ask the levels in order and keep the longest usable
+ *                      prefix; a lower level wins only with a STRICTLY longer
+ *                      prefix (the RAM tier's rule, applied at every level),
+ *                      and the walk stops once a prefix of n - 1 tokens (the
+ *                      most any level can offer) is found. A level with a
+ *                      lookup time budget answers within it or counts as a
+ *                      miss for that prompt (a slow remote never stalls a
+ *                      prompt for longer than its budget);
+ *   restore            reads from the level that holds the entry, then
+ *                      promotes it upward: a copy sharing the same buffers
+ *                      (zero bytes copied) is queued for every writable level
+ *                      above it and written by the chain's writer thread
+ *                      (write-behind: the request never waits for it);
+ *   store / spill      go to the first writable level (not read-only, with
+ *                      a store or spill operation); pending and withdraw
+ *                      see spills still in the chain's queue and ask the
+ *                      levels;
+ *   eviction           a level whose tier has set_evict hands what it evicts
+ *                      to the next writable level below it (demotion,
+ *                      written by the writer thread) instead of deleting it.
+ * The writer queue is bounded in entries: a promotion or demotion that finds
+ * it full is dropped and counted, never waited for.
+ *
+ * Thread-safety: every operation of the chain's table may be called from any
+ * thread at any time, as tier.h requires; the chain never calls back into
+ * its caller. It calls each level's table from the caller's thread (find,
+ * find_exact without a budget, restore, store, spill, pending, flush), from a
+ * level's lookup thread (find, find_exact with a budget) and from its writer
+ * thread (promotion and demotion writes), so every level must be callable
+ * from any thread, as tier.h already requires.
+ */
+#ifndef KVTIER_TIER_CHAIN_H
+#define KVTIER_TIER_CHAIN_H
+
+#include "kvtier/common.h"
+#include "kvtier/tier.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** The most levels a chain holds. */
+#define KVT_TIER_CHAIN_MAX 8
+
+/** kvt_tier_level.flags: never write promotions into this level. */
+#define KVT_LEVEL_NO_PROMOTE 1u
+/** kvt_tier_level.flags: do not hand this level's evictions to the level
+ * below (its tier deletes them, as without a chain). */
+#define KVT_LEVEL_NO_DEMOTE 2u
+
+/** One level of a chain. */
+typedef struct kvt_tier_level {
+    /** The level's table, copied by create; tier.self is borrowed and must
+     * stay valid until kvt_tier_chain_destroy returns. find and restore are
+     * required; store and spill are ignored when tier.flags has
+     * KVT_TIER_READ_ONLY. */
+    kvt_cold_tier tier;
+    /** Lookup time budget in milliseconds. 0: find and find_exact run on the
+     * caller's thread, unbounded. > 0: they run on this level's lookup
+     * thread and the chain waits at most this long; a late answer is a miss
+     * for that prompt (counted in finds_over_budget) and is discarded when
+     * it arrives. At most 4 lookups wait per level; a fifth is a miss at
+     * once. */
+    int32_t find_budget_ms;
+    /** KVT_LEVEL_NO_PROMOTE | KVT_LEVEL_NO_DEMOTE, or 0 (promote and
+     * demote). */
+    uint32_t flags;
+} kvt_tier_level;
+
+/** Settings of kvt_tier_chain_create. */
+typedef struct kvt_tier_chain_config {
+    const kvt_tier_level *levels; /* (n_levels), top first; borrowed for the call */
+    int32_t n_levels;             /* 1 .. KVT_TIER_CHAIN_MAX */
+    int32_t write_queue;          /* promotions + demotions waiting for the
+                                     writer thread, in entries (0 = 64) */
+} kvt_tier_chain_config;
+
+typedef struct kvt_tier_chain kvt_tier_chain;
+
+/** Makes a chain over cfg->levels: copies the tables, starts the writer
+ * thread and one lookup thread per level with a budget, and installs the
+ * eviction hook of every level that demotes (not KVT_LEVEL_NO_DEMOTE, has
+ * set_evict, and has a writable level below it).
+ * @return 0 and *out (released by kvt_tier_chain_destroy); KVT_EINVAL (cfg
+ * or out NULL, n_levels outside 1..KVT_TIER_CHAIN_MAX, a level without find
+ * or restore, find_budget_ms < 0, write_queue < 0); KVT_ENOMEM; -errno (a
+ * thread could not start). On error nothing is left running. */
+KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_chain **out);
+
+/** Removes the eviction hooks it installed, writes every queued promotion
+ * and demotion, stops its threads (waiting for a lookup still running in a
+ * level) and frees the chain. The levels' tiers are not closed: the caller
+ * closes them afterwards, upper levels first (an entry promoted into a level
+ * holds a share of the release hook of the level it was restored from, e.g.
+ * the mapping of an SSD shard). NULL is a no-op. Call it once no other
+ * thread uses the chain's table. */
+KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c);
+
+/** Fills *out with the chain's kvt_cold_tier table (self = c, borrowed until
+ * destroy). Every operation is set; flags is KVT_TIER_READ_ONLY when no
+ * level is writable. Its handles carry the level (top 4 bits): a level's
+ * own handles must be below 2^60 (a hit with a larger one is ignored). */
+KVT_API void kvt_tier_chain_cold_tier(kvt_tier_chain *c, kvt_cold_tier *out);
+
+/** The chain's view of one level: what the chain did through it (finds,
+ * find_hits, finds_over_budget, restores, restore_failures, stores,
+ * write_failures, promotions, promotions_dropped, demotions, evictions handed
+ * to the chain), with entries and bytes from the level's own stats (0 when
+ * it has none). The table's stats operation sums this over the levels.
+ * @return 0; KVT_EINVAL (c or out NULL, level outside 0..n_levels-1).
+ * Thread-safe. */
+KVT_API int kvt_tier_chain_level_stats(kvt_tier_chain *c, int32_t level, kvt_tier_stats *out);
+
+/** Waits until every promotion and demotion queued so far is written (or
+ * has failed). Does not flush the levels (the table's flush does both).
+ * @return 0; KVT_EINVAL (c NULL). Thread-safe. */
+KVT_API int kvt_tier_chain_drain(kvt_tier_chain *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_TIER_CHAIN_H */

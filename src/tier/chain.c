@@ -1,0 +1,782 @@
+/*
+ * chain.c: kvt_tier_chain (kvtier/tier_chain.h), N cold tiers composed into
+ * one kvt_cold_tier: ordered lookup with the strictly-longer rule between
+ * levels, restore with write-behind promotion upward, writes to the first
+ * writable level, demotion of evictions downward, per-level lookup budgets.
+ *
+ * Owns: the copied level tables, one writer thread with a bounded queue of
+ * promotion/demotion writes, one lookup thread per level with a budget, and
+ * the chain's per-level counters. Locks: c->mu guards the writer queue and
+ * the counters; each lookup worker has its own mutex. No level's table is
+ * ever called with either lock held, so a slow or blocking level never holds
+ * up another thread's bookkeeping. Never calls back into the chain's caller.
+ */
+#include "kvtier/tier_chain.h"
+
+#include "internal.h"
+#include "tier_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#define LEVEL_SHIFT 60
+#define INNER_MASK ((UINT64_C(1) << LEVEL_SHIFT) - 1)
+#define LOOKUP_WAITING_MAX 4
+
+enum { OP_FIND, OP_FIND_EXACT };
+enum { W_PROMOTE, W_DEMOTE, W_SPILL };
+
+typedef struct kvt_tier_chain kvt_tier_chain;
+
+/* ---- lookups with a time budget ----------------------------------------------------- */
+
+/* One find handed to a level's lookup thread. The caller and the thread each
+ * hold a reference (refs, under the worker's mutex); the last one frees it,
+ * so a caller that gave up waiting never frees what the thread still reads. */
+typedef struct find_job {
+    struct find_job *next;
+    int refs;
+    int op;          /* OP_FIND / OP_FIND_EXACT */
+    int done;        /* the answer is in rc/hit */
+    int abandoned;   /* the caller stopped waiting */
+    int rc;
+    kvt_cold_hit hit;
+    char *ns;        /* owned copy */
+    int64_t n;
+    int32_t tokens[]; /* (n) owned copy of the prompt */
+} find_job;
+
+typedef struct lookup_worker {
+    pthread_mutex_t mu;
+    pthread_cond_t wake;   /* a job was queued, or stop */
+    pthread_cond_t done;   /* a job was answered (clock: CLOCK_MONOTONIC) */
+    find_job *head, *tail;
+    int waiting;           /* jobs queued or running */
+    int stop;
+    int started;
+    pthread_t th;
+} lookup_worker;
+
+typedef struct level {
+    kvt_tier_chain *chain;
+    int index;
+    kvt_cold_tier t;
+    int32_t budget_ms;
+    uint32_t flags;
+    int writable;
+    int hooked;            /* its eviction hook points at the chain */
+    lookup_worker lk;
+    kvt_tier_stats st;     /* the chain's view, under chain->mu */
+} level;
+
+/* A promotion, demotion or write-behind spill waiting for the writer. */
+typedef struct wjob {
+    struct wjob *next;
+    int level;             /* the level written into */
+    int from;              /* the level it came from (demotions) */
+    int kind;              /* W_PROMOTE / W_DEMOTE / W_SPILL */
+    kvt_entry e;           /* owned */
+} wjob;
+
+struct kvt_tier_chain {
+    level lv[KVT_TIER_CHAIN_MAX];
+    int n;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;   /* writer: a job or stop */
+    pthread_cond_t idle;   /* drain: queue empty and writer idle */
+    wjob *head, *tail;
+    int queued, cap;
+    int writing;           /* the writer is inside a level's table */
+    int stop;
+    int writer_started;
+    pthread_t writer;
+};
+
+static void *lookup_main(void *arg)
+{
+    level *l = arg;
+    lookup_worker *w = &l->lk;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->stop && !w->head)
+            pthread_cond_wait(&w->wake, &w->mu);
+        if (!w->head)
+            break; /* stop, nothing left */
+        find_job *j = w->head;
+        w->head = j->next;
+        if (!w->head)
+            w->tail = NULL;
+        if (!j->abandoned && !w->stop) {
+            pthread_mutex_unlock(&w->mu);
+            kvt_cold_hit hit = {0};
+            int rc;
+            if (j->op == OP_FIND)
+                rc = l->t.find(l->t.self, j->tokens, j->n, j->ns, &hit);
+            else
+                rc = l->t.find_exact ? l->t.find_exact(l->t.self, j->tokens, j->n, j->ns, &hit) : KVT_ENOTFOUND;
+            pthread_mutex_lock(&w->mu);
+            j->rc = rc;
+            j->hit = hit;
+        } else {
+            j->rc = KVT_ENOTFOUND;
+        }
+        j->done = 1;
+        w->waiting--;
+        pthread_cond_broadcast(&w->done);
+        if (--j->refs == 0) {
+            kvt__free(j->ns);
+            kvt__free(j);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static void count(kvt_tier_chain *c, int lvl, size_t field_offset, uint64_t by)
+{
+    pthread_mutex_lock(&c->mu);
+    *(uint64_t *)((char *)&c->lv[lvl].st + field_offset) += by;
+    pthread_mutex_unlock(&c->mu);
+}
+#define COUNT(c, lvl, field) count((c), (lvl), offsetof(kvt_tier_stats, field), 1)
+
+/* Asks level l for (op, tokens, ns) within its budget. A late answer is
+ * KVT_ENOTFOUND for this caller. */
+static int budgeted_lookup(level *l, int op, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    lookup_worker *w = &l->lk;
+    size_t ns_len = strlen(ns);
+    find_job *j = kvt__malloc(sizeof *j + (size_t)n * sizeof(int32_t));
+    char *ns_copy = kvt__malloc(ns_len + 1);
+    if (!j || !ns_copy) {
+        kvt__free(j);
+        kvt__free(ns_copy);
+        return KVT_ENOMEM;
+    }
+    memset(j, 0, sizeof *j);
+    memcpy(ns_copy, ns, ns_len + 1);
+    if (n)
+        memcpy(j->tokens, tokens, (size_t)n * sizeof(int32_t));
+    j->ns = ns_copy;
+    j->n = n;
+    j->op = op;
+    j->refs = 2;
+    pthread_mutex_lock(&w->mu);
+    if (w->waiting >= LOOKUP_WAITING_MAX) {
+        pthread_mutex_unlock(&w->mu);
+        kvt__free(ns_copy);
+        kvt__free(j);
+        COUNT(l->chain, l->index, finds_over_budget);
+        return KVT_ENOTFOUND;
+    }
+    if (w->tail)
+        w->tail->next = j;
+    else
+        w->head = j;
+    w->tail = j;
+    w->waiting++;
+    pthread_cond_signal(&w->wake);
+    struct timespec dl = kvt__deadline(CLOCK_MONOTONIC, (uint64_t)l->budget_ms);
+    while (!j->done) {
+        if (pthread_cond_timedwait(&w->done, &w->mu, &dl) == ETIMEDOUT && !j->done)
+            break;
+    }
+    int done = j->done, rc = j->rc;
+    kvt_cold_hit hit = j->hit;
+    j->abandoned = !done;
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&w->mu);
+    if (last) {
+        kvt__free(j->ns);
+        kvt__free(j);
+    }
+    if (!done) {
+        COUNT(l->chain, l->index, finds_over_budget);
+        return KVT_ENOTFOUND;
+    }
+    if (rc == 0)
+        *out = hit;
+    return rc;
+}
+
+static int level_lookup(level *l, int op, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    if (l->budget_ms > 0)
+        return budgeted_lookup(l, op, tokens, n, ns, out);
+    if (op == OP_FIND)
+        return l->t.find(l->t.self, tokens, n, ns, out);
+    return l->t.find_exact ? l->t.find_exact(l->t.self, tokens, n, ns, out) : KVT_ENOTFOUND;
+}
+
+/* ---- entries shared between the caller and the writer ------------------------------ */
+
+/* Makes *copy an owned entry holding zero-copy clones of e's caches and
+ * attachments. e's hook (if any) becomes shared by e and the copy. */
+static int entry_share(kvt_entry *e, kvt_entry *copy)
+{
+    int rc = kvt_entry_init(copy, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
+    if (rc)
+        return rc;
+    rc = e->n_caches ? kvt_caches_clone(e->caches, e->n_caches, copy->caches) : 0;
+    for (int32_t i = 0; rc == 0 && i < e->n_attachments; i++)
+        rc = kvt_attachment_clone(e->attachments[i], &copy->attachments[i]);
+    if (rc == 0)
+        rc = kvt__hook_share(&e->hook, &copy->hook);
+    if (rc)
+        kvt_entry_clear(copy);
+    return rc;
+}
+
+/* ---- the writer ------------------------------------------------------------------- */
+
+/* Queues an owned entry for the writer; ownership passes on 0. */
+static int enqueue_write(kvt_tier_chain *c, int lvl, int from, int kind, kvt_entry *e)
+{
+    wjob *j = kvt__malloc(sizeof *j);
+    if (!j)
+        return KVT_ENOMEM;
+    pthread_mutex_lock(&c->mu);
+    if (c->queued >= c->cap || c->stop) {
+        pthread_mutex_unlock(&c->mu);
+        kvt__free(j);
+        return KVT_EAGAIN;
+    }
+    *j = (wjob){NULL, lvl, from, kind, *e};
+    memset(e, 0, sizeof *e);
+    if (c->tail)
+        c->tail->next = j;
+    else
+        c->head = j;
+    c->tail = j;
+    c->queued++;
+    pthread_cond_signal(&c->wake);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+/* Writes j->e into its level (spill when the level has it, else store);
+ * consumes the entry. @return 0 when the level took it. */
+static int write_entry(level *l, kvt_entry *e)
+{
+    int rc;
+    if (l->t.spill) {
+        rc = l->t.spill(l->t.self, e);
+        if (rc == 0)
+            return 0; /* the level owns it now */
+    } else {
+        rc = l->t.store(l->t.self, e);
+    }
+    kvt_entry_clear(e);
+    return rc;
+}
+
+static void *writer_main(void *arg)
+{
+    kvt_tier_chain *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->head && !c->stop)
+            pthread_cond_wait(&c->wake, &c->mu);
+        if (!c->head)
+            break;
+        wjob *j = c->head;
+        c->head = j->next;
+        if (!c->head)
+            c->tail = NULL;
+        c->queued--;
+        c->writing = 1;
+        pthread_mutex_unlock(&c->mu);
+        int rc = write_entry(&c->lv[j->level], &j->e);
+        pthread_mutex_lock(&c->mu);
+        kvt_tier_stats *to = &c->lv[j->level].st;
+        if (rc == 0) {
+            to->stores++;
+            if (j->kind == W_PROMOTE)
+                to->promotions++;
+            if (j->kind == W_DEMOTE)
+                c->lv[j->from].st.demotions++;
+        } else {
+            to->write_failures++;
+            if (j->kind == W_PROMOTE)
+                to->promotions_dropped++;
+        }
+        c->writing = 0;
+        kvt__free(j);
+        if (!c->head)
+            pthread_cond_broadcast(&c->idle);
+    }
+    pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* Queues a zero-copy copy of e for every writable level above `from` that
+ * takes promotions. e's hook becomes shared with the copies. */
+static void promote(kvt_tier_chain *c, int from, kvt_entry *e)
+{
+    for (int i = 0; i < from; i++) {
+        level *l = &c->lv[i];
+        if (!l->writable || (l->flags & KVT_LEVEL_NO_PROMOTE))
+            continue;
+        kvt_entry copy;
+        if (entry_share(e, &copy) != 0) {
+            COUNT(c, i, promotions_dropped);
+            continue;
+        }
+        if (enqueue_write(c, i, from, W_PROMOTE, &copy) != 0) {
+            kvt_entry_clear(&copy);
+            COUNT(c, i, promotions_dropped);
+        }
+    }
+}
+
+/* The eviction hook of a demoting level: queue e for the next writable
+ * level below. Ownership passes on 0. */
+static int evict_hook(void *arg, kvt_entry *e)
+{
+    level *l = arg;
+    kvt_tier_chain *c = l->chain;
+    COUNT(c, l->index, evictions);
+    for (int i = l->index + 1; i < c->n; i++)
+        if (c->lv[i].writable)
+            return enqueue_write(c, i, l->index, W_DEMOTE, e);
+    return KVT_ENOTFOUND;
+}
+
+/* ---- the chain's kvt_cold_tier table ----------------------------------------------- */
+
+static int ch_find(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    kvt_tier_chain *c = self;
+    int found = 0;
+    kvt_cold_hit best = {0};
+    for (int i = 0; i < c->n; i++) {
+        if (found && best.prefix_len >= n - 1)
+            break; /* no lower level can be strictly longer */
+        kvt_cold_hit h = {0};
+        int rc = level_lookup(&c->lv[i], OP_FIND, prompt, n, ns, &h);
+        COUNT(c, i, finds);
+        if (rc != 0 || h.prefix_len <= 0 || h.handle > INNER_MASK)
+            continue;
+        COUNT(c, i, find_hits);
+        if (!found || h.prefix_len > best.prefix_len) {
+            best = h;
+            best.handle = h.handle | ((uint64_t)i << LEVEL_SHIFT);
+            found = 1;
+        }
+    }
+    if (!found)
+        return KVT_ENOTFOUND;
+    *out = best;
+    return 0;
+}
+
+static int ch_find_exact(void *self, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    kvt_tier_chain *c = self;
+    for (int i = 0; i < c->n; i++) {
+        kvt_cold_hit h = {0};
+        int rc = level_lookup(&c->lv[i], OP_FIND_EXACT, tokens, n, ns, &h);
+        if (rc == 0 && h.handle <= INNER_MASK) {
+            *out = h;
+            out->handle |= (uint64_t)i << LEVEL_SHIFT;
+            return 0;
+        }
+    }
+    return KVT_ENOTFOUND;
+}
+
+static int handle_level(kvt_tier_chain *c, uint64_t handle, uint64_t *inner)
+{
+    int lvl = (int)(handle >> LEVEL_SHIFT);
+    *inner = handle & INNER_MASK;
+    return lvl < c->n ? lvl : -1;
+}
+
+static int ch_restore(void *self, uint64_t handle, kvt_entry *out)
+{
+    kvt_tier_chain *c = self;
+    uint64_t inner;
+    int lvl = handle_level(c, handle, &inner);
+    if (lvl < 0) {
+        memset(out, 0, sizeof *out);
+        return kvt__fail(KVT_ENOTFOUND, "tier chain restore: handle %llu names no level",
+                         (unsigned long long)handle);
+    }
+    int rc = c->lv[lvl].t.restore(c->lv[lvl].t.self, inner, out);
+    if (rc != 0) {
+        COUNT(c, lvl, restore_failures);
+        return rc;
+    }
+    COUNT(c, lvl, restores);
+    promote(c, lvl, out);
+    return 0;
+}
+
+typedef struct async_ctx {
+    kvt_tier_chain *c;
+    int lvl;
+    kvt_restore_done_fn done;
+    void *arg;
+} async_ctx;
+
+static void ch_async_done(void *arg, int status, kvt_entry *entry)
+{
+    async_ctx *a = arg;
+    if (status == 0) {
+        COUNT(a->c, a->lvl, restores);
+        promote(a->c, a->lvl, entry);
+    } else {
+        COUNT(a->c, a->lvl, restore_failures);
+    }
+    kvt_restore_done_fn done = a->done;
+    void *done_arg = a->arg;
+    kvt__free(a);
+    done(done_arg, status, entry);
+}
+
+static int ch_restore_async(void *self, uint64_t handle, kvt_restore_done_fn done, void *arg)
+{
+    kvt_tier_chain *c = self;
+    uint64_t inner;
+    int lvl = handle_level(c, handle, &inner);
+    if (lvl < 0)
+        return kvt__fail(KVT_ENOTFOUND, "tier chain restore: handle %llu names no level",
+                         (unsigned long long)handle);
+    level *l = &c->lv[lvl];
+    if (!l->t.restore_async) {
+        /* the level reads synchronously: done runs inline, as tier.h allows */
+        kvt_entry e;
+        int rc = ch_restore(c, handle, &e);
+        done(arg, rc, rc == 0 ? &e : NULL);
+        if (rc == 0)
+            kvt_entry_clear(&e); /* no-op if done moved it out */
+        return 0;
+    }
+    async_ctx *a = kvt__malloc(sizeof *a);
+    if (!a)
+        return KVT_ENOMEM;
+    *a = (async_ctx){c, lvl, done, arg};
+    int rc = l->t.restore_async(l->t.self, inner, ch_async_done, a);
+    if (rc != 0)
+        kvt__free(a);
+    return rc;
+}
+
+static level *first_writable(kvt_tier_chain *c)
+{
+    for (int i = 0; i < c->n; i++)
+        if (c->lv[i].writable)
+            return &c->lv[i];
+    return NULL;
+}
+
+static int ch_store(void *self, const kvt_entry *e)
+{
+    kvt_tier_chain *c = self;
+    level *l = first_writable(c);
+    if (!l)
+        return kvt__fail(KVT_EREADONLY, "tier chain store: every level is read-only");
+    if (!l->t.store) {
+        /* a spill-only level: write behind, then wait for it */
+        kvt_entry copy;
+        int rc = entry_share((kvt_entry *)e, &copy);
+        if (rc == 0 && (rc = l->t.spill(l->t.self, &copy)) != 0)
+            kvt_entry_clear(&copy);
+        if (rc == 0 && l->t.flush)
+            rc = l->t.flush(l->t.self);
+        COUNT(c, l->index, stores);
+        return rc;
+    }
+    int rc = l->t.store(l->t.self, e);
+    if (rc == 0)
+        COUNT(c, l->index, stores);
+    else
+        COUNT(c, l->index, write_failures);
+    return rc;
+}
+
+static int ch_spill(void *self, kvt_entry *e)
+{
+    kvt_tier_chain *c = self;
+    level *l = first_writable(c);
+    if (!l)
+        return kvt__fail(KVT_EREADONLY, "tier chain spill: every level is read-only");
+    if (!l->t.spill) /* a store-only level: the writer thread stores it */
+        return enqueue_write(c, l->index, l->index, W_SPILL, e);
+    int rc = l->t.spill(l->t.self, e);
+    if (rc == 0)
+        COUNT(c, l->index, stores);
+    else
+        COUNT(c, l->index, write_failures);
+    return rc;
+}
+
+static int same_entry(const kvt_entry *e, const int32_t *tokens, int64_t n, const char *ns)
+{
+    return e->n_tokens == n && strcmp(e->ns, ns) == 0 &&
+           (n == 0 || memcmp(e->tokens, tokens, (size_t)n * sizeof(int32_t)) == 0);
+}
+
+static int ch_pending(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    kvt_tier_chain *c = self;
+    pthread_mutex_lock(&c->mu);
+    int queued = c->queued > 0 || c->writing;
+    pthread_mutex_unlock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        if (c->lv[i].t.pending && c->lv[i].t.pending(c->lv[i].t.self, tokens, n, ns))
+            return 1;
+    if (!queued)
+        return 0;
+    /* a write-behind spill still in the chain's own queue */
+    pthread_mutex_lock(&c->mu);
+    int p = 0;
+    for (wjob *j = c->head; j && !p; j = j->next)
+        p = j->kind == W_SPILL && same_entry(&j->e, tokens, n, ns);
+    pthread_mutex_unlock(&c->mu);
+    return p;
+}
+
+/* Withdraws a write-behind spill still in the chain's queue, else asks the
+ * first writable level (where spills go) to withdraw it. */
+static int ch_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    kvt_tier_chain *c = self;
+    wjob *found = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (wjob **pp = &c->head, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->next) {
+        wjob *j = *pp;
+        if (j->kind == W_SPILL && same_entry(&j->e, tokens, n, ns)) {
+            *pp = j->next;
+            if (c->tail == j)
+                c->tail = prev;
+            c->queued--;
+            found = j;
+            break;
+        }
+    }
+    if (found && !c->head)
+        pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->mu);
+    if (found) {
+        kvt_entry_clear(&found->e);
+        kvt__free(found);
+        return 0;
+    }
+    level *l = first_writable(c);
+    if (l && l->t.withdraw)
+        return l->t.withdraw(l->t.self, tokens, n, ns);
+    return KVT_ENOTFOUND;
+}
+
+KVT_API int kvt_tier_chain_drain(kvt_tier_chain *c)
+{
+    if (!c)
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_drain: chain is NULL");
+    pthread_mutex_lock(&c->mu);
+    while (c->head || c->writing)
+        pthread_cond_wait(&c->idle, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+static int ch_flush(void *self)
+{
+    kvt_tier_chain *c = self;
+    kvt_tier_chain_drain(c);
+    int first = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (!c->lv[i].t.flush)
+            continue;
+        int rc = c->lv[i].t.flush(c->lv[i].t.self);
+        if (rc && !first)
+            first = rc;
+    }
+    return first;
+}
+
+KVT_API int kvt_tier_chain_level_stats(kvt_tier_chain *c, int32_t lvl, kvt_tier_stats *out)
+{
+    if (!c || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_level_stats: %s is NULL", c ? "out" : "chain");
+    if (lvl < 0 || lvl >= c->n)
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_level_stats: level %d outside 0..%d", (int)lvl, c->n - 1);
+    kvt_tier_stats own = {0};
+    if (c->lv[lvl].t.stats)
+        c->lv[lvl].t.stats(c->lv[lvl].t.self, &own);
+    pthread_mutex_lock(&c->mu);
+    *out = c->lv[lvl].st;
+    pthread_mutex_unlock(&c->mu);
+    out->entries = own.entries;
+    out->bytes = own.bytes;
+    return 0;
+}
+
+static int ch_stats(void *self, kvt_tier_stats *out)
+{
+    kvt_tier_chain *c = self;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < c->n; i++) {
+        kvt_tier_stats s;
+        kvt_tier_chain_level_stats(c, i, &s);
+#define KVT__TIER_ADD(name, kind, help) out->name += s.name;
+        KVT_TIER_COUNTERS(KVT__TIER_ADD)
+#undef KVT__TIER_ADD
+    }
+    return 0;
+}
+
+KVT_API void kvt_tier_chain_cold_tier(kvt_tier_chain *c, kvt_cold_tier *out)
+{
+    if (!out)
+        return;
+    *out = (kvt_cold_tier){.self = c,
+                           .find = ch_find,
+                           .find_exact = ch_find_exact,
+                           .restore = ch_restore,
+                           .restore_async = ch_restore_async,
+                           .store = ch_store,
+                           .spill = ch_spill,
+                           .pending = ch_pending,
+                           .flush = ch_flush,
+                           .withdraw = ch_withdraw,
+                           .stats = ch_stats,
+                           .flags = c && first_writable(c) ? 0 : KVT_TIER_READ_ONLY};
+}
+
+/* ---- create / destroy --------------------------------------------------------------- */
+
+static void stop_lookup(level *l)
+{
+    lookup_worker *w = &l->lk;
+    if (!w->started)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->stop = 1;
+    pthread_cond_broadcast(&w->wake);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->th, NULL);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->wake);
+    pthread_cond_destroy(&w->done);
+    w->started = 0;
+}
+
+static int start_lookup(level *l)
+{
+    lookup_worker *w = &l->lk;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->wake, NULL);
+    pthread_cond_init(&w->done, &ca);
+    pthread_condattr_destroy(&ca);
+    int err = pthread_create(&w->th, NULL, lookup_main, l);
+    if (err) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->wake);
+        pthread_cond_destroy(&w->done);
+        return kvt__fail(-err, "tier chain: cannot start the lookup thread of level %d", l->index);
+    }
+    w->started = 1;
+    return 0;
+}
+
+KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->n; i++)
+        if (c->lv[i].hooked)
+            c->lv[i].t.set_evict(c->lv[i].t.self, NULL, NULL);
+    if (c->writer_started) {
+        kvt_tier_chain_drain(c);
+        pthread_mutex_lock(&c->mu);
+        c->stop = 1;
+        pthread_cond_broadcast(&c->wake);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->writer, NULL);
+    }
+    for (wjob *j = c->head, *next; j; j = next) { /* only when the writer never started */
+        next = j->next;
+        kvt_entry_clear(&j->e);
+        kvt__free(j);
+    }
+    for (int i = 0; i < c->n; i++)
+        stop_lookup(&c->lv[i]);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->wake);
+    pthread_cond_destroy(&c->idle);
+    kvt__free(c);
+}
+
+KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_chain **out)
+{
+    if (out)
+        *out = NULL;
+    if (!cfg || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_create: %s is NULL", cfg ? "out" : "cfg");
+    if (cfg->n_levels < 1 || cfg->n_levels > KVT_TIER_CHAIN_MAX || !cfg->levels)
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_create: %d levels (1..%d, levels set)", (int)cfg->n_levels,
+                         KVT_TIER_CHAIN_MAX);
+    if (cfg->write_queue < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_create: write_queue %d is negative", (int)cfg->write_queue);
+    for (int i = 0; i < cfg->n_levels; i++) {
+        const kvt_tier_level *l = &cfg->levels[i];
+        if (!l->tier.find || !l->tier.restore)
+            return kvt__fail(KVT_EINVAL, "kvt_tier_chain_create: level %d has no %s", i,
+                             l->tier.find ? "restore" : "find");
+        if (l->find_budget_ms < 0)
+            return kvt__fail(KVT_EINVAL, "kvt_tier_chain_create: level %d find_budget_ms %d is negative", i,
+                             (int)l->find_budget_ms);
+    }
+    kvt_tier_chain *c = kvt__calloc(1, sizeof *c);
+    if (!c)
+        return KVT_ENOMEM;
+    c->n = cfg->n_levels;
+    c->cap = cfg->write_queue ? cfg->write_queue : 64;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->wake, NULL);
+    pthread_cond_init(&c->idle, NULL);
+    int rc = 0;
+    for (int i = 0; i < c->n; i++) {
+        level *l = &c->lv[i];
+        l->chain = c;
+        l->index = i;
+        l->t = cfg->levels[i].tier;
+        l->budget_ms = cfg->levels[i].find_budget_ms;
+        l->flags = cfg->levels[i].flags;
+        l->writable = !(l->t.flags & KVT_TIER_READ_ONLY) && (l->t.store || l->t.spill);
+        if (rc == 0 && l->budget_ms > 0)
+            rc = start_lookup(l);
+    }
+    if (rc == 0) {
+        int err = pthread_create(&c->writer, NULL, writer_main, c);
+        if (err)
+            rc = kvt__fail(-err, "tier chain: cannot start the writer thread");
+        else
+            c->writer_started = 1;
+    }
+    if (rc) {
+        kvt_tier_chain_destroy(c);
+        return rc;
+    }
+    for (int i = 0; i < c->n; i++) {
+        level *l = &c->lv[i];
+        if ((l->flags & KVT_LEVEL_NO_DEMOTE) || !l->t.set_evict)
+            continue;
+        int below = 0;
+        for (int j = i + 1; j < c->n && !below; j++)
+            below = c->lv[j].writable;
+        if (!below)
+            continue;
+        l->t.set_evict(l->t.self, evict_hook, l);
+        l->hooked = 1;
+    }
+    *out = c;
+    return 0;
+}

@@ -1,0 +1,161 @@
+/*
+ * test_kernels.c: the decode path's vector kernels (engine/kernels.h), under
+ * every kernel set the CPU has: the matrix product against a double
+ * reference for every tail length, and each output element bit-identical
+ * whatever rows it is computed with (the summation-order rule); scores,
+ * softmax (vectorised exp) and silu against double references, silu finite
+ * at +-90; the weighted sum of values split over segments equal bit for bit
+ * to one call. Random inputs: the seed is printed (KVT_TEST_SEED).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "test_seed.h"
+
+#include "kernels.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t g_seed;
+static const char *k_sets[] = {"c", "avx2", "avx512"};
+
+static float frand(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return (float)((double)(*s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *rand_floats(size_t n, uint64_t *s)
+{
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = frand(s);
+    return v;
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    char best[16];
+    snprintf(best, sizeof best, "%s", kvt__kernels_isa());
+    for (size_t k = 0; k < 3; k++) {
+        if (kvt__kernels_select(k_sets[k]) != 0)
+            continue;
+        uint64_t s = g_seed | 1;
+        for (int n_in = 1; n_in <= 70; n_in += 3) { /* every tail of 8 and 16 lanes */
+            int n_out = 13, n = 9;
+            float *W = rand_floats((size_t)n_out * n_in, &s), *x = rand_floats((size_t)n * n_in, &s);
+            float *all = malloc(sizeof(float) * n * n_out), *one = malloc(sizeof(float) * n_out);
+            kvt__matmul_rows(all, n_out, x, n, W, n_in, 0, n_out);
+            for (int i = 0; i < n; i++) {
+                for (int r = 0; r < n_out; r++) {
+                    double ref = 0, mag = 0;
+                    for (int j = 0; j < n_in; j++)
+                        ref += (double)W[r * n_in + j] * x[i * n_in + j], mag += fabs(W[r * n_in + j] * x[i * n_in + j]);
+                    assert_true(fabs(all[i * n_out + r] - ref) <= 1e-6 * (mag + 1e-30) + 1e-30);
+                }
+                /* row i alone, and rows split at an odd place: the same bits */
+                kvt__matmul_rows(one, n_out, x + (size_t)i * n_in, 1, W, n_in, 0, 5);
+                kvt__matmul_rows(one, n_out, x + (size_t)i * n_in, 1, W, n_in, 5, n_out);
+                assert_memory_equal(one, all + (size_t)i * n_out, sizeof(float) * n_out);
+            }
+            free(W), free(x), free(all), free(one);
+        }
+        print_message("  [%s] matmul: matches double, batch-invariant\n", k_sets[k]);
+    }
+    assert_int_equal(kvt__kernels_select(best), 0);
+}
+
+static void test_attention_pieces(void **state)
+{
+    (void)state;
+    char best[16];
+    snprintf(best, sizeof best, "%s", kvt__kernels_isa());
+    for (size_t k = 0; k < 3; k++) {
+        if (kvt__kernels_select(k_sets[k]) != 0)
+            continue;
+        uint64_t s = g_seed ^ 0x9e3779b97f4a7c15ULL;
+        int hs_list[] = {1, 8, 13, 16, 64, 130};
+        for (size_t h = 0; h < sizeof hs_list / sizeof hs_list[0]; h++) {
+            int hs = hs_list[h], n = 77, ld = hs + 3;
+            float *q = rand_floats((size_t)hs, &s), *K = rand_floats((size_t)n * ld, &s), *V = rand_floats((size_t)n * ld, &s);
+            float S[77], P[77];
+            kvt__attn_scores(S, q, K, (size_t)ld, n, hs, 0.5f);
+            for (int t = 0; t < n; t++) {
+                double ref = 0;
+                for (int i = 0; i < hs; i++)
+                    ref += (double)q[i] * K[t * ld + i];
+                assert_true(fabs(S[t] - 0.5 * ref) <= 1e-6 * hs);
+                S[t] *= 8.0f; /* a spread that makes exp work */
+            }
+            memcpy(P, S, sizeof S);
+            kvt__softmax(P, n);
+            double mx = S[0], sum = 0;
+            for (int t = 1; t < n; t++)
+                mx = fmax(mx, S[t]);
+            for (int t = 0; t < n; t++)
+                sum += exp((double)S[t] - mx);
+            for (int t = 0; t < n; t++) {
+                double ref = exp((double)S[t] - mx) / sum;
+                if (!(fabs(P[t] - ref) <= 1e-5 * ref + 1e-30)) /* x - max is rounded to float */
+                    fail_msg("[%s] hs %d softmax[%d] = %.9g, double %.9g", k_sets[k], hs, t, P[t], ref);
+            }
+            /* values: one call == split over three segments, bit for bit */
+            float *a = malloc(sizeof(float) * hs), *b = malloc(sizeof(float) * hs);
+            kvt__attn_values(a, P, V, (size_t)ld, n, hs, 0);
+            kvt__attn_values(b, P, V, (size_t)ld, 10, hs, 0);
+            kvt__attn_values(b, P + 10, V + 10 * ld, (size_t)ld, 1, hs, 1);
+            kvt__attn_values(b, P + 11, V + 11 * ld, (size_t)ld, n - 11, hs, 1);
+            assert_memory_equal(a, b, sizeof(float) * hs);
+            for (int i = 0; i < hs; i++) {
+                double ref = 0;
+                for (int t = 0; t < n; t++)
+                    ref += (double)P[t] * V[t * ld + i];
+                assert_true(fabs(a[i] - ref) <= 1e-6);
+            }
+            free(q), free(K), free(V), free(a), free(b);
+        }
+        /* silu(h) * g over every tail, against double; -90 and 90 stay finite */
+        float h[41], g[41], o[41];
+        for (int i = 0; i < 41; i++)
+            h[i] = (float)(i - 20) * 0.9f, g[i] = frand(&s);
+        h[0] = -90.0f, h[40] = 90.0f;
+        for (size_t n = 1; n <= 41; n++) {
+            memcpy(o, h, sizeof h);
+            kvt__silu_mul(o, g, n);
+            for (size_t i = 0; i < n; i++) {
+                double ref = (double)h[i] / (1.0 + exp(-(double)h[i])) * g[i];
+                assert_true(isfinite(o[i]));
+                assert_true(fabs(o[i] - ref) <= 1e-6 * fabs(ref) + 1e-30);
+            }
+        }
+        print_message("  [%s] scores, softmax, values, silu: match double; split values bit-identical\n", k_sets[k]);
+    }
+    assert_int_equal(kvt__kernels_select(best), 0);
+}
+
+static void test_select(void **state)
+{
+    (void)state;
+    assert_int_equal(kvt__kernels_select("nope"), -1);
+    assert_int_equal(kvt__kernels_select(NULL), -1);
+    assert_int_equal(kvt__kernels_select("c"), 0);
+    assert_string_equal(kvt__kernels_isa(), "c");
+}
+
+int main(void)
+{
+    g_seed = test_seed("test_kernels");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_attention_pieces),
+        cmocka_unit_test(test_select),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,84 @@
+/*
+ * test_pool.c: the forward pass's thread pool (engine/pool.c). Every part of
+ * every run is run exactly once and is finished when kvt__pool_run returns,
+ * over many runs of 1..32 parts back to back (a worker still waking from one
+ * run must never take a part of the next), with a part that stalls (the
+ * others are taken by the threads that are free), and for a pool of one
+ * thread. Run under TSan too (make test-tsan).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "pool.h"
+
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    atomic_int count[32];
+    int stall_part; /* -1: none */
+    int run;
+} job;
+
+static void part(void *ctx, int i, int n)
+{
+    job *j = ctx;
+    assert_true(i >= 0 && i < n && n <= 32);
+    if (i == j->stall_part) {
+        struct timespec ts = {0, 2000000}; /* 2 ms */
+        nanosleep(&ts, NULL);
+    }
+    atomic_fetch_add(&j->count[i], 1);
+}
+
+static void check_runs(kvt__pool *p, int runs, int stall)
+{
+    job j;
+    for (int r = 0; r < runs; r++) {
+        int n = 1 + (r * 7) % 32;
+        for (int i = 0; i < 32; i++)
+            atomic_init(&j.count[i], 0);
+        j.stall_part = stall && r % 50 == 0 ? n / 2 : -1;
+        j.run = r;
+        kvt__pool_run(p, part, &j, n);
+        for (int i = 0; i < 32; i++)
+            assert_int_equal(atomic_load(&j.count[i]), i < n ? 1 : 0);
+    }
+}
+
+static void test_every_part_once(void **state)
+{
+    (void)state;
+    kvt__pool *p = NULL;
+    assert_int_equal(kvt__pool_create(3, &p), 0);
+    assert_int_equal(kvt__pool_size(p), 3);
+    check_runs(p, 20000, 0);
+    check_runs(p, 500, 1);
+    kvt__pool_free(p);
+}
+
+static void test_single_thread_and_null(void **state)
+{
+    (void)state;
+    kvt__pool *p = NULL;
+    assert_int_equal(kvt__pool_create(1, &p), 0);
+    assert_int_equal(kvt__pool_size(p), 1);
+    check_runs(p, 100, 0);
+    kvt__pool_free(p);
+    assert_int_equal(kvt__pool_size(NULL), 1);
+    check_runs(NULL, 100, 0);
+    kvt__pool_free(NULL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_part_once),
+        cmocka_unit_test(test_single_thread_and_null),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
