@@ -6,7 +6,8 @@
 // tokens, tier bytes and entries), that its request table lists every turn
 // with its reused tokens, that the event streams are bounded (one over the
 // limit gets 503, a second page then polls /stats and shows the same
-// figures) and released when a client goes away, and that the browser saw
+// figures) and released when a client goes away, that without Chart.js the
+// page says so and stays live, and that the browser saw
 // no console error and no page error. Saves a screenshot.
 //
 // Environment: KVT_BIN, KVT_MODEL, KVT_TOKENIZER; KVT_CHROMIUM (default
@@ -39,10 +40,10 @@ const { chromium } = await import('playwright-core');
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'kvt-dash-'));
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-function startServer(extra) {
+function startServer(extra, env) {
   return new Promise((resolve, reject) => {
     const p = spawn(bin, ['serve', '--model', model, '--tokenizer', tokenizer, '--port', '0', ...extra],
-      { stdio: ['ignore', 'ignore', 'pipe'] });
+      { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
     let log = '';
     let port = 0;
     const timer = setTimeout(() => reject(new Error('server did not get ready: ' + log)), 30000);
@@ -156,11 +157,11 @@ try {
   const errors = [];
   const page = ctx.pages()[0] || await ctx.newPage();
   watch(page, errors);
-  // nothing but the server: any other address is refused and counted
+  // nothing but the servers on loopback: any other address is refused and counted
   const outside = [];
   await ctx.route(/.*/, (route) => {
     const u = new URL(route.request().url());
-    if (u.origin === base) return route.continue();
+    if (u.protocol === 'http:' && u.hostname === '127.0.0.1') return route.continue();
     outside.push(u.href);
     return route.abort();
   });
@@ -246,6 +247,26 @@ try {
   assert.match(first, /^retry: 2000/);
   await reader.cancel();
   for (const ac of holders) ac.abort();
+
+  // without Chart.js on the server the page says so and stays live
+  const bare = await startServer([], { KVTIER_CHARTJS: path.join(tmp, 'no-chart.js') });
+  try {
+    const page3 = await ctx.newPage();
+    await page3.goto(`http://127.0.0.1:${bare.port}/dashboard`);
+    await page3.waitForFunction(() => document.body.dataset.mode === 'live' && Number(document.body.dataset.snapshots) >= 1,
+      null, { timeout: 15000 });
+    const b = await page3.evaluate(() => ({ hidden: document.getElementById('banner').hidden,
+      text: document.getElementById('banner').textContent, requests: document.getElementById('kpi-requests').dataset.value }));
+    assert.equal(b.hidden, false);
+    assert.match(b.text, /Chart\.js could not be loaded/);
+    assert.equal(b.requests, '0');
+    const r = await fetch(`http://127.0.0.1:${bare.port}/dashboard/chart.js`);
+    assert.equal(r.status, 404);
+    assert.match(await r.text(), /no-chart\.js/);
+    await page3.close();
+  } finally {
+    assert.equal(await stopServer(bare), 0);
+  }
 
   assert.deepEqual(outside, [], 'the page fetched nothing from outside the server');
   assert.deepEqual(errors, [], 'no console or page error on the dashboard');
