@@ -11,7 +11,8 @@
 //
 // Environment: KVT_BIN, KVT_MODEL, KVT_TOKENIZER; KVT_CHROMIUM (default
 // /usr/bin/chromium); KVT_DASH_TURNS (default 4); KVT_DASH_PAUSE_MS between
-// turns (default 0); KVT_DASH_SCREENSHOT (default dashboard.png here).
+// turns (default 0; a comma-separated list is used in turn); KVT_DASH_SCREENSHOT (default dashboard.png here);
+// KVT_DASH_SERVE_ARGS, more `kvtier serve` flags (space-separated).
 // Exits 77 (skipped) when Chromium is missing.
 import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
@@ -24,8 +25,9 @@ const model = process.env.KVT_MODEL;
 const tokenizer = process.env.KVT_TOKENIZER;
 const chromiumPath = process.env.KVT_CHROMIUM || '/usr/bin/chromium';
 const turns = Number(process.env.KVT_DASH_TURNS || 4);
-const pauseMs = Number(process.env.KVT_DASH_PAUSE_MS || 0);
+const pauses = (process.env.KVT_DASH_PAUSE_MS || '0').split(',').map(Number);
 const shotPath = path.resolve(process.env.KVT_DASH_SCREENSHOT || 'dashboard.png');
+const serveArgs = (process.env.KVT_DASH_SERVE_ARGS || '').split(' ').filter(Boolean);
 const MAX_STREAMS = 16; // the server's default bound on /events streams
 
 if (!fs.existsSync(chromiumPath)) {
@@ -85,15 +87,15 @@ async function chat(base, n) {
     messages.push({ role: 'user', content: script[t % script.length] });
     const r = await fetch(`${base}/v1/chat/completions`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ model: 'stories260K', messages, temperature: 0, max_tokens: 40, user: 'dashboard-test' }),
+      body: JSON.stringify({ model: 'stories260K', messages, temperature: 0, max_tokens: 16, user: 'dashboard-test' }),
     });
-    assert.equal(r.status, 200);
+    if (r.status !== 200) throw new Error(`turn ${t + 1}: HTTP ${r.status}: ${await r.text()}`);
     const j = await r.json();
     messages.push({ role: 'assistant', content: j.choices[0].message.content });
     out.push(j.usage);
     console.log(`turn ${t + 1}: prompt ${j.usage.prompt_tokens}, cached ${j.usage.prompt_tokens_details.cached_tokens} ` +
       `(ram ${j.usage.kvtier.reused_tokens.ram}, ssd ${j.usage.kvtier.reused_tokens.ssd}), ttft ${j.usage.kvtier.ttft_ms} ms`);
-    if (pauseMs) await sleep(pauseMs);
+    if (pauses[t % pauses.length]) await sleep(pauses[t % pauses.length]);
   }
   return out;
 }
@@ -139,7 +141,7 @@ function watch(page, errors) {
   page.on('pageerror', (e) => errors.push(`page error: ${e.message}`));
 }
 
-const server = await startServer(['--prompt-cache', '64000000', '--ssd-cache', path.join(tmp, 'ssd')]);
+const server = await startServer(['--prompt-cache', '64000000', '--ssd-cache', path.join(tmp, 'ssd'), ...serveArgs]);
 const base = `http://127.0.0.1:${server.port}`;
 const profile = fs.mkdtempSync(path.join(tmp, 'profile-'));
 let ctx = null;
@@ -173,7 +175,7 @@ try {
   await page.waitForFunction((n) => Number(document.body.dataset.lastSeq) >= n, turns, { timeout: 15000 });
   const eq = await waitEqual(page, base, 'live page');
   console.log(`page = /stats: ${JSON.stringify(eq.shown)} (mode ${eq.mode}, ${eq.snapshots} snapshots)`);
-  assert.ok(eq.shown.cached > 0 && eq.shown.ram_bytes > 0 && eq.shown.ssd_bytes > 0);
+  assert.ok(eq.shown.cached > 0 && eq.shown.ssd_bytes > 0 && eq.shown.ram_bytes + eq.shown.ssd_bytes > 0);
 
   // the request table: one row per turn, with the reused tokens its usage reported
   const rows = await page.$$eval('#requests tbody tr', (trs) => trs.map((tr) => ({
@@ -194,6 +196,14 @@ try {
   await sleep(1200); // one more snapshot drawn into the charts
   await page.screenshot({ path: shotPath, fullPage: true });
   console.log(`screenshot: ${shotPath}`);
+  // a phone's width: one column, nothing wider than the screen (the table scrolls in its card)
+  await page.setViewportSize({ width: 390, height: 844 });
+  await sleep(300);
+  const phone = await page.evaluate(() => ({ width: document.documentElement.scrollWidth,
+    columns: getComputedStyle(document.querySelector('main')).gridTemplateColumns.split(' ').length }));
+  assert.ok(phone.width <= 390, `the page fits a 390 px screen (it is ${phone.width} px wide)`);
+  assert.equal(phone.columns, 1, 'one column on a phone');
+  await page.setViewportSize({ width: 1280, height: 1000 });
 
   // bounded streams: the page holds one; fill the rest, one more is refused
   const holders = [];
