@@ -202,6 +202,11 @@ int kvt_cmd_model(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { /* info and default too */
+            usage(stdout);
+            return 0;
+        }
     if (!strcmp(argv[1], "synth"))
         return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info")) {
