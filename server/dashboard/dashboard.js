@@ -86,6 +86,7 @@
       options: reuseOpts,
     });
     const ttftOpts = common('TTFT (ms)', undefined, false);
+    ttftOpts.plugins.legend.labels = { usePointStyle: true, pointStyle: 'line' };
     ttftOpts.plugins.tooltip = { callbacks: { label: (c) => c.dataset.label + ': ' + ms(c.parsed.y) } };
     ttftChart = new Chart($('chart-ttft'), {
       type: 'line',
@@ -199,7 +200,7 @@
     $('updated').textContent = 'updated ' + clock(t);
 
     setFig('kpi-requests', num(c.completions), c.completions);
-    $('kpi-requests-sub').textContent = num(c.completions_ok) + ' ok · ' + num(c.cancelled) + ' cancelled · ' + num(c.rejected_queue_full) + ' refused (429)';
+    $('kpi-requests-sub').textContent = num(c.completions_ok) + ' ok · ' + num(c.cancelled) + ' cancelled · ' + num(c.rejected_queue_full) + ' refused';
     setFig('kpi-prompt', num(c.prompt_tokens), c.prompt_tokens);
     $('kpi-prompt-sub').textContent = num(c.prefilled_tokens) + ' prefilled · ' + num(c.generation_tokens) + ' generated';
     setFig('kpi-cached', num(c.prefix_cache_hits), c.prefix_cache_hits);

@@ -6,12 +6,14 @@
 // tokens, tier bytes and entries), that its request table lists every turn
 // with its reused tokens, that the event streams are bounded (one over the
 // limit gets 503, a second page then polls /stats and shows the same
-// figures) and released when a client goes away, and that the browser saw
+// figures) and released when a client goes away, that without Chart.js the
+// page says so and stays live, and that the browser saw
 // no console error and no page error. Saves a screenshot.
 //
 // Environment: KVT_BIN, KVT_MODEL, KVT_TOKENIZER; KVT_CHROMIUM (default
 // /usr/bin/chromium); KVT_DASH_TURNS (default 4); KVT_DASH_PAUSE_MS between
-// turns (default 0); KVT_DASH_SCREENSHOT (default dashboard.png here).
+// turns (default 0; a comma-separated list is used in turn); KVT_DASH_SCREENSHOT (default dashboard.png here);
+// KVT_DASH_SERVE_ARGS, more `kvtier serve` flags (space-separated).
 // Exits 77 (skipped) when Chromium is missing.
 import { spawn } from 'node:child_process';
 import assert from 'node:assert/strict';
@@ -24,8 +26,9 @@ const model = process.env.KVT_MODEL;
 const tokenizer = process.env.KVT_TOKENIZER;
 const chromiumPath = process.env.KVT_CHROMIUM || '/usr/bin/chromium';
 const turns = Number(process.env.KVT_DASH_TURNS || 4);
-const pauseMs = Number(process.env.KVT_DASH_PAUSE_MS || 0);
+const pauses = (process.env.KVT_DASH_PAUSE_MS || '0').split(',').map(Number);
 const shotPath = path.resolve(process.env.KVT_DASH_SCREENSHOT || 'dashboard.png');
+const serveArgs = (process.env.KVT_DASH_SERVE_ARGS || '').split(' ').filter(Boolean);
 const MAX_STREAMS = 16; // the server's default bound on /events streams
 
 if (!fs.existsSync(chromiumPath)) {
@@ -37,10 +40,10 @@ const { chromium } = await import('playwright-core');
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'kvt-dash-'));
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-function startServer(extra) {
+function startServer(extra, env) {
   return new Promise((resolve, reject) => {
     const p = spawn(bin, ['serve', '--model', model, '--tokenizer', tokenizer, '--port', '0', ...extra],
-      { stdio: ['ignore', 'ignore', 'pipe'] });
+      { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, ...env } });
     let log = '';
     let port = 0;
     const timer = setTimeout(() => reject(new Error('server did not get ready: ' + log)), 30000);
@@ -85,15 +88,15 @@ async function chat(base, n) {
     messages.push({ role: 'user', content: script[t % script.length] });
     const r = await fetch(`${base}/v1/chat/completions`, {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ model: 'stories260K', messages, temperature: 0, max_tokens: 40, user: 'dashboard-test' }),
+      body: JSON.stringify({ model: 'stories260K', messages, temperature: 0, max_tokens: 16, user: 'dashboard-test' }),
     });
-    assert.equal(r.status, 200);
+    if (r.status !== 200) throw new Error(`turn ${t + 1}: HTTP ${r.status}: ${await r.text()}`);
     const j = await r.json();
     messages.push({ role: 'assistant', content: j.choices[0].message.content });
     out.push(j.usage);
     console.log(`turn ${t + 1}: prompt ${j.usage.prompt_tokens}, cached ${j.usage.prompt_tokens_details.cached_tokens} ` +
       `(ram ${j.usage.kvtier.reused_tokens.ram}, ssd ${j.usage.kvtier.reused_tokens.ssd}), ttft ${j.usage.kvtier.ttft_ms} ms`);
-    if (pauseMs) await sleep(pauseMs);
+    if (pauses[t % pauses.length]) await sleep(pauses[t % pauses.length]);
   }
   return out;
 }
@@ -139,7 +142,7 @@ function watch(page, errors) {
   page.on('pageerror', (e) => errors.push(`page error: ${e.message}`));
 }
 
-const server = await startServer(['--prompt-cache', '64000000', '--ssd-cache', path.join(tmp, 'ssd')]);
+const server = await startServer(['--prompt-cache', '64000000', '--ssd-cache', path.join(tmp, 'ssd'), ...serveArgs]);
 const base = `http://127.0.0.1:${server.port}`;
 const profile = fs.mkdtempSync(path.join(tmp, 'profile-'));
 let ctx = null;
@@ -154,11 +157,11 @@ try {
   const errors = [];
   const page = ctx.pages()[0] || await ctx.newPage();
   watch(page, errors);
-  // nothing but the server: any other address is refused and counted
+  // nothing but the servers on loopback: any other address is refused and counted
   const outside = [];
   await ctx.route(/.*/, (route) => {
     const u = new URL(route.request().url());
-    if (u.origin === base) return route.continue();
+    if (u.protocol === 'http:' && u.hostname === '127.0.0.1') return route.continue();
     outside.push(u.href);
     return route.abort();
   });
@@ -173,7 +176,7 @@ try {
   await page.waitForFunction((n) => Number(document.body.dataset.lastSeq) >= n, turns, { timeout: 15000 });
   const eq = await waitEqual(page, base, 'live page');
   console.log(`page = /stats: ${JSON.stringify(eq.shown)} (mode ${eq.mode}, ${eq.snapshots} snapshots)`);
-  assert.ok(eq.shown.cached > 0 && eq.shown.ram_bytes > 0 && eq.shown.ssd_bytes > 0);
+  assert.ok(eq.shown.cached > 0 && eq.shown.ssd_bytes > 0 && eq.shown.ram_bytes + eq.shown.ssd_bytes > 0);
 
   // the request table: one row per turn, with the reused tokens its usage reported
   const rows = await page.$$eval('#requests tbody tr', (trs) => trs.map((tr) => ({
@@ -194,6 +197,14 @@ try {
   await sleep(1200); // one more snapshot drawn into the charts
   await page.screenshot({ path: shotPath, fullPage: true });
   console.log(`screenshot: ${shotPath}`);
+  // a phone's width: one column, nothing wider than the screen (the table scrolls in its card)
+  await page.setViewportSize({ width: 390, height: 844 });
+  await sleep(300);
+  const phone = await page.evaluate(() => ({ width: document.documentElement.scrollWidth,
+    columns: getComputedStyle(document.querySelector('main')).gridTemplateColumns.split(' ').length }));
+  assert.ok(phone.width <= 390, `the page fits a 390 px screen (it is ${phone.width} px wide)`);
+  assert.equal(phone.columns, 1, 'one column on a phone');
+  await page.setViewportSize({ width: 1280, height: 1000 });
 
   // bounded streams: the page holds one; fill the rest, one more is refused
   const holders = [];
@@ -236,6 +247,26 @@ try {
   assert.match(first, /^retry: 2000/);
   await reader.cancel();
   for (const ac of holders) ac.abort();
+
+  // without Chart.js on the server the page says so and stays live
+  const bare = await startServer([], { KVTIER_CHARTJS: path.join(tmp, 'no-chart.js') });
+  try {
+    const page3 = await ctx.newPage();
+    await page3.goto(`http://127.0.0.1:${bare.port}/dashboard`);
+    await page3.waitForFunction(() => document.body.dataset.mode === 'live' && Number(document.body.dataset.snapshots) >= 1,
+      null, { timeout: 15000 });
+    const b = await page3.evaluate(() => ({ hidden: document.getElementById('banner').hidden,
+      text: document.getElementById('banner').textContent, requests: document.getElementById('kpi-requests').dataset.value }));
+    assert.equal(b.hidden, false);
+    assert.match(b.text, /Chart\.js could not be loaded/);
+    assert.equal(b.requests, '0');
+    const r = await fetch(`http://127.0.0.1:${bare.port}/dashboard/chart.js`);
+    assert.equal(r.status, 404);
+    assert.match(await r.text(), /no-chart\.js/);
+    await page3.close();
+  } finally {
+    assert.equal(await stopServer(bare), 0);
+  }
 
   assert.deepEqual(outside, [], 'the page fetched nothing from outside the server');
   assert.deepEqual(errors, [], 'no console or page error on the dashboard');
