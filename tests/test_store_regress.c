@@ -7,7 +7,7 @@
  *    of an open store removes.
  *  - A budget smaller than one entry with its blocks keeps the entries that
  *    fit instead of evicting everything to make room for the one that never
- *    fits (which is not kept).
+ *    fits (which is not kept, and does not supersede its shorter prefixes).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -150,8 +150,7 @@ static void corrupt_block_leaves_no_broken_entry(void **state)
     walk_acc a = verify_root(f.root);
     assert_int_equal(a.refused, 0);
 
-    /* flip the last payload byte of every block of the second entry's
-     * chain is not needed: one block shard is enough */
+    /* one payload byte of one block shard */
     char bname[256], path[1400];
     assert_int_equal(store_first_file(dir, "b", bname, sizeof bname), 0);
     snprintf(path, sizeof path, "%s/%s", dir, bname);
@@ -328,6 +327,43 @@ static void budget_keeps_what_fits(void **state)
     store_rmtree(f.root);
 }
 
+/* The same budget, the big entry extending a kept one (a trimmable entry
+ * supersedes its strict prefixes): the prefix that fits stays. */
+static void budget_keeps_prefix_of_too_big(void **state)
+{
+    (void)state;
+    int32_t a[12], big[40];
+    pcu_seq(big, 40, 5);
+    memcpy(a, big, sizeof a);
+    fx m;
+    fx_init(&m, "regress-measure3");
+    kvt_store *s = fx_open(&m, 0);
+    put_tokens(s, a, 12);
+    uint64_t small = dir_bytes(kvt_store_dir(s));
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(m.root);
+    uint64_t max = 2 * small;
+
+    fx f;
+    fx_init(&f, "regress-budget2");
+    s = fx_open(&f, max);
+    put_tokens(s, a, 12);
+    put_tokens(s, big, 40);
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", kvt_store_dir(s));
+    assert_int_equal(kvt_store_contains(s, big, 40, ""), 0);
+    assert_int_equal(kvt_store_contains(s, a, 12, ""), 1);
+    assert_int_equal(kvt_store_close(s), 0);
+    assert_true(dir_bytes(dir) <= max);
+    s = fx_open(&f, max);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find(s, big, 40, "", &hit), 0);
+    assert_int_equal(hit.prefix_len, 12);
+    assert_int_equal(restore_exact(s, a, 12), 0);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +371,7 @@ int main(void)
         cmocka_unit_test(gc_removes_broken_entry),
         cmocka_unit_test(open_store_removes_broken_entry),
         cmocka_unit_test(budget_keeps_what_fits),
+        cmocka_unit_test(budget_keeps_prefix_of_too_big),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1790,6 +1790,18 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         en->bytes = fb;
         en->id = want_id;
         en->last_use_ms = wall_ms();
+        /* with its blocks over the whole budget, the entry is not kept (the
+         * reclaim below drops it first): it must not supersede the shorter
+         * entries that fit */
+        uint64_t need = fb;
+        for (int32_t c = 0; s->opts.max_bytes && c < n_chain; c++) {
+            char bn[64];
+            struct stat bst;
+            file_name('b', keys[c], bn);
+            if (!fstatat(s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW))
+                need += (uint64_t)bst.st_size;
+        }
+        int too_big = s->opts.max_bytes && need > s->opts.max_bytes;
         pthread_mutex_lock(&s->mu);
         orphan_forget(s, name);
         st_entry *dup_e = kvt__kmap_get(&s->by_key, ekey);
@@ -1810,7 +1822,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         s->st.written++;
         s->st.bytes_written += fb;
         /* supersede: a trimmable entry serves its strict same-ns prefixes */
-        if (min_reach < n && A == 0) {
+        if (min_reach < n && A == 0 && !too_big) {
             st_ns *nsr = ns_get(s, ns, 0);
             sup_ctx sc = {s, min_reach};
             if (nsr)
