@@ -25,7 +25,7 @@ static void usage(FILE *f)
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                     [--demote-idle MS]] [--max-queue N] [--max-running N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
-            "                    [--conn-timeout S] [--max-connections N]\n"
+            "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
             "\n"
             "An OpenAI-compatible HTTP server over the reference engine and the prompt cache:\n"
             "multi-turn traffic re-sends the conversation, and only its new tokens are prefilled.\n"
@@ -64,6 +64,9 @@ static void usage(FILE *f)
             "                        (default 10000), then cancel them; the SSD tier is flushed\n"
             "  --conn-timeout S      close connections idle S seconds (default 30)\n"
             "  --max-connections N   open connections at most (default 256)\n"
+            "  --threads N           threads of the engine's prefill and batched decode, the\n"
+            "                        engine thread included, 1 to 64 (default: online CPUs, at\n"
+            "                        most 8); replies do not depend on it\n"
             "\n"
             "Sampling follows the request (OpenAI defaults: temperature 1, top_p 1; \"seed\" makes\n"
             "it repeatable; temperature 0 is greedy). Chat replies end before a newline, like\n"
@@ -90,7 +93,7 @@ int kvt_cmd_serve(int argc, char **argv)
 {
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
-              max_conn = 256;
+              max_conn = 256, threads = 0;
     uint64_t max_body = 1 << 20;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -105,7 +108,7 @@ int kvt_cmd_serve(int argc, char **argv)
         static const char *const with_value[] = {
             "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
-            "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", NULL};
+            "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -145,6 +148,8 @@ int kvt_cmd_serve(int argc, char **argv)
             rc = parse_int(a, v, 1, 86400, &conn_timeout);
         else if (!strcmp(a, "--max-connections"))
             rc = parse_int(a, v, 1, 65536, &max_conn);
+        else if (!strcmp(a, "--threads"))
+            rc = parse_int(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
         else {
             uint64_t *dst = !strcmp(a, "--prompt-cache") ? &o.prompt_cache_bytes
                             : !strcmp(a, "--kv-budget")  ? &o.kv_budget_bytes
@@ -179,6 +184,7 @@ int kvt_cmd_serve(int argc, char **argv)
     o.demote_idle_ms = (uint64_t)demote;
     o.conn_timeout_s = (unsigned)conn_timeout;
     o.max_connections = (unsigned)max_conn;
+    o.threads = (int)threads;
 
     /* every thread the server starts inherits this mask; the main thread
      * takes SIGINT/SIGTERM with sigwait */

@@ -8,7 +8,7 @@
  * method, body over --max-body, queue full, API key) as an OpenAI error
  * object; streaming as OpenAI sends it; a multi-turn chat whose later turns
  * reuse the cache, with replies byte-identical to a --prompt-cache 0 server
- * and to `kvtier chat`; 64 concurrent 3-turn conversations identical to the
+ * (run with --threads 1) and to `kvtier chat`; 64 concurrent 3-turn conversations identical to the
  * cache-off replies; a client that disconnects cancels its request;
  * tokenize/detokenize; /metrics through promtool; SIGTERM flushing the SSD
  * tier so a restarted server reuses from disk.
@@ -292,7 +292,9 @@ static int setup(void **state)
     assert_non_null(mkdtemp(tmpdir));
     const char *on[] = {"--max-body", "64K", NULL};
     server_start(&main_srv, "main", on);
-    const char *off[] = {"--prompt-cache", "0", NULL};
+    /* one engine thread: every comparison with main_srv (online CPUs, at
+     * most 8) also checks that replies do not depend on --threads */
+    const char *off[] = {"--prompt-cache", "0", "--threads", "1", NULL};
     server_start(&off_srv, "off", off);
     return 0;
 }
