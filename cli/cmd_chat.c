@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
             "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                    [--demote-idle MS]] [--transcript FILE]\n"
-            "                   [--prefill-checkpoint-stride TOKENS]\n"
+            "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
@@ -60,6 +60,8 @@ static void usage(FILE *f)
             "  --temperature T       0 = greedy (default); --top-p P as kvtier generate (default 0.9)\n"
             "  --seed S              sampling seed, a positive integer (default 42)\n"
             "  --block-tokens B      kv block size in tokens (default 256)\n"
+            "  --threads N           engine threads, this one included, 1 to 64 (default: online\n"
+            "                        CPUs, at most 8); replies do not depend on it\n"
             "  --prefill-checkpoint-stride TOKENS  on models with recurrent or sliding-window\n"
             "                        layers, keep the state every TOKENS prompt tokens while a\n"
             "                        prompt is prefilled, so a new conversation sharing a start\n"
@@ -79,7 +81,7 @@ static void usage(FILE *f)
             "                        goes on (replies unchanged, exit 0) and --stats counts it\n"
             "                        (\"ssd_cache\": mode, cause, write_failures, writes_skipped)\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
-            "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
+            "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
             "  --transcript FILE     resume the conversation saved in FILE (JSON: [{\"user\": ...,\n"
             "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"
@@ -379,7 +381,7 @@ int kvt_cmd_chat(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *script = NULL, *session = "chat";
     const char *adapter = NULL, *adapter_version = NULL;
     uint64_t pc_bytes = 1ull << 30, kv_budget = 0;
-    long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1; /* -1: not given */
+    long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1, threads = 0; /* -1: not given */
     float temperature = 0.0f, topp = 0.9f;
     int multiline = 0, stats = 0, ssd_verify = 0;
     const char *ssd_dir = NULL, *transcript = NULL;
@@ -408,7 +410,7 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--temperature", "--top-p", "--seed", "--block-tokens",
                                                  "--adapter", "--adapter-version", "--ssd-cache",
                                                  "--ssd-cache-max", "--demote-idle", "--transcript",
-                                                 "--prefill-checkpoint-stride", NULL};
+                                                 "--prefill-checkpoint-stride", "--threads", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -454,6 +456,8 @@ int kvt_cmd_chat(int argc, char **argv)
             rc = parse_i64(a, v, 1, 1 << 20, &block);
         else if (!strcmp(a, "--prefill-checkpoint-stride"))
             rc = parse_i64(a, v, 0, 1 << 20, &ckpt_stride);
+        else if (!strcmp(a, "--threads"))
+            rc = parse_i64(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
         if (rc)
             return rc;
     }
@@ -505,6 +509,10 @@ int kvt_cmd_chat(int argc, char **argv)
     int status = 1, too_big_said = 0;
     if ((rc = kvt_chat_load_paths(model_path, tok_path, &m, &tok, used_model, used_tok, sizeof used_model))) {
         status = fail("cannot load the model", rc);
+        goto done;
+    }
+    if (threads && (rc = kvt_model_set_threads(m, (int)threads))) {
+        status = fail("cannot start the engine threads", rc);
         goto done;
     }
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,

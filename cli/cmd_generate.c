@@ -20,6 +20,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvtier generate [--model M.bin --tokenizer T.bin] [--prompt TEXT] [--steps N]\n"
             "                       [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
+            "                       [--threads N]\n"
             "\n"
             "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
             "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
@@ -39,6 +40,8 @@ static void usage(FILE *f)
             "  --seed S            random seed (nonzero integer); default (or 0): the current\n"
             "                      time, as llama2.c.\n"
             "  --block-tokens B    tokens per kv cache block (default 256).\n"
+            "  --threads N         engine threads, this one included, 1 to 64 (default: online\n"
+            "                      CPUs, at most 8). The output does not depend on it.\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n"
             "\n"
@@ -85,7 +88,7 @@ static int fail(const char *what, int rc)
 int kvt_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "";
-    long long steps = 256, seed = 0, block = 256;
+    long long steps = 256, seed = 0, block = 256, threads = 0;
     float temperature = 1.0f, topp = 0.9f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -109,7 +112,7 @@ int kvt_cmd_generate(int argc, char **argv)
         memcpy(name, a, nlen);
         name[nlen] = '\0';
         static const char *const known[] = {"--model", "--tokenizer", "--prompt", "--steps", "--temperature",
-                                            "--top-p", "--seed", "--block-tokens", NULL};
+                                            "--top-p", "--seed", "--block-tokens", "--threads", NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], name))
             k++;
@@ -142,6 +145,8 @@ int kvt_cmd_generate(int argc, char **argv)
             rc = parse_i64(name, v, INT64_MIN, INT64_MAX, &seed);
         else if (!strcmp(name, "--block-tokens"))
             rc = parse_i64(name, v, 1, 1 << 20, &block);
+        else if (!strcmp(name, "--threads"))
+            rc = parse_i64(name, v, 1, KVT_MODEL_MAX_THREADS, &threads);
         if (rc)
             return rc;
     }
@@ -168,6 +173,10 @@ int kvt_cmd_generate(int argc, char **argv)
     int status = 1, rc;
     if ((rc = kvt_model_load(model_path, &model))) {
         status = fail("cannot load the model", rc);
+        goto done;
+    }
+    if (threads && (rc = kvt_model_set_threads(model, (int)threads))) {
+        status = fail("cannot start the engine threads", rc);
         goto done;
     }
     const kvt_model_config *cfg = kvt_model_get_config(model);

@@ -25,7 +25,9 @@ static void usage(FILE *f)
             "       kvtier model info FILE    (shape, layer kinds, fingerprint, KV bytes per token, and the\n"
             "                                 identity of the SSD tier: XXH3-128 of every byte, and its cost)\n"
             "       kvtier model default      (prints the built-in model and tokenizer paths)\n"
-            "LIST is comma-separated layer indices, e.g. 1,3. Identical arguments give identical files.\n");
+            "LIST is comma-separated layer indices, e.g. 1,3. Identical arguments give identical files.\n"
+            "Tokenizer: with --vocab 259 chat and generate take the built-in byte-level tokenizer\n"
+            "(its path: kvtier model default); another vocab needs a tokenizer.bin of that size.\n");
 }
 
 static int parse_i64(const char *flag, const char *s, long long lo, long long hi, long long *out)
@@ -202,6 +204,11 @@ int kvt_cmd_model(int argc, char **argv)
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { /* info and default too */
+            usage(stdout);
+            return 0;
+        }
     if (!strcmp(argv[1], "synth"))
         return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(argv[1], "info")) {

@@ -25,13 +25,15 @@ static void usage(FILE *f)
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                     [--demote-idle MS]] [--max-queue N] [--max-running N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
-            "                    [--conn-timeout S] [--max-connections N]\n"
+            "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
             "\n"
             "An OpenAI-compatible HTTP server over the reference engine and the prompt cache:\n"
             "multi-turn traffic re-sends the conversation, and only its new tokens are prefilled.\n"
             "Endpoints: POST /v1/chat/completions, POST /v1/completions (\"stream\": true for\n"
             "server-sent events), GET /v1/models, GET /health, POST /tokenize, POST /detokenize,\n"
-            "GET /stats (the cache service report), GET /metrics (Prometheus text).\n"
+            "GET /stats (the cache service report), GET /metrics (Prometheus text),\n"
+            "GET /dashboard (a live page in a browser) and GET /events (its server-sent events:\n"
+            "a /stats snapshot a second and one event per finished request; 16 streams at most).\n"
             "Usage in every reply: prompt_tokens_details.cached_tokens (the reused prefix) and a\n"
             "\"kvtier\" object (reused tokens by tier, prefilled tokens, queue and TTFT ms).\n"
             "\n"
@@ -49,18 +51,22 @@ static void usage(FILE *f)
             "  --ssd-cache DIR       SSD tier under the prompt cache; flushed at shutdown, so a\n"
             "                        restarted server reuses what reached it\n"
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
-            "  --ssd-cache-verify    check SHA-256 of every shard on load\n"
+            "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
             "  --max-queue N         requests waiting for admission at most (default 64); then 429\n"
             "                        with Retry-After\n"
             "  --max-running N       requests admitted at once at most (default 64)\n"
             "  --max-body BYTES      request body size limit (default 1M); larger gets 413\n"
             "  --api-key KEY         require 'Authorization: Bearer KEY' on every endpoint but\n"
-            "                        /health (401 otherwise); also read from KVTIER_API_KEY\n"
+            "                        /health and the /dashboard page's own files (401 otherwise);\n"
+            "                        also read from KVTIER_API_KEY\n"
             "  --shutdown-timeout MS on SIGTERM/SIGINT, let running requests finish this long\n"
             "                        (default 10000), then cancel them; the SSD tier is flushed\n"
             "  --conn-timeout S      close connections idle S seconds (default 30)\n"
             "  --max-connections N   open connections at most (default 256)\n"
+            "  --threads N           threads of the engine's prefill and batched decode, the\n"
+            "                        engine thread included, 1 to 64 (default: online CPUs, at\n"
+            "                        most 8); replies do not depend on it\n"
             "\n"
             "Sampling follows the request (OpenAI defaults: temperature 1, top_p 1; \"seed\" makes\n"
             "it repeatable; temperature 0 is greedy). Chat replies end before a newline, like\n"
@@ -87,7 +93,7 @@ int kvt_cmd_serve(int argc, char **argv)
 {
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
-              max_conn = 256;
+              max_conn = 256, threads = 0;
     uint64_t max_body = 1 << 20;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -102,7 +108,7 @@ int kvt_cmd_serve(int argc, char **argv)
         static const char *const with_value[] = {
             "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
-            "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", NULL};
+            "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -142,6 +148,8 @@ int kvt_cmd_serve(int argc, char **argv)
             rc = parse_int(a, v, 1, 86400, &conn_timeout);
         else if (!strcmp(a, "--max-connections"))
             rc = parse_int(a, v, 1, 65536, &max_conn);
+        else if (!strcmp(a, "--threads"))
+            rc = parse_int(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
         else {
             uint64_t *dst = !strcmp(a, "--prompt-cache") ? &o.prompt_cache_bytes
                             : !strcmp(a, "--kv-budget")  ? &o.kv_budget_bytes
@@ -176,6 +184,7 @@ int kvt_cmd_serve(int argc, char **argv)
     o.demote_idle_ms = (uint64_t)demote;
     o.conn_timeout_s = (unsigned)conn_timeout;
     o.max_connections = (unsigned)max_conn;
+    o.threads = (int)threads;
 
     /* every thread the server starts inherits this mask; the main thread
      * takes SIGINT/SIGTERM with sigwait */

@@ -129,10 +129,11 @@ static void print_report(const walk_state *w)
 
 int kvt_cmd_store(int argc, char **argv)
 {
-    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        usage(stdout);
-        return 0;
-    }
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { /* store SUB --help too */
+            usage(stdout);
+            return 0;
+        }
     if (argc < 3) {
         usage(stderr);
         return 2;

@@ -60,7 +60,7 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     if (!strcmp(argv[1], "bench")) {
-        if (argc < 3 || !strcmp(argv[2], "--help")) {
+        if (argc < 3 || !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h")) {
             usage(argc < 3 ? stderr : stdout, cmds, benches);
             return argc < 3 ? 2 : 0;
         }

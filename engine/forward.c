@@ -734,3 +734,25 @@ KVT_API int kvt_model_decode(kvt_model *m, kvt_cache **caches, int32_t token, fl
         return kvt__fail(KVT_EINVAL, "%s: forward pass: NULL caches or tokens", m->path);
     return kvt_model_decode_batch(m, 1, &caches, &token, logits);
 }
+
+/* ---- threads ------------------------------------------------------------ */
+
+KVT_API int kvt_model_set_threads(kvt_model *m, int n_threads)
+{
+    if (!m)
+        return kvt__fail(KVT_EINVAL, "kvt_model_set_threads: NULL model");
+    if (n_threads < 1 || n_threads > KVT_MODEL_MAX_THREADS)
+        return kvt__fail(KVT_EINVAL, "%s: %d threads: wants 1 to %d", m->path, n_threads, KVT_MODEL_MAX_THREADS);
+    if (kvt__pool_size(m->pool) == n_threads)
+        return 0;
+    /* the new pool first: if its threads cannot start, the old one stays */
+    struct kvt__pool *p = NULL;
+    int rc = kvt__pool_create(n_threads, &p);
+    if (rc)
+        return rc;
+    kvt__pool_free(m->pool);
+    m->pool = p;
+    return 0;
+}
+
+KVT_API int kvt_model_get_threads(const kvt_model *m) { return m ? kvt__pool_size(m->pool) : 0; }

@@ -95,7 +95,8 @@ static void c_silu_mul(float *h, const float *g, size_t n)
 
 /* A tile of R rows x S inputs: R * S accumulators held in registers. */
 static inline __attribute__((always_inline)) AVX512 void tile512(float *out, size_t ldo, const float *x, int n_in,
-                                                                  const float *W, int r, const int R, const int S)
+                                                                  const float *W, size_t ldw, int r, const int R,
+                                                                  const int S)
 {
     __m512 acc[TILE_ROWS][4];
 #pragma GCC unroll 4
@@ -103,7 +104,7 @@ static inline __attribute__((always_inline)) AVX512 void tile512(float *out, siz
 #pragma GCC unroll 4
         for (int b = 0; b < S; b++)
             acc[a][b] = _mm512_setzero_ps();
-    const float *w0 = W + (size_t)r * n_in;
+    const float *w0 = W + (size_t)r * ldw;
     int j = 0;
     for (; j + 16 <= n_in; j += 16) {
         __m512 xv[4];
@@ -112,7 +113,7 @@ static inline __attribute__((always_inline)) AVX512 void tile512(float *out, siz
             xv[b] = _mm512_loadu_ps(x + (size_t)b * n_in + j);
 #pragma GCC unroll 4
         for (int a = 0; a < R; a++) {
-            __m512 wv = _mm512_loadu_ps(w0 + (size_t)a * n_in + j);
+            __m512 wv = _mm512_loadu_ps(w0 + (size_t)a * ldw + j);
 #pragma GCC unroll 4
             for (int b = 0; b < S; b++)
                 acc[a][b] = _mm512_fmadd_ps(wv, xv[b], acc[a][b]);
@@ -126,7 +127,7 @@ static inline __attribute__((always_inline)) AVX512 void tile512(float *out, siz
             xv[b] = _mm512_maskz_loadu_ps(k, x + (size_t)b * n_in + j);
 #pragma GCC unroll 4
         for (int a = 0; a < R; a++) {
-            __m512 wv = _mm512_maskz_loadu_ps(k, w0 + (size_t)a * n_in + j);
+            __m512 wv = _mm512_maskz_loadu_ps(k, w0 + (size_t)a * ldw + j);
 #pragma GCC unroll 4
             for (int b = 0; b < S; b++)
                 acc[a][b] = _mm512_fmadd_ps(wv, xv[b], acc[a][b]);
@@ -146,18 +147,18 @@ static AVX512 void avx512_matmul(float *out, size_t ldo, const float *x, int n, 
     for (; r + TILE_ROWS <= r1; r += TILE_ROWS) {
         int i = 0;
         for (; i + 4 <= n; i += 4)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 4, 4);
+            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 4);
         for (; i + 2 <= n; i += 2)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 4, 2);
+            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 2);
         for (; i < n; i++)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 4, 1);
+            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 1);
     }
     for (; r < r1; r++) {
         int i = 0;
         for (; i + 4 <= n; i += 4)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 1, 4);
+            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 1, 4);
         for (; i < n; i++)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 1, 1);
+            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 1, 1);
     }
 }
 
@@ -182,11 +183,13 @@ static inline __attribute__((always_inline)) AVX512 __m512 exp512(__m512 x)
 
 static AVX512 void avx512_scores(float *S, const float *q, const float *K, size_t ldk, int n, int hs, float scale)
 {
-    for (int t = 0; t < n; t++) {
-        float d;
-        tile512(&d, 1, q, hs, K + (size_t)t * ldk, 0, 1, 1);
-        S[t] = d * scale;
-    }
+    int t = 0; /* keys as the rows of a product with the one query: 4 at a time */
+    for (; t + 4 <= n; t += 4)
+        tile512(S, 1, q, hs, K, ldk, t, 4, 1);
+    for (; t < n; t++)
+        tile512(S, 1, q, hs, K, ldk, t, 1, 1);
+    for (t = 0; t < n; t++)
+        S[t] *= scale;
 }
 
 static AVX512 void avx512_softmax(float *x, int n)
@@ -301,7 +304,8 @@ static inline __attribute__((always_inline)) AVX2 __m256i tail_mask256(int left)
 }
 
 static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_t ldo, const float *x, int n_in,
-                                                                const float *W, int r, const int R, const int S)
+                                                                const float *W, size_t ldw, int r, const int R,
+                                                                const int S)
 {
     __m256 acc[TILE_ROWS][2];
 #pragma GCC unroll 4
@@ -309,7 +313,7 @@ static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_
 #pragma GCC unroll 2
         for (int b = 0; b < S; b++)
             acc[a][b] = _mm256_setzero_ps();
-    const float *w0 = W + (size_t)r * n_in;
+    const float *w0 = W + (size_t)r * ldw;
     int j = 0;
     for (; j + 8 <= n_in; j += 8) {
         __m256 xv[2];
@@ -318,7 +322,7 @@ static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_
             xv[b] = _mm256_loadu_ps(x + (size_t)b * n_in + j);
 #pragma GCC unroll 4
         for (int a = 0; a < R; a++) {
-            __m256 wv = _mm256_loadu_ps(w0 + (size_t)a * n_in + j);
+            __m256 wv = _mm256_loadu_ps(w0 + (size_t)a * ldw + j);
 #pragma GCC unroll 2
             for (int b = 0; b < S; b++)
                 acc[a][b] = _mm256_fmadd_ps(wv, xv[b], acc[a][b]);
@@ -332,7 +336,7 @@ static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_
             xv[b] = _mm256_maskload_ps(x + (size_t)b * n_in + j, k);
 #pragma GCC unroll 4
         for (int a = 0; a < R; a++) {
-            __m256 wv = _mm256_maskload_ps(w0 + (size_t)a * n_in + j, k);
+            __m256 wv = _mm256_maskload_ps(w0 + (size_t)a * ldw + j, k);
 #pragma GCC unroll 2
             for (int b = 0; b < S; b++)
                 acc[a][b] = _mm256_fmadd_ps(wv, xv[b], acc[a][b]);
@@ -351,13 +355,13 @@ static AVX2 void avx2_matmul(float *out, size_t ldo, const float *x, int n, cons
     for (; r + TILE_ROWS <= r1; r += TILE_ROWS) {
         int i = 0;
         for (; i + 2 <= n; i += 2)
-            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 4, 2);
+            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 2);
         for (; i < n; i++)
-            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 4, 1);
+            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 1);
     }
     for (; r < r1; r++)
         for (int i = 0; i < n; i++)
-            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, r, 1, 1);
+            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 1, 1);
 }
 
 static inline __attribute__((always_inline)) AVX2 __m256 exp256(__m256 x)
@@ -382,11 +386,13 @@ static inline __attribute__((always_inline)) AVX2 __m256 exp256(__m256 x)
 
 static AVX2 void avx2_scores(float *S, const float *q, const float *K, size_t ldk, int n, int hs, float scale)
 {
-    for (int t = 0; t < n; t++) {
-        float d;
-        tile256(&d, 1, q, hs, K + (size_t)t * ldk, 0, 1, 1);
-        S[t] = d * scale;
-    }
+    int t = 0;
+    for (; t + 4 <= n; t += 4)
+        tile256(S, 1, q, hs, K, ldk, t, 4, 1);
+    for (; t < n; t++)
+        tile256(S, 1, q, hs, K, ldk, t, 1, 1);
+    for (t = 0; t < n; t++)
+        S[t] *= scale;
 }
 
 static AVX2 void avx2_softmax(float *x, int n)

@@ -54,9 +54,10 @@
  * only tokens[p..].
  *
  * Threads: a model owns a pool of worker threads (online CPUs, at most 8,
- * the caller included) that split each matrix product by output rows and
- * attention by heads; OpenBLAS runs each piece single-threaded (loading a
- * model calls openblas_set_num_threads(1), process-wide).
+ * the caller included; kvt_model_set_threads changes it) that split each
+ * matrix product by output rows and attention by heads; OpenBLAS runs each
+ * piece single-threaded (loading a model calls openblas_set_num_threads(1),
+ * process-wide).
  *
  * Thread-safety: a kvt_model holds scratch buffers and its pool; one thread
  * at a time may call prefill/decode on it (the caller serialises). Loading, freeing and the
@@ -212,6 +213,29 @@ KVT_API int kvt_model_decode(kvt_model *m, kvt_cache **caches, int32_t token, fl
  */
 KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *tokens,
                                    float *logits);
+
+/** Most threads kvt_model_set_threads() accepts. */
+#define KVT_MODEL_MAX_THREADS 64
+
+/** Sets how many threads run this model's prefill and decode, the calling
+ * thread included: stops and joins the pool's workers and starts n_threads - 1
+ * new ones (nothing is done when the pool already has n_threads). A model
+ * starts with online CPUs, at most 8. Outputs do not depend on it: decode
+ * (and batched decode) logits are bit-identical at any thread count (see
+ * kvt_model_decode_batch); prefill through OpenBLAS within float tolerance.
+ * @param n_threads 1 (no workers: everything on the caller) to
+ *   KVT_MODEL_MAX_THREADS.
+ * @return 0; KVT_EINVAL (NULL model, n_threads out of range; the message
+ *   gives the range); KVT_ENOMEM or -errno when the new threads cannot start:
+ *   the model then keeps its old pool and stays usable.
+ * Not thread-safe for one model: never while a prefill or decode runs on it
+ * (the same rule as those calls: the caller serialises).
+ */
+KVT_API int kvt_model_set_threads(kvt_model *m, int n_threads);
+
+/** Threads running this model's forward pass, the caller included (>= 1);
+ * 0 for NULL. Same thread-safety as kvt_model_set_threads. */
+KVT_API int kvt_model_get_threads(const kvt_model *m);
 
 /** Most tokens one prefill chunk holds (bounds the scratch memory). */
 #define KVT_MODEL_CHUNK 256

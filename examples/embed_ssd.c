@@ -93,5 +93,7 @@ int main(int argc, char **argv)
     CHECK(kvt_prompt_cache_close(pc)); /* the same as destroy does, with its status */
     kvt_prompt_cache_destroy(pc);
     CHECK(kvt_store_close(store));
-    return reused == 40 && from == KVT_HIT_COLD ? 0 : 1;
+    /* 40 on a fresh DIR; a DIR of an earlier run holds all 60 (an exact
+     * repeat reuses all but the last token: 59) */
+    return reused >= 40 && from == KVT_HIT_COLD ? 0 : 1;
 }

@@ -1,6 +1,6 @@
 /*
  * fuzz_radix_index.c: differential check of the prompt cache's radix tree
- * (src/index.c) against a linear scan. The input is a program of inserts,
+ * (src/base/index.c) against a linear scan. The input is a program of inserts,
  * replaces, removes, exact lookups, longest-prefix lookups and prefix walks
  * over two namespaces and a four-token alphabet (so prefixes collide and
  * edges split and merge). After every step the tree must answer what the

@@ -1,6 +1,6 @@
 /*
  * fuzz_shard_header.c: the SSD tier's shard header reader
- * (kvt__shard_read_header, src/store_format.c) on arbitrary files. A header
+ * (kvt__shard_read_header, src/ssd/store_format.c) on arbitrary files. A header
  * it accepts must describe tensors that are sorted, contiguous, inside the
  * payload and sized dtype x shape, with a payload ending exactly at the end
  * of the file; the base64 tokens of the metadata decode or are refused; the

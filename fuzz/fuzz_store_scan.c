@@ -1,6 +1,6 @@
 /*
  * fuzz_store_scan.c: the SSD tier's startup scan and restore
- * (kvt_store_open, src/store.c) over a store directory built from the
+ * (kvt_store_open, src/ssd/store.c) over a store directory built from the
  * input: a list of files (fz_record_write: shards named by their own
  * header's key, temporaries of dead writers, misnamed shards, stray files).
  * The store must open, refuse what fails validation under a counted reason,

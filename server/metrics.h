@@ -33,6 +33,8 @@ extern "C" {
     X(KVT_EP_DETOKENIZE, "/detokenize")              \
     X(KVT_EP_STATS, "/stats")                        \
     X(KVT_EP_METRICS, "/metrics")                    \
+    X(KVT_EP_DASHBOARD, "/dashboard")                \
+    X(KVT_EP_EVENTS, "/events")                      \
     X(KVT_EP_OTHER, "other")
 
 typedef enum kvt_srv_endpoint {

@@ -13,6 +13,7 @@
  */
 #include "server.h"
 
+#include "dashboard.h"
 #include "metrics.h"
 #include "openai.h"
 #include "scheduler.h"
@@ -39,6 +40,7 @@ struct kvt_server {
     struct MHD_Daemon *d;
     int port;
     kvt_srv_metrics *metrics;
+    kvt_dash *dash;              /* GET /dashboard, /events */
     atomic_int ready;            /* 1 once load finished: the fields below are set */
     atomic_int stopping;         /* stop began: new generation requests get 503 */
     atomic_long active;          /* requests between their first handler call and completion */
@@ -155,6 +157,11 @@ static void route(const char *url, req_ctx *r)
         {"/stats", KVT_EP_STATS, 0},              {"/metrics", KVT_EP_METRICS, 0},
     };
     r->ep = KVT_EP_OTHER;
+    if (kvt_dash_owns(url)) {
+        r->ep = strcmp(url, "/events") ? KVT_EP_DASHBOARD : KVT_EP_EVENTS;
+        r->known = 1;
+        return;
+    }
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(url, table[i].path) ||
             (table[i].ep == KVT_EP_MODELS && !strncmp(url, "/v1/models/", 11) && url[11])) {
@@ -642,7 +649,8 @@ static json_t *store_json(const kvt_store_stats *ss)
                      "restore_ns_last", (json_int_t)ss->restore_ns_last);
 }
 
-static enum MHD_Result do_stats(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
+/* The /stats document with the last `recent` finished requests; NULL when out of memory. */
+static json_t *stats_doc(kvt_server *s, size_t recent)
 {
     kvt_srv_gauges g;
     gauges(s, &g);
@@ -656,16 +664,25 @@ static enum MHD_Result do_stats(kvt_server *s, struct MHD_Connection *c, req_ctx
     if (!doc)
         doc = json_object();
     if (!doc)
-        return MHD_NO;
-    if (s->store) {
+        return NULL;
+    if (g.ready && s->store) {
         kvt_store_stats ss;
         kvt_store_get_stats(s->store, &ss);
         json_object_set_new(doc, "ssd", store_json(&ss));
     } else
         json_object_set_new(doc, "ssd", json_null());
-    json_object_set_new(doc, "server", kvt_srv_metrics_json(s->metrics, &g, 50));
+    json_object_set_new(doc, "server", kvt_srv_metrics_json(s->metrics, &g, recent));
     json_object_set_new(doc, "model", json_pack("{s:s, s:i}", "id", s->model_name, "max_model_len", s->seq_len));
-    return send_json(s, c, rq->ep, 200, doc);
+    return doc;
+}
+
+/* The dashboard's snapshot: /stats without its request list (those come as events). */
+static json_t *dash_snapshot(void *cls) { return stats_doc(cls, 0); }
+
+static enum MHD_Result do_stats(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
+{
+    json_t *doc = stats_doc(s, 50);
+    return doc ? send_json(s, c, rq->ep, 200, doc) : MHD_NO;
 }
 
 static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
@@ -736,7 +753,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             snprintf(msg, sizeof msg, "%s takes %s, not %.32s", url, rq->post ? "POST" : "GET", method);
             return fail(s, c, rq->ep, 405, "invalid_request_error", NULL, "method_not_allowed", msg);
         }
-        if (rq->ep != KVT_EP_HEALTH && !authorized(s, c))
+        if (rq->ep != KVT_EP_HEALTH && rq->ep != KVT_EP_DASHBOARD && !authorized(s, c))
             return fail(s, c, rq->ep, 401, "invalid_request_error", NULL, "invalid_api_key",
                         "missing or incorrect API key (send 'Authorization: Bearer KEY')");
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -785,6 +802,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (rq->ep == KVT_EP_METRICS)
         return do_metrics(s, c, rq);
+    if (rq->ep == KVT_EP_DASHBOARD || rq->ep == KVT_EP_EVENTS)
+        return kvt_dash_handle(s->dash, c, url, rq->ep);
     if (!ready)
         return fail(s, c, rq->ep, 503, "server_error", NULL, "loading", "the model is loading; retry shortly");
     switch (rq->ep) {
@@ -851,7 +870,8 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
         s->o.max_connections = 256;
     atomic_init(&s->next_id, ((unsigned long long)time(NULL) << 20) ^ (unsigned long long)getpid());
     s->metrics = kvt_srv_metrics_create();
-    if (!s->metrics || !s->host) {
+    kvt_dash_opts dopt = {.metrics = s->metrics, .snapshot = dash_snapshot, .ctx = s};
+    if (!s->metrics || !s->host || kvt_dash_create(&dopt, &s->dash)) {
         kvt_server_destroy(s);
         return kvt__fail(KVT_ENOMEM, "out of memory");
     }
@@ -898,6 +918,8 @@ int kvt_server_load(kvt_server *s)
     int rc = kvt_chat_load_paths(s->model_path, s->tok_path, &s->m, &s->tok, used_model, used_tok, sizeof used_model);
     if (rc)
         return rc;
+    if (s->o.threads && (rc = kvt_model_set_threads(s->m, s->o.threads)))
+        return rc;
     const kvt_model_config *cfg = kvt_model_get_config(s->m);
     s->seq_len = cfg->seq_len;
     s->vocab = cfg->vocab_size;
@@ -939,6 +961,7 @@ int kvt_server_stop(kvt_server *s, int64_t timeout_ms)
         return 0;
     s->stopped = 1;
     atomic_store(&s->stopping, 1);
+    kvt_dash_stop(s->dash);
     if (s->d) {
         MHD_socket lfd = MHD_quiesce_daemon(s->d);
         if (lfd != MHD_INVALID_SOCKET)
@@ -977,6 +1000,7 @@ void kvt_server_destroy(kvt_server *s)
     kvt_server_stop(s, 0);
     kvt_tokenizer_free(s->tok);
     kvt_model_free(s->m);
+    kvt_dash_destroy(s->dash);
     kvt_srv_metrics_destroy(s->metrics);
     free(s->host);
     free(s->model_path);

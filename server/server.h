@@ -47,6 +47,7 @@ typedef struct kvt_server_opts {
     const char *api_key;         /* NULL = no authentication; else "Authorization: Bearer KEY" */
     unsigned conn_timeout_s;     /* idle connection timeout, seconds; 0 = 30 */
     unsigned max_connections;    /* open connections at most; 0 = 256 */
+    int threads;                 /* engine threads (kvt_model_set_threads), 1..64; 0 = the model's default */
 } kvt_server_opts;
 
 /** Binds and starts answering HTTP (every generation request gets 503 until

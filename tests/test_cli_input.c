@@ -243,6 +243,38 @@ static void test_chat_flags(void **state)
     unlink(msg);
 }
 
+/* Every command and subcommand takes --help (and -h): its usage on stdout,
+ * exit 0, nothing run; never the flag read as a path or a missing option. */
+static void test_every_command_help(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN"))
+        skip();
+    static const char *const cmds[][3] = {
+        {"chat"},          {"generate"},     {"serve"},       {"replay"},      {"model"},
+        {"model", "synth"}, {"model", "info"}, {"model", "default"}, {"store"},
+        {"store", "inspect"}, {"store", "verify"}, {"store", "gc"}, {"bench"},
+        {"bench", "ssd"},  {"bench", "chat"},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        for (int h = 0; h < 2; h++) {
+            const char *argv[4];
+            int n = 0;
+            for (int k = 0; k < 3 && cmds[i][k]; k++)
+                argv[n++] = cmds[i][k];
+            argv[n++] = h ? "-h" : "--help";
+            argv[n] = NULL;
+            cli_child c;
+            cli_result r;
+            assert_int_equal(cli_start(&c, dir, argv, NULL, 0, AS_LIMIT), 0);
+            assert_int_equal(cli_finish(&c, 20, &r), 0);
+            if (r.status != 0 || !strstr(r.out, "usage:"))
+                fail_msg("kvtier %s %s %s: exit %d, stdout '%.80s', stderr '%.200s'", cmds[i][0],
+                         cmds[i][1] ? cmds[i][1] : "", argv[n - 1], r.status, r.out, r.err);
+        }
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -272,6 +304,7 @@ int main(void)
         cmocka_unit_test(test_transcript_checks),
         cmocka_unit_test(test_parse_bytes),
         cmocka_unit_test(test_chat_flags),
+        cmocka_unit_test(test_every_command_help),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

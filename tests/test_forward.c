@@ -16,6 +16,11 @@
  * seq_len, a bad token, one cache in two sequences) leave every cache
  * untouched; out of memory at each allocation is a clean KVT_ENOMEM.
  *
+ * Threads (kvt_model_set_threads): the count is honoured (kvt_model_get_threads
+ * and the process's thread count in /proc/self/status), out-of-range counts
+ * are refused and change nothing, and batched decode gives bit-identical
+ * logits at 1, 2 and 3 threads.
+ *
  * Token sequences and batch choices are random: the seed is printed and read
  * from KVT_TEST_SEED.
  */
@@ -745,6 +750,109 @@ static void test_batch_out_of_memory(void **state)
     assert_true(failures > 5);
 }
 
+/* Threads of the process, from /proc/self/status; -1 when unreadable. */
+static int os_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int n = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1)
+            break;
+    fclose(f);
+    return n;
+}
+
+/* kvt_model_set_threads: the pool gets the count asked for (workers really
+ * start and stop), bad counts change nothing, and 3 steps of batched decode
+ * over 4 sequences at mixed positions give the same logits bit for bit at 1,
+ * 2 and 3 threads, on a model wide enough that products and attention split
+ * over the threads. */
+static void test_set_threads(void **state)
+{
+    (void)state;
+    kvt_model *m = synth_model(SHAPE_WIDE);
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size;
+    assert_int_equal(kvt_model_set_threads(m, 1), 0);
+    assert_int_equal(kvt_model_get_threads(m), 1);
+    int base_os = os_threads();
+    assert_int_equal(kvt_model_set_threads(m, 3), 0);
+    assert_int_equal(kvt_model_get_threads(m), 3);
+    if (base_os > 0)
+        assert_int_equal(os_threads(), base_os + 2);
+    assert_int_equal(kvt_model_set_threads(m, 0), KVT_EINVAL);
+    assert_int_equal(kvt_model_set_threads(m, -1), KVT_EINVAL);
+    assert_int_equal(kvt_model_set_threads(m, KVT_MODEL_MAX_THREADS + 1), KVT_EINVAL);
+    assert_int_equal(kvt_model_set_threads(NULL, 2), KVT_EINVAL);
+    assert_int_equal(kvt_model_get_threads(m), 3);
+    assert_int_equal(kvt_model_get_threads(NULL), 0);
+    assert_int_equal(kvt_model_set_threads(m, 1), 0);
+    if (base_os > 0)
+        assert_int_equal(os_threads(), base_os);
+
+    enum { N = 4, STEPS = 3 };
+    const int prefix[N] = {0, 17, 130, 300};
+    uint64_t rs = g_seed ^ 0x7468726561647331ULL;
+    kvt_cache *base[N][KVT_MODEL_MAX_LAYERS];
+    int32_t first[N];
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(kvt_model_new_caches(m, 16, base[i]), 0);
+        int32_t tok[300];
+        for (int t = 0; t < prefix[i]; t++)
+            tok[t] = (int32_t)(rng_next(&rs) % (uint64_t)V);
+        if (prefix[i] > 0)
+            assert_int_equal(kvt_model_prefill(m, base[i], tok, prefix[i], NULL), 0);
+        first[i] = (int32_t)(rng_next(&rs) % (uint64_t)V);
+    }
+    size_t row_bytes = sizeof(float) * (size_t)V * N;
+    float *ref = malloc(row_bytes * STEPS), *got = malloc(row_bytes);
+    assert_non_null(ref);
+    assert_non_null(got);
+    static const int counts[] = {1, 2, 3};
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        assert_int_equal(kvt_model_set_threads(m, counts[k]), 0);
+        assert_int_equal(kvt_model_get_threads(m), counts[k]);
+        kvt_cache *cc[N][KVT_MODEL_MAX_LAYERS];
+        kvt_cache **cp[N];
+        int32_t tok[N];
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(kvt_caches_clone(base[i], L, cc[i]), 0);
+            cp[i] = cc[i];
+            tok[i] = first[i];
+        }
+        for (int s = 0; s < STEPS; s++) {
+            float *out = k == 0 ? ref + (size_t)s * V * N : got;
+            assert_int_equal(kvt_model_decode_batch(m, N, cp, tok, out), 0);
+            if (k > 0 && memcmp(out, ref + (size_t)s * V * N, row_bytes) != 0) {
+                const float *r = ref + (size_t)s * V * N;
+                int at = 0;
+                while (out[at] == r[at])
+                    at++;
+                fail_msg("%d threads, step %d: logit %d of the batch is %.9g, %.9g at 1 thread", counts[k], s, at,
+                         out[at], r[at]);
+            }
+            for (int i = 0; i < N; i++) { /* greedy, so every count follows the same tokens */
+                const float *row = out + (size_t)i * V;
+                int a = 0;
+                for (int v = 1; v < V; v++)
+                    a = row[v] > row[a] ? v : a;
+                tok[i] = a;
+            }
+        }
+        for (int i = 0; i < N; i++)
+            kvt_caches_destroy(cc[i], L);
+    }
+    print_message("  batched decode bit-identical at 1, 2 and 3 threads (%d sequences, %d steps)\n", N, STEPS);
+    for (int i = 0; i < N; i++)
+        kvt_caches_destroy(base[i], L);
+    free(ref);
+    free(got);
+    kvt_model_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -767,6 +875,7 @@ int main(void)
         cmocka_unit_test(test_batch_errors),
         cmocka_unit_test(test_batch_more_than_a_chunk),
         cmocka_unit_test(test_batch_out_of_memory),
+        cmocka_unit_test(test_set_threads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

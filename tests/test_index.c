@@ -1,5 +1,5 @@
 /*
- * test_index.c: the radix tree of src/index.c (DESIGN.md 3.3): exact
+ * test_index.c: the radix tree of src/base/index.c (DESIGN.md 3.3): exact
  * insert/replace/remove, edge splits and merges, the lookup rules (cap at
  * n - 1, reach, untrimmable only as a full prefix, exact-length ties), and a
  * randomized comparison against a brute-force scan (seed from KVT_SEED).

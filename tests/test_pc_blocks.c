@@ -1,6 +1,6 @@
 /*
  * test_pc_blocks.c: block-granular eviction in the prompt cache
- * (kvt_prompt_cache_config.block_policy, src/pc_blocks.c, issue 6): a
+ * (kvt_prompt_cache_config.block_policy, src/ram/pc_blocks.c, issue 6): a
  * trimmable entry loses its tail blocks, not its whole history; partial
  * tails go first; leaf first along shared prefixes; untrimmable and pinned
  * entries keep entry-level rules; lfu-aged keeps reused blocks over newer

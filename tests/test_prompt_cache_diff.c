@@ -58,7 +58,7 @@ typedef struct oracle {
     kvt_prompt_cache_stats st;
 } oracle;
 
-/* internal test hook of src/prompt_cache.c */
+/* internal test hook of src/ram/prompt_cache.c */
 int kvt__prompt_cache_entry_info(kvt_prompt_cache *pc, uint64_t id, int64_t *sessions, int64_t *pins,
                                   size_t *n_bufs, size_t *private_bytes);
 

@@ -8,7 +8,7 @@
  * method, body over --max-body, queue full, API key) as an OpenAI error
  * object; streaming as OpenAI sends it; a multi-turn chat whose later turns
  * reuse the cache, with replies byte-identical to a --prompt-cache 0 server
- * and to `kvtier chat`; 64 concurrent 3-turn conversations identical to the
+ * (run with --threads 1) and to `kvtier chat`; 64 concurrent 3-turn conversations identical to the
  * cache-off replies; a client that disconnects cancels its request;
  * tokenize/detokenize; /metrics through promtool; SIGTERM flushing the SSD
  * tier so a restarted server reuses from disk.
@@ -37,6 +37,8 @@
 #include <unistd.h>
 
 #include "model.h"
+#include "sampler.h"
+#include "test_seed.h"
 #include "tokenizer.h"
 
 static char model[1024], tokenizer[1024], tmpdir[256];
@@ -290,7 +292,9 @@ static int setup(void **state)
     assert_non_null(mkdtemp(tmpdir));
     const char *on[] = {"--max-body", "64K", NULL};
     server_start(&main_srv, "main", on);
-    const char *off[] = {"--prompt-cache", "0", NULL};
+    /* one engine thread: every comparison with main_srv (online CPUs, at
+     * most 8) also checks that replies do not depend on --threads */
+    const char *off[] = {"--prompt-cache", "0", "--threads", "1", NULL};
     server_start(&off_srv, "off", off);
     return 0;
 }
@@ -970,6 +974,70 @@ static void test_kill9_ssd(void **state)
     free(r1[1]);
 }
 
+/* Random bytes and mutated requests at every POST endpoint: each is
+ * answered (200 or an error object), and the server stays up. */
+static void test_garbage(void **state)
+{
+    NEED_MODEL();
+    uint64_t seed = test_seed("test_garbage");
+    const char *paths[] = {"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"};
+    const char *valid[] = {
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi there\"}], \"max_tokens\": 4, \"temperature\": 0}",
+        "{\"prompt\": [1, 20, 30], \"max_tokens\": 3, \"stop\": [\"a\"], \"stream\": true}",
+        "{\"prompt\": \"Once\"}",
+        "{\"tokens\": [1, 50, 60]}",
+    };
+    int counts[600] = {0};
+    for (int i = 0; i < 300; i++) {
+        int k = (int)(kvt_rng_u32(&seed) % 4);
+        size_t n = strlen(valid[k]);
+        char body[512];
+        memcpy(body, valid[k], n + 1);
+        int mode = (int)(kvt_rng_u32(&seed) % 3);
+        if (mode == 0) { /* random bytes */
+            n = kvt_rng_u32(&seed) % 200;
+            for (size_t b = 0; b < n; b++)
+                body[b] = (char)(kvt_rng_u32(&seed) % 255 + 1);
+            body[n] = '\0';
+        } else { /* flip, drop or duplicate a few bytes of a valid body */
+            for (int m = 0; m < 1 + (int)(kvt_rng_u32(&seed) % 4); m++) {
+                size_t at = kvt_rng_u32(&seed) % n;
+                int op = (int)(kvt_rng_u32(&seed) % 3);
+                if (op == 0)
+                    body[at] = (char)(kvt_rng_u32(&seed) % 255 + 1);
+                else if (op == 1 && n > 1) {
+                    memmove(body + at, body + at + 1, n - at);
+                    n--;
+                } else if (n < sizeof body - 2) {
+                    memmove(body + at + 1, body + at, n - at + 1);
+                    n++;
+                }
+            }
+        }
+        resp r;
+        http(main_srv.port, "POST", paths[k], NULL, body, &r);
+        if (r.status != 200 && r.status != 400 && r.status != 404) {
+            fprintf(stderr, "body %s -> %d %s\n", body, r.status, r.body);
+            fail();
+        }
+        if (r.status != 200) { /* an OpenAI error object */
+            json_t *doc = parse(&r);
+            json_t *err = json_object_get(doc, "error");
+            assert_true(json_is_string(json_object_get(err, "message")));
+            assert_true(json_is_string(json_object_get(err, "type")));
+            assert_non_null(json_object_get(err, "param"));
+            json_decref(doc);
+        }
+        counts[r.status]++;
+        resp_free(&r);
+    }
+    printf("garbage: %d answered 200, %d 400, %d 404\n", counts[200], counts[400], counts[404]);
+    resp r;
+    http(main_srv.port, "GET", "/health", NULL, NULL, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+}
+
 /* The last finished request in /stats (its JSON record; caller decrefs),
  * waiting up to 10 s for `count` requests to have finished. */
 static json_t *last_record(int port, int64_t count)
@@ -1085,6 +1153,7 @@ int main(void)
         cmocka_unit_test(test_kill9_ssd),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_slow_clients),
+        cmocka_unit_test(test_garbage),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -107,7 +107,11 @@ typedef struct kvt_store_options {
      * files on disk (an entry file goes before or with the blocks only it
      * uses; a block goes only when no entry file references it), and puts
      * hold the shared lock while they rely on existing blocks, so budget
-     * eviction never leaves an entry with a missing block. */
+     * eviction never leaves an entry with a missing block (an entry file
+     * whose block is gone, e.g. refused at restore, is removed by every
+     * reclaim, budget or not). An entry that with its block files exceeds
+     * max_bytes on its own is not kept: it is dropped first and supersedes
+     * nothing, so the entries that fit stay. */
     uint64_t max_bytes;
     /** Write-behind queue bound in bytes of queued cache state; 0 = 256 MiB.
      * kvt_store_put_async refuses (and counts as dropped) what does not fit. */
@@ -414,7 +418,9 @@ KVT_API int kvt_store_walk(const char *root, int verify,
 
 /** Evicts least recently used entries (and the blocks only they use), refused
  * shards and leftover temporary files of idle identity directories under
- * root until the root holds at most max_bytes. Only shard and temp files of
+ * root until the root holds at most max_bytes. Temporary files of dead
+ * writers and entry files referencing a block that is gone are removed
+ * whatever the budget. Only shard and temp files of
  * identity directories (see kvt_store_walk) are ever deleted; other files
  * count toward the bytes but are never touched. Directories held open by a
  * live store are skipped. *freed (may be NULL) receives the bytes removed.

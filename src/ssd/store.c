@@ -684,8 +684,10 @@ static int scan(kvt_store *s)
                         rc = bad(&reason, KVT_STORE_REFUSED_MALFORMED, nm, "file name does not match its key");
                 }
                 for (int32_t i = 0; !rc && i < pe.n_blocks; i++)
-                    if (!kvt__kmap_get(&s->blocks, pe.blocks[i]))
+                    if (!kvt__kmap_get(&s->blocks, pe.blocks[i])) {
                         rc = bad(&reason, KVT_STORE_REFUSED_MISSING_BLOCK, nm, "references a block that is gone");
+                        s->reclaim_due = 1; /* a broken file: reclaim removes it */
+                    }
                 st_entry *e = NULL;
                 if (!rc && !kvt__kmap_get(&s->by_key, pe.key)) {
                     e = kvt__calloc(1, sizeof *e);
@@ -740,7 +742,8 @@ typedef struct fcand {
     char name[256];
     uint64_t bytes;
     int64_t mtime_ms;
-    int orphan;           /* temp / refused / unreferenced: goes first */
+    int orphan;           /* temp / refused / unreferenced / broken: goes first */
+    int broken;           /* entries: a referenced block is not on disk */
     kvt__skey *blocks;    /* entries: referenced blocks */
     int32_t n_blocks;
     kvt__skey key;
@@ -871,6 +874,7 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
         DIR *dd = fdopendir(dup(dfd));
         if (!dd)
             continue;
+        size_t first_c = f->n_c;
         struct dirent *fe;
         while ((fe = readdir(dd))) {
             struct stat fs;
@@ -923,6 +927,18 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
             kvt__shard_free(&sh);
         }
         closedir(dd);
+        /* an entry referencing a block that is not on disk is broken: an
+         * orphan (goes first; kvt_store_gc always removes it) */
+        for (size_t c = first_c; c < f->n_c; c++) {
+            fcand *x = &f->c[c];
+            for (int32_t j = 0; x->type == 'e' && x->name[0] && !x->orphan && j < x->n_blocks; j++) {
+                char bn[64];
+                struct stat bst;
+                file_name('b', x->blocks[j], bn);
+                if (fstatat(dfd, bn, &bst, AT_SYMLINK_NOFOLLOW))
+                    x->orphan = x->broken = 1;
+            }
+        }
     }
     closedir(d);
     kvt__clear_error();
@@ -933,7 +949,7 @@ static int64_t fc_block_refs(const fdirs *f, int dir, kvt__skey k)
 {
     int64_t n = 0;
     for (size_t i = 0; i < f->n_c; i++)
-        if (f->c[i].dir == dir && f->c[i].type == 'e' && f->c[i].name[0])
+        if (f->c[i].dir == dir && f->c[i].type == 'e' && f->c[i].name[0] && !f->c[i].broken)
             for (int32_t j = 0; j < f->c[i].n_blocks; j++)
                 n += kvt__skey_eq(f->c[i].blocks[j], k);
     return n;
@@ -1021,6 +1037,7 @@ typedef struct rfile {
     uint64_t bytes;
     int64_t mtime_ms;
     int orphan;     /* refused, unreferenced or broken: goes first */
+    int broken;     /* entries: a referenced block is not on disk */
     int gone;       /* deleted by this pass */
     int64_t refs;   /* blocks: valid entry files referencing it */
     kvt__skey key;
@@ -1194,9 +1211,9 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
         if (f->type != 'e')
             continue;
         f->orphan = !f->d || !f->d->valid || is_orphan_name(s, f->name);
-        for (int32_t k = 0; !f->orphan && k < f->d->n_blocks; k++)
+        for (int32_t k = 0; f->d && f->d->valid && !f->broken && k < f->d->n_blocks; k++)
             if (!rf_block(&bm, f->d->blocks[k]))
-                f->orphan = 1; /* a block is gone: broken, goes first */
+                f->orphan = f->broken = 1; /* a block is gone: broken, goes first */
         if (!f->orphan)
             f->mtime_ms = own_last_use(s, f->key, f->mtime_ms);
     }
@@ -1207,6 +1224,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
                 rf_block(&bm, fs[i].d->blocks[k])->refs++;
     /* 2. blocks this process let go of that no entry file references */
     pthread_mutex_lock(&s->mu);
+    uint64_t evicted_big = 0;
     kvt__skey *fr = s->free_keys;
     int32_t nfr = s->n_free;
     s->free_keys = NULL;
@@ -1221,8 +1239,48 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
         }
     }
     kvt__free(fr);
+    /* 2b. entry files referencing a block that is gone are garbage, budget
+     * or not (nothing can serve them). The block is looked up again first:
+     * a put without the shared lock renames its blocks before its entry, so
+     * one seen by readdir before its blocks is not broken. */
+    for (size_t i = 0; i < n; i++) {
+        rfile *x = &fs[i];
+        if (x->type != 'e' || !x->broken || x->gone)
+            continue;
+        int missing = 0;
+        for (int32_t k = 0; !missing && k < x->d->n_blocks; k++) {
+            char bn[64];
+            struct stat bst;
+            file_name('b', x->d->blocks[k], bn);
+            missing = fstatat(s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW) != 0;
+        }
+        if (missing) {
+            uint64_t freed = rf_delete(s, x, &bm);
+            own -= KVT__MIN(own, freed);
+        }
+    }
     /* 3. the budget: broken and unreferenced files first, then the least
-     * recently used entries here and in idle foreign directories */
+     * recently used entries here and in idle foreign directories. An entry
+     * that with all its blocks exceeds the whole budget can never be kept:
+     * it goes first (with the blocks only it uses), before anything that
+     * fits is evicted to make room for it. */
+    if (max)
+        for (size_t i = 0; i < n; i++) {
+            rfile *x = &fs[i];
+            if (x->type != 'e' || x->orphan || x->gone)
+                continue;
+            uint64_t need = x->bytes;
+            for (int32_t k = 0; k < x->d->n_blocks; k++) {
+                rfile *b = rf_block(&bm, x->d->blocks[k]);
+                if (b && !b->gone)
+                    need += b->bytes;
+            }
+            if (need > max) {
+                evicted_big++;
+                uint64_t freed = rf_delete(s, x, &bm);
+                own -= KVT__MIN(own, freed);
+            }
+        }
     fdirs f;
     int have_f = 0;
     if (max) {
@@ -1235,7 +1293,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
             fc_mark_orphans(&f);
         }
     }
-    uint64_t evicted = 0, evicted_foreign = 0;
+    uint64_t evicted = evicted_big, evicted_foreign = 0;
     while (max && own + foreign > max) {
         ssize_t best = -1;
         for (size_t i = 0; i < n; i++) {
@@ -1732,6 +1790,18 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         en->bytes = fb;
         en->id = want_id;
         en->last_use_ms = wall_ms();
+        /* with its blocks over the whole budget, the entry is not kept (the
+         * reclaim below drops it first): it must not supersede the shorter
+         * entries that fit */
+        uint64_t need = fb;
+        for (int32_t c = 0; s->opts.max_bytes && c < n_chain; c++) {
+            char bn[64];
+            struct stat bst;
+            file_name('b', keys[c], bn);
+            if (!fstatat(s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW))
+                need += (uint64_t)bst.st_size;
+        }
+        int too_big = s->opts.max_bytes && need > s->opts.max_bytes;
         pthread_mutex_lock(&s->mu);
         orphan_forget(s, name);
         st_entry *dup_e = kvt__kmap_get(&s->by_key, ekey);
@@ -1752,7 +1822,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         s->st.written++;
         s->st.bytes_written += fb;
         /* supersede: a trimmable entry serves its strict same-ns prefixes */
-        if (min_reach < n && A == 0) {
+        if (min_reach < n && A == 0 && !too_big) {
             st_ns *nsr = ns_get(s, ns, 0);
             sup_ctx sc = {s, min_reach};
             if (nsr)
@@ -2185,8 +2255,8 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
 /* A shard whose payload failed its checksum (call with mu held): its file is
  * removed (not in read-only mode) so no later open or restore reads it
  * again, and it leaves the index; for a block, so does every entry that
- * references it (their entry files stay, as refused shards evicted first:
- * they are valid again only if the block is written again). */
+ * references it, and their entry files are removed by the next reclaim
+ * (which runs under the budget lock, due from here: the caller runs it). */
 static void forget_corrupt(kvt_store *s, const char *shard)
 {
     kvt__skey k;
@@ -2205,8 +2275,10 @@ static void forget_corrupt(kvt_store *s, const char *shard)
             unlinkat(s->dirfd, shard, 0);
         return;
     }
-    if (!s->opts.read_only)
+    if (!s->opts.read_only) {
         unlinkat(s->dirfd, shard, 0);
+        s->reclaim_due = 1;
+    }
     st_block *b = kvt__kmap_get(&s->blocks, k);
     if (b) {
         s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
@@ -3119,9 +3191,11 @@ KVT_API int kvt_store_gc(const char *root, uint64_t max_bytes, uint64_t *freed)
         return kvt__fail(rc, "%s: cannot list: %s", root, kvt_strerror(rc));
     fc_mark_orphans(&f);
     uint64_t total = f.bytes, done = 0;
-    /* temp files of dead writers always go */
+    /* temp files of dead writers and broken entries (a block is gone)
+     * always go */
     for (size_t i = 0; i < f.n_c; i++)
-        if (!strncmp(f.c[i].name, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX)) && !pid_alive(f.c[i].name)) {
+        if ((!strncmp(f.c[i].name, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX)) && !pid_alive(f.c[i].name)) ||
+            (f.c[i].type == 'e' && f.c[i].broken)) {
             uint64_t b = fc_evict(&f, i);
             done += b;
             total -= KVT__MIN(total, b);

@@ -1,0 +1,321 @@
+// dashboard.js: the live page of kvtier serve. Subscribes to /events
+// (server-sent events: a `snapshot` event a second, the /stats document
+// without its request list, and a `request` event per finished request);
+// when the stream cannot be opened it polls /stats every 2 s instead, and
+// tries the stream again every 30 s. Every figure the tests compare carries
+// its raw value in a data-value attribute.
+'use strict';
+(function () {
+  const WINDOW_MS = 30000;     // the reuse chart's window
+  const POINTS = 300;          // points kept per chart (5 minutes at one a second)
+  const TABLE_ROWS = 50;
+  const TTFT_WINDOW = 50;      // requests the TTFT percentiles are taken over
+
+  const $ = (id) => document.getElementById(id);
+  const state = { records: [], lastSeq: 0, samples: [], snapshots: 0, mode: 'connecting', es: null, pollTimer: null };
+  document.body.dataset.snapshots = '0';
+  document.body.dataset.lastSeq = '0';
+
+  // ---- formatting for people ---------------------------------------------------------------
+  const nf = new Intl.NumberFormat('en-US');
+  function num(n) { return n == null ? '–' : nf.format(n); }
+  function bytes(n) {
+    if (n == null) return '–';
+    const u = ['B', 'kB', 'MB', 'GB', 'TB'];
+    let i = 0, v = n;
+    while (v >= 1000 && i < u.length - 1) { v /= 1000; i++; }
+    return (i === 0 ? v.toFixed(0) : v.toFixed(v < 10 ? 2 : 1)) + ' ' + u[i];
+  }
+  function ms(v) {
+    if (v == null || v < 0 || !isFinite(v)) return '–';
+    if (v < 1) return v.toFixed(2) + ' ms';
+    if (v < 100) return v.toFixed(1) + ' ms';
+    if (v < 1000) return v.toFixed(0) + ' ms';
+    return (v / 1000).toFixed(2) + ' s';
+  }
+  function pct(a, b) { return b > 0 ? (100 * a / b).toFixed(1) + ' %' : '–'; }
+  function clock(t) { return new Date(t).toLocaleTimeString('en-GB', { hour12: false }); }
+  function setFig(id, text, raw) {
+    const el = $(id);
+    el.textContent = text;
+    el.dataset.value = raw == null ? '' : String(raw);
+  }
+  function banner(msg) {
+    const b = $('banner');
+    b.hidden = !msg;
+    b.textContent = msg || '';
+  }
+  function percentile(sorted, p) {
+    if (!sorted.length) return null;
+    const i = Math.min(sorted.length - 1, Math.max(0, Math.ceil(p / 100 * sorted.length) - 1));
+    return sorted[i];
+  }
+
+  // ---- charts ------------------------------------------------------------------------------
+  const haveChart = typeof window.Chart === 'function' && !window.kvtChartMissing;
+  let reuseChart = null, ttftChart = null;
+  if (!haveChart) {
+    banner('Chart.js could not be loaded from /dashboard/chart.js (kvtier reads it from the Debian package ' +
+      'libjs-chart.js, /usr/share/javascript/chart.js/chart.min.js, or from $KVTIER_CHARTJS). ' +
+      'Charts are off; every figure and the request table below are still live.');
+    for (const id of ['chart-reuse', 'chart-ttft']) {
+      const c = $(id).parentElement;
+      c.style.height = 'auto';
+      c.innerHTML = '<p class="note">Chart unavailable: Chart.js is missing on the server.</p>';
+    }
+  } else {
+    Chart.defaults.font.family = getComputedStyle(document.body).fontFamily;
+    Chart.defaults.color = '#6a7686';
+    const common = (ytitle, ymax, stacked) => ({
+      animation: false, responsive: true, maintainAspectRatio: false, normalized: true,
+      interaction: { mode: 'index', intersect: false },
+      plugins: { legend: { position: 'bottom', labels: { boxWidth: 12 } } },
+      scales: {
+        x: { title: { display: true, text: 'time (hh:mm:ss)' }, ticks: { maxTicksLimit: 7, maxRotation: 0 } },
+        y: { stacked, beginAtZero: true, max: ymax, title: { display: true, text: ytitle } },
+      },
+    });
+    const reuseOpts = common('% of prompt tokens', 100, true);
+    reuseOpts.plugins.tooltip = { callbacks: { label: (c) => c.dataset.label + ': ' + (c.parsed.y == null ? '–' : c.parsed.y.toFixed(1) + ' %') } };
+    reuseChart = new Chart($('chart-reuse'), {
+      type: 'line',
+      data: { labels: [], datasets: [
+        { label: 'RAM tier', data: [], borderColor: '#2f7ed8', backgroundColor: 'rgba(47,126,216,.35)', fill: 'origin', pointRadius: 0, tension: .2 },
+        { label: 'SSD tier', data: [], borderColor: '#f28f2c', backgroundColor: 'rgba(242,143,44,.35)', fill: '-1', pointRadius: 0, tension: .2 },
+      ] },
+      options: reuseOpts,
+    });
+    const ttftOpts = common('TTFT (ms)', undefined, false);
+    ttftOpts.plugins.legend.labels = { usePointStyle: true, pointStyle: 'line' };
+    ttftOpts.plugins.tooltip = { callbacks: { label: (c) => c.dataset.label + ': ' + ms(c.parsed.y) } };
+    ttftChart = new Chart($('chart-ttft'), {
+      type: 'line',
+      data: { labels: [], datasets: [
+        { label: 'p50 with reuse', data: [], borderColor: '#2f7ed8', backgroundColor: '#2f7ed8', pointRadius: 0, tension: .2 },
+        { label: 'p99 with reuse', data: [], borderColor: '#2f7ed8', backgroundColor: '#2f7ed8', borderDash: [5, 4], pointRadius: 0, tension: .2 },
+        { label: 'p50 without', data: [], borderColor: '#d64545', backgroundColor: '#d64545', pointRadius: 0, tension: .2 },
+        { label: 'p99 without', data: [], borderColor: '#d64545', backgroundColor: '#d64545', borderDash: [5, 4], pointRadius: 0, tension: .2 },
+      ] },
+      options: ttftOpts,
+    });
+  }
+  function push(chart, label, values) {
+    if (!chart) return;
+    chart.data.labels.push(label);
+    values.forEach((v, i) => chart.data.datasets[i].data.push(v));
+    if (chart.data.labels.length > POINTS) {
+      chart.data.labels.shift();
+      chart.data.datasets.forEach((d) => d.data.shift());
+    }
+    chart.update('none');
+  }
+
+  // ---- requests ----------------------------------------------------------------------------
+  const reusedOf = (r) => (r.reused_tokens ? (r.reused_tokens.ram || 0) + (r.reused_tokens.ssd || 0) : 0);
+  function addRecord(r) {
+    if (r.seq <= state.lastSeq) return false;
+    state.lastSeq = r.seq;
+    state.records.push(r);
+    if (state.records.length > 256) state.records.shift();
+    document.body.dataset.lastSeq = String(r.seq);
+    return true;
+  }
+  function td(text, cls) {
+    const c = document.createElement('td');
+    if (cls) c.className = cls;
+    c.textContent = text;
+    return c;
+  }
+  function renderTable() {
+    const body = $('requests').tBodies[0];
+    const rows = state.records.slice(-TABLE_ROWS).reverse();
+    body.replaceChildren(...rows.map((r) => {
+      const tr = document.createElement('tr');
+      tr.dataset.seq = r.seq;
+      tr.dataset.reused = reusedOf(r);
+      tr.dataset.prompt = r.prompt_tokens;
+      tr.append(td(clock(r.time_ms)), td(r.model), td(r.ns || 'base'),
+        td(num(r.prompt_tokens), 'num prompt'), td(num(r.reused_tokens.ram), 'num reused-ram'),
+        td(num(r.reused_tokens.ssd), 'num reused-ssd'), td(num(r.prefilled_tokens), 'num prefilled'),
+        td(ms(r.ttft_ms), 'num ttft'));
+      const st = td('', 'num status');
+      const span = document.createElement('span');
+      span.className = r.status === 200 ? 'st-ok' : 'st-bad';
+      span.textContent = r.status;
+      st.append(span);
+      tr.append(st);
+      return tr;
+    }));
+    $('requests-empty').hidden = rows.length > 0;
+  }
+  function ttftStats() {
+    const recent = state.records.slice(-TTFT_WINDOW).filter((r) => r.status === 200 && r.ttft_ms >= 0);
+    const w = recent.filter((r) => reusedOf(r) > 0).map((r) => r.ttft_ms).sort((a, b) => a - b);
+    const wo = recent.filter((r) => reusedOf(r) === 0).map((r) => r.ttft_ms).sort((a, b) => a - b);
+    const all = recent.map((r) => r.ttft_ms).sort((a, b) => a - b);
+    return { w50: percentile(w, 50), w99: percentile(w, 99), o50: percentile(wo, 50), o99: percentile(wo, 99),
+      p50: percentile(all, 50), n: all.length, nw: w.length };
+  }
+
+  // ---- snapshots ---------------------------------------------------------------------------
+  function tierBlock(name, color, bytesNow, maxBytes, entries, idBase) {
+    const div = document.createElement('div');
+    div.className = 'tier';
+    const share = maxBytes > 0 ? Math.min(100, 100 * bytesNow / maxBytes) : 0;
+    div.innerHTML = '<div class="row"><span class="name"></span><span class="used"></span></div>' +
+      '<div class="bar"><div></div></div><div class="row muted"><span class="entries"></span><span class="budget"></span></div>';
+    div.querySelector('.name').textContent = name;
+    const used = div.querySelector('.used');
+    used.id = idBase + '-bytes';
+    used.dataset.value = bytesNow;
+    used.textContent = bytes(bytesNow) + (maxBytes > 0 ? ' of ' + bytes(maxBytes) + ' (' + share.toFixed(1) + ' %)' : '');
+    const bar = div.querySelector('.bar > div');
+    bar.style.width = (maxBytes > 0 ? share : (bytesNow > 0 ? 100 : 0)) + '%';
+    bar.style.background = color;
+    if (maxBytes <= 0) bar.style.opacity = '.35';
+    const en = div.querySelector('.entries');
+    en.id = idBase + '-entries';
+    en.dataset.value = entries;
+    en.textContent = num(entries) + (entries === 1 ? ' entry' : ' entries');
+    div.querySelector('.budget').textContent = maxBytes > 0 ? 'budget ' + bytes(maxBytes) : 'no byte budget';
+    return div;
+  }
+  function fig(k, v, id, raw, bad) {
+    const d = document.createElement('div');
+    d.className = 'fig';
+    d.innerHTML = '<div class="k"></div><div class="v"></div>';
+    d.querySelector('.k').textContent = k;
+    const e = d.querySelector('.v');
+    e.textContent = v;
+    if (id) { e.id = id; e.dataset.value = raw == null ? '' : String(raw); }
+    if (bad) e.classList.add('bad');
+    return d;
+  }
+  function onSnapshot(s) {
+    const srv = s.server || {}, c = srv.counters || {}, p = s.prefixes || {}, ssd = s.ssd;
+    const t = s.time_ms || Date.now();
+    state.snapshots++;
+    document.body.dataset.snapshots = String(state.snapshots);
+    if (s.model) $('model').textContent = 'model ' + s.model.id + ' · context ' + num(s.model.max_model_len) + ' tokens';
+    $('updated').textContent = 'updated ' + clock(t);
+
+    setFig('kpi-requests', num(c.completions), c.completions);
+    $('kpi-requests-sub').textContent = num(c.completions_ok) + ' ok · ' + num(c.cancelled) + ' cancelled · ' + num(c.rejected_queue_full) + ' refused';
+    setFig('kpi-prompt', num(c.prompt_tokens), c.prompt_tokens);
+    $('kpi-prompt-sub').textContent = num(c.prefilled_tokens) + ' prefilled · ' + num(c.generation_tokens) + ' generated';
+    setFig('kpi-cached', num(c.prefix_cache_hits), c.prefix_cache_hits);
+    $('kpi-cached-sub').textContent = pct(c.prefix_cache_hits, c.prefix_cache_queries) + ' of prompt tokens · RAM ' + num(c.cached_tokens_ram) + ' · SSD ' + num(c.cached_tokens_ssd);
+    setFig('kpi-running', num(srv.running) + ' / ' + num(srv.queue_depth), srv.running);
+    $('kpi-running-sub').textContent = num(srv.connections) + ' connections' + (c.decode_steps ? ' · mean batch ' + (c.decode_batch_sequences / c.decode_steps).toFixed(2) : '');
+    const tt = ttftStats();
+    setFig('kpi-ttft', ms(tt.p50), tt.p50);
+    $('kpi-ttft-sub').textContent = tt.n ? 'with reuse ' + ms(tt.w50) + ' · without ' + ms(tt.o50) : 'no request yet';
+
+    // tiers
+    const tiers = $('tiers');
+    const blocks = [tierBlock('RAM tier (prompt cache)', 'var(--ram)', p.bytes || 0, p.max_bytes || 0, p.entries || 0, 'tier-ram')];
+    if (ssd) blocks.push(tierBlock('SSD tier', 'var(--ssd)', ssd.bytes, ssd.max_bytes, ssd.entries, 'tier-ssd'));
+    const kv = s.kv || {};
+    if (kv.budget_bytes) blocks.push(tierBlock('KV admission (projected)', '#7b61c9', kv.projected_bytes || 0, kv.budget_bytes, srv.running || 0, 'tier-kv'));
+    tiers.replaceChildren(...blocks);
+    if (!ssd) {
+      const n = document.createElement('p');
+      n.className = 'note';
+      n.textContent = 'No SSD tier: start the server with --ssd-cache DIR to keep prefixes across restarts.';
+      tiers.append(n);
+    }
+
+    // write-behind and restores
+    const w = $('writes');
+    const g = document.createElement('div');
+    g.className = 'figs';
+    if (ssd) {
+      g.append(fig('pending writes', num(ssd.pending), 'wb-pending', ssd.pending),
+        fig('pending bytes', bytes(ssd.pending_bytes), 'wb-pending-bytes', ssd.pending_bytes),
+        fig('dropped', num(ssd.dropped), 'wb-dropped', ssd.dropped, ssd.dropped > 0),
+        fig('failed', num(ssd.failed), 'wb-failed', ssd.failed, ssd.failed > 0),
+        fig('written', num(ssd.written), 'wb-written', ssd.written),
+        fig('SSD restores', num(ssd.restores), 'rs-count', ssd.restores),
+        fig('restored bytes', bytes(ssd.restore_bytes), 'rs-bytes', ssd.restore_bytes),
+        fig('last restore', ssd.restore_ns_last ? ms(ssd.restore_ns_last / 1e6) : '–', 'rs-last', ssd.restore_ns_last));
+    }
+    g.append(fig('cold restores served', num(p.cold_restores), 'rs-cold', p.cold_restores),
+      fig('spills', num(p.spills), null), fig('demotions', num(p.demotions), null),
+      fig('evictions', num(p.evictions), null));
+    w.replaceChildren(g);
+    if (!ssd) {
+      const n = document.createElement('p');
+      n.className = 'note';
+      n.textContent = 'Write-behind and SSD restores appear with an SSD tier.';
+      w.append(n);
+    }
+
+    // charts
+    state.samples.push({ t, prompt: c.prompt_tokens || 0, ram: c.cached_tokens_ram || 0, ssd: c.cached_tokens_ssd || 0 });
+    while (state.samples.length > 2 && t - state.samples[1].t >= WINDOW_MS) state.samples.shift();
+    const a = state.samples[0], b = state.samples[state.samples.length - 1];
+    let dp = b.prompt - a.prompt, dr = b.ram - a.ram, ds = b.ssd - a.ssd;
+    if (state.samples.length === 1) { dp = b.prompt; dr = b.ram; ds = b.ssd; }
+    const label = clock(t);
+    push(reuseChart, label, dp > 0 ? [100 * dr / dp, 100 * ds / dp] : [null, null]);
+    push(ttftChart, label, [tt.w50, tt.w99, tt.o50, tt.o99]);
+  }
+
+  // ---- transport ---------------------------------------------------------------------------
+  function setMode(m) {
+    state.mode = m;
+    const el = $('conn');
+    el.className = 'pill ' + ({ live: 'live', polling: 'poll', down: 'down' }[m] || '');
+    el.textContent = { live: 'live', polling: 'polling /stats', down: 'server unreachable', connecting: 'connecting' }[m] || m;
+    document.body.dataset.mode = m;
+  }
+  async function poll() {
+    try {
+      const r = await fetch('/stats', { cache: 'no-store' });
+      if (r.status === 401) {
+        banner('This server requires an API key (--api-key): /stats and /events answer 401 to a browser. ' +
+          'Run the dashboard against a server without --api-key, or behind a proxy that adds the key.');
+        setMode('down');
+        return;
+      }
+      if (!r.ok) throw new Error('HTTP ' + r.status);
+      const s = await r.json();
+      let added = false;
+      for (const rec of (s.server && s.server.recent) || []) added = addRecord(rec) || added;
+      if (added) renderTable();
+      onSnapshot(s);
+      if (state.mode !== 'live') setMode('polling');
+    } catch (e) {
+      if (state.mode !== 'live') setMode('down');
+    }
+  }
+  function startPolling() {
+    if (state.pollTimer) return;
+    poll();
+    state.pollTimer = setInterval(poll, 2000);
+    setTimeout(subscribe, 30000);
+  }
+  function subscribe() {
+    if (!window.EventSource) { startPolling(); return; }
+    const es = new EventSource('/events');
+    state.es = es;
+    es.addEventListener('open', () => {
+      if (state.pollTimer) { clearInterval(state.pollTimer); state.pollTimer = null; }
+      setMode('live');
+    });
+    es.addEventListener('snapshot', (ev) => onSnapshot(JSON.parse(ev.data)));
+    es.addEventListener('request', (ev) => { if (addRecord(JSON.parse(ev.data))) renderTable(); });
+    es.addEventListener('error', () => {
+      if (es.readyState === EventSource.CLOSED) { // refused (503: too many streams, 401) or gone: poll instead
+        state.es = null;
+        setMode('polling');
+        startPolling();
+      } else {
+        setMode('connecting');
+      }
+    });
+  }
+  setMode('connecting');
+  renderTable();
+  subscribe();
+})();
