@@ -440,30 +440,6 @@ KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n)
     return c ? c->prompt : NULL;
 }
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 if p does not start one. */
-static size_t utf8_len(const unsigned char *p, size_t left)
-{
-    size_t n;
-    if (p[0] < 0x80)
-        return 1;
-    else if (p[0] >= 0xC2 && p[0] <= 0xDF)
-        n = 2;
-    else if (p[0] >= 0xE0 && p[0] <= 0xEF)
-        n = 3;
-    else if (p[0] >= 0xF0 && p[0] <= 0xF4)
-        n = 4;
-    else
-        return 0;
-    if (left < n)
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-    if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) || (p[0] == 0xF0 && p[1] < 0x90) ||
-        (p[0] == 0xF4 && p[1] > 0x8F))
-        return 0; /* overlong, surrogate or past U+10FFFF */
-    return n;
-}
 
 /* The reply as text, the way a chat server returns it: the llama2.c decode
  * of `ids` following token `prev`, as valid UTF-8 (each byte that does not
@@ -481,7 +457,7 @@ static char *decode_text(const kvt_tokenizer *tok, int32_t prev, const int32_t *
         prev = ids[i];
     }
     for (size_t i = 0; !raw.oom && i < raw.n;) {
-        size_t k = utf8_len((const unsigned char *)raw.p + i, raw.n - i);
+        size_t k = kvt_utf8_len((const unsigned char *)raw.p + i, raw.n - i);
         if (k) {
             sb_add(&b, raw.p + i, k);
             i += k;

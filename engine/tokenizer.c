@@ -620,3 +620,27 @@ int kvt_tokenizer_write_default(const char *path, int32_t vocab_size)
     kvt__free(tmp);
     return 0;
 }
+
+KVT_API size_t kvt_utf8_len(const unsigned char *p, size_t left)
+{
+    size_t n;
+    if (p[0] < 0x80)
+        return 1;
+    else if (p[0] >= 0xC2 && p[0] <= 0xDF)
+        n = 2;
+    else if (p[0] >= 0xE0 && p[0] <= 0xEF)
+        n = 3;
+    else if (p[0] >= 0xF0 && p[0] <= 0xF4)
+        n = 4;
+    else
+        return 0;
+    if (left < n)
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) || (p[0] == 0xF0 && p[1] < 0x90) ||
+        (p[0] == 0xF4 && p[1] > 0x8F))
+        return 0; /* overlong, surrogate or past U+10FFFF */
+    return n;
+}

@@ -122,6 +122,13 @@ KVT_API const char *kvt_tokenizer_decode(const kvt_tokenizer *t, int32_t prev, i
  * Borrowed: returns `piece` or a static "". Thread-safe. */
 KVT_API const char *kvt_tokenizer_printable(const char *piece);
 
+/** Length in bytes (1..4) of the valid UTF-8 sequence starting at p, or 0 when
+ * p does not start one within `left` bytes (left >= 1): a stray continuation
+ * byte, a truncated sequence, an overlong form, a surrogate or a code point
+ * past U+10FFFF (RFC 3629). Reads at most min(left, 4) bytes. Pure; thread-safe. */
+KVT_API size_t kvt_utf8_len(const unsigned char *p, size_t left);
+
+
 /** Writes the tokenizer.bin of the built-in default model.
  *
  * Pieces: id 0 "<unk>", 1 "\n<s>\n" (BOS), 2 "\n</s>\n" (EOS), 3..258 the byte

@@ -12,6 +12,7 @@
 #include "dashboard.h"
 
 #include "openai.h"
+#include "server.h"
 
 #include "internal.h"
 
@@ -223,17 +224,6 @@ static enum MHD_Result chartjs(kvt_dash *d, struct MHD_Connection *c, kvt_srv_en
 
 /* ---- the event stream ------------------------------------------------------------------------- */
 
-/* Whether the peer closed its side of the socket (or it failed). */
-static int peer_gone(int fd)
-{
-    if (fd < 0)
-        return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0)
-        return 0;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
 static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 {
     if (*len + n + 1 > *cap) {
@@ -366,7 +356,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         if (!d->stopping)
             pthread_cond_timedwait(&d->cv, &d->mu, &ts);
         pthread_mutex_unlock(&d->mu);
-        if (peer_gone(st->fd))
+        if (kvt__srv_peer_gone(st->fd))
             return MHD_CONTENT_READER_END_WITH_ERROR;
     }
 }

@@ -8,6 +8,8 @@
  */
 #include "openai.h"
 
+#include "tokenizer.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -482,31 +484,6 @@ char *kvt_oai_chunk_event(kvt_oai_kind kind, const char *id, int64_t created, co
 
 /* ---- UTF-8 and keys ------------------------------------------------------------------ */
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 if p does not start
- * one within `left` bytes (the rule of engine/chat.c's reply text). */
-static size_t utf8_len(const unsigned char *p, size_t left)
-{
-    size_t n;
-    if (p[0] < 0x80)
-        return 1;
-    else if (p[0] >= 0xC2 && p[0] <= 0xDF)
-        n = 2;
-    else if (p[0] >= 0xE0 && p[0] <= 0xEF)
-        n = 3;
-    else if (p[0] >= 0xF0 && p[0] <= 0xF4)
-        n = 4;
-    else
-        return 0;
-    if (left < n)
-        return 0;
-    for (size_t i = 1; i < n; i++)
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-    if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] > 0x9F) || (p[0] == 0xF0 && p[1] < 0x90) ||
-        (p[0] == 0xF4 && p[1] > 0x8F))
-        return 0;
-    return n;
-}
 
 size_t kvt_oai_utf8_complete(const char *s, size_t n)
 {
@@ -537,7 +514,7 @@ int kvt_oai_utf8_append(char **dst, size_t *len, size_t *cap, const char *raw, s
     }
     const unsigned char *p = (const unsigned char *)raw;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_len(p + i, n - i);
+        size_t k = kvt_utf8_len(p + i, n - i);
         if (k) {
             memcpy(*dst + *len, p + i, k);
             *len += k;

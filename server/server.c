@@ -63,8 +63,8 @@ static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
 
 static int64_t unix_s(void) { return (int64_t)time(NULL); }
 
-/* Whether the peer closed its side of the socket (or it failed). */
-static int peer_gone(int fd)
+/* Declared in server.h (the dashboard's event streams use it too). */
+int kvt__srv_peer_gone(int fd)
 {
     if (fd < 0)
         return 0;
@@ -326,7 +326,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             kvt_srv_job_wait_locked(j, st->sent, 20);
             if (!j->done && j->visible <= st->sent) {
                 pthread_mutex_unlock(&j->mu);
-                if (peer_gone(st->fd)) {
+                if (kvt__srv_peer_gone(st->fd)) {
                     kvt_srv_job_cancel(j);
                     return MHD_CONTENT_READER_END_WITH_ERROR;
                 }
@@ -493,7 +493,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
         if (j->done)
             break;
         pthread_mutex_unlock(&j->mu);
-        int gone = peer_gone(fd);
+        int gone = kvt__srv_peer_gone(fd);
         pthread_mutex_lock(&j->mu);
         if (gone) {
             kvt_srv_job_cancel(j);

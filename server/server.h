@@ -82,6 +82,11 @@ int kvt_server_stop(kvt_server *s, int64_t timeout_ms);
 /** Stops (timeout 0) if still running, frees everything. NULL is a no-op. */
 void kvt_server_destroy(kvt_server *s);
 
+/** Whether the peer of socket `fd` closed its side or the socket failed
+ * (poll with POLLRDHUP, no wait); 0 for fd < 0. Used to cancel the work of a
+ * client that went away. Thread-safe. */
+int kvt__srv_peer_gone(int fd);
+
 #ifdef __cplusplus
 }
 #endif
