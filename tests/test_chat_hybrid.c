@@ -17,6 +17,7 @@
 #include <cmocka.h>
 
 #include "chat.h"
+#include "synth_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,41 +32,6 @@ enum { M_PLAIN, M_WINDOW, M_RECURRENT, M_HYBRID, M_COUNT };
 static const char *const model_name[M_COUNT] = {"plain", "window", "recurrent", "hybrid"};
 static char dir[256], model_path[M_COUNT][300], tok_path[300];
 
-static void synth(int which, const char *path)
-{
-    kvt_synth_params p;
-    memset(&p, 0, sizeof p);
-    p.dim = 32;
-    p.hidden_dim = 64;
-    p.n_layers = 3;
-    p.n_heads = 4;
-    p.n_kv_heads = 2;
-    p.vocab_size = VOCAB;
-    p.seq_len = 1024;
-    p.seed = 21 + (uint64_t)which;
-    p.separate_classifier = 1;
-    switch (which) {
-    case M_WINDOW: /* once the rings wrap, nothing can be cut back */
-        p.layer_kind[1] = p.layer_kind[2] = KVT_LAYER_WINDOW;
-        p.sliding_window = WINDOW;
-        break;
-    case M_RECURRENT:
-        p.layer_kind[0] = p.layer_kind[2] = KVT_LAYER_RECURRENT;
-        break;
-    case M_HYBRID:
-        p.layer_kind[1] = KVT_LAYER_WINDOW;
-        p.layer_kind[2] = KVT_LAYER_RECURRENT;
-        p.sliding_window = WINDOW;
-        break;
-    default:
-        break;
-    }
-    int rc = kvt_model_synth(&p, path);
-    if (rc)
-        print_message("synth %s: %s\n", path, kvt_last_error());
-    assert_int_equal(rc, 0);
-}
-
 static int group_setup(void **state)
 {
     (void)state;
@@ -77,7 +43,7 @@ static int group_setup(void **state)
         return -1;
     for (int i = 0; i < M_COUNT; i++) {
         snprintf(model_path[i], sizeof model_path[i], "%s/%s.bin", dir, model_name[i]);
-        synth(i, model_path[i]);
+        su_synth(i, model_path[i], VOCAB, 1024, 21, WINDOW);
     }
     return 0;
 }
