@@ -2459,6 +2459,40 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
     return have;
 }
 
+static int refuse_write(kvt_store *s, const char *fn);
+
+KVT_API int kvt_store_list(kvt_store *s, const char *ns, int (*cb)(void *ctx, const kvt_cold_hit *hit), void *ctx)
+{
+    ns = kvt__ns(ns);
+    if (!s || !cb)
+        return kvt__fail(KVT_EINVAL, "kvt_store_list: NULL store or callback");
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    for (st_entry *e = s->head; e && !rc; e = e->next)
+        if (!strcmp(e->ns, ns))
+            rc = cb(ctx, &(kvt_cold_hit){.prefix_len = e->r.n_tokens, .n_tokens = e->r.n_tokens, .handle = e->id});
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+KVT_API int kvt_store_remove(kvt_store *s, uint64_t handle)
+{
+    if (!s)
+        return kvt__fail(KVT_EINVAL, "kvt_store_remove: NULL store");
+    if (s->opts.read_only)
+        return refuse_write(s, "kvt_store_remove");
+    pthread_mutex_lock(&s->mu);
+    st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+    if (e)
+        drop_entry(s, e);
+    pthread_mutex_unlock(&s->mu);
+    if (!e)
+        return kvt__fail(KVT_ENOTFOUND, "kvt_store_remove: no durable entry has handle %llu",
+                         (unsigned long long)handle);
+    reclaim(s, (kvt__skey){0, 0}, 0); /* blocks only the removed entry used */
+    return 0;
+}
+
 /* ---- writes ---------------------------------------------------------------------- */
 
 static int check_entry(const kvt_entry *e, const char *fn)
