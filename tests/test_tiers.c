@@ -16,6 +16,7 @@
 
 #include "chat.h"
 #include "cli_run.h"
+#include "store_util.h"
 #include "tiers.h"
 
 #include <errno.h>
@@ -55,6 +56,13 @@ static void run_chat(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier *cold, 
     kvt_service_destroy(svc);
 }
 
+/* Loads stories260K and its identity. */
+static void load(kvt_model **m, kvt_tokenizer **t, kvt_chat_identity *id)
+{
+    assert_int_equal(kvt_chat_load(model, tok, m, t), 0);
+    assert_int_equal(kvt_chat_identity_compute(*m, tok, id), 0);
+}
+
 static void test_options(void **state)
 {
     (void)state;
@@ -62,9 +70,8 @@ static void test_options(void **state)
         skip();
     kvt_model *m = NULL;
     kvt_tokenizer *t = NULL;
-    assert_int_equal(kvt_chat_load(model, tok, &m, &t), 0);
     kvt_chat_identity id;
-    assert_int_equal(kvt_chat_identity_compute(m, tok, &id), 0);
+    load(&m, &t, &id);
     kvt_tiers *tiers = (kvt_tiers *)1;
     kvt_tiers_opts o = {0};
     assert_int_equal(kvt_tiers_open(NULL, &id, &o, &tiers), KVT_EINVAL);
@@ -124,9 +131,8 @@ static void test_ssd_stack(void **state)
         skip();
     kvt_model *m = NULL;
     kvt_tokenizer *t = NULL;
-    assert_int_equal(kvt_chat_load(model, tok, &m, &t), 0);
     kvt_chat_identity id;
-    assert_int_equal(kvt_chat_identity_compute(m, tok, &id), 0);
+    load(&m, &t, &id);
     char ref[3][512], got[3][512], root[400];
     run_chat(m, t, NULL, ref, NULL);
     snprintf(root, sizeof root, "%s/ssd", dir);
@@ -171,19 +177,6 @@ static void test_ssd_stack(void **state)
     kvt_model_free(m);
 }
 
-static ssize_t full_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off)
-{
-    (void)ctx, (void)fd, (void)buf, (void)n, (void)off;
-    errno = ENOSPC;
-    return -1;
-}
-
-static int real_fsync(void *ctx, int fd)
-{
-    (void)ctx;
-    return fsync(fd);
-}
-
 static void test_ssd_stack_disk_full(void **state)
 {
     (void)state;
@@ -191,13 +184,16 @@ static void test_ssd_stack_disk_full(void **state)
         skip();
     kvt_model *m = NULL;
     kvt_tokenizer *t = NULL;
-    assert_int_equal(kvt_chat_load(model, tok, &m, &t), 0);
     kvt_chat_identity id;
-    assert_int_equal(kvt_chat_identity_compute(m, tok, &id), 0);
+    load(&m, &t, &id);
     char ref[3][512], got[3][512], root[400];
     run_chat(m, t, NULL, ref, NULL);
     snprintf(root, sizeof root, "%s/full", dir);
-    kvt_store_io io = {.pwrite_fn = full_pwrite, .fsync_fn = real_fsync};
+    kvt_store_io io;
+    store_faults faults;
+    store_faults_init(&faults, &io);
+    faults.fail_all = 1;
+    faults.err = ENOSPC;
     kvt_tiers_opts o = {.ssd_dir = root, .ssd_io = &io};
     kvt_tiers *tiers = NULL;
     assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), 0);
