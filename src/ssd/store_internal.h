@@ -1,5 +1,5 @@
 /*
- * store_internal.h: pieces of the SSD tier shared by src/ssd/*.c; never
+ * store_internal.h: pieces of the SSD tier shared by the files of src/ssd; never
  * installed. The shard format (safetensors writer and validating header
  * reader) and the key map and radix index used by store.c. Keys are
  * key.h's kvt__key.
