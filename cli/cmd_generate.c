@@ -9,6 +9,7 @@
 #include "chat.h"
 #include "cli.h"
 #include "generate.h"
+#include "tiers.h"
 
 #include <math.h>
 #include <stdio.h>

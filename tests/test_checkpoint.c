@@ -26,6 +26,7 @@
 
 #include "seq.h"
 #include "synth_util.h"
+#include "tiers.h"
 
 #include <fcntl.h>
 #include <stdio.h>

@@ -2440,7 +2440,7 @@ KVT_API int kvt_store_remove(kvt_store *s, uint64_t handle)
     if (!e)
         return kvt__fail(KVT_ENOTFOUND, "kvt_store_remove: no durable entry has handle %llu",
                          (unsigned long long)handle);
-    reclaim(s, (kvt__skey){0, 0}, 0); /* blocks only the removed entry used */
+    reclaim(s, KVT__KEY_ZERO, 0); /* blocks only the removed entry used */
     return 0;
 }
 
