@@ -30,7 +30,6 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #define KVT__QUEUE_DEFAULT (256ull << 20)
 #define KVT__ID_MAX 1024
@@ -39,18 +38,18 @@
 /* ---- index records ------------------------------------------------------------ */
 
 typedef struct st_block {
-    kvt__skey key;
+    kvt__key key;
     uint64_t bytes;   /* file size */
     int64_t refs;     /* indexed entries + in-flight puts referencing it */
 } st_block;
 
 typedef struct st_entry {
     kvt__rent r;          /* radix view: tokens, n_tokens, min_reach */
-    kvt__skey key;
+    kvt__key key;
     uint64_t id;          /* the handle given out by find */
     char *ns;
     int32_t *tokens;      /* (r.n_tokens) */
-    kvt__skey *blocks;    /* (n_blocks) in chain order */
+    kvt__key *blocks;    /* (n_blocks) in chain order */
     int32_t n_blocks;
     uint64_t bytes;       /* entry file size */
     int64_t last_use_ms;  /* wall clock; file mtime at scan */
@@ -78,7 +77,7 @@ typedef struct wjob {
     kvt_entry e;
     uint64_t bytes;
     uint64_t id;          /* handle; the durable entry gets the same one */
-    kvt__skey key;
+    kvt__key key;
     _Atomic int64_t refs; /* the queue's + one per clone handed out */
     struct wjob *next;
 } wjob;
@@ -94,7 +93,7 @@ struct kvt_store {
     char *root, *dir, *dir_name;
     int dirfd, lockfd;
     char *identity;       /* canonical identity JSON */
-    kvt__skey id_seed;    /* XXH3-128 of identity */
+    kvt__key id_seed;    /* XXH3-128 of identity */
     kvt_store_options opts;
 
     pthread_mutex_t mu;
@@ -108,7 +107,7 @@ struct kvt_store {
     uint64_t foreign_scan_ms; /* last listing of the root (monotonic ms) */
     uint64_t disk_ms;     /* last reclaim pass over the own directory (monotonic ms) */
     int reclaim_due;      /* a reclaim could not take the lock: try again */
-    kvt__skey *free_keys; /* blocks this process stopped referencing, for reclaim */
+    kvt__key *free_keys; /* blocks this process stopped referencing, for reclaim */
     int32_t n_free, cap_free;
     pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
     kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
@@ -149,60 +148,12 @@ static char *read_small(int dirfd, const char *name);
 
 /* ---- keys ----------------------------------------------------------------------- */
 
-static kvt__skey digest_key(XXH3_state_t *x)
-{
-    XXH128_hash_t h = XXH3_128bits_digest(x);
-    return (kvt__skey){h.low64, h.high64};
-}
+static kvt__key id_key(uint64_t id) { return (kvt__key){id, 0x5eed}; }
 
-static kvt__skey seed_of(const char *identity)
-{
-    XXH128_hash_t h = XXH3_128bits(identity, strlen(identity));
-    return (kvt__skey){h.low64, h.high64};
-}
-
-/* Entry key: (identity, ns, all tokens). Tokens are hashed as host int32,
- * which is little-endian on every supported target. */
-static kvt__skey entry_key(kvt__skey seed, const char *ns, const int32_t *tok, int64_t n)
-{
-    XXH3_state_t *x = XXH3_createState();
-    if (!x)
-        return (kvt__skey){0, 0};
-    XXH3_128bits_reset(x);
-    XXH3_128bits_update(x, "e", 1);
-    XXH3_128bits_update(x, &seed, sizeof seed);
-    XXH3_128bits_update(x, ns, strlen(ns) + 1);
-    if (n)
-        XXH3_128bits_update(x, tok, sizeof(int32_t) * (size_t)n);
-    kvt__skey k = digest_key(x);
-    XXH3_freeState(x);
-    return k;
-}
-
-/* Block key: chained over (identity, ns, parent block key, block tokens). */
-static kvt__skey block_key(kvt__skey seed, const char *ns, kvt__skey parent, const int32_t *tok, int64_t n)
-{
-    XXH3_state_t *x = XXH3_createState();
-    if (!x)
-        return (kvt__skey){0, 0};
-    XXH3_128bits_reset(x);
-    XXH3_128bits_update(x, "b", 1);
-    XXH3_128bits_update(x, &seed, sizeof seed);
-    XXH3_128bits_update(x, &parent, sizeof parent);
-    XXH3_128bits_update(x, ns, strlen(ns) + 1);
-    if (n)
-        XXH3_128bits_update(x, tok, sizeof(int32_t) * (size_t)n);
-    kvt__skey k = digest_key(x);
-    XXH3_freeState(x);
-    return k;
-}
-
-static kvt__skey id_key(uint64_t id) { return (kvt__skey){id, 0x5eed}; }
-
-static void file_name(char type, kvt__skey k, char out[64])
+static void file_name(char type, kvt__key k, char out[64])
 {
     char hex[33];
-    kvt__skey_hex(k, hex);
+    kvt__key_hex(k, hex);
     snprintf(out, 64, "%c%s" KVT__SHARD_SUFFIX, type, hex);
 }
 
@@ -341,7 +292,7 @@ static int index_entry(kvt_store *s, st_entry *e)
     return 0;
 }
 
-static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
+static void block_unref(kvt_store *s, kvt__key k, int delete_file)
 {
     st_block *b = kvt__kmap_get(&s->blocks, k);
     if (!b || --b->refs > 0)
@@ -351,7 +302,7 @@ static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
     /* entries of other processes may use it: reclaim decides from the disk */
     if (s->n_free == s->cap_free) {
         int32_t c = s->cap_free ? s->cap_free * 2 : 16;
-        kvt__skey *x = kvt__realloc(s->free_keys, sizeof *x * (size_t)c);
+        kvt__key *x = kvt__realloc(s->free_keys, sizeof *x * (size_t)c);
         if (!x)
             return; /* stays; the budget removes it when unreferenced */
         s->free_keys = x;
@@ -412,8 +363,8 @@ typedef struct pentry {
     const char *ns;
     int32_t *tokens;
     int64_t n_tokens, min_reach;
-    kvt__skey key;
-    kvt__skey *blocks;
+    kvt__key key;
+    kvt__key *blocks;
     int64_t (*ranges)[2]; /* (n_blocks) [tok_begin, tok_end) of each block */
     int32_t n_blocks;
     json_t *layers;      /* owned */
@@ -474,8 +425,8 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
         pentry_free(p);
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "tokens do not decode to n_tokens ids");
     }
-    kvt__skey want = entry_key(seed_of(id), p->ns, p->tokens, p->n_tokens);
-    if (kvt__skey_parse(key, &p->key) || !kvt__skey_eq(want, p->key)) {
+    kvt__key want = kvt__entry_key(kvt__key_seed(id), p->ns, p->tokens, p->n_tokens);
+    if (kvt__key_parse(key, &p->key) || !kvt__key_eq(want, p->key)) {
         pentry_free(p);
         return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "key does not match (identity, ns, tokens)");
     }
@@ -503,14 +454,14 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
     }
     /* Each block: [key hex, tok_begin, tok_end]; the chain must start at 0,
      * be contiguous, and its keys must follow from the tokens. */
-    kvt__skey parent = {0, 0}, seed = seed_of(id);
+    kvt__key parent = KVT__KEY_ZERO, seed = kvt__key_seed(id);
     int64_t at = 0;
     const char *why = NULL;
     for (size_t i = 0; i < nb && !why; i++) {
         json_t *b = json_array_get(blocks, i);
         const char *kh = json_string_value(json_array_get(b, 0));
         json_t *jb = json_array_get(b, 1), *je = json_array_get(b, 2);
-        if (!kh || !json_is_integer(jb) || !json_is_integer(je) || kvt__skey_parse(kh, &p->blocks[i])) {
+        if (!kh || !json_is_integer(jb) || !json_is_integer(je) || kvt__key_parse(kh, &p->blocks[i])) {
             why = "a block reference is not [key, begin, end]";
             break;
         }
@@ -519,8 +470,8 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
             why = "block ranges are not a contiguous chain inside the tokens";
             break;
         }
-        kvt__skey k = block_key(seed, p->ns, parent, p->tokens + bb, be - bb);
-        if (!kvt__skey_eq(k, p->blocks[i])) {
+        kvt__key k = kvt__block_key(seed, p->ns, parent, p->tokens + bb, be - bb);
+        if (!kvt__key_eq(k, p->blocks[i])) {
             json_decref(blocks);
             pentry_free(p);
             return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "a block key does not follow from the tokens");
@@ -541,7 +492,7 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
 
 typedef struct pblock {
     const char *ns;
-    kvt__skey key, parent;
+    kvt__key key, parent;
     int64_t tok_begin, tok_end;
     int32_t *tokens;
     int64_t n_tokens;
@@ -557,7 +508,7 @@ static int parse_block(const kvt__shard *sh, const char *path, const char *ident
         return bad(reason, KVT_STORE_REFUSED_IDENTITY, path, "written under another identity");
     p->ns = kvt__meta_str(sh, "ns");
     const char *k = kvt__meta_str(sh, "key"), *par = kvt__meta_str(sh, "parent"), *toks = kvt__meta_str(sh, "tokens");
-    if (!p->ns || !k || !par || !toks || kvt__skey_parse(k, &p->key) || kvt__skey_parse(par, &p->parent) ||
+    if (!p->ns || !k || !par || !toks || kvt__key_parse(k, &p->key) || kvt__key_parse(par, &p->parent) ||
         parse_i64(kvt__meta_str(sh, "tok_begin"), &p->tok_begin) ||
         parse_i64(kvt__meta_str(sh, "tok_end"), &p->tok_end))
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "missing ns, key, parent, tokens or range");
@@ -570,8 +521,8 @@ static int parse_block(const kvt__shard *sh, const char *path, const char *ident
         p->tokens = NULL;
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "tokens do not match the block range");
     }
-    kvt__skey want = block_key(seed_of(id), p->ns, p->parent, p->tokens, p->n_tokens);
-    if (!kvt__skey_eq(want, p->key)) {
+    kvt__key want = kvt__block_key(kvt__key_seed(id), p->ns, p->parent, p->tokens, p->n_tokens);
+    if (!kvt__key_eq(want, p->key)) {
         kvt__free(p->tokens);
         p->tokens = NULL;
         return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "key does not follow from (parent, tokens)");
@@ -744,9 +695,9 @@ typedef struct fcand {
     int64_t mtime_ms;
     int orphan;           /* temp / refused / unreferenced / broken: goes first */
     int broken;           /* entries: a referenced block is not on disk */
-    kvt__skey *blocks;    /* entries: referenced blocks */
+    kvt__key *blocks;    /* entries: referenced blocks */
     int32_t n_blocks;
-    kvt__skey key;
+    kvt__key key;
     char type;
 } fcand;
 
@@ -945,13 +896,13 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
     return 0;
 }
 
-static int64_t fc_block_refs(const fdirs *f, int dir, kvt__skey k)
+static int64_t fc_block_refs(const fdirs *f, int dir, kvt__key k)
 {
     int64_t n = 0;
     for (size_t i = 0; i < f->n_c; i++)
         if (f->c[i].dir == dir && f->c[i].type == 'e' && f->c[i].name[0] && !f->c[i].broken)
             for (int32_t j = 0; j < f->c[i].n_blocks; j++)
-                n += kvt__skey_eq(f->c[i].blocks[j], k);
+                n += kvt__key_eq(f->c[i].blocks[j], k);
     return n;
 }
 
@@ -974,7 +925,7 @@ static uint64_t fc_evict(fdirs *f, size_t i)
             continue;
         for (size_t b = 0; b < f->n_c; b++)
             if (f->c[b].dir == x->dir && f->c[b].type == 'b' && f->c[b].name[0] && !f->c[b].orphan &&
-                kvt__skey_eq(f->c[b].key, x->blocks[j])) {
+                kvt__key_eq(f->c[b].key, x->blocks[j])) {
                 if (!unlinkat(f->dirfds[x->dir], f->c[b].name, 0))
                     freed += f->c[b].bytes;
                 else if (errno != ENOENT && !f->unlink_errno)
@@ -1026,7 +977,7 @@ static ssize_t fc_oldest(const fdirs *f)
 /* An entry file as reclaim parsed it (cached by key: entry files are
  * immutable under their names). */
 typedef struct dent {
-    kvt__skey *blocks;
+    kvt__key *blocks;
     int32_t n_blocks;
     int valid; /* header and metadata good */
 } dent;
@@ -1040,7 +991,7 @@ typedef struct rfile {
     int broken;     /* entries: a referenced block is not on disk */
     int gone;       /* deleted by this pass */
     int64_t refs;   /* blocks: valid entry files referencing it */
-    kvt__skey key;
+    kvt__key key;
     const dent *d;  /* entries */
 } rfile;
 
@@ -1052,7 +1003,7 @@ static void dent_free(dent *d)
     }
 }
 
-static const dent *dent_get(kvt_store *s, const char *name, kvt__skey key)
+static const dent *dent_get(kvt_store *s, const char *name, kvt__key key)
 {
     dent *d = kvt__kmap_get(&s->disk, key);
     if (d)
@@ -1064,7 +1015,7 @@ static const dent *dent_get(kvt_store *s, const char *name, kvt__skey key)
     int fd = -1, reason = -1;
     if (!open_shard(s->dirfd, s->dir, name, &sh, &fd, &reason)) {
         pentry pe;
-        if (!parse_entry(&sh, name, s->identity, &pe, &reason) && kvt__skey_eq(pe.key, key)) {
+        if (!parse_entry(&sh, name, s->identity, &pe, &reason) && kvt__key_eq(pe.key, key)) {
             d->valid = 1;
             d->blocks = pe.blocks;
             d->n_blocks = pe.n_blocks;
@@ -1094,7 +1045,7 @@ static int is_orphan_name(kvt_store *s, const char *name)
     return 0;
 }
 
-static rfile *rf_block(kvt__kmap *bm, kvt__skey k) { return kvt__kmap_get(bm, k); }
+static rfile *rf_block(kvt__kmap *bm, kvt__key k) { return kvt__kmap_get(bm, k); }
 
 /* Deletes file f of the own directory; an entry takes its blocks' references
  * with it and the blocks nobody else references go too. */
@@ -1116,7 +1067,7 @@ static uint64_t rf_delete(kvt_store *s, rfile *f, kvt__kmap *bm)
     return freed;
 }
 
-static int64_t own_last_use(kvt_store *s, kvt__skey k, int64_t mtime)
+static int64_t own_last_use(kvt_store *s, kvt__key k, int64_t mtime)
 {
     st_entry *e = kvt__kmap_get(&s->by_key, k);
     return e && e->last_use_ms > mtime ? e->last_use_ms : mtime;
@@ -1126,7 +1077,7 @@ static int64_t own_last_use(kvt_store *s, kvt__skey k, int64_t mtime)
  * over the whole root, from the directory's state on disk (see above).
  * wait: block until the lock is free (close); else try once and leave it
  * due for the next call. Call without mu. */
-static void reclaim(kvt_store *s, kvt__skey protect, int wait)
+static void reclaim(kvt_store *s, kvt__key protect, int wait)
 {
     if (s->opts.read_only || s->dirfd < 0)
         return;
@@ -1189,7 +1140,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
             char hex[33];
             memcpy(hex, nm + 1, 32);
             hex[32] = '\0';
-            kvt__skey_parse(hex, &f->key);
+            kvt__key_parse(hex, &f->key);
         }
     }
     if (d)
@@ -1225,7 +1176,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
     /* 2. blocks this process let go of that no entry file references */
     pthread_mutex_lock(&s->mu);
     uint64_t evicted_big = 0;
-    kvt__skey *fr = s->free_keys;
+    kvt__key *fr = s->free_keys;
     int32_t nfr = s->n_free;
     s->free_keys = NULL;
     s->n_free = s->cap_free = 0;
@@ -1300,7 +1251,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
             rfile *x = &fs[i];
             /* a block goes only when no valid entry file references it */
             int cand = !x->gone && (x->type == 'b' ? x->refs == 0 : 1) &&
-                       !(x->type == 'e' && !x->orphan && kvt__skey_eq(x->key, protect));
+                       !(x->type == 'e' && !x->orphan && kvt__key_eq(x->key, protect));
             int xo = x->orphan || x->type != 'e';
             if (!cand)
                 continue;
@@ -1347,7 +1298,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
                 for (st_entry *e = s->head, *nx; e; e = nx) {
                     nx = e->next;
                     for (int32_t k = 0; k < e->n_blocks; k++)
-                        if (kvt__skey_eq(e->blocks[k], x->key)) {
+                        if (kvt__key_eq(e->blocks[k], x->key)) {
                             drop_entry_ex(s, e, 2);
                             break;
                         }
@@ -1435,10 +1386,10 @@ static int set_i64(json_t *m, const char *k, int64_t v)
     return json_object_set_new(m, k, json_string(b));
 }
 
-static int set_key(json_t *m, const char *k, kvt__skey v)
+static int set_key(json_t *m, const char *k, kvt__key v)
 {
     char h[33];
-    kvt__skey_hex(v, h);
+    kvt__key_hex(v, h);
     return json_object_set_new(m, k, json_string(h));
 }
 
@@ -1486,13 +1437,13 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
     kvt_cache_state *st = kvt__calloc((size_t)(L ? L : 1), sizeof *st);
     brange *rg = NULL;
     int32_t n_rg = 0, n_chain = 0;
-    kvt__skey *keys = NULL;
+    kvt__key *keys = NULL;
     int8_t *pinned = NULL;
     kvt__st_out *outs = NULL;
     kvt__pending_shard *win = kvt__calloc(KVT__WINDOW, sizeof *win);
     json_t *meta = NULL;
     const char *ns = e->ns;
-    kvt__skey ekey = entry_key(s->id_seed, ns, e->tokens, n);
+    kvt__key ekey = kvt__entry_key(s->id_seed, ns, e->tokens, n);
     int64_t min_reach = A ? n : 0;
     uint64_t write_bytes = 0;
     int lockfd = -1;
@@ -1555,11 +1506,11 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
         goto out;
     }
-    kvt__skey parent = {0, 0};
+    kvt__key parent = KVT__KEY_ZERO;
     for (int32_t i = 0, c = 0; i < n_rg; i++) {
         if (!rg[i].chained)
             continue;
-        keys[c] = block_key(s->id_seed, ns, parent, e->tokens + rg[i].b, rg[i].e - rg[i].b);
+        keys[c] = kvt__block_key(s->id_seed, ns, parent, e->tokens + rg[i].b, rg[i].e - rg[i].b);
         parent = keys[c++];
     }
 
@@ -1628,7 +1579,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
             char *toks = kvt__tokens_b64(e->tokens + rg[i].b, rg[i].e - rg[i].b);
             meta = meta_base(s, "block", ns);
             if (!toks || !meta || set_key(meta, "key", keys[c]) ||
-                set_key(meta, "parent", c ? keys[c - 1] : (kvt__skey){0, 0}) || set_i64(meta, "tok_begin", rg[i].b) ||
+                set_key(meta, "parent", c ? keys[c - 1] : KVT__KEY_ZERO) || set_i64(meta, "tok_begin", rg[i].b) ||
                 set_i64(meta, "tok_end", rg[i].e) || json_object_set_new(meta, "tokens", json_string(toks))) {
                 kvt__free(toks);
                 rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
@@ -1700,7 +1651,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         for (int32_t i = 0; i < n_rg; i++)
             if (rg[i].chained) {
                 char h[33];
-                kvt__skey_hex(keys[rg[i].idx], h);
+                kvt__key_hex(keys[rg[i].idx], h);
                 json_array_append_new(blocks, json_pack("[s,I,I]", h, (json_int_t)rg[i].b, (json_int_t)rg[i].e));
             }
         for (int32_t l = 0; l < L; l++) {
@@ -1772,7 +1723,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         if (en) {
             en->ns = kvt__strdup(ns);
             en->tokens = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-            en->blocks = kvt__malloc(sizeof(kvt__skey) * (size_t)(n_chain ? n_chain : 1));
+            en->blocks = kvt__malloc(sizeof(kvt__key) * (size_t)(n_chain ? n_chain : 1));
         }
         if (!en || !en->ns || !en->tokens || !en->blocks) {
             entry_free(en);
@@ -1782,7 +1733,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         }
         if (n)
             memcpy(en->tokens, e->tokens, sizeof(int32_t) * (size_t)n);
-        memcpy(en->blocks, keys, sizeof(kvt__skey) * (size_t)n_chain);
+        memcpy(en->blocks, keys, sizeof(kvt__key) * (size_t)n_chain);
         en->n_blocks = n_chain;
         en->key = ekey;
         en->r.n_tokens = n;
@@ -2160,7 +2111,7 @@ static int load_entry(int dirfd, const char *dir, const char *name, const char *
             }
             goto out;
         }
-        int ok = kvt__skey_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
+        int ok = kvt__key_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
                  pb.tok_end == pe.ranges[i][1] &&
                  !memcmp(pb.tokens, pe.tokens + pb.tok_begin, sizeof(int32_t) * (size_t)pb.n_tokens);
         kvt__free(pb.tokens);
@@ -2219,7 +2170,7 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
         pthread_mutex_unlock(&s->mu);
         return kvt__fail(KVT_ENOTFOUND, "store restore: entry %llu is gone", (unsigned long long)handle);
     }
-    kvt__skey key = e->key;
+    kvt__key key = e->key;
     int64_t n = e->r.n_tokens;
     int32_t *itok = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     if (itok && n)
@@ -2259,13 +2210,13 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
  * (which runs under the budget lock, due from here: the caller runs it). */
 static void forget_corrupt(kvt_store *s, const char *shard)
 {
-    kvt__skey k;
+    kvt__key k;
     char hex[33];
     if (!is_shard_name(shard))
         return;
     memcpy(hex, shard + 1, 32);
     hex[32] = '\0';
-    if (kvt__skey_parse(hex, &k))
+    if (kvt__key_parse(hex, &k))
         return;
     if (shard[0] == 'e') {
         st_entry *e = kvt__kmap_get(&s->by_key, k);
@@ -2289,7 +2240,7 @@ static void forget_corrupt(kvt_store *s, const char *shard)
     for (st_entry *e = s->head, *nx; e; e = nx) {
         nx = e->next;
         for (int32_t i = 0; i < e->n_blocks; i++)
-            if (kvt__skey_eq(e->blocks[i], k)) {
+            if (kvt__key_eq(e->blocks[i], k)) {
                 drop_entry_ex(s, e, 1);
                 break;
             }
@@ -2382,7 +2333,7 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
             rc = KVT_ENOTFOUND;
         char err[256];
         snprintf(err, sizeof err, "%s", kvt_last_error());
-        reclaim(s, (kvt__skey){0, 0}, 0); /* blocks only the dropped entry used */
+        reclaim(s, KVT__KEY_ZERO, 0); /* blocks only the dropped entry used */
         kvt__fail(rc, "%s", err);
     }
     return rc;
@@ -2440,7 +2391,7 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
     ns = kvt__ns(ns);
     if (!s || n_tokens < 0 || (n_tokens && !tokens))
         return 0;
-    kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
+    kvt__key k = kvt__entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);
     int p = kvt__kmap_get(&s->pending, k) != NULL;
     pthread_mutex_unlock(&s->mu);
@@ -2452,7 +2403,7 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
     ns = kvt__ns(ns);
     if (!s || n_tokens < 0 || (n_tokens && !tokens))
         return 0;
-    kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
+    kvt__key k = kvt__entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);
     int have = kvt__kmap_get(&s->by_key, k) != NULL;
     pthread_mutex_unlock(&s->mu);
@@ -2509,7 +2460,7 @@ static uint64_t entry_bytes(const kvt_entry *e)
 
 /* Pending writes per entry key; a count c is stored as (c + 1) << 1 so a
  * value is never NULL (empty) or 1 (tombstone). */
-static int pending_add(kvt_store *s, kvt__skey k, int delta)
+static int pending_add(kvt_store *s, kvt__key k, int delta)
 {
     uintptr_t v = (uintptr_t)kvt__kmap_get(&s->pending, k);
     int64_t c = v ? (int64_t)(v >> 1) - 1 : 0;
@@ -2556,7 +2507,7 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
     if (!j)
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     j->bytes = entry_bytes(e);
-    j->key = entry_key(s->id_seed, e->ns, e->tokens, e->n_tokens);
+    j->key = kvt__entry_key(s->id_seed, e->ns, e->tokens, e->n_tokens);
     int64_t min_reach = 0;
     kvt_entry_trimmable(e, &min_reach);
     if (e->n_attachments)
@@ -2617,7 +2568,7 @@ static void *writer_main(void *arg)
             s->q_tail = NULL;
         pthread_mutex_unlock(&s->mu);
         int rc = do_put(s, &j->e, j->id);
-        kvt__skey key = j->key;
+        kvt__key key = j->key;
         uint64_t bytes = j->bytes;
         char msg[sizeof s->flush_msg];
         if (rc)
@@ -2863,7 +2814,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
         goto fail;
     }
-    s->id_seed = seed_of(s->identity);
+    s->id_seed = kvt__key_seed(s->identity);
     sha256_hex(s->identity, strlen(s->identity), hex);
     hex[32] = '\0';
     s->dir_name = kvt__strdup(hex);
@@ -2917,7 +2868,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         s->foreign_bytes = f.bytes;
         fdirs_free(&f);
     }
-    reclaim(s, (kvt__skey){0, 0}, 0);
+    reclaim(s, KVT__KEY_ZERO, 0);
     if (pthread_create(&s->writer, NULL, writer_main, s)) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: cannot start the writer thread");
         goto fail;
@@ -2966,7 +2917,7 @@ KVT_API int kvt_store_close(kvt_store *s)
         pthread_join(s->rthreads[i], NULL);
     /* the last word on the budget: waits for other processes' puts, so the
      * root ends within max_bytes (plus a shard written meanwhile) */
-    reclaim(s, (kvt__skey){0, 0}, 1);
+    reclaim(s, KVT__KEY_ZERO, 1);
     /* anything queued after the flush (raced with close) was written by the
      * writer before it exited; record its failure too */
     if (!rc && s->flush_rc)

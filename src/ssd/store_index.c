@@ -14,16 +14,16 @@
 
 #define TOMB ((void *)1)
 
-static size_t slot_of(kvt__skey k, size_t cap) { return (size_t)(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)) & (cap - 1); }
+static size_t slot_of(kvt__key k, size_t cap) { return (size_t)(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)) & (cap - 1); }
 
-void *kvt__kmap_get(const kvt__kmap *m, kvt__skey k)
+void *kvt__kmap_get(const kvt__kmap *m, kvt__key k)
 {
     if (!m->cap)
         return NULL;
     for (size_t i = slot_of(k, m->cap), n = 0; n < m->cap; i = (i + 1) & (m->cap - 1), n++) {
         if (!m->vals[i])
             return NULL;
-        if (m->vals[i] != TOMB && kvt__skey_eq(m->keys[i], k))
+        if (m->vals[i] != TOMB && kvt__key_eq(m->keys[i], k))
             return m->vals[i];
     }
     return NULL;
@@ -34,7 +34,7 @@ static int grow(kvt__kmap *m)
     size_t cap = m->cap ? m->cap * 2 : 64;
     if (m->live * 4 < m->cap) /* mostly tombstones: rehash at the same size */
         cap = m->cap;
-    kvt__skey *keys = kvt__calloc(cap, sizeof *keys);
+    kvt__key *keys = kvt__calloc(cap, sizeof *keys);
     void **vals = kvt__calloc(cap, sizeof *vals);
     if (!keys || !vals) {
         kvt__free(keys);
@@ -59,7 +59,7 @@ static int grow(kvt__kmap *m)
     return 0;
 }
 
-int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v)
+int kvt__kmap_put(kvt__kmap *m, kvt__key k, void *v)
 {
     if ((m->used + 1) * 4 > m->cap * 3 && grow(m))
         return KVT_ENOMEM;
@@ -73,7 +73,7 @@ int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v)
                 tomb = i;
             continue;
         }
-        if (kvt__skey_eq(m->keys[i], k)) {
+        if (kvt__key_eq(m->keys[i], k)) {
             m->vals[i] = v;
             return 0;
         }
@@ -88,14 +88,14 @@ int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v)
     return 0;
 }
 
-void kvt__kmap_del(kvt__kmap *m, kvt__skey k)
+void kvt__kmap_del(kvt__kmap *m, kvt__key k)
 {
     if (!m->cap)
         return;
     for (size_t i = slot_of(k, m->cap), n = 0; n < m->cap; i = (i + 1) & (m->cap - 1), n++) {
         if (!m->vals[i])
             return;
-        if (m->vals[i] != TOMB && kvt__skey_eq(m->keys[i], k)) {
+        if (m->vals[i] != TOMB && kvt__key_eq(m->keys[i], k)) {
             m->vals[i] = TOMB;
             m->live--;
             return;

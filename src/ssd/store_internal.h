@@ -1,12 +1,15 @@
 /*
- * store_internal.h: pieces of the SSD tier shared by src/store*.c; never
+ * store_internal.h: pieces of the SSD tier shared by the files of src/ssd; never
  * installed. The shard format (safetensors writer and validating header
- * reader), the 128-bit keys and the radix index used by store.c.
+ * reader) and the key map and radix index used by store.c. Keys are
+ * key.h's kvt__key.
  */
 #ifndef KVTIER_STORE_INTERNAL_H
 #define KVTIER_STORE_INTERNAL_H
 
 #include "kvtier/store.h"
+
+#include "key.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -125,35 +128,21 @@ char *kvt__tokens_b64(const int32_t *tokens, int64_t n);
  * *n == 0). @return 0 or KVT_EFORMAT / KVT_ENOMEM. */
 int kvt__tokens_unb64(const char *s, int32_t **out, int64_t *n);
 
-void kvt__hex(const uint8_t *bytes, size_t n, char *out); /* out: 2n + 1 */
-int kvt__unhex(const char *s, uint8_t *out, size_t n);   /* 0 or -1 */
-
-/* ---- keys ------------------------------------------------------------------ */
-
-typedef struct kvt__skey {
-    uint64_t lo, hi;
-} kvt__skey;
-
-static inline int kvt__skey_eq(kvt__skey a, kvt__skey b) { return a.lo == b.lo && a.hi == b.hi; }
-/** 32 hex digits + NUL. */
-void kvt__skey_hex(kvt__skey k, char out[33]);
-int kvt__skey_parse(const char *s, kvt__skey *out);
-
-/* ---- open-addressing map from kvt__skey to a pointer (store_index.c) ------ */
+/* ---- open-addressing map from kvt__key to a pointer (store_index.c) ------ */
 
 typedef struct kvt__kmap {
-    kvt__skey *keys;
+    kvt__key *keys;
     void **vals; /* NULL = empty slot; tombstones are (void *)1 */
     size_t cap, used, live;
 } kvt__kmap;
 
 /** The value of k, NULL if absent. Not thread-safe (the store's mutex). */
-void *kvt__kmap_get(const kvt__kmap *m, kvt__skey k);
+void *kvt__kmap_get(const kvt__kmap *m, kvt__key k);
 /** Sets k -> v, replacing; v must be neither NULL nor (void *)1 (the empty
  * and tombstone marks: a count stored as a pointer must skip both).
  * @return 0 or KVT_ENOMEM (map unchanged). */
-int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v);
-void kvt__kmap_del(kvt__kmap *m, kvt__skey k);
+int kvt__kmap_put(kvt__kmap *m, kvt__key k, void *v);
+void kvt__kmap_del(kvt__kmap *m, kvt__key k);
 void kvt__kmap_free(kvt__kmap *m);
 
 /* ---- radix tree over token sequences (store_index.c) ---------------------- */
