@@ -2416,7 +2416,7 @@ KVT_API int kvt_store_list(kvt_store *s, const char *ns, int (*cb)(void *ctx, co
     pthread_mutex_lock(&s->mu);
     for (st_entry *e = s->head; e && !rc; e = e->next)
         if (!strcmp(e->ns, ns))
-            rc = cb(ctx, &(kvt_cold_hit){.prefix_len = e->r.n_tokens, .n_tokens = e->r.n_tokens, .handle = e->id});
+            rc = cb(ctx, &(kvt_cold_hit){.prefix_len = e->n_tokens, .n_tokens = e->n_tokens, .handle = e->id});
     pthread_mutex_unlock(&s->mu);
     return rc;
 }
@@ -2428,7 +2428,7 @@ KVT_API int kvt_store_remove(kvt_store *s, uint64_t handle)
     if (s->opts.read_only)
         return refuse_write(s, "kvt_store_remove");
     pthread_mutex_lock(&s->mu);
-    st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+    st_entry *e = kvt__kmap_ptr(&s->by_id, id_key(handle));
     if (e)
         drop_entry(s, e);
     pthread_mutex_unlock(&s->mu);
