@@ -9,7 +9,7 @@
 
 #include "kvtier/retention_block.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <jansson.h>

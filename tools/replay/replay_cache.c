@@ -10,7 +10,7 @@
 #include "kvtier/retention_block.h"
 #include "kvtier/store.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <ftw.h>
