@@ -7,7 +7,7 @@
 #include "replay.h"
 
 #include "kvtier/prompt_cache.h"
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 #include "kvtier/store.h"
 
 #include "util.h"
