@@ -11,6 +11,8 @@
  * delete a block some indexed entry or in-flight put still references, and
  * never touch the files of an identity directory another live store holds.
  */
+#include "hmap.h"
+#include "index.h"
 #include "internal.h"
 #include "store_internal.h"
 
@@ -44,24 +46,18 @@ typedef struct st_block {
 } st_block;
 
 typedef struct st_entry {
-    kvt__rent r;          /* radix view: tokens, n_tokens, min_reach */
     kvt__key key;
     uint64_t id;          /* the handle given out by find */
     char *ns;
-    int32_t *tokens;      /* (r.n_tokens) */
+    int32_t *tokens;      /* (n_tokens) */
+    int64_t n_tokens;
+    int64_t min_reach;    /* smallest usable prefix (tokens); n_tokens when untrimmable */
     kvt__key *blocks;    /* (n_blocks) in chain order */
     int32_t n_blocks;
     uint64_t bytes;       /* entry file size */
     int64_t last_use_ms;  /* wall clock; file mtime at scan */
     struct st_entry *next, *prev;
 } st_entry;
-
-typedef struct st_ns {
-    char *ns;
-    kvt__radix tree;      /* durable entries */
-    kvt__radix ptree;     /* entries whose write-behind is queued or in flight */
-    struct st_ns *next;
-} st_ns;
 
 typedef struct st_orphan { /* refused or unreferenced files, evicted first */
     char name[256];
@@ -73,8 +69,10 @@ typedef struct st_orphan { /* refused or unreferenced files, evicted first */
  * caches (zero-copy clones whose hook holds a reference): the job's entry is
  * cleared when the writer is done with it and the last clone is gone. */
 typedef struct wjob {
-    kvt__rent r;          /* radix view over e.tokens (stable: e is owned) */
     kvt_entry e;
+    int64_t min_reach;    /* as st_entry's */
+    struct wjob *twin;    /* an older queued job with the same (ns, tokens):
+                             the pending index holds only the newest */
     uint64_t bytes;
     uint64_t id;          /* handle; the durable entry gets the same one */
     kvt__key key;
@@ -98,7 +96,8 @@ struct kvt_store {
 
     pthread_mutex_t mu;
     kvt__kmap by_key, by_id, blocks, pending, pjobs;
-    st_ns *nss;
+    kvt__index *tree;     /* durable entries (st_entry) by (ns, tokens) */
+    kvt__index *ptree;    /* jobs whose write-behind is queued or in flight (wjob) */
     st_entry *head;       /* all entries */
     uint64_t next_id;
     st_orphan *orphans;
@@ -147,6 +146,9 @@ static int64_t wall_ms(void)
 static char *read_small(int dirfd, const char *name);
 
 /* ---- keys ----------------------------------------------------------------------- */
+
+/* How the index sees an entry of reach min_reach (see kvt__index_insert). */
+static int trimmable(int64_t n_tokens, int64_t min_reach) { return min_reach < n_tokens || n_tokens == 0; }
 
 static kvt__key id_key(uint64_t id) { return (kvt__key){id, 0x5eed}; }
 
@@ -210,23 +212,6 @@ KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_lay
 
 /* ---- namespaces and entries (call with mu held) --------------------------------- */
 
-static st_ns *ns_get(kvt_store *s, const char *ns, int create)
-{
-    for (st_ns *n = s->nss; n; n = n->next)
-        if (!strcmp(n->ns, ns))
-            return n;
-    if (!create)
-        return NULL;
-    st_ns *n = kvt__calloc(1, sizeof *n);
-    if (!n || !(n->ns = kvt__strdup(ns))) {
-        kvt__free(n);
-        return NULL;
-    }
-    n->next = s->nss;
-    s->nss = n;
-    return n;
-}
-
 static void entry_free(st_entry *e)
 {
     if (!e)
@@ -267,17 +252,20 @@ static void orphan_forget(kvt_store *s, const char *name)
  * handle its write-behind job had), is kept, else a new one is given. */
 static int index_entry(kvt_store *s, st_entry *e)
 {
-    st_ns *n = ns_get(s, e->ns, 1);
-    if (!n)
-        return KVT_ENOMEM;
-    if (!e->id || kvt__kmap_get(&s->by_id, id_key(e->id)))
+    if (!e->id || kvt__kmap_ptr(&s->by_id, id_key(e->id)))
         e->id = ++s->next_id;
-    e->r.tokens = e->tokens;
-    if (kvt__radix_insert(&n->tree, &e->r))
+    void *was;
+    if (kvt__index_insert(s->tree, e->ns, e->tokens, e->n_tokens, e, trimmable(e->n_tokens, e->min_reach),
+                          e->min_reach, &was))
         return KVT_ENOMEM;
-    if (kvt__kmap_put(&s->by_key, e->key, e) || kvt__kmap_put(&s->by_id, id_key(e->id), e)) {
+    if (was) { /* same (ns, tokens) under another key: not possible while keys are content keys */
+        kvt__index_insert(s->tree, e->ns, e->tokens, e->n_tokens, was, trimmable(e->n_tokens, e->min_reach),
+                          e->min_reach, &was); /* puts it back: the node exists, nothing is allocated */
+        return kvt__fail(KVT_EINVAL, "store index: two keys for one token sequence");
+    }
+    if (kvt__kmap_put_ptr(&s->by_key, e->key, e) || kvt__kmap_put_ptr(&s->by_id, id_key(e->id), e)) {
         kvt__kmap_del(&s->by_key, e->key);
-        kvt__radix_remove(&n->tree, &e->r);
+        kvt__index_remove(s->tree, e->ns, e->tokens, e->n_tokens);
         return KVT_ENOMEM;
     }
     e->next = s->head;
@@ -287,14 +275,14 @@ static int index_entry(kvt_store *s, st_entry *e)
     s->head = e;
     s->own_bytes += e->bytes;
     s->st.entries++;
-    if (e->r.n_tokens > s->st.longest_prefix_tokens)
-        s->st.longest_prefix_tokens = e->r.n_tokens;
+    if (e->n_tokens > s->st.longest_prefix_tokens)
+        s->st.longest_prefix_tokens = e->n_tokens;
     return 0;
 }
 
 static void block_unref(kvt_store *s, kvt__key k, int delete_file)
 {
-    st_block *b = kvt__kmap_get(&s->blocks, k);
+    st_block *b = kvt__kmap_ptr(&s->blocks, k);
     if (!b || --b->refs > 0)
         return;
     if (!delete_file || s->opts.read_only)
@@ -315,7 +303,7 @@ static void recompute_longest(kvt_store *s)
 {
     int64_t m = 0;
     for (st_entry *e = s->head; e; e = e->next)
-        m = KVT__MAX(m, e->r.n_tokens);
+        m = KVT__MAX(m, e->n_tokens);
     s->st.longest_prefix_tokens = m;
 }
 
@@ -325,9 +313,7 @@ static void recompute_longest(kvt_store *s)
  * the blocks only it used to reclaim. */
 static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
 {
-    st_ns *n = ns_get(s, e->ns, 0);
-    if (n)
-        kvt__radix_remove(&n->tree, &e->r);
+    kvt__index_remove(s->tree, e->ns, e->tokens, e->n_tokens);
     kvt__kmap_del(&s->by_key, e->key);
     kvt__kmap_del(&s->by_id, id_key(e->id));
     if (e->prev)
@@ -349,7 +335,7 @@ static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
     s->st.entries--;
     for (int32_t i = 0; i < e->n_blocks; i++)
         block_unref(s, e->blocks[i], 1);
-    int longest = e->r.n_tokens == s->st.longest_prefix_tokens;
+    int longest = e->n_tokens == s->st.longest_prefix_tokens;
     entry_free(e);
     if (longest)
         recompute_longest(s);
@@ -612,9 +598,9 @@ static int scan(kvt_store *s)
                     if (strcmp(want, nm))
                         rc = bad(&reason, KVT_STORE_REFUSED_MALFORMED, nm, "file name does not match its key");
                 }
-                if (!rc && !kvt__kmap_get(&s->blocks, pb.key)) {
+                if (!rc && !kvt__kmap_ptr(&s->blocks, pb.key)) {
                     st_block *b = kvt__calloc(1, sizeof *b);
-                    if (b && !kvt__kmap_put(&s->blocks, pb.key, b)) {
+                    if (b && !kvt__kmap_put_ptr(&s->blocks, pb.key, b)) {
                         b->key = pb.key;
                         b->bytes = (uint64_t)fst.st_size;
                         s->own_bytes += b->bytes;
@@ -635,12 +621,12 @@ static int scan(kvt_store *s)
                         rc = bad(&reason, KVT_STORE_REFUSED_MALFORMED, nm, "file name does not match its key");
                 }
                 for (int32_t i = 0; !rc && i < pe.n_blocks; i++)
-                    if (!kvt__kmap_get(&s->blocks, pe.blocks[i])) {
+                    if (!kvt__kmap_ptr(&s->blocks, pe.blocks[i])) {
                         rc = bad(&reason, KVT_STORE_REFUSED_MISSING_BLOCK, nm, "references a block that is gone");
                         s->reclaim_due = 1; /* a broken file: reclaim removes it */
                     }
                 st_entry *e = NULL;
-                if (!rc && !kvt__kmap_get(&s->by_key, pe.key)) {
+                if (!rc && !kvt__kmap_ptr(&s->by_key, pe.key)) {
                     e = kvt__calloc(1, sizeof *e);
                     if (!e || !(e->ns = kvt__strdup(pe.ns))) {
                         entry_free(e);
@@ -649,8 +635,8 @@ static int scan(kvt_store *s)
                         e->key = pe.key;
                         e->tokens = pe.tokens;
                         pe.tokens = NULL;
-                        e->r.n_tokens = pe.n_tokens;
-                        e->r.min_reach = pe.min_reach;
+                        e->n_tokens = pe.n_tokens;
+                        e->min_reach = pe.min_reach;
                         e->blocks = pe.blocks;
                         pe.blocks = NULL;
                         e->n_blocks = pe.n_blocks;
@@ -661,7 +647,7 @@ static int scan(kvt_store *s)
                             rc = KVT_ENOMEM;
                         } else {
                             for (int32_t i = 0; i < e->n_blocks; i++)
-                                ((st_block *)kvt__kmap_get(&s->blocks, e->blocks[i]))->refs++;
+                                ((st_block *)kvt__kmap_ptr(&s->blocks, e->blocks[i]))->refs++;
                         }
                     }
                 }
@@ -1005,7 +991,7 @@ static void dent_free(dent *d)
 
 static const dent *dent_get(kvt_store *s, const char *name, kvt__key key)
 {
-    dent *d = kvt__kmap_get(&s->disk, key);
+    dent *d = kvt__kmap_ptr(&s->disk, key);
     if (d)
         return d;
     d = kvt__calloc(1, sizeof *d);
@@ -1030,7 +1016,7 @@ static const dent *dent_get(kvt_store *s, const char *name, kvt__key key)
         return NULL;
     }
     kvt__clear_error();
-    if (kvt__kmap_put(&s->disk, key, d)) {
+    if (kvt__kmap_put_ptr(&s->disk, key, d)) {
         dent_free(d);
         return NULL;
     }
@@ -1045,7 +1031,7 @@ static int is_orphan_name(kvt_store *s, const char *name)
     return 0;
 }
 
-static rfile *rf_block(kvt__kmap *bm, kvt__key k) { return kvt__kmap_get(bm, k); }
+static rfile *rf_block(kvt__kmap *bm, kvt__key k) { return kvt__kmap_ptr(bm, k); }
 
 /* Deletes file f of the own directory; an entry takes its blocks' references
  * with it and the blocks nobody else references go too. */
@@ -1069,7 +1055,7 @@ static uint64_t rf_delete(kvt_store *s, rfile *f, kvt__kmap *bm)
 
 static int64_t own_last_use(kvt_store *s, kvt__key k, int64_t mtime)
 {
-    st_entry *e = kvt__kmap_get(&s->by_key, k);
+    st_entry *e = kvt__kmap_ptr(&s->by_key, k);
     return e && e->last_use_ms > mtime ? e->last_use_ms : mtime;
 }
 
@@ -1149,7 +1135,7 @@ static void reclaim(kvt_store *s, kvt__key protect, int wait)
     memset(&bm, 0, sizeof bm);
     for (size_t i = 0; i < n; i++)
         if (fs[i].type == 'b')
-            kvt__kmap_put(&bm, fs[i].key, &fs[i]);
+            kvt__kmap_put_ptr(&bm, fs[i].key, &fs[i]);
     for (size_t i = 0; i < n; i++)
         if (fs[i].type == 'e')
             fs[i].d = dent_get(s, fs[i].name, fs[i].key); /* header I/O: without mu */
@@ -1287,13 +1273,13 @@ static void reclaim(kvt_store *s, kvt__key protect, int wait)
         if (!x->gone)
             continue;
         if (x->type == 'e') {
-            st_entry *e = kvt__kmap_get(&s->by_key, x->key);
+            st_entry *e = kvt__kmap_ptr(&s->by_key, x->key);
             if (e)
                 drop_entry_ex(s, e, 2);
-            dent_free(kvt__kmap_get(&s->disk, x->key));
+            dent_free(kvt__kmap_ptr(&s->disk, x->key));
             kvt__kmap_del(&s->disk, x->key);
         } else if (x->type == 'b') {
-            st_block *b = kvt__kmap_get(&s->blocks, x->key);
+            st_block *b = kvt__kmap_ptr(&s->blocks, x->key);
             if (b) {
                 for (st_entry *e = s->head, *nx; e; e = nx) {
                     nx = e->next;
@@ -1303,7 +1289,7 @@ static void reclaim(kvt_store *s, kvt__key protect, int wait)
                             break;
                         }
                 }
-                if ((b = kvt__kmap_get(&s->blocks, x->key))) {
+                if ((b = kvt__kmap_ptr(&s->blocks, x->key))) {
                     s->st.blocks--;
                     kvt__kmap_del(&s->blocks, x->key);
                     kvt__free(b);
@@ -1414,19 +1400,34 @@ static int st_out_set(kvt__st_out *o, int32_t layer, const kvt_tensor *t)
     return 0;
 }
 
+/* The first (shortest) entry a new trimmable entry of reach min_reach
+ * supersedes: a strict prefix of it in its ns, non-empty, at least
+ * min_reach long (it can be served by cutting the new one back). */
 typedef struct sup_ctx {
-    kvt_store *s;
     int64_t min_reach;
+    st_entry *found;
 } sup_ctx;
 
-static void supersede_one(kvt__rent *r, void *ctx)
+static void supersede_pick(void *val, int64_t depth, void *ctx)
 {
     sup_ctx *c = ctx;
-    st_entry *old = (st_entry *)r; /* r is the first member */
-    if (old->r.n_tokens == 0 || old->r.n_tokens < c->min_reach)
-        return;
-    drop_entry(c->s, old);
-    c->s->st.superseded++;
+    st_entry *old = val;
+    if (!c->found && old->n_tokens > 0 && old->n_tokens >= c->min_reach)
+        c->found = old;
+}
+
+/* Drops every entry the new one supersedes (call with mu held). One walk
+ * of the prompt per dropped entry: no allocation and no cap on how many. */
+static void supersede(kvt_store *s, const char *ns, const int32_t *tokens, int64_t n, int64_t min_reach)
+{
+    for (;;) {
+        sup_ctx c = {min_reach, NULL};
+        kvt__index_prefixes(s->tree, ns, tokens, n, supersede_pick, &c);
+        if (!c.found)
+            return;
+        drop_entry(s, c.found);
+        s->st.superseded++;
+    }
 }
 
 static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
@@ -1524,7 +1525,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
     struct stat est;
     int e_on_disk = fstatat(s->dirfd, ename, &est, AT_SYMLINK_NOFOLLOW) == 0;
     pthread_mutex_lock(&s->mu);
-    st_entry *have = kvt__kmap_get(&s->by_key, ekey);
+    st_entry *have = kvt__kmap_ptr(&s->by_key, ekey);
     if (have && !e_on_disk) {
         drop_entry_ex(s, have, 2); /* removed behind our back: write it again */
         have = NULL;
@@ -1536,7 +1537,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         goto out;
     }
     for (int32_t c = 0; c < n_chain; c++) {
-        st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+        st_block *b = kvt__kmap_ptr(&s->blocks, keys[c]);
         if (b) {
             b->refs++;
             pinned[c] = 1;
@@ -1550,7 +1551,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         int there = pinned[c] && fstatat(s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW) == 0;
         pthread_mutex_lock(&s->mu);
         if (pinned[c] && !there) { /* gone from disk: written again below */
-            st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+            st_block *b = kvt__kmap_ptr(&s->blocks, keys[c]);
             if (b)
                 b->refs--;
             pinned[c] = 0;
@@ -1613,10 +1614,10 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
             wrote_block = 1;
             pthread_mutex_lock(&s->mu);
             orphan_forget(s, win[w].final);
-            st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+            st_block *b = kvt__kmap_ptr(&s->blocks, keys[c]);
             if (b) {
                 b->refs++;
-            } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put(&s->blocks, keys[c], b)) {
+            } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put_ptr(&s->blocks, keys[c], b)) {
                 b->key = keys[c];
                 b->bytes = fb;
                 b->refs = 1;
@@ -1736,8 +1737,8 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         memcpy(en->blocks, keys, sizeof(kvt__key) * (size_t)n_chain);
         en->n_blocks = n_chain;
         en->key = ekey;
-        en->r.n_tokens = n;
-        en->r.min_reach = min_reach;
+        en->n_tokens = n;
+        en->min_reach = min_reach;
         en->bytes = fb;
         en->id = want_id;
         en->last_use_ms = wall_ms();
@@ -1755,7 +1756,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         int too_big = s->opts.max_bytes && need > s->opts.max_bytes;
         pthread_mutex_lock(&s->mu);
         orphan_forget(s, name);
-        st_entry *dup_e = kvt__kmap_get(&s->by_key, ekey);
+        st_entry *dup_e = kvt__kmap_ptr(&s->by_key, ekey);
         if (dup_e) { /* a concurrent put of the same entry won: same file */
             entry_free(en);
             s->st.skipped++;
@@ -1773,12 +1774,8 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         s->st.written++;
         s->st.bytes_written += fb;
         /* supersede: a trimmable entry serves its strict same-ns prefixes */
-        if (min_reach < n && A == 0 && !too_big) {
-            st_ns *nsr = ns_get(s, ns, 0);
-            sup_ctx sc = {s, min_reach};
-            if (nsr)
-                kvt__radix_ancestors(&nsr->tree, e->tokens, n, supersede_one, &sc);
-        }
+        if (min_reach < n && A == 0 && !too_big)
+            supersede(s, ns, e->tokens, n, min_reach);
         pthread_mutex_unlock(&s->mu);
     }
     goto out;
@@ -2165,13 +2162,13 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     memset(out, 0, sizeof *out);
     bad_shard[0] = '\0';
     pthread_mutex_lock(&s->mu);
-    st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+    st_entry *e = kvt__kmap_ptr(&s->by_id, id_key(handle));
     if (!e) {
         pthread_mutex_unlock(&s->mu);
         return kvt__fail(KVT_ENOTFOUND, "store restore: entry %llu is gone", (unsigned long long)handle);
     }
     kvt__key key = e->key;
-    int64_t n = e->r.n_tokens;
+    int64_t n = e->n_tokens;
     int32_t *itok = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     if (itok && n)
         memcpy(itok, e->tokens, sizeof(int32_t) * (size_t)n);
@@ -2194,7 +2191,7 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     if (!s->opts.read_only)
         utimensat(s->dirfd, name, NULL, 0); /* the last use survives a restart (best effort) */
     pthread_mutex_lock(&s->mu);
-    if ((e = kvt__kmap_get(&s->by_key, key)))
+    if ((e = kvt__kmap_ptr(&s->by_key, key)))
         e->last_use_ms = wall_ms();
     s->st.restores++;
     s->st.restore_bytes += bytes;
@@ -2219,7 +2216,7 @@ static void forget_corrupt(kvt_store *s, const char *shard)
     if (kvt__key_parse(hex, &k))
         return;
     if (shard[0] == 'e') {
-        st_entry *e = kvt__kmap_get(&s->by_key, k);
+        st_entry *e = kvt__kmap_ptr(&s->by_key, k);
         if (e)
             drop_entry_ex(s, e, s->opts.read_only);
         else if (!s->opts.read_only)
@@ -2230,7 +2227,7 @@ static void forget_corrupt(kvt_store *s, const char *shard)
         unlinkat(s->dirfd, shard, 0);
         s->reclaim_due = 1;
     }
-    st_block *b = kvt__kmap_get(&s->blocks, k);
+    st_block *b = kvt__kmap_ptr(&s->blocks, k);
     if (b) {
         s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
         s->st.blocks--;
@@ -2258,7 +2255,7 @@ static void pjob_release(wjob *j);
 static int restore_pending(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out)
 {
     pthread_mutex_lock(&s->mu);
-    wjob *j = kvt__kmap_get(&s->pjobs, id_key(handle));
+    wjob *j = kvt__kmap_ptr(&s->pjobs, id_key(handle));
     if (j)
         atomic_fetch_add(&j->refs, 1);
     pthread_mutex_unlock(&s->mu);
@@ -2298,7 +2295,7 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
         return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&s->mu);
-    int durable = kvt__kmap_get(&s->by_id, id_key(handle)) != NULL;
+    int durable = kvt__kmap_ptr(&s->by_id, id_key(handle)) != NULL;
     pthread_mutex_unlock(&s->mu);
     if (!durable) {
         /* served from the write-behind queue; or, when no job holds the
@@ -2324,7 +2321,7 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
          * nothing about the shard). */
         if (((reason >= 0 && reason != KVT_STORE_REFUSED_IO) || (reason < 0 && rc == KVT_ENOTFOUND)) &&
             rc != KVT_ENOMEM) {
-            st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+            st_entry *e = kvt__kmap_ptr(&s->by_id, id_key(handle));
             if (e)
                 drop_entry_ex(s, e, 1);
         }
@@ -2348,19 +2345,18 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt
     if (!s || !hit || n_prompt < 0 || (n_prompt && !prompt))
         return kvt__fail(KVT_EINVAL, "kvt_store_find: bad arguments");
     pthread_mutex_lock(&s->mu);
-    st_ns *n = ns_get(s, ns, 0);
-    int64_t p = 0, pp = 0;
-    kvt__rent *r = n ? kvt__radix_find(&n->tree, prompt, n_prompt, &p) : NULL;
-    kvt__rent *pr = n ? kvt__radix_find(&n->ptree, prompt, n_prompt, &pp) : NULL;
+    void *r, *pr;
+    int64_t p = kvt__index_lookup(s->tree, ns, prompt, n_prompt, &r);
+    int64_t pp = kvt__index_lookup(s->ptree, ns, prompt, n_prompt, &pr);
     if (pr && (!r || pp > p)) { /* a longer prefix still in the write-behind queue */
-        wjob *j = (wjob *)pr;
+        wjob *j = pr;
         hit->prefix_len = pp;
-        hit->n_tokens = j->r.n_tokens;
+        hit->n_tokens = j->e.n_tokens;
         hit->handle = j->id;
     } else if (r) {
-        st_entry *e = (st_entry *)r;
+        st_entry *e = r;
         hit->prefix_len = p;
-        hit->n_tokens = e->r.n_tokens;
+        hit->n_tokens = e->n_tokens;
         hit->handle = e->id;
     }
     pthread_mutex_unlock(&s->mu);
@@ -2374,13 +2370,12 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
     if (!s || !hit || n_tokens < 0 || (n_tokens && !tokens))
         return kvt__fail(KVT_EINVAL, "kvt_store_find_exact: bad arguments");
     pthread_mutex_lock(&s->mu);
-    st_ns *n = ns_get(s, ns, 0);
-    kvt__rent *r = n ? kvt__radix_exact(&n->tree, tokens, n_tokens) : NULL;
-    kvt__rent *pr = n && !r ? kvt__radix_exact(&n->ptree, tokens, n_tokens) : NULL;
+    st_entry *r = kvt__index_exact(s->tree, ns, tokens, n_tokens);
+    wjob *pr = r ? NULL : kvt__index_exact(s->ptree, ns, tokens, n_tokens);
     if (r || pr) {
         hit->prefix_len = n_tokens;
         hit->n_tokens = n_tokens;
-        hit->handle = r ? ((st_entry *)r)->id : ((wjob *)pr)->id;
+        hit->handle = r ? r->id : pr->id;
     }
     pthread_mutex_unlock(&s->mu);
     return r || pr ? 0 : KVT_ENOTFOUND;
@@ -2393,7 +2388,7 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
         return 0;
     kvt__key k = kvt__entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);
-    int p = kvt__kmap_get(&s->pending, k) != NULL;
+    int p = kvt__kmap_ptr(&s->pending, k) != NULL;
     pthread_mutex_unlock(&s->mu);
     return p;
 }
@@ -2405,7 +2400,7 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
         return 0;
     kvt__key k = kvt__entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);
-    int have = kvt__kmap_get(&s->by_key, k) != NULL;
+    int have = kvt__kmap_ptr(&s->by_key, k) != NULL;
     pthread_mutex_unlock(&s->mu);
     return have;
 }
@@ -2458,26 +2453,38 @@ static uint64_t entry_bytes(const kvt_entry *e)
     return b;
 }
 
-/* Pending writes per entry key; a count c is stored as (c + 1) << 1 so a
- * value is never NULL (empty) or 1 (tombstone). */
+/* Pending writes per entry key (a count; absent = 0). */
 static int pending_add(kvt_store *s, kvt__key k, int delta)
 {
-    uintptr_t v = (uintptr_t)kvt__kmap_get(&s->pending, k);
-    int64_t c = v ? (int64_t)(v >> 1) - 1 : 0;
-    c += delta;
+    uint64_t *v = kvt__kmap_get(&s->pending, k);
+    int64_t c = (v ? (int64_t)*v : 0) + delta;
     if (c <= 0) {
         kvt__kmap_del(&s->pending, k);
         return 0;
     }
-    return kvt__kmap_put(&s->pending, k, (void *)(uintptr_t)((uint64_t)(c + 1) << 1));
+    return kvt__kmap_put(&s->pending, k, (uint64_t)c);
 }
 
 /* Drops a job from the pending lookups (call with mu held). */
 static void pjob_unindex(kvt_store *s, wjob *j)
 {
-    st_ns *n = ns_get(s, j->e.ns, 0);
-    if (n)
-        kvt__radix_remove(&n->ptree, &j->r);
+    const kvt_entry *e = &j->e;
+    wjob *head = kvt__index_exact(s->ptree, e->ns, e->tokens, e->n_tokens);
+    if (head == j) {
+        void *was;
+        if (j->twin) /* the next older twin takes the node: it exists, nothing is allocated */
+            kvt__index_insert(s->ptree, e->ns, e->tokens, e->n_tokens, j->twin,
+                              trimmable(e->n_tokens, j->min_reach), j->min_reach, &was);
+        else
+            kvt__index_remove(s->ptree, e->ns, e->tokens, e->n_tokens);
+    } else {
+        for (wjob *x = head; x; x = x->twin)
+            if (x->twin == j) {
+                x->twin = j->twin;
+                break;
+            }
+    }
+    j->twin = NULL;
     kvt__kmap_del(&s->pjobs, id_key(j->id));
 }
 
@@ -2522,19 +2529,18 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
                        : kvt__fail(KVT_EAGAIN, "kvt_store_put_async: the write-behind queue is full");
     }
     j->e = *e;
-    j->r.tokens = j->e.tokens;
-    j->r.n_tokens = j->e.n_tokens;
-    j->r.min_reach = min_reach;
+    j->min_reach = min_reach;
     j->id = ++s->next_id;
     atomic_init(&j->refs, 1);
-    st_ns *nsr = ns_get(s, j->e.ns, 1);
-    if (!nsr || pending_add(s, j->key, 1)) {
+    if (pending_add(s, j->key, 1)) {
         pthread_mutex_unlock(&s->mu);
         kvt__free(j);
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     }
-    if (kvt__radix_insert(&nsr->ptree, &j->r) || kvt__kmap_put(&s->pjobs, id_key(j->id), j)) {
-        kvt__radix_remove(&nsr->ptree, &j->r);
+    if (kvt__kmap_put_ptr(&s->pjobs, id_key(j->id), j) ||
+        kvt__index_insert(s->ptree, j->e.ns, j->e.tokens, j->e.n_tokens, j, trimmable(j->e.n_tokens, min_reach),
+                          min_reach, (void **)&j->twin)) {
+        kvt__kmap_del(&s->pjobs, id_key(j->id));
         pending_add(s, j->key, -1);
         pthread_mutex_unlock(&s->mu);
         kvt__free(j);
@@ -2727,30 +2733,24 @@ static void count_other_configs(kvt_store *s, const kvt_store_identity *id)
     closedir(d);
 }
 
+static void free_block_val(kvt__key k, uint64_t v, void *ctx) { kvt__free((void *)(uintptr_t)v); }
+static void free_dent_val(kvt__key k, uint64_t v, void *ctx) { dent_free((void *)(uintptr_t)v); }
+
 static void store_free(kvt_store *s)
 {
     for (st_entry *e = s->head, *nx; e; e = nx) {
         nx = e->next;
         entry_free(e);
     }
-    for (st_ns *n = s->nss, *nx; n; n = nx) {
-        nx = n->next;
-        kvt__radix_free(&n->tree);
-        kvt__radix_free(&n->ptree);
-        kvt__free(n->ns);
-        kvt__free(n);
-    }
-    for (size_t i = 0; i < s->blocks.cap; i++)
-        if (s->blocks.vals[i] && s->blocks.vals[i] != (void *)1)
-            kvt__free(s->blocks.vals[i]);
+    kvt__index_destroy(s->tree);
+    kvt__index_destroy(s->ptree);
+    kvt__kmap_foreach(&s->blocks, free_block_val, NULL);
     kvt__kmap_free(&s->blocks);
     kvt__kmap_free(&s->by_key);
     kvt__kmap_free(&s->by_id);
     kvt__kmap_free(&s->pending);
     kvt__kmap_free(&s->pjobs);
-    for (size_t i = 0; i < s->disk.cap; i++)
-        if (s->disk.vals[i] && s->disk.vals[i] != (void *)1)
-            dent_free(s->disk.vals[i]);
+    kvt__kmap_foreach(&s->disk, free_dent_val, NULL);
     kvt__kmap_free(&s->disk);
     kvt__free(s->free_keys);
     pthread_mutex_destroy(&s->disk_mu);
@@ -2810,7 +2810,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     char hex[65];
     s->identity = identity_json(id);
     s->root = kvt__strdup(root);
-    if (!s->identity || !s->root) {
+    if (!s->identity || !s->root || kvt__index_create(&s->tree) || kvt__index_create(&s->ptree)) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
         goto fail;
     }
