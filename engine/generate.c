@@ -9,8 +9,7 @@
 #include "generate.h"
 
 #include "seq.h"
-
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <string.h>
