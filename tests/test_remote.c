@@ -23,7 +23,7 @@
 
 #include "kvtier/remote.h"
 #include "redis_util.h"
-#include "remote_key.h"
+#include "key.h"
 #include "store_util.h"
 #include "tier_suite.h"
 

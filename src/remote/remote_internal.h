@@ -7,7 +7,7 @@
 #define KVTIER_REMOTE_INTERNAL_H
 
 #include "internal.h"
-#include "remote_key.h"
+#include "key.h"
 #include "kvtier/cache.h"
 #include "kvtier/remote.h"
 

@@ -344,4 +344,4 @@ static int redis_open(void **ctx, kvt_cold_tier *tier)
 
 static void redis_close(void *ctx) { kvt_remote_close(ctx); }
 
-const tier_impl tier_impl_redis = {"remote tier (Redis)", redis_open, redis_close};
+const tier_impl tier_impl_redis = {"remote tier (Redis)", redis_open, redis_close, NULL};
