@@ -705,6 +705,12 @@ static void rewrite_header(const char *path, const char *field, uint64_t hlen_ov
         snprintf(sha, sizeof sha, "%s", json_string_value(json_object_get(m, "sha256")));
         sha[63] = sha[63] == '0' ? '1' : '0';
         json_object_set_new(m, "sha256", json_string(sha));
+    } else if (!strcmp(field, "xxh3-last")) { /* the XXH3-128's last hex digit changed */
+        json_t *m = json_object_get(root, "__metadata__");
+        char xx[33];
+        snprintf(xx, sizeof xx, "%s", json_string_value(json_object_get(m, "xxh3")));
+        xx[31] = xx[31] == '0' ? '1' : '0';
+        json_object_set_new(m, "xxh3", json_string(xx));
     } else if (!strcmp(field, "dtype")) {
         const char *k;
         json_t *v;
@@ -1338,6 +1344,32 @@ static void verify_sha256_last_byte(void **state)
     store_rmtree(f.root);
 }
 
+/* The fast checksum is compared whole on every restore, verify or not: an
+ * XXH3-128 that differs only in its last byte is refused, counted, and the
+ * entry leaves the index. */
+static void xxh3_last_byte(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "xxhlast");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "xxh3-last", 0);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_cold_hit hit;
+    kvt_entry e;
+    kvt_store *s = fx_open(&f, NULL);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 /* A block shard written by another identity (its key is consistent with its
  * own identity) planted in this identity's directory is refused at scan,
  * counted as identity, and never indexed. */
@@ -1520,6 +1552,7 @@ int main(void)
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
         cmocka_unit_test(verify_sha256_last_byte),
+        cmocka_unit_test(xxh3_last_byte),
         cmocka_unit_test(refused_block_of_other_identity),
         cmocka_unit_test(walk_verify_and_gc),
         cmocka_unit_test(entry_file_removed),
