@@ -11,7 +11,8 @@
  * (run with --threads 1) and to `kvtier chat`; 64 concurrent 3-turn conversations identical to the
  * cache-off replies; a client that disconnects cancels its request;
  * tokenize/detokenize; /metrics through promtool; SIGTERM flushing the SSD
- * tier so a restarted server reuses from disk.
+ * tier so a restarted server reuses from disk; an --ssd-cache directory that
+ * cannot be written degrading the tier (one warning) instead of the server.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -974,6 +976,127 @@ static void test_kill9_ssd(void **state)
     free(r1[1]);
 }
 
+/* How many times `needle` occurs in `hay`. */
+static int occurrences(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* n turns of the script against the server on `port` and against the
+ * cache-off server: the same replies. @return the prompt tokens the server
+ * reused from its SSD tier over the n turns. */
+static int64_t same_replies_as_off(int port, int n)
+{
+    char *on[3] = {0}, *off[3] = {0};
+    int64_t ssd = 0;
+    assert_true(n <= 3);
+    for (int t = 0; t < n; t++) {
+        json_t *u = NULL, *uoff = NULL;
+        on[t] = chat_turn(port, script, on, t + 1, 0, NULL, &u);
+        off[t] = chat_turn(off_srv.port, script, off, t + 1, 0, NULL, &uoff);
+        ssd += json_integer_value(json_object_get(json_object_get(json_object_get(u, "kvtier"), "reused_tokens"), "ssd"));
+        json_decref(u);
+        json_decref(uoff);
+        assert_string_equal(on[t], off[t]);
+    }
+    for (int t = 0; t < n; t++) {
+        free(on[t]);
+        free(off[t]);
+    }
+    return ssd;
+}
+
+/* The "mode" of the "ssd_cache" object of /stats (static buffer). */
+static const char *ssd_mode(int port)
+{
+    static char mode[32];
+    resp r;
+    http(port, "GET", "/stats", NULL, NULL, &r);
+    json_t *doc = parse(&r);
+    const char *m = json_string_value(json_object_get(json_object_get(doc, "ssd_cache"), "mode"));
+    snprintf(mode, sizeof mode, "%s", m ? m : "(none)");
+    json_decref(doc);
+    resp_free(&r);
+    return mode;
+}
+
+/* An --ssd-cache directory the server cannot write does not stop it from
+ * serving (it did: the store's open error failed the load): the tier turns
+ * off (nothing there to read) or read-only (another process holds the lock:
+ * what the directory holds still serves), with one warning naming the
+ * directory and the cause, and replies as a cache-off server. */
+static void test_unwritable_ssd(void **state)
+{
+    NEED_MODEL();
+    char log[16384], want[700];
+    /* a path under a regular file: neither writable nor readable */
+    char file[400], bad[500];
+    snprintf(file, sizeof file, "%s/not-a-dir", tmpdir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(bad, sizeof bad, "%s/cache", file);
+    server sv;
+    server_start(&sv, "ssd_off", (const char *const[]){"--ssd-cache", bad, NULL});
+    assert_int_equal(same_replies_as_off(sv.port, 2), 0);
+    assert_string_equal(ssd_mode(sv.port), "off");
+    assert_int_equal(server_stop(&sv), 0);
+    read_file(sv.log, log, sizeof log);
+    printf("off: %s", log);
+    snprintf(want, sizeof want, "kvtier serve: warning: SSD cache %s", bad);
+    assert_int_equal(occurrences(log, "warning: SSD cache "), 1);
+    assert_non_null(strstr(log, want));
+    assert_non_null(strstr(log, "continuing without it"));
+    assert_non_null(strstr(log, "kvtier serve: stopped"));
+
+    /* a directory whose lock another process holds: read-only, still serves */
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/ssd_locked", tmpdir);
+    server_start(&sv, "ssd_fill", (const char *const[]){"--ssd-cache", dir, NULL});
+    (void)same_replies_as_off(sv.port, 1);
+    assert_int_equal(server_stop(&sv), 0);
+    char cmd[600], lock[800];
+    snprintf(cmd, sizeof cmd, "ls -d '%s'/*/ | head -1", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(lock, 700, p));
+    pclose(p);
+    lock[strcspn(lock, "\n")] = '\0';
+    strcat(lock, ".lock");
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t holder = fork();
+    assert_true(holder >= 0);
+    if (holder == 0) {
+        int fd = open(lock, O_RDWR);
+        if (fd < 0 || flock(fd, LOCK_EX) || write(pipefd[1], "x", 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char x;
+    assert_int_equal(read(pipefd[0], &x, 1), 1);
+    server_start(&sv, "ssd_ro", (const char *const[]){"--ssd-cache", dir, NULL});
+    int64_t ssd_reused = same_replies_as_off(sv.port, 2);
+    assert_string_equal(ssd_mode(sv.port), "read-only");
+    assert_int_equal(server_stop(&sv), 0);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    read_file(sv.log, log, sizeof log);
+    printf("read-only: %s(%lld tokens reused from the SSD tier)\n", log, (long long)ssd_reused);
+    snprintf(want, sizeof want, "kvtier serve: warning: SSD cache %s", dir);
+    assert_int_equal(occurrences(log, "warning: SSD cache "), 1);
+    assert_non_null(strstr(log, want));
+    assert_non_null(strstr(log, "its lock is held by another process"));
+    assert_non_null(strstr(log, "continuing read-only"));
+    assert_true(ssd_reused > 0);
+}
+
 /* Random bytes and mutated requests at every POST endpoint: each is
  * answered (200 or an error object), and the server stays up. */
 static void test_garbage(void **state)
@@ -1151,6 +1274,7 @@ int main(void)
         cmocka_unit_test(test_metrics_promtool),
         cmocka_unit_test(test_shutdown_ssd),
         cmocka_unit_test(test_kill9_ssd),
+        cmocka_unit_test(test_unwritable_ssd),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_slow_clients),
         cmocka_unit_test(test_garbage),
