@@ -5,6 +5,9 @@
  * is picked once per process, so every forward pass of a process sums in the
  * same order. The AVX sets are compiled with target attributes and called
  * only after the CPU reported the feature, so the build needs no -march.
+ * Attention over K/V stored as F16, BF16 or I8 converts each element on the
+ * fly (F16C, a shift, or code * scale) inside the same loops; the AVX-512
+ * set uses the AVX2 conversion kernels for those (kernels.h).
  * This file owns no memory and no state beyond the chosen set.
  */
 #include "kernels.h"

@@ -10,6 +10,9 @@
  *              the ring wraps, [offset, offset] after
  *   recurrent  fixed-size state (SSM / linear attention)    [offset, offset]
  *   qkv        int8 codes + one f32 scale per group          [0, offset]
+ * kv and rotating hold K/V in a storage dtype (F32, F16, BF16; rotating also
+ * I8 with per-group scales) recorded in their encoded params and on every
+ * tensor; kvt_kv_block_rows / kvt_rotating_rows lend the rows in that dtype.
  * Backends bring their own kinds by filling a kvt_cache_ops table and
  * registering it (kvt_cache_register_kind) so stored state can be decoded.
  *
