@@ -40,6 +40,7 @@
 
 #include "model.h"
 #include "sampler.h"
+#include "serve_util.h"
 #include "test_seed.h"
 #include "tokenizer.h"
 
@@ -48,11 +49,7 @@ static const char *bin;
 
 /* ---- the server process ------------------------------------------------------------------ */
 
-typedef struct {
-    pid_t pid;
-    int port;
-    char log[300];
-} server;
+typedef kvt_ts_server server;
 
 static int read_file(const char *path, char *buf, size_t cap)
 {
@@ -81,45 +78,19 @@ static void forget(pid_t pid)
 static void server_start_model(server *sv, const char *name, const char *m, const char *t,
                                const char *const *extra)
 {
-    snprintf(sv->log, sizeof sv->log, "%s/%s.log", tmpdir, name);
-    const char *argv[64] = {bin, "serve", "--model", m, "--tokenizer", t, "--port", "0"};
-    int n = 8;
+    char log[300];
+    snprintf(log, sizeof log, "%s/%s.log", tmpdir, name);
+    const char *args[64] = {"--model", m, "--tokenizer", t};
+    int n = 4;
     for (int i = 0; extra && extra[i]; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    sv->pid = fork();
-    assert_true(sv->pid >= 0);
-    if (sv->pid == 0) {
-        int fd = open(sv->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 2);
-        int null = open("/dev/null", O_RDWR);
-        dup2(null, 1); /* never hold the test's stdout open (ctest waits for it) */
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
+        args[n++] = extra[i];
+    args[n] = NULL;
+    assert_int_equal(kvt_ts_server_start(sv, bin, log, args), 0);
     for (int i = 0; i < MAX_LIVE; i++)
         if (!live[i]) {
             live[i] = sv->pid;
             break;
         }
-    char buf[8192];
-    for (int i = 0; i < 3000; i++) {
-        if (read_file(sv->log, buf, sizeof buf) > 0 && strstr(buf, "ready, model")) {
-            const char *p = strstr(buf, "listening on http://127.0.0.1:");
-            assert_non_null(p);
-            sv->port = atoi(p + strlen("listening on http://127.0.0.1:"));
-            assert_true(sv->port > 0);
-            return;
-        }
-        int st;
-        if (waitpid(sv->pid, &st, WNOHANG) == sv->pid) {
-            fprintf(stderr, "server exited early: %s\n", buf);
-            fail();
-        }
-        usleep(10000);
-    }
-    fprintf(stderr, "server did not get ready: %s\n", buf);
-    fail();
 }
 
 static void server_start(server *sv, const char *name, const char *const *extra)
@@ -131,103 +102,22 @@ static void server_start(server *sv, const char *name, const char *const *extra)
 static int server_stop(server *sv)
 {
     forget(sv->pid);
-    kill(sv->pid, SIGTERM);
-    for (int i = 0; i < 3000; i++) {
-        int st;
-        if (waitpid(sv->pid, &st, WNOHANG) == sv->pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        usleep(10000);
-    }
-    kill(sv->pid, SIGKILL);
-    waitpid(sv->pid, NULL, 0);
-    return -1;
+    return kvt_ts_server_stop(sv);
 }
 
-/* ---- a small HTTP/1.0 client ------------------------------------------------------------------- */
+/* ---- a small HTTP/1.0 client (tests/support/serve_util.c) ----------------------------------------- */
 
-typedef struct {
-    int status;
-    char *head;   /* status line and headers */
-    char *body;   /* NUL-terminated */
-    size_t len;
-} resp;
-
-static void resp_free(resp *r)
-{
-    free(r->head);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
+typedef kvt_ts_resp resp;
+#define resp_free kvt_ts_resp_free
+#define send_all kvt_ts_send_all
+#define send_request kvt_ts_send_request
+#define read_response kvt_ts_read_response
 
 static int connect_to(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = kvt_ts_connect(port, 120);
     assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    struct timeval tv = {.tv_sec = 120};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
-}
-
-static void send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return; /* the server may close early (413, 401): the reply tells */
-        p += k;
-        n -= (size_t)k;
-    }
-}
-
-static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body)
-{
-    char head[2048];
-    size_t bl = body ? strlen(body) : 0;
-    snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s%s%s", method, path,
-             body ? "Content-Type: application/json\r\n" : "", headers ? headers : "", "");
-    char cl[64] = "";
-    if (body)
-        snprintf(cl, sizeof cl, "Content-Length: %zu\r\n", bl);
-    send_all(fd, head, strlen(head));
-    send_all(fd, cl, strlen(cl));
-    send_all(fd, "\r\n", 2);
-    if (body)
-        send_all(fd, body, bl);
-}
-
-static void read_response(int fd, resp *r)
-{
-    size_t cap = 65536, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
-        if (k <= 0)
-            break;
-        n += (size_t)k;
-    }
-    buf[n] = '\0';
-    close(fd);
-    memset(r, 0, sizeof *r);
-    char *sep = strstr(buf, "\r\n\r\n");
-    if (strncmp(buf, "HTTP/1.", 7) || !sep) {
-        r->status = -1;
-        r->head = buf;
-        r->body = strdup("");
-        return;
-    }
-    r->status = atoi(buf + 9);
-    *sep = '\0';
-    r->head = strdup(buf);
-    r->len = n - (size_t)(sep + 4 - buf);
-    r->body = malloc(r->len + 1);
-    memcpy(r->body, sep + 4, r->len);
-    r->body[r->len] = '\0';
-    free(buf);
 }
 
 static void http(int port, const char *method, const char *path, const char *headers, const char *body, resp *r)
