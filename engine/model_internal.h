@@ -46,7 +46,7 @@ typedef struct kvt__scratch {
     float *rope_cos, *rope_sin; /* (chunk, head_size / 2) */
 } kvt__scratch;
 
-struct kvt__pool;
+struct kvt_threads;
 
 struct kvt_model {
     char *path;
@@ -62,7 +62,7 @@ struct kvt_model {
     float *conv;          /* (conv_cap) floats: prefill's K/V head slices converted to f32 for GEMM */
     size_t conv_cap;
     kvt_kv_scheme kv_scheme; /* storage scheme of the caches kvt_model_new_caches makes */
-    struct kvt__pool *pool; /* worker threads of the forward pass */
+    struct kvt_threads *pool; /* worker threads of the forward pass */
     int own_gemm;           /* 1: prefill products through kernels.h, not OpenBLAS */
     /* per-sequence arrays of a batched decode, one allocation (dec_block) */
     void *dec_block;
