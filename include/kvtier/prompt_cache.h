@@ -21,15 +21,17 @@
  * are not counted: they belong to the caller.
  *
  * Thread-safety: every function may be called from any thread at any time;
- * one mutex guards the cache state. No storage I/O runs under that lock:
- * cold-tier restores and spills run outside it, and the tier's find,
- * find_exact and pending (index only) run inside it. The one exception is
- * kvt_prompt_cache_relieve(), whose writes must finish by definition.
- * Release hooks and cache destruction run outside the lock, except in relieve
- * and reclaim, which free each released entry at once so that the caller's
- * pressure check sees the memory gone. Callbacks the cache runs under its
- * lock (over_budget, pressure, the tier's find/find_exact/pending/store) must
- * not call into the cache.
+ * one mutex guards the cache state. The cold tier is never called with that
+ * lock held: its lookups (find, find_exact, pending) may block on I/O (a
+ * remote tier, a chain waiting a lookup budget), so lend, prefetch, object
+ * lend, eviction, relieve, demote_idle and close drop the lock around each
+ * question and check what they found in RAM again afterwards (an entry that
+ * left or was cut meanwhile is looked up again, never used); restores,
+ * spills and stores run outside it too. Other threads use the cache while a
+ * lookup waits. Release hooks and cache destruction run outside the lock,
+ * except in relieve and reclaim, which free each released entry at once so
+ * that the caller's pressure check sees the memory gone. Callbacks the cache
+ * runs under its lock (over_budget, pressure) must not call into the cache.
  *
  * Write-behind (the default with a cold tier that has `spill`): every entry
  * put is handed to the tier's spill at once (zero-copy views, after the lock
@@ -196,8 +198,10 @@ KVT_API void kvt_hit_clear(kvt_hit *hit);
  * strict prefix of the prompt and resident, it serves without a tree walk
  * (session hit). Otherwise the radix tree is walked along the prompt
  * (O(n), never a scan of entries); ties prefer an entry of exactly p tokens.
- * If a cold tier is attached, its find (index only) is asked, on a session
- * hit too; it is restored (outside the lock) only when its prefix is
+ * If a cold tier is attached and RAM's prefix is shorter than n - 1, its
+ * find is asked (without the lock, on a session hit too; when an entry left
+ * or was cut meanwhile the RAM candidate is found again, counted in
+ * relookups); it is restored (outside the lock) only when its prefix is
  * STRICTLY longer than RAM's (the session's entry on a session hit); a
  * restored entry whose divergent tail cannot be trimmed is dropped and the
  * RAM candidate serves; a restored prefix is promoted into RAM when
@@ -319,8 +323,10 @@ KVT_API int kvt_prompt_cache_evict(kvt_prompt_cache *pc, int64_t count, int64_t 
 typedef int (*kvt_over_budget_fn)(void *ctx);
 
 /** Pressure relief: while over_budget(ctx) says so, releases
- * the retention victim: its write to the cold tier (tier->store) finishes
- * NOW, under the cache lock, then its buffers are released. If a write
+ * the retention victim: its write to the cold tier (tier->store, from
+ * zero-copy views, outside the cache lock) finishes NOW, then the entry is
+ * released under the lock and its buffers freed at once (an entry that
+ * changed or was pinned meanwhile stays; its write is durable). If a write
  * fails, stops and keeps that entry (a failed write is never a demotion).
  * An entry the tier already holds durably (with write-behind the usual
  * case: found, no write pending) is released without writing it again
@@ -429,6 +435,9 @@ typedef struct kvt_prompt_cache_stats {
     uint64_t hits, misses;               /* lend: RAM candidacy only */
     uint64_t session_hits, session_misses;
     uint64_t prefix_walks;               /* radix walks made by lend */
+    uint64_t relookups;                  /* lend: RAM candidate found again
+                                            because an entry left or was cut
+                                            while the cold tier was asked */
     uint64_t object_hits, object_misses, object_restores;
     uint64_t cold_restores;              /* restores that served a lend */
     uint64_t cold_unusable;              /* restored but untrimmable: dropped */
