@@ -4,7 +4,7 @@ JOBS      ?= $(shell nproc)
 CMAKE_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps build demo test test-asan test-tsan test-long fuzz fuzz-run clean
+.PHONY: all deps build demo test test-asan test-tsan test-long fuzz fuzz-run mutate clean
 
 all: build
 
@@ -43,6 +43,13 @@ fuzz: deps
 
 fuzz-run: fuzz
 	./fuzz/run.sh build-fuzz/fuzz $(SECONDS)
+
+# mutation testing: every mutation of tools/mutate/mutations.txt, one at a
+# time in a scratch copy under /tmp (never this tree), built and tested;
+# prints killed/survived and the kill rate. MUTATE_ARGS="--only R01,S07"
+MUTATE_ARGS ?=
+mutate: deps
+	python3 tools/mutate/mutate.py --jobs $(JOBS) $(MUTATE_ARGS)
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

@@ -16,6 +16,7 @@ KVT_CLI_WEAK int kvt_cmd_chat(int argc, char **argv);
 KVT_CLI_WEAK int kvt_cmd_replay(int argc, char **argv);
 KVT_CLI_WEAK int kvt_cmd_store(int argc, char **argv);
 KVT_CLI_WEAK int kvt_cmd_serve(int argc, char **argv);
+KVT_CLI_WEAK int kvt_cmd_cache(int argc, char **argv);
 
 /* bench/bench_*.c: `kvtier bench NAME` */
 KVT_CLI_WEAK int kvt_bench_engine(int argc, char **argv);

@@ -5,10 +5,11 @@
  * to stderr: "turn N: reused R tokens, prefilled P tokens, ttft T ms"
  * (scripts rely on it). Owns argument parsing and output; the work is in
  * engine/chat.c. Must never print anything else on stderr between turns,
- * except the one warning of an SSD tier that degraded (engine/chat.c,
- * kvt_chat_ssd_*): the directory and the cause, once.
+ * except the one warning of a tier level that degraded (engine/tiers.c,
+ * kvt_tiers_warn): the directory and the cause, once.
  */
 #include "chat.h"
+#include "tiers.h"
 #include "args.h"
 #include "cli.h"
 
@@ -330,45 +331,28 @@ static int read_line(char **buf, size_t *cap, int64_t lineno)
     return rc;
 }
 
-static const char *ssd_mode_name(kvt_chat_ssd_mode m)
+/* Says each degradation of a level the first time it is seen. */
+static void tiers_warn(kvt_tiers *tiers)
 {
-    return m == KVT_CHAT_SSD_READ_WRITE ? "read-write" : m == KVT_CHAT_SSD_READ_ONLY ? "read-only" : "off";
+    kvt_tiers_warn(tiers, "kvtier chat", "--stats counts it", stderr);
 }
 
-/* The one warning of a degraded SSD tier: the directory, the cause, what the
- * chat does instead. */
-static void ssd_say(const kvt_chat_ssd_status *st)
-{
-    fprintf(stderr, "kvtier chat: warning: SSD cache %s; %s (replies are unaffected; --stats counts it)\n",
-            st->cause,
-            st->mode == KVT_CHAT_SSD_OFF ? "continuing without it"
-                                         : "continuing read-only: what it holds still serves, nothing more is written");
-    fflush(stderr);
-}
-
-/* Says a degradation the first time it is seen. */
-static void ssd_warn(kvt_chat_ssd *ssd)
-{
-    if (!ssd)
-        return;
-    kvt_chat_ssd_status st;
-    kvt_chat_ssd_poll(ssd, &st);
-    if (st.warn)
-        ssd_say(&st);
-}
-
-/* --stats: the service report with an "ssd_cache" object added. */
-static void print_report(const char *report, const char *dir, const kvt_chat_ssd_status *st)
+/* --stats: the service report with one object per tier level added
+ * ("ssd_cache" for the SSD tier). */
+static void print_report(const char *report, const kvt_tiers_status *st)
 {
     json_t *doc = json_loads(report, 0, NULL);
-    if (doc && dir && st) {
-        json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "dir", dir, "mode",
-                              ssd_mode_name(st->mode), "cause", st->cause, "open_failures",
-                              (json_int_t)st->open_failures, "write_failures", (json_int_t)st->write_failures,
-                              "writes_skipped", (json_int_t)st->writes_skipped, "entries", (json_int_t)st->entries,
-                              "restores", (json_int_t)st->restores);
+    for (int32_t i = 0; doc && st && i < st->n_levels; i++) {
+        const kvt_level_status *l = &st->level[i];
+        json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "dir", l->where, "mode",
+                              kvt_level_mode_name(l->mode), "cause", l->cause, "open_failures",
+                              (json_int_t)l->open_failures, "write_failures", (json_int_t)l->write_failures,
+                              "writes_skipped", (json_int_t)l->writes_skipped, "entries", (json_int_t)l->entries,
+                              "restores", (json_int_t)l->restores);
+        char key[40];
+        snprintf(key, sizeof key, "%s_cache", l->name);
         if (o)
-            json_object_set_new(doc, "ssd_cache", o);
+            json_object_set_new(doc, key, o);
     }
     char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     fprintf(stderr, "%s\n", text ? text : report);
@@ -499,7 +483,7 @@ int kvt_cmd_chat(int argc, char **argv)
     kvt_tokenizer *tok = NULL;
     kvt_service *svc = NULL;
     kvt_chat *chat = NULL;
-    kvt_chat_ssd *ssd = NULL;
+    kvt_tiers *tiers = NULL;
     kvt_cold_tier tier;
     char *report = NULL;
     static char used_model[4096], used_tok[4096];
@@ -528,18 +512,16 @@ int kvt_cmd_chat(int argc, char **argv)
                 (unsigned long long)ident.tokenizer_bytes, ident.ms);
         fflush(stderr);
     }
-    if (ssd_dir) {
-        kvt_chat_ssd_opts sso = {.max_bytes = ssd_max, .verify = ssd_verify};
-        if ((rc = kvt_chat_ssd_open(m, &ident, ssd_dir, &sso, &ssd))) {
-            status = fail("cannot open the SSD cache", rc);
-            if (rc == KVT_EINVAL)
-                status = 2; /* the flags, not the disk */
-            goto done;
-        }
-        ssd_warn(ssd);
-        kvt_chat_ssd_tier(ssd, &tier);
-        so.cold = &tier;
+    kvt_tiers_opts to = {.ssd_dir = ssd_dir, .ssd_max_bytes = ssd_max, .ssd_verify = ssd_verify};
+    if ((rc = kvt_tiers_open(m, ssd_dir ? &ident : NULL, &to, &tiers))) {
+        status = fail("cannot open the SSD cache", rc);
+        if (rc == KVT_EINVAL || rc == KVT_EUNSUPPORTED)
+            status = 2; /* the flags, not the disk */
+        goto done;
     }
+    tiers_warn(tiers);
+    if (kvt_tiers_cold_tier(tiers, &tier) == 0)
+        so.cold = &tier;
     if ((rc = kvt_chat_service_create(m, &so, &svc))) {
         status = fail("cannot create the cache service", rc);
         goto done;
@@ -611,7 +593,7 @@ int kvt_cmd_chat(int argc, char **argv)
         fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", before + turn,
                 (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
         fflush(stderr);
-        ssd_warn(ssd);
+        tiers_warn(tiers);
     }
     if (stats && kvt_service_stats_json(svc, &report) != 0)
         report = NULL;
@@ -636,19 +618,14 @@ done:
             status = fail("closing the cache service failed", rc);
         kvt_service_destroy(svc);
     }
-    if (ssd) {
-        kvt_chat_ssd_status sst;
-        rc = kvt_chat_ssd_close(ssd, &sst);
-        if (rc == KVT_ETOOBIG && !too_big_said)
-            fprintf(stderr, "kvtier chat: warning: a prefix larger than --ssd-cache-max was not written "
-                            "to the SSD cache\n");
-        if (sst.warn)
-            ssd_say(&sst);
-        if (report)
-            print_report(report, ssd_dir, &sst);
-    } else if (report) {
-        print_report(report, NULL, NULL);
-    }
+    kvt_tiers_status tst;
+    rc = kvt_tiers_close(tiers, &tst);
+    if (rc == KVT_ETOOBIG && !too_big_said)
+        fprintf(stderr, "kvtier chat: warning: a prefix larger than --ssd-cache-max was not written "
+                        "to the SSD cache\n");
+    kvt_tiers_say(&tst, "kvtier chat", "--stats counts it", stderr);
+    if (report)
+        print_report(report, &tst);
     kvt_string_free(report);
     kvt_tokenizer_free(tok);
     kvt_model_free(m);

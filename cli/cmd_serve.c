@@ -213,8 +213,15 @@ int kvt_cmd_serve(int argc, char **argv)
     }
     fprintf(stderr, "kvtier serve: ready, model %s\n", kvt_server_model_name(s));
     fflush(stderr);
-    int sig = 0;
-    sigwait(&set, &sig);
+    /* wait for SIGINT/SIGTERM, saying a tier level's degradation within a second */
+    int sig = -1;
+    for (;;) {
+        kvt_server_poll_tiers(s);
+        struct timespec tick = {.tv_sec = 1};
+        sig = sigtimedwait(&set, NULL, &tick);
+        if (sig == SIGINT || sig == SIGTERM)
+            break;
+    }
     fprintf(stderr, "kvtier serve: %s: stopping (running requests get up to %lld ms)\n",
             sig == SIGINT ? "SIGINT" : "SIGTERM", shutdown_ms);
     fflush(stderr);

@@ -42,6 +42,7 @@ int main(int argc, char **argv)
         {"model", kvt_cmd_model, "model synth|info|default: synthetic checkpoints, a checkpoint's shape"},
         {"replay", kvt_cmd_replay, "replay a serving trace through the prompt cache"},
         {"store", kvt_cmd_store, "store inspect|verify|gc: the SSD tier on disk"},
+        {"cache", kvt_cmd_cache, "cache publish|inspect|verify: published read-only prompt caches"},
         {"serve", kvt_cmd_serve, "OpenAI-compatible HTTP server over the prompt cache"},
         {"bench", NULL, "run a benchmark (see below)"},
         {NULL, NULL, NULL},

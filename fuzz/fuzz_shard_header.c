@@ -66,10 +66,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvt__free(ids);
     }
     const char *key = kvt__meta_str(&sh, "key");
-    kvt__skey k;
-    if (key && !kvt__skey_parse(key, &k)) {
+    kvt__key k;
+    if (key && !kvt__key_parse(key, &k)) {
         char hex[33];
-        kvt__skey_hex(k, hex);
+        kvt__key_hex(k, hex);
         FZ_CHECK(!strcmp(hex, key), "key %s reads back as %s", key, hex);
     }
     /* the payload checks restore runs: XXH3-128, and SHA-256 when strict */

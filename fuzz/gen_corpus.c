@@ -345,6 +345,57 @@ static void gen_text(void)
     save_str("fuzz_script", "crlf", "one\r\ntwo\r\n\r\n");
 }
 
+/* One OpenAI request body for fuzz_openai_request: the endpoint byte
+ * (0 chat, 1 completion), then the body as jansson writes it. */
+static void save_request(const char *name, int completion, json_t *doc)
+{
+    char *s = json_dumps(doc, JSON_COMPACT);
+    if (!s)
+        die("json_dumps", KVT_ENOMEM);
+    size_t n = strlen(s);
+    uint8_t *b = malloc(n + 1);
+    if (!b)
+        die("malloc", KVT_ENOMEM);
+    b[0] = (uint8_t)completion;
+    memcpy(b + 1, s, n);
+    save("fuzz_openai_request", name, b, n + 1);
+    free(b);
+    free(s);
+    json_decref(doc);
+}
+
+/* Request bodies of the shapes OpenAI clients send (the openai npm package
+ * of tests/e2e sends these fields): chats with system text, several turns,
+ * text parts, streaming with usage; completions as text, one-string batch,
+ * token ids and a one-array batch; every sampling field. */
+static void gen_requests(void)
+{
+    save_request("chat-one", 0,
+                 json_pack("{s:s, s:[{s:s, s:s}]}", "model", "stories260K", "messages", "role", "user", "content",
+                           "Once upon a time"));
+    save_request("chat-turns", 0,
+                 json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}, {s:s, s:s}], s:i, s:f, s:f, s:I, s:s}",
+                           "model", "m", "messages", "role", "system", "content", "You are terse.", "role", "user",
+                           "content", "Hello", "role", "assistant", "content", " Hi!", "role", "user", "content",
+                           "Caf\xC3\xA9 \xE2\x82\xAC?", "max_tokens", 16, "temperature", 0.7, "top_p", 0.9, "seed",
+                           (json_int_t)42, "prompt_cache_key", "session-1"));
+    save_request("chat-stream-parts", 0,
+                 json_pack("{s:[{s:s, s:s}, {s:s, s:[{s:s, s:s}, {s:s, s:s}]}], s:b, s:{s:b}, s:[s, s], s:i, s:i, "
+                           "s:s, s:n}",
+                           "messages", "role", "developer", "content", "rules", "role", "user", "content", "type",
+                           "text", "text", "part one ", "type", "text", "text", "part two", "stream", 1,
+                           "stream_options", "include_usage", 1, "stop", "\n\n", "END", "max_completion_tokens", 8,
+                           "n", 1, "user", "u-7", "temperature"));
+    save_request("completion-text", 1,
+                 json_pack("{s:s, s:s, s:i, s:f, s:s}", "model", "m", "prompt", "The cat", "max_tokens", 4,
+                           "temperature", 0.0, "stop", "."));
+    save_request("completion-batch-text", 1, json_pack("{s:[s], s:b}", "prompt", "one", "stream", 1));
+    save_request("completion-ids", 1, json_pack("{s:[i, i, i, i], s:I}", "prompt", 1, 403, 9, 0, "seed",
+                                                (json_int_t)-3));
+    save_request("completion-batch-ids", 1, json_pack("{s:[[i, i]], s:i}", "prompt", 1, 2, "max_tokens", 1));
+    save_str("fuzz_openai_request", "not-json", "\001{\"prompt\": \"x\",");
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -370,6 +421,7 @@ int main(int argc, char **argv)
     gen_model("hybrid", 3, hyb, 4, 0);
     gen_tokenizers();
     gen_text();
+    gen_requests();
     printf("corpus written under %s\n", g_out);
     return 0;
 }

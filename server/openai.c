@@ -357,9 +357,11 @@ int kvt_oai_parse(kvt_oai_kind kind, const char *body, size_t len, kvt_oai_reque
     out->top_p = 1.0;
     json_error_t je;
     json_t *doc = json_loadb(body ? body : "", body ? len : 0, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
-    if (!doc)
+    if (!doc) {
+        kvt_oai_request_clear(out); /* cleared on every error */
         return bad(err, NULL, "malformed JSON at line %d, column %d (byte %d): %s", je.line, je.column,
                    je.position, je.text);
+    }
     int rc;
     if (!json_is_object(doc))
         rc = bad(err, NULL, "the request body must be a JSON object, got %s", type_name(doc));

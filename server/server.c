@@ -19,6 +19,7 @@
 #include "scheduler.h"
 
 #include "chat.h"
+#include "tiers.h"
 #include "internal.h"
 
 #include <arpa/inet.h>
@@ -26,6 +27,7 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +48,10 @@ struct kvt_server {
     atomic_long active;          /* requests between their first handler call and completion */
     kvt_model *m;
     kvt_tokenizer *tok;
-    kvt_store *store;
+    kvt_tiers *tiers;            /* the tier stack under the prompt cache (SSD, ...) */
+    kvt_store *store;            /* its SSD level's store, NULL without one (or while off) */
+    pthread_mutex_t tiers_mu;    /* guards tiers_st */
+    kvt_tiers_status tiers_st;   /* the levels' state at the last kvt_server_poll_tiers */
     kvt_cold_tier tier;
     kvt_service *svc;
     kvt_srv_sched *sched;
@@ -671,6 +676,19 @@ static json_t *stats_doc(kvt_server *s, size_t recent)
         json_object_set_new(doc, "ssd", store_json(&ss));
     } else
         json_object_set_new(doc, "ssd", json_null());
+    /* each tier level's health ("ssd_cache": mode read-write / read-only / off, the cause) */
+    pthread_mutex_lock(&s->tiers_mu);
+    for (int32_t i = 0; i < s->tiers_st.n_levels; i++) {
+        const kvt_level_status *l = &s->tiers_st.level[i];
+        char key[40];
+        snprintf(key, sizeof key, "%s_cache", l->name);
+        json_object_set_new(doc, key,
+                            json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "dir", l->where, "mode",
+                                      kvt_level_mode_name(l->mode), "cause", l->cause, "open_failures",
+                                      (json_int_t)l->open_failures, "write_failures", (json_int_t)l->write_failures,
+                                      "writes_skipped", (json_int_t)l->writes_skipped));
+    }
+    pthread_mutex_unlock(&s->tiers_mu);
     json_object_set_new(doc, "server", kvt_srv_metrics_json(s->metrics, &g, recent));
     json_object_set_new(doc, "model", json_pack("{s:s, s:i}", "id", s->model_name, "max_model_len", s->seq_len));
     return doc;
@@ -846,6 +864,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     if (!s)
         return kvt__fail(KVT_ENOMEM, "out of memory");
     s->o = *o;
+    pthread_mutex_init(&s->tiers_mu, NULL);
     s->host = xstrdup(!o->host || !strcmp(o->host, "localhost") ? "127.0.0.1" : o->host);
     s->model_path = xstrdup(o->model_path);
     s->tok_path = xstrdup(o->tok_path);
@@ -910,6 +929,18 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
 
 int kvt_server_port(const kvt_server *s) { return s ? s->port : 0; }
 
+int kvt_server_poll_tiers(kvt_server *s)
+{
+    if (!s || !s->tiers || s->stopped)
+        return 0;
+    kvt_tiers_status st;
+    kvt_tiers_poll(s->tiers, &st);
+    pthread_mutex_lock(&s->tiers_mu);
+    s->tiers_st = st;
+    pthread_mutex_unlock(&s->tiers_mu);
+    return kvt_tiers_say(&st, "kvtier serve", "/stats counts it", stderr);
+}
+
 const char *kvt_server_model_name(const kvt_server *s) { return s ? s->model_name : ""; }
 
 int kvt_server_load(kvt_server *s)
@@ -935,16 +966,17 @@ int kvt_server_load(kvt_server *s)
     }
     kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
                                 .demote_idle_ms = s->o.demote_idle_ms};
-    if (s->ssd_dir) {
-        kvt_chat_identity ident;
-        if ((rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
-            return rc;
-        rc = kvt_chat_store_open(s->m, &ident, s->ssd_dir, s->o.ssd_max_bytes, s->o.ssd_verify, &s->store);
-        if (rc)
-            return rc;
-        kvt_store_cold_tier(s->store, &s->tier);
+    kvt_chat_identity ident;
+    if (s->ssd_dir && (rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
+        return rc;
+    /* a disk that cannot be written degrades the tier (read-only or off,
+     * warned by kvt_server_poll_tiers), never the server */
+    kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify};
+    if ((rc = kvt_tiers_open(s->m, s->ssd_dir ? &ident : NULL, &to, &s->tiers)))
+        return rc;
+    s->store = kvt_tiers_store(s->tiers);
+    if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0)
         so.cold = &s->tier;
-    }
     if ((rc = kvt_chat_service_create(s->m, &so, &s->svc)))
         return rc;
     kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running};
@@ -984,11 +1016,14 @@ int kvt_server_stop(kvt_server *s, int64_t timeout_ms)
         kvt_service_destroy(s->svc);
         s->svc = NULL;
     }
-    if (s->store) {
-        int rc2 = kvt_store_close(s->store);
+    if (s->tiers) {
+        kvt_tiers_status st;
+        s->store = NULL;
+        int rc2 = kvt_tiers_close(s->tiers, &st);
+        s->tiers = NULL;
+        kvt_tiers_say(&st, "kvtier serve", "/stats counts it", stderr);
         if (!rc)
             rc = rc2;
-        s->store = NULL;
     }
     return rc;
 }
@@ -1008,5 +1043,6 @@ void kvt_server_destroy(kvt_server *s)
     free(s->model_name_opt);
     free(s->ssd_dir);
     free(s->api_key);
+    pthread_mutex_destroy(&s->tiers_mu);
     free(s);
 }

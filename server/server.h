@@ -64,11 +64,21 @@ int kvt_server_port(const kvt_server *s);
 /** The model id the server answers to (valid after kvt_server_load). */
 const char *kvt_server_model_name(const kvt_server *s);
 
-/** Loads the model and tokenizer, opens the SSD tier, creates the cache
- * service and starts the engine thread; then /health answers 200.
- * @return 0, or the loader's / store's / service's error (kvt_last_error
+/** Loads the model and tokenizer, opens the tier stack (kvt_tiers_open: an
+ * SSD directory that cannot be written makes the tier read-only or off, not
+ * an error; kvt_server_poll_tiers says so), creates the cache service and
+ * starts the engine thread; then /health answers 200.
+ * @return 0, or the loader's / tier stack's / service's error (kvt_last_error
  *   names the file or setting). */
 int kvt_server_load(kvt_server *s);
+
+/** Says, on stderr, each degradation of a tier level the first time it is
+ * seen ("kvtier serve: warning: SSD cache DIR: CAUSE; continuing ..."): a
+ * directory that could not be opened for writing at load, a write that
+ * failed since. Call it after kvt_server_load and then now and then (the
+ * command does every second). @return the warnings printed. Called by the
+ * thread that calls load and stop. */
+int kvt_server_poll_tiers(kvt_server *s);
 
 /** Graceful stop: stops accepting connections and requests, lets running
  * and queued requests finish for up to timeout_ms milliseconds (then

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "chat.h"
+#include "tiers.h"
 #include "cli_run.h"
 
 #include <errno.h>
@@ -325,15 +326,15 @@ static void test_disk_full_in_process(void **state)
     char root[300];
     snprintf(root, sizeof root, "%s/inproc", dir);
     kvt_store_io io = {.pwrite_fn = full_pwrite, .fsync_fn = real_fsync};
-    kvt_chat_ssd_opts so = {.io = &io};
-    kvt_chat_ssd *ssd = NULL;
-    assert_int_equal(kvt_chat_ssd_open(m, &id, root, &so, &ssd), 0);
-    kvt_chat_ssd_status st;
-    kvt_chat_ssd_poll(ssd, &st);
-    assert_int_equal(st.mode, KVT_CHAT_SSD_READ_WRITE);
+    kvt_ssd_level_opts so = {.io = &io};
+    kvt_ssd_level *ssd = NULL;
+    assert_int_equal(kvt_ssd_level_open(m, &id, root, &so, &ssd), 0);
+    kvt_level_status st;
+    kvt_ssd_level_poll(ssd, &st);
+    assert_int_equal(st.mode, KVT_LEVEL_MODE_READ_WRITE);
     assert_int_equal(st.warn, 0);
     kvt_cold_tier tier;
-    kvt_chat_ssd_tier(ssd, &tier);
+    kvt_ssd_level_tier(ssd, &tier);
     /* a RAM budget of a few entries: turns evict and spill to the failing disk */
     kvt_chat_service_opts svo = {.prompt_cache_bytes = 200000, .cold = &tier};
     kvt_service *svc = NULL;
@@ -345,18 +346,18 @@ static void test_disk_full_in_process(void **state)
     for (int i = 0; i < 3; i++) {
         const char *reply;
         assert_int_equal(kvt_chat_turn(chat, lines[i], &reply, NULL, NULL, NULL), 0);
-        kvt_chat_ssd_poll(ssd, &st);
+        kvt_ssd_level_poll(ssd, &st);
         warned += st.warn;
     }
     kvt_chat_free(chat);
     assert_int_equal(kvt_service_close(svc), 0); /* the failing disk is not the service's error */
     kvt_service_destroy(svc);
-    assert_int_equal(kvt_chat_ssd_close(ssd, &st), 0);
+    assert_int_equal(kvt_ssd_level_close(ssd, &st), 0);
     warned += st.warn;
     print_message("in process: mode %d, cause '%s', %llu write failures, %llu skipped\n", st.mode, st.cause,
                   (unsigned long long)st.write_failures, (unsigned long long)st.writes_skipped);
     assert_int_equal(warned, 1); /* said once */
-    assert_int_equal(st.mode, KVT_CHAT_SSD_READ_ONLY);
+    assert_int_equal(st.mode, KVT_LEVEL_MODE_READ_ONLY);
     assert_non_null(strstr(st.cause, root));
     assert_non_null(strstr(st.cause, "No space left on device"));
     assert_true(st.write_failures >= 1);

@@ -11,7 +11,8 @@
  * (run with --threads 1) and to `kvtier chat`; 64 concurrent 3-turn conversations identical to the
  * cache-off replies; a client that disconnects cancels its request;
  * tokenize/detokenize; /metrics through promtool; SIGTERM flushing the SSD
- * tier so a restarted server reuses from disk.
+ * tier so a restarted server reuses from disk; an --ssd-cache directory that
+ * cannot be written degrading the tier (one warning) instead of the server.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -38,6 +40,7 @@
 
 #include "model.h"
 #include "sampler.h"
+#include "serve_util.h"
 #include "test_seed.h"
 #include "tokenizer.h"
 
@@ -46,11 +49,7 @@ static const char *bin;
 
 /* ---- the server process ------------------------------------------------------------------ */
 
-typedef struct {
-    pid_t pid;
-    int port;
-    char log[300];
-} server;
+typedef kvt_ts_server server;
 
 static int read_file(const char *path, char *buf, size_t cap)
 {
@@ -79,45 +78,19 @@ static void forget(pid_t pid)
 static void server_start_model(server *sv, const char *name, const char *m, const char *t,
                                const char *const *extra)
 {
-    snprintf(sv->log, sizeof sv->log, "%s/%s.log", tmpdir, name);
-    const char *argv[64] = {bin, "serve", "--model", m, "--tokenizer", t, "--port", "0"};
-    int n = 8;
+    char log[300];
+    snprintf(log, sizeof log, "%s/%s.log", tmpdir, name);
+    const char *args[64] = {"--model", m, "--tokenizer", t};
+    int n = 4;
     for (int i = 0; extra && extra[i]; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    sv->pid = fork();
-    assert_true(sv->pid >= 0);
-    if (sv->pid == 0) {
-        int fd = open(sv->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 2);
-        int null = open("/dev/null", O_RDWR);
-        dup2(null, 1); /* never hold the test's stdout open (ctest waits for it) */
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
+        args[n++] = extra[i];
+    args[n] = NULL;
+    assert_int_equal(kvt_ts_server_start(sv, bin, log, args), 0);
     for (int i = 0; i < MAX_LIVE; i++)
         if (!live[i]) {
             live[i] = sv->pid;
             break;
         }
-    char buf[8192];
-    for (int i = 0; i < 3000; i++) {
-        if (read_file(sv->log, buf, sizeof buf) > 0 && strstr(buf, "ready, model")) {
-            const char *p = strstr(buf, "listening on http://127.0.0.1:");
-            assert_non_null(p);
-            sv->port = atoi(p + strlen("listening on http://127.0.0.1:"));
-            assert_true(sv->port > 0);
-            return;
-        }
-        int st;
-        if (waitpid(sv->pid, &st, WNOHANG) == sv->pid) {
-            fprintf(stderr, "server exited early: %s\n", buf);
-            fail();
-        }
-        usleep(10000);
-    }
-    fprintf(stderr, "server did not get ready: %s\n", buf);
-    fail();
 }
 
 static void server_start(server *sv, const char *name, const char *const *extra)
@@ -129,103 +102,22 @@ static void server_start(server *sv, const char *name, const char *const *extra)
 static int server_stop(server *sv)
 {
     forget(sv->pid);
-    kill(sv->pid, SIGTERM);
-    for (int i = 0; i < 3000; i++) {
-        int st;
-        if (waitpid(sv->pid, &st, WNOHANG) == sv->pid)
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        usleep(10000);
-    }
-    kill(sv->pid, SIGKILL);
-    waitpid(sv->pid, NULL, 0);
-    return -1;
+    return kvt_ts_server_stop(sv);
 }
 
-/* ---- a small HTTP/1.0 client ------------------------------------------------------------------- */
+/* ---- a small HTTP/1.0 client (tests/support/serve_util.c) ----------------------------------------- */
 
-typedef struct {
-    int status;
-    char *head;   /* status line and headers */
-    char *body;   /* NUL-terminated */
-    size_t len;
-} resp;
-
-static void resp_free(resp *r)
-{
-    free(r->head);
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
+typedef kvt_ts_resp resp;
+#define resp_free kvt_ts_resp_free
+#define send_all kvt_ts_send_all
+#define send_request kvt_ts_send_request
+#define read_response kvt_ts_read_response
 
 static int connect_to(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = kvt_ts_connect(port, 120);
     assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    struct timeval tv = {.tv_sec = 120};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
-}
-
-static void send_all(int fd, const char *p, size_t n)
-{
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0)
-            return; /* the server may close early (413, 401): the reply tells */
-        p += k;
-        n -= (size_t)k;
-    }
-}
-
-static void send_request(int fd, const char *method, const char *path, const char *headers, const char *body)
-{
-    char head[2048];
-    size_t bl = body ? strlen(body) : 0;
-    snprintf(head, sizeof head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n%s%s%s", method, path,
-             body ? "Content-Type: application/json\r\n" : "", headers ? headers : "", "");
-    char cl[64] = "";
-    if (body)
-        snprintf(cl, sizeof cl, "Content-Length: %zu\r\n", bl);
-    send_all(fd, head, strlen(head));
-    send_all(fd, cl, strlen(cl));
-    send_all(fd, "\r\n", 2);
-    if (body)
-        send_all(fd, body, bl);
-}
-
-static void read_response(int fd, resp *r)
-{
-    size_t cap = 65536, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap)
-            buf = realloc(buf, cap *= 2);
-        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
-        if (k <= 0)
-            break;
-        n += (size_t)k;
-    }
-    buf[n] = '\0';
-    close(fd);
-    memset(r, 0, sizeof *r);
-    char *sep = strstr(buf, "\r\n\r\n");
-    if (strncmp(buf, "HTTP/1.", 7) || !sep) {
-        r->status = -1;
-        r->head = buf;
-        r->body = strdup("");
-        return;
-    }
-    r->status = atoi(buf + 9);
-    *sep = '\0';
-    r->head = strdup(buf);
-    r->len = n - (size_t)(sep + 4 - buf);
-    r->body = malloc(r->len + 1);
-    memcpy(r->body, sep + 4, r->len);
-    r->body[r->len] = '\0';
-    free(buf);
 }
 
 static void http(int port, const char *method, const char *path, const char *headers, const char *body, resp *r)
@@ -974,6 +866,127 @@ static void test_kill9_ssd(void **state)
     free(r1[1]);
 }
 
+/* How many times `needle` occurs in `hay`. */
+static int occurrences(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* n turns of the script against the server on `port` and against the
+ * cache-off server: the same replies. @return the prompt tokens the server
+ * reused from its SSD tier over the n turns. */
+static int64_t same_replies_as_off(int port, int n)
+{
+    char *on[3] = {0}, *off[3] = {0};
+    int64_t ssd = 0;
+    assert_true(n <= 3);
+    for (int t = 0; t < n; t++) {
+        json_t *u = NULL, *uoff = NULL;
+        on[t] = chat_turn(port, script, on, t + 1, 0, NULL, &u);
+        off[t] = chat_turn(off_srv.port, script, off, t + 1, 0, NULL, &uoff);
+        ssd += json_integer_value(json_object_get(json_object_get(json_object_get(u, "kvtier"), "reused_tokens"), "ssd"));
+        json_decref(u);
+        json_decref(uoff);
+        assert_string_equal(on[t], off[t]);
+    }
+    for (int t = 0; t < n; t++) {
+        free(on[t]);
+        free(off[t]);
+    }
+    return ssd;
+}
+
+/* The "mode" of the "ssd_cache" object of /stats (static buffer). */
+static const char *ssd_mode(int port)
+{
+    static char mode[32];
+    resp r;
+    http(port, "GET", "/stats", NULL, NULL, &r);
+    json_t *doc = parse(&r);
+    const char *m = json_string_value(json_object_get(json_object_get(doc, "ssd_cache"), "mode"));
+    snprintf(mode, sizeof mode, "%s", m ? m : "(none)");
+    json_decref(doc);
+    resp_free(&r);
+    return mode;
+}
+
+/* An --ssd-cache directory the server cannot write does not stop it from
+ * serving (it did: the store's open error failed the load): the tier turns
+ * off (nothing there to read) or read-only (another process holds the lock:
+ * what the directory holds still serves), with one warning naming the
+ * directory and the cause, and replies as a cache-off server. */
+static void test_unwritable_ssd(void **state)
+{
+    NEED_MODEL();
+    char log[16384], want[700];
+    /* a path under a regular file: neither writable nor readable */
+    char file[400], bad[500];
+    snprintf(file, sizeof file, "%s/not-a-dir", tmpdir);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(bad, sizeof bad, "%s/cache", file);
+    server sv;
+    server_start(&sv, "ssd_off", (const char *const[]){"--ssd-cache", bad, NULL});
+    assert_int_equal(same_replies_as_off(sv.port, 2), 0);
+    assert_string_equal(ssd_mode(sv.port), "off");
+    assert_int_equal(server_stop(&sv), 0);
+    read_file(sv.log, log, sizeof log);
+    printf("off: %s", log);
+    snprintf(want, sizeof want, "kvtier serve: warning: SSD cache %s", bad);
+    assert_int_equal(occurrences(log, "warning: SSD cache "), 1);
+    assert_non_null(strstr(log, want));
+    assert_non_null(strstr(log, "continuing without it"));
+    assert_non_null(strstr(log, "kvtier serve: stopped"));
+
+    /* a directory whose lock another process holds: read-only, still serves */
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/ssd_locked", tmpdir);
+    server_start(&sv, "ssd_fill", (const char *const[]){"--ssd-cache", dir, NULL});
+    (void)same_replies_as_off(sv.port, 1);
+    assert_int_equal(server_stop(&sv), 0);
+    char cmd[600], lock[800];
+    snprintf(cmd, sizeof cmd, "ls -d '%s'/*/ | head -1", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_non_null(fgets(lock, 700, p));
+    pclose(p);
+    lock[strcspn(lock, "\n")] = '\0';
+    strcat(lock, ".lock");
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t holder = fork();
+    assert_true(holder >= 0);
+    if (holder == 0) {
+        int fd = open(lock, O_RDWR);
+        if (fd < 0 || flock(fd, LOCK_EX) || write(pipefd[1], "x", 1) != 1)
+            _exit(1);
+        pause();
+        _exit(0);
+    }
+    char x;
+    assert_int_equal(read(pipefd[0], &x, 1), 1);
+    server_start(&sv, "ssd_ro", (const char *const[]){"--ssd-cache", dir, NULL});
+    int64_t ssd_reused = same_replies_as_off(sv.port, 2);
+    assert_string_equal(ssd_mode(sv.port), "read-only");
+    assert_int_equal(server_stop(&sv), 0);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    read_file(sv.log, log, sizeof log);
+    printf("read-only: %s(%lld tokens reused from the SSD tier)\n", log, (long long)ssd_reused);
+    snprintf(want, sizeof want, "kvtier serve: warning: SSD cache %s", dir);
+    assert_int_equal(occurrences(log, "warning: SSD cache "), 1);
+    assert_non_null(strstr(log, want));
+    assert_non_null(strstr(log, "its lock is held by another process"));
+    assert_non_null(strstr(log, "continuing read-only"));
+    assert_true(ssd_reused > 0);
+}
+
 /* Random bytes and mutated requests at every POST endpoint: each is
  * answered (200 or an error object), and the server stays up. */
 static void test_garbage(void **state)
@@ -1151,6 +1164,7 @@ int main(void)
         cmocka_unit_test(test_metrics_promtool),
         cmocka_unit_test(test_shutdown_ssd),
         cmocka_unit_test(test_kill9_ssd),
+        cmocka_unit_test(test_unwritable_ssd),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_slow_clients),
         cmocka_unit_test(test_garbage),

@@ -8,48 +8,56 @@
 
 #include <string.h>
 
-/* ---- kvt__umap ----------------------------------------------------------- */
+/* ---- kvt__kmap ----------------------------------------------------------- */
 
-void kvt__umap_free(kvt__umap *m)
+static int is_empty(kvt__key k) { return !k.lo && !k.hi; }
+
+/* Home slot of k: content keys are random already; {k, 0} keys of kvt__umap
+ * get the splitmix finalizer of k, as the 64-bit map always did. */
+static size_t home(kvt__key k, size_t mask) { return (size_t)kvt__mix64(k.lo ^ kvt__mix64(k.hi)) & mask; }
+
+void kvt__kmap_free(kvt__kmap *m)
 {
     kvt__free(m->keys);
     kvt__free(m->vals);
     memset(m, 0, sizeof *m);
 }
 
-uint64_t *kvt__umap_get(const kvt__umap *m, uint64_t k)
+uint64_t *kvt__kmap_get(const kvt__kmap *m, kvt__key k)
 {
-    if (!m->cap || !k)
+    if (!m->cap || is_empty(k))
         return NULL;
     size_t mask = m->cap - 1;
-    for (size_t i = kvt__mix64(k) & mask;; i = (i + 1) & mask) {
-        if (m->keys[i] == k)
+    for (size_t i = home(k, mask);; i = (i + 1) & mask) {
+        if (kvt__key_eq(m->keys[i], k))
             return &m->vals[i];
-        if (!m->keys[i])
+        if (is_empty(m->keys[i]))
             return NULL;
     }
 }
 
-static void umap_insert(uint64_t *keys, uint64_t *vals, size_t cap, uint64_t k, uint64_t v)
+static void kmap_insert(kvt__key *keys, uint64_t *vals, size_t cap, kvt__key k, uint64_t v)
 {
     size_t mask = cap - 1;
-    size_t i = kvt__mix64(k) & mask;
-    while (keys[i] && keys[i] != k)
+    size_t i = home(k, mask);
+    while (!is_empty(keys[i]) && !kvt__key_eq(keys[i], k))
         i = (i + 1) & mask;
     keys[i] = k;
     vals[i] = v;
 }
 
-int kvt__umap_put(kvt__umap *m, uint64_t k, uint64_t v)
+int kvt__kmap_put(kvt__kmap *m, kvt__key k, uint64_t v)
 {
-    uint64_t *slot = kvt__umap_get(m, k);
+    if (is_empty(k))
+        return KVT_EINVAL;
+    uint64_t *slot = kvt__kmap_get(m, k);
     if (slot) {
         *slot = v;
         return 0;
     }
     if ((m->n + 1) * 4 > m->cap * 3) {
         size_t cap = m->cap ? m->cap * 2 : 16;
-        uint64_t *keys = kvt__calloc(cap, sizeof *keys);
+        kvt__key *keys = kvt__calloc(cap, sizeof *keys);
         uint64_t *vals = kvt__calloc(cap, sizeof *vals);
         if (!keys || !vals) {
             kvt__free(keys);
@@ -57,27 +65,27 @@ int kvt__umap_put(kvt__umap *m, uint64_t k, uint64_t v)
             return KVT_ENOMEM;
         }
         for (size_t i = 0; i < m->cap; i++)
-            if (m->keys[i])
-                umap_insert(keys, vals, cap, m->keys[i], m->vals[i]);
+            if (!is_empty(m->keys[i]))
+                kmap_insert(keys, vals, cap, m->keys[i], m->vals[i]);
         kvt__free(m->keys);
         kvt__free(m->vals);
         m->keys = keys;
         m->vals = vals;
         m->cap = cap;
     }
-    umap_insert(m->keys, m->vals, m->cap, k, v);
+    kmap_insert(m->keys, m->vals, m->cap, k, v);
     m->n++;
     return 0;
 }
 
-int kvt__umap_del(kvt__umap *m, uint64_t k)
+int kvt__kmap_del(kvt__kmap *m, kvt__key k)
 {
-    if (!m->cap || !k)
+    if (!m->cap || is_empty(k))
         return 0;
     size_t mask = m->cap - 1;
-    size_t i = kvt__mix64(k) & mask;
-    while (m->keys[i] != k) {
-        if (!m->keys[i])
+    size_t i = home(k, mask);
+    while (!kvt__key_eq(m->keys[i], k)) {
+        if (is_empty(m->keys[i]))
             return 0;
         i = (i + 1) & mask;
     }
@@ -85,21 +93,28 @@ int kvt__umap_del(kvt__umap *m, uint64_t k)
     size_t j = i;
     for (;;) {
         j = (j + 1) & mask;
-        if (!m->keys[j])
+        if (is_empty(m->keys[j]))
             break;
-        size_t home = kvt__mix64(m->keys[j]) & mask;
+        size_t h = home(m->keys[j], mask);
         /* move j into the hole at i unless its home lies cyclically in (i, j] */
-        int stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
+        int stays = (i <= j) ? (h > i && h <= j) : (h > i || h <= j);
         if (stays)
             continue;
         m->keys[i] = m->keys[j];
         m->vals[i] = m->vals[j];
         i = j;
     }
-    m->keys[i] = 0;
+    m->keys[i] = KVT__KEY_ZERO;
     m->vals[i] = 0;
     m->n--;
     return 1;
+}
+
+void kvt__kmap_foreach(const kvt__kmap *m, void (*fn)(kvt__key k, uint64_t v, void *ctx), void *ctx)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        if (!is_empty(m->keys[i]))
+            fn(m->keys[i], m->vals[i], ctx);
 }
 
 /* ---- kvt__smap ----------------------------------------------------------- */

@@ -8,11 +8,9 @@
 
 #include "hmap.h"
 #include "internal.h"
+#include "key.h"
 
 #include <string.h>
-#include <xxhash.h>
-
-#define TAIL_MARK 0x7a11b10c4a11ULL
 
 struct kvt__pc_blocks {
     kvt_block_policy *policy; /* borrowed */
@@ -62,12 +60,13 @@ int kvt__pc_blocks_keys(const kvt__pc_blocks *b, const char *ns, const int32_t *
     uint64_t *k = kvt__malloc((size_t)nk * sizeof *k);
     if (!k)
         return kvt__fail(KVT_ENOMEM, "block eviction: out of memory for %lld keys", (long long)nk);
-    uint64_t h = XXH3_64bits(ns, strlen(ns));
+    /* the content keys every tier uses (key.h), without an identity: the
+     * RAM tier holds one model; the policy and the maps take 64 bits */
+    kvt__key parent = KVT__KEY_ZERO;
     for (int64_t i = 0; i < nk; i++) {
         int64_t len = KVT__MIN(B, n - i * B);
-        h = XXH3_64bits_withSeed(tokens + i * B, (size_t)len * sizeof *tokens,
-                                 len < B ? h ^ TAIL_MARK : h);
-        k[i] = h ? h : 1; /* 0 is reserved by the policy and the map */
+        parent = kvt__block_key(KVT__KEY_ZERO, ns, parent, tokens + i * B, len);
+        k[i] = kvt__key_word(parent); /* never 0: reserved by the policy and the map */
     }
     *keys = k;
     *n_keys = nk;

@@ -1,11 +1,12 @@
 /*
- * pc_blocks.h: block-granular eviction for the prompt cache (issue 6).
+ * pc_blocks.h: block-granular eviction for the prompt cache.
  * Internal; not installed; not thread-safe (the prompt cache calls it under
  * its lock).
  *
  * The prompt cache cuts trimmable entries block by block instead of dropping
  * them whole. This layer names every block of a resident trimmable entry by a
- * chained hash of its tokens (ns, parent key, the block's tokens), so blocks
+ * chained content key (key.h's kvt__block_key over ns, the parent block's
+ * key and the block's tokens, with no identity; its 64-bit word), so blocks
  * that two entries share have one key; counts the entries holding each
  * block; remembers which entry ends in each block (its tail owner); and feeds
  * uses to a kvt_block_policy. The victim is the policy's lowest block: with
@@ -36,7 +37,9 @@ int32_t kvt__pc_blocks_block_tokens(const kvt__pc_blocks *b);
 void kvt__pc_blocks_clock(kvt__pc_blocks *b, int64_t n_tokens);
 
 /** Keys of the blocks of tokens[0..n) in ns: ceil(n / B) keys, the last one
- * marked as a partial tail when n is not a multiple of B.
+ * over a partial tail when n is not a multiple of B (its fewer tokens give
+ * it a key no full block has). Each is kvt__key_word of the block's
+ * 128-bit key, so never 0.
  * @param keys receives an array the caller frees with kvt__free (NULL when
  *        n is 0). @return 0 or KVT_ENOMEM. */
 int kvt__pc_blocks_keys(const kvt__pc_blocks *b, const char *ns, const int32_t *tokens, int64_t n,

@@ -11,6 +11,8 @@
  * delete a block some indexed entry or in-flight put still references, and
  * never touch the files of an identity directory another live store holds.
  */
+#include "hmap.h"
+#include "index.h"
 #include "internal.h"
 #include "store_internal.h"
 
@@ -30,7 +32,6 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #define KVT__QUEUE_DEFAULT (256ull << 20)
 #define KVT__ID_MAX 1024
@@ -39,30 +40,24 @@
 /* ---- index records ------------------------------------------------------------ */
 
 typedef struct st_block {
-    kvt__skey key;
+    kvt__key key;
     uint64_t bytes;   /* file size */
     int64_t refs;     /* indexed entries + in-flight puts referencing it */
 } st_block;
 
 typedef struct st_entry {
-    kvt__rent r;          /* radix view: tokens, n_tokens, min_reach */
-    kvt__skey key;
+    kvt__key key;
     uint64_t id;          /* the handle given out by find */
     char *ns;
-    int32_t *tokens;      /* (r.n_tokens) */
-    kvt__skey *blocks;    /* (n_blocks) in chain order */
+    int32_t *tokens;      /* (n_tokens) */
+    int64_t n_tokens;
+    int64_t min_reach;    /* smallest usable prefix (tokens); n_tokens when untrimmable */
+    kvt__key *blocks;    /* (n_blocks) in chain order */
     int32_t n_blocks;
     uint64_t bytes;       /* entry file size */
     int64_t last_use_ms;  /* wall clock; file mtime at scan */
     struct st_entry *next, *prev;
 } st_entry;
-
-typedef struct st_ns {
-    char *ns;
-    kvt__radix tree;      /* durable entries */
-    kvt__radix ptree;     /* entries whose write-behind is queued or in flight */
-    struct st_ns *next;
-} st_ns;
 
 typedef struct st_orphan { /* refused or unreferenced files, evicted first */
     char name[256];
@@ -74,11 +69,13 @@ typedef struct st_orphan { /* refused or unreferenced files, evicted first */
  * caches (zero-copy clones whose hook holds a reference): the job's entry is
  * cleared when the writer is done with it and the last clone is gone. */
 typedef struct wjob {
-    kvt__rent r;          /* radix view over e.tokens (stable: e is owned) */
     kvt_entry e;
+    int64_t min_reach;    /* as st_entry's */
+    struct wjob *twin;    /* an older queued job with the same (ns, tokens):
+                             the pending index holds only the newest */
     uint64_t bytes;
     uint64_t id;          /* handle; the durable entry gets the same one */
-    kvt__skey key;
+    kvt__key key;
     _Atomic int64_t refs; /* the queue's + one per clone handed out */
     struct wjob *next;
 } wjob;
@@ -94,12 +91,13 @@ struct kvt_store {
     char *root, *dir, *dir_name;
     int dirfd, lockfd;
     char *identity;       /* canonical identity JSON */
-    kvt__skey id_seed;    /* XXH3-128 of identity */
+    kvt__key id_seed;    /* XXH3-128 of identity */
     kvt_store_options opts;
 
     pthread_mutex_t mu;
     kvt__kmap by_key, by_id, blocks, pending, pjobs;
-    st_ns *nss;
+    kvt__index *tree;     /* durable entries (st_entry) by (ns, tokens) */
+    kvt__index *ptree;    /* jobs whose write-behind is queued or in flight (wjob) */
     st_entry *head;       /* all entries */
     uint64_t next_id;
     st_orphan *orphans;
@@ -108,7 +106,7 @@ struct kvt_store {
     uint64_t foreign_scan_ms; /* last listing of the root (monotonic ms) */
     uint64_t disk_ms;     /* last reclaim pass over the own directory (monotonic ms) */
     int reclaim_due;      /* a reclaim could not take the lock: try again */
-    kvt__skey *free_keys; /* blocks this process stopped referencing, for reclaim */
+    kvt__key *free_keys; /* blocks this process stopped referencing, for reclaim */
     int32_t n_free, cap_free;
     pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
     kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
@@ -149,60 +147,15 @@ static char *read_small(int dirfd, const char *name);
 
 /* ---- keys ----------------------------------------------------------------------- */
 
-static kvt__skey digest_key(XXH3_state_t *x)
-{
-    XXH128_hash_t h = XXH3_128bits_digest(x);
-    return (kvt__skey){h.low64, h.high64};
-}
+/* How the index sees an entry of reach min_reach (see kvt__index_insert). */
+static int trimmable(int64_t n_tokens, int64_t min_reach) { return min_reach < n_tokens || n_tokens == 0; }
 
-static kvt__skey seed_of(const char *identity)
-{
-    XXH128_hash_t h = XXH3_128bits(identity, strlen(identity));
-    return (kvt__skey){h.low64, h.high64};
-}
+static kvt__key id_key(uint64_t id) { return (kvt__key){id, 0x5eed}; }
 
-/* Entry key: (identity, ns, all tokens). Tokens are hashed as host int32,
- * which is little-endian on every supported target. */
-static kvt__skey entry_key(kvt__skey seed, const char *ns, const int32_t *tok, int64_t n)
-{
-    XXH3_state_t *x = XXH3_createState();
-    if (!x)
-        return (kvt__skey){0, 0};
-    XXH3_128bits_reset(x);
-    XXH3_128bits_update(x, "e", 1);
-    XXH3_128bits_update(x, &seed, sizeof seed);
-    XXH3_128bits_update(x, ns, strlen(ns) + 1);
-    if (n)
-        XXH3_128bits_update(x, tok, sizeof(int32_t) * (size_t)n);
-    kvt__skey k = digest_key(x);
-    XXH3_freeState(x);
-    return k;
-}
-
-/* Block key: chained over (identity, ns, parent block key, block tokens). */
-static kvt__skey block_key(kvt__skey seed, const char *ns, kvt__skey parent, const int32_t *tok, int64_t n)
-{
-    XXH3_state_t *x = XXH3_createState();
-    if (!x)
-        return (kvt__skey){0, 0};
-    XXH3_128bits_reset(x);
-    XXH3_128bits_update(x, "b", 1);
-    XXH3_128bits_update(x, &seed, sizeof seed);
-    XXH3_128bits_update(x, &parent, sizeof parent);
-    XXH3_128bits_update(x, ns, strlen(ns) + 1);
-    if (n)
-        XXH3_128bits_update(x, tok, sizeof(int32_t) * (size_t)n);
-    kvt__skey k = digest_key(x);
-    XXH3_freeState(x);
-    return k;
-}
-
-static kvt__skey id_key(uint64_t id) { return (kvt__skey){id, 0x5eed}; }
-
-static void file_name(char type, kvt__skey k, char out[64])
+static void file_name(char type, kvt__key k, char out[64])
 {
     char hex[33];
-    kvt__skey_hex(k, hex);
+    kvt__key_hex(k, hex);
     snprintf(out, 64, "%c%s" KVT__SHARD_SUFFIX, type, hex);
 }
 
@@ -259,23 +212,6 @@ KVT_API int kvt_store_config_fingerprint(kvt_cache *const *caches, int32_t n_lay
 
 /* ---- namespaces and entries (call with mu held) --------------------------------- */
 
-static st_ns *ns_get(kvt_store *s, const char *ns, int create)
-{
-    for (st_ns *n = s->nss; n; n = n->next)
-        if (!strcmp(n->ns, ns))
-            return n;
-    if (!create)
-        return NULL;
-    st_ns *n = kvt__calloc(1, sizeof *n);
-    if (!n || !(n->ns = kvt__strdup(ns))) {
-        kvt__free(n);
-        return NULL;
-    }
-    n->next = s->nss;
-    s->nss = n;
-    return n;
-}
-
 static void entry_free(st_entry *e)
 {
     if (!e)
@@ -316,17 +252,20 @@ static void orphan_forget(kvt_store *s, const char *name)
  * handle its write-behind job had), is kept, else a new one is given. */
 static int index_entry(kvt_store *s, st_entry *e)
 {
-    st_ns *n = ns_get(s, e->ns, 1);
-    if (!n)
-        return KVT_ENOMEM;
-    if (!e->id || kvt__kmap_get(&s->by_id, id_key(e->id)))
+    if (!e->id || kvt__kmap_ptr(&s->by_id, id_key(e->id)))
         e->id = ++s->next_id;
-    e->r.tokens = e->tokens;
-    if (kvt__radix_insert(&n->tree, &e->r))
+    void *was;
+    if (kvt__index_insert(s->tree, e->ns, e->tokens, e->n_tokens, e, trimmable(e->n_tokens, e->min_reach),
+                          e->min_reach, &was))
         return KVT_ENOMEM;
-    if (kvt__kmap_put(&s->by_key, e->key, e) || kvt__kmap_put(&s->by_id, id_key(e->id), e)) {
+    if (was) { /* same (ns, tokens) under another key: not possible while keys are content keys */
+        kvt__index_insert(s->tree, e->ns, e->tokens, e->n_tokens, was, trimmable(e->n_tokens, e->min_reach),
+                          e->min_reach, &was); /* puts it back: the node exists, nothing is allocated */
+        return kvt__fail(KVT_EINVAL, "store index: two keys for one token sequence");
+    }
+    if (kvt__kmap_put_ptr(&s->by_key, e->key, e) || kvt__kmap_put_ptr(&s->by_id, id_key(e->id), e)) {
         kvt__kmap_del(&s->by_key, e->key);
-        kvt__radix_remove(&n->tree, &e->r);
+        kvt__index_remove(s->tree, e->ns, e->tokens, e->n_tokens);
         return KVT_ENOMEM;
     }
     e->next = s->head;
@@ -336,14 +275,14 @@ static int index_entry(kvt_store *s, st_entry *e)
     s->head = e;
     s->own_bytes += e->bytes;
     s->st.entries++;
-    if (e->r.n_tokens > s->st.longest_prefix_tokens)
-        s->st.longest_prefix_tokens = e->r.n_tokens;
+    if (e->n_tokens > s->st.longest_prefix_tokens)
+        s->st.longest_prefix_tokens = e->n_tokens;
     return 0;
 }
 
-static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
+static void block_unref(kvt_store *s, kvt__key k, int delete_file)
 {
-    st_block *b = kvt__kmap_get(&s->blocks, k);
+    st_block *b = kvt__kmap_ptr(&s->blocks, k);
     if (!b || --b->refs > 0)
         return;
     if (!delete_file || s->opts.read_only)
@@ -351,7 +290,7 @@ static void block_unref(kvt_store *s, kvt__skey k, int delete_file)
     /* entries of other processes may use it: reclaim decides from the disk */
     if (s->n_free == s->cap_free) {
         int32_t c = s->cap_free ? s->cap_free * 2 : 16;
-        kvt__skey *x = kvt__realloc(s->free_keys, sizeof *x * (size_t)c);
+        kvt__key *x = kvt__realloc(s->free_keys, sizeof *x * (size_t)c);
         if (!x)
             return; /* stays; the budget removes it when unreferenced */
         s->free_keys = x;
@@ -364,7 +303,7 @@ static void recompute_longest(kvt_store *s)
 {
     int64_t m = 0;
     for (st_entry *e = s->head; e; e = e->next)
-        m = KVT__MAX(m, e->r.n_tokens);
+        m = KVT__MAX(m, e->n_tokens);
     s->st.longest_prefix_tokens = m;
 }
 
@@ -374,9 +313,7 @@ static void recompute_longest(kvt_store *s)
  * the blocks only it used to reclaim. */
 static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
 {
-    st_ns *n = ns_get(s, e->ns, 0);
-    if (n)
-        kvt__radix_remove(&n->tree, &e->r);
+    kvt__index_remove(s->tree, e->ns, e->tokens, e->n_tokens);
     kvt__kmap_del(&s->by_key, e->key);
     kvt__kmap_del(&s->by_id, id_key(e->id));
     if (e->prev)
@@ -398,7 +335,7 @@ static void drop_entry_ex(kvt_store *s, st_entry *e, int keep_file)
     s->st.entries--;
     for (int32_t i = 0; i < e->n_blocks; i++)
         block_unref(s, e->blocks[i], 1);
-    int longest = e->r.n_tokens == s->st.longest_prefix_tokens;
+    int longest = e->n_tokens == s->st.longest_prefix_tokens;
     entry_free(e);
     if (longest)
         recompute_longest(s);
@@ -412,8 +349,8 @@ typedef struct pentry {
     const char *ns;
     int32_t *tokens;
     int64_t n_tokens, min_reach;
-    kvt__skey key;
-    kvt__skey *blocks;
+    kvt__key key;
+    kvt__key *blocks;
     int64_t (*ranges)[2]; /* (n_blocks) [tok_begin, tok_end) of each block */
     int32_t n_blocks;
     json_t *layers;      /* owned */
@@ -474,8 +411,8 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
         pentry_free(p);
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "tokens do not decode to n_tokens ids");
     }
-    kvt__skey want = entry_key(seed_of(id), p->ns, p->tokens, p->n_tokens);
-    if (kvt__skey_parse(key, &p->key) || !kvt__skey_eq(want, p->key)) {
+    kvt__key want = kvt__entry_key(kvt__key_seed(id), p->ns, p->tokens, p->n_tokens);
+    if (kvt__key_parse(key, &p->key) || !kvt__key_eq(want, p->key)) {
         pentry_free(p);
         return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "key does not match (identity, ns, tokens)");
     }
@@ -503,14 +440,14 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
     }
     /* Each block: [key hex, tok_begin, tok_end]; the chain must start at 0,
      * be contiguous, and its keys must follow from the tokens. */
-    kvt__skey parent = {0, 0}, seed = seed_of(id);
+    kvt__key parent = KVT__KEY_ZERO, seed = kvt__key_seed(id);
     int64_t at = 0;
     const char *why = NULL;
     for (size_t i = 0; i < nb && !why; i++) {
         json_t *b = json_array_get(blocks, i);
         const char *kh = json_string_value(json_array_get(b, 0));
         json_t *jb = json_array_get(b, 1), *je = json_array_get(b, 2);
-        if (!kh || !json_is_integer(jb) || !json_is_integer(je) || kvt__skey_parse(kh, &p->blocks[i])) {
+        if (!kh || !json_is_integer(jb) || !json_is_integer(je) || kvt__key_parse(kh, &p->blocks[i])) {
             why = "a block reference is not [key, begin, end]";
             break;
         }
@@ -519,8 +456,8 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
             why = "block ranges are not a contiguous chain inside the tokens";
             break;
         }
-        kvt__skey k = block_key(seed, p->ns, parent, p->tokens + bb, be - bb);
-        if (!kvt__skey_eq(k, p->blocks[i])) {
+        kvt__key k = kvt__block_key(seed, p->ns, parent, p->tokens + bb, be - bb);
+        if (!kvt__key_eq(k, p->blocks[i])) {
             json_decref(blocks);
             pentry_free(p);
             return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "a block key does not follow from the tokens");
@@ -541,7 +478,7 @@ static int parse_entry(const kvt__shard *sh, const char *path, const char *ident
 
 typedef struct pblock {
     const char *ns;
-    kvt__skey key, parent;
+    kvt__key key, parent;
     int64_t tok_begin, tok_end;
     int32_t *tokens;
     int64_t n_tokens;
@@ -557,7 +494,7 @@ static int parse_block(const kvt__shard *sh, const char *path, const char *ident
         return bad(reason, KVT_STORE_REFUSED_IDENTITY, path, "written under another identity");
     p->ns = kvt__meta_str(sh, "ns");
     const char *k = kvt__meta_str(sh, "key"), *par = kvt__meta_str(sh, "parent"), *toks = kvt__meta_str(sh, "tokens");
-    if (!p->ns || !k || !par || !toks || kvt__skey_parse(k, &p->key) || kvt__skey_parse(par, &p->parent) ||
+    if (!p->ns || !k || !par || !toks || kvt__key_parse(k, &p->key) || kvt__key_parse(par, &p->parent) ||
         parse_i64(kvt__meta_str(sh, "tok_begin"), &p->tok_begin) ||
         parse_i64(kvt__meta_str(sh, "tok_end"), &p->tok_end))
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "missing ns, key, parent, tokens or range");
@@ -570,8 +507,8 @@ static int parse_block(const kvt__shard *sh, const char *path, const char *ident
         p->tokens = NULL;
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "tokens do not match the block range");
     }
-    kvt__skey want = block_key(seed_of(id), p->ns, p->parent, p->tokens, p->n_tokens);
-    if (!kvt__skey_eq(want, p->key)) {
+    kvt__key want = kvt__block_key(kvt__key_seed(id), p->ns, p->parent, p->tokens, p->n_tokens);
+    if (!kvt__key_eq(want, p->key)) {
         kvt__free(p->tokens);
         p->tokens = NULL;
         return bad(reason, KVT_STORE_REFUSED_TOKENS, path, "key does not follow from (parent, tokens)");
@@ -661,9 +598,9 @@ static int scan(kvt_store *s)
                     if (strcmp(want, nm))
                         rc = bad(&reason, KVT_STORE_REFUSED_MALFORMED, nm, "file name does not match its key");
                 }
-                if (!rc && !kvt__kmap_get(&s->blocks, pb.key)) {
+                if (!rc && !kvt__kmap_ptr(&s->blocks, pb.key)) {
                     st_block *b = kvt__calloc(1, sizeof *b);
-                    if (b && !kvt__kmap_put(&s->blocks, pb.key, b)) {
+                    if (b && !kvt__kmap_put_ptr(&s->blocks, pb.key, b)) {
                         b->key = pb.key;
                         b->bytes = (uint64_t)fst.st_size;
                         s->own_bytes += b->bytes;
@@ -684,12 +621,12 @@ static int scan(kvt_store *s)
                         rc = bad(&reason, KVT_STORE_REFUSED_MALFORMED, nm, "file name does not match its key");
                 }
                 for (int32_t i = 0; !rc && i < pe.n_blocks; i++)
-                    if (!kvt__kmap_get(&s->blocks, pe.blocks[i])) {
+                    if (!kvt__kmap_ptr(&s->blocks, pe.blocks[i])) {
                         rc = bad(&reason, KVT_STORE_REFUSED_MISSING_BLOCK, nm, "references a block that is gone");
                         s->reclaim_due = 1; /* a broken file: reclaim removes it */
                     }
                 st_entry *e = NULL;
-                if (!rc && !kvt__kmap_get(&s->by_key, pe.key)) {
+                if (!rc && !kvt__kmap_ptr(&s->by_key, pe.key)) {
                     e = kvt__calloc(1, sizeof *e);
                     if (!e || !(e->ns = kvt__strdup(pe.ns))) {
                         entry_free(e);
@@ -698,8 +635,8 @@ static int scan(kvt_store *s)
                         e->key = pe.key;
                         e->tokens = pe.tokens;
                         pe.tokens = NULL;
-                        e->r.n_tokens = pe.n_tokens;
-                        e->r.min_reach = pe.min_reach;
+                        e->n_tokens = pe.n_tokens;
+                        e->min_reach = pe.min_reach;
                         e->blocks = pe.blocks;
                         pe.blocks = NULL;
                         e->n_blocks = pe.n_blocks;
@@ -710,7 +647,7 @@ static int scan(kvt_store *s)
                             rc = KVT_ENOMEM;
                         } else {
                             for (int32_t i = 0; i < e->n_blocks; i++)
-                                ((st_block *)kvt__kmap_get(&s->blocks, e->blocks[i]))->refs++;
+                                ((st_block *)kvt__kmap_ptr(&s->blocks, e->blocks[i]))->refs++;
                         }
                     }
                 }
@@ -744,9 +681,9 @@ typedef struct fcand {
     int64_t mtime_ms;
     int orphan;           /* temp / refused / unreferenced / broken: goes first */
     int broken;           /* entries: a referenced block is not on disk */
-    kvt__skey *blocks;    /* entries: referenced blocks */
+    kvt__key *blocks;    /* entries: referenced blocks */
     int32_t n_blocks;
-    kvt__skey key;
+    kvt__key key;
     char type;
 } fcand;
 
@@ -945,13 +882,13 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
     return 0;
 }
 
-static int64_t fc_block_refs(const fdirs *f, int dir, kvt__skey k)
+static int64_t fc_block_refs(const fdirs *f, int dir, kvt__key k)
 {
     int64_t n = 0;
     for (size_t i = 0; i < f->n_c; i++)
         if (f->c[i].dir == dir && f->c[i].type == 'e' && f->c[i].name[0] && !f->c[i].broken)
             for (int32_t j = 0; j < f->c[i].n_blocks; j++)
-                n += kvt__skey_eq(f->c[i].blocks[j], k);
+                n += kvt__key_eq(f->c[i].blocks[j], k);
     return n;
 }
 
@@ -974,7 +911,7 @@ static uint64_t fc_evict(fdirs *f, size_t i)
             continue;
         for (size_t b = 0; b < f->n_c; b++)
             if (f->c[b].dir == x->dir && f->c[b].type == 'b' && f->c[b].name[0] && !f->c[b].orphan &&
-                kvt__skey_eq(f->c[b].key, x->blocks[j])) {
+                kvt__key_eq(f->c[b].key, x->blocks[j])) {
                 if (!unlinkat(f->dirfds[x->dir], f->c[b].name, 0))
                     freed += f->c[b].bytes;
                 else if (errno != ENOENT && !f->unlink_errno)
@@ -1026,7 +963,7 @@ static ssize_t fc_oldest(const fdirs *f)
 /* An entry file as reclaim parsed it (cached by key: entry files are
  * immutable under their names). */
 typedef struct dent {
-    kvt__skey *blocks;
+    kvt__key *blocks;
     int32_t n_blocks;
     int valid; /* header and metadata good */
 } dent;
@@ -1040,7 +977,7 @@ typedef struct rfile {
     int broken;     /* entries: a referenced block is not on disk */
     int gone;       /* deleted by this pass */
     int64_t refs;   /* blocks: valid entry files referencing it */
-    kvt__skey key;
+    kvt__key key;
     const dent *d;  /* entries */
 } rfile;
 
@@ -1052,9 +989,9 @@ static void dent_free(dent *d)
     }
 }
 
-static const dent *dent_get(kvt_store *s, const char *name, kvt__skey key)
+static const dent *dent_get(kvt_store *s, const char *name, kvt__key key)
 {
-    dent *d = kvt__kmap_get(&s->disk, key);
+    dent *d = kvt__kmap_ptr(&s->disk, key);
     if (d)
         return d;
     d = kvt__calloc(1, sizeof *d);
@@ -1064,7 +1001,7 @@ static const dent *dent_get(kvt_store *s, const char *name, kvt__skey key)
     int fd = -1, reason = -1;
     if (!open_shard(s->dirfd, s->dir, name, &sh, &fd, &reason)) {
         pentry pe;
-        if (!parse_entry(&sh, name, s->identity, &pe, &reason) && kvt__skey_eq(pe.key, key)) {
+        if (!parse_entry(&sh, name, s->identity, &pe, &reason) && kvt__key_eq(pe.key, key)) {
             d->valid = 1;
             d->blocks = pe.blocks;
             d->n_blocks = pe.n_blocks;
@@ -1079,7 +1016,7 @@ static const dent *dent_get(kvt_store *s, const char *name, kvt__skey key)
         return NULL;
     }
     kvt__clear_error();
-    if (kvt__kmap_put(&s->disk, key, d)) {
+    if (kvt__kmap_put_ptr(&s->disk, key, d)) {
         dent_free(d);
         return NULL;
     }
@@ -1094,7 +1031,7 @@ static int is_orphan_name(kvt_store *s, const char *name)
     return 0;
 }
 
-static rfile *rf_block(kvt__kmap *bm, kvt__skey k) { return kvt__kmap_get(bm, k); }
+static rfile *rf_block(kvt__kmap *bm, kvt__key k) { return kvt__kmap_ptr(bm, k); }
 
 /* Deletes file f of the own directory; an entry takes its blocks' references
  * with it and the blocks nobody else references go too. */
@@ -1116,9 +1053,9 @@ static uint64_t rf_delete(kvt_store *s, rfile *f, kvt__kmap *bm)
     return freed;
 }
 
-static int64_t own_last_use(kvt_store *s, kvt__skey k, int64_t mtime)
+static int64_t own_last_use(kvt_store *s, kvt__key k, int64_t mtime)
 {
-    st_entry *e = kvt__kmap_get(&s->by_key, k);
+    st_entry *e = kvt__kmap_ptr(&s->by_key, k);
     return e && e->last_use_ms > mtime ? e->last_use_ms : mtime;
 }
 
@@ -1126,7 +1063,7 @@ static int64_t own_last_use(kvt_store *s, kvt__skey k, int64_t mtime)
  * over the whole root, from the directory's state on disk (see above).
  * wait: block until the lock is free (close); else try once and leave it
  * due for the next call. Call without mu. */
-static void reclaim(kvt_store *s, kvt__skey protect, int wait)
+static void reclaim(kvt_store *s, kvt__key protect, int wait)
 {
     if (s->opts.read_only || s->dirfd < 0)
         return;
@@ -1189,7 +1126,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
             char hex[33];
             memcpy(hex, nm + 1, 32);
             hex[32] = '\0';
-            kvt__skey_parse(hex, &f->key);
+            kvt__key_parse(hex, &f->key);
         }
     }
     if (d)
@@ -1198,7 +1135,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
     memset(&bm, 0, sizeof bm);
     for (size_t i = 0; i < n; i++)
         if (fs[i].type == 'b')
-            kvt__kmap_put(&bm, fs[i].key, &fs[i]);
+            kvt__kmap_put_ptr(&bm, fs[i].key, &fs[i]);
     for (size_t i = 0; i < n; i++)
         if (fs[i].type == 'e')
             fs[i].d = dent_get(s, fs[i].name, fs[i].key); /* header I/O: without mu */
@@ -1225,7 +1162,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
     /* 2. blocks this process let go of that no entry file references */
     pthread_mutex_lock(&s->mu);
     uint64_t evicted_big = 0;
-    kvt__skey *fr = s->free_keys;
+    kvt__key *fr = s->free_keys;
     int32_t nfr = s->n_free;
     s->free_keys = NULL;
     s->n_free = s->cap_free = 0;
@@ -1300,7 +1237,7 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
             rfile *x = &fs[i];
             /* a block goes only when no valid entry file references it */
             int cand = !x->gone && (x->type == 'b' ? x->refs == 0 : 1) &&
-                       !(x->type == 'e' && !x->orphan && kvt__skey_eq(x->key, protect));
+                       !(x->type == 'e' && !x->orphan && kvt__key_eq(x->key, protect));
             int xo = x->orphan || x->type != 'e';
             if (!cand)
                 continue;
@@ -1336,23 +1273,23 @@ static void reclaim(kvt_store *s, kvt__skey protect, int wait)
         if (!x->gone)
             continue;
         if (x->type == 'e') {
-            st_entry *e = kvt__kmap_get(&s->by_key, x->key);
+            st_entry *e = kvt__kmap_ptr(&s->by_key, x->key);
             if (e)
                 drop_entry_ex(s, e, 2);
-            dent_free(kvt__kmap_get(&s->disk, x->key));
+            dent_free(kvt__kmap_ptr(&s->disk, x->key));
             kvt__kmap_del(&s->disk, x->key);
         } else if (x->type == 'b') {
-            st_block *b = kvt__kmap_get(&s->blocks, x->key);
+            st_block *b = kvt__kmap_ptr(&s->blocks, x->key);
             if (b) {
                 for (st_entry *e = s->head, *nx; e; e = nx) {
                     nx = e->next;
                     for (int32_t k = 0; k < e->n_blocks; k++)
-                        if (kvt__skey_eq(e->blocks[k], x->key)) {
+                        if (kvt__key_eq(e->blocks[k], x->key)) {
                             drop_entry_ex(s, e, 2);
                             break;
                         }
                 }
-                if ((b = kvt__kmap_get(&s->blocks, x->key))) {
+                if ((b = kvt__kmap_ptr(&s->blocks, x->key))) {
                     s->st.blocks--;
                     kvt__kmap_del(&s->blocks, x->key);
                     kvt__free(b);
@@ -1435,10 +1372,10 @@ static int set_i64(json_t *m, const char *k, int64_t v)
     return json_object_set_new(m, k, json_string(b));
 }
 
-static int set_key(json_t *m, const char *k, kvt__skey v)
+static int set_key(json_t *m, const char *k, kvt__key v)
 {
     char h[33];
-    kvt__skey_hex(v, h);
+    kvt__key_hex(v, h);
     return json_object_set_new(m, k, json_string(h));
 }
 
@@ -1463,19 +1400,34 @@ static int st_out_set(kvt__st_out *o, int32_t layer, const kvt_tensor *t)
     return 0;
 }
 
+/* The first (shortest) entry a new trimmable entry of reach min_reach
+ * supersedes: a strict prefix of it in its ns, non-empty, at least
+ * min_reach long (it can be served by cutting the new one back). */
 typedef struct sup_ctx {
-    kvt_store *s;
     int64_t min_reach;
+    st_entry *found;
 } sup_ctx;
 
-static void supersede_one(kvt__rent *r, void *ctx)
+static void supersede_pick(void *val, int64_t depth, void *ctx)
 {
     sup_ctx *c = ctx;
-    st_entry *old = (st_entry *)r; /* r is the first member */
-    if (old->r.n_tokens == 0 || old->r.n_tokens < c->min_reach)
-        return;
-    drop_entry(c->s, old);
-    c->s->st.superseded++;
+    st_entry *old = val;
+    if (!c->found && old->n_tokens > 0 && old->n_tokens >= c->min_reach)
+        c->found = old;
+}
+
+/* Drops every entry the new one supersedes (call with mu held). One walk
+ * of the prompt per dropped entry: no allocation and no cap on how many. */
+static void supersede(kvt_store *s, const char *ns, const int32_t *tokens, int64_t n, int64_t min_reach)
+{
+    for (;;) {
+        sup_ctx c = {min_reach, NULL};
+        kvt__index_prefixes(s->tree, ns, tokens, n, supersede_pick, &c);
+        if (!c.found)
+            return;
+        drop_entry(s, c.found);
+        s->st.superseded++;
+    }
 }
 
 static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
@@ -1486,13 +1438,13 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
     kvt_cache_state *st = kvt__calloc((size_t)(L ? L : 1), sizeof *st);
     brange *rg = NULL;
     int32_t n_rg = 0, n_chain = 0;
-    kvt__skey *keys = NULL;
+    kvt__key *keys = NULL;
     int8_t *pinned = NULL;
     kvt__st_out *outs = NULL;
     kvt__pending_shard *win = kvt__calloc(KVT__WINDOW, sizeof *win);
     json_t *meta = NULL;
     const char *ns = e->ns;
-    kvt__skey ekey = entry_key(s->id_seed, ns, e->tokens, n);
+    kvt__key ekey = kvt__entry_key(s->id_seed, ns, e->tokens, n);
     int64_t min_reach = A ? n : 0;
     uint64_t write_bytes = 0;
     int lockfd = -1;
@@ -1555,11 +1507,11 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
         goto out;
     }
-    kvt__skey parent = {0, 0};
+    kvt__key parent = KVT__KEY_ZERO;
     for (int32_t i = 0, c = 0; i < n_rg; i++) {
         if (!rg[i].chained)
             continue;
-        keys[c] = block_key(s->id_seed, ns, parent, e->tokens + rg[i].b, rg[i].e - rg[i].b);
+        keys[c] = kvt__block_key(s->id_seed, ns, parent, e->tokens + rg[i].b, rg[i].e - rg[i].b);
         parent = keys[c++];
     }
 
@@ -1573,7 +1525,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
     struct stat est;
     int e_on_disk = fstatat(s->dirfd, ename, &est, AT_SYMLINK_NOFOLLOW) == 0;
     pthread_mutex_lock(&s->mu);
-    st_entry *have = kvt__kmap_get(&s->by_key, ekey);
+    st_entry *have = kvt__kmap_ptr(&s->by_key, ekey);
     if (have && !e_on_disk) {
         drop_entry_ex(s, have, 2); /* removed behind our back: write it again */
         have = NULL;
@@ -1585,7 +1537,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         goto out;
     }
     for (int32_t c = 0; c < n_chain; c++) {
-        st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+        st_block *b = kvt__kmap_ptr(&s->blocks, keys[c]);
         if (b) {
             b->refs++;
             pinned[c] = 1;
@@ -1599,7 +1551,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         int there = pinned[c] && fstatat(s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW) == 0;
         pthread_mutex_lock(&s->mu);
         if (pinned[c] && !there) { /* gone from disk: written again below */
-            st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+            st_block *b = kvt__kmap_ptr(&s->blocks, keys[c]);
             if (b)
                 b->refs--;
             pinned[c] = 0;
@@ -1628,7 +1580,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
             char *toks = kvt__tokens_b64(e->tokens + rg[i].b, rg[i].e - rg[i].b);
             meta = meta_base(s, "block", ns);
             if (!toks || !meta || set_key(meta, "key", keys[c]) ||
-                set_key(meta, "parent", c ? keys[c - 1] : (kvt__skey){0, 0}) || set_i64(meta, "tok_begin", rg[i].b) ||
+                set_key(meta, "parent", c ? keys[c - 1] : KVT__KEY_ZERO) || set_i64(meta, "tok_begin", rg[i].b) ||
                 set_i64(meta, "tok_end", rg[i].e) || json_object_set_new(meta, "tokens", json_string(toks))) {
                 kvt__free(toks);
                 rc = kvt__fail(KVT_ENOMEM, "store put: out of memory");
@@ -1662,10 +1614,10 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
             wrote_block = 1;
             pthread_mutex_lock(&s->mu);
             orphan_forget(s, win[w].final);
-            st_block *b = kvt__kmap_get(&s->blocks, keys[c]);
+            st_block *b = kvt__kmap_ptr(&s->blocks, keys[c]);
             if (b) {
                 b->refs++;
-            } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put(&s->blocks, keys[c], b)) {
+            } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put_ptr(&s->blocks, keys[c], b)) {
                 b->key = keys[c];
                 b->bytes = fb;
                 b->refs = 1;
@@ -1700,7 +1652,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         for (int32_t i = 0; i < n_rg; i++)
             if (rg[i].chained) {
                 char h[33];
-                kvt__skey_hex(keys[rg[i].idx], h);
+                kvt__key_hex(keys[rg[i].idx], h);
                 json_array_append_new(blocks, json_pack("[s,I,I]", h, (json_int_t)rg[i].b, (json_int_t)rg[i].e));
             }
         for (int32_t l = 0; l < L; l++) {
@@ -1772,7 +1724,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         if (en) {
             en->ns = kvt__strdup(ns);
             en->tokens = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-            en->blocks = kvt__malloc(sizeof(kvt__skey) * (size_t)(n_chain ? n_chain : 1));
+            en->blocks = kvt__malloc(sizeof(kvt__key) * (size_t)(n_chain ? n_chain : 1));
         }
         if (!en || !en->ns || !en->tokens || !en->blocks) {
             entry_free(en);
@@ -1782,11 +1734,11 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         }
         if (n)
             memcpy(en->tokens, e->tokens, sizeof(int32_t) * (size_t)n);
-        memcpy(en->blocks, keys, sizeof(kvt__skey) * (size_t)n_chain);
+        memcpy(en->blocks, keys, sizeof(kvt__key) * (size_t)n_chain);
         en->n_blocks = n_chain;
         en->key = ekey;
-        en->r.n_tokens = n;
-        en->r.min_reach = min_reach;
+        en->n_tokens = n;
+        en->min_reach = min_reach;
         en->bytes = fb;
         en->id = want_id;
         en->last_use_ms = wall_ms();
@@ -1804,7 +1756,7 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         int too_big = s->opts.max_bytes && need > s->opts.max_bytes;
         pthread_mutex_lock(&s->mu);
         orphan_forget(s, name);
-        st_entry *dup_e = kvt__kmap_get(&s->by_key, ekey);
+        st_entry *dup_e = kvt__kmap_ptr(&s->by_key, ekey);
         if (dup_e) { /* a concurrent put of the same entry won: same file */
             entry_free(en);
             s->st.skipped++;
@@ -1822,12 +1774,8 @@ static int do_put(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         s->st.written++;
         s->st.bytes_written += fb;
         /* supersede: a trimmable entry serves its strict same-ns prefixes */
-        if (min_reach < n && A == 0 && !too_big) {
-            st_ns *nsr = ns_get(s, ns, 0);
-            sup_ctx sc = {s, min_reach};
-            if (nsr)
-                kvt__radix_ancestors(&nsr->tree, e->tokens, n, supersede_one, &sc);
-        }
+        if (min_reach < n && A == 0 && !too_big)
+            supersede(s, ns, e->tokens, n, min_reach);
         pthread_mutex_unlock(&s->mu);
     }
     goto out;
@@ -2160,7 +2108,7 @@ static int load_entry(int dirfd, const char *dir, const char *name, const char *
             }
             goto out;
         }
-        int ok = kvt__skey_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
+        int ok = kvt__key_eq(pb.key, pe.blocks[i]) && !strcmp(pb.ns, pe.ns) && pb.tok_begin == pe.ranges[i][0] &&
                  pb.tok_end == pe.ranges[i][1] &&
                  !memcmp(pb.tokens, pe.tokens + pb.tok_begin, sizeof(int32_t) * (size_t)pb.n_tokens);
         kvt__free(pb.tokens);
@@ -2214,13 +2162,13 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     memset(out, 0, sizeof *out);
     bad_shard[0] = '\0';
     pthread_mutex_lock(&s->mu);
-    st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+    st_entry *e = kvt__kmap_ptr(&s->by_id, id_key(handle));
     if (!e) {
         pthread_mutex_unlock(&s->mu);
         return kvt__fail(KVT_ENOTFOUND, "store restore: entry %llu is gone", (unsigned long long)handle);
     }
-    kvt__skey key = e->key;
-    int64_t n = e->r.n_tokens;
+    kvt__key key = e->key;
+    int64_t n = e->n_tokens;
     int32_t *itok = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
     if (itok && n)
         memcpy(itok, e->tokens, sizeof(int32_t) * (size_t)n);
@@ -2243,7 +2191,7 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     if (!s->opts.read_only)
         utimensat(s->dirfd, name, NULL, 0); /* the last use survives a restart (best effort) */
     pthread_mutex_lock(&s->mu);
-    if ((e = kvt__kmap_get(&s->by_key, key)))
+    if ((e = kvt__kmap_ptr(&s->by_key, key)))
         e->last_use_ms = wall_ms();
     s->st.restores++;
     s->st.restore_bytes += bytes;
@@ -2259,16 +2207,16 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
  * (which runs under the budget lock, due from here: the caller runs it). */
 static void forget_corrupt(kvt_store *s, const char *shard)
 {
-    kvt__skey k;
+    kvt__key k;
     char hex[33];
     if (!is_shard_name(shard))
         return;
     memcpy(hex, shard + 1, 32);
     hex[32] = '\0';
-    if (kvt__skey_parse(hex, &k))
+    if (kvt__key_parse(hex, &k))
         return;
     if (shard[0] == 'e') {
-        st_entry *e = kvt__kmap_get(&s->by_key, k);
+        st_entry *e = kvt__kmap_ptr(&s->by_key, k);
         if (e)
             drop_entry_ex(s, e, s->opts.read_only);
         else if (!s->opts.read_only)
@@ -2279,7 +2227,7 @@ static void forget_corrupt(kvt_store *s, const char *shard)
         unlinkat(s->dirfd, shard, 0);
         s->reclaim_due = 1;
     }
-    st_block *b = kvt__kmap_get(&s->blocks, k);
+    st_block *b = kvt__kmap_ptr(&s->blocks, k);
     if (b) {
         s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
         s->st.blocks--;
@@ -2289,7 +2237,7 @@ static void forget_corrupt(kvt_store *s, const char *shard)
     for (st_entry *e = s->head, *nx; e; e = nx) {
         nx = e->next;
         for (int32_t i = 0; i < e->n_blocks; i++)
-            if (kvt__skey_eq(e->blocks[i], k)) {
+            if (kvt__key_eq(e->blocks[i], k)) {
                 drop_entry_ex(s, e, 1);
                 break;
             }
@@ -2307,7 +2255,7 @@ static void pjob_release(wjob *j);
 static int restore_pending(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out)
 {
     pthread_mutex_lock(&s->mu);
-    wjob *j = kvt__kmap_get(&s->pjobs, id_key(handle));
+    wjob *j = kvt__kmap_ptr(&s->pjobs, id_key(handle));
     if (j)
         atomic_fetch_add(&j->refs, 1);
     pthread_mutex_unlock(&s->mu);
@@ -2347,7 +2295,7 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
         return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&s->mu);
-    int durable = kvt__kmap_get(&s->by_id, id_key(handle)) != NULL;
+    int durable = kvt__kmap_ptr(&s->by_id, id_key(handle)) != NULL;
     pthread_mutex_unlock(&s->mu);
     if (!durable) {
         /* served from the write-behind queue; or, when no job holds the
@@ -2373,7 +2321,7 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
          * nothing about the shard). */
         if (((reason >= 0 && reason != KVT_STORE_REFUSED_IO) || (reason < 0 && rc == KVT_ENOTFOUND)) &&
             rc != KVT_ENOMEM) {
-            st_entry *e = kvt__kmap_get(&s->by_id, id_key(handle));
+            st_entry *e = kvt__kmap_ptr(&s->by_id, id_key(handle));
             if (e)
                 drop_entry_ex(s, e, 1);
         }
@@ -2382,7 +2330,7 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
             rc = KVT_ENOTFOUND;
         char err[256];
         snprintf(err, sizeof err, "%s", kvt_last_error());
-        reclaim(s, (kvt__skey){0, 0}, 0); /* blocks only the dropped entry used */
+        reclaim(s, KVT__KEY_ZERO, 0); /* blocks only the dropped entry used */
         kvt__fail(rc, "%s", err);
     }
     return rc;
@@ -2397,19 +2345,18 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt
     if (!s || !hit || n_prompt < 0 || (n_prompt && !prompt))
         return kvt__fail(KVT_EINVAL, "kvt_store_find: bad arguments");
     pthread_mutex_lock(&s->mu);
-    st_ns *n = ns_get(s, ns, 0);
-    int64_t p = 0, pp = 0;
-    kvt__rent *r = n ? kvt__radix_find(&n->tree, prompt, n_prompt, &p) : NULL;
-    kvt__rent *pr = n ? kvt__radix_find(&n->ptree, prompt, n_prompt, &pp) : NULL;
+    void *r, *pr;
+    int64_t p = kvt__index_lookup(s->tree, ns, prompt, n_prompt, &r);
+    int64_t pp = kvt__index_lookup(s->ptree, ns, prompt, n_prompt, &pr);
     if (pr && (!r || pp > p)) { /* a longer prefix still in the write-behind queue */
-        wjob *j = (wjob *)pr;
+        wjob *j = pr;
         hit->prefix_len = pp;
-        hit->n_tokens = j->r.n_tokens;
+        hit->n_tokens = j->e.n_tokens;
         hit->handle = j->id;
     } else if (r) {
-        st_entry *e = (st_entry *)r;
+        st_entry *e = r;
         hit->prefix_len = p;
-        hit->n_tokens = e->r.n_tokens;
+        hit->n_tokens = e->n_tokens;
         hit->handle = e->id;
     }
     pthread_mutex_unlock(&s->mu);
@@ -2423,13 +2370,12 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
     if (!s || !hit || n_tokens < 0 || (n_tokens && !tokens))
         return kvt__fail(KVT_EINVAL, "kvt_store_find_exact: bad arguments");
     pthread_mutex_lock(&s->mu);
-    st_ns *n = ns_get(s, ns, 0);
-    kvt__rent *r = n ? kvt__radix_exact(&n->tree, tokens, n_tokens) : NULL;
-    kvt__rent *pr = n && !r ? kvt__radix_exact(&n->ptree, tokens, n_tokens) : NULL;
+    st_entry *r = kvt__index_exact(s->tree, ns, tokens, n_tokens);
+    wjob *pr = r ? NULL : kvt__index_exact(s->ptree, ns, tokens, n_tokens);
     if (r || pr) {
         hit->prefix_len = n_tokens;
         hit->n_tokens = n_tokens;
-        hit->handle = r ? ((st_entry *)r)->id : ((wjob *)pr)->id;
+        hit->handle = r ? r->id : pr->id;
     }
     pthread_mutex_unlock(&s->mu);
     return r || pr ? 0 : KVT_ENOTFOUND;
@@ -2440,9 +2386,9 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
     ns = kvt__ns(ns);
     if (!s || n_tokens < 0 || (n_tokens && !tokens))
         return 0;
-    kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
+    kvt__key k = kvt__entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);
-    int p = kvt__kmap_get(&s->pending, k) != NULL;
+    int p = kvt__kmap_ptr(&s->pending, k) != NULL;
     pthread_mutex_unlock(&s->mu);
     return p;
 }
@@ -2452,9 +2398,9 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
     ns = kvt__ns(ns);
     if (!s || n_tokens < 0 || (n_tokens && !tokens))
         return 0;
-    kvt__skey k = entry_key(s->id_seed, ns, tokens, n_tokens);
+    kvt__key k = kvt__entry_key(s->id_seed, ns, tokens, n_tokens);
     pthread_mutex_lock(&s->mu);
-    int have = kvt__kmap_get(&s->by_key, k) != NULL;
+    int have = kvt__kmap_ptr(&s->by_key, k) != NULL;
     pthread_mutex_unlock(&s->mu);
     return have;
 }
@@ -2507,26 +2453,38 @@ static uint64_t entry_bytes(const kvt_entry *e)
     return b;
 }
 
-/* Pending writes per entry key; a count c is stored as (c + 1) << 1 so a
- * value is never NULL (empty) or 1 (tombstone). */
-static int pending_add(kvt_store *s, kvt__skey k, int delta)
+/* Pending writes per entry key (a count; absent = 0). */
+static int pending_add(kvt_store *s, kvt__key k, int delta)
 {
-    uintptr_t v = (uintptr_t)kvt__kmap_get(&s->pending, k);
-    int64_t c = v ? (int64_t)(v >> 1) - 1 : 0;
-    c += delta;
+    uint64_t *v = kvt__kmap_get(&s->pending, k);
+    int64_t c = (v ? (int64_t)*v : 0) + delta;
     if (c <= 0) {
         kvt__kmap_del(&s->pending, k);
         return 0;
     }
-    return kvt__kmap_put(&s->pending, k, (void *)(uintptr_t)((uint64_t)(c + 1) << 1));
+    return kvt__kmap_put(&s->pending, k, (uint64_t)c);
 }
 
 /* Drops a job from the pending lookups (call with mu held). */
 static void pjob_unindex(kvt_store *s, wjob *j)
 {
-    st_ns *n = ns_get(s, j->e.ns, 0);
-    if (n)
-        kvt__radix_remove(&n->ptree, &j->r);
+    const kvt_entry *e = &j->e;
+    wjob *head = kvt__index_exact(s->ptree, e->ns, e->tokens, e->n_tokens);
+    if (head == j) {
+        void *was;
+        if (j->twin) /* the next older twin takes the node: it exists, nothing is allocated */
+            kvt__index_insert(s->ptree, e->ns, e->tokens, e->n_tokens, j->twin,
+                              trimmable(e->n_tokens, j->min_reach), j->min_reach, &was);
+        else
+            kvt__index_remove(s->ptree, e->ns, e->tokens, e->n_tokens);
+    } else {
+        for (wjob *x = head; x; x = x->twin)
+            if (x->twin == j) {
+                x->twin = j->twin;
+                break;
+            }
+    }
+    j->twin = NULL;
     kvt__kmap_del(&s->pjobs, id_key(j->id));
 }
 
@@ -2556,7 +2514,7 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
     if (!j)
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     j->bytes = entry_bytes(e);
-    j->key = entry_key(s->id_seed, e->ns, e->tokens, e->n_tokens);
+    j->key = kvt__entry_key(s->id_seed, e->ns, e->tokens, e->n_tokens);
     int64_t min_reach = 0;
     kvt_entry_trimmable(e, &min_reach);
     if (e->n_attachments)
@@ -2571,19 +2529,18 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
                        : kvt__fail(KVT_EAGAIN, "kvt_store_put_async: the write-behind queue is full");
     }
     j->e = *e;
-    j->r.tokens = j->e.tokens;
-    j->r.n_tokens = j->e.n_tokens;
-    j->r.min_reach = min_reach;
+    j->min_reach = min_reach;
     j->id = ++s->next_id;
     atomic_init(&j->refs, 1);
-    st_ns *nsr = ns_get(s, j->e.ns, 1);
-    if (!nsr || pending_add(s, j->key, 1)) {
+    if (pending_add(s, j->key, 1)) {
         pthread_mutex_unlock(&s->mu);
         kvt__free(j);
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     }
-    if (kvt__radix_insert(&nsr->ptree, &j->r) || kvt__kmap_put(&s->pjobs, id_key(j->id), j)) {
-        kvt__radix_remove(&nsr->ptree, &j->r);
+    if (kvt__kmap_put_ptr(&s->pjobs, id_key(j->id), j) ||
+        kvt__index_insert(s->ptree, j->e.ns, j->e.tokens, j->e.n_tokens, j, trimmable(j->e.n_tokens, min_reach),
+                          min_reach, (void **)&j->twin)) {
+        kvt__kmap_del(&s->pjobs, id_key(j->id));
         pending_add(s, j->key, -1);
         pthread_mutex_unlock(&s->mu);
         kvt__free(j);
@@ -2617,7 +2574,7 @@ static void *writer_main(void *arg)
             s->q_tail = NULL;
         pthread_mutex_unlock(&s->mu);
         int rc = do_put(s, &j->e, j->id);
-        kvt__skey key = j->key;
+        kvt__key key = j->key;
         uint64_t bytes = j->bytes;
         char msg[sizeof s->flush_msg];
         if (rc)
@@ -2776,30 +2733,24 @@ static void count_other_configs(kvt_store *s, const kvt_store_identity *id)
     closedir(d);
 }
 
+static void free_block_val(kvt__key k, uint64_t v, void *ctx) { kvt__free((void *)(uintptr_t)v); }
+static void free_dent_val(kvt__key k, uint64_t v, void *ctx) { dent_free((void *)(uintptr_t)v); }
+
 static void store_free(kvt_store *s)
 {
     for (st_entry *e = s->head, *nx; e; e = nx) {
         nx = e->next;
         entry_free(e);
     }
-    for (st_ns *n = s->nss, *nx; n; n = nx) {
-        nx = n->next;
-        kvt__radix_free(&n->tree);
-        kvt__radix_free(&n->ptree);
-        kvt__free(n->ns);
-        kvt__free(n);
-    }
-    for (size_t i = 0; i < s->blocks.cap; i++)
-        if (s->blocks.vals[i] && s->blocks.vals[i] != (void *)1)
-            kvt__free(s->blocks.vals[i]);
+    kvt__index_destroy(s->tree);
+    kvt__index_destroy(s->ptree);
+    kvt__kmap_foreach(&s->blocks, free_block_val, NULL);
     kvt__kmap_free(&s->blocks);
     kvt__kmap_free(&s->by_key);
     kvt__kmap_free(&s->by_id);
     kvt__kmap_free(&s->pending);
     kvt__kmap_free(&s->pjobs);
-    for (size_t i = 0; i < s->disk.cap; i++)
-        if (s->disk.vals[i] && s->disk.vals[i] != (void *)1)
-            dent_free(s->disk.vals[i]);
+    kvt__kmap_foreach(&s->disk, free_dent_val, NULL);
     kvt__kmap_free(&s->disk);
     kvt__free(s->free_keys);
     pthread_mutex_destroy(&s->disk_mu);
@@ -2859,11 +2810,11 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     char hex[65];
     s->identity = identity_json(id);
     s->root = kvt__strdup(root);
-    if (!s->identity || !s->root) {
+    if (!s->identity || !s->root || kvt__index_create(&s->tree) || kvt__index_create(&s->ptree)) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
         goto fail;
     }
-    s->id_seed = seed_of(s->identity);
+    s->id_seed = kvt__key_seed(s->identity);
     sha256_hex(s->identity, strlen(s->identity), hex);
     hex[32] = '\0';
     s->dir_name = kvt__strdup(hex);
@@ -2917,7 +2868,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         s->foreign_bytes = f.bytes;
         fdirs_free(&f);
     }
-    reclaim(s, (kvt__skey){0, 0}, 0);
+    reclaim(s, KVT__KEY_ZERO, 0);
     if (pthread_create(&s->writer, NULL, writer_main, s)) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: cannot start the writer thread");
         goto fail;
@@ -2966,7 +2917,7 @@ KVT_API int kvt_store_close(kvt_store *s)
         pthread_join(s->rthreads[i], NULL);
     /* the last word on the budget: waits for other processes' puts, so the
      * root ends within max_bytes (plus a shard written meanwhile) */
-    reclaim(s, (kvt__skey){0, 0}, 1);
+    reclaim(s, KVT__KEY_ZERO, 1);
     /* anything queued after the flush (raced with close) was written by the
      * writer before it exited; record its failure too */
     if (!rc && s->flush_rc)

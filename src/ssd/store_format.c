@@ -31,61 +31,6 @@ static _Atomic uint64_t kvt__tmp_seq;
 
 /* ---- small codecs -------------------------------------------------------- */
 
-void kvt__hex(const uint8_t *bytes, size_t n, char *out)
-{
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = digits[bytes[i] >> 4];
-        out[2 * i + 1] = digits[bytes[i] & 15];
-    }
-    out[2 * n] = '\0';
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    return -1;
-}
-
-int kvt__unhex(const char *s, uint8_t *out, size_t n)
-{
-    if (strlen(s) != 2 * n)
-        return -1;
-    for (size_t i = 0; i < n; i++) {
-        int h = hexval(s[2 * i]), l = hexval(s[2 * i + 1]);
-        if (h < 0 || l < 0)
-            return -1;
-        out[i] = (uint8_t)(h << 4 | l);
-    }
-    return 0;
-}
-
-void kvt__skey_hex(kvt__skey k, char out[33])
-{
-    uint8_t b[16];
-    for (int i = 0; i < 8; i++) {
-        b[i] = (uint8_t)(k.hi >> (56 - 8 * i));
-        b[8 + i] = (uint8_t)(k.lo >> (56 - 8 * i));
-    }
-    kvt__hex(b, 16, out);
-}
-
-int kvt__skey_parse(const char *s, kvt__skey *out)
-{
-    uint8_t b[16];
-    if (kvt__unhex(s, b, 16))
-        return -1;
-    out->hi = out->lo = 0;
-    for (int i = 0; i < 8; i++) {
-        out->hi = out->hi << 8 | b[i];
-        out->lo = out->lo << 8 | b[8 + i];
-    }
-    return 0;
-}
-
 char *kvt__tokens_b64(const int32_t *tokens, int64_t n)
 {
     size_t raw = (size_t)n * 4;

@@ -1,12 +1,15 @@
 /*
- * store_internal.h: pieces of the SSD tier shared by src/store*.c; never
+ * store_internal.h: pieces of the SSD tier shared by the files of src/ssd; never
  * installed. The shard format (safetensors writer and validating header
- * reader), the 128-bit keys and the radix index used by store.c.
+ * reader) and its small codecs. Keys are key.h's kvt__key; the index is
+ * src/base's (index.h, hmap.h).
  */
 #ifndef KVTIER_STORE_INTERNAL_H
 #define KVTIER_STORE_INTERNAL_H
 
 #include "kvtier/store.h"
+
+#include "key.h"
 
 #include <jansson.h>
 #include <pthread.h>
@@ -124,65 +127,5 @@ char *kvt__tokens_b64(const int32_t *tokens, int64_t n);
 /** Decodes base64 tokens; *out caller frees with kvt__free (may be NULL when
  * *n == 0). @return 0 or KVT_EFORMAT / KVT_ENOMEM. */
 int kvt__tokens_unb64(const char *s, int32_t **out, int64_t *n);
-
-void kvt__hex(const uint8_t *bytes, size_t n, char *out); /* out: 2n + 1 */
-int kvt__unhex(const char *s, uint8_t *out, size_t n);   /* 0 or -1 */
-
-/* ---- keys ------------------------------------------------------------------ */
-
-typedef struct kvt__skey {
-    uint64_t lo, hi;
-} kvt__skey;
-
-static inline int kvt__skey_eq(kvt__skey a, kvt__skey b) { return a.lo == b.lo && a.hi == b.hi; }
-/** 32 hex digits + NUL. */
-void kvt__skey_hex(kvt__skey k, char out[33]);
-int kvt__skey_parse(const char *s, kvt__skey *out);
-
-/* ---- open-addressing map from kvt__skey to a pointer (store_index.c) ------ */
-
-typedef struct kvt__kmap {
-    kvt__skey *keys;
-    void **vals; /* NULL = empty slot; tombstones are (void *)1 */
-    size_t cap, used, live;
-} kvt__kmap;
-
-/** The value of k, NULL if absent. Not thread-safe (the store's mutex). */
-void *kvt__kmap_get(const kvt__kmap *m, kvt__skey k);
-/** Sets k -> v, replacing; v must be neither NULL nor (void *)1 (the empty
- * and tombstone marks: a count stored as a pointer must skip both).
- * @return 0 or KVT_ENOMEM (map unchanged). */
-int kvt__kmap_put(kvt__kmap *m, kvt__skey k, void *v);
-void kvt__kmap_del(kvt__kmap *m, kvt__skey k);
-void kvt__kmap_free(kvt__kmap *m);
-
-/* ---- radix tree over token sequences (store_index.c) ---------------------- */
-
-typedef struct kvt__rnode kvt__rnode;
-
-/** What the tree indexes: an entry's tokens and its minimum reachable length. */
-typedef struct kvt__rent {
-    const int32_t *tokens; /* (n_tokens), owned by the caller, stable while indexed */
-    int64_t n_tokens;
-    int64_t min_reach;     /* smallest usable prefix length (tokens) */
-    kvt__rnode *node;      /* set by insert */
-} kvt__rent;
-
-typedef struct kvt__radix {
-    kvt__rnode *root;
-} kvt__radix;
-
-int kvt__radix_insert(kvt__radix *r, kvt__rent *e);  /* 0 or KVT_ENOMEM */
-void kvt__radix_remove(kvt__radix *r, kvt__rent *e);
-/** Longest usable prefix for the prompt (see kvt_store_find): returns the
- * chosen entry and *prefix_len, or NULL. */
-kvt__rent *kvt__radix_find(const kvt__radix *r, const int32_t *prompt, int64_t n, int64_t *prefix_len);
-/** The entry with exactly these tokens, or NULL. */
-kvt__rent *kvt__radix_exact(const kvt__radix *r, const int32_t *tokens, int64_t n);
-/** Calls fn for every entry in the subtree of tokens whose tokens are a
- * strict prefix of `tokens` (ancestors). */
-void kvt__radix_ancestors(const kvt__radix *r, const int32_t *tokens, int64_t n,
-                          void (*fn)(kvt__rent *e, void *ctx), void *ctx);
-void kvt__radix_free(kvt__radix *r);
 
 #endif

@@ -82,7 +82,7 @@ static int mem_open(void **ctx, kvt_cold_tier *tier)
     return 0;
 }
 static void mem_close(void *ctx) { mem_tier_destroy(ctx); }
-const tier_impl tier_impl_mem = {"in-memory tier", mem_open, mem_close};
+const tier_impl tier_impl_mem = {"in-memory tier", mem_open, mem_close, NULL};
 
 typedef struct store_fx {
     kvt_store *s;
@@ -112,7 +112,7 @@ static void store_close(void *ctx)
     store_rmtree(f->root);
     free(f);
 }
-const tier_impl tier_impl_store = {"SSD store", store_open, store_close};
+const tier_impl tier_impl_store = {"SSD store", store_open, store_close, NULL};
 
 /* A chain [in-memory tier (maybe read-only), fault wrapper over lower]. */
 typedef struct chain_fx {
@@ -182,8 +182,8 @@ static int chain_open(const tier_impl *lower, void **ctx, kvt_cold_tier *tier)
 static int chain_mm_open(void **ctx, kvt_cold_tier *tier) { return chain_open(&tier_impl_mem, ctx, tier); }
 static int chain_ms_open(void **ctx, kvt_cold_tier *tier) { return chain_open(&tier_impl_store, ctx, tier); }
 static void chain_close(void *ctx) { chain_fx_close(ctx); }
-const tier_impl tier_impl_chain_mem_mem = {"chain: memory -> memory", chain_mm_open, chain_close};
-const tier_impl tier_impl_chain_mem_store = {"chain: memory -> SSD store", chain_ms_open, chain_close};
+const tier_impl tier_impl_chain_mem_mem = {"chain: memory -> memory", chain_mm_open, chain_close, NULL};
+const tier_impl tier_impl_chain_mem_store = {"chain: memory -> SSD store", chain_ms_open, chain_close, NULL};
 
 /* ---- the conformance tests (any tier) ---------------------------------------------- */
 
@@ -203,6 +203,20 @@ static int fx_setup(void **state)
     return 0;
 }
 
+/* An entry into the tier under test: the implementation's put when it has
+ * one (a read-only tier), else the table's store. */
+static void fx_put(fx *f, const store_cfg *cfg, const int32_t *tok, int64_t n)
+{
+    if (!g_impl->put) {
+        put(&f->t, cfg, tok, n);
+        return;
+    }
+    kvt_entry e;
+    assert_int_equal(store_make_entry(cfg, "", tok, n, &e), 0);
+    assert_int_equal(g_impl->put(f->ctx, &e), 0);
+    kvt_entry_clear(&e);
+}
+
 static int fx_teardown(void **state)
 {
     fx *f = *state;
@@ -217,7 +231,7 @@ static void t_roundtrip(void **state)
     fx *f = *state;
     int32_t p[20];
     seq(p, 20, 1000);
-    put(&f->t, &KV, p, 16);
+    fx_put(f, &KV, p, 16);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 20, "", &h), 16);
     assert_int_equal(h.n_tokens, 16);
@@ -231,7 +245,7 @@ static void t_cap_and_diverge(void **state)
     fx *f = *state;
     int32_t p[20];
     seq(p, 20, 1000);
-    put(&f->t, &KV, p, 16);
+    fx_put(f, &KV, p, 16);
     assert_int_equal(find_len(&f->t, p, 16, "", NULL), 15);
     p[10] = 7;
     assert_int_equal(find_len(&f->t, p, 20, "", NULL), 10);
@@ -244,7 +258,7 @@ static void t_untrimmable(void **state)
     fx *f = *state;
     int32_t p[20];
     seq(p, 20, 2000);
-    put(&f->t, &HYBRID, p, 12);
+    fx_put(f, &HYBRID, p, 12);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 20, "", &h), 12);
     expect_restore(&f->t, h.handle, &HYBRID, p, 12);
@@ -259,7 +273,7 @@ static void t_ns_and_exact(void **state)
     fx *f = *state;
     int32_t p[20];
     seq(p, 20, 3000);
-    put(&f->t, &KV, p, 16);
+    fx_put(f, &KV, p, 16);
     assert_int_equal(find_len(&f->t, p, 20, "lora:a", NULL), 0);
     if (!f->t.find_exact)
         return;
@@ -277,9 +291,9 @@ static void t_longest(void **state)
     fx *f = *state;
     int32_t p[32];
     seq(p, 32, 4000);
-    put(&f->t, &KV, p, 8);
-    put(&f->t, &KV, p, 24);
-    put(&f->t, &KV, p, 16);
+    fx_put(f, &KV, p, 8);
+    fx_put(f, &KV, p, 24);
+    fx_put(f, &KV, p, 16);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 32, "", &h), 24);
     expect_restore(&f->t, h.handle, &KV, p, 24);
@@ -312,7 +326,7 @@ static void t_stale_handle(void **state)
     fx *f = *state;
     int32_t p[20];
     seq(p, 20, 6000);
-    put(&f->t, &KV, p, 16);
+    fx_put(f, &KV, p, 16);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 20, "", &h), 16);
     kvt_entry e;
@@ -328,8 +342,8 @@ static void t_replace_and_stats(void **state)
     fx *f = *state;
     int32_t p[20];
     seq(p, 20, 7000);
-    put(&f->t, &KV, p, 16);
-    put(&f->t, &KV, p, 16);
+    fx_put(f, &KV, p, 16);
+    fx_put(f, &KV, p, 16);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 20, "", &h), 16);
     expect_restore(&f->t, h.handle, &KV, p, 16);
@@ -339,6 +353,32 @@ static void t_replace_and_stats(void **state)
     assert_int_equal(f->t.stats(f->t.self, &s), 0);
     assert_int_equal(s.entries, 1);
     assert_true(s.bytes > 0);
+}
+
+/* a read-only tier refuses store (KVT_EREADONLY) and spill (absent, or
+ * KVT_EREADONLY with the entry left to the caller), and holds nothing new */
+static void t_read_only(void **state)
+{
+    fx *f = *state;
+    if (!(f->t.flags & KVT_TIER_READ_ONLY))
+        skip();
+    int32_t p[20];
+    seq(p, 20, 8000);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&KV, "", p, 16, &e), 0);
+    assert_int_equal(f->t.store(f->t.self, &e), KVT_EREADONLY);
+    if (f->t.spill) {
+        assert_int_equal(f->t.spill(f->t.self, &e), KVT_EREADONLY);
+        assert_non_null(e.caches);
+    }
+    kvt_entry_clear(&e);
+    assert_int_equal(find_len(&f->t, p, 20, "", NULL), 0);
+    if (f->t.stats) {
+        kvt_tier_stats s;
+        assert_int_equal(f->t.stats(f->t.self, &s), 0);
+        assert_true(s.write_failures >= 1);
+        assert_int_equal(s.entries, 0);
+    }
 }
 
 int tier_suite_run(const tier_impl *impl)
@@ -353,6 +393,7 @@ int tier_suite_run(const tier_impl *impl)
         cmocka_unit_test_setup_teardown(t_spill_flush, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(t_stale_handle, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(t_replace_and_stats, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(t_read_only, fx_setup, fx_teardown),
     };
     return _cmocka_run_group_tests(impl->name, tests, sizeof tests / sizeof tests[0], NULL, NULL);
 }

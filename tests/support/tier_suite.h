@@ -15,16 +15,24 @@
 #include "mem_tier.h"
 
 /** A tier implementation under test: open makes a fresh, empty tier (its
- * table in *tier, its state in *ctx); close destroys it. */
+ * table in *tier, its state in *ctx); close destroys it. put (NULL: the
+ * table's store) makes an entry findable in a read-only tier, which the
+ * conformance tests then check refuses store and spill. */
 typedef struct tier_impl {
     const char *name;
     int (*open)(void **ctx, kvt_cold_tier *tier);
     void (*close)(void *ctx);
+    int (*put)(void *ctx, const kvt_entry *e);
 } tier_impl;
 
 /** The implementations: the in-memory tier, the SSD store in a temporary
  * directory, chains of memory over memory and of memory over the store. */
 extern const tier_impl tier_impl_mem, tier_impl_store, tier_impl_chain_mem_mem, tier_impl_chain_mem_store;
+
+/** The published (read-only) tier over a temporary publication directory
+ * (tests/support/published_tier.c): put publishes a new generation holding
+ * every entry put so far and refreshes the tier onto it. */
+extern const tier_impl tier_impl_published;
 
 /** Runs the conformance tests against impl. @return failed tests. */
 int tier_suite_run(const tier_impl *impl);

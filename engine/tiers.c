@@ -1,0 +1,644 @@
+/*
+ * tiers.c: the tier stack of chat and serve (tiers.h): the SSD level that
+ * degrades instead of failing, and the stack composing the levels present
+ * with a kvt_tier_chain.
+ */
+#include "tiers.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* The store's config fingerprint of the model's fresh caches (layer count,
+ * kinds, shapes). */
+static int model_fingerprint(const kvt_model *m, char fp[KVT_STORE_FINGERPRINT_LEN])
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
+    int rc = kvt_model_new_caches(m, 256, caches);
+    if (rc)
+        return rc;
+    rc = kvt_store_config_fingerprint(caches, c->n_layers, fp);
+    kvt_caches_destroy(caches, c->n_layers);
+    return rc;
+}
+
+KVT_API int kvt_chat_store_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
+                                uint64_t max_bytes, int verify, kvt_store **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "chat store: out is NULL");
+    *out = NULL;
+    if (!m || !ident || !root)
+        return kvt__fail(KVT_EINVAL, "chat store: model, identity and root are required");
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    int rc = model_fingerprint(m, fp);
+    if (rc)
+        return rc;
+    kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
+                             .tokenizer_hash = ident->tokenizer_hash};
+    kvt_store_options so = {.max_bytes = max_bytes, .verify = verify};
+    return kvt_store_open(root, &id, &so, out);
+}
+
+/* ---- the SSD level: degrades instead of failing the command ------------------------ */
+
+/* Whether rc says the disk failed (an errno, or the store's I/O code), rather
+ * than the entry (too big, unsupported) or the caller. */
+static int disk_error(int rc) { return rc == KVT_EIO || (rc < 0 && rc > -4096); }
+
+struct kvt_ssd_level {
+    pthread_mutex_t mu;
+    kvt_store *store;            /* NULL when OFF from the start */
+    kvt_cold_tier inner;         /* the store's own table */
+    char *root;
+    kvt_level_mode mode;
+    char cause[600];
+    int warned, too_big;
+    uint64_t open_failures, sync_failures, skipped;
+    uint64_t seen_failed;        /* store's failed count already looked at */
+    kvt_store_stats last;        /* the store's counters at the last poll */
+};
+
+/* Turns the tier READ_ONLY (once) with the cause; d->mu held. */
+static void ssd_trip(kvt_ssd_level *d, int rc, const char *detail)
+{
+    if (d->mode != KVT_LEVEL_MODE_READ_WRITE)
+        return;
+    d->mode = KVT_LEVEL_MODE_READ_ONLY;
+    const char *why = rc < 0 && rc > -4096 ? strerror(-rc) : kvt_strerror(rc);
+    if (detail && *detail && !strstr(detail, why))
+        snprintf(d->cause, sizeof d->cause, "%s: a write failed (%s): %s", d->root, why, detail);
+    else if (detail && *detail)
+        snprintf(d->cause, sizeof d->cause, "%s: a write failed: %s", d->root, detail);
+    else
+        snprintf(d->cause, sizeof d->cause, "%s: a write failed (%s)", d->root, why);
+}
+
+static int ssd_writes_off(kvt_ssd_level *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int off = d->mode != KVT_LEVEL_MODE_READ_WRITE;
+    if (off)
+        d->skipped++;
+    pthread_mutex_unlock(&d->mu);
+    return off;
+}
+
+static int ssd_find(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store)
+        return KVT_ENOTFOUND;
+    return d->inner.find(d->inner.self, prompt, n, ns, out);
+}
+
+static int ssd_find_exact(void *self, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store || !d->inner.find_exact)
+        return KVT_ENOTFOUND;
+    return d->inner.find_exact(d->inner.self, tokens, n, ns, out);
+}
+
+static int ssd_restore(void *self, uint64_t handle, kvt_entry *out)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store) {
+        memset(out, 0, sizeof *out);
+        return KVT_ENOTFOUND;
+    }
+    return d->inner.restore(d->inner.self, handle, out);
+}
+
+static int ssd_restore_async(void *self, uint64_t handle, kvt_restore_done_fn done, void *arg)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store || !d->inner.restore_async)
+        return KVT_ENOTFOUND; /* done never runs: the prompt cache restores synchronously or misses */
+    return d->inner.restore_async(d->inner.self, handle, done, arg);
+}
+
+static int ssd_store(void *self, const kvt_entry *e)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store || ssd_writes_off(d))
+        return KVT_EIO; /* the caller keeps its entry */
+    int rc = d->inner.store(d->inner.self, e);
+    if (disk_error(rc)) {
+        pthread_mutex_lock(&d->mu);
+        d->sync_failures++;
+        ssd_trip(d, rc, kvt_last_error());
+        pthread_mutex_unlock(&d->mu);
+    }
+    return rc;
+}
+
+static int ssd_spill(void *self, kvt_entry *e)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store || !d->inner.spill || ssd_writes_off(d))
+        return KVT_EIO; /* the caller disposes it: no spill */
+    return d->inner.spill(d->inner.self, e);
+}
+
+static int ssd_pending(void *self, const int32_t *tokens, int64_t n, const char *ns)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store || !d->inner.pending)
+        return 0;
+    return d->inner.pending(d->inner.self, tokens, n, ns);
+}
+
+/* Waits for the store's queue; a disk failure turns the tier READ_ONLY and is
+ * not an error of the caller's (the command goes on); ETOOBIG is returned. */
+static int ssd_flush_locked(kvt_ssd_level *d)
+{
+    pthread_mutex_unlock(&d->mu);
+    int rc = kvt_store_flush(d->store);
+    char detail[512];
+    snprintf(detail, sizeof detail, "%s", rc ? kvt_last_error() : "");
+    pthread_mutex_lock(&d->mu);
+    kvt_store_get_stats(d->store, &d->last);
+    d->seen_failed = d->last.failed;
+    if (disk_error(rc)) {
+        ssd_trip(d, rc, detail);
+        return 0;
+    }
+    if (rc == KVT_ETOOBIG)
+        d->too_big = 1;
+    return rc;
+}
+
+static int ssd_flush(void *self)
+{
+    kvt_ssd_level *d = self;
+    if (!d->store)
+        return 0;
+    pthread_mutex_lock(&d->mu);
+    int rc = ssd_flush_locked(d);
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+/* The store's counters as a tier's (what a chain reports per level). */
+static int ssd_stats(void *self, kvt_tier_stats *out)
+{
+    kvt_ssd_level *d = self;
+    memset(out, 0, sizeof *out);
+    if (!d->store)
+        return 0;
+    kvt_store_stats ss;
+    kvt_store_get_stats(d->store, &ss);
+    out->restores = ss.restores;
+    out->stores = ss.written;
+    out->write_failures = ss.failed;
+    out->entries = ss.entries;
+    out->bytes = ss.bytes;
+    return 0;
+}
+
+KVT_API void kvt_ssd_level_tier(kvt_ssd_level *d, kvt_cold_tier *tier)
+{
+    if (!tier)
+        return;
+    *tier = (kvt_cold_tier){.self = d,
+                            .find = ssd_find,
+                            .find_exact = ssd_find_exact,
+                            .restore = ssd_restore,
+                            .restore_async = ssd_restore_async,
+                            .store = ssd_store,
+                            .spill = ssd_spill,
+                            .pending = ssd_pending,
+                            .flush = ssd_flush,
+                            .stats = ssd_stats};
+}
+
+KVT_API kvt_store *kvt_ssd_level_store(kvt_ssd_level *d) { return d ? d->store : NULL; }
+
+/* kvt_store_open on a thread of its own, so that a lock another process
+ * holds on the directory (flock) delays the command by lock_wait_ms at most. */
+typedef struct open_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, abandoned, rc;
+    char err[512];
+    kvt_store *store;
+    char *root, *model_id, *fp, *tok_hash;
+    kvt_store_options so;
+} open_job;
+
+static void open_job_free(open_job *j)
+{
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j->root);
+    free(j->model_id);
+    free(j->fp);
+    free(j->tok_hash);
+    free(j);
+}
+
+static void *open_main(void *arg)
+{
+    open_job *j = arg;
+    kvt_store_identity id = {.model_id = j->model_id, .config_fingerprint = j->fp, .tokenizer_hash = j->tok_hash};
+    kvt_store *s = NULL;
+    int rc = kvt_store_open(j->root, &id, &j->so, &s);
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
+    j->rc = rc;
+    j->store = s;
+    snprintf(j->err, sizeof j->err, "%s", rc ? kvt_last_error() : "");
+    int abandoned = j->abandoned;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) { /* the command went on without it */
+        kvt_store_close(s);
+        open_job_free(j);
+    }
+    return NULL;
+}
+
+/* Opens the store, waiting at most wait_ms. @return 0 and *out; 1 when the
+ * wait ran out (the open is abandoned: it closes itself if it ever ends);
+ * or kvt_store_open's error with its message in err. */
+static int open_bounded(const char *root, const kvt_store_identity *id, const kvt_store_options *so,
+                        uint64_t wait_ms, kvt_store **out, char *err, size_t err_cap)
+{
+    open_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return kvt__fail(KVT_ENOMEM, "SSD cache: out of memory");
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&j->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    j->root = strdup(root);
+    j->model_id = strdup(id->model_id);
+    j->fp = strdup(id->config_fingerprint);
+    j->tok_hash = strdup(id->tokenizer_hash);
+    j->so = *so;
+    pthread_t t;
+    if (!j->root || !j->model_id || !j->fp || !j->tok_hash || pthread_create(&t, NULL, open_main, j)) {
+        open_job_free(j);
+        return kvt__fail(KVT_ENOMEM, "SSD cache: cannot start the open");
+    }
+    pthread_detach(t);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)(wait_ms / 1000);
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&j->mu);
+    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &until) == 0)
+        ;
+    if (!j->done) {
+        j->abandoned = 1; /* open_main frees j */
+        pthread_mutex_unlock(&j->mu);
+        return 1;
+    }
+    pthread_mutex_unlock(&j->mu);
+    int rc = j->rc;
+    *out = j->store;
+    snprintf(err, err_cap, "%s", j->err);
+    open_job_free(j);
+    return rc;
+}
+
+KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
+                              const kvt_ssd_level_opts *o, kvt_ssd_level **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "SSD cache: out is NULL");
+    *out = NULL;
+    if (!m || !ident || !root || !*root)
+        return kvt__fail(KVT_EINVAL, "SSD cache: model, identity and a non-empty directory are required");
+    kvt_ssd_level_opts none = {0};
+    if (!o)
+        o = &none;
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    int rc = model_fingerprint(m, fp);
+    if (rc)
+        return rc;
+    kvt_ssd_level *d = calloc(1, sizeof *d);
+    if (!d || !(d->root = strdup(root))) {
+        free(d);
+        return kvt__fail(KVT_ENOMEM, "SSD cache: out of memory");
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
+                             .tokenizer_hash = ident->tokenizer_hash};
+    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io};
+    uint64_t wait_ms = o->lock_wait_ms ? o->lock_wait_ms : 1000;
+    char err[512] = "";
+    rc = open_bounded(root, &id, &so, wait_ms, &d->store, err, sizeof err);
+    if (rc == KVT_EINVAL || rc == KVT_ENOMEM) { /* the flags, not the disk */
+        kvt__fail(rc, "%s", err);
+        kvt_ssd_level_close(d, NULL);
+        return rc;
+    }
+    if (rc) {
+        d->store = NULL;
+        d->open_failures = 1;
+        char why[560];
+        if (rc == 1)
+            snprintf(why, sizeof why, "%s: its lock is held by another process (waited %llu ms)", root,
+                     (unsigned long long)wait_ms);
+        else
+            snprintf(why, sizeof why, "%s: cannot be opened for writing (%s)", root, err[0] ? err : kvt_strerror(rc));
+        /* the same directory read-only: what it holds still serves */
+        so.read_only = 1;
+        char err2[512] = "";
+        int rc2 = disk_error(rc) || rc == 1 ? open_bounded(root, &id, &so, wait_ms, &d->store, err2, sizeof err2)
+                                           : rc;
+        if (rc2 == 0) {
+            d->mode = KVT_LEVEL_MODE_READ_ONLY;
+            snprintf(d->cause, sizeof d->cause, "%s", why);
+        } else {
+            d->store = NULL;
+            d->mode = KVT_LEVEL_MODE_OFF;
+            snprintf(d->cause, sizeof d->cause, "%s", why);
+        }
+    }
+    if (d->store) {
+        kvt_store_cold_tier(d->store, &d->inner);
+        kvt_store_get_stats(d->store, &d->last);
+        d->seen_failed = d->last.failed;
+    }
+    *out = d;
+    return 0;
+}
+
+/* Fills *st; d->mu held. */
+static void ssd_status(kvt_ssd_level *d, kvt_level_status *st)
+{
+    if (!st)
+        return;
+    memset(st, 0, sizeof *st);
+    snprintf(st->name, sizeof st->name, "ssd");
+    snprintf(st->label, sizeof st->label, "SSD cache");
+    snprintf(st->where, sizeof st->where, "%s", d->root);
+    st->mode = d->mode;
+    snprintf(st->cause, sizeof st->cause, "%s", d->cause);
+    st->warn = d->mode != KVT_LEVEL_MODE_READ_WRITE && !d->warned;
+    if (st->warn)
+        d->warned = 1;
+    st->open_failures = d->open_failures;
+    st->write_failures = d->last.failed > d->sync_failures ? d->last.failed : d->sync_failures;
+    st->writes_skipped = d->skipped;
+    st->entries = d->last.entries;
+    st->restores = d->last.restores;
+}
+
+KVT_API void kvt_ssd_level_poll(kvt_ssd_level *d, kvt_level_status *st)
+{
+    if (!d) {
+        if (st)
+            memset(st, 0, sizeof *st);
+        return;
+    }
+    pthread_mutex_lock(&d->mu);
+    if (d->store) {
+        kvt_store_get_stats(d->store, &d->last);
+        if (d->last.failed > d->seen_failed && d->mode == KVT_LEVEL_MODE_READ_WRITE)
+            (void)ssd_flush_locked(d); /* learns the cause */
+    }
+    ssd_status(d, st);
+    pthread_mutex_unlock(&d->mu);
+}
+
+KVT_API int kvt_ssd_level_close(kvt_ssd_level *d, kvt_level_status *st)
+{
+    if (!d) {
+        if (st)
+            memset(st, 0, sizeof *st);
+        return 0;
+    }
+    int ret = 0;
+    pthread_mutex_lock(&d->mu);
+    if (d->store) {
+        (void)ssd_flush_locked(d);
+        pthread_mutex_unlock(&d->mu);
+        int rc = kvt_store_close(d->store); /* nothing queued: says what failed since the flush */
+        pthread_mutex_lock(&d->mu);
+        d->store = NULL;
+        if (disk_error(rc))
+            ssd_trip(d, rc, kvt_last_error());
+        else if (rc == KVT_ETOOBIG)
+            d->too_big = 1;
+    }
+    if (d->too_big)
+        ret = KVT_ETOOBIG;
+    ssd_status(d, st);
+    pthread_mutex_unlock(&d->mu);
+    pthread_mutex_destroy(&d->mu);
+    free(d->root);
+    free(d);
+    return ret;
+}
+
+KVT_API const char *kvt_level_mode_name(kvt_level_mode m)
+{
+    return m == KVT_LEVEL_MODE_READ_WRITE ? "read-write" : m == KVT_LEVEL_MODE_READ_ONLY ? "read-only" : "off";
+}
+
+/* ---- the stack -------------------------------------------------------------------- */
+
+/* One level of the stack: its cold-tier table for the chain and its own life
+ * (poll, close). A new kind of level adds an open function below and fills
+ * one of these. */
+typedef struct stack_level {
+    void *self;
+    kvt_cold_tier tier;          /* given to the chain */
+    int32_t find_budget_ms;      /* the chain's lookup time budget for it */
+    uint32_t chain_flags;        /* KVT_LEVEL_NO_PROMOTE / KVT_LEVEL_NO_DEMOTE */
+    void (*poll)(void *self, kvt_level_status *st);
+    int (*close)(void *self, kvt_level_status *st); /* 0 or KVT_ETOOBIG */
+    kvt_store *(*store)(void *self);                /* NULL for levels without a store */
+} stack_level;
+
+struct kvt_tiers {
+    stack_level lv[KVT_TIER_CHAIN_MAX];
+    int32_t n;
+    kvt_tier_chain *chain;       /* NULL when n == 0 */
+    kvt_cold_tier table;         /* the chain's */
+};
+
+static void ssd_poll_fn(void *self, kvt_level_status *st) { kvt_ssd_level_poll(self, st); }
+static int ssd_close_fn(void *self, kvt_level_status *st) { return kvt_ssd_level_close(self, st); }
+static kvt_store *ssd_store_fn(void *self) { return kvt_ssd_level_store(self); }
+
+static int open_ssd(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o)
+{
+    kvt_ssd_level_opts so = {.max_bytes = o->ssd_max_bytes, .verify = o->ssd_verify,
+                             .lock_wait_ms = o->ssd_lock_wait_ms, .io = o->ssd_io};
+    kvt_ssd_level *d = NULL;
+    int rc = kvt_ssd_level_open(m, id, o->ssd_dir, &so, &d);
+    if (rc)
+        return rc;
+    stack_level *l = &t->lv[t->n++];
+    l->self = d;
+    kvt_ssd_level_tier(d, &l->tier);
+    l->poll = ssd_poll_fn;
+    l->close = ssd_close_fn;
+    l->store = ssd_store_fn;
+    return 0;
+}
+
+/* Closes the levels upper first (a level's entry promoted into the one above
+ * may hold a share of the lower level's release hook), after the chain. */
+static int close_levels(kvt_tiers *t, kvt_tiers_status *st)
+{
+    int ret = 0;
+    kvt_tier_chain_destroy(t->chain);
+    t->chain = NULL;
+    for (int32_t i = 0; i < t->n; i++) {
+        kvt_level_status ls;
+        int rc = t->lv[i].close(t->lv[i].self, &ls);
+        if (rc && !ret)
+            ret = rc;
+        if (st)
+            st->level[i] = ls;
+    }
+    if (st)
+        st->n_levels = t->n;
+    t->n = 0;
+    return ret;
+}
+
+KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o,
+                           kvt_tiers **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "tier stack: out is NULL");
+    *out = NULL;
+    if (!m || !o)
+        return kvt__fail(KVT_EINVAL, "tier stack: model and options are required");
+    if (o->ssd_dir && !*o->ssd_dir)
+        return kvt__fail(KVT_EINVAL, "tier stack: the SSD cache directory is empty");
+    if (o->n_prompt_cache_dirs < 0 || (o->n_prompt_cache_dirs > 0 && !o->prompt_cache_dirs))
+        return kvt__fail(KVT_EINVAL, "tier stack: %d published cache directories and a %s array",
+                         o->n_prompt_cache_dirs, o->prompt_cache_dirs ? "non-NULL" : "NULL");
+    if (o->write_queue < 0)
+        return kvt__fail(KVT_EINVAL, "tier stack: write_queue %d is negative", (int)o->write_queue);
+    if (o->redis_url)
+        return kvt__fail(KVT_EUNSUPPORTED, "tier stack: the remote (Redis) tier is not implemented yet");
+    if (o->n_prompt_cache_dirs > 0)
+        return kvt__fail(KVT_EUNSUPPORTED, "tier stack: published prompt caches are not implemented yet");
+    if (o->ssd_dir && !id)
+        return kvt__fail(KVT_EINVAL, "tier stack: a level needs the model's identity");
+    kvt_tiers *t = calloc(1, sizeof *t);
+    if (!t)
+        return kvt__fail(KVT_ENOMEM, "tier stack: out of memory");
+    int rc = 0;
+    if (o->ssd_dir)
+        rc = open_ssd(t, m, id, o);
+    if (rc == 0 && t->n > 0) {
+        kvt_tier_level lv[KVT_TIER_CHAIN_MAX];
+        for (int32_t i = 0; i < t->n; i++)
+            lv[i] = (kvt_tier_level){.tier = t->lv[i].tier, .find_budget_ms = t->lv[i].find_budget_ms,
+                                     .flags = t->lv[i].chain_flags};
+        kvt_tier_chain_config cc = {.levels = lv, .n_levels = t->n, .write_queue = o->write_queue};
+        rc = kvt_tier_chain_create(&cc, &t->chain);
+        if (rc == 0)
+            kvt_tier_chain_cold_tier(t->chain, &t->table);
+    }
+    if (rc) {
+        char err[512];
+        snprintf(err, sizeof err, "%s", kvt_last_error());
+        close_levels(t, NULL);
+        free(t);
+        return kvt__fail(rc, "%s", err);
+    }
+    *out = t;
+    return 0;
+}
+
+KVT_API int kvt_tiers_cold_tier(kvt_tiers *t, kvt_cold_tier *out)
+{
+    if (!t || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_tiers_cold_tier: %s is NULL", t ? "out" : "stack");
+    if (!t->chain) {
+        memset(out, 0, sizeof *out);
+        return KVT_ENOTFOUND;
+    }
+    *out = t->table;
+    return 0;
+}
+
+KVT_API int32_t kvt_tiers_levels(const kvt_tiers *t) { return t ? t->n : 0; }
+
+KVT_API kvt_tier_chain *kvt_tiers_chain(kvt_tiers *t) { return t ? t->chain : NULL; }
+
+KVT_API kvt_store *kvt_tiers_store(kvt_tiers *t)
+{
+    if (!t)
+        return NULL;
+    for (int32_t i = 0; i < t->n; i++)
+        if (t->lv[i].store)
+            return t->lv[i].store(t->lv[i].self);
+    return NULL;
+}
+
+KVT_API void kvt_tiers_poll(kvt_tiers *t, kvt_tiers_status *st)
+{
+    if (!st)
+        return;
+    st->n_levels = t ? t->n : 0;
+    for (int32_t i = 0; i < st->n_levels; i++)
+        t->lv[i].poll(t->lv[i].self, &st->level[i]);
+}
+
+KVT_API int kvt_tiers_say(const kvt_tiers_status *st, const char *prog, const char *counted, FILE *f)
+{
+    int lines = 0;
+    for (int32_t i = 0; st && i < st->n_levels; i++) {
+        const kvt_level_status *l = &st->level[i];
+        if (!l->warn)
+            continue;
+        fprintf(f, "%s: warning: %s %s; %s (replies are unaffected; %s)\n", prog, l->label, l->cause,
+                l->mode == KVT_LEVEL_MODE_OFF
+                    ? "continuing without it"
+                    : "continuing read-only: what it holds still serves, nothing more is written",
+                counted);
+        lines++;
+    }
+    if (lines)
+        fflush(f);
+    return lines;
+}
+
+KVT_API int kvt_tiers_warn(kvt_tiers *t, const char *prog, const char *counted, FILE *f)
+{
+    kvt_tiers_status st;
+    kvt_tiers_poll(t, &st);
+    return kvt_tiers_say(&st, prog, counted, f);
+}
+
+KVT_API int kvt_tiers_close(kvt_tiers *t, kvt_tiers_status *st)
+{
+    if (st)
+        memset(st, 0, sizeof *st);
+    if (!t)
+        return 0;
+    int ret = 0;
+    if (t->chain) {
+        /* queued promotions and demotions, then every level's write-behind;
+         * a level's disk failure is its degradation (reported in st), and
+         * ETOOBIG is what each level's close returns below */
+        (void)t->table.flush(t->table.self);
+    }
+    ret = close_levels(t, st);
+    free(t);
+    return ret;
+}

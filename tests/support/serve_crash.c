@@ -1,0 +1,315 @@
+/* serve_crash.c: SIGKILL crash trials of `kvtier serve --ssd-cache` (serve_crash.h). */
+#include "serve_crash.h"
+
+#include "serve_util.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define N_CONV 8    /* conversations the clients run */
+#define N_TURNS 3   /* turns of each */
+#define N_CLIENTS 8
+#define MAX_TOKENS 24
+#define PROBE N_CONV /* one more conversation: the SSD reuse probe */
+
+static const char *const g_system = "You are a storyteller. Tell short, happy stories for children.";
+static const char *const g_users[N_TURNS] = {
+    "Tell me a story about a little dog.",
+    "What did the dog find in the garden?",
+    "How did the story end?",
+};
+static const char *const g_names[N_CONV + 1] = {"Lily", "Tom", "Ben", "Sue", "Max", "Amy", "Sam", "Zoe", "Tim"};
+
+/* reference replies of the cache-off server: g_ref[conversation][turn] */
+static char *g_ref[N_CONV + 1][N_TURNS];
+
+static char *user_text(int conv, int turn)
+{
+    char *s = NULL;
+    if (asprintf(&s, "%s says: %s", g_names[conv], g_users[turn]) < 0)
+        return NULL;
+    return s;
+}
+
+/* The body of turn `turn` of conversation `conv`, its history made of the
+ * reference replies (a correct server gave exactly those). */
+static char *body_of(int conv, int turn)
+{
+    json_t *msgs = json_array();
+    json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", g_system));
+    for (int t = 0; t <= turn; t++) {
+        char *u = user_text(conv, t);
+        json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "user", "content", u ? u : ""));
+        free(u);
+        if (t < turn)
+            json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "assistant", "content", g_ref[conv][t]));
+    }
+    char key[32];
+    snprintf(key, sizeof key, "conv-%d", conv);
+    json_t *doc = json_pack("{s:o, s:f, s:i, s:s}", "messages", msgs, "temperature", 0.0, "max_tokens", MAX_TOKENS,
+                            "prompt_cache_key", key);
+    char *s = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    return s;
+}
+
+/* POSTs turn `turn` of `conv`: the status, and on 200 the reply (caller
+ * frees) and the prompt tokens reused from the SSD tier. */
+static int ask(int port, int conv, int turn, char **reply, int64_t *ssd)
+{
+    *reply = NULL;
+    *ssd = 0;
+    char *body = body_of(conv, turn);
+    kvt_ts_resp r;
+    int st = kvt_ts_http(port, "POST", "/v1/chat/completions", NULL, body, 60, &r);
+    free(body);
+    if (st == 200) {
+        json_t *doc = json_loads(r.body, 0, NULL);
+        json_t *c = json_array_get(json_object_get(doc, "choices"), 0);
+        const char *text = json_string_value(json_object_get(json_object_get(c, "message"), "content"));
+        json_t *u = json_object_get(doc, "usage");
+        *ssd = json_integer_value(json_object_get(json_object_get(json_object_get(u, "kvtier"), "reused_tokens"), "ssd"));
+        *reply = text ? strdup(text) : NULL;
+        if (!text)
+            st = -2; /* a 200 without a reply: counted as wrong */
+        json_decref(doc);
+    }
+    kvt_ts_resp_free(&r);
+    return st;
+}
+
+typedef struct client {
+    pthread_t th;
+    int id, port;
+    uint64_t rng;
+    atomic_int *stop;
+    int64_t replies, wrong, errors, dropped, ssd_tokens;
+} client;
+
+static uint64_t next_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    for (int k = 0; !atomic_load(c->stop); k++) {
+        int conv = (int)((c->id + next_rand(&c->rng)) % N_CONV), turn = (int)(next_rand(&c->rng) % N_TURNS);
+        char *reply;
+        int64_t ssd;
+        int st = ask(c->port, conv, turn, &reply, &ssd);
+        if (st == 200) {
+            c->replies++;
+            c->ssd_tokens += ssd;
+            if (strcmp(reply, g_ref[conv][turn])) {
+                c->wrong++;
+                fprintf(stderr, "serve_crash: WRONG reply to conversation %d turn %d:\n  got  \"%s\"\n  want \"%s\"\n",
+                        conv, turn, reply, g_ref[conv][turn]);
+            }
+            free(reply);
+        } else if (st == -2) {
+            c->replies++;
+            c->wrong++;
+        } else if (st < 0) {
+            c->dropped++;
+            break; /* the server is gone */
+        } else {
+            c->errors++;
+            usleep(20000);
+        }
+    }
+    return NULL;
+}
+
+static int64_t stats_written(int port)
+{
+    kvt_ts_resp r;
+    int64_t w = -1;
+    if (kvt_ts_http(port, "GET", "/stats", NULL, NULL, 10, &r) == 200) {
+        json_t *doc = json_loads(r.body, 0, NULL);
+        w = json_integer_value(json_object_get(json_object_get(doc, "ssd"), "written"));
+        json_decref(doc);
+    }
+    kvt_ts_resp_free(&r);
+    return w;
+}
+
+static int store_verify(const char *bin, const char *dir, const char *log)
+{
+    char cmd[2000];
+    snprintf(cmd, sizeof cmd, "'%s' store verify '%s' > '%s' 2>&1", bin, dir, log);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_report *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *bin = getenv("KVT_BIN"), *shared = getenv("KVT_SHARED_DIR");
+    char model[1024], tok[1024];
+    snprintf(model, sizeof model, "%s/data/models/stories260K.bin", shared ? shared : "../shared");
+    snprintf(tok, sizeof tok, "%s/data/models/tok512.bin", shared ? shared : "../shared");
+    if (!bin || access(model, R_OK) || access(tok, R_OK)) {
+        printf("serve_crash: skipped: needs KVT_BIN and %s with tok512.bin (set KVT_SHARED_DIR)\n", model);
+        return 77;
+    }
+    char tmp[64] = "/tmp/kvt_serve_crash_XXXXXX";
+    if (!mkdtemp(tmp))
+        return -1;
+    char ssd[128], log[160], vlog[160];
+    snprintf(ssd, sizeof ssd, "%s/ssd", tmp);
+    snprintf(vlog, sizeof vlog, "%s/verify.log", tmp);
+    int rc = -1;
+
+    /* the cache-off reference, turn by turn (each turn's history holds the
+     * reference replies before it) */
+    kvt_ts_server ref;
+    snprintf(log, sizeof log, "%s/ref.log", tmp);
+    const char *ref_args[] = {"--model", model, "--tokenizer", tok, "--prompt-cache", "0", "--threads", "1", NULL};
+    if (kvt_ts_server_start(&ref, bin, log, ref_args))
+        goto out;
+    for (int t = 0; t < N_TURNS; t++)
+        for (int c = 0; c <= N_CONV; c++) {
+            int64_t ssd_tok;
+            if (ask(ref.port, c, t, &g_ref[c][t], &ssd_tok) != 200) {
+                fprintf(stderr, "serve_crash: the cache-off server did not answer conversation %d turn %d\n", c, t);
+                kvt_ts_server_kill(&ref);
+                goto out;
+            }
+        }
+    kvt_ts_server_stop(&ref);
+
+    /* a small RAM cache so the SSD tier serves, write-behind and idle demotion */
+    const char *args[] = {"--model", model, "--tokenizer", tok, "--ssd-cache", ssd, "--ssd-cache-max", "48M",
+                          "--prompt-cache", "4M", "--demote-idle", "100", NULL};
+    uint64_t rng = seed ? seed : 1;
+    for (int trial = 0; trial < trials; trial++) {
+        kvt_ts_server sv;
+        snprintf(log, sizeof log, "%s/serve-%d.log", tmp, trial % 2);
+        if (kvt_ts_server_start(&sv, bin, log, args))
+            goto out;
+        int probe_hit = 0;
+        if (trial == 0) {
+            /* the probe's first turn, until it is on the SSD tier */
+            char *reply;
+            int64_t s0;
+            if (ask(sv.port, PROBE, 0, &reply, &s0) == 200) {
+                out->replies++;
+                if (strcmp(reply, g_ref[PROBE][0]))
+                    out->wrong++;
+                free(reply);
+            }
+            for (int i = 0; i < 500 && stats_written(sv.port) <= 0; i++)
+                usleep(20000);
+        } else {
+            char *reply;
+            int64_t s1 = 0;
+            int st = ask(sv.port, PROBE, 1, &reply, &s1);
+            if (st == 200) {
+                out->replies++;
+                if (strcmp(reply, g_ref[PROBE][1])) {
+                    out->wrong++;
+                    fprintf(stderr, "serve_crash: WRONG probe reply after restart %d\n", trial);
+                }
+                free(reply);
+                probe_hit = s1 > 0;
+                out->probe_ssd_hits += probe_hit;
+                out->ssd_tokens += s1;
+            } else {
+                out->errors++;
+                fprintf(stderr, "serve_crash: trial %d: the probe got status %d\n", trial, st);
+            }
+        }
+        atomic_int stop = 0;
+        client cl[N_CLIENTS];
+        for (int i = 0; i < N_CLIENTS; i++) {
+            memset(&cl[i], 0, sizeof cl[i]);
+            cl[i].id = i;
+            cl[i].port = sv.port;
+            cl[i].rng = next_rand(&rng) | 1;
+            cl[i].stop = &stop;
+            pthread_create(&cl[i].th, NULL, client_main, &cl[i]);
+        }
+        /* kill at a random moment: 50 ms to 1.5 s into the load */
+        useconds_t wait_us = (useconds_t)(50000 + next_rand(&rng) % 1450000);
+        usleep(wait_us);
+        kvt_ts_server_kill(&sv);
+        atomic_store(&stop, 1);
+        int64_t rep = 0, wr = 0, dr = 0;
+        for (int i = 0; i < N_CLIENTS; i++) {
+            pthread_join(cl[i].th, NULL);
+            rep += cl[i].replies;
+            wr += cl[i].wrong;
+            dr += cl[i].dropped;
+            out->errors += cl[i].errors;
+            out->ssd_tokens += cl[i].ssd_tokens;
+        }
+        out->replies += rep;
+        out->wrong += wr;
+        out->dropped += dr;
+        int v = store_verify(bin, ssd, vlog);
+        if (v != 0) {
+            out->unclean++;
+            char buf[4096] = "";
+            FILE *f = fopen(vlog, "r");
+            if (f) {
+                size_t n = fread(buf, 1, sizeof buf - 1, f);
+                buf[n] = '\0';
+                fclose(f);
+            }
+            fprintf(stderr, "serve_crash: trial %d: store verify exited %d:\n%s\n", trial, v, buf);
+        }
+        out->trials++;
+        if (verbose)
+            printf("  trial %3d: killed after %4u ms, %3lld replies (%lld wrong), %lld cut, verify %d, probe from "
+                   "ssd %s\n",
+                   trial, (unsigned)(wait_us / 1000), (long long)rep, (long long)wr, (long long)dr, v,
+                   trial ? (probe_hit ? "yes" : "no") : "-");
+    }
+    /* a last restart, stopped cleanly */
+    {
+        kvt_ts_server sv;
+        snprintf(log, sizeof log, "%s/serve-last.log", tmp);
+        if (kvt_ts_server_start(&sv, bin, log, args))
+            goto out;
+        char *reply;
+        int64_t s1 = 0;
+        if (ask(sv.port, PROBE, 1, &reply, &s1) == 200) {
+            out->replies++;
+            out->wrong += strcmp(reply, g_ref[PROBE][1]) != 0;
+            out->probe_ssd_hits += s1 > 0;
+            out->ssd_tokens += s1;
+            free(reply);
+        }
+        out->final_stop_rc = kvt_ts_server_stop(&sv);
+        if (store_verify(bin, ssd, vlog) != 0)
+            out->unclean++;
+    }
+    rc = 0;
+out:
+    for (int c = 0; c <= N_CONV; c++)
+        for (int t = 0; t < N_TURNS; t++) {
+            free(g_ref[c][t]);
+            g_ref[c][t] = NULL;
+        }
+    char cmd[200];
+    if (getenv("KVT_TEST_KEEP")) {
+        printf("serve_crash: kept %s\n", tmp);
+        return rc;
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "serve_crash: cannot remove %s\n", tmp);
+    return rc;
+}
