@@ -1749,7 +1749,7 @@ KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn ov
             uint64_t id = v->id;
             int64_t len = v->n_tokens;
             pthread_mutex_unlock(&pc->mu);
-            rc = pc->cold.store(pc->cold.self, &views);
+            rc = pc->cold.store(pc->cold.self, &views); /* must finish now (3.7) */
             kvt_entry_clear(&views); /* v still holds the buffers: nothing is freed here */
             pthread_mutex_lock(&pc->mu);
             if (rc) {
