@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "                   [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
             "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
-            "                    [--demote-idle MS]] [--transcript FILE]\n"
+            "                    [--demote-idle MS]] [--prompt-cache-dir DIR ...] [--transcript FILE]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
@@ -84,6 +84,11 @@ static void usage(FILE *f)
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
             "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
+            "  --prompt-cache-dir DIR  mount the published prompt cache in DIR (kvtier cache publish)\n"
+            "                        read-only, below the other tiers; repeatable. Its CURRENT\n"
+            "                        generation is validated whole (SHA-256 of every shard) before it\n"
+            "                        serves; a new publication is picked up between turns; a refused\n"
+            "                        one is warned about once and the mounted one keeps serving\n"
             "  --transcript FILE     resume the conversation saved in FILE (JSON: [{\"user\": ...,\n"
             "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"
             "                        with --ssd-cache a new process continues where the last stopped.\n"
@@ -371,6 +376,8 @@ int kvt_cmd_chat(int argc, char **argv)
     const char *ssd_dir = NULL, *transcript = NULL;
     uint64_t ssd_max = 0;
     long long demote_idle = 0;
+    const char *pub_dirs[KVT_TIER_CHAIN_MAX];
+    int n_pub = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -394,7 +401,8 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--temperature", "--top-p", "--seed", "--block-tokens",
                                                  "--adapter", "--adapter-version", "--ssd-cache",
                                                  "--ssd-cache-max", "--demote-idle", "--transcript",
-                                                 "--prefill-checkpoint-stride", "--threads", NULL};
+                                                 "--prefill-checkpoint-stride", "--threads",
+                                                 "--prompt-cache-dir", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -420,6 +428,12 @@ int kvt_cmd_chat(int argc, char **argv)
             ssd_dir = v;
         else if (!strcmp(a, "--transcript"))
             transcript = v;
+        else if (!strcmp(a, "--prompt-cache-dir")) {
+            if (!*v || n_pub == KVT_TIER_CHAIN_MAX - 1)
+                return usage_error(*v ? "too many --prompt-cache-dir (at most 7)" : "--prompt-cache-dir wants a directory",
+                                   NULL);
+            pub_dirs[n_pub++] = v;
+        }
         else if (!strcmp(a, "--demote-idle"))
             rc = parse_i64(a, v, 0, LLONG_MAX, &demote_idle);
         else if (!strcmp(a, "--prompt-cache") || !strcmp(a, "--kv-budget") || !strcmp(a, "--ssd-cache-max")) {
@@ -460,6 +474,8 @@ int kvt_cmd_chat(int argc, char **argv)
         return usage_error("--ssd-cache-max, --ssd-cache-verify and --demote-idle need --ssd-cache DIR", NULL);
     if (ssd_dir && pc_bytes == 0)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
+    if (n_pub && pc_bytes == 0)
+        return usage_error("--prompt-cache-dir needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
 
     char **lines = NULL;
     int32_t n_lines = 0;
@@ -502,7 +518,7 @@ int kvt_cmd_chat(int argc, char **argv)
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,
                                 .block_tokens = (int32_t)block, .demote_idle_ms = (uint64_t)demote_idle};
     kvt_chat_identity ident;
-    if ((ssd_dir || stats) && (rc = kvt_chat_identity_compute(m, used_tok, &ident))) {
+    if ((ssd_dir || n_pub || stats) && (rc = kvt_chat_identity_compute(m, used_tok, &ident))) {
         status = fail("cannot hash the model", rc);
         goto done;
     }
@@ -512,8 +528,9 @@ int kvt_cmd_chat(int argc, char **argv)
                 (unsigned long long)ident.tokenizer_bytes, ident.ms);
         fflush(stderr);
     }
-    kvt_tiers_opts to = {.ssd_dir = ssd_dir, .ssd_max_bytes = ssd_max, .ssd_verify = ssd_verify};
-    if ((rc = kvt_tiers_open(m, ssd_dir ? &ident : NULL, &to, &tiers))) {
+    kvt_tiers_opts to = {.ssd_dir = ssd_dir, .ssd_max_bytes = ssd_max, .ssd_verify = ssd_verify,
+                         .prompt_cache_dirs = pub_dirs, .n_prompt_cache_dirs = n_pub};
+    if ((rc = kvt_tiers_open(m, ssd_dir || n_pub ? &ident : NULL, &to, &tiers))) {
         status = fail("cannot open the SSD cache", rc);
         if (rc == KVT_EINVAL || rc == KVT_EUNSUPPORTED)
             status = 2; /* the flags, not the disk */

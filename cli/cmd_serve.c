@@ -23,7 +23,8 @@ static void usage(FILE *f)
             "usage: kvtier serve [--model M.bin --tokenizer T.bin] [--model-name NAME]\n"
             "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
-            "                     [--demote-idle MS]] [--max-queue N] [--max-running N]\n"
+            "                     [--demote-idle MS]] [--prompt-cache-dir DIR ...]\n"
+            "                    [--max-queue N] [--max-running N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
             "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
             "\n"
@@ -53,6 +54,13 @@ static void usage(FILE *f)
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
             "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
+            "  --prompt-cache-dir DIR  mount the published prompt cache in DIR (kvtier cache publish)\n"
+            "                        read-only, below the other tiers; repeatable (at most 7). Its\n"
+            "                        CURRENT generation is validated whole (SHA-256 of every shard)\n"
+            "                        before it serves; a new publication is picked up without a\n"
+            "                        restart (CURRENT is re-read every second, requests move over\n"
+            "                        between lookups); a refused one is warned about once and the\n"
+            "                        mounted one keeps serving\n"
             "  --max-queue N         requests waiting for admission at most (default 64); then 429\n"
             "                        with Retry-After\n"
             "  --max-running N       requests admitted at once at most (default 64)\n"
@@ -95,6 +103,8 @@ int kvt_cmd_serve(int argc, char **argv)
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
               max_conn = 256, threads = 0;
     uint64_t max_body = 1 << 20;
+    const char *pub_dirs[7];
+    int n_pub = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -108,7 +118,8 @@ int kvt_cmd_serve(int argc, char **argv)
         static const char *const with_value[] = {
             "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
-            "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads", NULL};
+            "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
+            "--prompt-cache-dir", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -130,6 +141,12 @@ int kvt_cmd_serve(int argc, char **argv)
             o.host = v;
         else if (!strcmp(a, "--ssd-cache"))
             o.ssd_dir = v;
+        else if (!strcmp(a, "--prompt-cache-dir")) {
+            if (!*v || n_pub == 7)
+                return usage_error(*v ? "too many --prompt-cache-dir (at most 7)" : "--prompt-cache-dir wants a directory",
+                                   NULL);
+            pub_dirs[n_pub++] = v;
+        }
         else if (!strcmp(a, "--api-key")) {
             if (!*v)
                 return usage_error("--api-key wants a non-empty key", NULL);
@@ -170,6 +187,10 @@ int kvt_cmd_serve(int argc, char **argv)
         return usage_error("--ssd-cache-max, --ssd-cache-verify and --demote-idle need --ssd-cache DIR", NULL);
     if (o.ssd_dir && o.prompt_cache_bytes == 0)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
+    if (n_pub && o.prompt_cache_bytes == 0)
+        return usage_error("--prompt-cache-dir needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
+    o.prompt_cache_dirs = pub_dirs;
+    o.n_prompt_cache_dirs = n_pub;
     if (max_body < 1)
         return usage_error("--max-body must be at least 1 byte", NULL);
     if (!o.api_key) {

@@ -5,7 +5,9 @@
  */
 #include "tiers.h"
 
-#include "internal.h"
+#include "util.h"
+
+#include "kvtier/publish.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -495,6 +497,97 @@ static int open_ssd(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *i
     return 0;
 }
 
+/* ---- published prompt caches: read-only levels at the bottom -------------------- */
+
+/* One --prompt-cache-dir: the read-only tier over its CURRENT generation
+ * (kvtier/publish.h), which picks up a new publication by itself. Its mode
+ * is READ_ONLY while a generation is mounted and OFF while none is; a
+ * refused generation is warned about once (the mounted one keeps serving). */
+typedef struct pub_level {
+    pthread_mutex_t mu;
+    kvt_published *p;
+    char *dir;
+    uint64_t refusals_said; /* refusals already warned about; under mu */
+    int off_said;           /* "nothing mounted" warned about; under mu */
+} pub_level;
+
+static void pub_poll_fn(void *self, kvt_level_status *st)
+{
+    pub_level *l = self;
+    memset(st, 0, sizeof *st);
+    snprintf(st->name, sizeof st->name, "published");
+    snprintf(st->label, sizeof st->label, "published prompt cache");
+    snprintf(st->where, sizeof st->where, "%s", l->dir);
+    kvt_published_status ps;
+    kvt_published_get_status(l->p, &ps);
+    kvt_cold_tier t;
+    kvt_tier_stats ts;
+    kvt_published_cold_tier(l->p, &t);
+    t.stats(t.self, &ts);
+    st->entries = ts.entries;
+    st->restores = ts.restores;
+    st->mode = ps.generation[0] ? KVT_LEVEL_MODE_READ_ONLY : KVT_LEVEL_MODE_OFF;
+    if (ps.refusals)
+        snprintf(st->cause, sizeof st->cause, "%.150s: generation %s refused (%s): %.300s%s%s", l->dir,
+                 ps.last_refused, kvt_publish_refusal_name(ps.last_refusal), ps.last_detail,
+                 ps.generation[0] ? "; still serving generation " : "", ps.generation);
+    else if (!ps.generation[0])
+        snprintf(st->cause, sizeof st->cause, "%.400s: nothing published yet (no CURRENT); mounted once published",
+                 l->dir);
+    pthread_mutex_lock(&l->mu);
+    if (ps.refusals > l->refusals_said) {
+        st->warn = 1;
+        l->refusals_said = ps.refusals;
+    } else if (!ps.generation[0] && !l->off_said) {
+        st->warn = 1;
+    }
+    if (!ps.generation[0])
+        l->off_said = 1;
+    pthread_mutex_unlock(&l->mu);
+}
+
+static int pub_close_fn(void *self, kvt_level_status *st)
+{
+    pub_level *l = self;
+    if (st)
+        pub_poll_fn(l, st);
+    kvt_published_close(l->p);
+    pthread_mutex_destroy(&l->mu);
+    free(l->dir);
+    free(l);
+    return 0;
+}
+
+static int open_published(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const char *dir)
+{
+    if (t->n >= KVT_TIER_CHAIN_MAX)
+        return kvt__fail(KVT_EINVAL, "tier stack: at most %d levels (SSD, remote and published caches together)",
+                         KVT_TIER_CHAIN_MAX);
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    int rc = model_fingerprint(m, fp);
+    if (rc)
+        return rc;
+    kvt_store_identity sid = {.model_id = id->model_id, .config_fingerprint = fp, .tokenizer_hash = id->tokenizer_hash};
+    pub_level *l = calloc(1, sizeof *l);
+    if (!l || !(l->dir = strdup(dir))) {
+        free(l);
+        return kvt__fail(KVT_ENOMEM, "tier stack: out of memory");
+    }
+    if ((rc = kvt_published_open(dir, &sid, NULL, &l->p))) {
+        free(l->dir);
+        free(l);
+        return rc;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    stack_level *sl = &t->lv[t->n++];
+    sl->self = l;
+    kvt_published_cold_tier(l->p, &sl->tier);
+    sl->chain_flags = KVT_LEVEL_NO_PROMOTE | KVT_LEVEL_NO_DEMOTE;
+    sl->poll = pub_poll_fn;
+    sl->close = pub_close_fn;
+    return 0;
+}
+
 /* Closes the levels upper first (a level's entry promoted into the one above
  * may hold a share of the lower level's release hook), after the chain. */
 static int close_levels(kvt_tiers *t, kvt_tiers_status *st)
@@ -533,9 +626,10 @@ KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, cons
         return kvt__fail(KVT_EINVAL, "tier stack: write_queue %d is negative", (int)o->write_queue);
     if (o->redis_url)
         return kvt__fail(KVT_EUNSUPPORTED, "tier stack: the remote (Redis) tier is not implemented yet");
-    if (o->n_prompt_cache_dirs > 0)
-        return kvt__fail(KVT_EUNSUPPORTED, "tier stack: published prompt caches are not implemented yet");
-    if (o->ssd_dir && !id)
+    for (int i = 0; i < o->n_prompt_cache_dirs; i++)
+        if (!o->prompt_cache_dirs[i] || !*o->prompt_cache_dirs[i])
+            return kvt__fail(KVT_EINVAL, "tier stack: published cache directory %d is empty", i + 1);
+    if ((o->ssd_dir || o->n_prompt_cache_dirs > 0) && !id)
         return kvt__fail(KVT_EINVAL, "tier stack: a level needs the model's identity");
     kvt_tiers *t = calloc(1, sizeof *t);
     if (!t)
@@ -543,6 +637,8 @@ KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, cons
     int rc = 0;
     if (o->ssd_dir)
         rc = open_ssd(t, m, id, o);
+    for (int i = 0; rc == 0 && i < o->n_prompt_cache_dirs; i++)
+        rc = open_published(t, m, id, o->prompt_cache_dirs[i]);
     if (rc == 0 && t->n > 0) {
         kvt_tier_level lv[KVT_TIER_CHAIN_MAX];
         for (int32_t i = 0; i < t->n; i++)

@@ -150,9 +150,15 @@ typedef struct kvt_tiers_opts {
     /* shared remote tier (below the SSD tier) */
     const char *redis_url;        /* --redis URL; NULL = none. Not implemented yet:
                                      KVT_EUNSUPPORTED when set */
-    /* published read-only prompt caches (the bottom levels, in order) */
+    /* published read-only prompt caches (the bottom levels, in order): each
+     * mounts the CURRENT generation of its directory (kvtier/publish.h:
+     * validated whole, SHA-256 of every shard, before it serves), picks up a
+     * new publication by itself (CURRENT is re-read every second; a request
+     * reads an entry from the generation it found it in), and keeps serving
+     * the mounted generation when a new one is refused. A directory with
+     * nothing published is OFF until something is. Never written. */
     const char *const *prompt_cache_dirs; /* --prompt-cache-dir DIR, (n_prompt_cache_dirs) */
-    int n_prompt_cache_dirs;      /* 0 = none. Not implemented yet: KVT_EUNSUPPORTED when > 0 */
+    int n_prompt_cache_dirs;      /* 0 = none */
     int32_t write_queue;          /* the chain's promotion/demotion queue, entries (0 = 64) */
 } kvt_tiers_opts;
 
@@ -173,9 +179,10 @@ typedef struct kvt_tiers kvt_tiers;
  * @param out receives the stack; close it with kvt_tiers_close() after the
  *   service using it is closed.
  * @return 0; KVT_EINVAL (NULL m, o or out; id NULL with a level set; an
- *   empty ssd_dir; n_prompt_cache_dirs < 0, or > 0 with a NULL array;
- *   write_queue < 0); KVT_EUNSUPPORTED (redis_url or prompt_cache_dirs set:
- *   those levels do not exist yet); KVT_ENOMEM; kvt_tier_chain_create's
+ *   empty ssd_dir; n_prompt_cache_dirs < 0, or > 0 with a NULL array, or
+ *   an empty one; more than KVT_TIER_CHAIN_MAX levels; write_queue < 0);
+ *   KVT_EUNSUPPORTED (redis_url set: that level does not exist yet);
+ *   KVT_ENOMEM; kvt_published_open's errors; kvt_tier_chain_create's
  *   errors. On error nothing is left open. */
 KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o, kvt_tiers **out);
 

@@ -20,7 +20,7 @@
 
 #include "chat.h"
 #include "tiers.h"
-#include "internal.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,6 +39,7 @@
 struct kvt_server {
     kvt_server_opts o;           /* strings below are owned copies */
     char *host, *model_path, *tok_path, *model_name_opt, *ssd_dir, *api_key;
+    char *pub_dirs[8];           /* copies of o.prompt_cache_dirs */
     struct MHD_Daemon *d;
     int port;
     kvt_srv_metrics *metrics;
@@ -860,6 +861,8 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
                          o->model_path ? "--tokenizer" : "--model");
     if (o->port < 0 || o->port > 65535)
         return kvt__fail(KVT_EINVAL, "port %d is not in [0, 65535]", o->port);
+    if (o->n_prompt_cache_dirs < 0 || o->n_prompt_cache_dirs > 7 || (o->n_prompt_cache_dirs && !o->prompt_cache_dirs))
+        return kvt__fail(KVT_EINVAL, "%d published cache directories: 0 to 7", o->n_prompt_cache_dirs);
     kvt_server *s = calloc(1, sizeof *s);
     if (!s)
         return kvt__fail(KVT_ENOMEM, "out of memory");
@@ -871,6 +874,9 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->model_name_opt = xstrdup(o->model_name);
     s->ssd_dir = xstrdup(o->ssd_dir);
     s->api_key = xstrdup(o->api_key);
+    for (int i = 0; i < o->n_prompt_cache_dirs; i++)
+        s->pub_dirs[i] = xstrdup(o->prompt_cache_dirs[i]);
+    s->o.prompt_cache_dirs = (const char *const *)s->pub_dirs;
     s->o.host = s->host;
     s->o.model_path = s->model_path;
     s->o.tok_path = s->tok_path;
@@ -967,12 +973,14 @@ int kvt_server_load(kvt_server *s)
     kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
                                 .demote_idle_ms = s->o.demote_idle_ms};
     kvt_chat_identity ident;
-    if (s->ssd_dir && (rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
+    int levels = s->ssd_dir || s->o.n_prompt_cache_dirs;
+    if (levels && (rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
         return rc;
     /* a disk that cannot be written degrades the tier (read-only or off,
      * warned by kvt_server_poll_tiers), never the server */
-    kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify};
-    if ((rc = kvt_tiers_open(s->m, s->ssd_dir ? &ident : NULL, &to, &s->tiers)))
+    kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify,
+                         .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs};
+    if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
         return rc;
     s->store = kvt_tiers_store(s->tiers);
     if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0)
@@ -1043,6 +1051,8 @@ void kvt_server_destroy(kvt_server *s)
     free(s->model_name_opt);
     free(s->ssd_dir);
     free(s->api_key);
+    for (int i = 0; i < 8; i++)
+        free(s->pub_dirs[i]);
     pthread_mutex_destroy(&s->tiers_mu);
     free(s);
 }

@@ -40,6 +40,9 @@ typedef struct kvt_server_opts {
     const char *ssd_dir;         /* SSD tier directory, NULL = none */
     uint64_t ssd_max_bytes;      /* its byte budget, 0 = unlimited */
     int ssd_verify;              /* check SHA-256 of every shard on load */
+    const char *const *prompt_cache_dirs; /* published prompt caches mounted read-only
+                                    (kvt_tiers_opts), (n_prompt_cache_dirs); copied */
+    int n_prompt_cache_dirs;     /* 0 = none; at most 7 */
     uint64_t demote_idle_ms;     /* RAM entries idle this long leave RAM once on SSD; 0 never */
     int64_t max_queue;           /* requests waiting for admission at most (0: none wait) */
     int64_t max_running;         /* requests admitted at once at most; 0 = 64 */

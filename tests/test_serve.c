@@ -1150,6 +1150,110 @@ static void test_slow_clients(void **state)
     assert_int_equal(server_stop(&sv), 0);
 }
 
+/* ---- published prompt caches --------------------------------------------------------------------- */
+
+/* Publishes "System: SYS\n" (the server's rendering of a system message)
+ * into dir with `kvtier cache publish`; returns its token count. */
+static int64_t publish_system(const char *dir, const char *sys, const char *name)
+{
+    char path[400], cmd[3000];
+    snprintf(path, sizeof path, "%s/%s.jsonl", tmpdir, name);
+    char text[1024];
+    snprintf(text, sizeof text, "System: %s\n", sys);
+    json_t *line = json_pack("{s:s}", "text", text);
+    char *js = json_dumps(line, JSON_COMPACT);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "%s\n", js);
+    fclose(f);
+    free(js);
+    json_decref(line);
+    snprintf(cmd, sizeof cmd, "%s cache publish --model %s --tokenizer %s --prompts %s --out %s >/dev/null 2>&1", bin,
+             model, tokenizer, path, dir);
+    assert_int_equal(system(cmd), 0);
+    kvt_tokenizer *tok;
+    assert_int_equal(kvt_tokenizer_load(tokenizer, 512, &tok), 0);
+    int32_t ids[1024];
+    int64_t n = 0;
+    assert_int_equal(kvt_tokenizer_encode(tok, text, 1, 0, ids, 1024, &n), 0);
+    kvt_tokenizer_free(tok);
+    return n;
+}
+
+static char *system_body(const char *sys, const char *user)
+{
+    json_t *doc = json_pack("{s:[{s:s, s:s}, {s:s, s:s}], s:f, s:i}", "messages", "role", "system", "content", sys,
+                            "role", "user", "content", user, "temperature", 0.0, "max_tokens", 32);
+    char *b = json_dumps(doc, JSON_COMPACT);
+    json_decref(doc);
+    return b;
+}
+
+/* One request; returns the reply text (caller frees) and the usage (caller decrefs). */
+static char *system_turn(int port, const char *sys, const char *user, json_t **usage)
+{
+    char *body = system_body(sys, user);
+    resp r;
+    http(port, "POST", "/v1/chat/completions", NULL, body, &r);
+    free(body);
+    if (r.status != 200)
+        fprintf(stderr, "system turn: %d %s\n", r.status, r.body);
+    assert_int_equal(r.status, 200);
+    json_t *doc = parse(&r);
+    json_t *c = json_array_get(json_object_get(doc, "choices"), 0);
+    char *text = strdup(json_string_value(json_object_get(json_object_get(c, "message"), "content")));
+    *usage = json_incref(json_object_get(doc, "usage"));
+    json_decref(doc);
+    resp_free(&r);
+    return text;
+}
+
+/* A published system prompt mounted with --prompt-cache-dir: the first
+ * request of a fresh server reuses the whole published prefix (cached_tokens
+ * equal to its length), with a reply identical to cache-off; a publication
+ * made while the server runs is picked up without a restart. */
+static void test_published_prompt(void **state)
+{
+    NEED_MODEL();
+    const char *sys1 = "You are a kind storyteller who tells short tales about a little dog named Max.";
+    const char *sys2 = "You are a poet. Every answer rhymes and talks about the sea and the moon.";
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/published", tmpdir);
+    int64_t n1 = publish_system(dir, sys1, "sys1");
+    const char *extra[] = {"--prompt-cache-dir", dir, NULL};
+    server sv;
+    server_start(&sv, "published", extra);
+    json_t *u, *uoff;
+    char *on = system_turn(sv.port, sys1, "Tell me a story.", &u);
+    char *off = system_turn(off_srv.port, sys1, "Tell me a story.", &uoff);
+    int64_t cached = usage_int(u, "prompt_tokens_details", "cached_tokens");
+    printf("published system prompt of %lld tokens: first request of a fresh server reused %lld of %lld prompt "
+           "tokens\n",
+           (long long)n1, (long long)cached, (long long)usage_int(u, "prompt_tokens", NULL));
+    assert_int_equal(cached, n1);
+    assert_int_equal(usage_int(json_object_get(u, "kvtier"), "reused_tokens", "ssd"), n1);
+    assert_int_equal(usage_int(uoff, "prompt_tokens_details", "cached_tokens"), 0);
+    assert_string_equal(on, off);
+    json_decref(u);
+    json_decref(uoff);
+    free(on);
+    free(off);
+
+    int64_t n2 = publish_system(dir, sys2, "sys2");
+    usleep(2500 * 1000); /* CURRENT is re-read every second */
+    on = system_turn(sv.port, sys2, "Tell me about the night.", &u);
+    off = system_turn(off_srv.port, sys2, "Tell me about the night.", &uoff);
+    printf("after a new publication (%lld tokens) while running: %lld tokens reused\n", (long long)n2,
+           (long long)usage_int(u, "prompt_tokens_details", "cached_tokens"));
+    assert_int_equal(usage_int(u, "prompt_tokens_details", "cached_tokens"), n2);
+    assert_string_equal(on, off);
+    json_decref(u);
+    json_decref(uoff);
+    free(on);
+    free(off);
+    assert_int_equal(server_stop(&sv), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1168,6 +1272,7 @@ int main(void)
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_slow_clients),
         cmocka_unit_test(test_garbage),
+        cmocka_unit_test(test_published_prompt),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -90,14 +90,15 @@ static void test_options(void **state)
     o.write_queue = 0;
     o.n_prompt_cache_dirs = 1;
     assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), KVT_EINVAL);
-    /* levels that do not exist yet: refused, nothing opened (no directory made) */
+    /* an empty published directory, and a level that does not exist yet:
+     * refused, nothing opened (no directory made) */
     char sub[400];
     snprintf(sub, sizeof sub, "%s/never", dir);
     o.ssd_dir = sub;
-    const char *pub[] = {"/nonexistent/published"};
+    const char *pub[] = {""};
     o.prompt_cache_dirs = pub;
-    assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), KVT_EUNSUPPORTED);
-    assert_non_null(strstr(kvt_last_error(), "published"));
+    assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "published cache directory 1 is empty"));
     o.n_prompt_cache_dirs = 0;
     o.redis_url = "redis://127.0.0.1:6379";
     assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), KVT_EUNSUPPORTED);
