@@ -9,7 +9,7 @@
 #include "cli.h"
 
 #include "replay.h"
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -15,7 +15,7 @@
 #include "seq.h"
 
 #include "model_internal.h"
-#include "internal.h"
+#include "util.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xxh_x86dispatch.h> /* XXH3 on the widest vector unit the CPU has */

@@ -9,7 +9,7 @@
 #include "model.h"
 #include "tokenizer.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -10,9 +10,9 @@
 #include "model_internal.h"
 
 #include "kernels.h"
-#include "pool.h"
+#include "threads.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -8,7 +8,7 @@
  */
 #include "generate.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <string.h>

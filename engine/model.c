@@ -8,7 +8,7 @@
  */
 #include "model_internal.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>

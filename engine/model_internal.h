@@ -52,7 +52,7 @@ typedef struct kvt__seg {
     int32_t n;
 } kvt__seg;
 
-struct kvt__pool;
+struct kvt_threads;
 
 struct kvt_model {
     char *path;
@@ -65,7 +65,7 @@ struct kvt_model {
     size_t scores_cap;    /* floats allocated at s.scores */
     kvt__seg *segs;       /* (segs_cap) block pointers of the attention being run */
     size_t segs_cap;
-    struct kvt__pool *pool; /* worker threads of the forward pass */
+    struct kvt_threads *pool; /* worker threads of the forward pass */
     int own_gemm;           /* 1: prefill products through kernels.h, not OpenBLAS */
     /* per-sequence arrays of a batched decode, one allocation (dec_block) */
     void *dec_block;

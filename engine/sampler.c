@@ -8,7 +8,7 @@
  */
 #include "sampler.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -13,7 +13,7 @@
  */
 #include "seq.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <string.h>
 

@@ -5,7 +5,7 @@
  */
 #include "tiers.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include "kvtier/publish.h"
 

@@ -8,7 +8,7 @@
  */
 #include "tokenizer.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,8 +2,11 @@
 # Installs a kvtier build into a temporary prefix and checks it as an
 # embedder sees it: pkg-config only, no source tree.
 #   test_installed.sh headers  BUILD_DIR SOURCE_DIR
-#       every installed header compiles alone as C11 and as C++, and names
-#       no file an installed user does not have
+#       every installed header (kvtier/*.h, kvtier/experimental/*.h) compiles
+#       alone as C11 and as C++ (an experimental one only with KVT_EXPERIMENTAL,
+#       and without it it refuses, saying so), and names no file an installed
+#       user does not have; kvtier/kvtier.h's KVT_VERSION macros say the
+#       version pkg-config gives
 #   test_installed.sh examples BUILD_DIR SOURCE_DIR
 #       each examples/*.c builds with `cc $(pkg-config --cflags --libs
 #       kvtier)` and runs without LD_LIBRARY_PATH (kvtier.pc carries the
@@ -25,12 +28,24 @@ fail=0
 
 if [ "$mode" = headers ]; then
     n=0
-    for h in "$tmp"/prefix/include/kvtier/*.h; do
-        name=kvtier/$(basename "$h")
+    for h in "$tmp"/prefix/include/kvtier/*.h "$tmp"/prefix/include/kvtier/experimental/*.h; do
+        [ -f "$h" ] || continue
+        name=${h#"$tmp"/prefix/include/}
         n=$((n + 1))
-        $CC -std=c11 -Wall -Wextra -Wpedantic -Werror $CFLAGS -fsyntax-only -include "$name" -x c /dev/null ||
+        defs=""
+        case $name in
+        kvtier/experimental/*)
+            # research API: refused without KVT_EXPERIMENTAL, saying why
+            if $CC -std=c11 $CFLAGS -fsyntax-only -include "$name" -x c /dev/null 2>"$tmp/err"; then
+                echo "FAIL: $name compiles without KVT_EXPERIMENTAL" >&2; fail=1
+            elif ! grep -q KVT_EXPERIMENTAL "$tmp/err"; then
+                echo "FAIL: $name refused without KVT_EXPERIMENTAL but does not say so: $(cat "$tmp/err")" >&2; fail=1
+            fi
+            defs=-DKVT_EXPERIMENTAL ;;
+        esac
+        $CC -std=c11 -Wall -Wextra -Wpedantic -Werror $CFLAGS $defs -fsyntax-only -include "$name" -x c /dev/null ||
             { echo "FAIL: $name does not compile alone as C11" >&2; fail=1; }
-        $CXX -std=c++11 -Wall -Wextra -Werror $CFLAGS -fsyntax-only -include "$name" -x c++ /dev/null ||
+        $CXX -std=c++11 -Wall -Wextra -Werror $CFLAGS $defs -fsyntax-only -include "$name" -x c++ /dev/null ||
             { echo "FAIL: $name does not compile alone as C++" >&2; fail=1; }
         if grep -nE 'DESIGN\.md|[Ii]ssue [0-9]|the seeds|seeds/|src/|tests/|\.\./shared' "$h" >&2; then
             echo "FAIL: $name names a file or plan an installed user does not have (above)" >&2
@@ -38,7 +53,15 @@ if [ "$mode" = headers ]; then
         fi
     done
     [ "$n" -gt 0 ] || { echo "FAIL: no header installed" >&2; exit 1; }
-    [ "$fail" = 0 ] && echo "ok: $n installed headers compile alone as C11 and C++ and stand alone"
+    # the umbrella's version macros say the installed library's version
+    v=$(pkg-config --modversion kvtier)
+    major=${v%%.*} rest=${v#*.}
+    minor=${rest%%.*} patch=${rest#*.}
+    printf '#include <kvtier/kvtier.h>\n_Static_assert(KVT_VERSION_MAJOR == %s && KVT_VERSION_MINOR == %s && KVT_VERSION_PATCH == %s, "version");\n_Static_assert(KVT_VERSION == %s, "number");\nstatic const char v[] = KVT_VERSION_STRING;\n_Static_assert(sizeof v == sizeof "%s", "string");\n' \
+        "$major" "$minor" "$patch" $((major * 10000 + minor * 100 + patch)) "$v" >"$tmp/version.c"
+    $CC -std=c11 -Wall -Werror $CFLAGS -fsyntax-only "$tmp/version.c" ||
+        { echo "FAIL: the KVT_VERSION macros of kvtier/kvtier.h do not say $v (pkg-config)" >&2; fail=1; }
+    [ "$fail" = 0 ] && echo "ok: $n installed headers compile alone as C11 and C++ and stand alone (experimental ones only with KVT_EXPERIMENTAL); KVT_VERSION says $v"
     exit $fail
 fi
 

@@ -14,7 +14,7 @@
 #include "openai.h"
 #include "server.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>

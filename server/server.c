@@ -20,7 +20,7 @@
 
 #include "chat.h"
 #include "tiers.h"
-#include "internal.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

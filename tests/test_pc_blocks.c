@@ -22,7 +22,7 @@
 #include "test_seed.h"
 
 #include "kvtier/prompt_cache.h"
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 #include "mem_tier.h"
 #include "oom_alloc.h"
 #include "pc_util.h"

@@ -1,6 +1,6 @@
 /*
  * test_replay.c: trace replay (kvtier/replay.h) and block retention policies
- * (kvtier/retention_block.h): token synthesis, the trace loader and its
+ * (kvtier/experimental/retention_block.h): token synthesis, the trace loader and its
  * errors, the simulator's policies on hand-computed traces, the block
  * policies' order (LRU, leaf first, tails first, frequency), a randomized
  * differential test of the policy heap against a linear-scan oracle (seed
@@ -16,7 +16,7 @@
 #include "test_seed.h"
 
 #include "replay.h"
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -89,6 +89,14 @@ KVT_API const char *kvt_strerror(int code);
  */
 KVT_API const char *kvt_last_error(void);
 
+/** Records `code`'s detail sentence (printf format) for kvt_last_error() on
+ * the calling thread and returns code, so that code built on kvtier (an
+ * engine, a backend's cache kind, a cold tier) reports its errors the way
+ * kvtier does: `return kvt_set_error(KVT_EFORMAT, "%s: ...", path);`. The
+ * sentence is cut at 511 bytes; an argument may be kvt_last_error() itself
+ * (e.g. to prefix it). fmt NULL records "". Thread-safe (thread-local). */
+KVT_API int kvt_set_error(int code, const char *fmt, ...) KVT_PRINTF(2, 3);
+
 /** Pluggable allocator. All heap memory kvtier owns goes through these
  * three functions (same contracts as malloc/realloc/free), so tests can
  * inject out-of-memory failures. */
@@ -106,6 +114,18 @@ typedef struct kvt_allocator {
  * installed at the time. Not thread-safe.
  */
 KVT_API void kvt_set_allocator(const kvt_allocator *alloc);
+
+/** Allocation through the installed allocator (kvt_set_allocator), for code
+ * built on kvtier whose memory must follow it (so one out-of-memory test
+ * covers it, or one accounting allocator counts it): same contracts as
+ * malloc, calloc (NULL when n * size overflows), realloc and free; malloc of
+ * 0 bytes returns a unique pointer with the default allocator. Memory from
+ * kvt_malloc / kvt_calloc / kvt_realloc is freed with kvt_free (NULL is a
+ * no-op), under the same allocator. Thread-safe as the allocator is. */
+KVT_API void *kvt_malloc(size_t bytes);
+KVT_API void *kvt_calloc(size_t n, size_t size);
+KVT_API void *kvt_realloc(void *ptr, size_t bytes);
+KVT_API void kvt_free(void *ptr);
 
 /** Frees a string kvtier returned to the caller (kvt_service_stats_json()
  * and any other call whose doc says "caller frees with kvt_string_free"),

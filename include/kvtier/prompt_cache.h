@@ -57,7 +57,6 @@
 #include "kvtier/cache.h"
 #include "kvtier/common.h"
 #include "kvtier/retention.h"
-#include "kvtier/retention_block.h"
 #include "kvtier/tier.h"
 
 #include <stddef.h>
@@ -66,6 +65,10 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* A block-granular retention policy (experimental API:
+ * kvtier/experimental/retention_block.h); only pointers to it are used here. */
+typedef struct kvt_block_policy kvt_block_policy;
 
 typedef struct kvt_prompt_cache kvt_prompt_cache;
 typedef struct kvt_lease kvt_lease;
@@ -107,7 +110,8 @@ typedef struct kvt_prompt_cache_config {
      * goes; untrimmable entries (and entries whose cut block is pinned)
      * still leave whole by `retention`. Borrowed: must outlive the cache and
      * be used by no one else meanwhile (the cache calls it under its lock).
-     * Create it with kvt_block_policy_create (kvtier/retention_block.h). */
+     * Create it with kvt_block_policy_create
+     * (kvtier/experimental/retention_block.h, KVT_EXPERIMENTAL). */
     kvt_block_policy *block_policy;
     /* Fresh caches on a miss: NULL = a miss lends nothing. When set, a lend
      * that finds no prefix lends n_layers fresh caches made by

@@ -6,6 +6,7 @@
  */
 #include "internal.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,17 @@ int kvt__fail(int code, const char *fmt, ...)
     return code;
 }
 
+KVT_API int kvt_set_error(int code, const char *fmt, ...)
+{
+    char tmp[sizeof kvt__errbuf]; /* an argument may be kvt_last_error() itself */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tmp, sizeof tmp, fmt ? fmt : "", ap);
+    va_end(ap);
+    memcpy(kvt__errbuf, tmp, sizeof tmp);
+    return code;
+}
+
 KVT_API void kvt_set_allocator(const kvt_allocator *alloc)
 {
     if (alloc)
@@ -62,6 +74,10 @@ void kvt__free(void *p)
         kvt__alloc.free_fn(p, kvt__alloc.ctx);
 }
 KVT_API void kvt_string_free(char *s) { kvt__free(s); }
+KVT_API void *kvt_malloc(size_t bytes) { return kvt__malloc(bytes); }
+KVT_API void *kvt_realloc(void *ptr, size_t bytes) { return kvt__realloc(ptr, bytes); }
+KVT_API void kvt_free(void *ptr) { kvt__free(ptr); }
+KVT_API void *kvt_calloc(size_t n, size_t size) { return kvt__calloc(n, size); }
 void *kvt__calloc(size_t n, size_t size)
 {
     if (size && n > SIZE_MAX / size)

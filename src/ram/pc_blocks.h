@@ -16,7 +16,7 @@
 #ifndef KVTIER_PC_BLOCKS_H
 #define KVTIER_PC_BLOCKS_H
 
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 
 #include <stdint.h>
 

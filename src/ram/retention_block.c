@@ -7,7 +7,7 @@
  * It only orders blocks its owner reports; it must never free or evict
  * anything itself, and never allocate per touch once its tables have grown.
  */
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 
 #include "hmap.h"
 #include "internal.h"

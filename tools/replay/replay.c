@@ -7,9 +7,9 @@
  */
 #include "replay.h"
 
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -7,10 +7,10 @@
 #include "replay.h"
 
 #include "kvtier/prompt_cache.h"
-#include "kvtier/retention_block.h"
+#include "kvtier/experimental/retention_block.h"
 #include "kvtier/store.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <errno.h>
 #include <ftw.h>

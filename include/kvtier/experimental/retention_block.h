@@ -1,6 +1,12 @@
 /*
- * kvtier/retention_block.h: block-granular retention policies for prefix
- * caches: which resident kv block to evict next.
+ * kvtier/experimental/retention_block.h: block-granular retention policies
+ * for prefix caches: which resident kv block to evict next.
+ *
+ * Experimental (research API): it may change or go in any release. Define
+ * KVT_EXPERIMENTAL before including it (or pass -DKVT_EXPERIMENTAL) to say
+ * you accept that; without it the header refuses to compile. The trace
+ * replay (`kvtier replay`) is its user; the prompt cache takes a policy
+ * through kvt_prompt_cache_config.block_policy.
  *
  * A prefix cache holds kv blocks (B consecutive tokens each) that form a
  * radix tree: block d of a prompt is only useful while blocks 0..d-1 of the
@@ -49,6 +55,10 @@
  */
 #ifndef KVTIER_RETENTION_BLOCK_H
 #define KVTIER_RETENTION_BLOCK_H
+
+#ifndef KVT_EXPERIMENTAL
+#error "kvtier/experimental/retention_block.h is experimental API that may change in any release: define KVT_EXPERIMENTAL to use it"
+#endif
 
 #include "kvtier/common.h"
 

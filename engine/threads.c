@@ -1,30 +1,30 @@
 /*
- * pool.c: a small fork-join thread pool for the forward pass. A model owns
- * one; kvt__pool_run() runs fn(ctx, i, n) for every part i in [0, n) and
+ * threads.c: the forward pass's fork-join worker threads. A model owns
+ * one set; kvt_threads_run() runs fn(ctx, i, n) for every part i in [0, n) and
  * returns when all are done. Parts are claimed one at a time from a shared
  * counter by the caller and by every worker that is awake, so a worker that
  * the OS has not scheduled (a loaded machine) delays a run by at most the
  * part it already holds: the caller takes the rest itself and never waits for
  * a worker to wake up. It owns its worker threads and nothing else; it must
  * never run jobs of two callers at once (the model is used by one thread at a
- * time) and never leave a worker running after kvt__pool_free().
+ * time) and never leave a worker running after kvt_threads_destroy().
  */
-#include "pool.h"
+#include "threads.h"
 
-#include "internal.h"
+#include "util.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
-struct kvt__pool {
+struct kvt_threads {
     int n_workers; /* threads besides the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
     uint64_t generation; /* bumped per run (under mu) */
     int stop;            /* (under mu) */
-    kvt__pool_fn fn;     /* the run's job (under mu) */
+    kvt_threads_fn fn;     /* the run's job (under mu) */
     void *ctx;
     int n_parts;
     /* (generation << 32) | next part to claim: a claim succeeds only for the
@@ -34,13 +34,13 @@ struct kvt__pool {
 };
 
 typedef struct {
-    kvt__pool *p;
+    kvt_threads *p;
     int index; /* 1..n_workers */
 } worker_arg;
 
 /* Claims and runs parts of run `gen` until none is left; returns how many
  * it ran. */
-static int run_parts(kvt__pool *p, uint64_t gen, kvt__pool_fn fn, void *ctx, int n)
+static int run_parts(kvt_threads *p, uint64_t gen, kvt_threads_fn fn, void *ctx, int n)
 {
     int ran = 0;
     uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
@@ -64,7 +64,7 @@ static int run_parts(kvt__pool *p, uint64_t gen, kvt__pool_fn fn, void *ctx, int
 static void *worker_main(void *arg)
 {
     worker_arg *wa = arg;
-    kvt__pool *p = wa->p;
+    kvt_threads *p = wa->p;
     kvt__free(wa);
     uint64_t seen = 0;
     pthread_mutex_lock(&p->mu);
@@ -74,7 +74,7 @@ static void *worker_main(void *arg)
         if (p->stop)
             break;
         seen = p->generation;
-        kvt__pool_fn fn = p->fn;
+        kvt_threads_fn fn = p->fn;
         void *ctx = p->ctx;
         int n = p->n_parts;
         pthread_mutex_unlock(&p->mu);
@@ -85,16 +85,16 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-int kvt__pool_create(int n_threads, kvt__pool **out)
+int kvt_threads_create(int n_threads, kvt_threads **out)
 {
     *out = NULL;
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n < 1 ? 1 : n > 8 ? 8 : (int)n;
     }
-    kvt__pool *p = kvt__calloc(1, sizeof *p);
+    kvt_threads *p = kvt__calloc(1, sizeof *p);
     if (!p)
-        return kvt__fail(KVT_ENOMEM, "thread pool: out of memory");
+        return kvt__fail(KVT_ENOMEM, "engine threads: out of memory");
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->go, NULL);
     pthread_cond_init(&p->done, NULL);
@@ -102,22 +102,22 @@ int kvt__pool_create(int n_threads, kvt__pool **out)
     atomic_init(&p->parts_done, 0);
     p->threads = kvt__calloc((size_t)n_threads, sizeof *p->threads);
     if (!p->threads) {
-        kvt__pool_free(p);
-        return kvt__fail(KVT_ENOMEM, "thread pool: out of memory");
+        kvt_threads_destroy(p);
+        return kvt__fail(KVT_ENOMEM, "engine threads: out of memory");
     }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = kvt__malloc(sizeof *wa);
         if (!wa) {
-            kvt__pool_free(p);
-            return kvt__fail(KVT_ENOMEM, "thread pool: out of memory");
+            kvt_threads_destroy(p);
+            return kvt__fail(KVT_ENOMEM, "engine threads: out of memory");
         }
         wa->p = p;
         wa->index = i;
         int rc = pthread_create(&p->threads[i - 1], NULL, worker_main, wa);
         if (rc != 0) {
             kvt__free(wa);
-            kvt__pool_free(p);
-            return kvt__fail(-rc, "thread pool: cannot start a thread");
+            kvt_threads_destroy(p);
+            return kvt__fail(-rc, "engine threads: cannot start a thread");
         }
         p->n_workers++;
     }
@@ -125,9 +125,9 @@ int kvt__pool_create(int n_threads, kvt__pool **out)
     return 0;
 }
 
-int kvt__pool_size(const kvt__pool *p) { return p ? p->n_workers + 1 : 1; }
+int kvt_threads_size(const kvt_threads *p) { return p ? p->n_workers + 1 : 1; }
 
-void kvt__pool_run(kvt__pool *p, kvt__pool_fn fn, void *ctx, int n_parts)
+void kvt_threads_run(kvt_threads *p, kvt_threads_fn fn, void *ctx, int n_parts)
 {
     if (!p || p->n_workers == 0 || n_parts <= 1) {
         for (int i = 0; i < n_parts; i++)
@@ -150,7 +150,7 @@ void kvt__pool_run(kvt__pool *p, kvt__pool_fn fn, void *ctx, int n_parts)
     pthread_mutex_unlock(&p->mu);
 }
 
-void kvt__pool_free(kvt__pool *p)
+void kvt_threads_destroy(kvt_threads *p)
 {
     if (!p)
         return;

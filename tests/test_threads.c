@@ -1,6 +1,6 @@
 /*
- * test_pool.c: the forward pass's thread pool (engine/pool.c). Every part of
- * every run is run exactly once and is finished when kvt__pool_run returns,
+ * test_threads.c: the forward pass's worker threads (engine/threads.c). Every part of
+ * every run is run exactly once and is finished when kvt_threads_run returns,
  * over many runs of 1..32 parts back to back (a worker still waking from one
  * run must never take a part of the next), with a part that stalls (the
  * others are taken by the threads that are free), and for a pool of one
@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "pool.h"
+#include "threads.h"
 
 #include <stdatomic.h>
 #include <string.h>
@@ -35,7 +35,7 @@ static void part(void *ctx, int i, int n)
     atomic_fetch_add(&j->count[i], 1);
 }
 
-static void check_runs(kvt__pool *p, int runs, int stall)
+static void check_runs(kvt_threads *p, int runs, int stall)
 {
     job j;
     for (int r = 0; r < runs; r++) {
@@ -44,7 +44,7 @@ static void check_runs(kvt__pool *p, int runs, int stall)
             atomic_init(&j.count[i], 0);
         j.stall_part = stall && r % 50 == 0 ? n / 2 : -1;
         j.run = r;
-        kvt__pool_run(p, part, &j, n);
+        kvt_threads_run(p, part, &j, n);
         for (int i = 0; i < 32; i++)
             assert_int_equal(atomic_load(&j.count[i]), i < n ? 1 : 0);
     }
@@ -53,25 +53,25 @@ static void check_runs(kvt__pool *p, int runs, int stall)
 static void test_every_part_once(void **state)
 {
     (void)state;
-    kvt__pool *p = NULL;
-    assert_int_equal(kvt__pool_create(3, &p), 0);
-    assert_int_equal(kvt__pool_size(p), 3);
+    kvt_threads *p = NULL;
+    assert_int_equal(kvt_threads_create(3, &p), 0);
+    assert_int_equal(kvt_threads_size(p), 3);
     check_runs(p, 20000, 0);
     check_runs(p, 500, 1);
-    kvt__pool_free(p);
+    kvt_threads_destroy(p);
 }
 
 static void test_single_thread_and_null(void **state)
 {
     (void)state;
-    kvt__pool *p = NULL;
-    assert_int_equal(kvt__pool_create(1, &p), 0);
-    assert_int_equal(kvt__pool_size(p), 1);
+    kvt_threads *p = NULL;
+    assert_int_equal(kvt_threads_create(1, &p), 0);
+    assert_int_equal(kvt_threads_size(p), 1);
     check_runs(p, 100, 0);
-    kvt__pool_free(p);
-    assert_int_equal(kvt__pool_size(NULL), 1);
+    kvt_threads_destroy(p);
+    assert_int_equal(kvt_threads_size(NULL), 1);
     check_runs(NULL, 100, 0);
-    kvt__pool_free(NULL);
+    kvt_threads_destroy(NULL);
 }
 
 int main(void)
