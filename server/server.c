@@ -955,6 +955,7 @@ int kvt_server_load(kvt_server *s)
     int rc = kvt_chat_load_paths(s->model_path, s->tok_path, &s->m, &s->tok, used_model, used_tok, sizeof used_model);
     if (rc)
         return rc;
+    kvt_model_set_kv_scheme(s->m, (kvt_kv_scheme)s->o.kv_scheme); /* before any cache (and the SSD identity) is made */
     if (s->o.threads && (rc = kvt_model_set_threads(s->m, s->o.threads)))
         return rc;
     const kvt_model_config *cfg = kvt_model_get_config(s->m);

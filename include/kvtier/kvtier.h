@@ -33,6 +33,7 @@
 #include "kvtier/retention.h"
 #include "kvtier/prompt_cache.h"
 #include "kvtier/store.h"
+#include "kvtier/remote.h"
 #include "kvtier/service.h"
 
 #ifdef KVT_EXPERIMENTAL

@@ -1,0 +1,189 @@
+/*
+ * remote_internal.h: the pieces of the remote tier (kvtier/remote.h) shared
+ * by its files: the record codec (record.c), the connections, pipelines and
+ * cluster routing (conn.c). Internal; never installed.
+ */
+#ifndef KVTIER_REMOTE_INTERNAL_H
+#define KVTIER_REMOTE_INTERNAL_H
+
+#include "internal.h"
+#include "key.h"
+#include "kvtier/cache.h"
+#include "kvtier/remote.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- records (record.c) ----------------------------------------------------------
+ *
+ * Layout, little-endian, every offset from the start of the value:
+ *   0    "KVTR"  magic
+ *   4    u16     format version (KVT__REC_VERSION)
+ *   6    u8      type: 'b' block, 'e' entry
+ *   7    u8      flags (KVT__REC_TRIMMABLE)
+ *   8    u32     header bytes H (a multiple of 64; the payload starts there)
+ *   12   u32     0
+ *   16   16 B    identity seed (lo, hi)
+ *   32   16 B    the record's own key
+ *   48   16 B    parent key (block: the previous block's key, or zero)
+ *   64   u64     payload bytes P
+ *   72   i64     tok_begin (block: first token's position; entry: 0)
+ *   80   i64     n_tokens
+ *   88   u32 ns bytes, u32 layers, u32 attachments, u32 block keys
+ *   104  ns (padded to 8), tokens (int32, padded to 8), block keys (16 B each),
+ *        per layer: kind[32], i64 offset, i64 min_offset, u32 n_params,
+ *          u32 n_tensors, i64 params[8], then per tensor: name[64], u32 dtype,
+ *          u32 ndim, i64 shape[4], u64 bytes, u64 payload offset
+ *        per attachment: name[64], u64 bytes, u64 payload offset
+ *        zero padding to H
+ *   H    payload: every tensor and attachment at a 64-byte aligned offset
+ *   H+P  XXH3-128 (lo, hi) of bytes [0, H + P)
+ */
+#define KVT__REC_VERSION 1
+#define KVT__REC_TRIMMABLE 1u   /* entry: serves any prefix (no attachment, every layer reaches 0) */
+#define KVT__REC_STANDALONE 2u  /* block: blocks alone rebuild a prefix of this identity */
+#define KVT__REC_MAX_LAYERS 4096
+#define KVT__REC_MAX_TENSORS (1 << 20)
+
+/** One layer of a record: its state description and tensors. On encode the
+ * tensors are borrowed (data read during the call); on parse they point into
+ * the parsed value (owner NULL). */
+typedef struct kvt__rec_layer {
+    char kind[32];
+    int64_t offset, min_offset;
+    int32_t n_params;
+    int64_t params[KVT_CACHE_PARAMS_MAX];
+    int32_t n_tensors;
+    kvt_tensor *tensors;  /* (n_tensors) */
+} kvt__rec_layer;
+
+typedef struct kvt__rec_att {
+    char name[KVT_TENSOR_NAME_MAX];
+    const void *data;
+    size_t bytes;
+} kvt__rec_att;
+
+/** A record's contents. kvt__rec_encode reads one; kvt__rec_parse fills one
+ * whose pointers alias the parsed value (layers and atts arrays allocated,
+ * released by kvt__rec_clear). */
+typedef struct kvt__rec {
+    char type;              /* 'b' or 'e' */
+    uint8_t flags;
+    kvt__key seed, key, parent;
+    const char *ns;         /* parse: points into the value, ns_len bytes, not NUL-terminated */
+    uint32_t ns_len;
+    int64_t tok_begin;
+    const int32_t *tokens;  /* (n_tokens) */
+    int64_t n_tokens;
+    const uint8_t *block_keys; /* (n_blocks * 16): lo, hi little-endian */
+    int32_t n_blocks;
+    kvt__rec_layer *layers; /* (n_layers) */
+    int32_t n_layers;
+    kvt__rec_att *atts;     /* (n_atts) */
+    int32_t n_atts;
+} kvt__rec;
+
+/** Encodes *r into one value (kvt__malloc'd, caller frees with kvt__free).
+ * @return 0; KVT_EINVAL (counts over the limits, a tensor name too long);
+ * KVT_ENOMEM. Thread-safe. */
+int kvt__rec_encode(const kvt__rec *r, void **out, size_t *out_bytes);
+
+/** Parses and checks a value: bounds of every count and offset, the magic,
+ * version, tensor sizes against dtype and shape, and the checksum. Does not
+ * check what the value should be (identity, key, tokens): the caller does.
+ * *out aliases buf (valid while buf is). @return 0; KVT_EFORMAT (malformed,
+ * kvt_last_error says what); KVT_EUNSUPPORTED (another format version);
+ * KVT_ECORRUPT (checksum mismatch); KVT_ENOMEM. Thread-safe. */
+int kvt__rec_parse(const void *buf, size_t bytes, kvt__rec *out);
+
+/** Frees what kvt__rec_parse allocated (not the value) and zeroes *r. */
+void kvt__rec_clear(kvt__rec *r);
+
+/** The i-th block key of a parsed record. */
+kvt__key kvt__rec_block_key(const kvt__rec *r, int32_t i);
+
+/* ---- connections and pipelines (conn.c) ------------------------------------------ */
+
+typedef struct kvt__rconn kvt__rconn;
+
+/** Connection settings. */
+typedef struct kvt__rconn_cfg {
+    kvt_remote_url url;
+    int cluster;
+    int32_t connect_timeout_ms;
+    int32_t fail_threshold; /* consecutive failed calls that mark a node down */
+} kvt__rconn_cfg;
+
+/** What the connections counted (atomics; read with kvt__rconn_counters_get). */
+typedef struct kvt__rconn_counters {
+    _Atomic uint64_t timeouts, conn_failures, reply_failures, unhealthy_transitions, round_trips, redirects;
+} kvt__rconn_counters;
+typedef struct kvt__rconn_counters_snap {
+    uint64_t timeouts, conn_failures, reply_failures, unhealthy_transitions, round_trips, redirects;
+} kvt__rconn_counters_snap;
+
+/** How a pipeline ended. */
+typedef enum kvt__rfail {
+    KVT__RF_NONE = 0,
+    KVT__RF_TIMEOUT,
+    KVT__RF_CONN,
+    KVT__RF_REPLY,
+    KVT__RF_DOWN /* the node is marked down: skipped without I/O */
+} kvt__rfail;
+
+/** One command of a pipeline: argv (borrowed until exec returns), the index
+ * of the argument that is the key (routing in a cluster), and its reply
+ * (a redisReply *, freed by kvt__rpipe_clear). */
+typedef struct kvt__rcmd {
+    int argc;
+    const char *argv[8];
+    size_t argvlen[8];
+    int key_arg;
+    void *reply;
+} kvt__rcmd;
+
+typedef struct kvt__rpipe {
+    kvt__rcmd *cmds;
+    int32_t n, cap;
+    kvt__rfail fail;      /* the first failure of exec */
+    uint64_t round_trips, redirects;
+} kvt__rpipe;
+
+/** Appends a command (argv borrowed until exec). @return 0 or KVT_ENOMEM. */
+int kvt__rpipe_add(kvt__rpipe *p, int key_arg, int argc, const char *const *argv, const size_t *argvlen);
+/** Frees the replies and the command array. */
+void kvt__rpipe_clear(kvt__rpipe *p);
+
+/** Opens the connection set (no I/O: connections are made on first use).
+ * @return 0; KVT_ENOMEM. */
+int kvt__rconn_create(const kvt__rconn_cfg *cfg, kvt__rconn **out);
+void kvt__rconn_destroy(kvt__rconn *c);
+/** Reads the cluster's slot map (no-op for a single node).
+ * @return 0; KVT_EIO (unreachable or not a cluster). */
+int kvt__rconn_refresh(kvt__rconn *c, int32_t timeout_ms, kvt__rfail *fail);
+/** Nodes known (1 for a single node). */
+int kvt__rconn_nodes(kvt__rconn *c);
+/** Marks every node down (Redis unreachable at startup): the health thread
+ * pings them with backoff. */
+void kvt__rconn_mark_down(kvt__rconn *c);
+/** Nodes marked down now. */
+int kvt__rconn_down(kvt__rconn *c);
+/** Snapshot of the counters. */
+void kvt__rconn_counters_get(kvt__rconn *c, kvt__rconn_counters_snap *out);
+
+/** Sends every command of p to the node of its key (pipelined: one round
+ * trip per node, every node written before any is read), each socket read
+ * and write bounded by timeout_ms, follows MOVED/ASK (a few times at most),
+ * and stores each reply. A connection that fails or times out is closed
+ * (its pending replies are lost with it); the commands routed to it get no
+ * reply (NULL) and p->fail says why.
+ * @return 0 when every command got a reply (error replies included: check
+ * each); KVT_EIO otherwise; KVT_ENOMEM. Thread-safe (connections are taken
+ * from per-node pools). */
+int kvt__rconn_exec(kvt__rconn *c, kvt__rpipe *p, int32_t timeout_ms);
+
+/** CRC16 (XMODEM) key slot of Redis Cluster, honouring {hash tags}. */
+unsigned kvt__redis_slot(const char *key, size_t len);
+
+#endif

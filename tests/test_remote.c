@@ -1,0 +1,499 @@
+/*
+ * test_remote.c: the remote tier against a real redis-server on loopback:
+ * the cold-tier conformance suite and the tier-chain rules with Redis as the
+ * lower level, then the faults: Redis killed mid-run and restarted, down at
+ * startup, stalled by CLIENT PAUSE (every call bounded by its timeout), a
+ * record corrupted with SETRANGE, another identity's record planted under a
+ * key, a record evicted between lookup and restore, maxmemory reached; two
+ * tiers sharing one Redis (two hosts); blocks Redis holds are not sent again;
+ * passwords; and the URL parser. Skips (saying why) only when redis-server is
+ * not installed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvtier/remote.h"
+#include "redis_util.h"
+#include "key.h"
+#include "store_util.h"
+#include "tier_suite.h"
+
+static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
+static const kvt_store_identity ID_A = {"remote-test", "cfg", "tok"};
+static const kvt_store_identity ID_B = {"remote-test-other-model", "cfg", "tok"};
+
+static redis_srv g_srv; /* the shared server */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void seq(int32_t *t, int64_t n, int32_t base)
+{
+    for (int64_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)i;
+}
+
+static kvt_remote *open_tier(const char *url, const kvt_store_identity *id, int32_t lookup_ms)
+{
+    kvt_remote_options o = {.lookup_timeout_ms = lookup_ms, .io_timeout_ms = 500, .quiet = 1};
+    kvt_remote *r = NULL;
+    assert_int_equal(kvt_remote_open(url, id, &o, &r), 0);
+    return r;
+}
+
+static void put(kvt_remote *r, const store_cfg *cfg, const int32_t *tok, int64_t n)
+{
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(cfg, "", tok, n, &e), 0);
+    assert_int_equal(t.store(t.self, &e), 0);
+    kvt_entry_clear(&e);
+}
+
+static int64_t find_len(kvt_remote *r, const int32_t *p, int64_t n, kvt_cold_hit *hit)
+{
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    kvt_cold_hit h = {0};
+    int rc = t.find(t.self, p, n, "", &h);
+    if (hit)
+        *hit = h;
+    return rc == 0 ? h.prefix_len : 0;
+}
+
+static int restore_rc(kvt_remote *r, uint64_t handle, const store_cfg *cfg, const int32_t *tok, int64_t n)
+{
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    kvt_entry got, want;
+    int rc = t.restore(t.self, handle, &got);
+    if (rc) {
+        assert_null(got.caches);
+        return rc;
+    }
+    assert_int_equal(store_make_entry(cfg, "", tok, n, &want), 0);
+    assert_int_equal(got.n_tokens, n);
+    assert_int_equal(store_entry_diff(&want, &got), 0);
+    kvt_entry_clear(&got);
+    kvt_entry_clear(&want);
+    return 0;
+}
+
+static kvt_remote_stats stats(kvt_remote *r)
+{
+    kvt_remote_stats s;
+    assert_int_equal(kvt_remote_stats_get(r, &s), 0);
+    return s;
+}
+
+/* The Redis key of block j (block size B) of tokens under identity id. */
+static void block_name(const kvt_store_identity *id, const int32_t *tok, int B, int j, char *out, size_t cap)
+{
+    char prefix[64];
+    assert_int_equal(kvt_remote_key_prefix(id, prefix, sizeof prefix), 0);
+    char hi[17] = {0}, lo[17] = {0};
+    memcpy(hi, prefix + 4, 16);
+    memcpy(lo, prefix + 20, 16);
+    kvt__key seed = {strtoull(lo, NULL, 16), strtoull(hi, NULL, 16)};
+    kvt__key k = KVT__KEY_ZERO;
+    for (int i = 0; i <= j; i++)
+        k = kvt__block_key(seed, "", k, tok + i * B, B);
+    char hex[33];
+    kvt__key_hex(k, hex);
+    snprintf(out, cap, "%sb%s", prefix, hex);
+}
+
+static int wait_healthy(kvt_remote *r, int ms)
+{
+    for (int i = 0; i < ms / 10; i++) {
+        if (kvt_remote_healthy(r))
+            return 1;
+        sleep_ms(10);
+    }
+    return kvt_remote_healthy(r);
+}
+
+static int fx_flush(void **state)
+{
+    (void)state;
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    return 0;
+}
+
+/* killed mid-run: every lookup stays a fast miss, the tier turns unhealthy
+ * after 3 failures (then skips Redis without I/O), and comes back by itself
+ * once Redis is restarted */
+static void f_kill_restart(void **state)
+{
+    redis_srv s;
+    assert_int_equal(redis_start(&s, 64, NULL), 0);
+    kvt_remote *r = open_tier(s.url, &ID_A, 50);
+    int32_t p[20];
+    seq(p, 20, 100);
+    put(r, &KV, p, 16);
+    assert_int_equal(find_len(r, p, 20, NULL), 16);
+    redis_kill(&s);
+    double worst = 0;
+    for (int i = 0; i < 6; i++) {
+        double t0 = now_ms();
+        assert_int_equal(find_len(r, p, 20, NULL), 0);
+        double took = now_ms() - t0;
+        worst = took > worst ? took : worst;
+    }
+    print_message("redis killed: 6 lookups, the slowest took %.1f ms (timeout 50 ms)\n", worst);
+    assert_true(worst < 250);
+    kvt_remote_stats st = stats(r);
+    assert_int_equal(st.healthy, 0);
+    assert_int_equal(st.unhealthy_transitions, 1);
+    assert_true(st.failures_conn >= 3);
+    assert_true(st.lookups_skipped >= 1);
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&KV, "", p, 16, &e), 0);
+    assert_int_equal(t.spill(t.self, &e), KVT_EAGAIN); /* unhealthy: dropped, still ours */
+    assert_non_null(e.caches);
+    kvt_entry_clear(&e);
+    assert_int_equal(stats(r).dropped, 1);
+
+    assert_int_equal(redis_restart(&s), 0);
+    assert_true(wait_healthy(r, 6000));
+    assert_int_equal(find_len(r, p, 20, NULL), 0); /* no persistence: the data went with it */
+    put(r, &KV, p, 16);
+    kvt_cold_hit h;
+    assert_int_equal(find_len(r, p, 20, &h), 16);
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
+    kvt_remote_close(r);
+    redis_stop(&s);
+}
+
+/* down at startup: open succeeds (warns), the tier is unhealthy, lookups
+ * miss at once, and it comes up when Redis does */
+static void f_down_at_start(void **state)
+{
+    redis_srv s;
+    assert_int_equal(redis_start(&s, 64, NULL), 0);
+    redis_kill(&s); /* a port with nobody on it */
+    kvt_remote *r = open_tier(s.url, &ID_A, 50);
+    assert_int_equal(kvt_remote_healthy(r), 0);
+    int32_t p[20];
+    seq(p, 20, 200);
+    double t0 = now_ms();
+    assert_int_equal(find_len(r, p, 20, NULL), 0);
+    assert_true(now_ms() - t0 < 20); /* skipped: no I/O */
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&KV, "", p, 16, &e), 0);
+    assert_int_equal(t.store(t.self, &e), KVT_EIO);
+    kvt_entry_clear(&e);
+    assert_int_equal(redis_restart(&s), 0);
+    assert_true(wait_healthy(r, 6000));
+    put(r, &KV, p, 16);
+    assert_int_equal(find_len(r, p, 20, NULL), 16);
+    kvt_remote_close(r);
+    redis_stop(&s);
+}
+
+/* a stalled Redis (CLIENT PAUSE): the lookup returns a miss within its
+ * timeout, counted; once the pause ends the tier serves again */
+static void f_client_pause(void **state)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 50);
+    int32_t p[20];
+    seq(p, 20, 300);
+    put(r, &KV, p, 16);
+    assert_int_equal(find_len(r, p, 20, NULL), 16);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 500 ALL"), 0);
+    double t0 = now_ms();
+    assert_int_equal(find_len(r, p, 20, NULL), 0);
+    double took = now_ms() - t0;
+    print_message("CLIENT PAUSE 500 ms: the lookup returned a miss after %.1f ms (timeout 50 ms)\n", took);
+    assert_true(took < 150);
+    assert_true(stats(r).failures_timeout >= 1);
+    sleep_ms(600);
+    kvt_cold_hit h;
+    assert_int_equal(find_len(r, p, 20, &h), 16);
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
+    assert_int_equal(stats(r).healthy, 1);
+    kvt_remote_close(r);
+}
+
+/* a byte of a record flipped with SETRANGE: the restore refuses it
+ * (KVT_ECORRUPT), counts it, deletes the key; the next lookup stops before it */
+static void f_setrange(void **state)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
+    int32_t p[20];
+    seq(p, 20, 400);
+    put(r, &KV, p, 16);
+    char key[160];
+    block_name(&ID_A, p, 4, 2, key, sizeof key);
+    long long len = redis_cmd(g_srv.port, NULL, 0, NULL, "STRLEN %s", key);
+    assert_true(len > 100);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "SETRANGE %s %lld %b", key, len - 40, "\x5a", (size_t)1),
+                     len);
+    kvt_cold_hit h;
+    assert_int_equal(find_len(r, p, 20, &h), 16);
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), KVT_ECORRUPT);
+    assert_int_equal(stats(r).bad_records, 1);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "EXISTS %s", key), 0);
+    assert_int_equal(find_len(r, p, 20, &h), 8); /* blocks 0 and 1 remain */
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 8), 0);
+    kvt_remote_close(r);
+}
+
+/* another identity's record planted under our key: refused, counted, deleted */
+static void f_foreign_record(void **state)
+{
+    kvt_remote *a = open_tier(g_srv.url, &ID_A, 1000), *b = open_tier(g_srv.url, &ID_B, 1000);
+    int32_t p[20], q[20];
+    seq(p, 20, 500);
+    seq(q, 20, 9000);
+    put(a, &KV, q, 8); /* A knows its layout */
+    put(b, &KV, p, 16);
+    assert_int_equal(find_len(a, p, 20, NULL), 0); /* identities never mix */
+    char kb[160], ka[160];
+    static char val[1 << 16];
+    size_t vl = 0;
+    for (int j = 0; j < 4; j++) {
+        block_name(&ID_B, p, 4, j, kb, sizeof kb);
+        block_name(&ID_A, p, 4, j, ka, sizeof ka);
+        assert_int_equal(redis_cmd(g_srv.port, val, sizeof val, &vl, "GET %s", kb), 0);
+        assert_true(vl > 0 && vl < sizeof val);
+        assert_int_equal(redis_set_bin(g_srv.port, ka, val, vl), 0);
+    }
+    kvt_cold_hit h;
+    assert_int_equal(find_len(a, p, 20, &h), 16);
+    assert_int_equal(restore_rc(a, h.handle, &KV, p, 16), KVT_ECORRUPT);
+    assert_int_equal(stats(a).bad_records, 1);
+    block_name(&ID_A, p, 4, 0, ka, sizeof ka);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "EXISTS %s", ka), 0);
+    assert_int_equal(find_len(a, p, 20, NULL), 0);
+    block_name(&ID_B, p, 4, 0, kb, sizeof kb); /* B's own records are untouched */
+    assert_int_equal(find_len(b, p, 20, &h), 16);
+    assert_int_equal(restore_rc(b, h.handle, &KV, p, 16), 0);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+}
+
+/* a block gone between the lookup and the restore: the restore fails
+ * cleanly (KVT_ENOTFOUND), never a shortened or wrong entry */
+static void f_gone_before_restore(void **state)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
+    int32_t p[20];
+    seq(p, 20, 600);
+    put(r, &KV, p, 16);
+    kvt_cold_hit h;
+    assert_int_equal(find_len(r, p, 20, &h), 16);
+    char key[160];
+    block_name(&ID_A, p, 4, 1, key, sizeof key);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "DEL %s", key), 1);
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), KVT_ENOTFOUND);
+    kvt_remote_stats st = stats(r);
+    assert_int_equal(st.restore_partial, 1);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(find_len(r, p, 20, &h), 4);
+    kvt_remote_close(r);
+}
+
+/* maxmemory reached: Redis evicts (allkeys-lru); every store still
+ * succeeds, every lookup restores exactly what was stored or misses, and the
+ * newest entries are there */
+static void f_maxmemory(void **state)
+{
+    redis_srv s;
+    assert_int_equal(redis_start(&s, 4, NULL), 0);
+    kvt_remote *r = open_tier(s.url, &ID_A, 1000);
+    static const store_cfg BIG = {.n_kv = 2, .kv_dim = 256, .block = 16};
+    enum { N = 48, LEN = 64 };
+    int32_t p[N][LEN + 4];
+    for (int i = 0; i < N; i++) {
+        seq(p[i], LEN + 4, 100000 * (i + 1));
+        put(r, &BIG, p[i], LEN); /* 256 KiB of kv each: 12 MiB into 4 MiB */
+    }
+    int whole = 0, partial = 0, miss = 0;
+    for (int i = 0; i < N; i++) {
+        kvt_cold_hit h;
+        int64_t got = find_len(r, p[i], LEN + 4, &h);
+        if (!got) {
+            miss++;
+            continue;
+        }
+        int rc = restore_rc(r, h.handle, &BIG, p[i], h.n_tokens);
+        assert_true(rc == 0 || rc == KVT_ENOTFOUND);
+        if (rc == 0 && got == LEN)
+            whole++;
+        else
+            partial++;
+    }
+    char info[8192];
+    assert_int_equal(redis_cmd(s.port, info, sizeof info - 1, NULL, "INFO stats"), 0);
+    char *ev = strstr(info, "evicted_keys:");
+    long long evicted = ev ? atoll(ev + 13) : 0;
+    print_message("maxmemory 4 MB, 12 MiB stored: %d whole, %d partial, %d misses; Redis evicted %lld keys\n",
+                  whole, partial, miss, evicted);
+    assert_true(evicted > 0);
+    assert_true(miss + partial > 0);
+    kvt_cold_hit h;
+    assert_int_equal(find_len(r, p[N - 1], LEN + 4, &h), LEN); /* the newest */
+    assert_int_equal(restore_rc(r, h.handle, &BIG, p[N - 1], LEN), 0);
+    assert_int_equal(stats(r).write_failures, 0);
+    kvt_remote_close(r);
+    redis_stop(&s);
+}
+
+/* two hosts on one Redis: what one stores, the other (which never stored
+ * anything) finds and restores, including a tail and an extension */
+static void f_two_hosts(void **state)
+{
+    kvt_remote *a = open_tier(g_srv.url, &ID_A, 1000), *b = open_tier(g_srv.url, &ID_A, 1000);
+    int32_t p[40];
+    seq(p, 40, 700);
+    put(a, &KV, p, 18); /* four blocks and a tail of 2 */
+    kvt_cold_hit h;
+    assert_int_equal(find_len(b, p, 30, &h), 18);
+    assert_int_equal(h.n_tokens, 18);
+    assert_int_equal(restore_rc(b, h.handle, &KV, p, 18), 0);
+    put(b, &KV, p, 33);
+    assert_int_equal(find_len(a, p, 40, &h), 33);
+    assert_int_equal(restore_rc(a, h.handle, &KV, p, 33), 0);
+    kvt_remote_close(a);
+    kvt_remote_close(b);
+}
+
+/* a block Redis holds already is not sent again */
+static void f_skip_present(void **state)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
+    int32_t p[40];
+    seq(p, 40, 800);
+    put(r, &KV, p, 16);
+    kvt_remote_stats s1 = stats(r);
+    assert_int_equal(s1.write_records, 4);
+    put(r, &KV, p, 16);
+    kvt_remote_stats s2 = stats(r);
+    assert_int_equal(s2.write_records, 4);
+    assert_int_equal(s2.writes_skipped, 4);
+    put(r, &KV, p, 24);
+    kvt_remote_stats s3 = stats(r);
+    assert_int_equal(s3.write_records, 6); /* two new blocks */
+    assert_int_equal(s3.writes_skipped, 8);
+    kvt_remote_close(r);
+}
+
+/* AUTH: from the URL or KVTIER_REDIS_PASSWORD; a wrong one leaves the tier
+ * unhealthy, and no message carries the password */
+static void f_password(void **state)
+{
+    redis_srv s;
+    assert_int_equal(redis_start(&s, 64, "--requirepass s3cret-pw"), 0);
+    char url[128];
+    snprintf(url, sizeof url, "redis://:s3cret-pw@127.0.0.1:%d", s.port);
+    kvt_remote *r = open_tier(url, &ID_A, 1000);
+    assert_int_equal(kvt_remote_healthy(r), 1);
+    int32_t p[20];
+    seq(p, 20, 900);
+    put(r, &KV, p, 16);
+    kvt_remote_close(r);
+    setenv("KVTIER_REDIS_PASSWORD", "s3cret-pw", 1);
+    r = open_tier(s.url, &ID_A, 1000);
+    assert_int_equal(find_len(r, p, 20, NULL), 16);
+    kvt_remote_close(r);
+    setenv("KVTIER_REDIS_PASSWORD", "wrong", 1);
+    r = open_tier(s.url, &ID_A, 1000);
+    assert_int_equal(kvt_remote_healthy(r), 0);
+    assert_int_equal(find_len(r, p, 20, NULL), 0);
+    kvt_remote_close(r);
+    unsetenv("KVTIER_REDIS_PASSWORD");
+    redis_stop(&s);
+}
+
+static void t_url(void **state)
+{
+    kvt_remote_url u;
+    assert_int_equal(kvt_remote_url_parse("redis://h:1/2", &u), 0);
+    assert_string_equal(u.host, "h");
+    assert_int_equal(u.port, 1);
+    assert_int_equal(u.db, 2);
+    assert_int_equal(kvt_remote_url_parse("redis://user:p%40ss@10.0.0.1:6380/3", &u), 0);
+    assert_string_equal(u.user, "user");
+    assert_string_equal(u.password, "p@ss");
+    assert_string_equal(u.host, "10.0.0.1");
+    assert_int_equal(u.port, 6380);
+    assert_int_equal(kvt_remote_url_parse("redis://:pw@host", &u), 0);
+    assert_string_equal(u.password, "pw");
+    assert_string_equal(u.user, "");
+    assert_int_equal(u.port, 6379);
+    assert_int_equal(u.db, 0);
+    assert_int_equal(kvt_remote_url_parse("redis://host/", &u), 0);
+    const char *bad[] = {"http://h:1", "redis://", "redis://:pw@", "redis://h:0", "redis://h:70000", "redis://h:x",
+                         "redis://h/16", "redis://h/1x", "rediss://h", "redis://u:%zz@h"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(kvt_remote_url_parse(bad[i], &u), KVT_EINVAL);
+    assert_int_equal(kvt_remote_url_parse("redis://u:topsecret@h:99999", &u), KVT_EINVAL);
+    assert_null(strstr(kvt_last_error(), "topsecret"));
+    assert_string_equal(u.password, ""); /* nothing left behind */
+}
+
+static void t_key_prefix(void **state)
+{
+    char a[64], b[64];
+    assert_int_equal(kvt_remote_key_prefix(&ID_A, a, sizeof a), 0);
+    assert_int_equal(kvt_remote_key_prefix(&ID_B, b, sizeof b), 0);
+    assert_int_equal(strlen(a), 37);
+    assert_int_equal(strncmp(a, "kvt:", 4), 0);
+    assert_string_not_equal(a, b);
+}
+
+int main(void)
+{
+    if (!redis_available("test_remote"))
+        return 0;
+    if (redis_start(&g_srv, 64, NULL)) {
+        fprintf(stderr, "test_remote: cannot start redis-server\n");
+        return 1;
+    }
+    redis_tier_use(g_srv.url, 0, &g_srv.port, 1);
+    int failed = 0;
+    failed += tier_suite_run(&tier_impl_redis);
+    failed += tier_suite_run_chain(&tier_impl_redis);
+    const struct CMUnitTest faults[] = {
+        cmocka_unit_test(t_url),
+        cmocka_unit_test(t_key_prefix),
+        cmocka_unit_test(f_kill_restart),
+        cmocka_unit_test(f_down_at_start),
+        cmocka_unit_test_setup(f_client_pause, fx_flush),
+        cmocka_unit_test_setup(f_setrange, fx_flush),
+        cmocka_unit_test_setup(f_foreign_record, fx_flush),
+        cmocka_unit_test_setup(f_gone_before_restore, fx_flush),
+        cmocka_unit_test(f_maxmemory),
+        cmocka_unit_test_setup(f_two_hosts, fx_flush),
+        cmocka_unit_test_setup(f_skip_present, fx_flush),
+        cmocka_unit_test(f_password),
+    };
+    failed += cmocka_run_group_tests_name("remote tier faults", faults, NULL, NULL);
+    redis_stop(&g_srv);
+    return failed ? 1 : 0;
+}
