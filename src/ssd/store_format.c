@@ -1,10 +1,8 @@
 /*
- * store_format.c: the SSD tier's shard format. Writes safetensors files
- * crash-safely (temp name, pwrite through the injectable I/O layer, fsync,
- * rename) and reads their headers back with every field validated before use
- * (bounded header, offsets inside the payload, sorted, contiguous, byte counts
- * matching dtype x shape, totals matching the file size). Also the small
- * codecs the metadata needs (base64 tokens, hex).
+ * store_format.c: the SSD tier's shard files. Writes safetensors shards
+ * (src/tier/codec.h builds and validates their headers) crash-safely: temp
+ * name, pwrite through the injectable I/O layer, fsync, rename; and reads a
+ * file's header back, validated before use.
  * Every shard carries two checksums of its payload: XXH3-128 (checked on
  * every restore) and SHA-256 (checked by strict restores and store verify).
  * It never reads tensor bytes except to hash them, never trusts a header
@@ -25,69 +23,8 @@
 #include <xxhash.h>
 
 #define KVT__IO_CHUNK (4u << 20) /* bytes per pwrite / read / hash step */
-#define KVT__PAYLOAD_ALIGN 64    /* payload starts at a multiple of this */
 
 static _Atomic uint64_t kvt__tmp_seq;
-
-/* ---- small codecs -------------------------------------------------------- */
-
-char *kvt__tokens_b64(const int32_t *tokens, int64_t n)
-{
-    size_t raw = (size_t)n * 4;
-    uint8_t *le = kvt__malloc(raw ? raw : 1);
-    char *out = kvt__malloc(4 * ((raw + 2) / 3) + 1);
-    if (!le || !out) {
-        kvt__free(le);
-        kvt__free(out);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        uint32_t v = (uint32_t)tokens[i];
-        le[4 * i] = (uint8_t)v;
-        le[4 * i + 1] = (uint8_t)(v >> 8);
-        le[4 * i + 2] = (uint8_t)(v >> 16);
-        le[4 * i + 3] = (uint8_t)(v >> 24);
-    }
-    int len = raw ? EVP_EncodeBlock((unsigned char *)out, le, (int)raw) : 0;
-    out[len] = '\0';
-    kvt__free(le);
-    return out;
-}
-
-int kvt__tokens_unb64(const char *s, int32_t **out, int64_t *n)
-{
-    *out = NULL;
-    *n = 0;
-    size_t len = strlen(s);
-    if (len == 0)
-        return 0;
-    if (len % 4 || len > (size_t)1 << 30)
-        return kvt__fail(KVT_EFORMAT, "tokens: base64 length %zu is not a multiple of 4", len);
-    size_t pad = (s[len - 1] == '=') + (len > 1 && s[len - 2] == '=');
-    size_t raw = len / 4 * 3 - pad;
-    if (raw % 4)
-        return kvt__fail(KVT_EFORMAT, "tokens: %zu bytes is not a whole number of int32", raw);
-    uint8_t *buf = kvt__malloc(len / 4 * 3 + 1);
-    int32_t *tok = kvt__malloc(raw ? raw : 1);
-    if (!buf || !tok) {
-        kvt__free(buf);
-        kvt__free(tok);
-        return kvt__fail(KVT_ENOMEM, "tokens: cannot allocate %zu bytes", raw);
-    }
-    int got = EVP_DecodeBlock(buf, (const unsigned char *)s, (int)len);
-    if (got < 0 || (size_t)got != len / 4 * 3) {
-        kvt__free(buf);
-        kvt__free(tok);
-        return kvt__fail(KVT_EFORMAT, "tokens: invalid base64");
-    }
-    for (size_t i = 0; i < raw / 4; i++)
-        tok[i] = (int32_t)((uint32_t)buf[4 * i] | (uint32_t)buf[4 * i + 1] << 8 |
-                           (uint32_t)buf[4 * i + 2] << 16 | (uint32_t)buf[4 * i + 3] << 24);
-    kvt__free(buf);
-    *out = tok;
-    *n = (int64_t)(raw / 4);
-    return 0;
-}
 
 /* ---- writer ---------------------------------------------------------------- */
 
@@ -125,68 +62,6 @@ static int write_all(const kvt_store_io *io, int fd, const void *buf, size_t n, 
         n -= (size_t)w;
     }
     return 0;
-}
-
-/* Orders tensors so that wider dtypes come first (keeps every tensor aligned to
- * its element size when the payload starts 64-byte aligned). */
-static int32_t *write_order(const kvt__st_out *t, int32_t n)
-{
-    int32_t *ord = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-    if (!ord)
-        return NULL;
-    int32_t k = 0;
-    for (size_t w = 8; w >= 1; w /= 2)
-        for (int32_t i = 0; i < n; i++)
-            if (kvt_dtype_size(t[i].dtype) == w)
-                ord[k++] = i;
-    return ord;
-}
-
-static char *build_header(json_t *meta, const kvt__st_out *t, const int32_t *ord, int32_t n,
-                          const char *sha_hex, const char *xxh_hex, uint64_t payload, size_t *len_out)
-{
-    char pb[32];
-    snprintf(pb, sizeof pb, "%llu", (unsigned long long)payload);
-    if (json_object_set_new(meta, "sha256", json_string(sha_hex)) ||
-        json_object_set_new(meta, "xxh3", json_string(xxh_hex)) ||
-        json_object_set_new(meta, "payload_bytes", json_string(pb)) ||
-        json_object_set_new(meta, "format", json_string(KVT__SHARD_FORMAT)) ||
-        json_object_set_new(meta, "version", json_string(KVT__SHARD_VERSION)))
-        return NULL;
-    json_t *root = json_object();
-    if (!root || json_object_set(root, "__metadata__", meta)) {
-        json_decref(root);
-        return NULL;
-    }
-    uint64_t off = 0;
-    for (int32_t k = 0; k < n; k++) {
-        const kvt__st_out *x = &t[ord[k]];
-        json_t *shape = json_array();
-        for (int32_t d = 0; shape && d < x->ndim; d++)
-            json_array_append_new(shape, json_integer(x->shape[d]));
-        json_t *desc = json_pack("{s:s, s:o, s:[I,I]}", "dtype", kvt_dtype_name(x->dtype), "shape",
-                                 shape, "data_offsets", (json_int_t)off, (json_int_t)(off + x->bytes));
-        if (!desc || json_object_set_new(root, x->name, desc)) {
-            json_decref(root);
-            return NULL;
-        }
-        off += x->bytes;
-    }
-    char *s = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (!s)
-        return NULL;
-    size_t len = strlen(s);
-    size_t padded = ((8 + len + KVT__PAYLOAD_ALIGN - 1) / KVT__PAYLOAD_ALIGN) * KVT__PAYLOAD_ALIGN - 8;
-    char *h = kvt__malloc(padded + 1);
-    if (h) {
-        memcpy(h, s, len);
-        memset(h + len, ' ', padded - len); /* safetensors allows trailing spaces */
-        h[padded] = '\0';
-        *len_out = padded;
-    }
-    free(s); /* jansson's allocator */
-    return h;
 }
 
 static kvt_store_io io_or_default(const kvt_store_io *io_opt)
@@ -272,12 +147,12 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
     if (ps->t)
         memcpy(ps->t, t, sizeof *ps->t * (size_t)n);
     ps->n = n;
-    ps->ord = ps->t ? write_order(ps->t, n) : NULL;
+    ps->ord = ps->t ? kvt__shard_order(ps->t, n) : NULL;
     char zeros[65];
     memset(zeros, '0', 64);
     zeros[64] = '\0';
     size_t hlen = 0;
-    char *header = ps->ord ? build_header(meta, ps->t, ps->ord, n, zeros, zeros + 32, payload, &hlen) : NULL;
+    char *header = ps->ord ? kvt__shard_header(meta, ps->t, ps->ord, n, zeros, zeros + 32, payload, &hlen) : NULL;
     if (!header) {
         pending_release(ps);
         return kvt__fail(KVT_ENOMEM, "%s: cannot build the shard header", final_name);
@@ -368,7 +243,7 @@ int kvt__shard_seal(kvt__pending_shard *ps)
     char xxh_hex[33];
     kvt__hex(xc.digest, 16, xxh_hex);
     size_t hlen2 = 0;
-    char *header2 = build_header(ps->meta, ps->t, ps->ord, ps->n, sha_hex, xxh_hex, ps->payload, &hlen2);
+    char *header2 = kvt__shard_header(ps->meta, ps->t, ps->ord, ps->n, sha_hex, xxh_hex, ps->payload, &hlen2);
     if (!header2 || hlen2 != ps->hlen) {
         kvt__free(header2);
         rc = kvt__fail(KVT_ENOMEM, "%s: cannot rebuild the shard header", path);
@@ -450,27 +325,6 @@ int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, js
 
 /* ---- reader --------------------------------------------------------------- */
 
-void kvt__shard_free(kvt__shard *sh)
-{
-    if (!sh)
-        return;
-    json_decref(sh->root);
-    kvt__free(sh->t);
-    memset(sh, 0, sizeof *sh);
-}
-
-const char *kvt__meta_str(const kvt__shard *sh, const char *key)
-{
-    return json_string_value(json_object_get(sh->meta, key));
-}
-
-static int refuse(int *reason, int r, int code, const char *path, const char *what)
-{
-    *reason = r;
-    return kvt__fail(code, "%s: refused (%s): %s", path, kvt_store_refusal_name((kvt_store_refusal)r),
-                     what);
-}
-
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)
 {
     uint8_t *p = buf;
@@ -489,206 +343,56 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off)
     return 0;
 }
 
-static int cmp_begin(const void *a, const void *b)
-{
-    const kvt__st_in *x = a, *y = b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
-}
-
 int kvt__shard_read_header(int fd, const char *path, uint64_t file_bytes, kvt__shard *out, int *reason)
 {
     memset(out, 0, sizeof *out);
-    char msg[160];
     if (file_bytes < 8)
-        return refuse(reason, KVT_STORE_REFUSED_TRUNCATED, KVT_EFORMAT, path, "shorter than 8 bytes");
+        return kvt__shard_refuse(reason, KVT_STORE_REFUSED_TRUNCATED, KVT_EFORMAT, path, "shorter than 8 bytes");
     uint8_t lenb[8];
     int rc = pread_all(fd, lenb, 8, 0);
     if (rc)
-        return refuse(reason, KVT_STORE_REFUSED_IO, rc == KVT_EFORMAT ? KVT_EFORMAT : rc, path,
-                      "cannot read the header length");
+        return kvt__shard_refuse(reason, KVT_STORE_REFUSED_IO, rc == KVT_EFORMAT ? KVT_EFORMAT : rc, path,
+                                 "cannot read the header length");
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++)
         hlen |= (uint64_t)lenb[i] << (8 * i);
-    if (hlen > KVT_STORE_MAX_HEADER) {
-        snprintf(msg, sizeof msg, "header length %llu over the bound %u", (unsigned long long)hlen,
-                 KVT_STORE_MAX_HEADER);
-        return refuse(reason, KVT_STORE_REFUSED_HEADER_BOUND, KVT_EFORMAT, path, msg);
-    }
-    if (hlen < 2 || 8 + hlen > file_bytes) {
-        snprintf(msg, sizeof msg, "header length %llu, file %llu bytes", (unsigned long long)hlen,
-                 (unsigned long long)file_bytes);
-        return refuse(reason, hlen < 2 ? KVT_STORE_REFUSED_MALFORMED : KVT_STORE_REFUSED_TRUNCATED,
-                      KVT_EFORMAT, path, msg);
-    }
+    if ((rc = kvt__shard_check_len(hlen, file_bytes, path, reason)))
+        return rc;
     char *h = kvt__malloc(hlen);
     if (!h)
         return kvt__fail(KVT_ENOMEM, "%s: cannot allocate a %llu-byte header", path, (unsigned long long)hlen);
     rc = pread_all(fd, h, hlen, 8);
     if (rc) {
         kvt__free(h);
-        return refuse(reason, KVT_STORE_REFUSED_IO, rc == KVT_EFORMAT ? KVT_EFORMAT : rc, path,
-                      "cannot read the header");
+        return kvt__shard_refuse(reason, KVT_STORE_REFUSED_IO, rc == KVT_EFORMAT ? KVT_EFORMAT : rc, path,
+                                 "cannot read the header");
     }
-    json_error_t jerr;
-    json_t *root = json_loadb(h, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    rc = kvt__shard_parse_header(h, hlen, file_bytes, path, out, reason);
     kvt__free(h);
-    if (!root || !json_is_object(root)) {
-        json_decref(root);
-        snprintf(msg, sizeof msg, "header is not a JSON object (%.100s)", root ? "not an object" : jerr.text);
-        return refuse(reason, KVT_STORE_REFUSED_MALFORMED, KVT_EFORMAT, path, msg);
-    }
-    out->root = root;
-    out->header_len = hlen;
-    out->payload_off = 8 + hlen;
-    out->file_bytes = file_bytes;
-    out->meta = json_object_get(root, "__metadata__");
-    const char *bad = NULL;
-    if (!json_is_object(out->meta))
-        bad = "no __metadata__ object";
-    const char *k;
-    json_t *v;
-    if (!bad)
-        json_object_foreach(out->meta, k, v) if (!json_is_string(v)) bad = "a __metadata__ value is not a string";
-    const char *fmt = bad ? NULL : kvt__meta_str(out, "format");
-    const char *ver = bad ? NULL : kvt__meta_str(out, "version");
-    const char *sha = bad ? NULL : kvt__meta_str(out, "sha256");
-    const char *pbs = bad ? NULL : kvt__meta_str(out, "payload_bytes");
-    const char *xxh = bad ? NULL : kvt__meta_str(out, "xxh3");
-    int v1 = ver && !strcmp(ver, KVT__SHARD_VERSION_V1);
-    if (!bad && (!fmt || strcmp(fmt, KVT__SHARD_FORMAT) || !ver || (strcmp(ver, KVT__SHARD_VERSION) && !v1)))
-        bad = "not a kvtier shard of version " KVT__SHARD_VERSION_V1 " or " KVT__SHARD_VERSION;
-    if (!bad && (!sha || kvt__unhex(sha, out->sha, 32)))
-        bad = "sha256 is not 64 hex digits";
-    if (!bad && !v1 && (!xxh || kvt__unhex(xxh, out->xxh, 16)))
-        bad = "xxh3 is not 32 hex digits";
-    if (!bad)
-        out->has_xxh = !v1;
-    char *endp = NULL;
-    unsigned long long pb = 0;
-    if (!bad) {
-        errno = 0;
-        pb = pbs ? strtoull(pbs, &endp, 10) : 0;
-        if (!pbs || !*pbs || *endp || errno)
-            bad = "payload_bytes is not a number";
-    }
-    if (bad) {
-        kvt__shard_free(out);
-        return refuse(reason, KVT_STORE_REFUSED_MALFORMED, KVT_EFORMAT, path, bad);
-    }
-    out->payload_bytes = pb;
-    if (out->payload_off + pb > file_bytes || out->payload_off + pb < pb) {
-        snprintf(msg, sizeof msg, "file is %llu bytes, header declares %llu", (unsigned long long)file_bytes,
-                 (unsigned long long)(out->payload_off + pb));
-        kvt__shard_free(out);
-        return refuse(reason, KVT_STORE_REFUSED_TRUNCATED, KVT_EFORMAT, path, msg);
-    }
-    if (out->payload_off + pb != file_bytes) {
-        snprintf(msg, sizeof msg, "file is %llu bytes, longer than the declared %llu",
-                 (unsigned long long)file_bytes, (unsigned long long)(out->payload_off + pb));
-        kvt__shard_free(out);
-        return refuse(reason, KVT_STORE_REFUSED_OFFSETS, KVT_EFORMAT, path, msg);
-    }
-    size_t nt = json_object_size(root) - 1;
-    out->t = kvt__calloc(nt ? nt : 1, sizeof(kvt__st_in));
-    if (!out->t) {
-        kvt__shard_free(out);
-        return kvt__fail(KVT_ENOMEM, "%s: cannot allocate %zu tensor descriptors", path, nt);
-    }
-    int r = KVT_STORE_REFUSED_MALFORMED;
-    json_object_foreach(root, k, v)
-    {
-        if (!strcmp(k, "__metadata__"))
-            continue;
-        kvt__st_in *x = &out->t[out->n];
-        x->name = k;
-        json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
-        json_t *offs = json_object_get(v, "data_offsets");
-        if (!json_is_object(v) || !json_is_string(dt) || kvt_dtype_parse(json_string_value(dt), &x->dtype)) {
-            bad = "a tensor has no known dtype";
-            break;
-        }
-        if (!json_is_array(shape) || json_array_size(shape) > KVT_TENSOR_MAX_DIMS) {
-            bad = "a tensor shape is not an array of at most 4 dims";
-            break;
-        }
-        uint64_t elems = 1;
-        x->ndim = (int32_t)json_array_size(shape);
-        for (int32_t d = 0; d < x->ndim; d++) {
-            json_t *e = json_array_get(shape, (size_t)d);
-            if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > ((json_int_t)1 << 40)) {
-                bad = "a shape dimension is not a non-negative integer";
-                break;
-            }
-            x->shape[d] = json_integer_value(e);
-            if (x->shape[d] && elems > UINT64_MAX / (uint64_t)x->shape[d] / 8) {
-                bad = "a tensor shape overflows";
-                break;
-            }
-            elems *= (uint64_t)x->shape[d];
-        }
-        if (bad)
-            break;
-        if (!json_is_array(offs) || json_array_size(offs) != 2 || !json_is_integer(json_array_get(offs, 0)) ||
-            !json_is_integer(json_array_get(offs, 1))) {
-            bad = "data_offsets is not [begin, end]";
-            break;
-        }
-        json_int_t b = json_integer_value(json_array_get(offs, 0)), e = json_integer_value(json_array_get(offs, 1));
-        if (b < 0 || e < b || (uint64_t)e > pb) {
-            bad = "data_offsets point outside the payload";
-            r = KVT_STORE_REFUSED_OFFSETS;
-            break;
-        }
-        x->begin = (uint64_t)b;
-        x->end = (uint64_t)e;
-        if (x->end - x->begin != elems * kvt_dtype_size(x->dtype)) {
-            bad = "data_offsets do not match dtype x shape";
-            break;
-        }
-        out->n++;
-    }
-    if (!bad) {
-        qsort(out->t, (size_t)out->n, sizeof(kvt__st_in), cmp_begin);
-        uint64_t at = 0;
-        for (int32_t i = 0; i < out->n; i++) {
-            if (out->t[i].begin != at) {
-                bad = "tensors overlap or leave a hole";
-                r = KVT_STORE_REFUSED_OFFSETS;
-                break;
-            }
-            at = out->t[i].end;
-        }
-        if (!bad && at != pb) {
-            bad = "tensors do not cover the payload";
-            r = KVT_STORE_REFUSED_OFFSETS;
-        }
-    }
-    if (bad) {
-        kvt__shard_free(out);
-        return refuse(reason, r, KVT_EFORMAT, path, bad);
-    }
-    return 0;
+    return rc;
 }
 
-int kvt__shard_check(const kvt__shard *sh, const void *p, int strict, const char *path, int *reason)
+int kvt__shard_open(int dirfd, const char *dir, const char *name, kvt__shard *sh, int *fd_out, int *reason)
 {
-    size_t n = (size_t)sh->payload_bytes;
-    if (sh->has_xxh) {
-        XXH128_canonical_t c;
-        XXH128_canonicalFromHash(&c, XXH3_128bits(p, n));
-        if (memcmp(c.digest, sh->xxh, 16)) {
-            *reason = KVT_STORE_REFUSED_CHECKSUM;
-            return kvt__fail(KVT_ECORRUPT, "%s: refused (checksum): payload XXH3-128 differs from the header", path);
-        }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        *reason = KVT_STORE_REFUSED_IO;
+        return kvt__fail(errno == ENOENT ? KVT_ENOTFOUND : -errno, "%s: %s", path, strerror(errno));
     }
-    if (strict || !sh->has_xxh) {
-        uint8_t md[32];
-        unsigned int len = 0;
-        EVP_Digest(p, n, md, &len, EVP_sha256(), NULL);
-        if (memcmp(md, sh->sha, 32)) {
-            *reason = KVT_STORE_REFUSED_CHECKSUM;
-            return kvt__fail(KVT_ECORRUPT, "%s: refused (checksum): payload SHA-256 differs from the header", path);
-        }
+    struct stat st;
+    if (fstat(fd, &st)) {
+        int e = errno;
+        close(fd);
+        *reason = KVT_STORE_REFUSED_IO;
+        return kvt__fail(-e, "%s: %s", path, strerror(e));
     }
+    int rc = kvt__shard_read_header(fd, path, (uint64_t)st.st_size, sh, reason);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    *fd_out = fd;
     return 0;
 }

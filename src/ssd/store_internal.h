@@ -1,61 +1,37 @@
 /*
- * store_internal.h: pieces of the SSD tier shared by the files of src/ssd; never
- * installed. The shard format (safetensors writer and validating header
- * reader) and its small codecs. Keys are key.h's kvt__key; the index is
- * src/base's (index.h, hmap.h).
+ * store_internal.h: what the files of the SSD tier share; never installed.
+ *   store.c         open, close, stats, lookups, the index records, the
+ *                   cold-tier table
+ *   scan.c          the directory walker: startup scan, offline walk,
+ *                   other-config count; file and directory names
+ *   put.c           the synchronous write (blocks, then the entry shard)
+ *   writer.c        the write-behind queue and its writer thread
+ *   restore.c       restores, the pending-job restore, the restore threads
+ *   budget.c        the byte budget over the root (reclaim) and gc
+ *   store_format.c  shard files: crash-safe writes, header reads
+ * The entry <-> shard codec is src/tier/codec.h; keys are key.h's; the
+ * index and maps are src/base's (index.h, hmap.h).
  */
 #ifndef KVTIER_STORE_INTERNAL_H
 #define KVTIER_STORE_INTERNAL_H
 
 #include "kvtier/store.h"
 
+#include "codec.h"
+#include "hmap.h"
+#include "index.h"
 #include "key.h"
 
 #include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
-/* ---- shard format (store_format.c) --------------------------------------- */
-
-#define KVT__SHARD_FORMAT "kvtier-shard"
-#define KVT__SHARD_VERSION "2"     /* written; "1" (no xxh3) is still read */
-#define KVT__SHARD_VERSION_V1 "1" /* no fast checksum: restored only after SHA-256 */
 #define KVT__SHARD_SUFFIX ".safetensors"
 #define KVT__TMP_PREFIX ".tmp."
+#define KVT__BUDGET_LOCK ".budget.lock" /* reclaim holds it exclusive, a put shared */
 
-/** One tensor to write: data borrowed for the call. */
-typedef struct kvt__st_out {
-    char name[96];
-    kvt_dtype dtype;
-    int32_t ndim;
-    int64_t shape[KVT_TENSOR_MAX_DIMS];
-    const void *data; /* (bytes) */
-    size_t bytes;
-} kvt__st_out;
-
-/** One tensor described by a validated header; offsets relative to the payload. */
-typedef struct kvt__st_in {
-    const char *name; /* borrowed from the shard's JSON */
-    kvt_dtype dtype;
-    int32_t ndim;
-    int64_t shape[KVT_TENSOR_MAX_DIMS];
-    uint64_t begin, end; /* [begin, end) bytes within the payload */
-} kvt__st_in;
-
-/** A validated shard header. */
-typedef struct kvt__shard {
-    json_t *root;          /* parsed header, owned */
-    json_t *meta;          /* "__metadata__" object of strings, borrowed from root */
-    kvt__st_in *t;         /* (n), sorted by begin */
-    int32_t n;
-    uint64_t header_len;   /* JSON bytes */
-    uint64_t payload_off;  /* 8 + header_len */
-    uint64_t payload_bytes;
-    uint64_t file_bytes;
-    uint8_t sha[32];       /* payload SHA-256 from the metadata */
-    uint8_t xxh[16];       /* payload XXH3-128 from the metadata (big-endian hex order) */
-    int has_xxh;           /* 0: a version 1 shard (SHA-256 only) */
-} kvt__shard;
+/* ---- shard files (store_format.c) ---------------------------------------- */
 
 /** Writes `meta` (an object of string values; "sha256", "xxh3", "payload_bytes" and
  * "format"/"version" are added) and tensors t[0..n) as `final_name` in dirfd:
@@ -110,22 +86,197 @@ void kvt__shard_abort(kvt__pending_shard *ps);
  * @return 0, KVT_EFORMAT, -errno, KVT_ENOMEM. */
 int kvt__shard_read_header(int fd, const char *path, uint64_t file_bytes, kvt__shard *out, int *reason);
 
-/** Frees what kvt__shard_read_header allocated; zeroes *sh. */
-void kvt__shard_free(kvt__shard *sh);
+/** Opens `name` in dirfd (dir: its path, for messages; never following a
+ * link) and validates its header. On success *fd_out is the open file.
+ * @return 0; KVT_ENOTFOUND (no such file) or -errno with *reason
+ * KVT_STORE_REFUSED_IO; a kvt__shard_read_header error. */
+int kvt__shard_open(int dirfd, const char *dir, const char *name, kvt__shard *sh, int *fd_out, int *reason);
 
-/** Metadata string value or NULL. */
-const char *kvt__meta_str(const kvt__shard *sh, const char *key);
+/* ---- the store's state (store.c; every field under mu unless noted) ------------ */
 
-/** Checks the payload bytes p (sh->payload_bytes) against the header: the
- * XXH3-128 always (when the shard has one), the SHA-256 when `strict` or when
- * the shard has no XXH3-128 (version 1). On a mismatch *reason is
- * KVT_STORE_REFUSED_CHECKSUM. @return 0 or KVT_ECORRUPT. */
-int kvt__shard_check(const kvt__shard *sh, const void *p, int strict, const char *path, int *reason);
+typedef struct st_block {
+    kvt__key key;
+    uint64_t bytes;   /* file size */
+    int64_t refs;     /* indexed entries + in-flight puts referencing it */
+} st_block;
 
-/** base64 of n int32 tokens (little-endian); caller frees with kvt__free. */
-char *kvt__tokens_b64(const int32_t *tokens, int64_t n);
-/** Decodes base64 tokens; *out caller frees with kvt__free (may be NULL when
- * *n == 0). @return 0 or KVT_EFORMAT / KVT_ENOMEM. */
-int kvt__tokens_unb64(const char *s, int32_t **out, int64_t *n);
+typedef struct st_entry {
+    kvt__key key;
+    uint64_t id;          /* the handle given out by find */
+    char *ns;
+    int32_t *tokens;      /* (n_tokens) */
+    int64_t n_tokens;
+    int64_t min_reach;    /* smallest usable prefix (tokens); n_tokens when untrimmable */
+    kvt__key *blocks;    /* (n_blocks) in chain order */
+    int32_t n_blocks;
+    uint64_t bytes;       /* entry file size */
+    int64_t last_use_ms;  /* wall clock; file mtime at scan */
+    struct st_entry *next, *prev;
+} st_entry;
+
+typedef struct st_orphan { /* refused or unreferenced files, evicted first */
+    char name[256];
+    uint64_t bytes;
+} st_orphan;
+
+/* One write-behind job. While queued or being written it is findable (in
+ * ptree and in pjobs by its handle) and restorable from its own
+ * caches (zero-copy clones whose hook holds a reference): the job's entry is
+ * cleared when the writer is done with it and the last clone is gone. */
+typedef struct wjob {
+    kvt_entry e;
+    int64_t min_reach;    /* as st_entry's */
+    struct wjob *twin;    /* an older queued job with the same (ns, tokens):
+                             the pending index holds only the newest */
+    uint64_t bytes;
+    uint64_t id;          /* handle; the durable entry gets the same one */
+    kvt__key key;
+    _Atomic int64_t refs; /* the queue's + one per clone handed out */
+    struct wjob *next;
+} wjob;
+
+typedef struct rjob {
+    uint64_t handle;
+    kvt_restore_done_fn done;
+    void *arg;
+    struct rjob *next;
+} rjob;
+
+struct kvt_store {
+    char *root, *dir, *dir_name;
+    int dirfd, lockfd;
+    char *identity;       /* canonical identity JSON */
+    kvt__key id_seed;    /* XXH3-128 of identity */
+    kvt_store_options opts;
+
+    pthread_mutex_t mu;
+    kvt__kmap by_key, by_id, blocks, pending, pjobs;
+    kvt__index *tree;     /* durable entries (st_entry) by (ns, tokens) */
+    kvt__index *ptree;    /* jobs whose write-behind is queued or in flight (wjob) */
+    st_entry *head;       /* all entries */
+    uint64_t next_id;
+    st_orphan *orphans;
+    int32_t n_orphans, cap_orphans;
+    uint64_t own_bytes, foreign_bytes;
+    uint64_t foreign_scan_ms; /* last listing of the root (monotonic ms) */
+    uint64_t disk_ms;     /* last reclaim pass over the own directory (monotonic ms) */
+    int reclaim_due;      /* a reclaim could not take the lock: try again */
+    kvt__key *free_keys; /* blocks this process stopped referencing, for reclaim */
+    int32_t n_free, cap_free;
+    pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
+    kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
+    kvt_store_stats st;
+
+    /* write-behind */
+    pthread_t writer;
+    int writer_started;
+    pthread_cond_t q_cv, idle_cv;
+    wjob *q_head, *q_tail;
+    int closing;
+    int flush_rc;
+    char flush_msg[256]; /* kvt_last_error of that failure (the writer's thread) */
+
+    /* restore threads */
+    pthread_t *rthreads;
+    int n_rthreads;
+    pthread_cond_t r_cv;
+    rjob *r_head, *r_tail;
+};
+
+
+/* ---- shared helpers --------------------------------------------------------- */
+
+/** Wall clock in ms (entry last use; file mtimes are wall clock). */
+static inline int64_t kvt__store_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/** How the index sees an entry of reach min_reach (see kvt__index_insert). */
+static inline int kvt__store_trimmable(int64_t n_tokens, int64_t min_reach)
+{
+    return min_reach < n_tokens || n_tokens == 0;
+}
+
+/** The by_id / pjobs key of a handle. */
+static inline kvt__key kvt__store_id_key(uint64_t id) { return (kvt__key){id, 0x5eed}; }
+
+/** A refusal of a shard: KVT_EIDENTITY for another identity's, else KVT_EFORMAT. */
+static inline int kvt__store_refuse(int *reason, int r, const char *path, const char *what)
+{
+    return kvt__shard_refuse(reason, r, r == KVT_STORE_REFUSED_IDENTITY ? KVT_EIDENTITY : KVT_EFORMAT, path, what);
+}
+
+/** A shard's file name: type ('e' entry, 'b' block), 32 hex digits of its key, the suffix. */
+void kvt__store_file_name(char type, kvt__key k, char out[64]);
+
+/* store.c, with mu held */
+void kvt__store_entry_free(st_entry *e);
+void kvt__store_orphan_add(kvt_store *s, const char *name, uint64_t bytes);
+/** A file just written under a name a refused shard had: no longer an orphan. */
+void kvt__store_orphan_forget(kvt_store *s, const char *name);
+/** Indexes e (taken on success; e->id kept when set and free). @return 0, KVT_ENOMEM. */
+int kvt__store_index_entry(kvt_store *s, st_entry *e);
+/** One reference to block k goes; with none left and delete_file, reclaim may remove it. */
+void kvt__store_block_unref(kvt_store *s, kvt__key k, int delete_file);
+/** Removes e from the index; keep_file 0 deletes its file, 1 leaves it as an
+ * orphan (a refused shard), 2 says it is already gone. Frees e. */
+void kvt__store_drop_entry(kvt_store *s, st_entry *e, int keep_file);
+/** Counts a refusal reason in the stats. */
+void kvt__store_refuse_count(kvt_store *s, int reason);
+
+/* scan.c */
+int kvt__store_is_identity_dir(const char *name);
+/** e<32 hex>.safetensors or b<32 hex>.safetensors */
+int kvt__store_is_shard_name(const char *name);
+/** Whether a temp file's writer (the pid in its name) is alive. */
+int kvt__store_pid_alive(const char *tmpname);
+/** The first 8 KiB of a small file in dirfd, trailing newlines cut; caller
+ * frees with kvt__free; NULL when it cannot be read. */
+char *kvt__store_read_small(int dirfd, const char *name);
+/** Rebuilds the index from the directory (headers only). @return 0, -errno, KVT_ENOMEM. */
+int kvt__store_scan(kvt_store *s);
+/** Counts shards of directories holding the same model id under another config. */
+void kvt__store_count_other_configs(kvt_store *s, const kvt_store_identity *id);
+
+/* put.c */
+/** Writes e durably and indexes it (handle want_id when nonzero). */
+int kvt__store_write(kvt_store *s, const kvt_entry *e, uint64_t want_id);
+/** Validates a caller's entry (fn names the call). @return 0 or KVT_EINVAL. */
+int kvt__store_check_entry(const kvt_entry *e, const char *fn);
+/** A write to a read-only store: refused (-EROFS) and counted. */
+int kvt__store_refuse_write(kvt_store *s, const char *fn);
+
+/* writer.c */
+void *kvt__store_writer_main(void *arg);
+/** Drops one reference to a job; the last clears its entry and frees it. */
+void kvt__store_job_release(wjob *j);
+/** The release hook of a clone of a job's entry (ctx: the job). */
+void kvt__store_job_hook(void *ctx);
+
+/* restore.c */
+void *kvt__store_restore_main(void *arg);
+/** Opens, validates and reads a block shard (checked payload). */
+int kvt__store_load_block(int dirfd, const char *dir, const char *name, const char *identity, int strict,
+                          kvt__rshard *out, kvt__pblock *pb, int *reason);
+/** Everything a restore checks and builds, from the files (see restore.c). */
+int kvt__store_load_entry(int dirfd, const char *dir, const char *name, const char *identity,
+                          const int32_t *want_tok, int64_t want_n, int strict, kvt_entry *out, int *reason,
+                          char *bad_shard, uint64_t *bytes);
+
+/* budget.c */
+/** Frees unreferenced blocks and applies the budget over the root (call
+ * without mu); protect: an entry key never evicted by this pass; wait:
+ * block until the budget lock is free. */
+void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait);
+/** The shared budget lock a put holds while it relies on existing blocks;
+ * -1 when it cannot be taken (the put goes on unprotected). */
+int kvt__store_put_lock(kvt_store *s);
+/** Bytes of the identity directories under root other than skip. @return 0 or an error. */
+int kvt__store_foreign_bytes(const char *root, const char *skip, uint64_t *bytes);
+/** Frees the cache of parsed entry files (store close). */
+void kvt__store_disk_free(kvt_store *s);
 
 #endif
