@@ -35,6 +35,7 @@
 #include "kvtier/store.h"
 #include "kvtier/remote.h"
 #include "kvtier/service.h"
+#include "kvtier/pool.h"
 
 #ifdef KVT_EXPERIMENTAL
 #include "kvtier/experimental/retention_block.h"
