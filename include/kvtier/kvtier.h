@@ -36,6 +36,7 @@
 #include "kvtier/remote.h"
 #include "kvtier/service.h"
 #include "kvtier/pool.h"
+#include "kvtier/io.h"
 
 #ifdef KVT_EXPERIMENTAL
 #include "kvtier/experimental/retention_block.h"
