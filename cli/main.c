@@ -55,6 +55,7 @@ int main(int argc, char **argv)
         {"kv-dtype", kvt_bench_kv_dtype, "quality and bytes of each KV storage scheme (f16, bf16, q8) vs f32"},
         {"ssd", kvt_bench_ssd, "SSD store/restore throughput vs raw disk bandwidth"},
         {"serve", kvt_bench_serve, "kvtier serve over HTTP: TTFT per turn cache on/off, batched decode, overhead"},
+        {"checkpoint", kvt_bench_checkpoint, "decode tok/s with generation checkpoints every 16 tokens vs without"},
         {NULL, NULL, NULL},
     };
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
