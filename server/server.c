@@ -38,7 +38,7 @@
 
 struct kvt_server {
     kvt_server_opts o;           /* strings below are owned copies */
-    char *host, *model_path, *tok_path, *model_name_opt, *ssd_dir, *api_key;
+    char *host, *model_path, *tok_path, *model_name_opt, *ssd_dir, *api_key, *redis_url;
     char *pub_dirs[8];           /* copies of o.prompt_cache_dirs */
     struct MHD_Daemon *d;
     int port;
@@ -392,7 +392,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             st->phase = 2;
         } else {
             kvt_oai_error e;
-            kvt_oai_error_set(&e, j->status, j->status == 400 ? "invalid_request_error" : "server_error", NULL,
+            kvt_oai_error_set(&e, j->status, j->status == 400 || j->status == 422 ? "invalid_request_error" : "server_error", NULL,
                               NULL, "%s", j->error);
             char *body = kvt_oai_error_json(&e);
             ev = body ? cat3(strdup("data: "), body, "\n\ndata: [DONE]\n\n") : NULL;
@@ -483,6 +483,28 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     j->stop_at_newline = kind == KVT_OAI_CHAT;
     j->session = r.session;
     r.session = NULL;
+    j->seed_explicit = r.has_seed;
+    /* a replayable request: checkpointed, and a repeat with the same key resumes */
+    const char *key = kvt_service_checkpoint_every(s->svc) > 0
+                          ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key") : NULL;
+    if (key && *key) {
+        int ok = strlen(key) <= KVT_REQUEST_ID_MAX;
+        for (const unsigned char *p = (const unsigned char *)key; ok && *p; p++)
+            ok = *p >= 0x20 && *p != 0x7f;
+        if (!ok) {
+            kvt_srv_job_release(j);
+            kvt_oai_error_set(&e, 400, "invalid_request_error", "Idempotency-Key", NULL,
+                              "the Idempotency-Key header must be 1 to %d bytes without control characters",
+                              KVT_REQUEST_ID_MAX);
+            ret = send_error(s, c, rq->ep, &e);
+            goto out;
+        }
+        if (!(j->request_id = strdup(key))) {
+            kvt_srv_job_release(j);
+            ret = fail(s, c, rq->ep, 500, "server_error", NULL, NULL, "out of memory");
+            goto out;
+        }
+    }
     snprintf(j->model, sizeof j->model, "%s", s->model_name);
     j->arrival_ns = kvt_now_ns();
     int rc = atomic_load(&s->stopping) ? KVT_ECLOSED : kvt_srv_sched_submit(s->sched, j);
@@ -550,7 +572,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     pthread_mutex_unlock(&j->mu);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->o.conn_timeout_s);
     if (j->status != 200) {
-        kvt_oai_error_set(&e, j->status, j->status == 400 ? "invalid_request_error" : "server_error", NULL, NULL,
+        kvt_oai_error_set(&e, j->status, j->status == 400 || j->status == 422 ? "invalid_request_error" : "server_error", NULL, NULL,
                           "%s", j->error);
         ret = send_error(s, c, rq->ep, &e);
     } else
@@ -919,6 +941,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->tok_path = xstrdup(o->tok_path);
     s->model_name_opt = xstrdup(o->model_name);
     s->ssd_dir = xstrdup(o->ssd_dir);
+    s->redis_url = xstrdup(o->redis_url);
     s->api_key = xstrdup(o->api_key);
     for (int i = 0; i < o->n_prompt_cache_dirs; i++)
         s->pub_dirs[i] = xstrdup(o->prompt_cache_dirs[i]);
@@ -928,6 +951,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->o.tok_path = s->tok_path;
     s->o.model_name = s->model_name_opt;
     s->o.ssd_dir = s->ssd_dir;
+    s->o.redis_url = s->redis_url;
     s->o.api_key = s->api_key;
     if (s->o.max_queue < 0)
         s->o.max_queue = 0;
@@ -1020,18 +1044,24 @@ int kvt_server_load(kvt_server *s)
     kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
                                 .demote_idle_ms = s->o.demote_idle_ms};
     kvt_chat_identity ident;
-    int levels = s->ssd_dir || s->o.n_prompt_cache_dirs;
+    int levels = s->ssd_dir || s->redis_url || s->o.n_prompt_cache_dirs;
     if (levels && (rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
         return rc;
     /* a disk that cannot be written degrades the tier (read-only or off,
      * warned by kvt_server_poll_tiers), never the server */
     kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify,
-                         .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs};
+                         .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs,
+                         .redis_url = s->redis_url, .redis_cluster = s->o.redis_cluster,
+                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s};
     if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
         return rc;
     s->store = kvt_tiers_store(s->tiers);
     if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0)
         so.cold = &s->tier;
+    if (s->o.checkpoint_every > 0 && s->store) { /* no store (SSD off): nothing is checkpointed */
+        so.checkpoint_store = s->store;
+        so.checkpoint_every = s->o.checkpoint_every;
+    }
     if ((rc = kvt_chat_service_create(s->m, &so, &s->svc)))
         return rc;
     kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running};
@@ -1097,6 +1127,9 @@ void kvt_server_destroy(kvt_server *s)
     free(s->tok_path);
     free(s->model_name_opt);
     free(s->ssd_dir);
+    if (s->redis_url) /* it may hold a password */
+        memset(s->redis_url, 0, strlen(s->redis_url));
+    free(s->redis_url);
     free(s->api_key);
     for (int i = 0; i < 8; i++)
         free(s->pub_dirs[i]);
