@@ -42,6 +42,15 @@ int kvt_cli_int(const char *s, long long lo, long long hi, long long *out)
     return 0;
 }
 
+int kvt_cli_kv_scheme(const char *s, kvt_kv_scheme *out)
+{
+    kvt_kv_scheme k;
+    if (!s || kvt_kv_scheme_parse(s, &k))
+        return -1;
+    *out = k;
+    return 0;
+}
+
 int kvt_cli_float(const char *s, float lo, float hi, float *out)
 {
     if (!s)

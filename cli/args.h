@@ -32,4 +32,15 @@ int kvt_cli_int(const char *s, long long lo, long long hi, long long *out);
  * be INFINITY). @return 0, or -1 as kvt_cli_int (also for NaN and inf). */
 int kvt_cli_float(const char *s, float lo, float hi, float *out);
 
+/** The --kv-dtype help text of chat, serve and generate (26-column indent);
+ * the default is each command's own. */
+#define KVT_CLI_KV_DTYPE_HELP                                                                                 \
+    "  --kv-dtype S          storage scheme of the K/V every tier holds: f32, f16, bf16, q8\n"                \
+    "                        (int8 with per-group scales); state of one scheme never\n"                       \
+    "                        serves another\n"
+
+/** Parses a --kv-dtype value ("f32", "f16", "bf16", "q8") into *out.
+ * @return 0, or -1 (*out is then left alone). */
+int kvt_cli_kv_scheme(const char *s, kvt_kv_scheme *out);
+
 #endif

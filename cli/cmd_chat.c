@@ -63,6 +63,8 @@ static void usage(FILE *f)
             "  --block-tokens B      kv block size in tokens (default 256)\n"
             "  --threads N           engine threads, this one included, 1 to 64 (default: online\n"
             "                        CPUs, at most 8); replies do not depend on it\n"
+            KVT_CLI_KV_DTYPE_HELP
+            "                        (default f32)\n"
             "  --prefill-checkpoint-stride TOKENS  on models with recurrent or sliding-window\n"
             "                        layers, keep the state every TOKENS prompt tokens while a\n"
             "                        prompt is prefilled, so a new conversation sharing a start\n"
@@ -376,6 +378,7 @@ int kvt_cmd_chat(int argc, char **argv)
     const char *ssd_dir = NULL, *transcript = NULL;
     uint64_t ssd_max = 0;
     long long demote_idle = 0;
+    kvt_kv_scheme kv_scheme = KVT_KV_F32;
     const char *pub_dirs[KVT_TIER_CHAIN_MAX];
     int n_pub = 0;
     for (int i = 1; i < argc; i++) {
@@ -402,7 +405,7 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--adapter", "--adapter-version", "--ssd-cache",
                                                  "--ssd-cache-max", "--demote-idle", "--transcript",
                                                  "--prefill-checkpoint-stride", "--threads",
-                                                 "--prompt-cache-dir", NULL};
+                                                 "--prompt-cache-dir", "--kv-dtype", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -456,6 +459,8 @@ int kvt_cmd_chat(int argc, char **argv)
             rc = parse_i64(a, v, 0, 1 << 20, &ckpt_stride);
         else if (!strcmp(a, "--threads"))
             rc = parse_i64(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
+        else if (!strcmp(a, "--kv-dtype") && kvt_cli_kv_scheme(v, &kv_scheme))
+            return usage_error("--kv-dtype wants f32, f16, bf16 or q8, got", v);
         if (rc)
             return rc;
     }
@@ -515,6 +520,7 @@ int kvt_cmd_chat(int argc, char **argv)
         status = fail("cannot start the engine threads", rc);
         goto done;
     }
+    kvt_model_set_kv_scheme(m, kv_scheme); /* before any cache (and the SSD identity) is made */
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,
                                 .block_tokens = (int32_t)block, .demote_idle_ms = (uint64_t)demote_idle};
     kvt_chat_identity ident;

@@ -20,7 +20,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvtier generate [--model M.bin --tokenizer T.bin] [--prompt TEXT] [--steps N]\n"
             "                       [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
-            "                       [--threads N]\n"
+            "                       [--threads N] [--kv-dtype f32|f16|bf16|q8]\n"
             "\n"
             "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
             "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
@@ -42,6 +42,8 @@ static void usage(FILE *f)
             "  --block-tokens B    tokens per kv cache block (default 256).\n"
             "  --threads N         engine threads, this one included, 1 to 64 (default: online\n"
             "                      CPUs, at most 8). The output does not depend on it.\n"
+            "  --kv-dtype S        storage scheme of the K/V cache: f32 (default: llama2.c's\n"
+            "                      output exactly), f16, bf16, q8 (int8, per-group scales).\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n"
             "\n"
@@ -89,6 +91,7 @@ int kvt_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "";
     long long steps = 256, seed = 0, block = 256, threads = 0;
+    kvt_kv_scheme kv_scheme = KVT_KV_F32;
     float temperature = 1.0f, topp = 0.9f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -112,7 +115,8 @@ int kvt_cmd_generate(int argc, char **argv)
         memcpy(name, a, nlen);
         name[nlen] = '\0';
         static const char *const known[] = {"--model", "--tokenizer", "--prompt", "--steps", "--temperature",
-                                            "--top-p", "--seed", "--block-tokens", "--threads", NULL};
+                                            "--top-p", "--seed", "--block-tokens", "--threads",
+                                            "--kv-dtype", NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], name))
             k++;
@@ -147,6 +151,8 @@ int kvt_cmd_generate(int argc, char **argv)
             rc = parse_i64(name, v, 1, 1 << 20, &block);
         else if (!strcmp(name, "--threads"))
             rc = parse_i64(name, v, 1, KVT_MODEL_MAX_THREADS, &threads);
+        else if (!strcmp(name, "--kv-dtype") && kvt_cli_kv_scheme(v, &kv_scheme))
+            rc = bad(name, v, "f32, f16, bf16 or q8");
         if (rc)
             return rc;
     }
@@ -179,6 +185,7 @@ int kvt_cmd_generate(int argc, char **argv)
         status = fail("cannot start the engine threads", rc);
         goto done;
     }
+    kvt_model_set_kv_scheme(model, kv_scheme);
     const kvt_model_config *cfg = kvt_model_get_config(model);
     if ((rc = kvt_tokenizer_load(tok_path, cfg->vocab_size, &tok))) {
         status = fail("cannot load the tokenizer", rc);

@@ -27,6 +27,7 @@ static void usage(FILE *f)
             "                    [--max-queue N] [--max-running N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
             "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
+            "                    [--kv-dtype f32|f16|bf16|q8]\n"
             "\n"
             "An OpenAI-compatible HTTP server over the reference engine and the prompt cache:\n"
             "multi-turn traffic re-sends the conversation, and only its new tokens are prefilled.\n"
@@ -75,6 +76,8 @@ static void usage(FILE *f)
             "  --threads N           threads of the engine's prefill and batched decode, the\n"
             "                        engine thread included, 1 to 64 (default: online CPUs, at\n"
             "                        most 8); replies do not depend on it\n"
+            KVT_CLI_KV_DTYPE_HELP
+            "                        (default f32)\n"
             "\n"
             "Sampling follows the request (OpenAI defaults: temperature 1, top_p 1; \"seed\" makes\n"
             "it repeatable; temperature 0 is greedy). Chat replies end before a newline, like\n"
@@ -119,7 +122,7 @@ int kvt_cmd_serve(int argc, char **argv)
             "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
-            "--prompt-cache-dir", NULL};
+            "--prompt-cache-dir", "--kv-dtype", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -167,6 +170,12 @@ int kvt_cmd_serve(int argc, char **argv)
             rc = parse_int(a, v, 1, 65536, &max_conn);
         else if (!strcmp(a, "--threads"))
             rc = parse_int(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
+        else if (!strcmp(a, "--kv-dtype")) {
+            kvt_kv_scheme ks;
+            if (kvt_cli_kv_scheme(v, &ks))
+                return usage_error("--kv-dtype wants f32, f16, bf16 or q8, got", v);
+            o.kv_scheme = (int)ks;
+        }
         else {
             uint64_t *dst = !strcmp(a, "--prompt-cache") ? &o.prompt_cache_bytes
                             : !strcmp(a, "--kv-budget")  ? &o.kv_budget_bytes

@@ -62,7 +62,7 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         B = c->seq_len; /* as kvt_model_new_caches: a longer block is never filled */
     kvt_service_layer layers[KVT_MODEL_MAX_LAYERS];
     memset(layers, 0, sizeof layers);
-    size_t per_token = 2 * (size_t)c->kv_dim * sizeof(float);
+    size_t per_token = kvt_model_kv_row_bytes(m); /* K and V of one token in the model's scheme */
     for (int32_t l = 0; l < c->n_layers; l++) {
         switch (c->layer_kind[l]) {
         case KVT_LAYER_ATTN:

@@ -66,6 +66,7 @@ void kvt__model_free_scratch(kvt_model *m)
     kvt__free(m->scratch_block);
     kvt__free(m->s.scores);
     kvt__free(m->segs);
+    kvt__free(m->conv);
     kvt__free(m->dec_block);
     m->pool = NULL;
     m->dec_block = NULL;
@@ -73,6 +74,8 @@ void kvt__model_free_scratch(kvt_model *m)
     m->scratch_block = NULL;
     m->s.scores = NULL;
     m->segs = NULL;
+    m->conv = NULL;
+    m->conv_cap = 0;
 }
 
 /* Grows a scratch array (never shrinks) to at least n elements of `size`
@@ -204,11 +207,12 @@ static void rope_apply(float *vec, int n, int hs, const float *fcos, const float
 /* ---- attention ---------------------------------------------------------- */
 
 /* One query head of a decode token (the one query at the end of its context)
- * over ctx keys held in n_segs segments: scores into S (ctx floats), softmax,
+ * over ctx keys held in n_segs segments (K/V in the cache's storage scheme,
+ * converted on the fly by the kernels): scores into S (ctx floats), softmax,
  * then the weighted sum of the values into out (head_size floats). koff is
  * the head's kv head offset within a kv row. Used by decode and by prefill's
  * window layers, so a decode's attention is one code path. */
-static void decode_head(const kvt_model_config *c, const kvt__seg *segs, int n_segs, int ctx, const float *q,
+static void decode_head(const kvt_model_config *c, const kvt_kv_rows *segs, int n_segs, int ctx, const float *q,
                         size_t koff, float *S, float *out)
 {
     int hs = c->head_size;
@@ -216,15 +220,29 @@ static void decode_head(const kvt_model_config *c, const kvt__seg *segs, int n_s
     float scale = 1.0f / sqrtf((float)hs);
     int base = 0;
     for (int s = 0; s < n_segs; s++) {
-        kvt__attn_scores(S + base, q, segs[s].k + koff, kv, segs[s].n, hs, scale);
+        kvt__attn_scores_rows(S + base, q, &segs[s], koff, kv, hs, scale);
         base += segs[s].n;
     }
     kvt__softmax(S, ctx);
     base = 0;
     for (int s = 0; s < n_segs; s++) {
-        kvt__attn_values(out, S + base, segs[s].v + koff, kv, segs[s].n, hs, s > 0);
+        kvt__attn_values_rows(out, S + base, &segs[s], koff, kv, hs, s > 0);
         base += segs[s].n;
     }
+}
+
+/* K (v = 0) or V (v = 1) of one head of segment g as GEMM reads it: the
+ * cache's own rows (ld kv_dim) when they are F32, else the head's slice
+ * converted into conv (n, hs) (ld hs). */
+static const float *seg_f32(const kvt_kv_rows *g, int v, size_t koff, size_t kv, int hs, float *conv, int *ld)
+{
+    if (g->dtype == KVT_DTYPE_F32) {
+        *ld = (int)kv;
+        return (const float *)(v ? g->v : g->k) + koff;
+    }
+    kvt__rows_to_f32(conv, g, v, koff, kv, hs);
+    *ld = hs;
+    return conv;
 }
 
 /* One attention job: T queries (s.q rows, RoPE applied) at positions p0..
@@ -233,13 +251,14 @@ static void decode_head(const kvt_model_config *c, const kvt__seg *segs, int n_s
  * each part uses its own stripe of s.scores (stride floats). */
 typedef struct {
     kvt_model *m;
-    const kvt__seg *segs;
+    const kvt_kv_rows *segs;
     int n_segs;
     int64_t p0, ctx;
     int T;
-    const float *q; /* (T, dim) */
-    float *out;     /* (T, dim) */
-    size_t stride;  /* floats of scores per part */
+    const float *q;     /* (T, dim) */
+    float *out;         /* (T, dim) */
+    size_t stride;      /* floats of scores per part */
+    size_t conv_stride; /* floats of m->conv per part (0: every segment is F32) */
 } attn_job;
 
 static void attn_part(void *vj, int part, int n_parts)
@@ -250,6 +269,7 @@ static void attn_part(void *vj, int part, int n_parts)
     int h0 = c->n_heads * part / n_parts, h1 = c->n_heads * (part + 1) / n_parts;
     float scale = 1.0f / sqrtf((float)hs);
     float *S = j->m->s.scores + (size_t)part * j->stride; /* (T, ctx) */
+    float *conv = j->conv_stride ? j->m->conv + (size_t)part * j->conv_stride : NULL;
     int ctx = (int)j->ctx;
     if (j->T == 1) {
         for (int h = h0; h < h1; h++)
@@ -263,12 +283,14 @@ static void attn_part(void *vj, int part, int n_parts)
         float *oh = j->out + (size_t)h * hs;
         int base = 0;
         for (int s = 0; s < j->n_segs; s++) {
-            const kvt__seg *g = &j->segs[s];
+            const kvt_kv_rows *g = &j->segs[s];
             /* causal: rows before t0 sit before this segment's first key */
-            int t0 = base > j->p0 ? (int)(base - j->p0) : 0;
-            if (t0 < j->T)
+            int t0 = base > j->p0 ? (int)(base - j->p0) : 0, ldk;
+            if (t0 < j->T) {
+                const float *K = seg_f32(g, 0, koff, (size_t)kv, hs, conv, &ldk);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T - t0, g->n, hs, scale, qh + (size_t)t0 * d,
-                            d, g->k + koff, kv, 0.0f, S + (size_t)t0 * ctx + base, ctx);
+                            d, K, ldk, 0.0f, S + (size_t)t0 * ctx + base, ctx);
+            }
             base += g->n;
         }
         for (int t = 0; t < j->T; t++) {
@@ -280,17 +302,19 @@ static void attn_part(void *vj, int part, int n_parts)
         }
         base = 0;
         for (int s = 0; s < j->n_segs; s++) {
-            const kvt__seg *g = &j->segs[s];
-            int t0 = base > j->p0 ? (int)(base - j->p0) : 0; /* segment 0 always has t0 = 0 */
-            if (t0 < j->T)
+            const kvt_kv_rows *g = &j->segs[s];
+            int t0 = base > j->p0 ? (int)(base - j->p0) : 0, ldv; /* segment 0 always has t0 = 0 */
+            if (t0 < j->T) {
+                const float *V = seg_f32(g, 1, koff, (size_t)kv, hs, conv, &ldv);
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T - t0, hs, g->n, 1.0f,
-                            S + (size_t)t0 * ctx + base, ctx, g->v + koff, kv, s ? 1.0f : 0.0f, oh + (size_t)t0 * d, d);
+                            S + (size_t)t0 * ctx + base, ctx, V, ldv, s ? 1.0f : 0.0f, oh + (size_t)t0 * d, d);
+            }
             base += g->n;
         }
     }
 }
 
-static int run_attention(kvt_model *m, const kvt__seg *segs, int n_segs, int64_t p0, int64_t ctx, int T,
+static int run_attention(kvt_model *m, const kvt_kv_rows *segs, int n_segs, int64_t p0, int64_t ctx, int T,
                          const float *q, float *out)
 {
     const kvt_model_config *c = &m->cfg;
@@ -302,19 +326,30 @@ static int run_attention(kvt_model *m, const kvt__seg *segs, int n_segs, int64_t
     int rc = ensure_scores(m, stride * (size_t)parts);
     if (rc != 0)
         return rc;
-    attn_job j = {m, segs, n_segs, p0, ctx, T, q, out, stride};
+    size_t conv_stride = 0; /* prefill over converted K/V: the longest segment's head slice per part */
+    for (int s = 0; T > 1 && s < n_segs; s++)
+        if (segs[s].dtype != KVT_DTYPE_F32)
+            conv_stride = KVT__MAX(conv_stride, (size_t)segs[s].n * (size_t)c->head_size);
+    if (conv_stride) {
+        void *a = m->conv;
+        if ((rc = ensure_array(m, &a, &m->conv_cap, conv_stride * (size_t)parts, sizeof(float),
+                               "converted K/V")) != 0)
+            return rc;
+        m->conv = a;
+    }
+    attn_job j = {m, segs, n_segs, p0, ctx, T, q, out, stride, conv_stride};
     kvt__pool_run(m->pool, attn_part, &j, parts);
     return 0;
 }
 
 /* The first ctx tokens of a kv cache as (ctx + B - 1) / B segments, one
  * per block (B = its block tokens), written to out. */
-static int kv_segs(const kvt_model *m, const kvt_cache *cache, int64_t ctx, kvt__seg *out)
+static int kv_segs(const kvt_model *m, const kvt_cache *cache, int64_t ctx, kvt_kv_rows *out)
 {
     int32_t B = kvt_kv_block_tokens(cache);
     int64_t total = 0;
     for (int64_t b = 0; b < (ctx + B - 1) / B; b++) {
-        int rc = kvt_kv_block(cache, b, &out[b].k, &out[b].v, &out[b].n);
+        int rc = kvt_kv_block_rows(cache, b, &out[b]);
         if (rc != 0)
             return rc;
         total += out[b].n;
@@ -333,7 +368,7 @@ static int attn_kv(kvt_model *m, const kvt_cache *cache, int64_t p0, int T)
     int32_t B = kvt_kv_block_tokens(cache);
     int64_t n_blocks = (ctx + B - 1) / B;
     void *a = m->segs;
-    int rc = ensure_array(m, &a, &m->segs_cap, (size_t)n_blocks, sizeof(kvt__seg), "block pointers");
+    int rc = ensure_array(m, &a, &m->segs_cap, (size_t)n_blocks, sizeof(kvt_kv_rows), "block pointers");
     m->segs = a;
     if (rc != 0)
         return rc;
@@ -352,8 +387,8 @@ static int attn_window(kvt_model *m, kvt_cache *cache, int T)
         const void *in[2] = {m->s.k + (size_t)t * c->kv_dim, m->s.v + (size_t)t * c->kv_dim};
         if ((rc = kvt_cache_append(cache, 1, in)) != 0)
             return rc;
-        kvt__seg seg;
-        if ((rc = kvt_rotating_view(cache, &seg.k, &seg.v, &seg.n)) != 0)
+        kvt_kv_rows seg;
+        if ((rc = kvt_rotating_rows(cache, &seg)) != 0)
             return rc;
         if ((rc = run_attention(m, &seg, 1, 0, seg.n, 1, m->s.q + (size_t)t * c->dim,
                                 m->s.att + (size_t)t * c->dim)) != 0)
@@ -468,7 +503,8 @@ static int check_args(const kvt_model *m, kvt_cache **caches, const int32_t *tok
     for (int32_t l = 0; l < c->n_layers; l++) {
         static const char *want[3] = {"kv", "rotating", "recurrent"};
         const char *k = caches[l] ? kvt_cache_kind(caches[l]) : NULL;
-        if (!k || strcmp(k, want[c->layer_kind[l]]) != 0)
+        int q8 = k && c->layer_kind[l] == KVT_LAYER_ATTN && !strcmp(k, "qkv"); /* int8 K/V of attention */
+        if (!k || (!q8 && strcmp(k, want[c->layer_kind[l]]) != 0))
             return kvt__fail(KVT_EINVAL, "%s: layer %d needs a \"%s\" cache, got %s%s%s", m->path, l,
                              want[c->layer_kind[l]], k ? "\"" : "", k ? k : "none", k ? "\"" : "");
         if (c->layer_kind[l] != KVT_LAYER_RECURRENT && kvt_kv_dim(caches[l]) != c->kv_dim)
@@ -589,7 +625,7 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
         total += window ? 1 : (size_t)((ctx + B - 1) / B);
     }
     void *a = m->segs;
-    rc = ensure_array(m, &a, &m->segs_cap, total, sizeof(kvt__seg), "block pointers");
+    rc = ensure_array(m, &a, &m->segs_cap, total, sizeof(kvt_kv_rows), "block pointers");
     m->segs = a;
     if (rc != 0)
         return rc;
@@ -598,8 +634,8 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
         kvt_cache *cache = caches[i][l];
         m->dec_seg0[i] = k;
         if (window) {
-            kvt__seg *g = &m->segs[k++];
-            if ((rc = kvt_rotating_view(cache, &g->k, &g->v, &g->n)) != 0)
+            kvt_kv_rows *g = &m->segs[k++];
+            if ((rc = kvt_rotating_rows(cache, g)) != 0)
                 return rc;
             m->dec_ctx[i] = g->n;
         } else {

@@ -5,16 +5,21 @@
  * is picked once per process, so every forward pass of a process sums in the
  * same order. The AVX sets are compiled with target attributes and called
  * only after the CPU reported the feature, so the build needs no -march.
+ * Attention over K/V stored as F16, BF16 or I8 converts each element on the
+ * fly (F16C, a shift, or code * scale) inside the same loops; the AVX-512
+ * set uses the AVX2 conversion kernels for those (kernels.h).
  * This file owns no memory and no state beyond the chosen set.
  */
 #include "kernels.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVT__X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -85,6 +90,82 @@ static void c_silu_mul(float *h, const float *g, size_t n)
         v *= 1.0f / (1.0f + expf(-v));
         h[i] = v * g[i];
     }
+}
+
+/* ---- plain C over K/V in a storage scheme -------------------------------------- */
+
+static float half_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+    if (e == 0x1f) {
+        x = sign | 0x7f800000u | (mant << 13);
+    } else if (e) {
+        x = sign | ((e + 112u) << 23) | (mant << 13);
+    } else {
+        float f = (float)mant * 5.9604644775390625e-8f; /* mant * 2^-24, exact */
+        memcpy(&x, &f, sizeof x);
+        x |= sign;
+    }
+    float out;
+    memcpy(&out, &x, sizeof out);
+    return out;
+}
+
+/* Element e of row t of K (v = 0) or V (v = 1), as a float. */
+static inline float row_elem(const kvt_kv_rows *r, int v, size_t t, size_t e, size_t ld)
+{
+    const void *base = v ? r->v : r->k;
+    size_t i = t * ld + e;
+    switch (r->dtype) {
+    case KVT_DTYPE_F16:
+        return half_to_f32(((const uint16_t *)base)[i]);
+    case KVT_DTYPE_BF16: {
+        uint32_t x = (uint32_t)((const uint16_t *)base)[i] << 16;
+        float f;
+        memcpy(&f, &x, sizeof f);
+        return f;
+    }
+    case KVT_DTYPE_I8: {
+        const float *sc = v ? r->v_scale : r->k_scale;
+        size_t gs = (size_t)r->group_size;
+        return (float)((const int8_t *)base)[i] * sc[t * (ld / gs) + e / gs];
+    }
+    default:
+        return ((const float *)base)[i];
+    }
+}
+
+/* c_dot_lanes(q, K_t) with K_t converted element by element. */
+static void c_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs, float scale)
+{
+    for (int t = 0; t < r->n; t++) {
+        float acc[C_LANES] = {0};
+        int j = 0;
+        for (; j + C_LANES <= hs; j += C_LANES)
+            for (int l = 0; l < C_LANES; l++)
+                acc[l] += q[j + l] * row_elem(r, 0, (size_t)t, off + (size_t)(j + l), ld);
+        for (int l = 0; j + l < hs; l++)
+            acc[l] += q[j + l] * row_elem(r, 0, (size_t)t, off + (size_t)(j + l), ld);
+        float s0 = acc[0] + acc[4], s1 = acc[1] + acc[5], s2 = acc[2] + acc[6], s3 = acc[3] + acc[7];
+        S[t] = ((s0 + s2) + (s1 + s3)) * scale;
+    }
+}
+
+static void c_values_rows(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                          int accumulate)
+{
+    if (!accumulate)
+        memset(out, 0, (size_t)hs * sizeof(float));
+    for (int t = 0; t < r->n; t++)
+        for (int i = 0; i < hs; i++)
+            out[i] += S[t] * row_elem(r, 1, (size_t)t, off + (size_t)i, ld);
+}
+
+static void c_rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size_t off, size_t ld, int hs)
+{
+    for (int t = 0; t < r->n; t++)
+        for (int i = 0; i < hs; i++)
+            dst[(size_t)t * (size_t)hs + (size_t)i] = row_elem(r, v, (size_t)t, off + (size_t)i, ld);
 }
 
 #ifdef KVT__X86
@@ -464,6 +545,241 @@ static AVX2 void avx2_silu_mul(float *h, const float *g, size_t n)
     }
 }
 
+/* ---- AVX2 + FMA + F16C over K/V in a storage scheme ------------------------- */
+
+#define AVX2C __attribute__((target("avx2,fma,f16c")))
+
+/* Most 8-float chunks of a head the I8 kernels plan scales for (hs <= 512). */
+#define PLAN_CHUNKS 64
+
+/* Where each chunk of 8 elements of a head finds its scales in a row's
+ * scales: one group for the whole chunk (uni) or a gather of 8. */
+typedef struct {
+    int32_t g[PLAN_CHUNKS][8];
+    uint8_t uni[PLAN_CHUNKS];
+} q8_plan;
+
+static void plan_scales(q8_plan *p, size_t off, int hs, int gs)
+{
+    for (int c = 0; c * 8 < hs; c++) {
+        for (int l = 0; l < 8; l++) {
+            size_t e = off + (size_t)(c * 8 + (c * 8 + l < hs ? l : hs - 1 - c * 8));
+            p->g[c][l] = (int32_t)(e / (size_t)gs);
+        }
+        p->uni[c] = p->g[c][0] == p->g[c][7];
+    }
+}
+
+static inline __attribute__((always_inline)) AVX2C __m256 plan_scale(const q8_plan *p, const float *srow, int c)
+{
+    return p->uni[c] ? _mm256_set1_ps(srow[p->g[c][0]])
+                     : _mm256_i32gather_ps(srow, _mm256_loadu_si256((const __m256i *)(const void *)p->g[c]), 4);
+}
+
+/* Elements [e, e + 8) of a row of dtype dt as floats (I8: times sv). */
+static inline __attribute__((always_inline)) AVX2C __m256 cvt8(const int dt, const void *row, size_t e, __m256 sv)
+{
+    if (dt == KVT_DTYPE_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)row + e)));
+    if (dt == KVT_DTYPE_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)row + e))), 16));
+    if (dt == KVT_DTYPE_I8)
+        return _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)((const int8_t *)row + e)))),
+            sv);
+    return _mm256_loadu_ps((const float *)row + e);
+}
+
+/* The last, partial chunk: `left` (< 8) elements of row t from e, the rest 0. */
+static inline __attribute__((always_inline)) AVX2C __m256 tail8(const kvt_kv_rows *r, int v, size_t t, size_t e,
+                                                                 size_t ld, int left)
+{
+    float b[8] = {0};
+    for (int l = 0; l < left; l++)
+        b[l] = row_elem(r, v, t, e + (size_t)l, ld);
+    return _mm256_loadu_ps(b);
+}
+
+static inline __attribute__((always_inline)) AVX2C void scores_dt(const int dt, float *S, const float *q,
+                                                                   const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                                                   float scale, const q8_plan *p)
+{
+    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const int full = hs / 8, left = hs % 8, n = r->n;
+    const char *K = r->k;
+    __m256 qt = left ? _mm256_maskload_ps(q + 8 * full, tail_mask256(left)) : _mm256_setzero_ps();
+    __m256 one = _mm256_set1_ps(1.0f);
+    int t = 0;
+    for (; t + 4 <= n; t += 4) { /* four keys at a time, as tile256 (4 rows, 1 input) */
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int c = 0; c < full; c++) {
+            __m256 qv = _mm256_loadu_ps(q + 8 * c);
+#pragma GCC unroll 4
+            for (int a = 0; a < 4; a++) {
+                size_t row = (size_t)(t + a);
+                __m256 sv = dt == KVT_DTYPE_I8 ? plan_scale(p, r->k_scale + row * G, c) : one;
+                acc[a] = _mm256_fmadd_ps(cvt8(dt, K + row * ld * es, off + (size_t)(8 * c), sv), qv, acc[a]);
+            }
+        }
+        if (left)
+            for (int a = 0; a < 4; a++)
+                acc[a] = _mm256_fmadd_ps(tail8(r, 0, (size_t)(t + a), off + (size_t)(8 * full), ld, left), qt, acc[a]);
+        for (int a = 0; a < 4; a++)
+            S[t + a] = hsum256(acc[a]);
+    }
+    for (; t < n; t++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int c = 0; c < full; c++) {
+            __m256 sv = dt == KVT_DTYPE_I8 ? plan_scale(p, r->k_scale + (size_t)t * G, c) : one;
+            acc = _mm256_fmadd_ps(cvt8(dt, K + (size_t)t * ld * es, off + (size_t)(8 * c), sv), _mm256_loadu_ps(q + 8 * c),
+                                  acc);
+        }
+        if (left)
+            acc = _mm256_fmadd_ps(tail8(r, 0, (size_t)t, off + (size_t)(8 * full), ld, left), qt, acc);
+        S[t] = hsum256(acc);
+    }
+    for (t = 0; t < n; t++)
+        S[t] *= scale;
+}
+
+static AVX2C void avx2_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                   float scale)
+{
+    q8_plan p;
+    switch (r->dtype) {
+    case KVT_DTYPE_F16: scores_dt(KVT_DTYPE_F16, S, q, r, off, ld, hs, scale, NULL); break;
+    case KVT_DTYPE_BF16: scores_dt(KVT_DTYPE_BF16, S, q, r, off, ld, hs, scale, NULL); break;
+    case KVT_DTYPE_I8:
+        if (hs > 8 * PLAN_CHUNKS) {
+            c_scores_rows(S, q, r, off, ld, hs, scale);
+            break;
+        }
+        plan_scales(&p, off, hs, r->group_size);
+        scores_dt(KVT_DTYPE_I8, S, q, r, off, ld, hs, scale, &p);
+        break;
+    default: avx2_scores(S, q, (const float *)r->k + off, ld, r->n, hs, scale); break;
+    }
+}
+
+static inline __attribute__((always_inline)) AVX2C void values_dt(const int dt, float *out, const float *S,
+                                                                   const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                                                   int accumulate, const q8_plan *p)
+{
+    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const char *V = r->v;
+    __m256 one = _mm256_set1_ps(1.0f);
+    for (int i0 = 0; i0 < hs; i0 += 64) { /* 64 output floats (8 registers) at a time, as avx2_values */
+        int w = hs - i0 < 64 ? hs - i0 : 64, nv = (w + 7) / 8, left = w % 8;
+        __m256i k = tail_mask256(left ? left : 8);
+        __m256 acc[8];
+        for (int v = 0; v < 8; v++)
+            acc[v] = _mm256_setzero_ps();
+        if (accumulate)
+            for (int v = 0; v < nv; v++)
+                acc[v] = v < nv - 1 ? _mm256_loadu_ps(out + i0 + 8 * v) : _mm256_maskload_ps(out + i0 + 8 * v, k);
+        for (int t = 0; t < r->n; t++) {
+            __m256 a = _mm256_set1_ps(S[t]);
+            const char *row = V + (size_t)t * ld * es;
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
+                if (v >= nv)
+                    break;
+                size_t e = off + (size_t)(i0 + 8 * v);
+                __m256 x;
+                if (v == nv - 1 && left)
+                    x = tail8(r, 1, (size_t)t, e, ld, left);
+                else
+                    x = cvt8(dt, row, e, dt == KVT_DTYPE_I8 ? plan_scale(p, r->v_scale + (size_t)t * G, i0 / 8 + v) : one);
+                acc[v] = _mm256_fmadd_ps(a, x, acc[v]);
+            }
+        }
+        for (int v = 0; v < nv; v++) {
+            if (v < nv - 1)
+                _mm256_storeu_ps(out + i0 + 8 * v, acc[v]);
+            else
+                _mm256_maskstore_ps(out + i0 + 8 * v, k, acc[v]);
+        }
+    }
+}
+
+static AVX2C void avx2_values_rows(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                   int accumulate)
+{
+    q8_plan p;
+    switch (r->dtype) {
+    case KVT_DTYPE_F16: values_dt(KVT_DTYPE_F16, out, S, r, off, ld, hs, accumulate, NULL); break;
+    case KVT_DTYPE_BF16: values_dt(KVT_DTYPE_BF16, out, S, r, off, ld, hs, accumulate, NULL); break;
+    case KVT_DTYPE_I8:
+        if (hs > 8 * PLAN_CHUNKS) {
+            c_values_rows(out, S, r, off, ld, hs, accumulate);
+            break;
+        }
+        plan_scales(&p, off, hs, r->group_size);
+        values_dt(KVT_DTYPE_I8, out, S, r, off, ld, hs, accumulate, &p);
+        break;
+    default: avx2_values(out, S, (const float *)r->v + off, ld, r->n, hs, accumulate); break;
+    }
+}
+
+static inline __attribute__((always_inline)) AVX2C void to_f32_dt(const int dt, float *dst, const kvt_kv_rows *r,
+                                                                   int v, size_t off, size_t ld, int hs,
+                                                                   const q8_plan *p)
+{
+    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const char *base = v ? r->v : r->k;
+    const float *sc = v ? r->v_scale : r->k_scale;
+    const int full = hs / 8, left = hs % 8;
+    __m256 one = _mm256_set1_ps(1.0f);
+    for (int t = 0; t < r->n; t++) {
+        float *d = dst + (size_t)t * (size_t)hs;
+        const char *row = base + (size_t)t * ld * es;
+        for (int c = 0; c < full; c++)
+            _mm256_storeu_ps(d + 8 * c, cvt8(dt, row, off + (size_t)(8 * c),
+                                             dt == KVT_DTYPE_I8 ? plan_scale(p, sc + (size_t)t * G, c) : one));
+        for (int l = 0; l < left; l++)
+            d[8 * full + l] = row_elem(r, v, (size_t)t, off + (size_t)(8 * full + l), ld);
+    }
+}
+
+static AVX2C void avx2_rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size_t off, size_t ld, int hs)
+{
+    q8_plan p;
+    switch (r->dtype) {
+    case KVT_DTYPE_F16: to_f32_dt(KVT_DTYPE_F16, dst, r, v, off, ld, hs, NULL); break;
+    case KVT_DTYPE_BF16: to_f32_dt(KVT_DTYPE_BF16, dst, r, v, off, ld, hs, NULL); break;
+    case KVT_DTYPE_I8:
+        if (hs > 8 * PLAN_CHUNKS) {
+            c_rows_to_f32(dst, r, v, off, ld, hs);
+            break;
+        }
+        plan_scales(&p, off, hs, r->group_size);
+        to_f32_dt(KVT_DTYPE_I8, dst, r, v, off, ld, hs, &p);
+        break;
+    default: c_rows_to_f32(dst, r, v, off, ld, hs); break;
+    }
+}
+
+/* The AVX-512 set: F32 rows through its own 16-lane kernels, the other
+ * dtypes through the AVX2+F16C conversion kernels above. */
+static AVX512 void avx512_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                      float scale)
+{
+    if (r->dtype == KVT_DTYPE_F32)
+        avx512_scores(S, q, (const float *)r->k + off, ld, r->n, hs, scale);
+    else
+        avx2_scores_rows(S, q, r, off, ld, hs, scale);
+}
+
+static AVX512 void avx512_values_rows(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                      int accumulate)
+{
+    if (r->dtype == KVT_DTYPE_F32)
+        avx512_values(out, S, (const float *)r->v + off, ld, r->n, hs, accumulate);
+    else
+        avx2_values_rows(out, S, r, off, ld, hs, accumulate);
+}
+
 #endif /* KVT__X86 */
 
 /* ---- dispatch ------------------------------------------------------------------ */
@@ -475,27 +791,43 @@ typedef struct {
     void (*softmax)(float *, int);
     void (*values)(float *, const float *, const float *, size_t, int, int, int);
     void (*silu_mul)(float *, const float *, size_t);
+    void (*scores_rows)(float *, const float *, const kvt_kv_rows *, size_t, size_t, int, float);
+    void (*values_rows)(float *, const float *, const kvt_kv_rows *, size_t, size_t, int, int);
+    void (*rows_to_f32)(float *, const kvt_kv_rows *, int, size_t, size_t, int);
 } kernel_set;
 
 static const kernel_set k_sets[] = {
 #ifdef KVT__X86
-    {"avx512", avx512_matmul, avx512_scores, avx512_softmax, avx512_values, avx512_silu_mul},
-    {"avx2", avx2_matmul, avx2_scores, avx2_softmax, avx2_values, avx2_silu_mul},
+    {"avx512", avx512_matmul, avx512_scores, avx512_softmax, avx512_values, avx512_silu_mul, avx512_scores_rows,
+     avx512_values_rows, avx2_rows_to_f32},
+    {"avx2", avx2_matmul, avx2_scores, avx2_softmax, avx2_values, avx2_silu_mul, avx2_scores_rows, avx2_values_rows,
+     avx2_rows_to_f32},
 #endif
-    {"c", c_matmul, c_scores, c_softmax, c_values, c_silu_mul},
+    {"c", c_matmul, c_scores, c_softmax, c_values, c_silu_mul, c_scores_rows, c_values_rows, c_rows_to_f32},
 };
 
 static const kernel_set *g_set;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+#ifdef KVT__X86
+/* F16C from CPUID leaf 1 (ECX bit 29): the conversion kernels of both AVX
+ * sets use it. */
+static int cpu_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static int cpu_has(const char *name)
 {
 #ifdef KVT__X86
     __builtin_cpu_init();
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_f16c();
     if (!strcmp(name, "avx512"))
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx512f") && avx2;
     if (!strcmp(name, "avx2"))
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return avx2;
 #endif
     return !strcmp(name, "c");
 }
@@ -533,6 +865,29 @@ void kvt__attn_values(float *out, const float *S, const float *V, size_t ldv, in
 }
 
 void kvt__silu_mul(float *h, const float *g, size_t n) { set()->silu_mul(h, g, n); }
+
+void kvt__attn_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                           float scale)
+{
+    if (r->dtype == KVT_DTYPE_F32)
+        set()->scores(S, q, (const float *)r->k + off, ld, r->n, hs, scale);
+    else
+        set()->scores_rows(S, q, r, off, ld, hs, scale);
+}
+
+void kvt__attn_values_rows(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                           int accumulate)
+{
+    if (r->dtype == KVT_DTYPE_F32)
+        set()->values(out, S, (const float *)r->v + off, ld, r->n, hs, accumulate);
+    else
+        set()->values_rows(out, S, r, off, ld, hs, accumulate);
+}
+
+void kvt__rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size_t off, size_t ld, int hs)
+{
+    set()->rows_to_f32(dst, r, v, off, ld, hs);
+}
 
 const char *kvt__kernels_isa(void) { return set()->name; }
 

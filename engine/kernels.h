@@ -20,6 +20,8 @@
 #ifndef KVT_ENGINE_KERNELS_H
 #define KVT_ENGINE_KERNELS_H
 
+#include "kvtier/cache.h"
+
 #include <stddef.h>
 
 /** out[i * ldo + r] = sum_j W[r * n_in + j] * x[i * n_in + j] for rows r in
@@ -45,6 +47,31 @@ void kvt__softmax(float *x, int n);
  * multiply-add per term, per element in t order), so a sum split over
  * segments with accumulate = 1 after the first equals the sum in one call. */
 void kvt__attn_values(float *out, const float *S, const float *V, size_t ldv, int n, int hs, int accumulate);
+
+/* ---- attention over K/V in a storage scheme (kvt_kv_rows) -------------------
+ * Rows r hold K and V as F32, F16, BF16 or I8 with per-group scales; a head
+ * reads elements [off, off + hs) of each row, rows ld elements apart (ld =
+ * kv_dim). Each element is converted to float as kvt_kv_rows states (exact
+ * for F16/BF16; code * scale for I8) on the fly, and used in the same order
+ * as the F32 kernels use theirs. For F32 rows these are kvt__attn_scores /
+ * kvt__attn_values exactly. For the other dtypes the "avx2" and "c" sets
+ * give bit for bit what their F32 kernels give on the converted rows; the
+ * "avx512" set runs the AVX2+F16C conversion kernels (8 lanes) for them.
+ * A head wider than 512 floats of I8 runs the plain C kernel. */
+
+/** S[t] = dot(q, K_t[off .. off + hs)) * scale for the r->n rows of r. */
+void kvt__attn_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                           float scale);
+
+/** out[i] = (accumulate ? out[i] : 0) + sum_t S[t] * V_t[off + i], i in [0, hs),
+ * t ascending over the r->n rows (one multiply-add per term, as
+ * kvt__attn_values). */
+void kvt__attn_values_rows(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                           int accumulate);
+
+/** dst (r->n, hs) = elements [off, off + hs) of every row of K (v = 0) or V
+ * (v = 1), converted to float: what prefill's GEMM reads. */
+void kvt__rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size_t off, size_t ld, int hs);
 
 /** h[i] = silu(h[i]) * g[i] = h / (1 + exp(-h)) * g for i in [0, n), with
  * kvt__softmax's exp. */

@@ -287,6 +287,58 @@ KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m)
     return h;
 }
 
+static const char *const kvt__scheme_names[KVT_KV_SCHEME_COUNT] = {"f32", "f16", "bf16", "q8"};
+
+KVT_API const char *kvt_kv_scheme_name(kvt_kv_scheme s)
+{
+    return (unsigned)s < KVT_KV_SCHEME_COUNT ? kvt__scheme_names[s] : NULL;
+}
+
+KVT_API int kvt_kv_scheme_parse(const char *name, kvt_kv_scheme *out)
+{
+    for (int i = 0; name && out && i < KVT_KV_SCHEME_COUNT; i++)
+        if (!strcmp(name, kvt__scheme_names[i])) {
+            *out = (kvt_kv_scheme)i;
+            return 0;
+        }
+    return kvt__fail(KVT_EINVAL, "KV storage scheme \"%.32s\": use f32, f16, bf16 or q8", name ? name : "(null)");
+}
+
+KVT_API int kvt_model_set_kv_scheme(kvt_model *m, kvt_kv_scheme s)
+{
+    if (!m || (unsigned)s >= KVT_KV_SCHEME_COUNT)
+        return kvt__fail(KVT_EINVAL, "kvt_model_set_kv_scheme: %s", !m ? "NULL model" : "unknown scheme");
+    m->kv_scheme = s;
+    return 0;
+}
+
+KVT_API kvt_kv_scheme kvt_model_kv_scheme(const kvt_model *m) { return m ? m->kv_scheme : KVT_KV_F32; }
+
+KVT_API int32_t kvt_model_q8_group_size(const kvt_model *m)
+{
+    int32_t gs = 32;
+    while (m && gs > 1 && m->cfg.head_size % gs)
+        gs /= 2;
+    return gs;
+}
+
+/* The cache dtype of a scheme. */
+static kvt_dtype scheme_dtype(kvt_kv_scheme s)
+{
+    static const kvt_dtype dt[KVT_KV_SCHEME_COUNT] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_I8};
+    return dt[s];
+}
+
+KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m)
+{
+    if (!m)
+        return 0;
+    size_t kv = (size_t)m->cfg.kv_dim;
+    if (m->kv_scheme == KVT_KV_Q8)
+        return 2 * (kv + kv / (size_t)kvt_model_q8_group_size(m) * sizeof(float));
+    return 2 * kv * kvt_dtype_size(scheme_dtype(m->kv_scheme));
+}
+
 KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_cache **caches)
 {
     if (!m || !caches)
@@ -298,17 +350,20 @@ KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_c
         return kvt__fail(KVT_EINVAL, "kvt_model_new_caches: block_tokens %d must be >= 1", block_tokens);
     if (block_tokens > c->seq_len)
         block_tokens = c->seq_len; /* a longer block is never filled */
+    const kvt_dtype dt = scheme_dtype(m->kv_scheme);
+    const int32_t gs = kvt_model_q8_group_size(m);
     for (int32_t l = 0; l < c->n_layers; l++) {
         int rc;
         switch (c->layer_kind[l]) {
         case KVT_LAYER_WINDOW:
-            rc = kvt_rotating_create(c->kv_dim, c->sliding_window, 0, &caches[l]);
+            rc = kvt_rotating_create_dtype(c->kv_dim, c->sliding_window, 0, dt, gs, &caches[l]);
             break;
         case KVT_LAYER_RECURRENT:
             rc = kvt_recurrent_create((size_t)c->dim * sizeof(float), &caches[l]);
             break;
         default:
-            rc = kvt_kv_create(c->kv_dim, block_tokens, &caches[l]);
+            rc = dt == KVT_DTYPE_I8 ? kvt_qkv_create(c->kv_dim, gs, block_tokens, &caches[l])
+                                    : kvt_kv_create_dtype(c->kv_dim, block_tokens, dt, &caches[l]);
             break;
         }
         if (rc != 0) {
@@ -326,7 +381,7 @@ KVT_API size_t kvt_model_kv_bytes_per_token(const kvt_model *m)
     size_t n = 0;
     for (int32_t l = 0; l < m->cfg.n_layers; l++)
         n += m->cfg.layer_kind[l] == KVT_LAYER_ATTN;
-    return n * 2 * (size_t)m->cfg.kv_dim * sizeof(float);
+    return n * kvt_model_kv_row_bytes(m);
 }
 
 KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m)
@@ -336,7 +391,7 @@ KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m)
     size_t n = 0;
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
         if (m->cfg.layer_kind[l] == KVT_LAYER_WINDOW)
-            n += 2 * (size_t)m->cfg.sliding_window * (size_t)m->cfg.kv_dim * sizeof(float);
+            n += (size_t)m->cfg.sliding_window * kvt_model_kv_row_bytes(m);
         else if (m->cfg.layer_kind[l] == KVT_LAYER_RECURRENT)
             n += (size_t)m->cfg.dim * sizeof(float);
     }

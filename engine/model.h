@@ -46,8 +46,8 @@
  *   xb = rmsnorm(x, rms_ffn[l]); x += w2 (silu(w1 xb) * (w3 xb))   silu(v) = v / (1 + e^-v)
  * then logits = wcls rmsnorm(x, rms_final), wcls = token_embedding when shared.
  *
- * Caches (one per layer, from kvt_model_new_caches): "kv" for ATTN layers,
- * "rotating" (window W, keep 0) for WINDOW layers, "recurrent" (dim float32 =
+ * Caches (one per layer, from kvt_model_new_caches): "kv" (or "qkv" for
+ * int8 K/V) for ATTN layers, "rotating" (window W, keep 0) for WINDOW layers, "recurrent" (dim float32 =
  * h) for RECURRENT layers. Positions come from the caches: a prefill or decode
  * starts at kvt_cache_offset(caches[0]) and appends to every layer's cache, so
  * a caller holding caches with p tokens (e.g. from the prompt cache) feeds
@@ -95,6 +95,28 @@ typedef struct kvt_model_config {
     kvt_layer_kind layer_kind[KVT_MODEL_MAX_LAYERS]; /* per layer (n_layers <= 256) */
 } kvt_model_config;
 
+/** Storage scheme of the K/V the caches of attention and window layers
+ * hold (kvt_model_set_kv_scheme). The forward pass computes in f32, writes
+ * K/V in the scheme of each cache and reads them back converting on the fly
+ * (kernels.h), so the scheme changes the numbers slightly but never the
+ * rule that cached and uncached runs of one scheme agree token for token.
+ *   KVT_KV_F32   float32, 4 bytes per element (llama2.c's own; the default)
+ *   KVT_KV_F16   IEEE binary16, 2 bytes, rounded to nearest even
+ *   KVT_KV_BF16  bfloat16, 2 bytes, rounded to nearest even
+ *   KVT_KV_Q8    int8 codes with one f32 scale per group of
+ *                kvt_model_q8_group_size() elements (the "qkv" kind for
+ *                attention layers, an I8 ring for window layers)
+ * Recurrent state stays f32 in every scheme. */
+typedef enum kvt_kv_scheme { KVT_KV_F32 = 0, KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8, KVT_KV_SCHEME_COUNT } kvt_kv_scheme;
+
+/** "f32", "f16", "bf16" or "q8"; NULL for another value. Thread-safe. */
+KVT_API const char *kvt_kv_scheme_name(kvt_kv_scheme s);
+
+/** Parses "f32", "f16", "bf16" or "q8" (what --kv-dtype takes).
+ * @return 0; KVT_EINVAL (NULL, or another name: the message lists the four).
+ * Thread-safe. */
+KVT_API int kvt_kv_scheme_parse(const char *name, kvt_kv_scheme *out);
+
 /** Loads a checkpoint by mmap (read-only, private) and validates it.
  *
  * Untrusted input: every header value and the exact file size are checked
@@ -127,9 +149,12 @@ KVT_API const kvt_model_config *kvt_model_get_config(const kvt_model *m);
  * caller adds a model id (path, file hash) to tell weights apart. */
 KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m);
 
-/** Creates one empty cache per layer, of the kind the layer needs:
- * kvt_kv_create(kv_dim, block_tokens) for ATTN, kvt_rotating_create(kv_dim,
- * W, 0) for WINDOW, kvt_recurrent_create(dim * 4 bytes) for RECURRENT.
+/** Creates one empty cache per layer, of the kind the layer needs, in the
+ * model's storage scheme (kvt_model_set_kv_scheme):
+ * kvt_kv_create_dtype(kv_dim, block_tokens, dtype) for ATTN (Q8:
+ * kvt_qkv_create(kv_dim, kvt_model_q8_group_size, block_tokens)),
+ * kvt_rotating_create_dtype(kv_dim, W, 0, dtype, group size) for WINDOW,
+ * kvt_recurrent_create(dim * 4 bytes) for RECURRENT.
  * @param block_tokens tokens per kv block (>= 1; 256 is the default; more
  *   than seq_len is capped at seq_len: a longer block is never filled).
  * @param caches array of n_layers slots; on success every slot holds a cache
@@ -139,13 +164,38 @@ KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m);
  */
 KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_cache **caches);
 
+/** Sets the storage scheme of the caches kvt_model_new_caches makes from
+ * now on (a model starts with KVT_KV_F32). Caches made before keep theirs:
+ * the forward pass reads any scheme. The scheme reaches every tier through
+ * the caches: their encoded params and tensor dtypes, so the SSD tier's
+ * config fingerprint (its identity directory) differs per scheme and state
+ * of one scheme never serves another.
+ * @return 0; KVT_EINVAL (NULL model or a value outside the enum).
+ * Not thread-safe with kvt_model_new_caches or the byte getters below on the
+ * same model (set it once after loading, before caches are made). */
+KVT_API int kvt_model_set_kv_scheme(kvt_model *m, kvt_kv_scheme s);
+
+/** The model's storage scheme (KVT_KV_F32 for NULL). */
+KVT_API kvt_kv_scheme kvt_model_kv_scheme(const kvt_model *m);
+
+/** Elements per f32 scale of KVT_KV_Q8: the largest of 32, 16, 8, 4, 2, 1
+ * that divides head_size (so a group never spans two heads). */
+KVT_API int32_t kvt_model_q8_group_size(const kvt_model *m);
+
+/** Bytes of K and V of one token in one attention (or window) layer in the
+ * model's scheme: 2 * kv_dim * 4 (F32), 2 * kv_dim * 2 (F16, BF16),
+ * 2 * (kv_dim + kv_dim / group_size * 4) (Q8); 0 for NULL. */
+KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m);
+
 /** Bytes of cache state that grow with each token, summed over all ATTN
- * layers: n_attn_layers * 2 * kv_dim * 4. Window and recurrent layers hold a
- * fixed size and add nothing per token. For admission control (issue 4). */
+ * layers: n_attn_layers * kvt_model_kv_row_bytes (the model's scheme).
+ * Window and recurrent layers hold a fixed size and add nothing per token.
+ * For admission control. */
 KVT_API size_t kvt_model_kv_bytes_per_token(const kvt_model *m);
 
 /** Bytes of fixed-size cache state per sequence (rings of window layers at
- * full size + recurrent states), independent of length. */
+ * full size in the model's scheme + f32 recurrent states), independent of
+ * length. */
 KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m);
 
 /** Prefill: runs n_tokens tokens through the model as one batch (GEMM,

@@ -46,12 +46,6 @@ typedef struct kvt__scratch {
     float *rope_cos, *rope_sin; /* (chunk, head_size / 2) */
 } kvt__scratch;
 
-/* One run of keys/values: n rows of kv_dim floats each (borrowed from a cache). */
-typedef struct kvt__seg {
-    const float *k, *v; /* (n, kv_dim) */
-    int32_t n;
-} kvt__seg;
-
 struct kvt_threads;
 
 struct kvt_model {
@@ -63,8 +57,11 @@ struct kvt_model {
     kvt__scratch s;
     float *scratch_block; /* one allocation behind every kvt__scratch pointer */
     size_t scores_cap;    /* floats allocated at s.scores */
-    kvt__seg *segs;       /* (segs_cap) block pointers of the attention being run */
+    kvt_kv_rows *segs;    /* (segs_cap) runs of K/V rows (cache blocks, a ring) the attention reads */
     size_t segs_cap;
+    float *conv;          /* (conv_cap) floats: prefill's K/V head slices converted to f32 for GEMM */
+    size_t conv_cap;
+    kvt_kv_scheme kv_scheme; /* storage scheme of the caches kvt_model_new_caches makes */
     struct kvt_threads *pool; /* worker threads of the forward pass */
     int own_gemm;           /* 1: prefill products through kernels.h, not OpenBLAS */
     /* per-sequence arrays of a batched decode, one allocation (dec_block) */

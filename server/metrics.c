@@ -251,13 +251,12 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
         sb_printf(&b, "kvtier_tier_entries{tier=\"ram\"} %llu\n", (unsigned long long)rep->entries);
         if (ss)
             sb_printf(&b, "kvtier_tier_entries{tier=\"ssd\"} %llu\n", (unsigned long long)ss->entries);
-        one(&b, "prompt_cache_hits_total", "counter", "Prompt cache lookups that served a prefix.", rep->hits);
-        one(&b, "prompt_cache_misses_total", "counter", "Prompt cache lookups that served nothing.", rep->misses);
-        one(&b, "prompt_cache_evictions_total", "counter", "RAM entries evicted for the budget.", rep->evictions);
-        one(&b, "prompt_cache_demotions_total", "counter", "RAM entries demoted to the cold tier.", rep->demotions);
-        one(&b, "prompt_cache_spills_total", "counter", "Entries spilled to the cold tier.", rep->spills);
-        one(&b, "prompt_cache_cold_restores_total", "counter", "Restores from the cold tier that served.",
-            rep->cold_restores);
+        /* every prompt cache counter, from its one list (its gauges are the tier_* lines) */
+#define KVT__PC_PROM(type, name, kind, help)                                                       \
+    if (!strcmp(#kind, "counter"))                                                                 \
+        one(&b, "prompt_cache_" #name "_total", "counter", help ".", rep->name);
+        KVT_PROMPT_CACHE_COUNTERS(KVT__PC_PROM)
+#undef KVT__PC_PROM
         one(&b, "kv_projected_bytes", "gauge", "Projected KV bytes of the admitted requests.", rep->kv_projected_bytes);
         one(&b, "kv_budget_bytes", "gauge", "KV byte budget requests are admitted under (0: unlimited).",
             rep->kv_budget_bytes);

@@ -86,16 +86,33 @@ static int conn_fd(struct MHD_Connection *c)
     return ci ? ci->connect_fd : -1;
 }
 
+/* The answer when a request cannot be handled for want of memory: a fixed
+ * error object in static memory (nothing to allocate but MHD's response). */
+static const char oom_body[] = "{\"error\":{\"message\":\"the server is out of memory\",\"type\":\"server_error\","
+                               "\"param\":null,\"code\":\"out_of_memory\"}}";
+
+static enum MHD_Result send_oom(struct MHD_Connection *c)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(sizeof oom_body - 1, (void *)oom_body, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO; /* MHD itself is out of memory: it closes the connection */
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    enum MHD_Result ret = MHD_queue_response(c, 500, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result send_body(kvt_server *s, struct MHD_Connection *c, kvt_srv_endpoint ep, int status,
                                  char *body, const char *ctype, const char *extra_h, const char *extra_v)
 {
-    kvt_srv_metrics_request(s->metrics, ep, status);
+    kvt_srv_metrics_request(s->metrics, ep, body ? status : 500);
     if (!body)
-        return MHD_NO;
+        return send_oom(c); /* the body could not be built */
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
-        return MHD_NO;
+        return send_oom(c);
     }
     MHD_add_response_header(r, "Content-Type", ctype);
     if (extra_h)
@@ -148,6 +165,7 @@ typedef struct {
     char *body;                  /* (len) bytes received, at most max_body */
     size_t len, cap;
     int too_big;
+    int oom;                     /* the body could not be kept: answered 500 once received */
 } req_ctx;
 
 static void route(const char *url, req_ctx *r)
@@ -260,8 +278,9 @@ typedef struct {
     int include_usage;
     int phase;                   /* 0 role chunk next, 1 text, 2 ended */
     size_t sent;                 /* bytes of job->text sent */
-    char *out;                   /* (out_len) event bytes not yet handed to MHD */
+    const char *out;             /* (out_len) event bytes not yet handed to MHD */
     size_t out_len, out_off;
+    int out_owned;               /* out is malloc'd (else static) */
 } stream_ctx;
 
 static void stream_free(void *cls)
@@ -269,16 +288,33 @@ static void stream_free(void *cls)
     stream_ctx *st = cls;
     kvt_srv_job_cancel(st->job); /* no-op for a finished job */
     kvt_srv_job_release(st->job);
-    free(st->out);
+    if (st->out_owned)
+        free((char *)st->out);
     free(st);
 }
 
 static void stream_put(stream_ctx *st, char *ev)
 {
-    free(st->out);
+    if (st->out_owned)
+        free((char *)st->out);
     st->out = ev;
     st->out_len = ev ? strlen(ev) : 0;
     st->out_off = 0;
+    st->out_owned = 1;
+}
+
+/* A stream whose next event cannot be built (out of memory) ends with an
+ * error event and [DONE], from static memory. */
+static const char oom_event[] = "data: {\"error\":{\"message\":\"the server is out of memory\",\"type\":"
+                                "\"server_error\",\"param\":null,\"code\":\"out_of_memory\"}}\n\ndata: [DONE]\n\n";
+
+static void stream_end_oom(stream_ctx *st)
+{
+    stream_put(st, NULL);
+    st->out = oom_event;
+    st->out_len = sizeof oom_event - 1;
+    st->out_owned = 0;
+    st->phase = 2;
 }
 
 static char *cat3(char *a, const char *b, const char *c)
@@ -323,7 +359,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
                 stream_put(st, kvt_oai_chunk_event(st->kind, st->id, st->created, model, 1, NULL, 0, NULL,
                                                    st->include_usage, NULL));
                 if (!st->out)
-                    return MHD_CONTENT_READER_END_WITH_ERROR;
+                    stream_end_oom(st);
             }
             continue;
         }
@@ -364,9 +400,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             st->phase = 2;
         }
         pthread_mutex_unlock(&j->mu);
-        if (!ev)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        stream_put(st, ev);
+        if (ev)
+            stream_put(st, ev);
+        else
+            stream_end_oom(st);
     }
 }
 
@@ -475,7 +512,8 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
             free(st);
             kvt_srv_job_cancel(j);
             kvt_srv_job_release(j);
-            ret = MHD_NO;
+            kvt_srv_metrics_request(s->metrics, rq->ep, 500);
+            ret = send_oom(c);
             goto out;
         }
         st->s = s;
@@ -757,7 +795,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!rq) {
         rq = calloc(1, sizeof *rq);
         if (!rq)
-            return MHD_NO;
+            return send_oom(c);
         *con_cls = rq;
         atomic_fetch_add(&s->active, 1);
         route(url, rq);
@@ -787,6 +825,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (*upload_data_size) {
         size_t n = *upload_data_size;
         *upload_data_size = 0;
+        if (rq->oom)
+            return MHD_YES; /* dropped: answered 500 once it is all received */
         if (rq->too_big || rq->len + n > s->o.max_body) {
             rq->too_big = 1;
             return MHD_YES;
@@ -796,8 +836,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             while (nc < rq->len + n + 1)
                 nc *= 2;
             char *p = realloc(rq->body, nc);
-            if (!p)
-                return MHD_NO;
+            if (!p) {
+                rq->oom = 1; /* the rest of the body is read and dropped */
+                return MHD_YES;
+            }
             rq->body = p;
             rq->cap = nc;
         }
@@ -805,6 +847,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         rq->len += n;
         rq->body[rq->len] = '\0';
         return MHD_YES;
+    }
+    if (rq->oom) {
+        kvt_srv_metrics_request(s->metrics, rq->ep, 500);
+        return send_oom(c);
     }
     if (rq->too_big) {
         char msg[160];
@@ -955,6 +1001,7 @@ int kvt_server_load(kvt_server *s)
     int rc = kvt_chat_load_paths(s->model_path, s->tok_path, &s->m, &s->tok, used_model, used_tok, sizeof used_model);
     if (rc)
         return rc;
+    kvt_model_set_kv_scheme(s->m, (kvt_kv_scheme)s->o.kv_scheme); /* before any cache (and the SSD identity) is made */
     if (s->o.threads && (rc = kvt_model_set_threads(s->m, s->o.threads)))
         return rc;
     const kvt_model_config *cfg = kvt_model_get_config(s->m);

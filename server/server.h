@@ -51,6 +51,7 @@ typedef struct kvt_server_opts {
     unsigned conn_timeout_s;     /* idle connection timeout, seconds; 0 = 30 */
     unsigned max_connections;    /* open connections at most; 0 = 256 */
     int threads;                 /* engine threads (kvt_model_set_threads), 1..64; 0 = the model's default */
+    int kv_scheme;               /* storage scheme of the K/V, a kvt_kv_scheme (engine/model.h); 0 = f32 */
 } kvt_server_opts;
 
 /** Binds and starts answering HTTP (every generation request gets 503 until

@@ -10,6 +10,11 @@
  * the prompt-boundary snapshot), exact repeats (reused = len - 1 on every
  * kind), an evicted and re-admitted conversation under a tiny budget, the
  * chat template and script parsing, and admission errors.
+ *
+ * KVT_TEST_KV_SCHEME (f32, f16, bf16, q8; ctest runs test_chat_f16, _bf16
+ * and _q8 beside this default run) sets the KV storage scheme of every
+ * model loaded here and adds --kv-dtype to every `kvtier chat` run: cached
+ * == uncached token for token, restart from SSD included, in each scheme.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -123,6 +128,13 @@ typedef struct {
     kvt_tokenizer *tok;
 } loaded;
 
+/* The scheme under test (KVT_TEST_KV_SCHEME), "" for the default. */
+static const char *test_scheme(void)
+{
+    const char *s = getenv("KVT_TEST_KV_SCHEME");
+    return s ? s : "";
+}
+
 static loaded load(const char *mp, const char *tp)
 {
     loaded l = {0};
@@ -130,6 +142,10 @@ static loaded load(const char *mp, const char *tp)
     if (rc)
         print_message("load %s: %s\n", mp, kvt_last_error());
     assert_int_equal(rc, 0);
+    kvt_kv_scheme ks = KVT_KV_F32;
+    if (*test_scheme())
+        assert_int_equal(kvt_kv_scheme_parse(test_scheme(), &ks), 0);
+    assert_int_equal(kvt_model_set_kv_scheme(l.m, ks), 0);
     return l;
 }
 
@@ -401,7 +417,7 @@ static void test_evicted_conversation(void **state)
         run_result *off_a = run_chat(&l, script5, 4, 0, 16);
         run_result *off_b = run_chat(&l, script_b, 4, 0, 16);
         /* A budget that holds about one conversation: A and B evict each other. */
-        uint64_t budget = 3 * 2 * 16 * 4 * 112; /* 112 tokens of kv on 3 layers */
+        uint64_t budget = 3 * kvt_model_kv_row_bytes(l.m) * 112; /* 112 tokens of kv on 3 layers (f32: 2 * 16 * 4 bytes a row) */
         kvt_service *svc = service(&l, budget, 16);
         kvt_chat_opts oa = {.max_tokens = MAX_REPLY, .session = "a"};
         kvt_chat_opts ob = {.max_tokens = MAX_REPLY, .session = "b"};
@@ -494,9 +510,14 @@ static void test_admission_errors(void **state)
     int32_t r[4];
     int64_t n = 0;
     kvt_gen_opts o = {.max_tokens = 4};
-    /* 12 tokens round up to one block of 16: 3 layers * 16 * 2 * 16 * 4 bytes */
+    /* 12 tokens round up to one block of 16: 3 layers * 16 * 2 * 16 * 4 bytes
+     * in f32 (6144), 3 * 16 * the row bytes of the scheme under test */
     assert_int_equal(kvt_chat_generate(l.m, svc, s, prompt, 8, &o, r, 4, &n, NULL), KVT_ELIMIT);
-    assert_non_null(strstr(kvt_last_error(), "needs 6144 bytes"));
+    char needs[64];
+    snprintf(needs, sizeof needs, "needs %zu bytes", 3 * 16 * kvt_model_kv_row_bytes(l.m));
+    if (!*test_scheme())
+        assert_string_equal(needs, "needs 6144 bytes");
+    assert_non_null(strstr(kvt_last_error(), needs));
     kvt_service_destroy(svc);
     kvt_sampler_free(s);
     unload(&l);
@@ -508,7 +529,8 @@ static void test_admission_errors(void **state)
 static int run_cli(const char *args, const char *out_path, const char *err_path)
 {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' chat %s >'%s' 2>'%s'", getenv("KVT_BIN"), args, out_path, err_path);
+    snprintf(cmd, sizeof cmd, "'%s' chat %s%s%s >'%s' 2>'%s'", getenv("KVT_BIN"), args,
+             *test_scheme() ? " --kv-dtype " : "", test_scheme(), out_path, err_path);
     int rc = system(cmd);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
@@ -727,8 +749,10 @@ static void test_cli_interrupt_saves(void **state)
             if (e < 0 || o < 0 || dup2(fds[0], 0) < 0 || dup2(e, 2) < 0 || dup2(o, 1) < 0)
                 _exit(120);
             close(fds[1]);
+            /* the scheme under test, as run_cli passes it (another scheme's state never serves) */
+            const char *ks = *test_scheme() ? "--kv-dtype" : NULL;
             execl(bin, bin, "chat", "--model", model_path[M_PLAIN], "--tokenizer", tok_path, "--max-tokens", "6",
-                  "--ssd-cache", ssd, (char *)NULL);
+                  "--ssd-cache", ssd, ks, test_scheme(), (char *)NULL);
             _exit(121);
         }
         close(fds[0]);

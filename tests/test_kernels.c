@@ -5,7 +5,12 @@
  * whatever rows it is computed with (the summation-order rule); scores,
  * softmax (vectorised exp) and silu against double references, silu finite
  * at +-90; the weighted sum of values split over segments equal bit for bit
- * to one call. Random inputs: the seed is printed (KVT_TEST_SEED).
+ * to one call. Attention over K/V stored as F16, BF16 and I8 (kvt_kv_rows,
+ * from real kv and qkv caches): scores, values and the conversion for
+ * prefill equal bit for bit the F32 kernels over the converted rows, for
+ * every head size tail, head offset and group size (the AVX-512 set against
+ * the AVX2 set, whose conversion kernels it runs; an I8 head wider than 512
+ * against the C set). Random inputs: the seed is printed (KVT_TEST_SEED).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -140,6 +145,102 @@ static void test_attention_pieces(void **state)
     assert_int_equal(kvt__kernels_select(best), 0);
 }
 
+/* Rows of n tokens, ld elements each, stored in a cache of dtype dt (I8: a
+ * qkv cache with group gs): *rows borrows the cache (*c, caller destroys),
+ * deq (n, ld) receives what each element reads as. */
+static void stored_rows(kvt_dtype dt, int n, int ld, int gs, uint64_t *s, kvt_cache **c, kvt_kv_rows *rows,
+                        float *deq_k, float *deq_v)
+{
+    float *k = rand_floats((size_t)n * ld, s), *v = rand_floats((size_t)n * ld, s);
+    for (int i = 0; i < n * ld; i += 7)
+        k[i] *= 40.0f, v[i] *= 1e-3f; /* uneven magnitudes within a group */
+    if (dt == KVT_DTYPE_I8)
+        assert_int_equal(kvt_qkv_create(ld, gs, n, c), 0);
+    else
+        assert_int_equal(kvt_kv_create_dtype(ld, n, dt, c), 0);
+    const void *in[2] = {k, v};
+    assert_int_equal(kvt_cache_append(*c, n, in), 0);
+    assert_int_equal(kvt_kv_block_rows(*c, 0, rows), 0);
+    assert_int_equal(rows->n, n);
+    assert_int_equal(rows->dtype, dt);
+    if (dt == KVT_DTYPE_I8) {
+        assert_int_equal(kvt_qkv_read_block(*c, 0, deq_k, deq_v, NULL), 0);
+    } else {
+        assert_int_equal(kvt_dtype_to_f32(dt, rows->k, deq_k, (size_t)n * ld), 0);
+        assert_int_equal(kvt_dtype_to_f32(dt, rows->v, deq_v, (size_t)n * ld), 0);
+    }
+    free(k), free(v);
+}
+
+static void test_rows_kernels(void **state)
+{
+    (void)state;
+    char best[16];
+    snprintf(best, sizeof best, "%s", kvt__kernels_isa());
+    static const kvt_dtype dts[] = {KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_I8};
+    static const int hs_list[] = {8, 13, 16, 64, 130, 520};
+    static const int gs_list[] = {8, 4, 32, 2};
+    int checked = 0;
+    for (size_t k = 0; k < 3; k++) {
+        if (kvt__kernels_select(k_sets[k]) != 0)
+            continue;
+        uint64_t s = g_seed ^ 0x5851f42d4c957f2dULL;
+        for (size_t d = 0; d < 3; d++)
+            for (size_t h = 0; h < sizeof hs_list / sizeof hs_list[0]; h++)
+                for (size_t g = 0; g < (dts[d] == KVT_DTYPE_I8 ? 4u : 1u); g++) {
+                    int hs = hs_list[h], gs = gs_list[g], n = 37, ld = 2 * hs + 2 * gs * 8;
+                    if (dts[d] == KVT_DTYPE_I8 && ld % gs)
+                        continue;
+                    /* the reference set: the one whose F32 kernels these equal */
+                    const char *ref = k == 2 ? "avx2" : k_sets[k];
+                    if (dts[d] == KVT_DTYPE_I8 && hs > 512)
+                        ref = "c";
+                    float *dk = malloc(sizeof(float) * (size_t)n * ld), *dv = malloc(sizeof(float) * (size_t)n * ld);
+                    float *q = rand_floats((size_t)hs, &s), S[37], R[37], P[37];
+                    float *a = malloc(sizeof(float) * hs), *b = malloc(sizeof(float) * hs);
+                    float *conv = malloc(sizeof(float) * (size_t)n * hs);
+                    kvt_cache *c = NULL;
+                    kvt_kv_rows rows;
+                    stored_rows(dts[d], n, ld, gs, &s, &c, &rows, dk, dv);
+                    for (size_t off = 0; off <= (size_t)hs; off += (size_t)hs) { /* two heads */
+                        assert_int_equal(kvt__kernels_select(k_sets[k]), 0);
+                        kvt__attn_scores_rows(S, q, &rows, off, (size_t)ld, hs, 0.25f);
+                        for (int t = 0; t < n; t++)
+                            P[t] = 1.0f / (float)(t + 1);
+                        kvt__attn_values_rows(a, P, &rows, off, (size_t)ld, hs, 0);
+                        kvt_kv_rows head = rows, tail = rows; /* values split in two, accumulated */
+                        head.n = 11;
+                        tail.n = n - 11;
+                        tail.v = (const char *)rows.v + (size_t)11 * ld * kvt_dtype_size(rows.dtype);
+                        if (rows.v_scale)
+                            tail.v_scale = rows.v_scale + (size_t)11 * (ld / gs);
+                        kvt__attn_values_rows(b, P, &head, off, (size_t)ld, hs, 0);
+                        kvt__attn_values_rows(b, P + 11, &tail, off, (size_t)ld, hs, 1);
+                        assert_memory_equal(a, b, sizeof(float) * hs);
+                        for (int v = 0; v < 2; v++) {
+                            kvt__rows_to_f32(conv, &rows, v, off, (size_t)ld, hs);
+                            for (int t = 0; t < n; t++)
+                                assert_memory_equal(conv + (size_t)t * hs, (v ? dv : dk) + (size_t)t * ld + off,
+                                                    sizeof(float) * hs);
+                        }
+                        assert_int_equal(kvt__kernels_select(ref), 0);
+                        kvt__attn_scores(R, q, dk + off, (size_t)ld, n, hs, 0.25f);
+                        kvt__attn_values(b, P, dv + off, (size_t)ld, n, hs, 0);
+                        if (memcmp(S, R, sizeof(float) * n) || memcmp(a, b, sizeof(float) * hs))
+                            fail_msg("[%s] %s hs %d gs %d off %zu: differs from %s's F32 kernels on the converted rows",
+                                     k_sets[k], kvt_dtype_name(dts[d]), hs, gs, off, ref);
+                        checked++;
+                    }
+                    kvt_cache_destroy(c);
+                    free(dk), free(dv), free(q), free(a), free(b), free(conv);
+                }
+        print_message("  [%s] F16/BF16/I8 scores, values, conversion: bit-identical to F32 on converted rows\n",
+                      k_sets[k]);
+    }
+    assert_true(checked > 0);
+    assert_int_equal(kvt__kernels_select(best), 0);
+}
+
 static void test_select(void **state)
 {
     (void)state;
@@ -154,6 +255,7 @@ int main(void)
     g_seed = test_seed("test_kernels");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_rows_kernels),
         cmocka_unit_test(test_attention_pieces),
         cmocka_unit_test(test_select),
     };

@@ -280,6 +280,63 @@ static void test_r05_supersede_only_trimmable(void **state)
     kvt_prompt_cache_destroy(pc);
 }
 
+/* Puts a kv-only entry of tokens[0..n) with one attachment (untrimmable). */
+static void put_with_attachment(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n)
+{
+    kvt_cache *c[1];
+    assert_int_equal(pcu_fresh("k", c, tokens, n), 0);
+    kvt_attachment *a = NULL;
+    assert_int_equal(kvt_attachment_blob("draft.hidden", "state", 5, &a), 0);
+    assert_int_equal(pcu_put(pc, "", tokens, n, c, 1, &a, 1, (kvt_hook){NULL, NULL}, NULL), 0);
+}
+
+/* 2 / 3.2 / 3.5: an entry with an attachment is untrimmable though its kv
+ * layer could be cut: it supersedes none of its kv-only ancestors, and no
+ * prompt takes it at a length shorter than its tokens, even when a
+ * trimmable entry below it in the tree makes the walk descend through it. */
+static void test_r05_attachment_entries(void **state)
+{
+    (void)state;
+    kvt_prompt_cache *pc = mk(64 * MB, NULL, 0);
+    int32_t t[32];
+    pcu_seq(t, 32, 1);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 10, "k", NULL), 0);
+    put_with_attachment(pc, t, 20);
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 10, "", NULL)); /* not superseded */
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 20, "", NULL));
+    assert_int_equal(pcu_stats(pc).supersedes, 0);
+    int32_t p[18];
+    memcpy(p, t, sizeof p);
+    p[15] = -1; /* shares 15 tokens with the attachment entry */
+    kvt_hit h;
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 18, "", NULL, &h), 0);
+    assert_int_equal(h.prefix_len, 10); /* the kv-only ancestor, not 15 inside the other */
+    assert_int_equal(h.entry.n_attachments, 0);
+    kvt_hit_clear(&h);
+    kvt_prompt_cache_destroy(pc);
+
+    /* a trimmable entry below the attachment entry: the walk descends
+     * through the attachment entry's node and must pass it by */
+    pc = mk(64 * MB, NULL, 0);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 30, "k", NULL), 0);
+    put_with_attachment(pc, t, 20);
+    assert_true(kvt_prompt_cache_find_exact(pc, t, 30, "", NULL));
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 18, "", NULL, &h), 0);
+    assert_int_equal(h.prefix_len, 15);
+    assert_int_equal(h.entry.n_attachments, 0); /* the 30-token kv entry, cut back */
+    for (int32_t i = 0; i < h.entry.n_caches; i++)
+        assert_int_equal(kvt_cache_offset(h.entry.caches[i]), 15);
+    kvt_hit_clear(&h);
+    /* a prompt extending all of it takes the attachment entry */
+    int32_t q[22];
+    memcpy(q, t, sizeof q);
+    q[20] = -1;
+    assert_int_equal(kvt_prompt_cache_lend(pc, q, 22, "", NULL, &h), 0);
+    assert_int_equal(h.prefix_len, 20);
+    kvt_hit_clear(&h);
+    kvt_prompt_cache_destroy(pc);
+}
+
 /* 3.5: an entry larger than the whole budget is spilled and dropped */
 static void test_r05_oversize_spilled_and_dropped(void **state)
 {
@@ -1049,6 +1106,7 @@ int main(void)
         cmocka_unit_test(test_r03_walk_longest_and_namespaces),
         cmocka_unit_test(test_r05_equal_replacement_sessions_follow),
         cmocka_unit_test(test_r05_supersede_only_trimmable),
+        cmocka_unit_test(test_r05_attachment_entries),
         cmocka_unit_test(test_r05_oversize_spilled_and_dropped),
         cmocka_unit_test(test_r06_victim_unpinned_session_free),
         cmocka_unit_test(test_r06_spill_on_eviction_and_failure),

@@ -137,9 +137,9 @@ static int whole_prompt_find(void *self, const int32_t *prompt, int64_t n, const
 
 /* The prompt cache checks what a cold tier claims itself, whatever the
  * tier's own index checked: a hit covering the whole prompt (no token left
- * to run) is never served, and an entry with an attachment found at a length
- * shorter than its tokens (it cannot be cut back) is dropped and the RAM
- * candidate serves. */
+ * to run) is never served, and an entry with an attachment, or with a layer
+ * whose range does not reach the length it was found at, is dropped and
+ * the RAM candidate serves. */
 static void test_cold_claims_checked(void **state)
 {
     (void)state;
@@ -180,6 +180,26 @@ static void test_cold_claims_checked(void **state)
     assert_int_equal(h.prefix_len, 6);
     kvt_hit_clear(&h);
     assert_int_equal(pcu_stats(pc).cold_unusable, 1);
+    kvt_prompt_cache_destroy(pc);
+    mem_tier_destroy(mt);
+
+    /* a recurrent layer (range [12, 12]) found at 9: outside that layer's
+     * range, so the restore is dropped and the RAM candidate serves */
+    assert_int_equal(mem_tier_create(&mt), 0);
+    mem_tier_loose_find(mt, 1);
+    pc = mk(mt, KVT_PC_PROMOTE_RESTORES);
+    assert_int_equal(pcu_put_fresh(pc, "", t, 6, "k", NULL), 0);
+    tier_put(mt, "", t, 12, "kr");
+    assert_int_equal(kvt_prompt_cache_lend(pc, p, 14, "", NULL, &h), 0);
+    assert_int_equal(h.source, KVT_HIT_RAM);
+    assert_int_equal(h.prefix_len, 6);
+    kvt_hit_clear(&h);
+    kvt_prompt_cache_stats st = pcu_stats(pc);
+    assert_int_equal(st.cold_unusable, 1);
+    assert_int_equal(st.cold_restores, 0);
+    assert_int_equal(st.promotions, 0);
+    mem_tier_counts c = mem_tier_counts_get(mt);
+    assert_int_equal(c.hooks_given, c.hooks_run); /* the dropped restore was released */
     kvt_prompt_cache_destroy(pc);
     mem_tier_destroy(mt);
 }

@@ -4,7 +4,9 @@
  * (position limit, budget alone, waiting beside others, blocking admit with
  * a timeout and across threads), acquire/publish through the prompt cache
  * (fresh state, reuse, namespace isolation, no_reuse, cache off), the
- * report as a struct and as JSON, and close.
+ * report as a struct and as JSON (every counter of the prompt cache and the
+ * service by its one list, and each level of a tier chain), execution
+ * boundaries under a pressure check, and close.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +16,7 @@
 
 #include "kvtier/service.h"
 #include "kvtier/prompt_cache.h"
+#include "kvtier/tier_chain.h"
 #include "mem_tier.h"
 
 #include <jansson.h>
@@ -401,6 +404,18 @@ static void test_cache_off(void **state)
 
 /* ---- report JSON and close -------------------------------------------------------------- */
 
+/* The report's JSON document, parsed. */
+static json_t *report_doc(kvt_service *s)
+{
+    char *text = NULL;
+    assert_int_equal(kvt_service_stats_json(s, &text), 0);
+    json_error_t err;
+    json_t *doc = json_loads(text, 0, &err);
+    assert_non_null(doc);
+    kvt_string_free(text);
+    return doc;
+}
+
 static void test_report_json_close(void **state)
 {
     (void)state;
@@ -408,12 +423,7 @@ static void test_report_json_close(void **state)
     kvt_service *s = make(1 << 20, 100000, 1000);
     kvt_state st;
     kvt_admission *a = start(s, 6, "", NULL, 0, &st);
-    char *text = NULL;
-    assert_int_equal(kvt_service_stats_json(s, &text), 0);
-    json_error_t err;
-    json_t *doc = json_loads(text, 0, &err);
-    assert_non_null(doc);
-    kvt_string_free(text);
+    json_t *doc = report_doc(s);
     json_t *kv = json_object_get(doc, "kv");
     assert_int_equal(json_integer_value(json_object_get(kv, "projected_bytes")),
                      (json_int_t)kvt_service_project_bytes(s, 10));
@@ -439,9 +449,7 @@ static void test_report_json_close(void **state)
 
     /* unlimited budget reports null */
     s = make(0, 0, 1000);
-    assert_int_equal(kvt_service_stats_json(s, &text), 0);
-    doc = json_loads(text, 0, &err);
-    kvt_string_free(text);
+    doc = report_doc(s);
     assert_true(json_is_null(json_object_get(json_object_get(doc, "kv"), "budget_bytes")));
     json_decref(doc);
     kvt_service_destroy(s);
@@ -659,6 +667,203 @@ static void test_concurrent_requests(void **state)
     kvt_service_destroy(s);
 }
 
+/* ---- the report's lists, and the tiers of a chain ------------------------------------------ */
+
+/* Every name of the counter lists is in the JSON with the struct's value. */
+static void check_report_lists(kvt_service *s, json_t *doc)
+{
+    kvt_service_stats r;
+    assert_int_equal(kvt_service_get_stats(s, &r), 0);
+    json_t *prefixes = json_object_get(doc, "prefixes"), *requests = json_object_get(doc, "requests"),
+           *kv = json_object_get(doc, "kv");
+    assert_non_null(prefixes);
+    assert_non_null(requests);
+    assert_non_null(kv);
+#define CHECK_PC(type, name, kind, help)                                                           \
+    assert_non_null(json_object_get(prefixes, #name));                                             \
+    assert_int_equal(json_integer_value(json_object_get(prefixes, #name)), (json_int_t)r.name);
+    KVT_PROMPT_CACHE_COUNTERS(CHECK_PC)
+#undef CHECK_PC
+#define CHECK_SVC(name, group, key, kind, help)                                                    \
+    assert_non_null(json_object_get(group, #key));                                                 \
+    if (!json_is_null(json_object_get(group, #key)))                                               \
+        assert_int_equal(json_integer_value(json_object_get(group, #key)), (json_int_t)r.name);
+    KVT_SERVICE_COUNTERS(CHECK_SVC)
+#undef CHECK_SVC
+    json_t *tiers = json_object_get(doc, "tiers");
+    assert_true(json_is_array(tiers));
+    assert_int_equal(json_array_size(tiers), kvt_service_tier_count(s));
+    for (int32_t i = 0; i < kvt_service_tier_count(s); i++) {
+        kvt_tier_stats t;
+        assert_int_equal(kvt_service_tier_stats(s, i, &t), 0);
+        json_t *o = json_array_get(tiers, (size_t)i);
+        assert_int_equal(json_integer_value(json_object_get(o, "level")), i);
+#define CHECK_TIER(name, kind, help) assert_int_equal(json_integer_value(json_object_get(o, #name)), (json_int_t)t.name);
+        KVT_TIER_COUNTERS(CHECK_TIER)
+#undef CHECK_TIER
+    }
+}
+
+static int64_t tier_field(json_t *doc, size_t level, const char *name)
+{
+    return json_integer_value(json_object_get(json_array_get(json_object_get(doc, "tiers"), level), name));
+}
+
+static void test_report_tiers_of_a_chain(void **state)
+{
+    (void)state;
+    setup_tokens();
+    /* RAM only: no tiers */
+    kvt_service *s = make(1 << 20, 0, 1000);
+    json_t *doc = report_doc(s);
+    check_report_lists(s, doc);
+    assert_int_equal(json_array_size(json_object_get(doc, "tiers")), 0);
+    json_decref(doc);
+    kvt_tier_stats ts;
+    assert_int_equal(kvt_service_tier_stats(s, 0, &ts), KVT_EINVAL);
+    kvt_service_destroy(s);
+
+    /* a chain of two in-memory tiers: the entry is only in the lower one */
+    mem_tier *top = NULL, *low = NULL;
+    assert_int_equal(mem_tier_create(&top), 0);
+    assert_int_equal(mem_tier_create(&low), 0);
+    kvt_entry e;
+    assert_int_equal(kvt_entry_init(&e, "", toks, 10, 3, 0), 0);
+    assert_int_equal(new_caches(NULL, e.caches), 0);
+    run_tokens(e.caches, 0, 10);
+    assert_int_equal(mem_tier_insert(low, &e), 0);
+    kvt_tier_level lv[2] = {{.tier = *mem_tier_iface(top)}, {.tier = *mem_tier_iface(low)}};
+    kvt_tier_chain_config cc = {.levels = lv, .n_levels = 2};
+    kvt_tier_chain *chain = NULL;
+    assert_int_equal(kvt_tier_chain_create(&cc, &chain), 0);
+    kvt_cold_tier table;
+    kvt_tier_chain_cold_tier(chain, &table);
+    kvt_service_config cfg = {.n_layers = 3, .layers = layers, .max_positions = 1000, .new_caches = new_caches,
+                              .prompt_cache_bytes = 1 << 20, .block_tokens = 16, .cold = &table,
+                              .chain = chain};
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    assert_int_equal(kvt_service_tier_count(s), 2);
+    kvt_state st;
+    kvt_admission *a = start(s, 14, "", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 10); /* restored from level 1 */
+    kvt_state_clear(&st);
+    kvt_service_release(s, a, 1);
+    assert_int_equal(kvt_tier_chain_drain(chain), 0); /* the promotion into level 0 is written */
+    doc = report_doc(s);
+    check_report_lists(s, doc);
+    assert_int_equal(json_array_size(json_object_get(doc, "tiers")), 2);
+    assert_int_equal(tier_field(doc, 1, "restores"), 1);
+    assert_int_equal(tier_field(doc, 1, "find_hits"), 1);
+    assert_int_equal(tier_field(doc, 1, "entries"), 1);
+    assert_int_equal(tier_field(doc, 0, "restores"), 0);
+    assert_int_equal(tier_field(doc, 0, "promotions"), 1);
+    assert_int_equal(tier_field(doc, 0, "entries"), 1);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(doc, "prefixes"), "cold_restores")), 1);
+    json_decref(doc);
+    assert_int_equal(kvt_service_tier_stats(s, 2, &ts), KVT_EINVAL);
+    kvt_service_destroy(s);
+    kvt_tier_chain_destroy(chain);
+    mem_tier_destroy(top);
+    mem_tier_destroy(low);
+
+    /* one cold tier, no chain: listed once, from its stats operation */
+    assert_int_equal(mem_tier_create(&top), 0);
+    cfg.cold = mem_tier_iface(top);
+    cfg.chain = NULL;
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    a = start(s, 6, "", NULL, 0, &st);
+    run_tokens(st.caches, 0, 6);
+    assert_int_equal(kvt_service_publish(s, a, toks, 6, &st), 0); /* written behind */
+    kvt_service_release(s, a, 1);
+    doc = report_doc(s);
+    check_report_lists(s, doc);
+    assert_int_equal(json_array_size(json_object_get(doc, "tiers")), 1);
+    assert_int_equal(tier_field(doc, 0, "stores"), 1);
+    json_decref(doc);
+    kvt_service_destroy(s);
+    mem_tier_destroy(top);
+}
+
+/* ---- execution boundaries ------------------------------------------------------------------ */
+
+static int pressure_left; /* how many more checks say "over" */
+static int pressure_calls;
+
+static int pressure_n(void *ctx)
+{
+    assert_ptr_equal(ctx, &pressure_left);
+    pressure_calls++;
+    return pressure_left-- > 0;
+}
+
+/* One boundary while the check says "over" `over` times; the checks made. */
+static int boundary_over(kvt_service *s, int over)
+{
+    pressure_left = over;
+    pressure_calls = 0;
+    kvt_service_boundary(s);
+    return pressure_calls;
+}
+
+static void assert_ram(kvt_service *s, uint64_t entries, uint64_t demotions)
+{
+    kvt_service_stats rep;
+    assert_int_equal(kvt_service_get_stats(s, &rep), 0);
+    assert_int_equal(rep.entries, entries);
+    assert_int_equal(rep.demotions, demotions);
+}
+
+static void publish_n(kvt_service *s, int64_t n, const char *ns)
+{
+    kvt_state st;
+    kvt_admission *a = start(s, n, ns, NULL, 0, &st);
+    run_tokens(st.caches + 0, st.reused_tokens, n);
+    assert_int_equal(kvt_service_publish(s, a, toks, n, &st), 0);
+    kvt_service_release(s, a, 1);
+}
+
+static void test_boundary(void **state)
+{
+    (void)state;
+    setup_tokens();
+    /* no pressure check: a boundary releases nothing */
+    kvt_service *s = make(1 << 20, 0, 1000);
+    publish_n(s, 6, "a@1");
+    kvt_service_boundary(s);
+    assert_ram(s, 1, 0);
+    kvt_service_boundary(NULL);
+    kvt_service_destroy(s);
+
+    /* with one: while it says "over", retention victims leave RAM, no I/O */
+    mem_tier *mt = NULL;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    mem_tier_manual_spills(mt, 1); /* writes stay pending until drained */
+    kvt_service_config cfg = {.n_layers = 3, .layers = layers, .max_positions = 1000, .new_caches = new_caches,
+                              .prompt_cache_bytes = 1 << 20, .block_tokens = 16, .cold = mem_tier_iface(mt),
+                              .pressure = pressure_n, .pressure_ctx = &pressure_left};
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    publish_n(s, 6, "a@1");
+    publish_n(s, 6, "b@1");
+    publish_n(s, 6, "c@1");
+    /* every write is pending: a pending write is not a copy, nothing leaves */
+    assert_int_equal(boundary_over(s, 2), 1);
+    assert_ram(s, 3, 0);
+    /* once durable, two victims leave (the oldest first); the third check passes */
+    assert_int_equal(mem_tier_drain(mt), 3);
+    int64_t writes = mem_tier_counts_get(mt).writes;
+    assert_int_equal(boundary_over(s, 2), 3);
+    assert_ram(s, 1, 2);
+    assert_int_equal(mem_tier_counts_get(mt).writes, writes); /* no storage I/O at a boundary */
+    assert_int_equal(kvt_service_peek(s, toks, 8, "a@1"), 0);
+    assert_int_equal(kvt_service_peek(s, toks, 8, "b@1"), 0);
+    assert_int_equal(kvt_service_peek(s, toks, 8, "c@1"), 6);
+    /* after close a boundary does nothing */
+    assert_int_equal(kvt_service_close(s), 0);
+    assert_int_equal(boundary_over(s, 5), 0);
+    kvt_service_destroy(s);
+    mem_tier_destroy(mt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -675,6 +880,8 @@ int main(void)
         cmocka_unit_test(test_cold_tier_demote_and_close),
         cmocka_unit_test(test_close_flushes_outside_the_mutex),
         cmocka_unit_test(test_concurrent_requests),
+        cmocka_unit_test(test_report_tiers_of_a_chain),
+        cmocka_unit_test(test_boundary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

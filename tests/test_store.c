@@ -705,6 +705,12 @@ static void rewrite_header(const char *path, const char *field, uint64_t hlen_ov
         snprintf(sha, sizeof sha, "%s", json_string_value(json_object_get(m, "sha256")));
         sha[63] = sha[63] == '0' ? '1' : '0';
         json_object_set_new(m, "sha256", json_string(sha));
+    } else if (!strcmp(field, "xxh3-last")) { /* the XXH3-128's last hex digit changed */
+        json_t *m = json_object_get(root, "__metadata__");
+        char xx[33];
+        snprintf(xx, sizeof xx, "%s", json_string_value(json_object_get(m, "xxh3")));
+        xx[31] = xx[31] == '0' ? '1' : '0';
+        json_object_set_new(m, "xxh3", json_string(xx));
     } else if (!strcmp(field, "dtype")) {
         const char *k;
         json_t *v;
@@ -852,6 +858,82 @@ static void bitflip_caught(void **state)
     assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 0);
     assert_int_equal(st.bytes, bytes);
     expect_restores(s, &f.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
+/* The block shard of `dir` whose header says it begins at token 0. */
+static void first_block_file(const char *dir, char *path, size_t cap)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    struct dirent *de;
+    int found = 0;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] != 'b')
+            continue;
+        char p[1200], head[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        FILE *fp = fopen(p, "rb");
+        assert_non_null(fp);
+        size_t n = fread(head, 1, sizeof head - 1, fp);
+        fclose(fp);
+        head[n] = '\0';
+        if (memmem(head, n, "\"tok_begin\":\"0\"", 15)) {
+            snprintf(path, cap, "%s", p);
+            found++;
+        }
+    }
+    closedir(d);
+    assert_int_equal(found, 1);
+}
+
+/* A block whose payload fails its checksum leaves the index with every
+ * entry that references it: an entry sharing that block is not offered
+ * again (its restore could only fail), and both entries are gone. */
+static void corrupt_block_drops_sharers(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "blkshare");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t a[10], b[10];
+    pcu_seq(a, 10, 1);
+    memcpy(b, a, sizeof b);
+    for (int i = 4; i < 10; i++)
+        b[i] = 500 + i; /* shares the first block (4 tokens) with a */
+    put_tokens(s, &f.cfg, "", a, 10);
+    put_tokens(s, &f.cfg, "", b, 10);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 2);
+    assert_int_equal(st.blocks, 3);
+    char path[1200];
+    first_block_file(kvt_store_dir(s), path, sizeof path);
+    assert_int_equal(store_flip_byte(path, 1, 0x10), 0);
+    kvt_cold_hit hit;
+    kvt_entry e;
+    assert_int_equal(kvt_store_find_exact(s, a, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, a, 10, &e), KVT_ECORRUPT);
+    assert_int_equal(kvt_store_find_exact(s, b, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find_exact(s, a, 10, "", &hit), KVT_ENOTFOUND);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.entries, 0);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(kvt_store_close(s), 0);
+    /* the same in read-only mode, where no reclaim removes the files: the
+     * index alone must forget the sharer */
+    s = fx_open(&f, NULL);
+    put_tokens(s, &f.cfg, "", a, 10);
+    put_tokens(s, &f.cfg, "", b, 10);
+    first_block_file(kvt_store_dir(s), path, sizeof path);
+    assert_int_equal(kvt_store_close(s), 0);
+    assert_int_equal(store_flip_byte(path, 1, 0x10), 0);
+    kvt_store_options ro = {.read_only = 1};
+    s = fx_open(&f, &ro);
+    assert_int_equal(kvt_store_find_exact(s, a, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, a, 10, &e), KVT_ECORRUPT);
+    assert_int_equal(kvt_store_find_exact(s, b, 10, "", &hit), KVT_ENOTFOUND);
     assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f.root);
 }
@@ -1338,6 +1420,32 @@ static void verify_sha256_last_byte(void **state)
     store_rmtree(f.root);
 }
 
+/* The fast checksum is compared whole on every restore, verify or not: an
+ * XXH3-128 that differs only in its last byte is refused, counted, and the
+ * entry leaves the index. */
+static void xxh3_last_byte(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "xxhlast");
+    char path[1200];
+    one_entry(&f, NULL, path, sizeof path);
+    rewrite_header(path, "xxh3-last", 0);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_cold_hit hit;
+    kvt_entry e;
+    kvt_store *s = fx_open(&f, NULL);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 /* A block shard written by another identity (its key is consistent with its
  * own identity) planted in this identity's directory is refused at scan,
  * counted as identity, and never indexed. */
@@ -1519,7 +1627,9 @@ int main(void)
         cmocka_unit_test(refused_malformed),
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
+        cmocka_unit_test(corrupt_block_drops_sharers),
         cmocka_unit_test(verify_sha256_last_byte),
+        cmocka_unit_test(xxh3_last_byte),
         cmocka_unit_test(refused_block_of_other_identity),
         cmocka_unit_test(walk_verify_and_gc),
         cmocka_unit_test(entry_file_removed),

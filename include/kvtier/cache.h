@@ -10,6 +10,9 @@
  *              the ring wraps, [offset, offset] after
  *   recurrent  fixed-size state (SSM / linear attention)    [offset, offset]
  *   qkv        int8 codes + one f32 scale per group          [0, offset]
+ * kv and rotating hold K/V in a storage dtype (F32, F16, BF16; rotating also
+ * I8 with per-group scales) recorded in their encoded params and on every
+ * tensor; kvt_kv_block_rows / kvt_rotating_rows lend the rows in that dtype.
  * Backends bring their own kinds by filling a kvt_cache_ops table and
  * registering it (kvt_cache_register_kind) so stored state can be decoded.
  *
@@ -54,6 +57,19 @@ KVT_API size_t kvt_dtype_size(kvt_dtype dt);
 KVT_API const char *kvt_dtype_name(kvt_dtype dt);
 /** Parses a safetensors dtype name. @return 0 or KVT_EFORMAT. Thread-safe. */
 KVT_API int kvt_dtype_parse(const char *name, kvt_dtype *out);
+
+/** Converts n floats of src to dt into dst (n elements of dt):
+ * KVT_DTYPE_F32 copies; KVT_DTYPE_F16 (IEEE binary16) and KVT_DTYPE_BF16
+ * round to nearest, ties to even (NaN stays a quiet NaN; a value past the
+ * f16 range becomes an infinity of its sign, f16 keeps subnormals).
+ * @return 0; KVT_EINVAL (NULL pointer with n > 0, or another dtype).
+ * Thread-safe. */
+KVT_API int kvt_dtype_from_f32(kvt_dtype dt, const float *src, void *dst, size_t n);
+/** Converts n elements of dt (KVT_DTYPE_F32, F16 or BF16) at src to floats
+ * in dst; exact (every f16 and bf16 value is a float).
+ * @return 0; KVT_EINVAL (NULL pointer with n > 0, or another dtype).
+ * Thread-safe. */
+KVT_API int kvt_dtype_to_f32(kvt_dtype dt, const void *src, float *dst, size_t n);
 
 #define KVT_TENSOR_NAME_MAX 64
 #define KVT_TENSOR_MAX_DIMS 4
@@ -223,10 +239,49 @@ KVT_API void kvt_caches_destroy(kvt_cache **caches, int n);
  */
 KVT_API int kvt_kv_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out);
 
-/** Borrowed pointers into block `index` of a kv cache.
- * *k and *v point at (*n_tokens, kv_dim) f32 rows, valid until the cache is
+/** Creates an empty kv cache that stores K and V as `dtype` (its storage
+ * scheme): KVT_DTYPE_F32 (exactly kvt_kv_create), KVT_DTYPE_F16 or
+ * KVT_DTYPE_BF16 (half the bytes: each block is 2 * block_tokens * kv_dim * 2
+ * bytes). append takes f32 K/V as kvt_kv_create documents and converts them
+ * with kvt_dtype_from_f32. encode: tensors "blk<i>" of that dtype, shape
+ * (2, n, kv_dim); params = {kv_dim, block_tokens} for F32 (as kvt_kv_create),
+ * {kv_dim, block_tokens, dtype} otherwise (dtype as its kvt_dtype value).
+ * decode refuses a tensor whose dtype differs from the params' (KVT_EFORMAT).
+ * For int8 K/V use the qkv kind (kvt_qkv_create).
+ * @return 0; KVT_EINVAL (a bad dimension or another dtype); KVT_ENOMEM. */
+KVT_API int kvt_kv_create_dtype(int32_t kv_dim, int32_t block_tokens, kvt_dtype dtype, kvt_cache **out);
+
+/** Borrowed K and V rows of a kv, qkv or rotating cache in its storage
+ * scheme, as attention reads them (filled by kvt_kv_block_rows and
+ * kvt_rotating_rows). Element i of row t of K is
+ *   F32/F16/BF16: ((const T *)k)[t * kv_dim + i] converted to float
+ *   I8:           ((const int8_t *)k)[t * kv_dim + i] * k_scale[t * (kv_dim / group_size) + i / group_size]
+ * (one float multiply: exactly what kvt_qkv_read_block returns); V alike.
+ * Valid until the cache is next modified or destroyed. */
+typedef struct kvt_kv_rows {
+    kvt_dtype dtype;                /* KVT_DTYPE_F32, F16, BF16 or I8 */
+    const void *k, *v;              /* (n, kv_dim) elements of dtype, rows kv_dim elements apart */
+    const float *k_scale, *v_scale; /* I8: (n, kv_dim / group_size) scales; NULL otherwise */
+    int32_t group_size;             /* I8: elements per scale; 0 otherwise */
+    int32_t n;                      /* rows */
+} kvt_kv_rows;
+
+/** Rows of block `index` of a kv or qkv cache (see kvt_kv_rows); out->n is
+ * block_tokens except for the tail. Thread-safe with other readers.
+ * @return 0; KVT_EINVAL (NULL out, or not a kv/qkv cache); KVT_ERANGE (no
+ * such block). */
+KVT_API int kvt_kv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
+
+/** Storage dtype of the K/V of a kv, rotating or qkv cache (KVT_DTYPE_F32,
+ * F16, BF16; I8 for qkv and int8 rotating caches); KVT_DTYPE_COUNT for NULL
+ * and other kinds. Thread-safe. */
+KVT_API kvt_dtype kvt_kv_dtype(const kvt_cache *c);
+
+/** Borrowed pointers into block `index` of an F32 kv cache (other schemes:
+ * kvt_kv_block_rows). *k and *v point at (*n_tokens, kv_dim) f32 rows, valid until the cache is
  * next modified or destroyed. *n_tokens is block_tokens except for the tail.
- * @return 0; KVT_EINVAL (not a kv cache); KVT_ERANGE (no such block). */
+ * @return 0; KVT_EINVAL (not a kv cache, or one stored in another dtype);
+ * KVT_ERANGE (no such block). */
 KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, const float **v,
                          int32_t *n_tokens);
 /** Blocks of a kv (or qkv) cache that hold tokens: ceil(offset / B), the
@@ -255,12 +310,36 @@ KVT_API int32_t kvt_kv_dim(const kvt_cache *c);
  */
 KVT_API int kvt_rotating_create(int32_t kv_dim, int32_t window, int32_t keep, kvt_cache **out);
 
-/** Borrowed view of the ring: *k, *v are (window, kv_dim) f32 with the first
+/** Creates an empty rotating cache whose ring stores K and V as `dtype`:
+ * KVT_DTYPE_F32 (exactly kvt_rotating_create), F16, BF16 (converted with
+ * kvt_dtype_from_f32), or I8 (every `group_size` consecutive floats of a
+ * token row share one f32 scale, as the qkv kind quantizes them).
+ * Ring layout: F32/F16/BF16 (2, window, kv_dim) of dtype; I8 scales (2,
+ * window, kv_dim / group_size) f32 then codes (2, window, kv_dim) i8.
+ * encode: F32 as kvt_rotating_create; F16/BF16 tensor "ring" of that dtype
+ * (2, window, kv_dim); I8 tensors "ring.q" I8 (2, window, kv_dim) and
+ * "ring.s" F32 (2, window, kv_dim / group_size); params = {kv_dim, window,
+ * keep, dtype, group_size} (group_size 0 unless I8) for every dtype but F32.
+ * decode refuses a tensor whose dtype differs from the params' (KVT_EFORMAT).
+ * @param group_size I8: >= 1 and divides kv_dim; ignored otherwise.
+ * @return 0; KVT_EINVAL (a bad dimension, dtype or group size); KVT_ENOMEM. */
+KVT_API int kvt_rotating_create_dtype(int32_t kv_dim, int32_t window, int32_t keep, kvt_dtype dtype,
+                                      int32_t group_size, kvt_cache **out);
+
+/** The ring of a rotating cache in its storage scheme (see kvt_kv_rows):
+ * the first out->n = min(offset, window) slots, in storage order (as
+ * kvt_rotating_view). Thread-safe with other readers.
+ * @return 0; KVT_EINVAL (NULL out, or not a rotating cache). */
+KVT_API int kvt_rotating_rows(const kvt_cache *c, kvt_kv_rows *out);
+
+/** Borrowed view of the ring of an F32 rotating cache (other schemes:
+ * kvt_rotating_rows): *k, *v are (window, kv_dim) f32 with the first
  * *n_valid slots filled (n_valid = min(offset, window)). Slot order is
  * storage order, not token order: attention that is order-free over its keys
  * (softmax with RoPE already applied to K) can use it as is.
  * Valid until the cache is next modified or destroyed.
- * @return 0 or KVT_EINVAL (not a rotating cache). */
+ * @return 0 or KVT_EINVAL (not a rotating cache, or one stored in another
+ * dtype). */
 KVT_API int kvt_rotating_view(const kvt_cache *c, const float **k, const float **v, int32_t *n_valid);
 
 /* ---- kind "recurrent": fixed-size state -------------------------------------- */

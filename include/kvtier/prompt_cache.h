@@ -21,15 +21,17 @@
  * are not counted: they belong to the caller.
  *
  * Thread-safety: every function may be called from any thread at any time;
- * one mutex guards the cache state. No storage I/O runs under that lock:
- * cold-tier restores and spills run outside it, and the tier's find,
- * find_exact and pending (index only) run inside it. The one exception is
- * kvt_prompt_cache_relieve(), whose writes must finish by definition.
- * Release hooks and cache destruction run outside the lock, except in relieve
- * and reclaim, which free each released entry at once so that the caller's
- * pressure check sees the memory gone. Callbacks the cache runs under its
- * lock (over_budget, pressure, the tier's find/find_exact/pending/store) must
- * not call into the cache.
+ * one mutex guards the cache state. The cold tier is never called with that
+ * lock held: its lookups (find, find_exact, pending) may block on I/O (a
+ * remote tier, a chain waiting a lookup budget), so lend, prefetch, object
+ * lend, eviction, relieve, demote_idle and close drop the lock around each
+ * question and check what they found in RAM again afterwards (an entry that
+ * left or was cut meanwhile is looked up again, never used); restores,
+ * spills and stores run outside it too. Other threads use the cache while a
+ * lookup waits. Release hooks and cache destruction run outside the lock,
+ * except in relieve and reclaim, which free each released entry at once so
+ * that the caller's pressure check sees the memory gone. Callbacks the cache
+ * runs under its lock (over_budget, pressure) must not call into the cache.
  *
  * Write-behind (the default with a cold tier that has `spill`): every entry
  * put is handed to the tier's spill at once (zero-copy views, after the lock
@@ -200,8 +202,10 @@ KVT_API void kvt_hit_clear(kvt_hit *hit);
  * strict prefix of the prompt and resident, it serves without a tree walk
  * (session hit). Otherwise the radix tree is walked along the prompt
  * (O(n), never a scan of entries); ties prefer an entry of exactly p tokens.
- * If a cold tier is attached, its find (index only) is asked, on a session
- * hit too; it is restored (outside the lock) only when its prefix is
+ * If a cold tier is attached and RAM's prefix is shorter than n - 1, its
+ * find is asked (without the lock, on a session hit too; when an entry left
+ * or was cut meanwhile the RAM candidate is found again, counted in
+ * relookups); it is restored (outside the lock) only when its prefix is
  * STRICTLY longer than RAM's (the session's entry on a session hit); a
  * restored entry whose divergent tail cannot be trimmed is dropped and the
  * RAM candidate serves; a restored prefix is promoted into RAM when
@@ -323,8 +327,10 @@ KVT_API int kvt_prompt_cache_evict(kvt_prompt_cache *pc, int64_t count, int64_t 
 typedef int (*kvt_over_budget_fn)(void *ctx);
 
 /** Pressure relief: while over_budget(ctx) says so, releases
- * the retention victim: its write to the cold tier (tier->store) finishes
- * NOW, under the cache lock, then its buffers are released. If a write
+ * the retention victim: its write to the cold tier (tier->store, from
+ * zero-copy views, outside the cache lock) finishes NOW, then the entry is
+ * released under the lock and its buffers freed at once (an entry that
+ * changed or was pinned meanwhile stays; its write is durable). If a write
  * fails, stops and keeps that entry (a failed write is never a demotion).
  * An entry the tier already holds durably (with write-behind the usual
  * case: found, no write pending) is released without writing it again
@@ -428,43 +434,57 @@ KVT_API int kvt_prompt_cache_object_lend(kvt_prompt_cache *pc, const char *key, 
  * withdrawn: they complete in the tier. */
 KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
 
-/** Counters and occupancy. A consistent snapshot. */
+/** The prompt cache's counters, one list: X(type, name, kind, help) with
+ * kind counter (only grows) or gauge (a current value) and help a one-line
+ * sentence. It generates kvt_prompt_cache_stats, and the service uses it
+ * for its report (kvt_service_stats, the "prefixes" object of
+ * kvt_service_stats_json) and the server for Prometheus lines. */
+#define KVT_PROMPT_CACHE_COUNTERS(X)                                                                      \
+    X(uint64_t, hits, counter, "Lends whose RAM candidate served a prefix (RAM candidacy only)")          \
+    X(uint64_t, misses, counter, "Lends with no RAM candidate")                                           \
+    X(uint64_t, session_hits, counter, "Lends the session's entry served without a tree walk")           \
+    X(uint64_t, session_misses, counter, "Lends with a session whose entry did not serve")                \
+    X(uint64_t, prefix_walks, counter, "Radix tree walks made by lend")                                   \
+    X(uint64_t, relookups, counter,                                                                       \
+      "Lends that found their RAM candidate again because an entry left while the cold tier answered")    \
+    X(uint64_t, object_hits, counter, "Object lends served from RAM")                                     \
+    X(uint64_t, object_misses, counter, "Object lends not in RAM")                                        \
+    X(uint64_t, object_restores, counter, "Objects restored from the cold tier")                          \
+    X(uint64_t, cold_restores, counter, "Restores from the cold tier that served a lend")                 \
+    X(uint64_t, cold_unusable, counter, "Restored entries dropped: their divergent tail cannot be cut")   \
+    X(uint64_t, cold_failures, counter, "Cold-tier restores that failed")                                 \
+    X(uint64_t, promotions, counter, "Restored prefixes put into RAM")                                    \
+    X(uint64_t, prefetch_reads, counter, "Cold reads started by prefetch")                                \
+    X(uint64_t, prefetch_coalesced, counter, "Prefetches joined to a read already running")               \
+    X(uint64_t, prefetch_discarded, counter, "Prefetch reads discarded because a clear ran meanwhile")    \
+    X(uint64_t, evictions, counter, "Entries evicted for the RAM budget")                                 \
+    X(uint64_t, spills, counter, "Spills the cold tier accepted for entries leaving RAM")                 \
+    X(uint64_t, spill_failures, counter, "Spills the cold tier refused for entries leaving RAM")          \
+    X(uint64_t, write_behind_queued, counter, "Puts handed to the cold tier at once (write-behind)")       \
+    X(uint64_t, write_behind_dropped, counter,                                                            \
+      "Write-behinds the cold tier refused (queue full or error): spilled on leaving RAM")                \
+    X(uint64_t, write_behind_skipped, counter, "Puts the cold tier already held or had pending")          \
+    X(uint64_t, write_behind_withdrawn, counter, "Queued writes of superseded entries withdrawn")         \
+    X(uint64_t, durable_evictions, counter,                                                               \
+      "Entries that left RAM with nothing written: the cold tier held them or had them pending")          \
+    X(uint64_t, demotions, counter, "Entries released by relieve, demote_idle and reclaim")               \
+    X(uint64_t, replacements, counter, "Entries replaced by a put of equal tokens")                       \
+    X(uint64_t, supersedes, counter, "Shorter entries dropped because a longer put serves them")         \
+    X(uint64_t, oversize_drops, counter, "Puts larger than the whole budget: spilled and dropped")        \
+    X(uint64_t, block_cuts, counter, "Entries cut back by block-granular eviction (one per cut)")         \
+    X(uint64_t, blocks_cut, counter, "Blocks those cuts removed")                                         \
+    X(int64_t, entries, gauge, "Resident entries (objects too)")                                          \
+    X(int64_t, pinned, gauge, "Entries with at least one pin")                                            \
+    X(size_t, bytes, gauge, "Bytes held (unique buffer bytes plus private bytes)")                        \
+    X(size_t, max_bytes, gauge, "The RAM byte budget")                                                    \
+    X(uint64_t, epoch, counter, "Clears so far (the epoch a clear advances)")
+
+/** Counters and occupancy (see KVT_PROMPT_CACHE_COUNTERS). A consistent
+ * snapshot. */
 typedef struct kvt_prompt_cache_stats {
-    uint64_t hits, misses;               /* lend: RAM candidacy only */
-    uint64_t session_hits, session_misses;
-    uint64_t prefix_walks;               /* radix walks made by lend */
-    uint64_t object_hits, object_misses, object_restores;
-    uint64_t cold_restores;              /* restores that served a lend */
-    uint64_t cold_unusable;              /* restored but untrimmable: dropped */
-    uint64_t cold_failures;              /* restore errors */
-    uint64_t promotions;                 /* restored prefixes put into RAM */
-    uint64_t prefetch_reads;             /* cold reads started by prefetch */
-    uint64_t prefetch_coalesced;         /* prefetches joined to a read */
-    uint64_t prefetch_discarded;         /* reads discarded by a clear */
-    uint64_t evictions;                  /* entries evicted for the budget */
-    uint64_t spills, spill_failures;     /* spills accepted / refused when
-                                            entries leave RAM */
-    uint64_t write_behind_queued;        /* puts handed to the tier at once */
-    uint64_t write_behind_dropped;       /* refused by the tier (queue full or
-                                            error): spilled on leaving RAM */
-    uint64_t write_behind_skipped;       /* puts the tier already held or had
-                                            pending: nothing queued */
-    uint64_t write_behind_withdrawn;     /* queued writes of superseded entries
-                                            the tier withdrew */
-    uint64_t durable_evictions;          /* entries that left RAM (evict,
-                                            relieve, demote_idle, close)
-                                            with nothing written: the tier
-                                            held them or had them pending */
-    uint64_t demotions;                  /* relieve + demote_idle + reclaim */
-    uint64_t replacements, supersedes, oversize_drops;
-    uint64_t block_cuts;                 /* entries cut back by block-granular
-                                            eviction (one per cut) */
-    uint64_t blocks_cut;                 /* blocks those cuts removed */
-    int64_t entries;                     /* resident entries (objects too) */
-    int64_t pinned;                      /* entries with at least one pin */
-    size_t bytes;                        /* bytes held (see the budget) */
-    size_t max_bytes;
-    uint64_t epoch;                      /* advanced by clear */
+#define KVT__PC_FIELD(type, name, kind, help) type name;
+    KVT_PROMPT_CACHE_COUNTERS(KVT__PC_FIELD)
+#undef KVT__PC_FIELD
 } kvt_prompt_cache_stats;
 
 /** Fills *out with a snapshot taken under the cache's lock (spills,

@@ -35,7 +35,9 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/common.h"
+#include "kvtier/prompt_cache.h"
 #include "kvtier/tier.h"
+#include "kvtier/tier_chain.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -117,6 +119,12 @@ typedef struct kvt_service_config {
      * holds (durable_evictions); state whose write is still pending is not
      * evicted (a pending write is not a copy). */
     const kvt_cold_tier *cold;
+    /** Optional: the tier chain `cold` is the table of
+     * (kvt_tier_chain_cold_tier), borrowed like cold->self. The report then
+     * lists each level's counters (kvt_tier_chain_level_stats); NULL: it
+     * lists `cold` as one tier, from its stats operation (none when the
+     * tier has no stats). Ignored without `cold`. */
+    kvt_tier_chain *chain;
     /** With a cold tier: RAM entries idle this long (milliseconds) leave RAM
      * once the cold tier holds them (`kvtier chat --demote-idle MS`),
      * checked by a background thread every max(demote_idle_ms / 4, 10) ms.
@@ -350,40 +358,56 @@ KVT_API void kvt_service_close_session(kvt_service *svc, const char *session);
 
 /* ---- report ------------------------------------------------------------------ */
 
-/** What the service holds, as it reports itself (/stats). */
+/** The service's own counters, one list: X(name, group, key, kind, help):
+ * field `name` of kvt_service_stats, reported as `key` in the object `group`
+ * ("requests" or "kv") of kvt_service_stats_json; kind counter (only grows),
+ * gauge (a current value) or limit (a gauge whose 0 means unlimited: null in
+ * the JSON); help a one-line sentence (for Prometheus HELP lines). */
+#define KVT_SERVICE_COUNTERS(X)                                                                        \
+    X(acquires, requests, acquires, counter, "kvt_service_acquire calls that succeeded")               \
+    X(reused_tokens, requests, reused_tokens, counter, "Prompt tokens reused over those acquires")     \
+    X(publishes, requests, publishes, counter, "States kvt_service_publish accepted")                  \
+    X(admitted, requests, admitted, gauge, "Admissions held now")                                      \
+    X(kv_projected_bytes, kv, projected_bytes, gauge, "Projected KV bytes of the admitted requests")   \
+    X(kv_budget_bytes, kv, budget_bytes, limit, "KV byte budget requests are admitted under")          \
+    X(rejected, requests, rejected, counter, "Requests refused because they can never fit (KVT_ELIMIT)") \
+    X(waited, requests, waited, counter, "Admissions answered KVT_EAGAIN (wait for room)")
+
+/** What the service holds, as it reports itself (/stats): every counter of
+ * its prompt cache (KVT_PROMPT_CACHE_COUNTERS, each as uint64; all 0 without
+ * a prompt cache), then its own (KVT_SERVICE_COUNTERS). */
 typedef struct kvt_service_stats {
-    /* prompt cache (RAM) */
-    uint64_t entries, bytes, max_bytes;
-    uint64_t hits, misses, session_hits, session_misses, demotions;
-    uint64_t evictions;       /* entries evicted for the RAM budget */
-    uint64_t cold_restores, spills; /* cold tier: restores that served, spills accepted
-                                       for entries leaving RAM */
-    uint64_t write_behind_queued;  /* publishes queued for the cold tier at once */
-    uint64_t write_behind_dropped; /* refused (its queue full): spilled on leaving RAM */
-    uint64_t durable_evictions;    /* entries that left RAM unwritten: the cold
-                                      tier held them (or had them queued) */
-    /* the service's own counters */
-    uint64_t acquires;        /* kvt_service_acquire calls that succeeded */
-    uint64_t reused_tokens;   /* sum of reused_tokens over those acquires */
-    uint64_t publishes;       /* states accepted by kvt_service_publish */
-    /* admission */
-    uint64_t admitted;        /* admissions now held */
-    uint64_t kv_projected_bytes; /* their projected KV bytes */
-    uint64_t kv_budget_bytes;    /* 0 = unlimited */
-    uint64_t rejected, waited;   /* KVT_ELIMIT refusals; KVT_EAGAIN answers */
+#define KVT__SVC_PC_FIELD(type, name, kind, help) uint64_t name;
+    KVT_PROMPT_CACHE_COUNTERS(KVT__SVC_PC_FIELD)
+#undef KVT__SVC_PC_FIELD
+#define KVT__SVC_FIELD(name, group, key, kind, help) uint64_t name;
+    KVT_SERVICE_COUNTERS(KVT__SVC_FIELD)
+#undef KVT__SVC_FIELD
 } kvt_service_stats;
 
 /** Fills `out` with a snapshot of the counters. @return 0, KVT_EINVAL. Thread-safe. */
 KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out);
 
+/** How many cold tiers the report lists: the levels of the config's chain,
+ * else 1 for a cold tier with a stats operation, else 0 (NULL: 0).
+ * Thread-safe. */
+KVT_API int32_t kvt_service_tier_count(kvt_service *svc);
+
+/** Fills *out with the counters of listed tier `level` (0 = top):
+ * kvt_tier_chain_level_stats of the config's chain, else the cold tier's
+ * stats operation. @return 0; KVT_EINVAL (svc or out NULL, level outside
+ * 0..kvt_service_tier_count - 1). Thread-safe. */
+KVT_API int kvt_service_tier_stats(kvt_service *svc, int32_t level, kvt_tier_stats *out);
+
 /** The report as one JSON document:
- *   {"prefixes": {"entries", "bytes", "max_bytes", "hits", "misses",
- *                 "session_hits", "session_misses", "demotions", "evictions",
- *                 "cold_restores", "spills", "write_behind_queued",
- *                 "write_behind_dropped", "durable_evictions"},
+ *   {"prefixes": {every KVT_PROMPT_CACHE_COUNTERS name: n},
  *    "requests": {"acquires", "reused_tokens", "publishes", "admitted",
  *                 "rejected", "waited"},
- *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)}}
+ *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)},
+ *    "tiers": [{"level": 0, every KVT_TIER_COUNTERS name: n}, ...]}
+ * ("requests" and "kv" hold the KVT_SERVICE_COUNTERS by group and key;
+ * "tiers" the kvt_service_tier_stats of each listed tier, top first, and is
+ * empty without a cold tier.)
  * @param out receives a NUL-terminated string; caller frees with
  *   kvt_string_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_service_stats_json(kvt_service *svc, char **out);

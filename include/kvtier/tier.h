@@ -13,9 +13,13 @@
  *     caches, attachments and hook (see prompt_cache.h).
  *
  * The SSD tier (kvtier/store.h, kvt_store_cold_tier) implements the cold
- * tier; an embedder may bring its own. The prompt cache calls it as follows:
- *   find / find_exact / pending  index only, never I/O; may be called with
- *                                the prompt cache's lock held;
+ * tier; an embedder may bring its own. No operation is ever called with the
+ * prompt cache's lock held. The prompt cache calls it as follows:
+ *   find / find_exact / pending  lookups; may block on I/O (a remote tier's
+ *                                round trip; a tier chain waits at most a
+ *                                level's lookup budget), so the prompt cache
+ *                                asks them WITHOUT its lock and checks what
+ *                                it found in RAM again after the answer;
  *   spill                        write-behind: enqueue and return, never
  *                                block on I/O; called WITHOUT the lock, for
  *                                every entry put (kept) and for entries
@@ -23,10 +27,8 @@
  *   withdraw                     drops a queued write the prompt cache no
  *                                longer needs; called WITHOUT the lock;
  *   restore / restore_async      real reads; called WITHOUT the lock;
- *   store                        synchronous write; called without the lock
- *                                by demote_idle, and WITH it held only by
- *                                kvt_prompt_cache_relieve() (a write that
- *                                must finish by definition).
+ *   store                        synchronous write; called WITHOUT the lock
+ *                                by demote_idle, relieve and close.
  * A tier must never call back into the prompt cache from any of these.
  * Every function may be called from any thread at any time: the tier does its
  * own locking.
@@ -170,12 +172,13 @@ typedef struct kvt_cold_tier {
      * stored entry whose common prefix with the prompt, capped at n - 1, is
      * inside the reachable range of every stored layer (an untrimmable
      * stored entry only when all its tokens are a prefix of the prompt).
-     * Index only: no I/O, does not block on I/O.
+     * May block on I/O (a lookup round trip); a slow tier should bound its
+     * own wait (a chain level's lookup budget does).
      * @return 0 and *out filled; KVT_ENOTFOUND (nothing usable, prefix 0). */
     int (*find)(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out);
 
     /** The stored entry holding exactly `tokens` (n, may be 0 for objects)
-     * in `ns`; out->prefix_len = n. Index only.
+     * in `ns`; out->prefix_len = n. May block on I/O, like find.
      * @return 0; KVT_ENOTFOUND. Optional (NULL: never found). */
     int (*find_exact)(void *self, const int32_t *tokens, int64_t n, const char *ns,
                       kvt_cold_hit *out);
@@ -215,7 +218,8 @@ typedef struct kvt_cold_tier {
     int (*spill)(void *self, kvt_entry *e);
 
     /** Whether a write of exactly (ns, tokens) is still pending (queued or in
-     * flight, not yet durable). Index only. @return 1 pending, 0 not.
+     * flight, not yet durable). May block on I/O, like find.
+     * @return 1 pending, 0 not.
      * Optional (NULL: never pending). */
     int (*pending)(void *self, const int32_t *tokens, int64_t n, const char *ns);
 

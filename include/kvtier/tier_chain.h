@@ -110,6 +110,9 @@ KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c);
  * own handles must be below 2^60 (a hit with a larger one is ignored). */
 KVT_API void kvt_tier_chain_cold_tier(kvt_tier_chain *c, kvt_cold_tier *out);
 
+/** The number of levels (cfg->n_levels at create); 0 for NULL. Thread-safe. */
+KVT_API int32_t kvt_tier_chain_levels(const kvt_tier_chain *c);
+
 /** The chain's view of one level: what the chain did through it (finds,
  * find_hits, finds_over_budget, restores, restore_failures, stores,
  * write_failures, promotions, promotions_dropped, demotions, evictions handed

@@ -10,6 +10,7 @@
 #include "cache_internal.h"
 #include "internal.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -46,6 +47,150 @@ KVT_API int kvt_dtype_parse(const char *name, kvt_dtype *out)
         }
     }
     return kvt__fail(KVT_EFORMAT, "unknown dtype \"%.32s\"", name);
+}
+
+/* f32 -> binary16, round to nearest even (F. Giesen's float_to_half_fast3_rtne:
+ * subnormals by one float addition that rounds in the FPU's default mode). */
+static uint16_t kvt__f32_to_f16(float ff)
+{
+    const uint32_t f32_inf = 255u << 23, f16_max = (127u + 16u) << 23;
+    const uint32_t denorm_magic_u = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+    uint32_t f;
+    memcpy(&f, &ff, sizeof f);
+    uint32_t sign = f & 0x80000000u;
+    uint16_t o;
+    f ^= sign;
+    if (f >= f16_max) {
+        o = f > f32_inf ? 0x7e00 : 0x7c00; /* NaN stays NaN, else infinity */
+    } else if (f < (113u << 23)) {         /* below 2^-14: subnormal or zero */
+        float fv, magic;
+        memcpy(&fv, &f, sizeof fv);
+        memcpy(&magic, &denorm_magic_u, sizeof magic);
+        fv += magic;
+        memcpy(&f, &fv, sizeof f);
+        o = (uint16_t)(f - denorm_magic_u);
+    } else {
+        uint32_t mant_odd = (f >> 13) & 1u;
+        f += (uint32_t)((15 - 127) * (1 << 23)) + 0xfffu; /* rebias; round half up */
+        f += mant_odd;                                    /* ... and ties to even */
+        o = (uint16_t)(f >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+static float kvt__f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+    if (e == 0x1f) {
+        x = sign | 0x7f800000u | (mant << 13);
+    } else if (e) {
+        x = sign | ((e + 112u) << 23) | (mant << 13);
+    } else {
+        float f = (float)mant * 5.9604644775390625e-8f; /* mant * 2^-24, exact */
+        memcpy(&x, &f, sizeof x);
+        x |= sign;
+    }
+    float out;
+    memcpy(&out, &x, sizeof out);
+    return out;
+}
+
+static uint16_t kvt__f32_to_bf16(float ff)
+{
+    uint32_t x;
+    memcpy(&x, &ff, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+KVT_API int kvt_dtype_from_f32(kvt_dtype dt, const float *src, void *dst, size_t n)
+{
+    if (n && (!src || !dst))
+        return kvt__fail(KVT_EINVAL, "kvt_dtype_from_f32: NULL %s", !src ? "src" : "dst");
+    uint16_t *h = dst;
+    switch (dt) {
+    case KVT_DTYPE_F32:
+        if (n)
+            memcpy(dst, src, n * sizeof(float));
+        return 0;
+    case KVT_DTYPE_F16:
+        for (size_t i = 0; i < n; i++)
+            h[i] = kvt__f32_to_f16(src[i]);
+        return 0;
+    case KVT_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++)
+            h[i] = kvt__f32_to_bf16(src[i]);
+        return 0;
+    default:
+        return kvt__fail(KVT_EINVAL, "kvt_dtype_from_f32: dtype %s is not F32, F16 or BF16",
+                         kvt_dtype_name(dt) ? kvt_dtype_name(dt) : "(unknown)");
+    }
+}
+
+KVT_API int kvt_dtype_to_f32(kvt_dtype dt, const void *src, float *dst, size_t n)
+{
+    if (n && (!src || !dst))
+        return kvt__fail(KVT_EINVAL, "kvt_dtype_to_f32: NULL %s", !src ? "src" : "dst");
+    const uint16_t *h = src;
+    switch (dt) {
+    case KVT_DTYPE_F32:
+        if (n)
+            memcpy(dst, src, n * sizeof(float));
+        return 0;
+    case KVT_DTYPE_F16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = kvt__f16_to_f32(h[i]);
+        return 0;
+    case KVT_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint32_t x = (uint32_t)h[i] << 16;
+            memcpy(&dst[i], &x, sizeof x);
+        }
+        return 0;
+    default:
+        return kvt__fail(KVT_EINVAL, "kvt_dtype_to_f32: dtype %s is not F32, F16 or BF16",
+                         kvt_dtype_name(dt) ? kvt_dtype_name(dt) : "(unknown)");
+    }
+}
+
+/* ---- int8 rows with per-group scales (qkv and int8 rotating) ------------- */
+
+void kvt__q8_quantize_row(const float *x, size_t D, size_t gs, float *scales, int8_t *codes)
+{
+    for (size_t g = 0; g < D / gs; g++) {
+        const float *xg = x + g * gs;
+        float amax = 0.0f;
+        for (size_t i = 0; i < gs; i++)
+            amax = fmaxf(amax, fabsf(xg[i]));
+        float scale = amax / 127.0f;
+        scales[g] = scale;
+        for (size_t i = 0; i < gs; i++) {
+            float r = scale > 0.0f ? roundf(xg[i] / scale) : 0.0f;
+            r = fminf(fmaxf(r, -127.0f), 127.0f);
+            codes[g * gs + i] = (int8_t)r;
+        }
+    }
+}
+
+void kvt__q8_dequantize_row(const float *scales, const int8_t *codes, size_t D, size_t gs, float *x)
+{
+    for (size_t i = 0; i < D; i++)
+        x[i] = (float)codes[i] * scales[i / gs];
+}
+
+int kvt__q8_check_scales(const kvt_tensor *t, const char *kind)
+{
+    const char *s = t->data;
+    for (size_t i = 0; i < t->bytes / sizeof(float); i++) {
+        float x;
+        memcpy(&x, s + i * sizeof x, sizeof x); /* the data may be unaligned */
+        if (!(x >= 0.0f) || isinf(x))
+            return kvt__fail(KVT_EFORMAT, "%s state: tensor \"%s\" holds scale %g at %zu (must be finite, >= 0)",
+                             kind, t->name, (double)x, i);
+    }
+    return 0;
 }
 
 /* ---- registry ------------------------------------------------------------ */

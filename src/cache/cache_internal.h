@@ -21,6 +21,10 @@ int32_t kvt__rotating_kv_dim(const kvt_cache *c);
 /** kv_dim and block_tokens of a qkv cache (c must be one). */
 int32_t kvt__qkv_kv_dim(const kvt_cache *c);
 int32_t kvt__qkv_block_tokens(const kvt_cache *c);
+/** kvt_kv_block_rows of a qkv cache (c must be one; out not NULL). */
+int kvt__qkv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
+/** kvt_kv_dtype of a rotating cache (c must be one). */
+kvt_dtype kvt__rotating_dtype(const kvt_cache *c);
 
 /** Largest kv_dim, block_tokens, window or group count a built-in kind
  * accepts (create and decode): keeps every byte size far from overflow. */
@@ -61,6 +65,18 @@ int kvt__params_expect(const kvt_cache_state *st, int32_t n, const char *const *
 /** kvt_buf_new + memcpy of `bytes` from src (counted with kvt_buf_count_copy
  * when `count` is true). @return 0 or KVT_ENOMEM. */
 int kvt__buf_copy(const void *src, size_t bytes, bool count, kvt_buf **out);
+
+/* ---- int8 rows with per-group scales (cache.c) ------------------------------ */
+
+/** Quantizes one row x (D floats, gs divides D) into scales (D / gs): each
+ * scale = max|x| / 127 of its group, and codes (D): round(x / scale) in
+ * [-127, 127] (0 when the scale is 0). */
+void kvt__q8_quantize_row(const float *x, size_t D, size_t gs, float *scales, int8_t *codes);
+/** x[i] = codes[i] * scales[i / gs] for i in [0, D). */
+void kvt__q8_dequantize_row(const float *scales, const int8_t *codes, size_t D, size_t gs, float *x);
+/** Checks every scale of F32 tensor t is finite and >= 0.
+ * @return 0 or KVT_EFORMAT naming the kind, the tensor and the index. */
+int kvt__q8_check_scales(const kvt_tensor *t, const char *kind);
 
 /* ---- block tables shared by the kv and qkv kinds (cache_kv.c) ------------- */
 

@@ -115,25 +115,27 @@ void kvt__blocks_foreach(const kvt__blocks *b, void (*fn)(kvt_buf *buf, void *ct
 
 typedef struct kv_cache {
     kvt_cache base;
-    int32_t kv_dim;       /* floats per token of K (and of V) */
+    int32_t kv_dim;       /* elements per token of K (and of V) */
     int32_t block_tokens; /* B */
+    kvt_dtype dtype;      /* storage scheme: F32, F16 or BF16 */
+    size_t es;            /* bytes per element of dtype */
     int64_t offset;       /* tokens held */
-    kvt__blocks blocks;   /* each (2, B, kv_dim) f32: K rows then V rows */
+    kvt__blocks blocks;   /* each (2, B, kv_dim) of dtype: K rows then V rows */
 } kv_cache;
 
 static size_t kv_block_bytes(const kv_cache *kv)
 {
-    return 2 * (size_t)kv->block_tokens * (size_t)kv->kv_dim * sizeof(float);
+    return 2 * (size_t)kv->block_tokens * (size_t)kv->kv_dim * kv->es;
 }
 
 /* Copies K rows [0, rows) and V rows [0, rows) between two blocks. */
 static size_t kv_copy_rows(void *dst, const void *src, int64_t rows, const void *ctx)
 {
     const kv_cache *kv = ctx;
-    size_t half = (size_t)kv->block_tokens * (size_t)kv->kv_dim; /* floats */
-    size_t n = (size_t)rows * (size_t)kv->kv_dim * sizeof(float);
+    size_t half = (size_t)kv->block_tokens * (size_t)kv->kv_dim * kv->es; /* bytes */
+    size_t n = (size_t)rows * (size_t)kv->kv_dim * kv->es;
     memcpy(dst, src, n);
-    memcpy((float *)dst + half, (const float *)src + half, n);
+    memcpy((char *)dst + half, (const char *)src + half, n);
     return 2 * n;
 }
 
@@ -162,7 +164,7 @@ static int kv_trim(kvt_cache *c, int64_t length)
     return 0;
 }
 
-static kv_cache *kv_alloc(int32_t kv_dim, int32_t block_tokens)
+static kv_cache *kv_alloc(int32_t kv_dim, int32_t block_tokens, kvt_dtype dtype)
 {
     kv_cache *kv = kvt__calloc(1, sizeof *kv);
     if (!kv)
@@ -170,6 +172,8 @@ static kv_cache *kv_alloc(int32_t kv_dim, int32_t block_tokens)
     kv->base.ops = &kvt__kv_ops;
     kv->kv_dim = kv_dim;
     kv->block_tokens = block_tokens;
+    kv->dtype = dtype;
+    kv->es = kvt_dtype_size(dtype);
     return kv;
 }
 
@@ -183,7 +187,7 @@ static void kv_dispose(kvt_cache *c)
 static int kv_clone(const kvt_cache *c, kvt_cache **out)
 {
     const kv_cache *src = (const kv_cache *)c;
-    kv_cache *kv = kv_alloc(src->kv_dim, src->block_tokens);
+    kv_cache *kv = kv_alloc(src->kv_dim, src->block_tokens, src->dtype);
     if (!kv)
         return kvt__fail(KVT_ENOMEM, "kv clone: cannot allocate the cache");
     int rc = kvt__blocks_clone(&src->blocks, &kv->blocks);
@@ -213,9 +217,11 @@ static int kv_append(kvt_cache *c, int64_t n, const void *const *inputs)
         return rc;
     for (int64_t t = kv->offset, r = 0; r < n;) {
         int64_t row = t % B, cnt = KVT__MIN(B - row, n - r);
-        float *dst = kvt_buf_data(kv->blocks.v[t / B].buf);
-        memcpy(dst + (size_t)row * D, k + (size_t)r * D, (size_t)cnt * D * sizeof(float));
-        memcpy(dst + ((size_t)B + (size_t)row) * D, v + (size_t)r * D, (size_t)cnt * D * sizeof(float));
+        char *dst = kvt_buf_data(kv->blocks.v[t / B].buf);
+        /* F32 copies; F16/BF16 round (the dtype was checked at create) */
+        (void)kvt_dtype_from_f32(kv->dtype, k + (size_t)r * D, dst + (size_t)row * D * kv->es, (size_t)cnt * D);
+        (void)kvt_dtype_from_f32(kv->dtype, v + (size_t)r * D, dst + ((size_t)B + (size_t)row) * D * kv->es,
+                                 (size_t)cnt * D);
         t += cnt;
         r += cnt;
     }
@@ -227,8 +233,10 @@ static int kv_encode(const kvt_cache *c, kvt_cache_state *out)
 {
     const kv_cache *kv = (const kv_cache *)c;
     const int64_t B = kv->block_tokens, D = kv->kv_dim;
-    const int64_t params[2] = {kv->kv_dim, kv->block_tokens};
-    int rc = kvt__state_begin(out, "kv", kv->offset, 0, 2, params, (int32_t)kv->blocks.n);
+    const int64_t params[3] = {kv->kv_dim, kv->block_tokens, kv->dtype};
+    /* F32 keeps the two parameters it always had (stored state stays valid) */
+    int rc = kvt__state_begin(out, "kv", kv->offset, 0, kv->dtype == KVT_DTYPE_F32 ? 2 : 3, params,
+                              (int32_t)kv->blocks.n);
     if (rc)
         return rc;
     for (int64_t i = 0; i < kv->blocks.n; i++) {
@@ -238,23 +246,23 @@ static int kv_encode(const kvt_cache *c, kvt_cache_state *out)
         const int64_t shape[3] = {2, rows, D};
         kvt_buf *buf = kv->blocks.v[i].buf;
         if (rows == B) {
-            kvt__tensor_set(&out->tensors[i], name, KVT_DTYPE_F32, 3, shape, kvt_buf_data(buf), kvt_buf_bytes(buf),
+            kvt__tensor_set(&out->tensors[i], name, kv->dtype, 3, shape, kvt_buf_data(buf), kvt_buf_bytes(buf),
                             buf, i * B, (i + 1) * B);
             continue;
         }
         /* The partial tail: K rows and V rows are not adjacent in the block,
          * so the tensor gets a compact copy. */
         kvt_buf *tail;
-        rc = kvt_buf_new(2 * (size_t)rows * (size_t)D * sizeof(float), &tail);
+        rc = kvt_buf_new(2 * (size_t)rows * (size_t)D * kv->es, &tail);
         if (rc)
             return rc;
-        const float *src = kvt_buf_data(buf);
-        float *dst = kvt_buf_data(tail);
-        size_t n = (size_t)rows * (size_t)D * sizeof(float);
+        const char *src = kvt_buf_data(buf);
+        char *dst = kvt_buf_data(tail);
+        size_t n = (size_t)rows * (size_t)D * kv->es;
         memcpy(dst, src, n);
-        memcpy(dst + rows * D, src + B * D, n);
+        memcpy(dst + n, src + (size_t)B * (size_t)D * kv->es, n);
         kvt_buf_count_copy(2 * n);
-        kvt__tensor_set(&out->tensors[i], name, KVT_DTYPE_F32, 3, shape, dst, 2 * n, tail, -1, -1);
+        kvt__tensor_set(&out->tensors[i], name, kv->dtype, 3, shape, dst, 2 * n, tail, -1, -1);
         kvt_buf_release(tail);
     }
     return 0;
@@ -262,12 +270,14 @@ static int kv_encode(const kvt_cache *c, kvt_cache_state *out)
 
 static int kv_decode(const kvt_cache_state *st, kvt_cache **out)
 {
-    static const char *const names[2] = {"kv_dim", "block_tokens"};
-    static const int64_t lo[2] = {1, 1}, hi[2] = {KVT__DIM_MAX, KVT__DIM_MAX};
-    int rc = kvt__params_expect(st, 2, names, lo, hi);
+    static const char *const names[3] = {"kv_dim", "block_tokens", "dtype"};
+    static const int64_t lo[3] = {1, 1, KVT_DTYPE_F16}, hi[3] = {KVT__DIM_MAX, KVT__DIM_MAX, KVT_DTYPE_BF16};
+    /* two parameters: F32; three: F16 or BF16 (F32 always encodes two) */
+    int rc = kvt__params_expect(st, st->n_params == 3 ? 3 : 2, names, lo, hi);
     if (rc)
         return rc;
     const int64_t D = st->params[0], B = st->params[1];
+    const kvt_dtype dt = st->n_params == 3 ? (kvt_dtype)st->params[2] : KVT_DTYPE_F32;
     if (st->min_offset != 0)
         return kvt__fail(KVT_EFORMAT, "kv state: min_offset is %lld, a kv cache reaches 0",
                          (long long)st->min_offset);
@@ -281,11 +291,11 @@ static int kv_decode(const kvt_cache_state *st, kvt_cache **out)
         char name[KVT_TENSOR_NAME_MAX];
         snprintf(name, sizeof name, "blk%d", (int)i);
         const int64_t shape[3] = {2, KVT__MIN(B, st->offset - (int64_t)i * B), D};
-        rc = kvt__tensor_expect(st, i, name, KVT_DTYPE_F32, 3, shape);
+        rc = kvt__tensor_expect(st, i, name, dt, 3, shape);
         if (rc)
             return rc;
     }
-    kv_cache *kv = kv_alloc((int32_t)D, (int32_t)B);
+    kv_cache *kv = kv_alloc((int32_t)D, (int32_t)B, dt);
     if (!kv)
         return kvt__fail(KVT_ENOMEM, "kv decode: cannot allocate the cache");
     for (int32_t i = 0; i < st->n_tensors; i++) {
@@ -300,10 +310,10 @@ static int kv_decode(const kvt_cache_state *st, kvt_cache **out)
             rc = kvt_buf_new(kv_block_bytes(kv), &buf);
             if (rc)
                 goto fail;
-            size_t n = (size_t)rows * (size_t)D * sizeof(float);
-            float *dst = kvt_buf_data(buf);
+            size_t n = (size_t)rows * (size_t)D * kv->es;
+            char *dst = kvt_buf_data(buf);
             memcpy(dst, t->data, n);
-            memcpy(dst + B * D, (const char *)t->data + n, n);
+            memcpy(dst + (size_t)B * (size_t)D * kv->es, (const char *)t->data + n, n);
             kvt_buf_count_copy(2 * n);
         }
         rc = kvt__blocks_push(&kv->blocks, buf, heap);
@@ -337,13 +347,21 @@ const kvt_cache_ops kvt__kv_ops = {
 
 KVT_API int kvt_kv_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out)
 {
+    return kvt_kv_create_dtype(kv_dim, block_tokens, KVT_DTYPE_F32, out);
+}
+
+KVT_API int kvt_kv_create_dtype(int32_t kv_dim, int32_t block_tokens, kvt_dtype dtype, kvt_cache **out)
+{
     if (!out)
         return kvt__fail(KVT_EINVAL, "kvt_kv_create: out is NULL");
     *out = NULL;
     if (kv_dim < 1 || kv_dim > KVT__DIM_MAX || block_tokens < 1 || block_tokens > KVT__DIM_MAX)
         return kvt__fail(KVT_EINVAL, "kvt_kv_create: kv_dim %d and block_tokens %d must be in [1, %d]",
                          (int)kv_dim, (int)block_tokens, KVT__DIM_MAX);
-    kv_cache *kv = kv_alloc(kv_dim, block_tokens);
+    if (dtype != KVT_DTYPE_F32 && dtype != KVT_DTYPE_F16 && dtype != KVT_DTYPE_BF16)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_create: dtype %s: a kv cache stores F32, F16 or BF16 "
+                         "(int8 K/V: the qkv kind)", kvt_dtype_name(dtype) ? kvt_dtype_name(dtype) : "(unknown)");
+    kv_cache *kv = kv_alloc(kv_dim, block_tokens, dtype);
     if (!kv)
         return kvt__fail(KVT_ENOMEM, "kvt_kv_create: cannot allocate the cache");
     *out = &kv->base;
@@ -355,6 +373,9 @@ KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, con
     if (!c || c->ops != &kvt__kv_ops)
         return kvt__fail(KVT_EINVAL, "kvt_kv_block: not a kv cache");
     const kv_cache *kv = (const kv_cache *)c;
+    if (kv->dtype != KVT_DTYPE_F32)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_block: the cache stores %s, not F32 (read it with kvt_kv_block_rows)",
+                         kvt_dtype_name(kv->dtype));
     if (index < 0 || index >= kv->blocks.n)
         return kvt__fail(KVT_ERANGE, "kvt_kv_block: block %lld of %lld", (long long)index,
                          (long long)kv->blocks.n);
@@ -367,6 +388,36 @@ KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, con
     if (n_tokens)
         *n_tokens = (int32_t)KVT__MIN(B, kv->offset - index * B);
     return 0;
+}
+
+KVT_API int kvt_kv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_block_rows: out is NULL");
+    if (c && c->ops == &kvt__qkv_ops)
+        return kvt__qkv_block_rows(c, index, out);
+    if (!c || c->ops != &kvt__kv_ops)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_block_rows: not a kv or qkv cache");
+    const kv_cache *kv = (const kv_cache *)c;
+    if (index < 0 || index >= kv->blocks.n)
+        return kvt__fail(KVT_ERANGE, "kvt_kv_block_rows: block %lld of %lld", (long long)index,
+                         (long long)kv->blocks.n);
+    const char *base = kvt_buf_data(kv->blocks.v[index].buf);
+    int64_t B = kv->block_tokens;
+    *out = (kvt_kv_rows){.dtype = kv->dtype, .k = base, .v = base + (size_t)B * (size_t)kv->kv_dim * kv->es,
+                         .n = (int32_t)KVT__MIN(B, kv->offset - index * B)};
+    return 0;
+}
+
+KVT_API kvt_dtype kvt_kv_dtype(const kvt_cache *c)
+{
+    if (c && c->ops == &kvt__kv_ops)
+        return ((const kv_cache *)c)->dtype;
+    if (c && c->ops == &kvt__qkv_ops)
+        return KVT_DTYPE_I8;
+    if (c && c->ops == &kvt__rotating_ops)
+        return kvt__rotating_dtype(c);
+    return KVT_DTYPE_COUNT;
 }
 
 KVT_API int64_t kvt_kv_block_count(const kvt_cache *c)

@@ -76,33 +76,6 @@ static size_t qkv_copy_rows(void *dst, const void *src, int64_t rows, const void
     return qkv_copy_view(q, qkv_at(q, dst, q->block_tokens), qkv_at(q, (void *)src, q->block_tokens), rows);
 }
 
-/* Quantizes one row x (kv_dim floats) into scales (G) and codes (kv_dim). */
-static void qkv_quantize_row(const qkv_cache *q, const float *x, float *scales, int8_t *codes)
-{
-    const int gs = q->group_size;
-    for (size_t g = 0; g < qkv_groups(q); g++) {
-        const float *xg = x + g * (size_t)gs;
-        float amax = 0.0f;
-        for (int i = 0; i < gs; i++)
-            amax = fmaxf(amax, fabsf(xg[i]));
-        float scale = amax / 127.0f;
-        scales[g] = scale;
-        for (int i = 0; i < gs; i++) {
-            float r = scale > 0.0f ? roundf(xg[i] / scale) : 0.0f;
-            r = fminf(fmaxf(r, -127.0f), 127.0f);
-            codes[g * (size_t)gs + (size_t)i] = (int8_t)r;
-        }
-    }
-}
-
-static void qkv_dequantize_row(const qkv_cache *q, const float *scales, const int8_t *codes, float *x)
-{
-    const int gs = q->group_size;
-    for (size_t g = 0; g < qkv_groups(q); g++)
-        for (int i = 0; i < gs; i++)
-            x[g * (size_t)gs + (size_t)i] = (float)codes[g * (size_t)gs + (size_t)i] * scales[g];
-}
-
 static size_t qkv_private_bytes(const kvt_cache *c)
 {
     const qkv_cache *q = (const qkv_cache *)c;
@@ -180,8 +153,8 @@ static int qkv_append(kvt_cache *c, int64_t n, const void *const *inputs)
     for (int64_t r = 0; r < n; r++) {
         int64_t t = q->offset + r, row = t % B;
         qkv_view w = qkv_at(q, kvt_buf_data(q->blocks.v[t / B].buf), B);
-        qkv_quantize_row(q, k + (size_t)r * D, w.ks + (size_t)row * G, w.kq + (size_t)row * D);
-        qkv_quantize_row(q, v + (size_t)r * D, w.vs + (size_t)row * G, w.vq + (size_t)row * D);
+        kvt__q8_quantize_row(k + (size_t)r * D, D, (size_t)q->group_size, w.ks + (size_t)row * G, w.kq + (size_t)row * D);
+        kvt__q8_quantize_row(v + (size_t)r * D, D, (size_t)q->group_size, w.vs + (size_t)row * G, w.vq + (size_t)row * D);
     }
     q->offset += n;
     return 0;
@@ -240,19 +213,6 @@ static bool qkv_is_whole_block(const kvt_tensor *qt, const kvt_tensor *st)
            st->bytes + qt->bytes == kvt_buf_bytes(st->owner);
 }
 
-static int qkv_check_scales(const kvt_tensor *t)
-{
-    const char *s = t->data;
-    for (size_t i = 0; i < t->bytes / sizeof(float); i++) {
-        float x;
-        memcpy(&x, s + i * sizeof x, sizeof x); /* the data may be unaligned */
-        if (!(x >= 0.0f) || isinf(x))
-            return kvt__fail(KVT_EFORMAT, "qkv state: tensor \"%s\" holds scale %g at %zu (must be finite, >= 0)",
-                             t->name, (double)x, i);
-    }
-    return 0;
-}
-
 static int qkv_decode(const kvt_cache_state *st, kvt_cache **out)
 {
     static const char *const names[3] = {"kv_dim", "block_tokens", "group_size"};
@@ -285,7 +245,7 @@ static int qkv_decode(const kvt_cache_state *st, kvt_cache **out)
         snprintf(name, sizeof name, "blk%d.s", (int)i);
         if ((rc = kvt__tensor_expect(st, 2 * i + 1, name, KVT_DTYPE_F32, 3, sshape)))
             return rc;
-        if ((rc = qkv_check_scales(&st->tensors[2 * i + 1])))
+        if ((rc = kvt__q8_check_scales(&st->tensors[2 * i + 1], "qkv")))
             return rc;
     }
     qkv_cache *q = qkv_alloc((int32_t)D, (int32_t)gs, (int32_t)B);
@@ -369,12 +329,25 @@ KVT_API int kvt_qkv_read_block(const kvt_cache *c, int64_t index, float *k_out, 
     qkv_view w = qkv_at(q, kvt_buf_data(q->blocks.v[index].buf), B);
     for (int64_t r = 0; r < rows; r++) {
         if (k_out)
-            qkv_dequantize_row(q, w.ks + (size_t)r * G, w.kq + (size_t)r * D, k_out + (size_t)r * D);
+            kvt__q8_dequantize_row(w.ks + (size_t)r * G, w.kq + (size_t)r * D, D, (size_t)q->group_size, k_out + (size_t)r * D);
         if (v_out)
-            qkv_dequantize_row(q, w.vs + (size_t)r * G, w.vq + (size_t)r * D, v_out + (size_t)r * D);
+            kvt__q8_dequantize_row(w.vs + (size_t)r * G, w.vq + (size_t)r * D, D, (size_t)q->group_size, v_out + (size_t)r * D);
     }
     if (n_tokens)
         *n_tokens = (int32_t)rows;
+    return 0;
+}
+
+int kvt__qkv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out)
+{
+    const qkv_cache *q = (const qkv_cache *)c;
+    if (index < 0 || index >= q->blocks.n)
+        return kvt__fail(KVT_ERANGE, "kvt_kv_block_rows: block %lld of %lld", (long long)index,
+                         (long long)q->blocks.n);
+    const int64_t B = q->block_tokens;
+    qkv_view w = qkv_at(q, kvt_buf_data(q->blocks.v[index].buf), B);
+    *out = (kvt_kv_rows){.dtype = KVT_DTYPE_I8, .k = w.kq, .v = w.vq, .k_scale = w.ks, .v_scale = w.vs,
+                         .group_size = q->group_size, .n = (int32_t)KVT__MIN(B, q->offset - index * B)};
     return 0;
 }
 

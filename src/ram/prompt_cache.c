@@ -6,9 +6,12 @@
  *
  * Owns its entries (their caches, attachments and hook shares), the index,
  * the retention instance and the session table. One mutex guards all of it.
- * It must never run storage I/O under that lock (restore, spill and
- * demote_idle's store run outside it) except kvt_prompt_cache_relieve(),
- * whose write must finish by definition; it must never dispose caches or run
+ * It never calls the cold tier under that lock: lookups (find, find_exact,
+ * pending) may block on I/O, so the lock is dropped around each one and what
+ * was found in RAM is checked again after it (pc->gen for lend's candidate,
+ * entry ids plus length and write-behind state for victims, the epoch for a
+ * publication); restore, spill, withdraw and store run outside it as well.
+ * It must never dispose caches or run
  * release hooks under the lock except in relieve and reclaim, whose pressure
  * check must see the memory freed. Entries that leave are collected on a
  * local list ("gone") and spilled / disposed after the lock is dropped.
@@ -156,6 +159,9 @@ struct kvt_prompt_cache {
     size_t buf_bytes, private_bytes;
     uint64_t next_id;
     uint64_t epoch;
+    uint64_t gen;              /* advanced whenever an entry leaves or is cut
+                                  in place: a lookup that dropped the lock
+                                  re-finds its RAM candidate when it moved */
     pc_read *reads;            /* prefetch reads in flight */
     int64_t pinned;
     kvt_prompt_cache_stats st;
@@ -386,6 +392,7 @@ static void entry_unlink(kvt_prompt_cache *pc, pc_entry *e, int spill, pc_entry 
     e->prev = e->next = NULL;
     if (e->pins > 0)
         pc->pinned--;
+    pc->gen++;
     e->spill = spill;
     e->gone = *gone;
     *gone = e;
@@ -561,17 +568,21 @@ static pc_entry *victim(kvt_prompt_cache *pc)
     return NULL;
 }
 
-static int write_pending(kvt_prompt_cache *pc, const pc_entry *e)
+/* ---- asking the cold tier (always WITHOUT the lock) ------------------------------ */
+
+/* These four may block on I/O (a remote tier's lookup): they are called
+ * only with pc->mu NOT held, on borrowed copies of an entry's ns and tokens.
+ * They read only what create set (cold, flags). */
+
+static int tier_pending(kvt_prompt_cache *pc, const char *ns, const int32_t *tokens, int64_t n)
 {
-    return pc->has_cold && pc->cold.pending &&
-           pc->cold.pending(pc->cold.self, e->tokens, e->n_tokens, e->ns) == 1;
+    return pc->has_cold && pc->cold.pending && pc->cold.pending(pc->cold.self, tokens, n, ns) == 1;
 }
 
-static int tier_holds(kvt_prompt_cache *pc, const pc_entry *e)
+static int tier_holds(kvt_prompt_cache *pc, const char *ns, const int32_t *tokens, int64_t n)
 {
     kvt_cold_hit h;
-    return pc->has_cold && pc->cold.find_exact &&
-           pc->cold.find_exact(pc->cold.self, e->tokens, e->n_tokens, e->ns, &h) == 0;
+    return pc->has_cold && pc->cold.find_exact && pc->cold.find_exact(pc->cold.self, tokens, n, ns, &h) == 0;
 }
 
 static int write_behind_on(const kvt_prompt_cache *pc)
@@ -579,24 +590,67 @@ static int write_behind_on(const kvt_prompt_cache *pc)
     return pc->has_cold && pc->cold.spill && !(pc->flags & KVT_PC_NO_WRITE_BEHIND);
 }
 
-/* Whether the cold tier serves all of e's tokens: it holds e exactly, or
- * (with write-behind) a longer entry it can cut back to them, e.g. the one
- * that superseded e there. Index only (find on e's tokens plus one). */
-static int tier_has(kvt_prompt_cache *pc, const pc_entry *e)
+/* Whether the cold tier serves all of (ns, tokens): it holds them exactly,
+ * or (with write-behind) a longer entry it can cut back to them, e.g. the
+ * one that superseded them there (find on the tokens plus one). */
+static int tier_has(kvt_prompt_cache *pc, const char *ns, const int32_t *tokens, int64_t n)
 {
-    if (tier_holds(pc, e))
+    if (tier_holds(pc, ns, tokens, n))
         return 1;
-    if (!write_behind_on(pc) || e->n_tokens < 1)
+    if (!write_behind_on(pc) || n < 1)
         return 0;
-    int32_t *p = kvt__malloc((size_t)(e->n_tokens + 1) * sizeof *p);
+    int32_t *p = kvt__malloc((size_t)(n + 1) * sizeof *p);
     if (!p)
         return 0; /* unknown: treated as not held, so it is written */
-    memcpy(p, e->tokens, (size_t)e->n_tokens * sizeof *p);
-    p[e->n_tokens] = p[e->n_tokens - 1]; /* any token: the prefix is capped at n */
+    memcpy(p, tokens, (size_t)n * sizeof *p);
+    p[n] = p[n - 1]; /* any token: the prefix is capped at n */
     kvt_cold_hit h;
-    int has = pc->cold.find(pc->cold.self, p, e->n_tokens + 1, e->ns, &h) == 0 && h.prefix_len >= e->n_tokens;
+    int has = pc->cold.find(pc->cold.self, p, n + 1, ns, &h) == 0 && h.prefix_len >= n;
     kvt__free(p);
     return has;
+}
+
+/* What the cold tier said about one resident entry, asked off-lock by
+ * tier_ask. It answers for the entry only while the entry is unchanged:
+ * the same id (never reused), length and write-behind state. */
+enum { ASK_PENDING = 1, ASK_HAS = 2 };
+typedef struct tier_answer {
+    uint64_t id;      /* 0: no answer */
+    int64_t n_tokens;
+    int wb;
+    int asked;        /* ASK_* */
+    int pending, has;
+} tier_answer;
+
+static int answer_for(const tier_answer *a, const pc_entry *e, int ask)
+{
+    return a->id == e->id && a->n_tokens == e->n_tokens && a->wb == e->wb && (a->asked & ask) == ask;
+}
+
+/* Asks the cold tier about e (ASK_PENDING: tier_pending; ASK_HAS: tier_has,
+ * not asked when the write is pending and only durable entries may leave).
+ * Called with pc->mu held; drops it while the tier answers and takes it
+ * again before returning, so every pointer into the cache the caller held
+ * is stale afterwards (look e up again; answer_for says whether *a still
+ * speaks for it). Out of memory for the copies: not pending, not held. */
+static void tier_ask(kvt_prompt_cache *pc, const pc_entry *e, int ask, tier_answer *a)
+{
+    *a = (tier_answer){e->id, e->n_tokens, e->wb, ask, 0, 0};
+    int64_t n = e->n_tokens;
+    int32_t *tokens = kvt__malloc((size_t)(n ? n : 1) * sizeof *tokens);
+    char *ns = kvt__strdup(e->ns);
+    if (tokens && n)
+        memcpy(tokens, e->tokens, (size_t)n * sizeof *tokens);
+    pthread_mutex_unlock(&pc->mu);
+    if (tokens && ns) {
+        if (ask & ASK_PENDING)
+            a->pending = tier_pending(pc, ns, tokens, n);
+        if ((ask & ASK_HAS) && !(a->pending && (pc->flags & KVT_PC_EVICT_ONLY_DURABLE)))
+            a->has = tier_has(pc, ns, tokens, n);
+    }
+    kvt__free(tokens);
+    kvt__free(ns);
+    pthread_mutex_lock(&pc->mu);
 }
 
 /* How an entry leaving RAM by eviction goes (3.6). */
@@ -605,24 +659,30 @@ enum {
     PC_LEAVE_SPILL,   /* spilled first */
     PC_LEAVE_COVERED, /* the tier holds it, has it pending, or a put is
                          handing it over: nothing written again */
-    PC_LEAVE_STOP     /* tier policy: its write is pending, it stays */
+    PC_LEAVE_STOP,    /* tier policy: its write is pending, it stays */
+    PC_LEAVE_ASK      /* the tier must be asked first (tier_ask, ASK_PENDING
+                         | ASK_HAS), then the victim chosen again */
 };
 
-static int leaving(kvt_prompt_cache *pc, const pc_entry *e)
+/* Under the lock. Decides from RAM state where it can, else from *a when
+ * it answers for e. */
+static int leaving(kvt_prompt_cache *pc, const pc_entry *e, const tier_answer *a)
 {
     if (!pc->has_cold)
         return PC_LEAVE_DROP;
     int wb = write_behind_on(pc), only_durable = (pc->flags & KVT_PC_EVICT_ONLY_DURABLE) != 0;
     if (wb && e->wb == PC_WB_QUEUING)
         return only_durable ? PC_LEAVE_STOP : PC_LEAVE_COVERED;
-    int pending = (wb || only_durable) && write_pending(pc, e);
-    if (only_durable && pending)
+    if (!wb && !only_durable)
+        return pc->cold.spill ? PC_LEAVE_SPILL : PC_LEAVE_DROP;
+    if (!answer_for(a, e, ASK_PENDING | ASK_HAS))
+        return PC_LEAVE_ASK;
+    if (only_durable && a->pending)
         return PC_LEAVE_STOP; /* a pending write is not a copy, even one the tier serves */
-    int holds = (wb || only_durable) && tier_has(pc, e);
     if (!pc->cold.spill)
         return PC_LEAVE_DROP;
     /* a tier without `pending` cannot say; trust the write-behind it took */
-    if (holds || (wb && (pending || (!pc->cold.pending && e->wb == PC_WB_SENT))))
+    if (a->has || (wb && (a->pending || (!pc->cold.pending && e->wb == PC_WB_SENT))))
         return PC_LEAVE_COVERED;
     return PC_LEAVE_SPILL;
 }
@@ -666,10 +726,12 @@ static void spill_copy(pc_entry *e, pc_entry **gone)
  * and every block after it, off the entry that ends in it; an entry cut back
  * to nothing (or below its reach) leaves whole, spilled as by evict. A cut
  * tail is dropped without a spill: the prefix that stays is what serves.
- * @return 1 when something went (or an uncuttable block was forgotten), 0
- * when no block can go now (none tracked, or the victim's entry is pinned
- * or has a pending lower-tier write): the caller falls back to entries. */
-static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
+ * @return 1 when something went (or an uncuttable block was forgotten, or
+ * the cold tier was asked about the victim's entry: the lock was dropped,
+ * the caller looks again), 0 when no block can go now (none tracked, or the
+ * victim's entry is pinned or has a pending lower-tier write): the caller
+ * falls back to entries. */
+static int cut_block(kvt_prompt_cache *pc, pc_entry **gone, tier_answer *a)
 {
     void *owner;
     int64_t depth;
@@ -680,7 +742,11 @@ static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
     pc_entry *e = owner;
     if (e->pins > 0)
         return 0;
-    int how = leaving(pc, e);
+    int how = leaving(pc, e, a);
+    if (how == PC_LEAVE_ASK) {
+        tier_ask(pc, e, ASK_PENDING | ASK_HAS, a);
+        return 1;
+    }
     if (how == PC_LEAVE_STOP)
         return 0;
     if (e->cut_spilled && how == PC_LEAVE_SPILL)
@@ -722,17 +788,26 @@ static int cut_block(kvt_prompt_cache *pc, pc_entry **gone)
 }
 
 /* Evicts until the budget holds, or at most `limit` entries when limit >= 0.
- * With a block policy, budget eviction cuts blocks first (cut_block). */
+ * With a block policy, budget eviction cuts blocks first (cut_block).
+ * Called with pc->mu held and returns with it held, but drops it while the
+ * cold tier is asked about a victim (tier_ask): the caller must hold no
+ * pointer into the cache across the call. After each answer the budget and
+ * the victim are looked at again, so what changed meanwhile is seen. */
 static int64_t evict(kvt_prompt_cache *pc, int64_t limit, pc_entry **gone)
 {
     int64_t n = 0;
+    tier_answer a = {0};
     while (limit < 0 ? total_bytes(pc) > pc->max_bytes : n < limit) {
-        if (pc->blocks && limit < 0 && cut_block(pc, gone))
+        if (pc->blocks && limit < 0 && cut_block(pc, gone, &a))
             continue;
         pc_entry *v = victim(pc);
         if (!v)
             break;
-        int how = leaving(pc, v);
+        int how = leaving(pc, v, &a);
+        if (how == PC_LEAVE_ASK) {
+            tier_ask(pc, v, ASK_PENDING | ASK_HAS, &a);
+            continue;
+        }
         if (how == PC_LEAVE_STOP)
             break; /* tier policy: a pending write is not a copy (3.6) */
         evict_unlink(pc, v, how, gone);
@@ -802,14 +877,17 @@ static void collect_ancestor(void *val, int64_t depth, void *ctx)
 }
 
 /* Links a built, measured entry into the cache (under the lock) and applies
- * put's rules. On error nothing is linked and x is untouched. `pins` pins
- * the new entry at once (prefetch publication). `wb` (NULL: none) is 1 when
- * the caller holds write-behind views of x; insert sets it to 0 when the
- * tier does not need them because x is spilled as oversize, to 2 when the
- * tier already holds or has pending its tokens, else leaves it 1 and marks
- * x PC_WB_QUEUING. */
+ * put's rules except the budget: the caller runs evict() next, once it no
+ * longer needs x (evict may drop the lock, and x may leave meanwhile). On
+ * error nothing is linked and x is untouched. `pins` pins the new entry at
+ * once (prefetch publication). `wb` (NULL: none) is 1 when the caller holds
+ * write-behind views of x; insert sets it to 0 when the tier does not need
+ * them because x is spilled as oversize, to 2 when the tier already holds or
+ * has pending its tokens (`tier_have`, asked by the caller before taking the
+ * lock, or an entry of equal tokens being written behind), else leaves it 1
+ * and marks x PC_WB_QUEUING. */
 static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, const char *session,
-                         int64_t pins, pc_entry **gone, int *wb)
+                         int64_t pins, pc_entry **gone, int *wb, int tier_have)
 {
     if (standalone > pc->max_bytes && pins == 0) {
         if (wb)
@@ -865,7 +943,7 @@ static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, c
          * an equal-token replacement of an entry written behind): the same
          * state, so nothing is queued again */
         pc_entry *old = replaced;
-        int have = tier_has(pc, x) || write_pending(pc, x) ||
+        int have = tier_have ||
                    (old && (old->wb == PC_WB_QUEUING || (!pc->cold.pending && old->wb == PC_WB_SENT)));
         if (have) {
             *wb = 2;
@@ -896,7 +974,6 @@ static int insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, c
         kvt__free(s.v);
     }
     session_associate(pc, session, x->ns, x);
-    evict(pc, -1, gone);
     return 0;
 }
 
@@ -1065,13 +1142,13 @@ KVT_API int kvt_prompt_cache_close(kvt_prompt_cache *pc)
     while (pc->reads)
         pthread_cond_wait(&pc->cv, &pc->mu);
     /* every entry (pinned ones too) leaves; those the tier neither holds nor
-     * has a write pending for are handed to it */
-    while (pc->head) {
-        pc_entry *e = pc->head;
-        entry_unlink(pc, e, pc->has_cold && !tier_holds(pc, e) && !write_pending(pc, e), &gone);
-    }
+     * has a write pending for are handed to it (asked once off-lock: the
+     * entries are this call's alone by then) */
     clear_locked(pc, &gone);
     pthread_mutex_unlock(&pc->mu);
+    for (pc_entry *e = gone; e; e = e->gone)
+        e->spill = pc->has_cold && !tier_holds(pc, e->ns, e->tokens, e->n_tokens) &&
+                   !tier_pending(pc, e->ns, e->tokens, e->n_tokens);
     int rc = close_hand_over(pc, gone);
     if (pc->has_cold && pc->cold.flush) {
         int frc = pc->cold.flush(pc->cold.self);
@@ -1170,8 +1247,12 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
         wb = 0;
         atomic_fetch_add(&pc->wb_dropped, 1); /* out of memory: spilled on leaving RAM */
     }
-    if (wb)
+    int tier_have = 0;
+    if (wb) {
         views.hook = share_acquire(x->share);
+        /* asked before the lock: the tier may block on I/O */
+        tier_have = tier_has(pc, x->ns, x->tokens, x->n_tokens) || tier_pending(pc, x->ns, x->tokens, x->n_tokens);
+    }
     pc_entry *gone = NULL;
     pthread_mutex_lock(&pc->mu);
     if (epoch_check != UINT64_MAX && epoch_check != pc->epoch) {
@@ -1180,10 +1261,12 @@ static int put_common(kvt_prompt_cache *pc, kvt_entry *e, const char *session, i
         entry_discard(x);
         return kvt__fail(KVT_ESTALE, "prompt cache: cleared while the entry was read");
     }
-    rc = insert_locked(pc, x, standalone, session, pins, &gone, &wb);
+    rc = insert_locked(pc, x, standalone, session, pins, &gone, &wb, tier_have);
     uint64_t id = rc == 0 ? x->id : 0;
     if (rc == 0 && id_out)
         *id_out = id;
+    if (rc == 0)
+        evict(pc, -1, &gone); /* x may leave from here on */
     pthread_mutex_unlock(&pc->mu);
     if (rc) {
         kvt_entry_clear(&views);
@@ -1298,6 +1381,53 @@ static void promote(kvt_prompt_cache *pc, kvt_entry *r, const char *session, uin
     kvt_entry_clear(&copy); /* what put did not adopt */
 }
 
+/* The RAM candidate of a lend found again after the lock was dropped
+ * (under the lock): the session's entry while it still serves, else a walk.
+ * A walk is counted when the session entry that served before has left. */
+static int64_t ram_refind(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
+                          const char *session, pc_entry **se, void **val)
+{
+    if (*se && !(*se = session_entry(pc, prompt, n, ns, session)))
+        pc->st.prefix_walks++; /* the session's entry left meanwhile */
+    if (*se) {
+        *val = *se;
+        return (*se)->n_tokens;
+    }
+    return kvt__index_lookup(pc->ix, ns, prompt, n, val);
+}
+
+/* Restores the cold tier's hit *ch, strictly longer than the RAM candidate,
+ * into out (called and returning WITHOUT the lock); promotes it when the
+ * flags say so, `epoch` being the cache's epoch when the lend began.
+ * @return 1 served (out filled); 0 not (out untouched): the failure or the
+ * untrimmable tail is counted and the RAM candidate serves (3.4). */
+static int lend_cold(kvt_prompt_cache *pc, const int32_t *prompt, const char *session, const kvt_cold_hit *ch,
+                     uint64_t epoch, kvt_hit *out)
+{
+    kvt_entry r;
+    memset(&r, 0, sizeof r);
+    int rrc = pc->cold.restore(pc->cold.self, ch->handle, &r);
+    int usable = rrc == 0 && restored_usable(&r, prompt, ch->prefix_len);
+    if (usable) {
+        if (pc->flags & KVT_PC_PROMOTE_RESTORES)
+            promote(pc, &r, session, epoch);
+        out->entry = r;
+        out->prefix_len = ch->prefix_len;
+        out->source = KVT_HIT_COLD;
+    } else {
+        kvt_entry_clear(&r);
+    }
+    pthread_mutex_lock(&pc->mu);
+    if (usable)
+        pc->st.cold_restores++;
+    else if (rrc)
+        pc->st.cold_failures++;
+    else
+        pc->st.cold_unusable++;
+    pthread_mutex_unlock(&pc->mu);
+    return usable;
+}
+
 KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
                                   const char *session, kvt_hit *out)
 {
@@ -1327,39 +1457,36 @@ KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, i
         else
             pc->st.misses++;
     }
-    kvt_cold_hit ch;
-    if (pc->has_cold && pc->cold.find(pc->cold.self, prompt, n, ns, &ch) == 0 && ch.prefix_len > p &&
-        ch.prefix_len <= n - 1) {
-        /* the cold tier holds a strictly longer prefix: restore off-lock */
-        uint64_t epoch = pc->epoch;
+    if (pc->has_cold && p < n - 1) {
+        /* the cold tier may hold a strictly longer prefix: asked without
+         * the lock (a lookup may block on I/O), then the RAM candidate is
+         * checked again (gen) before it is lent */
+        uint64_t gen = pc->gen, epoch = pc->epoch;
         pthread_mutex_unlock(&pc->mu);
-        kvt_entry r;
-        memset(&r, 0, sizeof r);
-        int rrc = pc->cold.restore(pc->cold.self, ch.handle, &r);
-        int usable = rrc == 0 && restored_usable(&r, prompt, ch.prefix_len);
-        if (usable) {
-            if (pc->flags & KVT_PC_PROMOTE_RESTORES)
-                promote(pc, &r, session, epoch);
-            out->entry = r;
-            out->prefix_len = ch.prefix_len;
-            out->source = KVT_HIT_COLD;
+        kvt_cold_hit ch;
+        int found = pc->cold.find(pc->cold.self, prompt, n, ns, &ch) == 0 && ch.prefix_len <= n - 1;
+        if (found && ch.prefix_len > p) {
+            if (lend_cold(pc, prompt, session, &ch, epoch, out))
+                return 0;
             pthread_mutex_lock(&pc->mu);
-            pc->st.cold_restores++;
-            pthread_mutex_unlock(&pc->mu);
-            return 0;
+            p = ram_refind(pc, prompt, n, ns, session, &se, &val); /* the RAM candidate as it is now */
+        } else {
+            pthread_mutex_lock(&pc->mu);
+            if (pc->gen != gen) {
+                /* an entry left or was cut meanwhile: the candidate may be gone */
+                pc->st.relookups++;
+                p = ram_refind(pc, prompt, n, ns, session, &se, &val);
+                if (found && ch.prefix_len > p) {
+                    /* the RAM candidate is now shorter than the cold prefix */
+                    epoch = pc->epoch;
+                    pthread_mutex_unlock(&pc->mu);
+                    if (lend_cold(pc, prompt, session, &ch, epoch, out))
+                        return 0;
+                    pthread_mutex_lock(&pc->mu);
+                    p = ram_refind(pc, prompt, n, ns, session, &se, &val);
+                }
+            }
         }
-        kvt_entry_clear(&r);
-        pthread_mutex_lock(&pc->mu);
-        if (rrc)
-            pc->st.cold_failures++;
-        else
-            pc->st.cold_unusable++;
-        /* the RAM candidate (as it is now) serves */
-        if (se && !(se = session_entry(pc, prompt, n, ns, session)))
-            pc->st.prefix_walks++; /* the session's entry left meanwhile */
-        p = se ? se->n_tokens : kvt__index_lookup(pc->ix, ns, prompt, n, &val);
-        if (se)
-            val = se;
     }
     if (p > 0) {
         pc_entry *e = val;
@@ -1467,6 +1594,7 @@ static void blocks_after_trim(kvt_prompt_cache *pc, pc_entry *e)
 static int trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_entry **gone)
 {
     int rc = 0;
+    pc->gen++;
     kvt__index_remove(pc->ix, e->ns, e->tokens, e->n_tokens);
     account_remove(pc, e);
     for (int32_t i = 0; i < e->n_caches && rc == 0; i++)
@@ -1576,6 +1704,19 @@ static void demote_now(kvt_prompt_cache *pc, pc_entry *v)
     pc->st.demotions++;
 }
 
+/* The retention victim with the cold tier's answer about it in *a (when
+ * `ask` is nonzero and there is a cold tier), or NULL. Under the lock; it is
+ * dropped while the tier answers, and the victim chosen again after. */
+static pc_entry *victim_asked(kvt_prompt_cache *pc, int ask, tier_answer *a)
+{
+    for (;;) {
+        pc_entry *v = victim(pc);
+        if (!v || !ask || !pc->has_cold || answer_for(a, v, ask))
+            return v;
+        tier_ask(pc, v, ask, a);
+    }
+}
+
 KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn over_budget, void *ctx,
                                      int64_t *n_out)
 {
@@ -1585,21 +1726,40 @@ KVT_API int kvt_prompt_cache_relieve(kvt_prompt_cache *pc, kvt_over_budget_fn ov
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_relieve: cache or over_budget is NULL");
     int rc = 0;
     int64_t n = 0;
+    int check = pc->has_cold && write_behind_on(pc);
+    tier_answer a = {0};
     pthread_mutex_lock(&pc->mu);
     while (over_budget(ctx)) {
-        pc_entry *v = victim(pc);
+        pc_entry *v = victim_asked(pc, check ? ASK_PENDING | ASK_HAS : 0, &a);
         if (!v)
             break;
-        if (pc->has_cold && write_behind_on(pc) && !write_pending(pc, v) && tier_has(pc, v)) {
+        if (check && !a.pending && a.has) {
             pc->st.durable_evictions++; /* durable already: nothing to finish */
         } else if (pc->has_cold) {
-            kvt_entry view = {v->ns, v->tokens, v->n_tokens, v->caches, v->n_caches, v->atts, v->n_atts, {0}};
-            rc = pc->cold.store(pc->cold.self, &view); /* must finish now (3.7) */
+            /* the write must finish now (3.7), written off-lock from zero-copy
+             * views; the entry leaves only if it is still there, unpinned */
+            kvt_entry views;
+            rc = clone_parts(&views, v->ns, v->tokens, v->n_tokens, v->caches, v->n_caches, v->atts, v->n_atts);
             if (rc) {
-                kvt__fail(rc, "kvt_prompt_cache_relieve: writing %lld tokens to the cold tier failed (%s); kept",
-                          (long long)v->n_tokens, kvt_strerror(rc));
+                kvt__fail(rc, "kvt_prompt_cache_relieve: out of memory for the views of %lld tokens; kept",
+                          (long long)v->n_tokens);
                 break;
             }
+            views.hook = share_acquire(v->share);
+            uint64_t id = v->id;
+            int64_t len = v->n_tokens;
+            pthread_mutex_unlock(&pc->mu);
+            rc = pc->cold.store(pc->cold.self, &views); /* must finish now (3.7) */
+            kvt_entry_clear(&views); /* v still holds the buffers: nothing is freed here */
+            pthread_mutex_lock(&pc->mu);
+            if (rc) {
+                kvt__fail(rc, "kvt_prompt_cache_relieve: writing %lld tokens to the cold tier failed (%s); kept",
+                          (long long)len, kvt_strerror(rc));
+                break;
+            }
+            v = by_id(pc, id);
+            if (!v || v->pins > 0 || v->n_tokens != len)
+                continue; /* it changed meanwhile: what it wrote stays durable */
         }
         demote_now(pc, v);
         n++;
@@ -1618,12 +1778,14 @@ KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pr
     if (!pc || !pressure)
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_reclaim: cache or pressure is NULL");
     int64_t n = 0;
+    int only_durable = (pc->flags & KVT_PC_EVICT_ONLY_DURABLE) != 0;
+    tier_answer a = {0};
     pthread_mutex_lock(&pc->mu);
     while (pressure(ctx)) {
-        pc_entry *v = victim(pc);
+        pc_entry *v = victim_asked(pc, only_durable ? ASK_PENDING : 0, &a);
         if (!v)
             break;
-        if ((pc->flags & KVT_PC_EVICT_ONLY_DURABLE) && write_pending(pc, v))
+        if (only_durable && pc->has_cold && a.pending)
             break;
         demote_now(pc, v); /* no storage I/O at a reclaim boundary (3.8) */
         n++;
@@ -1634,8 +1796,12 @@ KVT_API int kvt_prompt_cache_reclaim(kvt_prompt_cache *pc, kvt_over_budget_fn pr
     return 0;
 }
 
+/* One idle entry demote_idle looks at: zero-copy views of it, asked about
+ * and written (when the tier lacks it) off-lock. */
 typedef struct demote_job {
     uint64_t id;
+    int64_t n_tokens;
+    int leave;        /* 0 keep, 1 the tier had it, 2 written now */
     kvt_entry copy;
 } demote_job;
 
@@ -1653,19 +1819,9 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
     size_t n_jobs = 0, cap_jobs = 0;
     uint64_t now = kvt_now_ms();
     pthread_mutex_lock(&pc->mu);
-    for (pc_entry *e = pc->head, *next; e; e = next) {
-        next = e->next;
-        if (e->pins > 0 || now - e->last_used_ms < idle_ms)
-            continue;
-        if (write_pending(pc, e) || e->wb == PC_WB_QUEUING)
-            continue; /* a pending write is not a copy: keep it for now */
-        if (tier_has(pc, e)) {
-            entry_unlink(pc, e, 0, &gone);
-            pc->st.demotions++;
-            pc->st.durable_evictions++;
-            n++;
-            continue;
-        }
+    for (pc_entry *e = pc->head; e; e = e->next) {
+        if (e->pins > 0 || now - e->last_used_ms < idle_ms || e->wb == PC_WB_QUEUING)
+            continue; /* pinned, used lately, or its write is being queued */
         if (n_jobs == cap_jobs) {
             size_t cap = cap_jobs ? cap_jobs * 2 : 8;
             demote_job *j = kvt__realloc(jobs, cap * sizeof *j);
@@ -1679,26 +1835,37 @@ KVT_API int kvt_prompt_cache_demote_idle(kvt_prompt_cache *pc, uint64_t idle_ms,
             break;
         j->copy.hook = share_acquire(e->share);
         j->id = e->id;
+        j->n_tokens = e->n_tokens;
+        j->leave = 0;
         n_jobs++;
     }
     pthread_mutex_unlock(&pc->mu);
-    gone_process(pc, gone);
-    gone = NULL;
-    /* write what the tier does not hold yet, off-lock; drop once durable */
+    /* ask the tier and write what it does not hold yet, off-lock */
     for (size_t i = 0; i < n_jobs; i++) {
-        int rc = pc->cold.store(pc->cold.self, &jobs[i].copy);
-        kvt_entry_clear(&jobs[i].copy);
-        if (rc)
-            continue; /* a failed write is never a demotion */
-        pthread_mutex_lock(&pc->mu);
-        pc_entry *e = by_id(pc, jobs[i].id);
-        if (e && e->pins == 0) {
-            entry_unlink(pc, e, 0, &gone);
-            pc->st.demotions++;
-            n++;
-        }
-        pthread_mutex_unlock(&pc->mu);
+        demote_job *j = &jobs[i];
+        const char *ns = j->copy.ns;
+        if (tier_pending(pc, ns, j->copy.tokens, j->n_tokens))
+            j->leave = 0; /* a pending write is not a copy: keep it for now */
+        else if (tier_has(pc, ns, j->copy.tokens, j->n_tokens))
+            j->leave = 1;
+        else if (pc->cold.store(pc->cold.self, &j->copy) == 0)
+            j->leave = 2;
+        /* else: a failed write is never a demotion */
+        kvt_entry_clear(&j->copy);
     }
+    /* drop what is durable now, if it is still there unchanged and unpinned */
+    pthread_mutex_lock(&pc->mu);
+    for (size_t i = 0; i < n_jobs; i++) {
+        pc_entry *e = jobs[i].leave ? by_id(pc, jobs[i].id) : NULL;
+        if (!e || e->pins > 0 || e->n_tokens != jobs[i].n_tokens || e->wb == PC_WB_QUEUING)
+            continue;
+        entry_unlink(pc, e, 0, &gone);
+        pc->st.demotions++;
+        if (jobs[i].leave == 1)
+            pc->st.durable_evictions++;
+        n++;
+    }
+    pthread_mutex_unlock(&pc->mu);
     kvt__free(jobs);
     gone_process(pc, gone);
     if (n_out)
@@ -1817,10 +1984,11 @@ static void read_done(void *arg, int status, kvt_entry *loaded)
         pc->st.prefetch_discarded++;
     }
     if (rc == 0) {
-        rc = insert_locked(pc, x, standalone, r->session, r->interest, &gone, NULL);
+        rc = insert_locked(pc, x, standalone, r->session, r->interest, &gone, NULL, 0);
         if (rc == 0) {
             adopted = 1;
             r->entry_id = x->id;
+            evict(pc, -1, &gone); /* x may leave from here on */
         }
     }
     r->status = rc;
@@ -1852,11 +2020,13 @@ KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *promp
     kvt_lease *l;
     if ((rc = lease_new(pc, &l)) != 0)
         return rc;
-    pthread_mutex_lock(&pc->mu);
-    pc_entry *se = session_entry(pc, prompt, n, ns, session);
+    /* the cold tier first, without the lock (a lookup may block on I/O);
+     * every RAM decision below is then made under the lock at once */
     kvt_cold_hit ch;
     void *val;
     int cold = pc->has_cold && pc->cold.find(pc->cold.self, prompt, n, ns, &ch) == 0;
+    pthread_mutex_lock(&pc->mu);
+    pc_entry *se = session_entry(pc, prompt, n, ns, session);
     if (se && !(cold && ch.prefix_len > se->n_tokens)) { /* 3.4: only a longer cold prefix beats it */
         pin_locked(pc, se);
         l->entry_id = se->id;
@@ -2025,15 +2195,16 @@ KVT_API int kvt_prompt_cache_object_lend(kvt_prompt_cache *pc, const char *key, 
         return rc;
     }
     pc->st.object_misses++;
+    uint64_t epoch = pc->epoch;
+    pthread_mutex_unlock(&pc->mu);
+    /* the cold tier is asked without the lock (a lookup may block on I/O);
+     * a clear meanwhile makes the publication below refuse (epoch) */
     kvt_cold_hit ch;
     if (!pc->has_cold || !pc->cold.find_exact || pc->cold.find_exact(pc->cold.self, NULL, 0, ns, &ch) != 0) {
-        pthread_mutex_unlock(&pc->mu);
         rc = kvt__fail(KVT_ENOTFOUND, "kvt_prompt_cache_object_lend: no object '%s' in any tier", key);
         kvt__free(ns);
         return rc;
     }
-    uint64_t epoch = pc->epoch;
-    pthread_mutex_unlock(&pc->mu);
     kvt_entry r;
     memset(&r, 0, sizeof r);
     rc = pc->cold.restore(pc->cold.self, ch.handle, &r);

@@ -3,8 +3,10 @@
  *
  * Owns: admission under the model's position limit and the KV byte budget
  * (projected from the layers' growth kinds), the admissions of admitted requests,
- * namespaces with adapter identity and version, and the glue to the prompt
- * cache (acquire = take, publish = put) and its report.
+ * namespaces with adapter identity and version, the prompt cache it keeps
+ * state in (acquire lends from it, publish puts into it, close hands it to
+ * the cold tier) and the report: its counters, the prompt cache's and the
+ * cold tiers' (kvt_tier_stats, per level of a chain).
  *
  * Must never: hand state across namespaces, keep state for a request that
  * reuses nothing, swallow an error of close, or block while holding its mutex
@@ -13,7 +15,6 @@
 #include "kvtier/service.h"
 
 #include "internal.h"
-#include "service_pc.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -45,7 +46,10 @@ struct kvt_service {
     uint64_t kv_budget;          /* 0 = unlimited */
     int (*pressure)(void *ctx);  /* boundary check, NULL = none */
     void *pressure_ctx;
-    kvt__service_pc *pc;         /* NULL: keeps nothing */
+    kvt_prompt_cache *pc;        /* NULL: keeps nothing */
+    kvt_cold_tier cold;          /* the cold tier's table, copied (its self borrowed) */
+    int has_cold;                /* 0: RAM only */
+    kvt_tier_chain *chain;       /* the chain `cold` is the table of, or NULL */
     kvt_admission admissions;            /* sentinel of the held-admission list */
     uint64_t projected;          /* sum of held admissions' bytes */
     uint64_t n_admissions;
@@ -94,7 +98,7 @@ static void *demoter_main(void *arg)
         if (s->closed)
             break;
         pthread_mutex_unlock(&s->mu);
-        (void)kvt__service_pc_demote_idle(s->pc, s->demote_idle_ms);
+        (void)kvt_prompt_cache_demote_idle(s->pc, s->demote_idle_ms, NULL);
         pthread_mutex_lock(&s->mu);
     }
     pthread_mutex_unlock(&s->mu);
@@ -197,8 +201,21 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
     s->pressure = cfg->pressure;
     s->pressure_ctx = cfg->pressure_ctx;
     s->admissions.next = s->admissions.prev = &s->admissions;
+    if (cfg->cold) {
+        s->cold = *cfg->cold;
+        s->has_cold = 1;
+        s->chain = cfg->chain;
+    }
     if (cfg->prompt_cache_bytes > 0) {
-        rc = kvt__service_pc_create(cfg->prompt_cache_bytes, cfg->block_tokens, cfg->cold, &s->pc);
+        /* with a cold tier: restores are promoted into RAM at once, and an
+         * entry whose write is still pending is never evicted */
+        kvt_prompt_cache_config pcc = {
+            .max_bytes = (size_t)cfg->prompt_cache_bytes,
+            .block_tokens = cfg->block_tokens,
+            .cold = cfg->cold,
+            .flags = cfg->cold ? (KVT_PC_PROMOTE_RESTORES | KVT_PC_EVICT_ONLY_DURABLE) : 0,
+        };
+        rc = kvt_prompt_cache_create(&pcc, &s->pc);
         if (rc)
             goto fail;
     }
@@ -240,7 +257,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
     *out = s;
     return 0;
 fail:
-    kvt__service_pc_destroy(s->pc);
+    kvt_prompt_cache_destroy(s->pc);
     kvt__free(s->layers);
     kvt__free(s);
     return rc;
@@ -268,7 +285,7 @@ KVT_API void kvt_service_destroy(kvt_service *svc)
         l->next->prev = l->prev;
         admission_free(l);
     }
-    kvt__service_pc_destroy(svc->pc);
+    kvt_prompt_cache_destroy(svc->pc);
     pthread_cond_destroy(&svc->stop);
     pthread_cond_destroy(&svc->released);
     pthread_mutex_destroy(&svc->mu);
@@ -585,6 +602,63 @@ KVT_API int kvt_state_clone(const kvt_state *src, kvt_state *out)
 
 static int admission_keeps(const kvt_service *s, const kvt_admission *l) { return s->pc && !l->no_reuse; }
 
+/* The admission's longest usable prefix into out->caches (n_layers slots,
+ * all left NULL on a miss), out->reused_tokens, attachments and hook. 0 on
+ * hit and miss alike. Without the service mutex (the lend may read the cold
+ * tier). */
+static int lend_state(kvt_service *s, const kvt_admission *adm, kvt_state *out)
+{
+    kvt_hit hit;
+    int rc = kvt_prompt_cache_lend(s->pc, adm->prompt, adm->n_prompt, adm->ns, adm->session, &hit);
+    if (rc)
+        return rc;
+    if (hit.prefix_len > 0 && hit.entry.n_caches != s->n_layers) {
+        int64_t got = hit.entry.n_caches;
+        kvt_hit_clear(&hit);
+        return kvt__fail(KVT_EIDENTITY, "service: a reused entry has %lld layers, the model %d", (long long)got,
+                         s->n_layers);
+    }
+    if (hit.prefix_len > 0) {
+        for (int32_t i = 0; i < s->n_layers; i++) {
+            out->caches[i] = hit.entry.caches[i];
+            hit.entry.caches[i] = NULL;
+        }
+        if (hit.entry.n_attachments > 0) {
+            out->attachments = hit.entry.attachments; /* allocated by kvtier's allocator */
+            out->n_attachments = hit.entry.n_attachments;
+            hit.entry.attachments = NULL;
+            hit.entry.n_attachments = 0;
+        }
+        out->hook = hit.entry.hook;
+        hit.entry.hook = (kvt_hook){0};
+        out->reused_tokens = hit.prefix_len;
+    }
+    kvt_hit_clear(&hit);
+    return 0;
+}
+
+/* Puts st as the entry of (adm's ns and session, tokens): adopts its caches,
+ * attachments and hook on 0 (st cleared); on error they stay in st. */
+static int put_state(kvt_service *s, const kvt_admission *adm, const int32_t *tokens, int64_t n, kvt_state *st)
+{
+    kvt_entry e = {
+        .ns = adm->ns,
+        .tokens = tokens,
+        .n_tokens = n,
+        .caches = st->caches,
+        .n_caches = st->n_layers,
+        .attachments = st->attachments,
+        .n_attachments = st->n_attachments,
+        .hook = st->hook,
+    };
+    int rc = kvt_prompt_cache_put(s->pc, &e, adm->session);
+    if (rc)
+        return rc;
+    st->hook = (kvt_hook){0}; /* adopted (put emptied its copy) */
+    kvt_state_clear(st);      /* frees the emptied arrays if kvtier's, zeroes st */
+    return 0;
+}
+
 /* KVT_ECLOSED (with its detail) once close has begun, else 0. */
 static int check_open(kvt_service *s)
 {
@@ -615,8 +689,7 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state 
     }
     out->kvtier_arrays = 1; /* caches and the attachments take may add */
     if (admission_keeps(svc, adm)) {
-        rc = kvt__service_pc_lend(svc->pc, adm->prompt, adm->n_prompt, adm->ns, adm->session,
-                                  svc->n_layers, out);
+        rc = lend_state(svc, adm, out);
         if (rc)
             goto done;
     }
@@ -674,7 +747,7 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *adm, const int3
     /* outside the service mutex: the prompt cache locks itself; with a cold
      * tier the kept state is queued for it at once (write-behind), and
      * eviction spills only what the tier does not hold */
-    rc = kvt__service_pc_put(svc->pc, tokens, n_tokens, adm->ns, adm->session, st);
+    rc = put_state(svc, adm, tokens, n_tokens, st);
     if (rc)
         return rc;
     pthread_mutex_lock(&svc->mu);
@@ -688,8 +761,8 @@ KVT_API void kvt_service_boundary(kvt_service *svc)
     if (!svc)
         return;
     pthread_mutex_lock(&svc->mu);
-    if (svc->pc && !svc->closed)
-        kvt__service_pc_reclaim(svc->pc, svc->pressure, svc->pressure_ctx);
+    if (svc->pc && !svc->closed && svc->pressure)
+        (void)kvt_prompt_cache_reclaim(svc->pc, svc->pressure, svc->pressure_ctx, NULL);
     pthread_mutex_unlock(&svc->mu);
 }
 
@@ -698,7 +771,7 @@ KVT_API int64_t kvt_service_peek(kvt_service *svc, const int32_t *prompt, int64_
     if (!svc || !prompt || n_prompt < 1)
         return 0;
     pthread_mutex_lock(&svc->mu);
-    int64_t p = svc->pc && !svc->closed ? kvt__service_pc_peek(svc->pc, prompt, n_prompt, ns ? ns : "") : 0;
+    int64_t p = svc->pc && !svc->closed ? kvt_prompt_cache_peek(svc->pc, prompt, n_prompt, ns, NULL) : 0;
     pthread_mutex_unlock(&svc->mu);
     return p;
 }
@@ -717,14 +790,29 @@ KVT_API int kvt_service_prefetch(kvt_service *svc, const int32_t *prompt, int64_
     if (!svc->pc)
         return 0;
     /* outside the service mutex: the read may be synchronous */
-    return kvt__service_pc_prefetch(svc->pc, prompt, n_prompt, ns ? ns : "", session, out);
+    return kvt_prompt_cache_prefetch(svc->pc, prompt, n_prompt, ns, session, out);
+}
+
+/* The cold tier's flush (0 without a prompt cache or a cold tier); the
+ * error's detail names the tier's own message. */
+static int flush_cold(kvt_service *s)
+{
+    if (!s->pc || !s->has_cold || !s->cold.flush)
+        return 0;
+    int rc = s->cold.flush(s->cold.self);
+    if (rc) {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+        kvt__fail(rc, "service: flushing the cold tier failed: %s", detail);
+    }
+    return rc;
 }
 
 KVT_API int kvt_service_flush(kvt_service *svc)
 {
     if (!svc)
         return kvt__fail(KVT_EINVAL, "flush: NULL service");
-    return svc->pc ? kvt__service_pc_flush(svc->pc) : 0;
+    return flush_cold(svc);
 }
 
 KVT_API void kvt_service_close_session(kvt_service *svc, const char *session)
@@ -733,7 +821,7 @@ KVT_API void kvt_service_close_session(kvt_service *svc, const char *session)
         return;
     pthread_mutex_lock(&svc->mu);
     if (svc->pc)
-        kvt__service_pc_close_session(svc->pc, session);
+        kvt_prompt_cache_close_session(svc->pc, session);
     pthread_mutex_unlock(&svc->mu);
 }
 
@@ -744,9 +832,14 @@ KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out)
     if (!svc || !out)
         return kvt__fail(KVT_EINVAL, "report: NULL argument");
     memset(out, 0, sizeof *out);
+    if (svc->pc) { /* the prompt cache locks itself */
+        kvt_prompt_cache_stats ps;
+        kvt_prompt_cache_get_stats(svc->pc, &ps);
+#define KVT__PC_COPY(type, name, kind, help) out->name = ps.name > 0 ? (uint64_t)ps.name : 0;
+        KVT_PROMPT_CACHE_COUNTERS(KVT__PC_COPY)
+#undef KVT__PC_COPY
+    }
     pthread_mutex_lock(&svc->mu);
-    if (svc->pc)
-        kvt__service_pc_stats(svc->pc, out);
     out->acquires = svc->acquires;
     out->reused_tokens = svc->reused_tokens;
     out->publishes = svc->publishes;
@@ -759,9 +852,64 @@ KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out)
     return 0;
 }
 
+KVT_API int32_t kvt_service_tier_count(kvt_service *svc)
+{
+    if (!svc || !svc->has_cold)
+        return 0;
+    if (svc->chain)
+        return kvt_tier_chain_levels(svc->chain);
+    return svc->cold.stats ? 1 : 0;
+}
+
+KVT_API int kvt_service_tier_stats(kvt_service *svc, int32_t level, kvt_tier_stats *out)
+{
+    if (!svc || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_service_tier_stats: %s is NULL", svc ? "out" : "service");
+    memset(out, 0, sizeof *out);
+    int32_t n = kvt_service_tier_count(svc);
+    if (level < 0 || level >= n)
+        return kvt__fail(KVT_EINVAL, "kvt_service_tier_stats: level %d outside 0..%d", (int)level, (int)n - 1);
+    if (svc->chain)
+        return kvt_tier_chain_level_stats(svc->chain, level, out);
+    return svc->cold.stats(svc->cold.self, out);
+}
+
 static int set_u64(json_t *o, const char *k, uint64_t v)
 {
     return json_object_set_new(o, k, json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v));
+}
+
+/* One KVT_SERVICE_COUNTERS value: a limit of 0 is null (unlimited). */
+static int set_stat(json_t *o, const char *k, uint64_t v, const char *kind)
+{
+    if (v == 0 && strcmp(kind, "limit") == 0)
+        return json_object_set_new(o, k, json_null());
+    return set_u64(o, k, v);
+}
+
+/* The "tiers" array: one object per listed tier, top first. */
+static json_t *tiers_json(kvt_service *svc)
+{
+    json_t *a = json_array();
+    int32_t n = kvt_service_tier_count(svc);
+    for (int32_t i = 0; a && i < n; i++) {
+        kvt_tier_stats st;
+        json_t *o = json_object();
+        int bad = !o || kvt_service_tier_stats(svc, i, &st) != 0;
+        if (!bad) {
+            bad |= set_u64(o, "level", (uint64_t)i);
+#define KVT__TIER_JSON(name, kind, help) bad |= set_u64(o, #name, st.name);
+            KVT_TIER_COUNTERS(KVT__TIER_JSON)
+#undef KVT__TIER_JSON
+        }
+        if (bad || json_array_append_new(a, o) != 0) {
+            if (bad)
+                json_decref(o);
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
 }
 
 KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
@@ -773,32 +921,27 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
     int rc = kvt_service_get_stats(svc, &r);
     if (rc)
         return rc;
-    json_t *root = json_object(), *p = json_object(), *q = json_object(), *kv = json_object();
+    /* the objects are named as KVT_SERVICE_COUNTERS' groups */
+    json_t *root = json_object(), *prefixes = json_object(), *requests = json_object(), *kv = json_object();
+    json_t *tiers = tiers_json(svc);
     char *text = NULL;
-    int bad = !root || !p || !q || !kv;
+    int bad = !root || !prefixes || !requests || !kv || !tiers;
     if (!bad) {
-        bad |= set_u64(p, "entries", r.entries) | set_u64(p, "bytes", r.bytes) |
-               set_u64(p, "max_bytes", r.max_bytes) | set_u64(p, "hits", r.hits) |
-               set_u64(p, "misses", r.misses) | set_u64(p, "session_hits", r.session_hits) |
-               set_u64(p, "session_misses", r.session_misses) | set_u64(p, "demotions", r.demotions) |
-               set_u64(p, "evictions", r.evictions) | set_u64(p, "cold_restores", r.cold_restores) |
-               set_u64(p, "spills", r.spills) | set_u64(p, "write_behind_queued", r.write_behind_queued) |
-               set_u64(p, "write_behind_dropped", r.write_behind_dropped) |
-               set_u64(p, "durable_evictions", r.durable_evictions);
-        bad |= set_u64(q, "acquires", r.acquires) | set_u64(q, "reused_tokens", r.reused_tokens) |
-               set_u64(q, "publishes", r.publishes) | set_u64(q, "admitted", r.admitted) |
-               set_u64(q, "rejected", r.rejected) | set_u64(q, "waited", r.waited);
-        bad |= set_u64(kv, "projected_bytes", r.kv_projected_bytes);
-        bad |= json_object_set_new(kv, "budget_bytes",
-                                   r.kv_budget_bytes ? json_integer((json_int_t)r.kv_budget_bytes) : json_null());
-        bad |= json_object_set(root, "prefixes", p) | json_object_set(root, "requests", q) |
-               json_object_set(root, "kv", kv);
+#define KVT__PC_JSON(type, name, kind, help) bad |= set_u64(prefixes, #name, r.name);
+        KVT_PROMPT_CACHE_COUNTERS(KVT__PC_JSON)
+#undef KVT__PC_JSON
+#define KVT__SVC_JSON(name, group, key, kind, help) bad |= set_stat(group, #key, r.name, #kind);
+        KVT_SERVICE_COUNTERS(KVT__SVC_JSON)
+#undef KVT__SVC_JSON
+        bad |= json_object_set(root, "prefixes", prefixes) | json_object_set(root, "requests", requests) |
+               json_object_set(root, "kv", kv) | json_object_set(root, "tiers", tiers);
     }
     if (!bad)
         text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(p);
-    json_decref(q);
+    json_decref(prefixes);
+    json_decref(requests);
     json_decref(kv);
+    json_decref(tiers);
     json_decref(root);
     if (!text)
         return kvt__fail(KVT_ENOMEM, "report: cannot build the JSON document");
@@ -807,6 +950,29 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
     if (!*out)
         return kvt__fail(KVT_ENOMEM, "report: out of memory");
     return 0;
+}
+
+/* Close's graceful shutdown of the prompt cache: every resident entry goes
+ * to the cold tier. Write-behind queued most of them when they were put: the
+ * first flush makes those durable, so eviction (which never evicts an entry
+ * whose write is pending) writes nothing for them and spills only what
+ * write-behind dropped; the second flush makes that durable too. Then the
+ * cache is cleared. Returns the first flush error. */
+static int close_prompt_cache(kvt_service *s)
+{
+    int rc = 0;
+    if (s->has_cold) {
+        rc = flush_cold(s);
+        kvt_prompt_cache_stats ps;
+        kvt_prompt_cache_get_stats(s->pc, &ps);
+        if (ps.entries > 0)
+            (void)kvt_prompt_cache_evict(s->pc, ps.entries, NULL);
+    }
+    int frc = flush_cold(s);
+    if (!rc)
+        rc = frc;
+    kvt_prompt_cache_clear(s->pc);
+    return rc;
 }
 
 KVT_API int kvt_service_close(kvt_service *svc)
@@ -832,7 +998,7 @@ KVT_API int kvt_service_close(kvt_service *svc)
     /* steps 2 and 3: flush the cold tier, then clear, whatever the flush said;
      * disk I/O, so outside the service mutex (the prompt cache locks itself) */
     if (svc->pc)
-        rc = kvt__service_pc_clear(svc->pc);
+        rc = close_prompt_cache(svc);
     pthread_mutex_lock(&svc->mu);
     svc->close_done = 1;
     pthread_cond_broadcast(&svc->released);

@@ -598,6 +598,8 @@ static int ch_flush(void *self)
     return first;
 }
 
+KVT_API int32_t kvt_tier_chain_levels(const kvt_tier_chain *c) { return c ? c->n : 0; }
+
 KVT_API int kvt_tier_chain_level_stats(kvt_tier_chain *c, int32_t lvl, kvt_tier_stats *out)
 {
     if (!c || !out)
