@@ -8,6 +8,7 @@
 #include "codec.h"
 #include "hmap.h"
 #include "internal.h"
+#include "io_shim.h"
 #include "store_internal.h"
 
 #include <dirent.h>
@@ -42,12 +43,12 @@ int kvt__store_is_shard_name(const char *n)
 
 char *kvt__store_read_small(int dirfd, const char *name)
 {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    int fd = kvt__io_openat(dirfd, name, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return NULL;
     char *b = kvt__malloc(8192);
-    ssize_t r = b ? read(fd, b, 8191) : -1;
-    close(fd);
+    ssize_t r = b ? kvt__io_read(fd, b, 8191) : -1;
+    kvt__io_close(fd);
     if (r < 0) {
         kvt__free(b);
         return NULL;
@@ -120,11 +121,11 @@ int kvt__root_walk(const char *root, const char *skip, kvt__root_fn fn, void *ct
             rc = fn(ctx, &x); /* never followed */
             continue;
         }
-        x.dirfd = open(x.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        x.dirfd = kvt__io_open(x.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW, 0);
         if (x.dirfd < 0)
             continue;
         rc = fn(ctx, &x);
-        close(x.dirfd);
+        kvt__io_close(x.dirfd);
     }
     closedir(d);
     return rc;
@@ -209,7 +210,7 @@ static int scan_file(void *ctx, const char *nm, const struct stat *fst)
     if ((nm[0] == '.' && !kvt__store_is_tmp_name(nm)) || !S_ISREG(fst->st_mode))
         return 0;
     if (kvt__store_is_tmp_name(nm)) {
-        if (c->pass == 0 && !s->opts.read_only && !kvt__store_pid_alive(nm) && !unlinkat(s->dirfd, nm, 0))
+        if (c->pass == 0 && !s->opts.read_only && !kvt__store_pid_alive(nm) && !kvt__io_unlinkat(s->dirfd, nm, 0))
             s->st.temp_removed++;
         return 0;
     }
@@ -225,7 +226,7 @@ static int scan_file(void *ctx, const char *nm, const struct stat *fst)
     if (!rc)
         rc = type == 'b' ? scan_block(s, nm, &sh, fst, &reason) : scan_entry(s, nm, &sh, fst, &reason);
     if (fd >= 0)
-        close(fd);
+        kvt__io_close(fd);
     kvt__shard_free(&sh);
     if (rc == KVT_ENOMEM)
         return rc;
@@ -311,7 +312,7 @@ static int walk_check(walk_ctx *c, const char *nm, kvt_store_shard_info *in, kvt
     const char *path = c->d->path;
     int r = kvt__shard_open(dfd, path, nm, sh, &fd, reason);
     if (fd >= 0)
-        close(fd);
+        kvt__io_close(fd);
     if (!r && in->type == 'e') {
         r = kvt__codec_parse_entry(sh, nm, c->ident, pe, reason);
         if (!r) {

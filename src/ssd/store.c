@@ -230,7 +230,7 @@ void kvt__store_drop_entry(kvt_store *s, st_entry *e, int keep_file)
     else if (keep_file || s->opts.read_only)
         kvt__store_orphan_add(s, name, e->bytes);
     else {
-        unlinkat(s->dirfd, name, 0);
+        kvt__io_unlinkat(s->dirfd, name, 0);
         s->own_bytes -= KVT__MIN(s->own_bytes, e->bytes);
     }
     s->st.entries--;
@@ -314,28 +314,60 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
     return have;
 }
 
+KVT_API int kvt_store_list(kvt_store *s, const char *ns, int (*cb)(void *ctx, const kvt_cold_hit *hit), void *ctx)
+{
+    ns = kvt__ns(ns);
+    if (!s || !cb)
+        return kvt__fail(KVT_EINVAL, "kvt_store_list: NULL store or callback");
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    for (st_entry *e = s->head; e && !rc; e = e->next)
+        if (!strcmp(e->ns, ns))
+            rc = cb(ctx, &(kvt_cold_hit){.prefix_len = e->n_tokens, .n_tokens = e->n_tokens, .handle = e->id});
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+KVT_API int kvt_store_remove(kvt_store *s, uint64_t handle)
+{
+    if (!s)
+        return kvt__fail(KVT_EINVAL, "kvt_store_remove: NULL store");
+    if (s->opts.read_only)
+        return kvt__store_refuse_write(s, "kvt_store_remove");
+    pthread_mutex_lock(&s->mu);
+    st_entry *e = kvt__kmap_ptr(&s->by_id, kvt__store_id_key(handle));
+    if (e)
+        kvt__store_drop_entry(s, e, 0);
+    pthread_mutex_unlock(&s->mu);
+    if (!e)
+        return kvt__fail(KVT_ENOTFOUND, "kvt_store_remove: no durable entry has handle %llu",
+                         (unsigned long long)handle);
+    kvt__store_reclaim(s, KVT__KEY_ZERO, 0); /* blocks only the removed entry used */
+    return 0;
+}
+
 /* ---- open / close / stats ------------------------------------------------------------ */
 
 static int write_identity_file(kvt_store *s)
 {
     char buf[4 * KVT__ID_MAX];
-    int fd = openat(s->dirfd, "IDENTITY", O_RDONLY | O_CLOEXEC);
+    int fd = kvt__io_openat(s->dirfd, "IDENTITY", O_RDONLY | O_CLOEXEC, 0);
     if (fd >= 0) {
-        ssize_t r = read(fd, buf, sizeof buf - 1);
-        close(fd);
+        ssize_t r = kvt__io_read(fd, buf, sizeof buf - 1);
+        kvt__io_close(fd);
         if (r >= 0 && (size_t)r == strlen(s->identity) + 1 && !memcmp(buf, s->identity, strlen(s->identity)))
             return 0;
     }
     char tmp[64];
     snprintf(tmp, sizeof tmp, KVT__TMP_PREFIX "%ld.IDENTITY", (long)getpid());
-    fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = kvt__io_openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return kvt__fail(-errno, "%s/IDENTITY: %s", s->dir, strerror(errno));
     size_t n = strlen(s->identity);
-    int ok = write(fd, s->identity, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && !fsync(fd);
-    close(fd);
-    if (!ok || renameat(s->dirfd, tmp, s->dirfd, "IDENTITY")) {
-        unlinkat(s->dirfd, tmp, 0);
+    int ok = kvt__io_write(fd, s->identity, n) == (ssize_t)n && kvt__io_write(fd, "\n", 1) == 1 && !kvt__io_fsync(fd);
+    kvt__io_close(fd);
+    if (!ok || kvt__io_renameat(s->dirfd, tmp, s->dirfd, "IDENTITY")) {
+        kvt__io_unlinkat(s->dirfd, tmp, 0);
         return kvt__fail(KVT_EIO, "%s/IDENTITY: cannot write", s->dir);
     }
     return 0;
@@ -364,9 +396,9 @@ static void store_free(kvt_store *s)
     kvt__free(s->orphans);
     kvt__free(s->rthreads);
     if (s->lockfd >= 0)
-        close(s->lockfd);
+        kvt__io_close(s->lockfd);
     if (s->dirfd >= 0)
-        close(s->dirfd);
+        kvt__io_close(s->dirfd);
     kvt__free(s->root);
     kvt__free(s->dir);
     kvt__free(s->dir_name);
@@ -446,13 +478,13 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
                        s->dir);
         goto fail;
     }
-    s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    s->dirfd = kvt__io_open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (s->dirfd < 0 && !(ro && errno == ENOENT)) {
         rc = kvt__fail(-errno, "%s: cannot open: %s", s->dir, strerror(errno));
         goto fail;
     }
     if (!ro) {
-        s->lockfd = openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        s->lockfd = kvt__io_openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
             rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
             goto fail;
@@ -462,9 +494,9 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     } else if (s->dirfd >= 0) {
         /* read-only: hold the shared lock when .lock can be read (so this
          * directory counts as in use), else go on without it */
-        s->lockfd = openat(s->dirfd, ".lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        s->lockfd = kvt__io_openat(s->dirfd, ".lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
         if (s->lockfd >= 0 && flock(s->lockfd, LOCK_SH | LOCK_NB)) {
-            close(s->lockfd);
+            kvt__io_close(s->lockfd);
             s->lockfd = -1;
         }
     }
