@@ -23,6 +23,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,9 +117,13 @@ def run(cmd, cwd, timeout, log):
     with open(log, "a") as lf:
         lf.write(f"\n$ {' '.join(cmd)}\n")
         lf.flush()
+        # its own process group, so a timeout also ends the test programs ctest started
+        p = subprocess.Popen(cmd, cwd=cwd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            return subprocess.run(cmd, cwd=cwd, stdout=lf, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            return p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
             lf.write(f"timed out after {timeout} s\n")
             return "timeout"
 
