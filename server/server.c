@@ -1030,8 +1030,10 @@ int kvt_server_load(kvt_server *s)
     if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
         return rc;
     s->store = kvt_tiers_store(s->tiers);
-    if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0)
+    if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0) {
         so.cold = &s->tier;
+        so.chain = kvt_tiers_chain(s->tiers);
+    }
     if ((rc = kvt_chat_service_create(s->m, &so, &s->svc)))
         return rc;
     kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running};
