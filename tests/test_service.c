@@ -171,6 +171,8 @@ static void test_admit_context_limit(void **state)
     assert_non_null(strstr(msg, "max_tokens 50"));
     assert_non_null(strstr(msg, "100 positions"));
     assert_int_equal(kvt_service_fits(s, &r), KVT_ELIMIT);
+    r.max_tokens = 41; /* one position over the limit */
+    assert_int_equal(kvt_service_fits(s, &r), KVT_ELIMIT);
     r.max_tokens = 40; /* exactly the limit */
     assert_int_equal(kvt_service_fits(s, &r), 1);
     assert_int_equal(kvt_service_admit(s, &r, &a), 0);

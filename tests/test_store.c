@@ -862,6 +862,32 @@ static void bitflip_caught(void **state)
     store_rmtree(f.root);
 }
 
+/* What the index says exists is checked on disk: an entry whose file
+ * another process removed (gc, its budget) is written again by the next
+ * put of the same tokens, not skipped as already durable. */
+static void put_rewrites_removed_entry(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f, &CFG, "rewrite");
+    kvt_store *s = fx_open(&f, NULL);
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    put_tokens(s, &f.cfg, "", t, 10);
+    char name[256], path[1400];
+    assert_int_equal(store_first_file(kvt_store_dir(s), "e", name, sizeof name), 0);
+    snprintf(path, sizeof path, "%s/%s", kvt_store_dir(s), name);
+    assert_int_equal(unlink(path), 0); /* behind the store's back */
+    put_tokens(s, &f.cfg, "", t, 10);
+    assert_int_equal(access(path, F_OK), 0);
+    expect_restores(s, &f.cfg, "", t, 10);
+    assert_int_equal(kvt_store_close(s), 0);
+    s = fx_open(&f, NULL); /* and a scan finds it */
+    assert_int_equal(kvt_store_contains(s, t, 10, ""), 1);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(f.root);
+}
+
 /* The block shard of `dir` whose header says it begins at token 0. */
 static void first_block_file(const char *dir, char *path, size_t cap)
 {
@@ -1628,6 +1654,7 @@ int main(void)
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
         cmocka_unit_test(corrupt_block_drops_sharers),
+        cmocka_unit_test(put_rewrites_removed_entry),
         cmocka_unit_test(verify_sha256_last_byte),
         cmocka_unit_test(xxh3_last_byte),
         cmocka_unit_test(refused_block_of_other_identity),

@@ -52,9 +52,9 @@ static void fdirs_free(fdirs *f)
     for (int i = 0; i < f->n; i++) {
         kvt__free(f->paths[i]);
         if (f->lockfds[i] >= 0)
-            close(f->lockfds[i]); /* releases the flock */
+            kvt__io_close(f->lockfds[i]); /* releases the flock */
         if (f->dirfds[i] >= 0)
-            close(f->dirfds[i]);
+            kvt__io_close(f->dirfds[i]);
     }
     for (size_t i = 0; i < f->n_c; i++)
         kvt__free(f->c[i].blocks);
@@ -101,11 +101,11 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
         struct stat st;
         if (!kvt__store_is_identity_dir(de->d_name) || lstat(path, &st) || !S_ISDIR(st.st_mode))
             continue;
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        int dfd = kvt__io_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW, 0);
         if (dfd < 0)
             continue;
         if (faccessat(dfd, "IDENTITY", F_OK, AT_SYMLINK_NOFOLLOW)) {
-            close(dfd); /* not a store directory: never touched */
+            kvt__io_close(dfd); /* not a store directory: never touched */
             continue;
         }
         if (f->n == cap) {
@@ -120,7 +120,7 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
             if (b)
                 f->lockfds = b;
             if (!p || !a || !b) {
-                close(dfd);
+                kvt__io_close(dfd);
                 closedir(d);
                 fdirs_free(f);
                 return KVT_ENOMEM;
@@ -130,14 +130,14 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
         f->paths[i] = kvt__strdup(path);
         f->dirfds[i] = dfd;
         f->lockfds[i] = -1;
-        int lfd = openat(dfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        int lfd = kvt__io_openat(dfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (collect && lfd < 0 && !f->unlink_errno)
             f->unlink_errno = errno; /* cannot lock, so cannot clean: not "held" */
         int idle = collect && lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0;
         if (idle)
             f->lockfds[i] = lfd;
         else if (lfd >= 0)
-            close(lfd);
+            kvt__io_close(lfd);
         DIR *dd = fdopendir(dup(dfd));
         if (!dd)
             continue;
@@ -190,7 +190,7 @@ static int list_foreign(const char *root, const char *skip, int collect, fdirs *
                     kvt__free(pb.tokens);
                 }
             }
-            close(fd);
+            kvt__io_close(fd);
             kvt__shard_free(&sh);
         }
         closedir(dd);
@@ -229,7 +229,7 @@ static uint64_t fc_evict(fdirs *f, size_t i)
     if (!x->name[0])
         return 0;
     uint64_t freed = 0;
-    if (!unlinkat(f->dirfds[x->dir], x->name, 0))
+    if (!kvt__io_unlinkat(f->dirfds[x->dir], x->name, 0))
         freed += x->bytes;
     else if (errno != ENOENT && !f->unlink_errno)
         f->unlink_errno = errno;
@@ -242,7 +242,7 @@ static uint64_t fc_evict(fdirs *f, size_t i)
         for (size_t b = 0; b < f->n_c; b++)
             if (f->c[b].dir == x->dir && f->c[b].type == 'b' && f->c[b].name[0] && !f->c[b].orphan &&
                 kvt__key_eq(f->c[b].key, x->blocks[j])) {
-                if (!unlinkat(f->dirfds[x->dir], f->c[b].name, 0))
+                if (!kvt__io_unlinkat(f->dirfds[x->dir], f->c[b].name, 0))
                     freed += f->c[b].bytes;
                 else if (errno != ENOENT && !f->unlink_errno)
                     f->unlink_errno = errno;
@@ -337,7 +337,7 @@ static const dent *dent_get(kvt_store *s, const char *name, kvt__key key)
             pe.blocks = NULL;
             kvt__pentry_free(&pe);
         }
-        close(fd);
+        kvt__io_close(fd);
         kvt__shard_free(&sh);
     } else if (reason == KVT_STORE_REFUSED_IO) {
         kvt__free(d); /* gone or unreadable now: not cached */
@@ -369,7 +369,7 @@ static uint64_t rf_delete(kvt_store *s, rfile *f, kvt__kmap *bm)
     if (f->gone)
         return 0;
     uint64_t freed = 0;
-    if (!unlinkat(s->dirfd, f->name, 0) || errno == ENOENT)
+    if (!kvt__io_unlinkat(s->dirfd, f->name, 0) || errno == ENOENT)
         freed = f->bytes;
     f->gone = 1;
     if (f->type != 'e' || !f->d || !f->d->valid || f->orphan)
@@ -404,11 +404,11 @@ void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait)
     pthread_mutex_unlock(&s->mu);
     if (!due && !(wait && max))
         return;
-    int lfd = openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int lfd = kvt__io_openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (lfd < 0)
         return;
     if (flock(lfd, LOCK_EX | (wait ? 0 : LOCK_NB))) {
-        close(lfd);
+        kvt__io_close(lfd);
         pthread_mutex_lock(&s->mu);
         s->reclaim_due = 1;
         pthread_mutex_unlock(&s->mu);
@@ -641,16 +641,16 @@ void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait)
     kvt__kmap_free(&bm);
     kvt__free(fs);
     pthread_mutex_unlock(&s->disk_mu);
-    close(lfd); /* releases the lock */
+    kvt__io_close(lfd); /* releases the lock */
 }
 
 /* Takes the shared lock a put holds while it relies on existing blocks;
  * -1 when the lock file cannot be opened (the put goes on unprotected). */
 int kvt__store_put_lock(kvt_store *s)
 {
-    int fd = openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = kvt__io_openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd >= 0 && flock(fd, LOCK_SH)) {
-        close(fd);
+        kvt__io_close(fd);
         fd = -1;
     }
     return fd;

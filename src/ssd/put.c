@@ -23,7 +23,7 @@
 static int fsync_dir(kvt_store *s)
 {
     int (*fs)(void *, int) = s->opts.io && s->opts.io->fsync_fn ? s->opts.io->fsync_fn : NULL;
-    int r = fs ? fs(s->opts.io->ctx, s->dirfd) : fsync(s->dirfd);
+    int r = fs ? fs(s->opts.io->ctx, s->dirfd) : kvt__io_fsync(s->dirfd);
     if (r)
         return kvt__fail(-(errno ? errno : EIO), "%s: directory fsync failed: %s", s->dir, strerror(errno));
     return 0;
@@ -144,7 +144,7 @@ static int put_index_block(put_job *p, int32_t c, const char *final, uint64_t fb
         pthread_mutex_unlock(&s->mu);
         char name[64];
         kvt__store_file_name('b', k, name);
-        unlinkat(s->dirfd, name, 0);
+        kvt__io_unlinkat(s->dirfd, name, 0);
         return kvt__fail(KVT_ENOMEM, "store put: out of memory");
     }
     p->pinned[c] = 1;
@@ -247,7 +247,7 @@ static int put_index_entry(put_job *p, const char *name, uint64_t fb, uint64_t w
     }
     if (!en || !en->ns || !en->tokens || !en->blocks) {
         kvt__store_entry_free(en);
-        unlinkat(s->dirfd, name, 0);
+        kvt__io_unlinkat(s->dirfd, name, 0);
         return kvt__fail(KVT_ENOMEM, "store put: out of memory");
     }
     if (n)
@@ -275,7 +275,7 @@ static int put_index_entry(put_job *p, const char *name, uint64_t fb, uint64_t w
     if (kvt__store_index_entry(s, en)) {
         pthread_mutex_unlock(&s->mu);
         kvt__store_entry_free(en);
-        unlinkat(s->dirfd, name, 0);
+        kvt__io_unlinkat(s->dirfd, name, 0);
         return kvt__fail(KVT_ENOMEM, "store put: out of memory");
     }
     memset(p->pinned, 0, (size_t)(enc->n_chain ? enc->n_chain : 1)); /* transferred */
@@ -306,7 +306,7 @@ static int put_entry(put_job *p, uint64_t want_id)
     if (rc)
         return rc;
     if ((rc = fsync_dir(s))) {
-        unlinkat(s->dirfd, name, 0);
+        kvt__io_unlinkat(s->dirfd, name, 0);
         return rc;
     }
     return put_index_entry(p, name, fb, want_id);
@@ -369,7 +369,7 @@ int kvt__store_write(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         pthread_mutex_unlock(&s->mu);
     }
     if (lockfd >= 0)
-        close(lockfd); /* the entry is renamed (or the put failed): reclaim may run */
+        kvt__io_close(lockfd); /* the entry is renamed (or the put failed): reclaim may run */
     char err[256];
     if (rc)
         snprintf(err, sizeof err, "%s", kvt_last_error());

@@ -57,7 +57,7 @@ static int map_payload(int fd, const kvt__shard *sh, const char *path, int stric
         return kvt__fail(KVT_ENOMEM, "%s: out of memory", path);
     uint8_t *p;
     m->len = (size_t)sh->file_bytes;
-    m->base = mmap(NULL, m->len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+    m->base = kvt__io_mmap(NULL, m->len, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (m->base == MAP_FAILED) {
         kvt__free(m);
         return 1;
@@ -90,7 +90,7 @@ static int read_payload(int fd, const kvt__shard *sh, const char *path, int stri
     uint8_t *p = base + ((64 - ((uintptr_t)base & 63)) & 63);
     size_t got = 0;
     while (got < n) {
-        ssize_t r = pread(fd, p + got, n - got, (off_t)(sh->payload_off + got));
+        ssize_t r = kvt__io_pread(fd, p + got, n - got, (off_t)(sh->payload_off + got));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {
@@ -130,7 +130,7 @@ int kvt__store_load_block(int dirfd, const char *dir, const char *name, const ch
     }
     if (!rc)
         rc = read_payload(fd, &out->sh, name, strict, &out->buf, reason);
-    close(fd);
+    kvt__io_close(fd);
     if (rc) {
         kvt__free(pb->tokens);
         pb->tokens = NULL;
@@ -185,7 +185,7 @@ int kvt__store_load_entry(int dirfd, const char *dir, const char *name, const ch
     if ((rc = read_payload(fd, &ent.sh, name, strict, &ent.buf, reason)))
         goto out;
     *bytes += ent.sh.file_bytes;
-    close(fd);
+    kvt__io_close(fd);
     fd = -1;
     blk = kvt__calloc((size_t)(pe.n_blocks ? pe.n_blocks : 1), sizeof *blk);
     if (!blk) {
@@ -217,7 +217,7 @@ int kvt__store_load_entry(int dirfd, const char *dir, const char *name, const ch
     rc = kvt__codec_decode(&pe, &ent, blk, name, out, reason);
 out:
     if (fd >= 0)
-        close(fd);
+        kvt__io_close(fd);
     for (int32_t i = 0; blk && i < pe.n_blocks; i++)
         kvt__rshard_clear(&blk[i]);
     kvt__free(blk);
@@ -295,11 +295,11 @@ static void forget_corrupt(kvt_store *s, const char *shard)
         if (e)
             kvt__store_drop_entry(s, e, s->opts.read_only);
         else if (!s->opts.read_only)
-            unlinkat(s->dirfd, shard, 0);
+            kvt__io_unlinkat(s->dirfd, shard, 0);
         return;
     }
     if (!s->opts.read_only) {
-        unlinkat(s->dirfd, shard, 0);
+        kvt__io_unlinkat(s->dirfd, shard, 0);
         s->reclaim_due = 1;
     }
     st_block *b = kvt__kmap_ptr(&s->blocks, k);

@@ -42,12 +42,12 @@ int kvt__store_is_shard_name(const char *n)
 
 char *kvt__store_read_small(int dirfd, const char *name)
 {
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    int fd = kvt__io_openat(dirfd, name, O_RDONLY | O_CLOEXEC, 0);
     if (fd < 0)
         return NULL;
     char *b = kvt__malloc(8192);
-    ssize_t r = b ? read(fd, b, 8191) : -1;
-    close(fd);
+    ssize_t r = b ? kvt__io_read(fd, b, 8191) : -1;
+    kvt__io_close(fd);
     if (r < 0) {
         kvt__free(b);
         return NULL;
@@ -92,7 +92,7 @@ int kvt__store_scan(kvt_store *s)
             if (fstatat(s->dirfd, nm, &fst, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fst.st_mode))
                 continue;
             if (!strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX))) {
-                if (pass == 0 && !s->opts.read_only && !kvt__store_pid_alive(nm) && !unlinkat(s->dirfd, nm, 0))
+                if (pass == 0 && !s->opts.read_only && !kvt__store_pid_alive(nm) && !kvt__io_unlinkat(s->dirfd, nm, 0))
                     s->st.temp_removed++;
                 continue;
             }
@@ -170,7 +170,7 @@ int kvt__store_scan(kvt_store *s)
                 kvt__pentry_free(&pe);
             }
             if (fd >= 0)
-                close(fd);
+                kvt__io_close(fd);
             kvt__shard_free(&sh);
             if (rc == KVT_ENOMEM) {
                 closedir(d);
@@ -201,7 +201,7 @@ void kvt__store_count_other_configs(kvt_store *s, const kvt_store_identity *id)
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", s->root, de->d_name);
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        int dfd = kvt__io_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW, 0);
         if (dfd < 0)
             continue;
         char *ident = kvt__store_read_small(dfd, "IDENTITY");
@@ -218,7 +218,7 @@ void kvt__store_count_other_configs(kvt_store *s, const kvt_store_identity *id)
         }
         json_decref(j);
         kvt__free(ident);
-        close(dfd);
+        kvt__io_close(dfd);
     }
     closedir(d);
 }
@@ -257,12 +257,12 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
             rc = cb(ctx, &in);
             continue;
         }
-        int dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+        int dfd = kvt__io_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW, 0);
         if (dfd < 0)
             continue;
         char *ident = kvt__store_read_small(dfd, "IDENTITY");
         if (!ident) {
-            close(dfd); /* not a store directory */
+            kvt__io_close(dfd); /* not a store directory */
             continue;
         }
         DIR *dd = fdopendir(dup(dfd));
@@ -340,7 +340,7 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
             }
             rc = cb(ctx, &in);
             if (fd >= 0)
-                close(fd);
+                kvt__io_close(fd);
             kvt__free(pb.tokens);
             kvt__pentry_free(&pe);
             kvt__shard_free(&sh);
@@ -348,7 +348,7 @@ KVT_API int kvt_store_walk(const char *root, int verify, int (*cb)(void *ctx, co
         if (dd)
             closedir(dd);
         kvt__free(ident);
-        close(dfd);
+        kvt__io_close(dfd);
     }
     closedir(d);
     return rc;

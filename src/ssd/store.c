@@ -221,7 +221,7 @@ void kvt__store_drop_entry(kvt_store *s, st_entry *e, int keep_file)
     else if (keep_file || s->opts.read_only)
         kvt__store_orphan_add(s, name, e->bytes);
     else {
-        unlinkat(s->dirfd, name, 0);
+        kvt__io_unlinkat(s->dirfd, name, 0);
         s->own_bytes -= KVT__MIN(s->own_bytes, e->bytes);
     }
     s->st.entries--;
@@ -308,23 +308,23 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
 static int write_identity_file(kvt_store *s)
 {
     char buf[4 * KVT__ID_MAX];
-    int fd = openat(s->dirfd, "IDENTITY", O_RDONLY | O_CLOEXEC);
+    int fd = kvt__io_openat(s->dirfd, "IDENTITY", O_RDONLY | O_CLOEXEC, 0);
     if (fd >= 0) {
-        ssize_t r = read(fd, buf, sizeof buf - 1);
-        close(fd);
+        ssize_t r = kvt__io_read(fd, buf, sizeof buf - 1);
+        kvt__io_close(fd);
         if (r >= 0 && (size_t)r == strlen(s->identity) + 1 && !memcmp(buf, s->identity, strlen(s->identity)))
             return 0;
     }
     char tmp[64];
     snprintf(tmp, sizeof tmp, KVT__TMP_PREFIX "%ld.IDENTITY", (long)getpid());
-    fd = openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = kvt__io_openat(s->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return kvt__fail(-errno, "%s/IDENTITY: %s", s->dir, strerror(errno));
     size_t n = strlen(s->identity);
-    int ok = write(fd, s->identity, n) == (ssize_t)n && write(fd, "\n", 1) == 1 && !fsync(fd);
-    close(fd);
-    if (!ok || renameat(s->dirfd, tmp, s->dirfd, "IDENTITY")) {
-        unlinkat(s->dirfd, tmp, 0);
+    int ok = kvt__io_write(fd, s->identity, n) == (ssize_t)n && kvt__io_write(fd, "\n", 1) == 1 && !kvt__io_fsync(fd);
+    kvt__io_close(fd);
+    if (!ok || kvt__io_renameat(s->dirfd, tmp, s->dirfd, "IDENTITY")) {
+        kvt__io_unlinkat(s->dirfd, tmp, 0);
         return kvt__fail(KVT_EIO, "%s/IDENTITY: cannot write", s->dir);
     }
     return 0;
@@ -352,9 +352,9 @@ static void store_free(kvt_store *s)
     kvt__free(s->orphans);
     kvt__free(s->rthreads);
     if (s->lockfd >= 0)
-        close(s->lockfd);
+        kvt__io_close(s->lockfd);
     if (s->dirfd >= 0)
-        close(s->dirfd);
+        kvt__io_close(s->dirfd);
     kvt__free(s->root);
     kvt__free(s->dir);
     kvt__free(s->dir_name);
@@ -433,13 +433,13 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
                        s->dir);
         goto fail;
     }
-    s->dirfd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    s->dirfd = kvt__io_open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (s->dirfd < 0 && !(ro && errno == ENOENT)) {
         rc = kvt__fail(-errno, "%s: cannot open: %s", s->dir, strerror(errno));
         goto fail;
     }
     if (!ro) {
-        s->lockfd = openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        s->lockfd = kvt__io_openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
             rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
             goto fail;
@@ -449,9 +449,9 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     } else if (s->dirfd >= 0) {
         /* read-only: hold the shared lock when .lock can be read (so this
          * directory counts as in use), else go on without it */
-        s->lockfd = openat(s->dirfd, ".lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        s->lockfd = kvt__io_openat(s->dirfd, ".lock", O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
         if (s->lockfd >= 0 && flock(s->lockfd, LOCK_SH | LOCK_NB)) {
-            close(s->lockfd);
+            kvt__io_close(s->lockfd);
             s->lockfd = -1;
         }
     }

@@ -31,12 +31,12 @@ static _Atomic uint64_t kvt__tmp_seq;
 static ssize_t default_pwrite(void *ctx, int fd, const void *buf, size_t n, off_t off)
 {
     (void)ctx;
-    return pwrite(fd, buf, n, off);
+    return kvt__io_pwrite(fd, buf, n, off);
 }
 static int default_fsync(void *ctx, int fd)
 {
     (void)ctx;
-    return fsync(fd);
+    return kvt__io_fsync(fd);
 }
 
 /* Writes all of buf at off through the I/O layer; a call that makes no
@@ -167,7 +167,7 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
     ps->md = md;
     XXH3_state_t *xx = XXH3_createState();
     ps->xx = xx;
-    int fd = openat(dirfd, ps->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = kvt__io_openat(dirfd, ps->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = kvt__fail(-errno, "%s: cannot create: %s", path, strerror(errno));
         pending_release(ps);
@@ -272,8 +272,8 @@ void kvt__shard_abort(kvt__pending_shard *ps)
 {
     pending_release(ps);
     if (ps->fd >= 0) {
-        close(ps->fd);
-        unlinkat(ps->dirfd, ps->tmp, 0);
+        kvt__io_close(ps->fd);
+        kvt__io_unlinkat(ps->dirfd, ps->tmp, 0);
     }
     ps->fd = -1;
 }
@@ -297,14 +297,14 @@ int kvt__shard_commit(kvt__pending_shard *ps, const kvt_store_io *io_opt)
     }
     int fd = ps->fd;
     ps->fd = -1;
-    if (close(fd)) {
+    if (kvt__io_close(fd)) {
         rc = kvt__fail(-errno, "%s: close failed: %s", ps->path, strerror(errno));
-        unlinkat(ps->dirfd, ps->tmp, 0);
+        kvt__io_unlinkat(ps->dirfd, ps->tmp, 0);
         return rc;
     }
-    if (renameat(ps->dirfd, ps->tmp, ps->dirfd, ps->final)) {
+    if (kvt__io_renameat(ps->dirfd, ps->tmp, ps->dirfd, ps->final)) {
         rc = kvt__fail(-errno, "%s: rename to %s failed: %s", ps->path, ps->final, strerror(errno));
-        unlinkat(ps->dirfd, ps->tmp, 0);
+        kvt__io_unlinkat(ps->dirfd, ps->tmp, 0);
         return rc;
     }
     return 0;
@@ -329,7 +329,7 @@ static int pread_all(int fd, void *buf, size_t n, uint64_t off)
 {
     uint8_t *p = buf;
     while (n) {
-        ssize_t r = pread(fd, p, n, (off_t)off);
+        ssize_t r = kvt__io_pread(fd, p, n, (off_t)off);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
@@ -376,7 +376,7 @@ int kvt__shard_open(int dirfd, const char *dir, const char *name, kvt__shard *sh
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = kvt__io_openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (fd < 0) {
         *reason = KVT_STORE_REFUSED_IO;
         return kvt__fail(errno == ENOENT ? KVT_ENOTFOUND : -errno, "%s: %s", path, strerror(errno));
@@ -384,13 +384,13 @@ int kvt__shard_open(int dirfd, const char *dir, const char *name, kvt__shard *sh
     struct stat st;
     if (fstat(fd, &st)) {
         int e = errno;
-        close(fd);
+        kvt__io_close(fd);
         *reason = KVT_STORE_REFUSED_IO;
         return kvt__fail(-e, "%s: %s", path, strerror(e));
     }
     int rc = kvt__shard_read_header(fd, path, (uint64_t)st.st_size, sh, reason);
     if (rc) {
-        close(fd);
+        kvt__io_close(fd);
         return rc;
     }
     *fd_out = fd;

@@ -20,6 +20,7 @@
 #include "codec.h"
 #include "hmap.h"
 #include "index.h"
+#include "io_shim.h"
 #include "key.h"
 
 #include <jansson.h>

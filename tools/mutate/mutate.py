@@ -145,7 +145,7 @@ def main():
     ap.add_argument("--scratch", default="")
     ap.add_argument("--keep", action="store_true", help="keep the scratch tree")
     ap.add_argument("--jobs", default=os.environ.get("JOBS", "2"))
-    ap.add_argument("--timeout", type=int, default=int(os.environ.get("KVT_MUTATE_TIMEOUT", "400")),
+    ap.add_argument("--timeout", type=int, default=int(os.environ.get("KVT_MUTATE_TIMEOUT", "300")),
                     help="seconds per ctest run (a hang counts as killed)")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
