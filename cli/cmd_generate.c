@@ -6,8 +6,10 @@
  * anything but the generated text on stdout (errors and timing go to stderr).
  */
 #include "args.h"
+#include "chat.h"
 #include "cli.h"
 #include "generate.h"
+#include "tiers.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@ static void usage(FILE *f)
             "usage: kvtier generate [--model M.bin --tokenizer T.bin] [--prompt TEXT] [--steps N]\n"
             "                       [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
             "                       [--threads N] [--kv-dtype f32|f16|bf16|q8]\n"
+            "                       [--request-id ID --ssd-cache DIR [--checkpoint-every N]]\n"
             "\n"
             "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
             "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
@@ -44,6 +47,17 @@ static void usage(FILE *f)
             "                      CPUs, at most 8). The output does not depend on it.\n"
             "  --kv-dtype S        storage scheme of the K/V cache: f32 (default: llama2.c's\n"
             "                      output exactly), f16, bf16, q8 (int8, per-group scales).\n"
+            "  --request-id ID     make the run replayable: every --checkpoint-every generated\n"
+            "                      tokens a checkpoint (caches, tokens, sampler state) is written\n"
+            "                      behind decode under --ssd-cache DIR; run the same command again\n"
+            "                      after a crash and it resumes from the newest valid checkpoint of\n"
+            "                      ID and prints the whole output exactly as an uninterrupted run.\n"
+            "                      A run that ends removes its checkpoints. Without --seed the\n"
+            "                      resumed run takes the checkpoint's seed; a checkpoint that does\n"
+            "                      not match the run (prompt, seed, temperature, top-p, counts) is\n"
+            "                      an error naming the field (docs/checkpoints.md).\n"
+            "  --ssd-cache DIR     where the checkpoints are kept (the SSD tier's directory).\n"
+            "  --checkpoint-every N  generated tokens between checkpoints (default 16).\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n"
             "\n"
@@ -89,8 +103,8 @@ static int fail(const char *what, int rc)
 
 int kvt_cmd_generate(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *prompt = "";
-    long long steps = 256, seed = 0, block = 256, threads = 0;
+    const char *model_path = NULL, *tok_path = NULL, *prompt = "", *request_id = NULL, *ssd_dir = NULL;
+    long long steps = 256, seed = 0, block = 256, threads = 0, every = 0;
     kvt_kv_scheme kv_scheme = KVT_KV_F32;
     float temperature = 1.0f, topp = 0.9f;
     for (int i = 1; i < argc; i++) {
@@ -116,7 +130,8 @@ int kvt_cmd_generate(int argc, char **argv)
         name[nlen] = '\0';
         static const char *const known[] = {"--model", "--tokenizer", "--prompt", "--steps", "--temperature",
                                             "--top-p", "--seed", "--block-tokens", "--threads",
-                                            "--kv-dtype", NULL};
+                                            "--kv-dtype", "--request-id", "--ssd-cache", "--checkpoint-every",
+                                            NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], name))
             k++;
@@ -153,12 +168,26 @@ int kvt_cmd_generate(int argc, char **argv)
             rc = parse_i64(name, v, 1, KVT_MODEL_MAX_THREADS, &threads);
         else if (!strcmp(name, "--kv-dtype") && kvt_cli_kv_scheme(v, &kv_scheme))
             rc = bad(name, v, "f32, f16, bf16 or q8");
+        else if (!strcmp(name, "--request-id"))
+            request_id = v;
+        else if (!strcmp(name, "--ssd-cache"))
+            ssd_dir = v;
+        else if (!strcmp(name, "--checkpoint-every"))
+            rc = parse_i64(name, v, 1, INT32_MAX, &every);
         if (rc)
             return rc;
     }
     if ((model_path != NULL) != (tok_path != NULL)) {
         fprintf(stderr, "kvtier generate: %s given without %s (give both, or neither for the default model)\n",
                 model_path ? "--model" : "--tokenizer", model_path ? "--tokenizer" : "--model");
+        return 2;
+    }
+    if (request_id && (!request_id[0] || strlen(request_id) > KVT_REQUEST_ID_MAX))
+        return bad("--request-id", request_id, "need 1 to 255 bytes");
+    if ((request_id != NULL) != (ssd_dir != NULL) || (every && !request_id)) {
+        fprintf(stderr, "kvtier generate: %s\n", request_id ? "--request-id needs --ssd-cache DIR (where the checkpoints are kept)"
+                        : ssd_dir ? "--ssd-cache needs --request-id ID (generate keeps only checkpoints there)"
+                                  : "--checkpoint-every needs --request-id ID and --ssd-cache DIR");
         return 2;
     }
     char def_model[4096], def_tok[4096];
@@ -176,6 +205,8 @@ int kvt_cmd_generate(int argc, char **argv)
     kvt_model *model = NULL;
     kvt_tokenizer *tok = NULL;
     kvt_sampler *sampler = NULL;
+    kvt_store *store = NULL;
+    kvt_service *svc = NULL;
     int status = 1, rc;
     if ((rc = kvt_model_load(model_path, &model))) {
         status = fail("cannot load the model", rc);
@@ -195,15 +226,49 @@ int kvt_cmd_generate(int argc, char **argv)
         status = fail("cannot create the sampler", rc);
         goto done;
     }
+    if (request_id) {
+        kvt_chat_identity ident;
+        if ((rc = kvt_chat_identity_compute(model, tok_path, &ident))) {
+            status = fail("cannot hash the model", rc);
+            goto done;
+        }
+        if ((rc = kvt_chat_store_open(model, &ident, ssd_dir, 0, 0, &store))) {
+            status = fail("cannot open --ssd-cache", rc);
+            goto done;
+        }
+        kvt_chat_service_opts so = {.block_tokens = (int32_t)block, .checkpoint_store = store,
+                                    .checkpoint_every = every ? every : 16};
+        if ((rc = kvt_chat_service_create(model, &so, &svc))) {
+            status = fail("cannot create the cache service", rc);
+            goto done;
+        }
+    }
     kvt_generate_stats st;
-    rc = kvt_generate(model, tok, sampler, prompt, steps, (int32_t)block, stdout, &st);
+    kvt_generate_replay rp = {.svc = svc, .request_id = request_id, .seed_explicit = seed != 0};
+    rc = kvt_generate_ex(model, tok, sampler, prompt, steps, (int32_t)block, request_id ? &rp : NULL, stdout, &st);
     if (rc) {
         status = fail("generation failed", rc);
         goto done;
     }
     fprintf(stderr, "prefill: %.1f tok/s, decode: %.1f tok/s\n", st.prefill_tok_s, st.decode_tok_s);
+    if (request_id) {
+        if (st.resumed_generated)
+            fprintf(stderr, "resumed: request '%s' from its checkpoint at %lld generated tokens (%lld tokens "
+                    "restored, %lld prefilled, %lld decoded)\n", request_id, (long long)st.resumed_generated,
+                    (long long)st.resumed_tokens, (long long)st.prefill_tokens, (long long)st.decode_tokens);
+        else
+            fprintf(stderr, "resumed: nothing (request '%s' started fresh: %lld prefilled, %lld decoded)\n",
+                    request_id, (long long)st.prefill_tokens, (long long)st.decode_tokens);
+        fprintf(stderr, "checkpoints: %lld written behind decode, every %lld tokens\n", (long long)st.checkpoints,
+                every ? every : 16);
+    }
     status = 0;
 done:
+    if (svc && (rc = kvt_service_close(svc)) && status == 0)
+        status = fail("cannot make the checkpoints durable", rc);
+    kvt_service_destroy(svc);
+    if (store && (rc = kvt_store_close(store)) && status == 0)
+        status = fail("cannot close --ssd-cache", rc);
     kvt_sampler_free(sampler);
     kvt_tokenizer_free(tok);
     kvt_model_free(model);

@@ -46,6 +46,9 @@ typedef struct kvt_chat_service_opts {
     kvt_tier_chain *chain;        /* optional: the chain `cold` is the table of (the
                                      service report lists its levels), or NULL */
     uint64_t demote_idle_ms;      /* with a cold tier: demote RAM entries idle this long; 0 never */
+    kvt_store *checkpoint_store;  /* optional: keeps generation checkpoints of replayable
+                                     requests (kvt_service_config.checkpoint_store) */
+    int64_t checkpoint_every;     /* with checkpoint_store: generated tokens between them, >= 1 */
 } kvt_chat_service_opts;
 
 /** Creates a cache service for `m`: layer growth from the model's layer
@@ -64,6 +67,8 @@ typedef struct kvt_turn_stats {
     int64_t reused_tokens;     /* prompt tokens served by the service (not prefilled) */
     int64_t prefilled_tokens;  /* prompt tokens run by prefill */
     int64_t generated_tokens;  /* tokens of the reply (stop token excluded) */
+    int64_t resumed_tokens;    /* reply tokens restored from a generation
+                                  checkpoint (not decoded again); 0 = not resumed */
     double ttft_ms;            /* admit start to the first generated token chosen */
     double prefill_ms;         /* time inside kvt_model_prefill */
     double total_ms;           /* admit start to release */
@@ -81,6 +86,15 @@ typedef struct kvt_gen_opts {
     int64_t prefill_checkpoint_stride; /* tokens between prefill checkpoints (see
                                   kvt_chat_generate): 0 = the kv block size (256 when the
                                   model has no kv layer), < 0 = no checkpoints */
+    const char *request_id;    /* replayable generation (kvtier/service.h,
+                                  "generation checkpoints"): resumes from the
+                                  newest valid checkpoint of this id and saves
+                                  one every kvt_service_checkpoint_every()
+                                  generated tokens; NULL = not replayable */
+    int seed_explicit;         /* with request_id: 1 when the sampler's seed was
+                                  chosen by the client (a checkpoint with another
+                                  seed is then a mismatch); 0: a resumed
+                                  generation takes the checkpoint's seed */
 } kvt_gen_opts;
 
 /** Generates a reply to `prompt` through the service.

@@ -57,18 +57,18 @@ int kvt__model_alloc_scratch(kvt_model *m)
      * faster for prefill too (OPENBLAS_CORETYPE=SkylakeX restores OpenBLAS's) */
     const char *core = openblas_get_corename();
     m->own_gemm = core && !strcmp(core, "Prescott") && strcmp(kvt__kernels_isa(), "c") != 0;
-    return kvt__pool_create(0, &m->pool);
+    return kvt_threads_create(0, &m->threads);
 }
 
 void kvt__model_free_scratch(kvt_model *m)
 {
-    kvt__pool_free(m->pool);
+    kvt_threads_destroy(m->threads);
     kvt__free(m->scratch_block);
     kvt__free(m->s.scores);
     kvt__free(m->segs);
     kvt__free(m->conv);
     kvt__free(m->dec_block);
-    m->pool = NULL;
+    m->threads = NULL;
     m->dec_block = NULL;
     m->dec_cap = 0;
     m->scratch_block = NULL;
@@ -152,12 +152,12 @@ static void run_matmul(kvt_model *m, float *out, const float *x, const float *W,
     double macs = (double)T * n_in * n_out;
     int parts = 1;
     if (macs >= PAR_MIN_MACS && n_out >= 64) /* a few parts per thread, each >= 32 rows */
-        parts = KVT__MIN(PARTS_PER_THREAD * kvt__pool_size(m->pool), n_out / 32);
-    kvt__pool_run(m->pool, mm_part, &j, parts);
+        parts = KVT__MIN(PARTS_PER_THREAD * kvt_threads_size(m->threads), n_out / 32);
+    kvt_threads_run(m->threads, mm_part, &j, parts);
 }
 
 /* out (T, n_out) = x (T, n_in) . W^T, W (n_out, n_in) row-major; rows of W
- * split over the pool. A prefill chunk (T > 1) runs OpenBLAS sgemm unless
+ * split over the worker threads. A prefill chunk (T > 1) runs OpenBLAS sgemm unless
  * OpenBLAS runs its generic SSE3 kernels on a CPU where ours are wider
  * (m->own_gemm); a single row runs the decode kernel. */
 static void matmul(kvt_model *m, float *out, const float *x, const float *W, int T, int n_in, int n_out)
@@ -319,7 +319,7 @@ static int run_attention(kvt_model *m, const kvt_kv_rows *segs, int n_segs, int6
 {
     const kvt_model_config *c = &m->cfg;
     double macs = 2.0 * T * (double)ctx * c->dim;
-    int parts = macs >= PAR_MIN_MACS ? kvt__pool_size(m->pool) : 1;
+    int parts = macs >= PAR_MIN_MACS ? kvt_threads_size(m->threads) : 1;
     if (parts > c->n_heads)
         parts = c->n_heads;
     size_t stride = (size_t)T * (size_t)ctx;
@@ -338,7 +338,7 @@ static int run_attention(kvt_model *m, const kvt_kv_rows *segs, int n_segs, int6
         m->conv = a;
     }
     attn_job j = {m, segs, n_segs, p0, ctx, T, q, out, stride, conv_stride};
-    kvt__pool_run(m->pool, attn_part, &j, parts);
+    kvt_threads_run(m->threads, attn_part, &j, parts);
     return 0;
 }
 
@@ -652,13 +652,13 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
     double macs = 0;
     for (int i = 0; i < n; i++)
         macs += 2.0 * (double)m->dec_ctx[i] * c->dim;
-    int parts = macs >= PAR_MIN_MACS ? PARTS_PER_THREAD * kvt__pool_size(m->pool) : 1;
+    int parts = macs >= PAR_MIN_MACS ? PARTS_PER_THREAD * kvt_threads_size(m->threads) : 1;
     if (parts > n * c->n_heads)
         parts = n * c->n_heads;
     if ((rc = ensure_scores(m, (size_t)max_ctx * (size_t)parts)) != 0)
         return rc;
     dec_attn_job j = {m, n, m->dec_seg0, m->dec_ctx, (size_t)max_ctx};
-    kvt__pool_run(m->pool, dec_attn_part, &j, parts);
+    kvt_threads_run(m->threads, dec_attn_part, &j, parts);
     return 0;
 }
 
@@ -779,16 +779,16 @@ KVT_API int kvt_model_set_threads(kvt_model *m, int n_threads)
         return kvt__fail(KVT_EINVAL, "kvt_model_set_threads: NULL model");
     if (n_threads < 1 || n_threads > KVT_MODEL_MAX_THREADS)
         return kvt__fail(KVT_EINVAL, "%s: %d threads: wants 1 to %d", m->path, n_threads, KVT_MODEL_MAX_THREADS);
-    if (kvt__pool_size(m->pool) == n_threads)
+    if (kvt_threads_size(m->threads) == n_threads)
         return 0;
-    /* the new pool first: if its threads cannot start, the old one stays */
-    struct kvt__pool *p = NULL;
-    int rc = kvt__pool_create(n_threads, &p);
+    /* the new threads first: if they cannot start, the old ones stay */
+    kvt_threads *p = NULL;
+    int rc = kvt_threads_create(n_threads, &p);
     if (rc)
         return rc;
-    kvt__pool_free(m->pool);
-    m->pool = p;
+    kvt_threads_destroy(m->threads);
+    m->threads = p;
     return 0;
 }
 
-KVT_API int kvt_model_get_threads(const kvt_model *m) { return m ? kvt__pool_size(m->pool) : 0; }
+KVT_API int kvt_model_get_threads(const kvt_model *m) { return m ? kvt_threads_size(m->threads) : 0; }

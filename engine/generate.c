@@ -8,6 +8,7 @@
  */
 #include "generate.h"
 
+#include "seq.h"
 #include "util.h"
 
 #include <errno.h>
@@ -32,6 +33,25 @@ static void finish_stats(kvt_generate_stats *st)
 int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
                  int64_t steps, int32_t block_tokens, FILE *out, kvt_generate_stats *stats)
 {
+    return kvt_generate_ex(m, tok, sampler, prompt, steps, block_tokens, NULL, out, stats);
+}
+
+/* Prints the pieces of the restored reply tokens (prev: the token before the first). */
+static int emit_reply(FILE *out, const kvt_tokenizer *tok, int32_t prev, const int32_t *reply, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++) {
+        int rc = emit(out, kvt_tokenizer_decode(tok, prev, reply[k]));
+        if (rc)
+            return rc;
+        prev = reply[k];
+    }
+    return 0;
+}
+
+int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
+                    int64_t steps, int32_t block_tokens, const kvt_generate_replay *rp, FILE *out,
+                    kvt_generate_stats *stats)
+{
     kvt_generate_stats st;
     memset(&st, 0, sizeof st);
     if (stats)
@@ -39,6 +59,8 @@ int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, c
     if (!m || !tok || !sampler || !out)
         return kvt__fail(KVT_EINVAL, "kvt_generate: NULL %s",
                          !m ? "model" : !tok ? "tokenizer" : !sampler ? "sampler" : "out");
+    if (rp && (!rp->svc || !rp->request_id))
+        return kvt__fail(KVT_EINVAL, "generate: a replayable run needs a service and a request id");
     if (steps < 0)
         return kvt__fail(KVT_EINVAL, "generate: steps %lld is negative", (long long)steps);
     const kvt_model_config *cfg = kvt_model_get_config(m);
@@ -57,7 +79,10 @@ int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, c
     int32_t *toks = kvt__malloc((size_t)cap * sizeof *toks);
     kvt_cache **caches = kvt__calloc((size_t)cfg->n_layers, sizeof *caches);
     float *logits = kvt__malloc((size_t)cfg->vocab_size * sizeof *logits);
-    int rc = 0, have_caches = 0;
+    int32_t *all = NULL; /* replayable: (n_prompt + max_tokens) prompt, then the reply */
+    kvt_admission *adm = NULL;
+    kvt_state state = {0};
+    int rc = 0, have_caches = 0, completed = 0;
     if (!toks || !caches || !logits) {
         rc = kvt__fail(KVT_ENOMEM, "generate: no memory for a %lld-token prompt", (long long)cap);
         goto done;
@@ -78,18 +103,65 @@ int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, c
     if (steps < n_prompt)
         goto newline; /* the run ends before the first sample: nothing to compute */
 
-    if ((rc = kvt_model_new_caches(m, block_tokens, caches)))
-        goto done;
-    have_caches = 1;
-    uint64_t t0 = kvt_now_ns();
-    if ((rc = kvt_model_prefill(m, caches, toks, n_prompt, logits)))
-        goto done;
-    uint64_t t1 = kvt_now_ns();
-    st.prefill_tokens = n_prompt;
-    st.prefill_ms = (double)(t1 - t0) / 1e6;
-
     int32_t token = toks[n_prompt - 1];
-    for (int64_t pos = n_prompt - 1; pos < steps; pos++) {
+    int64_t pos0 = n_prompt - 1; /* the position whose logits come first */
+    int64_t generated = 0;       /* reply tokens chosen (and printed) so far */
+    int64_t every = 0;
+    uint64_t t1 = 0;
+    if (rp) {
+        /* every position from n_prompt - 1 on samples one reply token */
+        int64_t max_tokens = steps - n_prompt + 1;
+        kvt_request req = {.prompt = toks, .n_prompt = n_prompt, .max_tokens = max_tokens};
+        all = kvt__malloc((size_t)(n_prompt + max_tokens) * sizeof *all);
+        if (!all) {
+            rc = kvt__fail(KVT_ENOMEM, "generate: no memory for %lld tokens", (long long)(n_prompt + max_tokens));
+            goto done;
+        }
+        memcpy(all, toks, (size_t)n_prompt * sizeof *all);
+        if ((rc = kvt_service_admit(rp->svc, &req, &adm)))
+            goto done;
+        kvt_checkpoint_info ck;
+        if ((rc = kvt_replay_acquire(rp->svc, adm, sampler, cfg->vocab_size, rp->request_id, rp->seed_explicit,
+                                     &state, &ck, all + n_prompt, max_tokens)))
+            goto done;
+        if (state.n_layers != cfg->n_layers) {
+            rc = kvt__fail(KVT_EINVAL, "generate: the service gave %d layers, the model has %d",
+                           (int)state.n_layers, (int)cfg->n_layers);
+            goto done;
+        }
+        memcpy(caches, state.caches, (size_t)cfg->n_layers * sizeof *caches);
+        every = kvt_service_checkpoint_every(rp->svc);
+        if (ck.generated_tokens > 0) {
+            generated = ck.generated_tokens;
+            st.resumed_generated = generated;
+            st.resumed_tokens = n_prompt + generated - 1;
+            if ((rc = emit_reply(out, tok, toks[n_prompt - 1], all + n_prompt, generated)))
+                goto done;
+            token = all[n_prompt + generated - 1];
+            pos0 = n_prompt - 1 + generated;
+            t1 = kvt_now_ns();
+            goto decode;
+        }
+        int64_t reused = state.reused_tokens;
+        uint64_t t0 = kvt_now_ns();
+        if ((rc = kvt_model_prefill(m, caches, toks + reused, n_prompt - reused, logits)))
+            goto done;
+        t1 = kvt_now_ns();
+        st.prefill_tokens = n_prompt - reused;
+        st.prefill_ms = (double)(t1 - t0) / 1e6;
+    } else {
+        if ((rc = kvt_model_new_caches(m, block_tokens, caches)))
+            goto done;
+        have_caches = 1;
+        uint64_t t0 = kvt_now_ns();
+        if ((rc = kvt_model_prefill(m, caches, toks, n_prompt, logits)))
+            goto done;
+        t1 = kvt_now_ns();
+        st.prefill_tokens = n_prompt;
+        st.prefill_ms = (double)(t1 - t0) / 1e6;
+    }
+decode:
+    for (int64_t pos = pos0; pos < steps; pos++) {
         if (pos > n_prompt - 1) {
             if ((rc = kvt_model_decode(m, caches, token, logits)))
                 goto done;
@@ -102,17 +174,30 @@ int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, c
         if ((rc = emit(out, kvt_tokenizer_decode(tok, token, next))))
             goto done;
         token = next;
+        if (all) {
+            all[n_prompt + generated++] = next;
+            /* the caches hold the prompt and every reply token but `next`,
+             * which is pending; no checkpoint for the last position */
+            if (every > 0 && generated % every == 0 && pos + 1 < steps &&
+                kvt_replay_checkpoint(rp->svc, adm, sampler, caches, all, n_prompt, generated, next) == 0)
+                st.checkpoints++;
+        }
     }
     st.decode_ms = (double)(kvt_now_ns() - t1) / 1e6;
+    completed = 1;
 newline:
     if (fputs("\n", out) == EOF || fflush(out) != 0)
         rc = kvt__fail(-EIO, "generate: writing the output failed");
 done:
     if (have_caches)
         kvt_caches_destroy(caches, cfg->n_layers);
+    kvt_state_clear(&state); /* the replayable run's caches (caches[] only borrowed them) */
+    if (adm)
+        kvt_service_release(rp->svc, adm, completed && rc == 0);
     kvt__free(caches);
     kvt__free(logits);
     kvt__free(toks);
+    kvt__free(all);
     finish_stats(&st);
     if (stats)
         *stats = st;

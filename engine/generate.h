@@ -7,6 +7,8 @@
 #ifndef KVT_ENGINE_GENERATE_H
 #define KVT_ENGINE_GENERATE_H
 
+#include "kvtier/service.h"
+
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -29,7 +31,19 @@ typedef struct kvt_generate_stats {
     double decode_ms;        /* wall time from the first sample to the end, ms */
     double prefill_tok_s;    /* prefill_tokens / prefill time, tokens/s (0 if none) */
     double decode_tok_s;     /* decode_tokens / decode time, tokens/s (0 if none) */
+    int64_t resumed_generated; /* replayable run: reply tokens its checkpoint held
+                                  (the pending one included); 0 = not resumed */
+    int64_t resumed_tokens;  /* tokens its restored caches held (prompt + fed reply) */
+    int64_t checkpoints;     /* checkpoints this run handed to the service */
 } kvt_generate_stats;
+
+/** A replayable kvt_generate_ex() run. Zero-initialise, then set. */
+typedef struct kvt_generate_replay {
+    kvt_service *svc;        /* a service for the model with a checkpoint store
+                                (kvt_service_checkpoint_every() > 0); borrowed */
+    const char *request_id;  /* the run's id (kvtier/service.h, kvt_replay) */
+    int seed_explicit;       /* 1: the sampler's seed was given by the user */
+} kvt_generate_replay;
 
 /** Generates text exactly as llama2.c run.c generate() prints it.
  *
@@ -62,6 +76,27 @@ typedef struct kvt_generate_stats {
  */
 KVT_API int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
                          int64_t steps, int32_t block_tokens, FILE *out, kvt_generate_stats *stats);
+
+/** kvt_generate(), replayable: the same positions run and the same text is
+ * printed, and the run survives a crash.
+ *
+ * With rp NULL it is kvt_generate(). With rp, the run is a request of
+ * rp->svc (admitted for the positions left after the prompt, steps -
+ * n_prompt + 1 tokens) that resumes from the newest valid checkpoint of
+ * rp->request_id (kvt_replay_acquire: caches, reply tokens and the sampler's
+ * generator come back; nothing it covers is prefilled or decoded again) and
+ * saves a checkpoint every kvt_service_checkpoint_every() generated tokens
+ * (zero-copy clone, write-behind). A resumed run prints the whole text an
+ * uninterrupted run prints: the prompt pieces, the restored reply's pieces,
+ * then what it generates. A run that reaches its end (BOS or steps) is
+ * released completed, which removes its checkpoints; an error leaves them.
+ * @param block_tokens ignored with rp (the service makes the caches).
+ * @return as kvt_generate; with rp also the errors of kvt_service_admit
+ *   and kvt_replay_acquire (KVT_EMISMATCH names the field that differs).
+ * Not thread-safe for one model or sampler. */
+KVT_API int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
+                            int64_t steps, int32_t block_tokens, const kvt_generate_replay *rp, FILE *out,
+                            kvt_generate_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -53,13 +53,13 @@
  * a caller holding caches with p tokens (e.g. from the prompt cache) feeds
  * only tokens[p..].
  *
- * Threads: a model owns a pool of worker threads (online CPUs, at most 8,
+ * Threads: a model owns a set of worker threads (online CPUs, at most 8,
  * the caller included; kvt_model_set_threads changes it) that split each
  * matrix product by output rows and attention by heads; OpenBLAS runs each
  * piece single-threaded (loading a model calls openblas_set_num_threads(1),
  * process-wide).
  *
- * Thread-safety: a kvt_model holds scratch buffers and its pool; one thread
+ * Thread-safety: a kvt_model holds scratch buffers and its worker threads; one thread
  * at a time may call prefill/decode on it (the caller serialises). Loading, freeing and the
  * const getters of different models are independent. kvt_model_get_config,
  * kvt_model_fingerprint and kvt_model_kv_bytes_per_token may be called
@@ -268,8 +268,8 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
 #define KVT_MODEL_MAX_THREADS 64
 
 /** Sets how many threads run this model's prefill and decode, the calling
- * thread included: stops and joins the pool's workers and starts n_threads - 1
- * new ones (nothing is done when the pool already has n_threads). A model
+ * thread included: stops and joins the workers and starts n_threads - 1
+ * new ones (nothing is done when it already has n_threads). A model
  * starts with online CPUs, at most 8. Outputs do not depend on it: decode
  * (and batched decode) logits are bit-identical at any thread count (see
  * kvt_model_decode_batch); prefill through OpenBLAS within float tolerance.
@@ -277,7 +277,7 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
  *   KVT_MODEL_MAX_THREADS.
  * @return 0; KVT_EINVAL (NULL model, n_threads out of range; the message
  *   gives the range); KVT_ENOMEM or -errno when the new threads cannot start:
- *   the model then keeps its old pool and stays usable.
+ *   the model then keeps its old threads and stays usable.
  * Not thread-safe for one model: never while a prefill or decode runs on it
  * (the same rule as those calls: the caller serialises).
  */

@@ -62,7 +62,7 @@ struct kvt_model {
     float *conv;          /* (conv_cap) floats: prefill's K/V head slices converted to f32 for GEMM */
     size_t conv_cap;
     kvt_kv_scheme kv_scheme; /* storage scheme of the caches kvt_model_new_caches makes */
-    struct kvt_threads *pool; /* worker threads of the forward pass */
+    struct kvt_threads *threads; /* worker threads of the forward pass */
     int own_gemm;           /* 1: prefill products through kernels.h, not OpenBLAS */
     /* per-sequence arrays of a batched decode, one allocation (dec_block) */
     void *dec_block;

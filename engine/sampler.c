@@ -17,7 +17,9 @@ struct kvt_sampler {
     int32_t vocab_size;        /* logits per call */
     float temperature;         /* 0 = greedy */
     float topp;                /* nucleus threshold; outside (0, 1) = multinomial */
+    uint64_t seed;             /* the state the generator started from */
     uint64_t rng_state;        /* xorshift64* state, never 0 */
+    uint64_t draws;            /* coins drawn since creation (or restore) */
     kvt_prob_index *probindex; /* (vocab_size,) top-p scratch */
 };
 
@@ -141,6 +143,7 @@ int kvt_sampler_create(int32_t vocab_size, float temperature, float topp, uint64
     s->vocab_size = vocab_size;
     s->temperature = temperature;
     s->topp = topp;
+    s->seed = seed;
     s->rng_state = seed;
     *out = s;
     return 0;
@@ -164,6 +167,34 @@ uint64_t kvt_sampler_rng_state(const kvt_sampler *s)
     return s ? s->rng_state : 0;
 }
 
+uint64_t kvt_sampler_seed(const kvt_sampler *s) { return s ? s->seed : 0; }
+
+uint64_t kvt_sampler_rng_draws(const kvt_sampler *s) { return s ? s->draws : 0; }
+
+float kvt_sampler_temperature(const kvt_sampler *s) { return s ? s->temperature : 0.0f; }
+
+float kvt_sampler_topp(const kvt_sampler *s) { return s ? s->topp : 0.0f; }
+
+uint64_t kvt_sampler_state_after(uint64_t seed, uint64_t draws)
+{
+    uint64_t st = seed;
+    for (uint64_t i = 0; i < draws; i++)
+        (void)kvt_rng_u32(&st);
+    return st;
+}
+
+int kvt_sampler_restore(kvt_sampler *s, uint64_t seed, uint64_t rng_state, uint64_t draws)
+{
+    if (!s)
+        return kvt__fail(KVT_EINVAL, "sampler restore: NULL sampler");
+    if (seed == 0 || rng_state == 0)
+        return kvt__fail(KVT_EINVAL, "sampler restore: seed or generator state 0 would never change");
+    s->seed = seed;
+    s->rng_state = rng_state;
+    s->draws = draws;
+    return 0;
+}
+
 int32_t kvt_sampler_sample(kvt_sampler *s, float *logits)
 {
     if (s->temperature == 0.0f)
@@ -172,6 +203,7 @@ int32_t kvt_sampler_sample(kvt_sampler *s, float *logits)
         logits[q] /= s->temperature;
     kvt_softmax(logits, s->vocab_size);
     float coin = kvt_rng_f32(&s->rng_state);
+    s->draws++;
     if (s->topp <= 0.0f || s->topp >= 1.0f)
         return kvt_sample_mult(logits, s->vocab_size, coin);
     return kvt_sample_topp(logits, s->vocab_size, s->topp, s->probindex, coin);

@@ -65,6 +65,31 @@ KVT_API int32_t kvt_sampler_vocab_size(const kvt_sampler *s);
 /** The current generator state (for tests and resuming). */
 KVT_API uint64_t kvt_sampler_rng_state(const kvt_sampler *s);
 
+/** The seed the sampler was created with (its generator's first state). */
+KVT_API uint64_t kvt_sampler_seed(const kvt_sampler *s);
+
+/** Coins the generator has drawn: one per kvt_sampler_sample() call with
+ * temperature > 0 (greedy draws none), counted from creation or from the
+ * count given to kvt_sampler_restore(). With the seed it fixes the state:
+ * kvt_sampler_state_after(seed, draws) == kvt_sampler_rng_state(). */
+KVT_API uint64_t kvt_sampler_rng_draws(const kvt_sampler *s);
+
+/** The temperature and top-p the sampler was created with. */
+KVT_API float kvt_sampler_temperature(const kvt_sampler *s);
+KVT_API float kvt_sampler_topp(const kvt_sampler *s);
+
+/** The generator state after `draws` steps of kvt_rng_u32 from `seed`
+ * (O(draws)): what a resumed generation checks a saved state against. */
+KVT_API uint64_t kvt_sampler_state_after(uint64_t seed, uint64_t draws);
+
+/** Puts the generator where a saved generation left it (its seed, state and
+ * draw count, from kvt_sampler_seed() / kvt_sampler_rng_state() /
+ * kvt_sampler_rng_draws()), so the next sample is the one the uninterrupted
+ * run drew. Temperature and top-p are kept.
+ * @return 0; KVT_EINVAL (NULL sampler, seed or state 0). Not thread-safe
+ *   for one sampler. */
+KVT_API int kvt_sampler_restore(kvt_sampler *s, uint64_t seed, uint64_t rng_state, uint64_t draws);
+
 /** llama2.c random_u32: xorshift64* step of *state (>> 12, << 25, >> 27,
  * times 0x2545F4914F6CDD1D), returns the high 32 bits. */
 KVT_API uint32_t kvt_rng_u32(uint64_t *state);

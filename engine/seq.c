@@ -41,6 +41,8 @@ struct kvt_seq {
     int64_t done;                  /* prompt tokens in the caches */
     int64_t fed;                   /* reply tokens in the caches */
     int64_t published;             /* length of the last state published, 0 none */
+    int64_t ckpt_every;            /* replayable: generated tokens between checkpoints, 0 none */
+    int64_t resumed;               /* reply tokens restored from a checkpoint */
     int32_t *all;                  /* (n_prompt + max_tokens) prompt, then the fed reply */
     int32_t *reply;                /* (max_tokens) reply tokens */
     int64_t n_reply;
@@ -145,9 +147,6 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
         kvt__free(s);
         return rc;
     }
-    rc = kvt_service_acquire(svc, s->adm, &s->state);
-    if (rc)
-        goto fail;
     s->logits = kvt__malloc((size_t)c->vocab_size * sizeof *s->logits);
     s->all = kvt__malloc((size_t)(n_prompt + max_tokens) * sizeof *s->all);
     s->reply = kvt__malloc((size_t)max_tokens * sizeof *s->reply);
@@ -155,8 +154,29 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
         rc = kvt__fail(KVT_ENOMEM, "chat: out of memory");
         goto fail;
     }
+    kvt_checkpoint_info ck = {0};
+    if (o->request_id)
+        rc = kvt_replay_acquire(svc, s->adm, sampler, c->vocab_size, o->request_id, o->seed_explicit, &s->state,
+                                &ck, s->reply, max_tokens);
+    else
+        rc = kvt_service_acquire(svc, s->adm, &s->state);
+    if (rc)
+        goto fail;
     memcpy(s->all, prompt, (size_t)n_prompt * sizeof *s->all);
     s->reused = s->done = s->state.reused_tokens;
+    s->ckpt_every = o->request_id ? kvt_service_checkpoint_every(svc) : 0;
+    if (ck.generated_tokens > 0) {
+        /* resumed: the caches hold the prompt and the fed reply tokens; the
+         * pending token is chosen again by nobody: kvt_seq_next takes it */
+        int64_t fed = ck.generated_tokens - 1;
+        memcpy(s->all + n_prompt, s->reply, (size_t)fed * sizeof *s->all);
+        s->reused = s->done = n_prompt;
+        s->fed = s->n_reply = s->resumed = fed;
+        s->tok = ck.pending_token;
+        s->prev = fed > 0 ? s->reply[fed - 1] : prompt[n_prompt - 1];
+        s->phase = SEQ_CHOSEN;
+        s->ttft_ms = ms_since(t0);
+    }
     s->keeps = kvt_service_keeps(svc, s->adm);
     s->stride = s->keeps ? checkpoint_stride(s, o->prefill_checkpoint_stride) : 0;
     *out = s;
@@ -168,6 +188,44 @@ fail:
 }
 
 KVT_API int64_t kvt_seq_reused(const kvt_seq *s) { return s ? s->reused : 0; }
+
+KVT_API int64_t kvt_seq_resumed(const kvt_seq *s) { return s ? s->resumed : 0; }
+
+KVT_API int kvt_replay_acquire(kvt_service *svc, kvt_admission *adm, kvt_sampler *sampler, int32_t vocab_size,
+                               const char *request_id, int seed_explicit, kvt_state *out,
+                               kvt_checkpoint_info *info, int32_t *reply, int64_t reply_cap)
+{
+    if (!sampler)
+        return kvt__fail(KVT_EINVAL, "replay: NULL sampler");
+    kvt_replay rp = {.request_id = request_id, .seed = kvt_sampler_seed(sampler), .seed_explicit = seed_explicit,
+                     .temperature = kvt_sampler_temperature(sampler), .topp = kvt_sampler_topp(sampler),
+                     .vocab_size = vocab_size};
+    int rc = kvt_service_resume(svc, adm, &rp, out, info, reply, reply_cap);
+    if (rc || info->generated_tokens == 0)
+        return rc;
+    if (kvt_sampler_state_after(info->seed, info->rng_draws) != info->rng_state || info->rng_state == 0)
+        rc = kvt__fail(KVT_EMISMATCH, "request '%s': checkpoint's generator state %llu does not follow from its "
+                       "seed %llu at RNG position %llu", request_id, (unsigned long long)info->rng_state,
+                       (unsigned long long)info->seed, (unsigned long long)info->rng_draws);
+    if (!rc)
+        rc = kvt_sampler_restore(sampler, info->seed, info->rng_state, info->rng_draws);
+    if (rc) {
+        kvt_state_clear(out);
+        memset(info, 0, sizeof *info);
+    }
+    return rc;
+}
+
+KVT_API int kvt_replay_checkpoint(kvt_service *svc, kvt_admission *adm, const kvt_sampler *sampler,
+                                  kvt_cache *const *caches, const int32_t *tokens, int64_t n_prompt,
+                                  int64_t generated, int32_t pending)
+{
+    kvt_checkpoint_info ck = {.prompt_tokens = n_prompt, .generated_tokens = generated, .pending_token = pending,
+                              .seed = kvt_sampler_seed(sampler), .rng_state = kvt_sampler_rng_state(sampler),
+                              .rng_draws = kvt_sampler_rng_draws(sampler),
+                              .temperature = kvt_sampler_temperature(sampler), .topp = kvt_sampler_topp(sampler)};
+    return kvt_service_checkpoint(svc, adm, caches, tokens, n_prompt + generated - 1, &ck);
+}
 
 /* Where the next prefill piece must end at the latest: the next length at
  * which a snapshot is due (a checkpoint boundary, n_prompt - 1), else the
@@ -268,6 +326,11 @@ KVT_API int kvt_seq_next(kvt_seq *s, int32_t *tok, int *finished)
         *finished = 1;
     } else {
         s->phase = SEQ_PENDING;
+        /* every ckpt_every reply tokens: the caches hold prompt + fed tokens,
+         * the token is pending; a refused checkpoint is counted by the service */
+        if (s->ckpt_every > 0 && s->n_reply % s->ckpt_every == 0 && s->n_reply > s->resumed + 1)
+            (void)kvt_replay_checkpoint(s->svc, s->adm, s->sampler, s->state.caches, s->all, s->n_prompt,
+                                        s->n_reply, s->tok);
     }
     return 0;
 }
@@ -356,6 +419,7 @@ KVT_API int kvt_seq_finish(kvt_seq *s, int completed, kvt_turn_stats *st)
         st->reused_tokens = s->reused;
         st->prefilled_tokens = s->n_prompt - s->reused;
         st->generated_tokens = s->n_reply;
+        st->resumed_tokens = s->resumed;
         st->ttft_ms = s->ttft_ms;
         st->prefill_ms = s->prefill_ms;
         st->total_ms = ms_since(s->t0);

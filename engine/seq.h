@@ -75,8 +75,42 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
                           int64_t n_prompt, const kvt_gen_opts *o, kvt_seq **out);
 
 /** Prompt tokens the service served from its cache (not prefilled); 0 for
- * NULL. Known from kvt_seq_begin on. */
+ * NULL. Known from kvt_seq_begin on. A resumed generation covers the whole
+ * prompt (n_prompt). */
 KVT_API int64_t kvt_seq_reused(const kvt_seq *s);
+
+/** Reply tokens a replayable sequence (o->request_id) got back from its
+ * checkpoint at kvt_seq_begin: they are in kvt_seq_reply() already (emit
+ * them first: the client gets the whole reply), the prompt is done, and
+ * the next kvt_seq_next() returns the checkpoint's pending token. 0 when
+ * nothing was resumed or for NULL. */
+KVT_API int64_t kvt_seq_resumed(const kvt_seq *s);
+
+/* ---- replayable generations (shared by seq.c and generate.c) ---------------------- */
+
+/** Acquires the state of a replayable request (kvt_service_resume) and,
+ * when a checkpoint was resumed, puts the sampler where it was: the
+ * checkpoint's generator state must follow from its seed and RNG position
+ * (kvt_sampler_state_after), else KVT_EMISMATCH naming "RNG position".
+ * The replay's seed, temperature, top-p are the sampler's; vocab_size the
+ * model's.
+ * @param reply (reply_cap) as kvt_service_resume; info->generated_tokens is
+ *   0 when the request starts fresh.
+ * @return 0 or an error of kvt_service_resume (then nothing is held) or the
+ *   mismatch above (then *out is cleared). */
+KVT_API int kvt_replay_acquire(kvt_service *svc, kvt_admission *adm, kvt_sampler *sampler, int32_t vocab_size,
+                               const char *request_id, int seed_explicit, kvt_state *out,
+                               kvt_checkpoint_info *info, int32_t *reply, int64_t reply_cap);
+
+/** Saves a checkpoint of a replayable request whose caches hold tokens
+ * (n_prompt prompt tokens, then generated - 1 fed reply tokens) and whose
+ * sampler just chose `pending`, the generated-th reply token
+ * (kvt_service_checkpoint; the metadata is read off the sampler).
+ * @return as kvt_service_checkpoint (a refused checkpoint is not an error of
+ *   the generation: the service counts it). */
+KVT_API int kvt_replay_checkpoint(kvt_service *svc, kvt_admission *adm, const kvt_sampler *sampler,
+                                  kvt_cache *const *caches, const int32_t *tokens, int64_t n_prompt,
+                                  int64_t generated, int32_t pending);
 
 /** Prefills at most max_tokens of the prompt tokens not yet in the caches.
  *

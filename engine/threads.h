@@ -27,12 +27,4 @@ void kvt_threads_run(kvt_threads *p, kvt_threads_fn fn, void *ctx, int n_parts);
 /** Stops and joins the workers. NULL is a no-op. */
 void kvt_threads_destroy(kvt_threads *p);
 
-/* The names of before the rename, for the forward pass until it uses the
- * ones above. */
-#define kvt__pool kvt_threads
-#define kvt__pool_create kvt_threads_create
-#define kvt__pool_size kvt_threads_size
-#define kvt__pool_run kvt_threads_run
-#define kvt__pool_free kvt_threads_destroy
-
 #endif

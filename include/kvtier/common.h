@@ -64,7 +64,8 @@ extern "C" {
     X(KVT_ESTALE, -10014, "result discarded: the cache was cleared meanwhile") \
     X(KVT_ELIMIT, -10015, "request exceeds a model or budget limit")           \
     X(KVT_EAGAIN, -10016, "does not fit now; retry later")                     \
-    X(KVT_EREADONLY, -10017, "the tier is read-only")
+    X(KVT_EREADONLY, -10017, "the tier is read-only")                          \
+    X(KVT_EMISMATCH, -10018, "saved state does not match the request")
 
 enum kvt_status {
 #define KVT__ENUM(name, value, msg) name = value,

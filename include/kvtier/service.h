@@ -39,6 +39,8 @@
 #include "kvtier/tier.h"
 #include "kvtier/tier_chain.h"
 
+struct kvt_store; /* kvtier/store.h */
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -130,6 +132,17 @@ typedef struct kvt_service_config {
      * checked by a background thread every max(demote_idle_ms / 4, 10) ms.
      * 0 = never. Ignored without a cold tier. */
     uint64_t demote_idle_ms;
+    /** Optional store that keeps generation checkpoints (see "generation
+     * checkpoints" below); borrowed, must outlive the service (close the
+     * service first). May be the store behind `cold`. NULL: none are kept
+     * and kvt_service_resume acquires as kvt_service_acquire does. */
+    struct kvt_store *checkpoint_store;
+    /** With checkpoint_store: generated tokens between two checkpoints of a
+     * replayable request (`--checkpoint-every N`), >= 1. */
+    int64_t checkpoint_every;
+    /** With checkpoint_store: bytes of cache state the checkpoint writer may
+     * hold queued (kvt_cache_bytes of the queued clones); 0 = 256 MiB. */
+    uint64_t checkpoint_queue_bytes;
 } kvt_service_config;
 
 /** Creates a service.
@@ -315,10 +328,10 @@ KVT_API int kvt_service_publish(kvt_service *svc, kvt_admission *adm, const int3
 /** Ends a request: its projected KV bytes return to the budget and waiting
  * admissions are woken. The admission is freed; NULL is a no-op.
  * @param completed 1 when the generation ran to its end (stop token or
- *   max_tokens), 0 when it was interrupted or failed. This version keeps
- *   nothing per generation, so both values release the same way today; pass
- *   the truth: a service that keeps generation checkpoints removes them for
- *   a completed request and keeps them for an interrupted one to resume.
+ *   max_tokens), 0 when it was interrupted or failed. For a replayable
+ *   request (kvt_service_resume) 1 queues the removal of its checkpoints
+ *   behind its queued writes (release never waits for I/O); 0 keeps them for
+ *   the request to resume.
  * Thread-safe. */
 KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int completed);
 
@@ -355,6 +368,145 @@ KVT_API int kvt_service_flush(kvt_service *svc);
 /** Drops a session's affinity; never the data. NULL is a
  * no-op. Thread-safe. */
 KVT_API void kvt_service_close_session(kvt_service *svc, const char *session);
+
+/* ---- generation checkpoints ------------------------------------------------------ */
+
+/*
+ * A replayable request carries an id (the server's Idempotency-Key,
+ * `kvtier generate --request-id`). While it generates, the caller saves a
+ * checkpoint every kvt_service_checkpoint_every() generated tokens: a
+ * zero-copy clone of its caches (prompt + fed reply tokens), the pending
+ * token (chosen, not yet fed), and the sampler's state. The clone is all
+ * the decode thread pays: the write goes through the SSD store's crash-safe
+ * path (kvt_store_put: temp file, fsync, rename) on the checkpoint writer's
+ * thread, and kv blocks already on disk are shared, not written again.
+ * kvt_service_release(completed = 1) removes the request's checkpoints
+ * (after its queued writes); completed = 0 keeps them, and the same request
+ * with the same id resumes from its newest valid one with
+ * kvt_service_resume(), in this process or after a crash or restart.
+ *
+ * On disk a checkpoint is an ordinary entry of the store in the namespace
+ * "checkpoint:<32 hex>" (XXH3-128 of the request id and the request's own
+ * namespace: no prompt lookup ever sees it), with one attachment
+ * "kvtier.generation" holding the metadata (docs/checkpoints.md).
+ */
+
+/** Bytes of a request id, at most (the id is hashed into the key). */
+#define KVT_REQUEST_ID_MAX 255
+
+/** A replayable generation: its id and how it samples. */
+typedef struct kvt_replay {
+    const char *request_id; /* 1..KVT_REQUEST_ID_MAX bytes, no control
+                               characters; copied */
+    uint64_t seed;          /* the sampler seed the generation starts from */
+    int seed_explicit;      /* 1: the client chose the seed, so a checkpoint
+                               made with another seed is a mismatch; 0: a
+                               resumed generation takes the checkpoint's seed */
+    float temperature;      /* the sampler's settings: a checkpoint made with */
+    float topp;             /* other ones is a mismatch */
+    int32_t vocab_size;     /* > 0: a pending token outside [0, vocab_size)
+                               is a mismatch; 0: not checked */
+} kvt_replay;
+
+/** What a checkpoint records about its generation. */
+typedef struct kvt_checkpoint_info {
+    int64_t prompt_tokens;    /* the original prompt's length */
+    int64_t generated_tokens; /* reply tokens so far, the pending one included (>= 1) */
+    int32_t pending_token;    /* the last reply token: chosen, not yet fed */
+    uint64_t seed;            /* the sampler's seed */
+    uint64_t rng_state;       /* the sampler's generator state after choosing
+                                 the pending token */
+    uint64_t rng_draws;       /* random draws made so far (the RNG position) */
+    float temperature, topp;  /* the sampler's settings */
+} kvt_checkpoint_info;
+
+/** Generated tokens between two checkpoints of a replayable request (the
+ * config's checkpoint_every), or 0 when the service keeps no checkpoints.
+ * Thread-safe. */
+KVT_API int64_t kvt_service_checkpoint_every(const kvt_service *svc);
+
+/** The state of a replayable request: its newest valid checkpoint, else
+ * what kvt_service_acquire() gives.
+ *
+ * Marks the admission replayable under `rp` (kvt_service_checkpoint is
+ * allowed from then on; its release decides the checkpoints' fate). Waits
+ * until the checkpoint writer holds no queued write of this request (a
+ * retry in the same process sees every checkpoint made), then tries the
+ * request's checkpoints newest first: one that fails to restore (a checksum
+ * or format refusal, a shard gone) is skipped for the next older one. The
+ * first that restores is validated against the request and itself, and a
+ * mismatch is an error naming the field, never a silently wrong
+ * continuation: its prompt (the original prompt length, then the tokens),
+ * the generated count (>= 1, at most the request's max_tokens, and the
+ * entry holding exactly prompt + generated - 1 tokens), the pending token
+ * (inside [0, rp->vocab_size)), the seed (when rp->seed_explicit), the
+ * temperature and the top-p.
+ *
+ * @param rp borrowed during the call (copied).
+ * @param out on success the caller's state (see kvt_state): resumed, its
+ *   caches hold the prompt and the fed reply tokens (n_prompt +
+ *   generated_tokens - 1) and reused_tokens is n_prompt; else as
+ *   kvt_service_acquire.
+ * @param info receives the checkpoint's metadata; generated_tokens 0 when
+ *   nothing was resumed (then the rest of *info is zero).
+ * @param reply (reply_cap) receives the generated_tokens reply tokens, the
+ *   pending one last; reply_cap >= the request's max_tokens.
+ * @return 0; KVT_EINVAL (NULL argument, a bad request id, reply_cap below
+ *   max_tokens, or the admission already replayable); KVT_EMISMATCH (the
+ *   newest readable checkpoint does not match: kvt_last_error names the
+ *   field, the request id and both values; nothing is held); KVT_ECLOSED;
+ *   KVT_ENOMEM; an error of kvt_service_acquire. Thread-safe. */
+KVT_API int kvt_service_resume(kvt_service *svc, kvt_admission *adm, const kvt_replay *rp, kvt_state *out,
+                               kvt_checkpoint_info *info, int32_t *reply, int64_t reply_cap);
+
+/** Saves a checkpoint of a replayable request (write-behind).
+ *
+ * Clones `caches` (zero-copy: full kv blocks are shared; the live caches
+ * copy a shared tail on their next write) and queues the clone with the
+ * metadata for the checkpoint writer; returns without I/O. A queued
+ * checkpoint of the same request not yet being written is replaced by this
+ * newer one (superseded). The writer keeps the request's two newest durable
+ * checkpoints and removes older ones.
+ * @param caches (n_layers) borrowed, each holding exactly n_tokens tokens;
+ *   the caller keeps using them.
+ * @param tokens (n_tokens) the prompt then the fed reply tokens; n_tokens =
+ *   info->prompt_tokens + info->generated_tokens - 1.
+ * @param info borrowed; prompt_tokens must be the request's, seed the one
+ *   the request resumed or started with.
+ * @return 0 (queued); KVT_EAGAIN (the writer's queue is over its byte bound:
+ *   this checkpoint is dropped, counted; decode goes on); KVT_EINVAL (NULL
+ *   argument, counts that do not add up, a cache not holding n_tokens, or
+ *   a seed other than the request's); KVT_EUNSUPPORTED (no checkpoint store,
+ *   or the admission is not replayable: kvt_service_resume first);
+ *   KVT_ECLOSED; KVT_ENOMEM or a clone error. Thread-safe. */
+KVT_API int kvt_service_checkpoint(kvt_service *svc, kvt_admission *adm, kvt_cache *const *caches,
+                                   const int32_t *tokens, int64_t n_tokens, const kvt_checkpoint_info *info);
+
+/** Counters of the checkpoint writer, one list: X(name, kind, help). */
+#define KVT_CHECKPOINT_COUNTERS(X)                                                              \
+    X(queued, counter, "checkpoints accepted by kvt_service_checkpoint")                        \
+    X(written, counter, "checkpoints made durable")                                             \
+    X(dropped, counter, "checkpoints refused because the writer's queue was full")              \
+    X(superseded, counter, "queued checkpoints replaced by a newer one of the same request")    \
+    X(failed, counter, "checkpoint writes or removals that failed")                             \
+    X(removed, counter, "checkpoint entries removed (completed requests, older checkpoints)")   \
+    X(resumes, counter, "generations resumed from a checkpoint")                                \
+    X(resumed_tokens, counter, "tokens those resumes restored instead of recomputing")          \
+    X(unreadable, counter, "checkpoints that failed to restore and were skipped")               \
+    X(mismatches, counter, "resumes refused because a checkpoint did not match the request")    \
+    X(pending, gauge, "checkpoint writes and removals queued or in flight")                     \
+    X(pending_bytes, gauge, "cache bytes the queued checkpoints hold")
+
+/** Counters of the checkpoint writer (see KVT_CHECKPOINT_COUNTERS); all uint64. */
+typedef struct kvt_checkpoint_stats {
+#define KVT__CKPT_FIELD(name, kind, help) uint64_t name;
+    KVT_CHECKPOINT_COUNTERS(KVT__CKPT_FIELD)
+#undef KVT__CKPT_FIELD
+} kvt_checkpoint_stats;
+
+/** Fills `out` with the checkpoint counters (all zero without a checkpoint
+ * store). @return 0, KVT_EINVAL (NULL argument). Thread-safe. */
+KVT_API int kvt_service_checkpoint_stats(kvt_service *svc, kvt_checkpoint_stats *out);
 
 /* ---- report ------------------------------------------------------------------ */
 

@@ -374,6 +374,28 @@ KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier);
  * with n_tokens > 0). A NULL ns means "". Index only (no I/O). Thread-safe. */
 KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_tokens, const char *ns);
 
+/** Calls cb(ctx, hit) for every durable entry indexed under namespace `ns`
+ * (NULL means ""), in no particular order; hit->prefix_len and
+ * hit->n_tokens are the entry's token count, hit->handle its handle for
+ * kvt_store_restore and kvt_store_remove. Entries whose write is still
+ * queued are not listed. Index only (no I/O). cb runs with the store's
+ * lock held: it must not call into the store; a non-zero return stops the
+ * walk and is returned.
+ * @return 0; KVT_EINVAL (NULL s or cb); cb's non-zero return. Thread-safe. */
+KVT_API int kvt_store_list(kvt_store *s, const char *ns, int (*cb)(void *ctx, const kvt_cold_hit *hit),
+                           void *ctx);
+
+/** Removes one durable entry: it leaves the index and its file is deleted;
+ * the block shards only it referenced are handed to the budget's reclaim,
+ * which deletes them under the directory's exclusive lock (so an entry of
+ * another process never loses a block). Used to drop state nobody will
+ * resume, e.g. the checkpoints of a completed generation.
+ * @param handle from kvt_store_find, kvt_store_find_exact or kvt_store_list.
+ * @return 0; KVT_EINVAL (NULL s); KVT_ENOTFOUND (no durable entry has that
+ *   handle: evicted, removed, or its write still queued); -EROFS
+ *   (read-only store: counted in write_refused). Thread-safe. */
+KVT_API int kvt_store_remove(kvt_store *s, uint64_t handle);
+
 /** Fills *out with the current counters (a NULL store or out is a no-op).
  * Thread-safe. */
 KVT_API void kvt_store_get_stats(kvt_store *s, kvt_store_stats *out);

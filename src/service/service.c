@@ -14,6 +14,7 @@
  */
 #include "kvtier/service.h"
 
+#include "checkpoint.h"
 #include "internal.h"
 
 #include <errno.h>
@@ -31,7 +32,9 @@ struct kvt_admission {
     char *ns;                    /* "" for the base model */
     char *session;               /* NULL = none */
     int no_reuse;
+    int64_t max_tokens;
     uint64_t bytes;              /* projected KV bytes it holds */
+    kvt__ckpt_run *ckpt;         /* replayable: its checkpoints (checkpoint.c), NULL = not */
 };
 
 struct kvt_service {
@@ -50,6 +53,7 @@ struct kvt_service {
     kvt_cold_tier cold;          /* the cold tier's table, copied (its self borrowed) */
     int has_cold;                /* 0: RAM only */
     kvt_tier_chain *chain;       /* the chain `cold` is the table of, or NULL */
+    kvt__ckpt *ckpt;             /* generation checkpoints (checkpoint.c), NULL = none */
     kvt_admission admissions;            /* sentinel of the held-admission list */
     uint64_t projected;          /* sum of held admissions' bytes */
     uint64_t n_admissions;
@@ -219,6 +223,11 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
         if (rc)
             goto fail;
     }
+    if (cfg->checkpoint_store) {
+        rc = kvt__ckpt_create(cfg->checkpoint_store, cfg->checkpoint_every, cfg->checkpoint_queue_bytes, &s->ckpt);
+        if (rc)
+            goto fail;
+    }
     if (pthread_mutex_init(&s->mu, NULL)) {
         rc = kvt__fail(KVT_ENOMEM, "service: cannot create mutex");
         goto fail;
@@ -257,6 +266,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
     *out = s;
     return 0;
 fail:
+    kvt__ckpt_destroy(s->ckpt);
     kvt_prompt_cache_destroy(s->pc);
     kvt__free(s->layers);
     kvt__free(s);
@@ -270,6 +280,7 @@ static void admission_free(kvt_admission *l)
     kvt__free(l->prompt);
     kvt__free(l->ns);
     kvt__free(l->session);
+    kvt__ckpt_release(NULL, l->ckpt, 0);
     kvt__free(l);
 }
 
@@ -285,6 +296,7 @@ KVT_API void kvt_service_destroy(kvt_service *svc)
         l->next->prev = l->prev;
         admission_free(l);
     }
+    kvt__ckpt_destroy(svc->ckpt);
     kvt_prompt_cache_destroy(svc->pc);
     pthread_cond_destroy(&svc->stop);
     pthread_cond_destroy(&svc->released);
@@ -430,6 +442,7 @@ static int admission_new(const kvt_request *req, uint64_t bytes, kvt_admission *
     memcpy(l->prompt, req->prompt, (size_t)req->n_prompt * sizeof *l->prompt);
     l->n_prompt = req->n_prompt;
     l->no_reuse = req->no_reuse;
+    l->max_tokens = req->max_tokens;
     l->bytes = bytes;
     *out = l;
     return 0;
@@ -520,9 +533,10 @@ KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req)
 
 KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int completed)
 {
-    (void)completed; /* generation checkpoints are not kept yet: nothing differs */
     if (!svc || !adm)
         return;
+    kvt__ckpt_release(svc->ckpt, adm->ckpt, completed); /* completed: its checkpoints go */
+    adm->ckpt = NULL;
     pthread_mutex_lock(&svc->mu);
     adm->prev->next = adm->next;
     adm->next->prev = adm->prev;
@@ -812,7 +826,9 @@ KVT_API int kvt_service_flush(kvt_service *svc)
 {
     if (!svc)
         return kvt__fail(KVT_EINVAL, "flush: NULL service");
-    return flush_cold(svc);
+    int rc = kvt__ckpt_flush(svc->ckpt);
+    int cold_rc = flush_cold(svc);
+    return rc ? rc : cold_rc;
 }
 
 KVT_API void kvt_service_close_session(kvt_service *svc, const char *session)
@@ -997,11 +1013,35 @@ KVT_API int kvt_service_close(kvt_service *svc)
     int rc = 0;
     /* steps 2 and 3: flush the cold tier, then clear, whatever the flush said;
      * disk I/O, so outside the service mutex (the prompt cache locks itself) */
-    if (svc->pc)
-        rc = close_prompt_cache(svc);
+    rc = kvt__ckpt_flush(svc->ckpt);
+    if (svc->pc) {
+        int pc_rc = close_prompt_cache(svc);
+        rc = rc ? rc : pc_rc;
+    }
     pthread_mutex_lock(&svc->mu);
     svc->close_done = 1;
     pthread_cond_broadcast(&svc->released);
     pthread_mutex_unlock(&svc->mu);
     return rc;
+}
+
+/* ---- glue for checkpoint.c ------------------------------------------------------------ */
+
+kvt__ckpt *kvt__service_checkpoints(kvt_service *s, int *closed, int32_t *n_layers)
+{
+    pthread_mutex_lock(&s->mu);
+    *closed = s->closed;
+    pthread_mutex_unlock(&s->mu);
+    *n_layers = s->n_layers;
+    return s->ckpt;
+}
+
+kvt__ckpt_run **kvt__admission_checkpoint(kvt_admission *a, const int32_t **prompt, int64_t *n_prompt,
+                                          int64_t *max_tokens, const char **ns)
+{
+    *prompt = a->prompt;
+    *n_prompt = a->n_prompt;
+    *max_tokens = a->max_tokens;
+    *ns = a->ns;
+    return &a->ckpt;
 }

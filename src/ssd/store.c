@@ -303,6 +303,38 @@ KVT_API int kvt_store_contains(kvt_store *s, const int32_t *tokens, int64_t n_to
     return have;
 }
 
+KVT_API int kvt_store_list(kvt_store *s, const char *ns, int (*cb)(void *ctx, const kvt_cold_hit *hit), void *ctx)
+{
+    ns = kvt__ns(ns);
+    if (!s || !cb)
+        return kvt__fail(KVT_EINVAL, "kvt_store_list: NULL store or callback");
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    for (st_entry *e = s->head; e && !rc; e = e->next)
+        if (!strcmp(e->ns, ns))
+            rc = cb(ctx, &(kvt_cold_hit){.prefix_len = e->n_tokens, .n_tokens = e->n_tokens, .handle = e->id});
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+KVT_API int kvt_store_remove(kvt_store *s, uint64_t handle)
+{
+    if (!s)
+        return kvt__fail(KVT_EINVAL, "kvt_store_remove: NULL store");
+    if (s->opts.read_only)
+        return kvt__store_refuse_write(s, "kvt_store_remove");
+    pthread_mutex_lock(&s->mu);
+    st_entry *e = kvt__kmap_ptr(&s->by_id, kvt__store_id_key(handle));
+    if (e)
+        kvt__store_drop_entry(s, e, 0);
+    pthread_mutex_unlock(&s->mu);
+    if (!e)
+        return kvt__fail(KVT_ENOTFOUND, "kvt_store_remove: no durable entry has handle %llu",
+                         (unsigned long long)handle);
+    kvt__store_reclaim(s, KVT__KEY_ZERO, 0); /* blocks only the removed entry used */
+    return 0;
+}
+
 /* ---- open / close / stats ------------------------------------------------------------ */
 
 static int write_identity_file(kvt_store *s)
