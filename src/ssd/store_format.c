@@ -374,6 +374,7 @@ int kvt__shard_read_header(int fd, const char *path, uint64_t file_bytes, kvt__s
 
 int kvt__shard_open(int dirfd, const char *dir, const char *name, kvt__shard *sh, int *fd_out, int *reason)
 {
+    memset(sh, 0, sizeof *sh); /* freeable whatever fails below (the scan frees it) */
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = kvt__io_openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
