@@ -1,7 +1,7 @@
 /*
- * test_publish.c: published prompt caches (kvtier/publish.h). The
- * conformance suite on the published tier (read-only refusals included);
- * the publication protocol (manifest, CURRENT, keep, readers' locks); one
+ * test_publish.c: published prompt caches (kvtier/publish.h; the tier
+ * conformance suite runs on the published tier in test_tier_conformance.c).
+ * The publication protocol (manifest, CURRENT, keep, readers' locks); one
  * test per refusal reason, each planting its defect in an otherwise good
  * generation and checking both kvt_publish_validate and that the tier keeps
  * serving the previous generation, never a part of the refused one; and
@@ -28,7 +28,6 @@
 #include "kvtier/publish.h"
 #include "store_util.h"
 #include "test_seed.h"
-#include "tier_suite.h"
 
 static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
 static const kvt_store_identity ID = {"model-a", "cfg-a", "tok-a"};
@@ -162,14 +161,6 @@ static void copy_file(const char *from, const char *to)
         assert_int_equal(fwrite(buf, 1, r, b), r);
     fclose(a);
     assert_int_equal(fclose(b), 0);
-}
-
-/* ---- the conformance suite -------------------------------------------------------- */
-
-static void t_conformance(void **state)
-{
-    (void)state;
-    assert_int_equal(tier_suite_run(&tier_impl_published), 0);
 }
 
 /* ---- the protocol ------------------------------------------------------------------ */
@@ -740,7 +731,7 @@ static void t_readers_during_publish(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_conformance),     cmocka_unit_test(t_publish_and_mount),
+        cmocka_unit_test(t_publish_and_mount),
         cmocka_unit_test(t_pickup),          cmocka_unit_test(t_keep_and_readers),
         cmocka_unit_test(t_abort),           cmocka_unit_test(t_refusals),
         cmocka_unit_test(t_readers_during_publish),

@@ -301,6 +301,47 @@ static int list_cb(void *ctx, const kvt_store_shard_info *in)
     return 0;
 }
 
+/* Manifest order: entries (by ns, then tokens), then blocks, then IDENTITY. */
+static int shard_rank(json_t *o)
+{
+    const char *t = json_string_value(json_object_get(o, "type"));
+    return !strcmp(t, "entry") ? 0 : !strcmp(t, "block") ? 1 : 2;
+}
+
+static int cmp_shards(const void *a, const void *b)
+{
+    json_t *x = *(json_t *const *)a, *y = *(json_t *const *)b;
+    int rx = shard_rank(x), ry = shard_rank(y);
+    if (rx != ry)
+        return rx - ry;
+    int c = strcmp(json_string_value(json_object_get(x, "ns")), json_string_value(json_object_get(y, "ns")));
+    if (c)
+        return c;
+    json_int_t tx = json_integer_value(json_object_get(x, "tokens")), ty = json_integer_value(json_object_get(y, "tokens"));
+    if (tx != ty)
+        return tx < ty ? -1 : 1;
+    return strcmp(json_string_value(json_object_get(x, "path")), json_string_value(json_object_get(y, "path")));
+}
+
+/* Sorts the shard list in place (cmp_shards). @return 0 or KVT_ENOMEM. */
+static int sort_shards(json_t *shards)
+{
+    size_t n = json_array_size(shards);
+    json_t **v = n ? kvt__malloc(n * sizeof *v) : NULL;
+    if (n && !v)
+        return kvt__fail(KVT_ENOMEM, "manifest: out of memory");
+    for (size_t i = 0; i < n; i++)
+        v[i] = json_incref(json_array_get(shards, i));
+    qsort(v, n, sizeof *v, cmp_shards);
+    json_array_clear(shards);
+    int rc = 0;
+    for (size_t i = 0; i < n; i++)
+        if (json_array_append_new(shards, v[i]) && !rc)
+            rc = kvt__fail(KVT_ENOMEM, "manifest: out of memory");
+    kvt__free(v);
+    return rc;
+}
+
 /* fsyncs every listed file and records its SHA-256 (and exact size). */
 static int hash_and_sync(kvt_publisher *p, json_t *shards)
 {
@@ -429,6 +470,8 @@ KVT_API int kvt_publish_commit(kvt_publisher *p, int32_t keep, kvt_publish_resul
         if (!o || json_array_append_new(l.shards, o))
             rc = kvt__fail(KVT_ENOMEM, "manifest: out of memory");
     }
+    if (!rc)
+        rc = sort_shards(l.shards);
     if (!rc)
         rc = hash_and_sync(p, l.shards);
     for (size_t i = 0; !rc && i < json_array_size(l.shards); i++) {
