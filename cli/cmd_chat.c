@@ -36,6 +36,7 @@ static void usage(FILE *f)
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
             "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                    [--demote-idle MS]] [--prompt-cache-dir DIR ...] [--transcript FILE]\n"
+            "                   [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
@@ -91,6 +92,16 @@ static void usage(FILE *f)
             "                        generation is validated whole (SHA-256 of every shard) before it\n"
             "                        serves; a new publication is picked up between turns; a refused\n"
             "                        one is warned about once and the mounted one keeps serving\n"
+            "  --redis URL           shared remote tier on Redis, below the SSD tier:\n"
+            "                        redis://[user:password@]host:port[/db] (the password may come from\n"
+            "                        KVTIER_REDIS_PASSWORD instead; it is never printed). Every kept\n"
+            "                        prefix is also written there (write-behind), so another host\n"
+            "                        serving the same model reuses it; Redis evicts on its own\n"
+            "                        (maxmemory + allkeys-lru). A Redis that is down or slow makes\n"
+            "                        misses, never an error: one warning, retried in the background\n"
+            "  --redis-cluster       URL names a node of a Redis Cluster (slot map, MOVED/ASK)\n"
+            "  --redis-timeout MS    bound on one Redis lookup (default 50)\n"
+            "  --redis-ttl SECONDS   expiry of every key written (default 0: none)\n"
             "  --transcript FILE     resume the conversation saved in FILE (JSON: [{\"user\": ...,\n"
             "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"
             "                        with --ssd-cache a new process continues where the last stopped.\n"
@@ -375,7 +386,9 @@ int kvt_cmd_chat(int argc, char **argv)
     long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1, threads = 0; /* -1: not given */
     float temperature = 0.0f, topp = 0.9f;
     int multiline = 0, stats = 0, ssd_verify = 0;
-    const char *ssd_dir = NULL, *transcript = NULL;
+    const char *ssd_dir = NULL, *transcript = NULL, *redis_url = NULL;
+    int redis_cluster = 0;
+    long long redis_timeout = 0, redis_ttl = 0;
     uint64_t ssd_max = 0;
     long long demote_idle = 0;
     kvt_kv_scheme kv_scheme = KVT_KV_F32;
@@ -399,13 +412,18 @@ int kvt_cmd_chat(int argc, char **argv)
             ssd_verify = 1;
             continue;
         }
+        if (!strcmp(a, "--redis-cluster")) {
+            redis_cluster = 1;
+            continue;
+        }
         static const char *const with_value[] = {"--model", "--tokenizer", "--script", "--session",
                                                  "--prompt-cache", "--kv-budget", "--max-tokens", "--steps",
                                                  "--temperature", "--top-p", "--seed", "--block-tokens",
                                                  "--adapter", "--adapter-version", "--ssd-cache",
                                                  "--ssd-cache-max", "--demote-idle", "--transcript",
                                                  "--prefill-checkpoint-stride", "--threads",
-                                                 "--prompt-cache-dir", "--kv-dtype", NULL};
+                                                 "--prompt-cache-dir", "--kv-dtype", "--redis",
+                                                 "--redis-timeout", "--redis-ttl", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -431,6 +449,12 @@ int kvt_cmd_chat(int argc, char **argv)
             ssd_dir = v;
         else if (!strcmp(a, "--transcript"))
             transcript = v;
+        else if (!strcmp(a, "--redis"))
+            redis_url = v;
+        else if (!strcmp(a, "--redis-timeout"))
+            rc = parse_i64(a, v, 1, 60000, &redis_timeout);
+        else if (!strcmp(a, "--redis-ttl"))
+            rc = parse_i64(a, v, 1, LLONG_MAX / 1000, &redis_ttl);
         else if (!strcmp(a, "--prompt-cache-dir")) {
             if (!*v || n_pub == KVT_TIER_CHAIN_MAX - 1)
                 return usage_error(*v ? "too many --prompt-cache-dir (at most 7)" : "--prompt-cache-dir wants a directory",
@@ -481,6 +505,10 @@ int kvt_cmd_chat(int argc, char **argv)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     if (n_pub && pc_bytes == 0)
         return usage_error("--prompt-cache-dir needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
+    if (!redis_url && (redis_cluster || redis_timeout || redis_ttl))
+        return usage_error("--redis-cluster, --redis-timeout and --redis-ttl need --redis URL", NULL);
+    if (redis_url && pc_bytes == 0)
+        return usage_error("--redis needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
 
     char **lines = NULL;
     int32_t n_lines = 0;
@@ -524,7 +552,7 @@ int kvt_cmd_chat(int argc, char **argv)
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,
                                 .block_tokens = (int32_t)block, .demote_idle_ms = (uint64_t)demote_idle};
     kvt_chat_identity ident;
-    if ((ssd_dir || n_pub || stats) && (rc = kvt_chat_identity_compute(m, used_tok, &ident))) {
+    if ((ssd_dir || n_pub || redis_url || stats) && (rc = kvt_chat_identity_compute(m, used_tok, &ident))) {
         status = fail("cannot hash the model", rc);
         goto done;
     }
@@ -535,8 +563,10 @@ int kvt_cmd_chat(int argc, char **argv)
         fflush(stderr);
     }
     kvt_tiers_opts to = {.ssd_dir = ssd_dir, .ssd_max_bytes = ssd_max, .ssd_verify = ssd_verify,
-                         .prompt_cache_dirs = pub_dirs, .n_prompt_cache_dirs = n_pub};
-    if ((rc = kvt_tiers_open(m, ssd_dir || n_pub ? &ident : NULL, &to, &tiers))) {
+                         .prompt_cache_dirs = pub_dirs, .n_prompt_cache_dirs = n_pub, .redis_url = redis_url,
+                         .redis_cluster = redis_cluster, .redis_timeout_ms = (int32_t)redis_timeout,
+                         .redis_ttl_s = redis_ttl};
+    if ((rc = kvt_tiers_open(m, ssd_dir || n_pub || redis_url ? &ident : NULL, &to, &tiers))) {
         status = fail("cannot open the SSD cache", rc);
         if (rc == KVT_EINVAL || rc == KVT_EUNSUPPORTED)
             status = 2; /* the flags, not the disk */

@@ -8,6 +8,7 @@
 #include "util.h"
 
 #include "kvtier/publish.h"
+#include "kvtier/remote.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -497,6 +498,94 @@ static int open_ssd(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *i
     return 0;
 }
 
+/* ---- the remote tier: a shared Redis under the SSD tier ---------------------------- */
+
+/* --redis URL: the remote tier (kvtier/remote.h). Every kept prefix is also
+ * written behind into it (KVT_LEVEL_WRITE_BEHIND), so other hosts find it;
+ * its lookups are bounded by the chain's budget. The level is READ_WRITE
+ * while Redis answers and OFF while the tier skips it (unreachable; it
+ * retries in the background), warned about once per outage. */
+typedef struct redis_level {
+    pthread_mutex_t mu;
+    kvt_remote *r;
+    char where[300];       /* host:port, never the password */
+    uint64_t outages_said; /* unhealthy transitions warned about; under mu */
+    int down_said;         /* an outage is being reported; under mu */
+} redis_level;
+
+static void redis_poll_fn(void *self, kvt_level_status *st)
+{
+    redis_level *l = self;
+    memset(st, 0, sizeof *st);
+    snprintf(st->name, sizeof st->name, "redis");
+    snprintf(st->label, sizeof st->label, "Redis cache");
+    snprintf(st->where, sizeof st->where, "%s", l->where);
+    kvt_remote_stats rs;
+    kvt_remote_stats_get(l->r, &rs);
+    st->mode = rs.healthy ? KVT_LEVEL_MODE_READ_WRITE : KVT_LEVEL_MODE_OFF;
+    st->write_failures = rs.write_failures;
+    st->writes_skipped = rs.dropped;
+    st->entries = rs.writes;
+    st->restores = rs.restores;
+    if (!rs.healthy)
+        snprintf(st->cause, sizeof st->cause,
+                 "redis %s does not answer (%llu timeouts, %llu connection failures so far); retrying in the "
+                 "background",
+                 l->where, (unsigned long long)rs.failures_timeout, (unsigned long long)rs.failures_conn);
+    pthread_mutex_lock(&l->mu);
+    if (!rs.healthy && (!l->down_said || rs.unhealthy_transitions > l->outages_said)) {
+        st->warn = 1;
+        l->down_said = 1;
+        l->outages_said = rs.unhealthy_transitions;
+    } else if (rs.healthy) {
+        l->down_said = 0;
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+static int redis_close_fn(void *self, kvt_level_status *st)
+{
+    redis_level *l = self;
+    if (st)
+        redis_poll_fn(l, st);
+    kvt_remote_close(l->r);
+    pthread_mutex_destroy(&l->mu);
+    free(l);
+    return 0;
+}
+
+static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o)
+{
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    int rc = model_fingerprint(m, fp);
+    if (rc)
+        return rc;
+    kvt_store_identity sid = {.model_id = id->model_id, .config_fingerprint = fp, .tokenizer_hash = id->tokenizer_hash};
+    kvt_remote_url u;
+    if ((rc = kvt_remote_url_parse(o->redis_url, &u)))
+        return rc;
+    redis_level *l = calloc(1, sizeof *l);
+    if (!l)
+        return kvt__fail(KVT_ENOMEM, "tier stack: out of memory");
+    snprintf(l->where, sizeof l->where, "%s:%d", u.host, u.port);
+    memset(&u, 0, sizeof u);
+    kvt_remote_options ro = {.cluster = o->redis_cluster, .lookup_timeout_ms = o->redis_timeout_ms,
+                             .ttl_s = o->redis_ttl_s, .quiet = 1};
+    if ((rc = kvt_remote_open(o->redis_url, &sid, &ro, &l->r))) {
+        free(l);
+        return rc;
+    }
+    pthread_mutex_init(&l->mu, NULL);
+    stack_level *sl = &t->lv[t->n++];
+    sl->self = l;
+    kvt_remote_cold_tier(l->r, &sl->tier);
+    sl->find_budget_ms = (o->redis_timeout_ms ? o->redis_timeout_ms : 50) + 10;
+    sl->chain_flags = KVT_LEVEL_WRITE_BEHIND;
+    sl->poll = redis_poll_fn;
+    sl->close = redis_close_fn;
+    return 0;
+}
+
 /* ---- published prompt caches: read-only levels at the bottom -------------------- */
 
 /* One --prompt-cache-dir: the read-only tier over its CURRENT generation
@@ -624,12 +713,19 @@ KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, cons
                          o->n_prompt_cache_dirs, o->prompt_cache_dirs ? "non-NULL" : "NULL");
     if (o->write_queue < 0)
         return kvt__fail(KVT_EINVAL, "tier stack: write_queue %d is negative", (int)o->write_queue);
-    if (o->redis_url)
-        return kvt__fail(KVT_EUNSUPPORTED, "tier stack: the remote (Redis) tier is not implemented yet");
+    if (o->redis_url) {
+        kvt_remote_url u;
+        int urc = kvt_remote_url_parse(o->redis_url, &u);
+        memset(&u, 0, sizeof u);
+        if (urc)
+            return urc;
+    }
+    if (o->redis_timeout_ms < 0 || o->redis_ttl_s < 0)
+        return kvt__fail(KVT_EINVAL, "tier stack: negative Redis timeout or TTL");
     for (int i = 0; i < o->n_prompt_cache_dirs; i++)
         if (!o->prompt_cache_dirs[i] || !*o->prompt_cache_dirs[i])
             return kvt__fail(KVT_EINVAL, "tier stack: published cache directory %d is empty", i + 1);
-    if ((o->ssd_dir || o->n_prompt_cache_dirs > 0) && !id)
+    if ((o->ssd_dir || o->redis_url || o->n_prompt_cache_dirs > 0) && !id)
         return kvt__fail(KVT_EINVAL, "tier stack: a level needs the model's identity");
     kvt_tiers *t = calloc(1, sizeof *t);
     if (!t)
@@ -637,6 +733,8 @@ KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, cons
     int rc = 0;
     if (o->ssd_dir)
         rc = open_ssd(t, m, id, o);
+    if (rc == 0 && o->redis_url)
+        rc = open_redis(t, m, id, o);
     for (int i = 0; rc == 0 && i < o->n_prompt_cache_dirs; i++)
         rc = open_published(t, m, id, o->prompt_cache_dirs[i]);
     if (rc == 0 && t->n > 0) {

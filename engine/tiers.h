@@ -148,8 +148,16 @@ typedef struct kvt_tiers_opts {
     uint64_t ssd_lock_wait_ms;    /* as kvt_ssd_level_opts.lock_wait_ms */
     const kvt_store_io *ssd_io;   /* as kvt_ssd_level_opts.io (tests) */
     /* shared remote tier (below the SSD tier) */
-    const char *redis_url;        /* --redis URL; NULL = none. Not implemented yet:
-                                     KVT_EUNSUPPORTED when set */
+    const char *redis_url;        /* --redis redis://[user:password@]host:port[/db]
+                                     (kvtier/remote.h); NULL = none. Every kept
+                                     prefix is written behind into it too, so other
+                                     hosts serving the model reuse it; a Redis that
+                                     does not answer makes the level OFF (misses,
+                                     retried in the background), never an error.
+                                     The password may come from KVTIER_REDIS_PASSWORD */
+    int redis_cluster;            /* --redis-cluster: the URL names a cluster node */
+    int32_t redis_timeout_ms;     /* --redis-timeout: bound on a lookup (0 = 50 ms) */
+    int64_t redis_ttl_s;          /* --redis-ttl: seconds a written key lives (0 = none) */
     /* published read-only prompt caches (the bottom levels, in order): each
      * mounts the CURRENT generation of its directory (kvtier/publish.h:
      * validated whole, SHA-256 of every shard, before it serves), picks up a
@@ -179,9 +187,9 @@ typedef struct kvt_tiers kvt_tiers;
  * @param out receives the stack; close it with kvt_tiers_close() after the
  *   service using it is closed.
  * @return 0; KVT_EINVAL (NULL m, o or out; id NULL with a level set; an
- *   empty ssd_dir; n_prompt_cache_dirs < 0, or > 0 with a NULL array, or
+ *   empty ssd_dir or redis_url; a bad redis_url; negative redis_timeout_ms or
+ *   redis_ttl_s; n_prompt_cache_dirs < 0, or > 0 with a NULL array, or
  *   an empty one; more than KVT_TIER_CHAIN_MAX levels; write_queue < 0);
- *   KVT_EUNSUPPORTED (redis_url set: that level does not exist yet);
  *   KVT_ENOMEM; kvt_published_open's errors; kvt_tier_chain_create's
  *   errors. On error nothing is left open. */
 KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o, kvt_tiers **out);

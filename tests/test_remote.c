@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "kvtier/remote.h"
+#include "kvtier/tier_chain.h"
 #include "redis_util.h"
 #include "key.h"
 #include "store_util.h"
@@ -430,6 +431,40 @@ static void f_password(void **state)
     redis_stop(&s);
 }
 
+/* a chain [memory, Redis with KVT_LEVEL_WRITE_BEHIND]: every spill lands in
+ * both levels, so another host (a second tier on the same Redis) finds it */
+static void f_chain_write_behind(void **state)
+{
+    mem_tier *m;
+    assert_int_equal(mem_tier_create(&m), 0);
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000), *other = open_tier(g_srv.url, &ID_A, 1000);
+    kvt_cold_tier rt;
+    kvt_remote_cold_tier(r, &rt);
+    kvt_tier_level lv[2] = {{.tier = *mem_tier_iface(m)}, {.tier = rt, .flags = KVT_LEVEL_WRITE_BEHIND}};
+    kvt_tier_chain_config cfg = {.levels = lv, .n_levels = 2};
+    kvt_tier_chain *c;
+    assert_int_equal(kvt_tier_chain_create(&cfg, &c), 0);
+    kvt_cold_tier t;
+    kvt_tier_chain_cold_tier(c, &t);
+    int32_t p[24];
+    seq(p, 24, 1100);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&KV, "", p, 20, &e), 0);
+    assert_int_equal(t.spill(t.self, &e), 0);
+    assert_int_equal(t.flush(t.self), 0);
+    assert_true(mem_tier_has(m, "", p, 20));
+    kvt_cold_hit h;
+    assert_int_equal(find_len(other, p, 24, &h), 20);
+    assert_int_equal(restore_rc(other, h.handle, &KV, p, 20), 0);
+    kvt_tier_stats ls;
+    assert_int_equal(kvt_tier_chain_level_stats(c, 1, &ls), 0);
+    assert_int_equal(ls.stores, 1);
+    kvt_tier_chain_destroy(c);
+    mem_tier_destroy(m);
+    kvt_remote_close(r);
+    kvt_remote_close(other);
+}
+
 static void t_url(void **state)
 {
     kvt_remote_url u;
@@ -492,6 +527,7 @@ int main(void)
         cmocka_unit_test_setup(f_two_hosts, fx_flush),
         cmocka_unit_test_setup(f_skip_present, fx_flush),
         cmocka_unit_test(f_password),
+        cmocka_unit_test_setup(f_chain_write_behind, fx_flush),
     };
     failed += cmocka_run_group_tests_name("remote tier faults", faults, NULL, NULL);
     redis_stop(&g_srv);

@@ -18,7 +18,9 @@
  *                      above it and written by the chain's writer thread
  *                      (write-behind: the request never waits for it);
  *   store / spill      go to the first writable level (not read-only, with
- *                      a store or spill operation); pending and withdraw
+ *                      a store or spill operation), and a zero-copy copy to
+ *                      each write-behind level (KVT_LEVEL_WRITE_BEHIND);
+ *                      pending and withdraw
  *                      see spills still in the chain's queue and ask the
  *                      levels;
  *   eviction           a level whose tier has set_evict hands what it evicts
@@ -55,6 +57,13 @@ extern "C" {
 /** kvt_tier_level.flags: do not hand this level's evictions to the level
  * below (its tier deletes them, as without a chain). */
 #define KVT_LEVEL_NO_DEMOTE 2u
+/** kvt_tier_level.flags: every store and spill that goes to the first
+ * writable level is also handed to this level (a zero-copy copy given to
+ * its spill, which must queue and return: write-behind), e.g. a shared
+ * remote tier under a host's own SSD tier. A copy the level refuses is
+ * dropped and counted (write_failures); the first level's write is
+ * unaffected. The level needs a spill operation. */
+#define KVT_LEVEL_WRITE_BEHIND 4u
 
 /** One level of a chain. */
 typedef struct kvt_tier_level {
@@ -70,8 +79,8 @@ typedef struct kvt_tier_level {
      * it arrives. At most 4 lookups wait per level; a fifth is a miss at
      * once. */
     int32_t find_budget_ms;
-    /** KVT_LEVEL_NO_PROMOTE | KVT_LEVEL_NO_DEMOTE, or 0 (promote and
-     * demote). */
+    /** KVT_LEVEL_NO_PROMOTE | KVT_LEVEL_NO_DEMOTE | KVT_LEVEL_WRITE_BEHIND,
+     * or 0 (promote and demote). */
     uint32_t flags;
 } kvt_tier_level;
 

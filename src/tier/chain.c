@@ -473,12 +473,34 @@ static level *first_writable(kvt_tier_chain *c)
     return NULL;
 }
 
+/* Hands a zero-copy copy of e to every write-behind level other than
+ * `primary` (KVT_LEVEL_WRITE_BEHIND): its spill queues it and returns. e's
+ * hook becomes shared with the copies. A copy a level refuses is dropped
+ * and counted. */
+static void write_behind(kvt_tier_chain *c, const level *primary, kvt_entry *e)
+{
+    for (int i = 0; i < c->n; i++) {
+        level *l = &c->lv[i];
+        if (l == primary || !l->writable || !(l->flags & KVT_LEVEL_WRITE_BEHIND) || !l->t.spill)
+            continue;
+        kvt_entry copy;
+        int rc = entry_share(e, &copy);
+        if (rc == 0 && (rc = l->t.spill(l->t.self, &copy)) != 0)
+            kvt_entry_clear(&copy);
+        if (rc == 0)
+            COUNT(c, i, stores);
+        else
+            COUNT(c, i, write_failures);
+    }
+}
+
 static int ch_store(void *self, const kvt_entry *e)
 {
     kvt_tier_chain *c = self;
     level *l = first_writable(c);
     if (!l)
         return kvt__fail(KVT_EREADONLY, "tier chain store: every level is read-only");
+    write_behind(c, l, (kvt_entry *)e);
     if (!l->t.store) {
         /* a spill-only level: write behind, then wait for it */
         kvt_entry copy;
@@ -504,6 +526,7 @@ static int ch_spill(void *self, kvt_entry *e)
     level *l = first_writable(c);
     if (!l)
         return kvt__fail(KVT_EREADONLY, "tier chain spill: every level is read-only");
+    write_behind(c, l, e);
     if (!l->t.spill) /* a store-only level: the writer thread stores it */
         return enqueue_write(c, l->index, l->index, W_SPILL, e);
     int rc = l->t.spill(l->t.self, e);
