@@ -8,6 +8,11 @@
  * cached prefix taken straight from the service, then prefill + the first
  * token, no admission or lookup). Goal (issue 4): from turn 2 on, TTFT with
  * the cache within 1.2x of that baseline.
+ * Then TTFT per KV storage scheme: one cache-on and one cache-off chat per
+ * scheme (f32, f16, bf16, q8), the schemes taking turns within each turn,
+ * with each scheme's TTFT and decode rate over f32's (goal: a converted
+ * scheme no more than 10% slower than f32) and whether its replies are the
+ * same with and without the cache.
  * Owns nothing but its figures; must never time anything but the engine.
  */
 #include "chat.h"
@@ -76,6 +81,80 @@ static int baseline_ms(kvt_model *m, kvt_service *svc, const int32_t *prompt, in
     kvt_state_clear(&st);
     kvt_service_release(svc, adm, 1);
     free(logits);
+    return rc;
+}
+
+#define N_SCHEMES KVT_KV_SCHEME_COUNT
+
+/* The per-scheme section (see the top of the file). The model's scheme is
+ * set before every turn of a scheme's chats, so each service makes its fresh
+ * caches in its own scheme; it is f32 again on return. */
+static int scheme_section(kvt_model *m, kvt_tokenizer *tok, long turns, const kvt_chat_service_opts *so_on,
+                          const kvt_chat_service_opts *so_off, const kvt_chat_opts *co)
+{
+    kvt_service *svc[N_SCHEMES][2] = {{0}};
+    kvt_chat *ch[N_SCHEMES][2] = {{0}};
+    double ttft_on[N_SCHEMES] = {0}, ttft_off[N_SCHEMES] = {0}, dec_ms[N_SCHEMES] = {0};
+    long dec_tok[N_SCHEMES] = {0};
+    int same[N_SCHEMES], rc = 0;
+    for (int s = 0; s < N_SCHEMES && !rc; s++) {
+        same[s] = 1;
+        kvt_model_set_kv_scheme(m, (kvt_kv_scheme)s);
+        for (int k = 0; k < 2 && !rc; k++)
+            if (!(rc = kvt_chat_service_create(m, k ? so_off : so_on, &svc[s][k])))
+                rc = kvt_chat_create(m, tok, svc[s][k], co, &ch[s][k]);
+    }
+    for (long t = 0; t < turns && !rc; t++)
+        for (int i = 0; i < N_SCHEMES && !rc; i++) {
+            int s = (int)((i + t) % N_SCHEMES); /* each turn starts with another scheme */
+            kvt_model_set_kv_scheme(m, (kvt_kv_scheme)s);
+            const int32_t *ids[2];
+            int64_t n[2];
+            for (int k = 0; k < 2 && !rc; k++) {
+                kvt_turn_stats st;
+                if ((rc = kvt_chat_turn(ch[s][k], script[t], NULL, &ids[k], &n[k], &st))) {
+                    fprintf(stderr, "kvtier bench chat: %s turn %ld failed: %s\n",
+                            kvt_kv_scheme_name((kvt_kv_scheme)s), t + 1, kvt_last_error());
+                    break;
+                }
+                if (k == 0 && t >= 1)
+                    ttft_on[s] += st.ttft_ms;
+                if (k == 1)
+                    ttft_off[s] += st.ttft_ms;
+                if (k == 0 && st.generated_tokens > 1) {
+                    dec_ms[s] += st.total_ms - st.ttft_ms;
+                    dec_tok[s] += st.generated_tokens - 1;
+                }
+            }
+            if (!rc)
+                same[s] &= n[0] == n[1] && !memcmp(ids[0], ids[1], (size_t)n[0] * sizeof *ids[0]);
+        }
+    if (!rc) {
+        printf("\nTTFT per KV storage scheme (ms summed over turns; schemes interleaved turn by turn; ratio to\n"
+               "f32 in brackets; decode = reply tokens after the first per second, cache on)\n");
+        printf("  %-6s %9s %22s %22s %20s %s\n", "scheme", "KV B/tok", "on: ttft turns 2-", "off: ttft all turns",
+               "decode tok/s", "on == off");
+        int ok = 1;
+        for (int s = 0; s < N_SCHEMES; s++) {
+            kvt_model_set_kv_scheme(m, (kvt_kv_scheme)s);
+            double d = dec_ms[s] > 0 ? dec_tok[s] / (dec_ms[s] / 1e3) : 0, d0 = dec_ms[0] > 0 ? dec_tok[0] / (dec_ms[0] / 1e3) : 0;
+            printf("  %-6s %9zu %12.1f (%5.2fx) %12.1f (%5.2fx) %10.1f (%5.2fx) %s\n",
+                   kvt_kv_scheme_name((kvt_kv_scheme)s), kvt_model_kv_bytes_per_token(m), ttft_on[s],
+                   ttft_on[0] > 0 ? ttft_on[s] / ttft_on[0] : 0, ttft_off[s], ttft_off[0] > 0 ? ttft_off[s] / ttft_off[0] : 0,
+                   d, d0 > 0 ? d / d0 : 0, same[s] ? "yes" : "NO");
+            if (s > 0)
+                ok &= ttft_on[s] <= 1.10 * ttft_on[0] && ttft_off[s] <= 1.10 * ttft_off[0];
+            rc |= !same[s];
+        }
+        printf("goal (every converted scheme's TTFT within 1.10x of f32's, cache on and off): %s\n",
+               ok ? "met" : "MISSED (one run on a shared machine: see the ratios)");
+    }
+    for (int s = 0; s < N_SCHEMES; s++)
+        for (int k = 0; k < 2; k++) {
+            kvt_chat_free(ch[s][k]);
+            kvt_service_destroy(svc[s][k]);
+        }
+    kvt_model_set_kv_scheme(m, KVT_KV_F32);
     return rc;
 }
 
@@ -225,6 +304,8 @@ int kvt_bench_chat(int argc, char **argv)
     printf("replies identical with and without the cache: %s\n", identical ? "yes" : "NO");
     printf("goal (turns 2-%ld: TTFT on <= 1.2x new-only prefill): %s\n", turns, goal_ok ? "met" : "MISSED");
     status = identical ? 0 : 1;
+    if (scheme_section(m, tok, turns, &so_on, &so_off, &co))
+        status = 1;
 done:
     for (long k = 0; k < repeat; k++) {
         kvt_chat_free(c_on[k]);

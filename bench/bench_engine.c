@@ -10,7 +10,8 @@
  *   batched    aggregate tokens/s of kvt_model_decode_batch over 1, 2, 4, 8
  *              sequences at mixed positions vs one sequence;
  *   context    decode tokens/s at 1k, 2k and 4k tokens of context (default
- *              model).
+ *              model), for each KV storage scheme (f32 the baseline; the
+ *              schemes take turns within each run).
  * Reports medians of runs. Owns nothing beyond the run; never writes files
  * except the default model on first use (kvt_default_model).
  */
@@ -41,7 +42,7 @@ typedef struct {
     double batch_tps[N_BATCH];
     int batch_same;                 /* sequence 0 chose the same ids whatever n */
     int ctx[N_CTX];
-    double ctx_tps[N_CTX];          /* 0: not run */
+    double ctx_tps[KVT_KV_SCHEME_COUNT][N_CTX]; /* per scheme; 0: not run */
 } bench_result;
 
 static int argmax(const float *v, int n)
@@ -218,11 +219,13 @@ static int bench_context(kvt_model *m, const int32_t *tok, int n_tok, const benc
     int want[N_CTX] = {1024, 2048, c->seq_len - S};
     kvt_cache **caches = calloc((size_t)L, sizeof *caches);
     float *logits = malloc(sizeof(float) * (size_t)V);
-    double t[N_CTX][64];
+    double t[KVT_KV_SCHEME_COUNT][N_CTX][64];
     int runs = (o->ctx_runs);
     for (int k = 0; k < N_CTX; k++)
         r->ctx[k] = want[k] <= c->seq_len - S && want[k] <= n_tok ? want[k] : 0;
-    for (int run = 0; run < runs && rc == 0; run++) {
+    for (int run = 0; run < runs && rc == 0; run++)
+    for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++) {
+        kvt_model_set_kv_scheme(m, (kvt_kv_scheme)sc);
         if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
             break;
         int at = 0;
@@ -235,14 +238,16 @@ static int bench_context(kvt_model *m, const int32_t *tok, int n_tok, const benc
             uint64_t t0 = kvt_now_ns();
             for (int s = 0; s < S && rc == 0; s++)
                 rc = kvt_model_decode(m, caches, argmax(logits, V), logits);
-            t[k][run] = tps(S, t0, kvt_now_ns());
+            t[sc][k][run] = tps(S, t0, kvt_now_ns());
             at += S;
         }
         kvt_caches_destroy(caches, L);
     }
-    for (int k = 0; k < N_CTX && rc == 0; k++)
-        if (r->ctx[k])
-            r->ctx_tps[k] = kvt_bench_util_median(t[k], runs);
+    kvt_model_set_kv_scheme(m, KVT_KV_F32);
+    for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++)
+        for (int k = 0; k < N_CTX; k++)
+            if (r->ctx[k])
+                r->ctx_tps[sc][k] = kvt_bench_util_median(t[sc][k], runs);
     free(caches);
     free(logits);
     return rc;
@@ -323,11 +328,19 @@ static void print_tables(const char *const *names, const bench_result *rs, const
     }
     if (have[1]) {
         const bench_result *r = &rs[1];
-        printf("\ndecode at context (default model, tokens/s, %d steps after a prefill to C tokens)\n",
-               o->batch_steps);
+        printf("\ndecode at context (default model, tokens/s, %d steps after a prefill to C tokens; K/V stored\n"
+               "in each scheme, ratio to f32 of the same run in brackets)\n  %-6s", o->batch_steps, "scheme");
         for (int k = 0; k < N_CTX; k++)
             if (r->ctx[k])
-                printf("  C = %5d: %7.1f\n", r->ctx[k], r->ctx_tps[k]);
+                printf("  C = %5d     ", r->ctx[k]);
+        printf("\n");
+        for (int sc = 0; sc < KVT_KV_SCHEME_COUNT; sc++) {
+            printf("  %-6s", kvt_kv_scheme_name((kvt_kv_scheme)sc));
+            for (int k = 0; k < N_CTX; k++)
+                if (r->ctx[k])
+                    printf("  %7.1f (%.2fx)", r->ctx_tps[sc][k], r->ctx_tps[sc][k] / r->ctx_tps[0][k]);
+            printf("\n");
+        }
     }
     printf("\nAll figures medians of runs. prefill: one batched prefill of `prompt` tokens vs the same tokens fed\n"
            "through decode one at a time. decode: greedy from BOS, the engine vs a copy of llama2.c run.c's forward\n"

@@ -24,6 +24,7 @@ static void usage(FILE *f)
             "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                     [--demote-idle MS]] [--prompt-cache-dir DIR ...]\n"
+            "                    [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]]\n"
             "                    [--max-queue N] [--max-running N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
             "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
@@ -55,6 +56,14 @@ static void usage(FILE *f)
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
             "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
+            "  --redis URL           shared remote tier on Redis below the SSD tier, so several servers\n"
+            "                        of the same model behind a load balancer reuse each other's\n"
+            "                        prefixes: redis://[user:password@]host:port[/db] (or the password\n"
+            "                        in KVTIER_REDIS_PASSWORD; never printed). A Redis that is down or\n"
+            "                        slow makes misses, never errors (one warning; /stats redis_cache)\n"
+            "  --redis-cluster       URL names a node of a Redis Cluster (slot map, MOVED/ASK)\n"
+            "  --redis-timeout MS    bound on one Redis lookup (default 50)\n"
+            "  --redis-ttl SECONDS   expiry of every key written (default 0: none)\n"
             "  --prompt-cache-dir DIR  mount the published prompt cache in DIR (kvtier cache publish)\n"
             "                        read-only, below the other tiers; repeatable (at most 7). Its\n"
             "                        CURRENT generation is validated whole (SHA-256 of every shard)\n"
@@ -103,6 +112,7 @@ static int parse_int(const char *flag, const char *v, long long lo, long long hi
 int kvt_cmd_serve(int argc, char **argv)
 {
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
+    long long redis_timeout = 0, redis_ttl = 0;
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
               max_conn = 256, threads = 0;
     uint64_t max_body = 1 << 20;
@@ -118,11 +128,15 @@ int kvt_cmd_serve(int argc, char **argv)
             o.ssd_verify = 1;
             continue;
         }
+        if (!strcmp(a, "--redis-cluster")) {
+            o.redis_cluster = 1;
+            continue;
+        }
         static const char *const with_value[] = {
             "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
-            "--prompt-cache-dir", "--kv-dtype", NULL};
+            "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -144,6 +158,15 @@ int kvt_cmd_serve(int argc, char **argv)
             o.host = v;
         else if (!strcmp(a, "--ssd-cache"))
             o.ssd_dir = v;
+        else if (!strcmp(a, "--redis"))
+            o.redis_url = v;
+        else if (!strcmp(a, "--redis-timeout")) {
+            rc = parse_int(a, v, 1, 60000, &redis_timeout);
+            o.redis_timeout_ms = (int32_t)redis_timeout;
+        } else if (!strcmp(a, "--redis-ttl")) {
+            rc = parse_int(a, v, 1, LLONG_MAX / 1000, &redis_ttl);
+            o.redis_ttl_s = redis_ttl;
+        }
         else if (!strcmp(a, "--prompt-cache-dir")) {
             if (!*v || n_pub == 7)
                 return usage_error(*v ? "too many --prompt-cache-dir (at most 7)" : "--prompt-cache-dir wants a directory",
@@ -198,6 +221,10 @@ int kvt_cmd_serve(int argc, char **argv)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     if (n_pub && o.prompt_cache_bytes == 0)
         return usage_error("--prompt-cache-dir needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
+    if (!o.redis_url && (o.redis_cluster || o.redis_timeout_ms || o.redis_ttl_s))
+        return usage_error("--redis-cluster, --redis-timeout and --redis-ttl need --redis URL", NULL);
+    if (o.redis_url && o.prompt_cache_bytes == 0)
+        return usage_error("--redis needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     o.prompt_cache_dirs = pub_dirs;
     o.n_prompt_cache_dirs = n_pub;
     if (max_body < 1)

@@ -52,6 +52,7 @@ int main(int argc, char **argv)
         {"lookup", kvt_bench_lookup, "radix-index take+dispose vs linear scan"},
         {"dedup", kvt_bench_dedup, "RAM bytes of entries sharing a long system prompt"},
         {"chat", kvt_bench_chat, "per-turn TTFT with the prompt cache on and off"},
+        {"kv-dtype", kvt_bench_kv_dtype, "quality and bytes of each KV storage scheme (f16, bf16, q8) vs f32"},
         {"ssd", kvt_bench_ssd, "SSD store/restore throughput vs raw disk bandwidth"},
         {"serve", kvt_bench_serve, "kvtier serve over HTTP: TTFT per turn cache on/off, batched decode, overhead"},
         {NULL, NULL, NULL},

@@ -38,7 +38,7 @@
 
 struct kvt_server {
     kvt_server_opts o;           /* strings below are owned copies */
-    char *host, *model_path, *tok_path, *model_name_opt, *ssd_dir, *api_key;
+    char *host, *model_path, *tok_path, *model_name_opt, *ssd_dir, *api_key, *redis_url;
     char *pub_dirs[8];           /* copies of o.prompt_cache_dirs */
     struct MHD_Daemon *d;
     int port;
@@ -919,6 +919,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->tok_path = xstrdup(o->tok_path);
     s->model_name_opt = xstrdup(o->model_name);
     s->ssd_dir = xstrdup(o->ssd_dir);
+    s->redis_url = xstrdup(o->redis_url);
     s->api_key = xstrdup(o->api_key);
     for (int i = 0; i < o->n_prompt_cache_dirs; i++)
         s->pub_dirs[i] = xstrdup(o->prompt_cache_dirs[i]);
@@ -928,6 +929,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->o.tok_path = s->tok_path;
     s->o.model_name = s->model_name_opt;
     s->o.ssd_dir = s->ssd_dir;
+    s->o.redis_url = s->redis_url;
     s->o.api_key = s->api_key;
     if (s->o.max_queue < 0)
         s->o.max_queue = 0;
@@ -1020,13 +1022,15 @@ int kvt_server_load(kvt_server *s)
     kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
                                 .demote_idle_ms = s->o.demote_idle_ms};
     kvt_chat_identity ident;
-    int levels = s->ssd_dir || s->o.n_prompt_cache_dirs;
+    int levels = s->ssd_dir || s->redis_url || s->o.n_prompt_cache_dirs;
     if (levels && (rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
         return rc;
     /* a disk that cannot be written degrades the tier (read-only or off,
      * warned by kvt_server_poll_tiers), never the server */
     kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify,
-                         .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs};
+                         .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs,
+                         .redis_url = s->redis_url, .redis_cluster = s->o.redis_cluster,
+                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s};
     if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
         return rc;
     s->store = kvt_tiers_store(s->tiers);
@@ -1099,6 +1103,9 @@ void kvt_server_destroy(kvt_server *s)
     free(s->tok_path);
     free(s->model_name_opt);
     free(s->ssd_dir);
+    if (s->redis_url) /* it may hold a password */
+        memset(s->redis_url, 0, strlen(s->redis_url));
+    free(s->redis_url);
     free(s->api_key);
     for (int i = 0; i < 8; i++)
         free(s->pub_dirs[i]);

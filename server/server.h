@@ -43,6 +43,10 @@ typedef struct kvt_server_opts {
     const char *const *prompt_cache_dirs; /* published prompt caches mounted read-only
                                     (kvt_tiers_opts), (n_prompt_cache_dirs); copied */
     int n_prompt_cache_dirs;     /* 0 = none; at most 7 */
+    const char *redis_url;       /* remote tier on Redis (kvt_tiers_opts.redis_url), NULL = none; copied */
+    int redis_cluster;           /* the URL names a Redis Cluster node */
+    int32_t redis_timeout_ms;    /* bound on one Redis lookup; 0 = 50 */
+    int64_t redis_ttl_s;         /* expiry of every key written; 0 = none */
     uint64_t demote_idle_ms;     /* RAM entries idle this long leave RAM once on SSD; 0 never */
     int64_t max_queue;           /* requests waiting for admission at most (0: none wait) */
     int64_t max_running;         /* requests admitted at once at most; 0 = 64 */

@@ -678,6 +678,60 @@ static void test_cli_restart_from_ssd(void **state)
     unlink(err[0]);
 }
 
+/* One --ssd-cache directory, three processes: f16, then f32, then f16
+ * again. The f32 run reuses nothing of the f16 state (its identity differs
+ * by the scheme) and replies as a cache-off f32 run; the second f16 run
+ * reuses all but one token of every turn. Without the scheme in the identity
+ * the f32 run would restore f16 state. */
+static void test_cli_scheme_never_serves_another(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN") || *test_scheme()) {
+        print_message("skipping: %s\n", *test_scheme() ? "sets its own schemes (runs in the default test_chat)"
+                                                        : "KVT_BIN is not set");
+        skip();
+    }
+    char script[400], ssd[400], out[4][400], err[4][400], args[2048];
+    snprintf(script, sizeof script, "%s/scheme_script.txt", dir);
+    snprintf(ssd, sizeof ssd, "%s/scheme_ssd", dir);
+    FILE *f = fopen(script, "w");
+    assert_non_null(f);
+    fputs("Hello there, who are you?\nTell me a story about the sea.\n", f);
+    fclose(f);
+    static const char *const kinds[4] = {"f16", "f32", "f16", "f32"}; /* the last: f32 cache off */
+    long long r[4][4], p[4][4];
+    char *o[4];
+    for (int i = 0; i < 4; i++) {
+        snprintf(out[i], 400, "%s/scheme_out%d.txt", dir, i);
+        snprintf(err[i], 400, "%s/scheme_err%d.txt", dir, i);
+        if (i < 3)
+            snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 8 --ssd-cache '%s' "
+                     "--kv-dtype %s", model_path[M_PLAIN], tok_path, script, ssd, kinds[i]);
+        else
+            snprintf(args, sizeof args, "--model '%s' --tokenizer '%s' --script '%s' --max-tokens 8 --prompt-cache 0 "
+                     "--kv-dtype %s", model_path[M_PLAIN], tok_path, script, kinds[i]);
+        assert_int_equal(run_cli(args, out[i], err[i]), 0);
+        char *e = slurp(err[i]);
+        assert_int_equal(parse_turn_lines(e, r[i], p[i], 4), 2);
+        free(e);
+        o[i] = slurp(out[i]);
+    }
+    assert_int_equal(r[1][0], 0); /* f32 found nothing of f16's on the first turn */
+    assert_string_equal(o[1], o[3]); /* and replied as f32 without any cache */
+    for (int t = 0; t < 2; t++)
+        if (p[2][t] != 1)
+            fail_msg("the second f16 run, turn %d: reused %lld, prefilled %lld (want 1)", t + 1, r[2][t], p[2][t]);
+    assert_string_equal(o[0], o[2]);
+    for (int i = 0; i < 4; i++) {
+        free(o[i]);
+        unlink(out[i]);
+        unlink(err[i]);
+    }
+    unlink(script);
+    snprintf(args, sizeof args, "rm -rf '%s'", ssd);
+    assert_int_equal(system(args), 0);
+}
+
 /* --ssd-cache-max smaller than one prefix: that prefix cannot be kept on
  * disk; the chat says so in a warning and still succeeds (exit 0) with the
  * same replies as a run with no cache (it exited 1 at close before). */
@@ -957,6 +1011,7 @@ int main(void)
         cmocka_unit_test(test_admission_errors),
         cmocka_unit_test(test_block_tokens_capped),
         cmocka_unit_test(test_cli_restart_from_ssd),
+        cmocka_unit_test(test_cli_scheme_never_serves_another),
         cmocka_unit_test(test_cli_transcript_resume),
         cmocka_unit_test(test_cli_bad_input),
         cmocka_unit_test(test_cli_ssd_budget_below_one_prefix),

@@ -1,0 +1,241 @@
+/*
+ * test_remote_cluster.c: the remote tier on a real 3-node Redis Cluster on
+ * loopback (redis-server --cluster-enabled yes, slots assigned with CLUSTER
+ * ADDSLOTSRANGE, nodes joined with CLUSTER MEET): the cold-tier conformance
+ * suite through slot routing; keys land on every node; a MOVED after a slot
+ * moves is followed and the map updated; one node killed: lookups stay
+ * bounded and never wrong (what lives on the live nodes still serves).
+ * Skips, saying why, when redis-server is not installed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "kvtier/remote.h"
+#include "key.h"
+#include "redis_util.h"
+#include "remote_internal.h"
+#include "store_util.h"
+#include "tier_suite.h"
+
+#define N 3
+static redis_srv g_nodes[N];
+static int g_ports[N];
+static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
+static const kvt_store_identity ID = {"cluster-test", "cfg", "tok"};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void seq(int32_t *t, int64_t n, int32_t base)
+{
+    for (int64_t i = 0; i < n; i++)
+        t[i] = base + (int32_t)i;
+}
+
+static kvt_remote *open_cluster(void)
+{
+    kvt_remote_options o = {.cluster = 1, .lookup_timeout_ms = 200, .io_timeout_ms = 500, .quiet = 1};
+    kvt_remote *r = NULL;
+    assert_int_equal(kvt_remote_open(g_nodes[1].url, &ID, &o, &r), 0); /* any node as the seed */
+    return r;
+}
+
+static void put(const kvt_cold_tier *t, const int32_t *tok, int64_t n)
+{
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&KV, "", tok, n, &e), 0);
+    assert_int_equal(t->store(t->self, &e), 0);
+    kvt_entry_clear(&e);
+}
+
+static int restore_ok(const kvt_cold_tier *t, uint64_t h, const int32_t *tok, int64_t n)
+{
+    kvt_entry got, want;
+    int rc = t->restore(t->self, h, &got);
+    if (rc)
+        return rc;
+    assert_int_equal(store_make_entry(&KV, "", tok, n, &want), 0);
+    assert_int_equal(got.n_tokens, n);
+    assert_int_equal(store_entry_diff(&want, &got), 0);
+    kvt_entry_clear(&got);
+    kvt_entry_clear(&want);
+    return 0;
+}
+
+static void flush_all(void)
+{
+    for (int i = 0; i < N; i++)
+        if (g_nodes[i].pid)
+            redis_cmd(g_nodes[i].port, NULL, 0, NULL, "FLUSHALL");
+}
+
+/* the slot function agrees with the cluster's CLUSTER KEYSLOT */
+static void t_slots(void **state)
+{
+    const char *keys[] = {"kvt:abc:b0123", "foo", "{user1000}.following", "a{}b", "x{y"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        long long want = redis_cmd(g_ports[0], NULL, 0, NULL, "CLUSTER KEYSLOT %s", keys[i]);
+        assert_int_equal(kvt__redis_slot(keys[i], strlen(keys[i])), want);
+    }
+    kvt_remote *r = open_cluster();
+    kvt_remote_stats st;
+    assert_int_equal(kvt_remote_stats_get(r, &st), 0);
+    assert_int_equal(st.nodes, N);
+    assert_int_equal(st.healthy, 1);
+    kvt_remote_close(r);
+}
+
+/* records spread over every node and restore whole */
+static void t_spread(void **state)
+{
+    flush_all();
+    kvt_remote *r = open_cluster();
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    int32_t p[200];
+    seq(p, 200, 50);
+    put(&t, p, 160); /* 40 blocks */
+    for (int i = 0; i < N; i++)
+        assert_true(redis_count_keys(g_nodes[i].port, "kvt:*") > 0);
+    kvt_cold_hit h;
+    assert_int_equal(t.find(t.self, p, 200, "", &h), 0);
+    assert_int_equal(h.prefix_len, 160);
+    assert_int_equal(restore_ok(&t, h.handle, p, 160), 0);
+    kvt_remote_stats st;
+    assert_int_equal(kvt_remote_stats_get(r, &st), 0);
+    print_message("40 blocks over %d nodes: %llu round trips so far, %llu redirects\n", N,
+                  (unsigned long long)st.round_trips, (unsigned long long)st.redirects);
+    kvt_remote_close(r);
+}
+
+/* The Redis key of the first block of tok (block 4). */
+static void first_block_name(const int32_t *tok, char *out, size_t cap)
+{
+    char prefix[64];
+    assert_int_equal(kvt_remote_key_prefix(&ID, prefix, sizeof prefix), 0);
+    char hi[17] = {0}, lo[17] = {0};
+    memcpy(hi, prefix + 4, 16);
+    memcpy(lo, prefix + 20, 16);
+    kvt__key seed = {strtoull(lo, NULL, 16), strtoull(hi, NULL, 16)};
+    char hex[33];
+    kvt__key_hex(kvt__block_key(seed, "", KVT__KEY_ZERO, tok, 4), hex);
+    snprintf(out, cap, "%sb%s", prefix, hex);
+}
+
+/* a slot reassigned after the tier read the map: the tier's write goes to
+ * the old owner, gets MOVED, follows it and learns the new owner */
+static void t_moved(void **state)
+{
+    flush_all();
+    kvt_remote *r = open_cluster();
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    int32_t q[12];
+    seq(q, 12, 777);
+    put(&t, q, 8); /* the layout is known */
+    int32_t p[12];
+    seq(p, 12, 31000);
+    char key[128];
+    first_block_name(p, key, sizeof key);
+    long long slot = redis_cmd(g_ports[0], NULL, 0, NULL, "CLUSTER KEYSLOT %s", key);
+    int owner = slot * N / 16384, to = (owner + 1) % N;
+    char id[64];
+    assert_int_equal(redis_cmd(g_ports[to], id, sizeof id, NULL, "CLUSTER MYID"), 0);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(redis_cmd(g_ports[i], NULL, 0, NULL, "CLUSTER SETSLOT %lld NODE %s", slot, id), 0);
+    put(&t, p, 8);
+    kvt_remote_stats st;
+    assert_int_equal(kvt_remote_stats_get(r, &st), 0);
+    assert_true(st.redirects >= 1);
+    assert_int_equal(redis_cmd(g_ports[to], NULL, 0, NULL, "EXISTS %s", key), 1);
+    kvt_cold_hit h;
+    assert_int_equal(t.find(t.self, p, 12, "", &h), 0);
+    assert_int_equal(h.prefix_len, 8);
+    assert_int_equal(restore_ok(&t, h.handle, p, 8), 0);
+    print_message("slot %lld moved from node %d to node %d: %llu redirects followed\n", slot, owner, to,
+                  (unsigned long long)st.redirects);
+    /* give the slot back for the tests after this one */
+    assert_int_equal(redis_cmd(g_ports[to], NULL, 0, NULL, "DEL %s", key), 1);
+    char oid[64];
+    assert_int_equal(redis_cmd(g_ports[owner], oid, sizeof oid, NULL, "CLUSTER MYID"), 0);
+    kvt_remote_close(r);
+    flush_all();
+    for (int i = 0; i < N; i++)
+        redis_cmd(g_ports[i], NULL, 0, NULL, "CLUSTER SETSLOT %lld NODE %s", slot, oid);
+}
+
+/* one node killed: lookups stay within the timeout, never wrong; entries
+ * wholly on the live nodes still serve */
+static void t_node_down(void **state)
+{
+    flush_all();
+    kvt_remote *r = open_cluster();
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    enum { E = 24 };
+    int32_t p[E][12];
+    for (int i = 0; i < E; i++) {
+        seq(p[i], 12, 10000 * (i + 1));
+        put(&t, p[i], 8); /* two blocks each */
+    }
+    redis_kill(&g_nodes[2]);
+    int served = 0, missed = 0;
+    double worst = 0;
+    for (int i = 0; i < E; i++) {
+        kvt_cold_hit h;
+        double t0 = now_ms();
+        int rc = t.find(t.self, p[i], 12, "", &h);
+        double took = now_ms() - t0;
+        worst = took > worst ? took : worst;
+        if (rc) {
+            missed++;
+            continue;
+        }
+        int rr = restore_ok(&t, h.handle, p[i], h.n_tokens);
+        assert_true(rr == 0 || rr == KVT_EIO || rr == KVT_ENOTFOUND);
+        served += rr == 0;
+    }
+    print_message("one of %d nodes down: %d of %d entries served, %d misses, slowest lookup %.1f ms\n", N, served, E,
+                  missed, worst);
+    assert_true(worst < 600);
+    assert_true(served > 0);
+    assert_true(missed + (E - served) > 0);
+    kvt_remote_close(r);
+}
+
+int main(void)
+{
+    if (!redis_available("test_remote_cluster"))
+        return 0;
+    if (redis_cluster_start(g_nodes, N)) {
+        fprintf(stderr, "test_remote_cluster: cannot start a %d-node cluster\n", N);
+        return 1;
+    }
+    for (int i = 0; i < N; i++)
+        g_ports[i] = g_nodes[i].port;
+    char url[64];
+    snprintf(url, sizeof url, "%s", g_nodes[0].url);
+    redis_tier_use(url, 1, g_ports, N);
+    int failed = tier_suite_run(&tier_impl_redis);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(t_slots),
+        cmocka_unit_test(t_spread),
+        cmocka_unit_test(t_moved),
+        cmocka_unit_test(t_node_down),
+    };
+    failed += cmocka_run_group_tests_name("remote tier on a cluster", tests, NULL, NULL);
+    redis_cluster_stop(g_nodes, N);
+    return failed ? 1 : 0;
+}
