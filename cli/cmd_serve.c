@@ -23,7 +23,7 @@ static void usage(FILE *f)
             "usage: kvtier serve [--model M.bin --tokenizer T.bin] [--model-name NAME]\n"
             "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
-            "                     [--demote-idle MS]] [--prompt-cache-dir DIR ...]\n"
+            "                     [--demote-idle MS] [--checkpoint-every N]] [--prompt-cache-dir DIR ...]\n"
             "                    [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]]\n"
             "                    [--max-queue N] [--max-running N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
@@ -56,6 +56,12 @@ static void usage(FILE *f)
             "  --ssd-cache-max BYTES byte budget over DIR (default 0: unlimited)\n"
             "  --ssd-cache-verify    also check SHA-256 of every shard on load (XXH3-128 is always checked)\n"
             "  --demote-idle MS      prefixes idle MS milliseconds leave RAM once on SSD\n"
+            "  --checkpoint-every N  a request with an 'Idempotency-Key: KEY' header is checkpointed\n"
+            "                        under --ssd-cache every N generated tokens; the same request with\n"
+            "                        the same key after a crash or restart resumes from its newest\n"
+            "                        checkpoint and the client gets the whole reply, identical to an\n"
+            "                        uninterrupted one (a checkpoint that does not match the request\n"
+            "                        is a 422 naming the field; docs/checkpoints.md)\n"
             "  --redis URL           shared remote tier on Redis below the SSD tier, so several servers\n"
             "                        of the same model behind a load balancer reuse each other's\n"
             "                        prefixes: redis://[user:password@]host:port[/db] (or the password\n"
@@ -114,7 +120,7 @@ int kvt_cmd_serve(int argc, char **argv)
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
     long long redis_timeout = 0, redis_ttl = 0;
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
-              max_conn = 256, threads = 0;
+              max_conn = 256, threads = 0, ckpt_every = 0;
     uint64_t max_body = 1 << 20;
     const char *pub_dirs[7];
     int n_pub = 0;
@@ -136,7 +142,8 @@ int kvt_cmd_serve(int argc, char **argv)
             "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
-            "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", NULL};
+            "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", "--checkpoint-every",
+            NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -193,6 +200,8 @@ int kvt_cmd_serve(int argc, char **argv)
             rc = parse_int(a, v, 1, 65536, &max_conn);
         else if (!strcmp(a, "--threads"))
             rc = parse_int(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
+        else if (!strcmp(a, "--checkpoint-every"))
+            rc = parse_int(a, v, 1, INT32_MAX, &ckpt_every);
         else if (!strcmp(a, "--kv-dtype")) {
             kvt_kv_scheme ks;
             if (kvt_cli_kv_scheme(v, &ks))
@@ -215,8 +224,10 @@ int kvt_cmd_serve(int argc, char **argv)
     if ((o.model_path != NULL) != (o.tok_path != NULL))
         return usage_error(o.model_path ? "--model given without --tokenizer" : "--tokenizer given without --model",
                            NULL);
-    if (!o.ssd_dir && (o.ssd_max_bytes || o.ssd_verify || demote))
-        return usage_error("--ssd-cache-max, --ssd-cache-verify and --demote-idle need --ssd-cache DIR", NULL);
+    if (!o.ssd_dir && (o.ssd_max_bytes || o.ssd_verify || demote || ckpt_every))
+        return usage_error("--ssd-cache-max, --ssd-cache-verify, --demote-idle and --checkpoint-every need "
+                           "--ssd-cache DIR", NULL);
+    o.checkpoint_every = ckpt_every;
     if (o.ssd_dir && o.prompt_cache_bytes == 0)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     if (n_pub && o.prompt_cache_bytes == 0)

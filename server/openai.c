@@ -404,13 +404,14 @@ static double ms3(double ms) { return round(ms * 1000.0) / 1000.0; }
 
 json_t *kvt_oai_usage_json(const kvt_oai_usage *u)
 {
-    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:{s:I, s:I}, s:I, s:f, s:f, s:f}}", "prompt_tokens",
+    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:{s:I, s:I}, s:I, s:f, s:f, s:f, s:I}}", "prompt_tokens",
                      (json_int_t)u->prompt_tokens, "completion_tokens", (json_int_t)u->completion_tokens,
                      "total_tokens", (json_int_t)(u->prompt_tokens + u->completion_tokens),
                      "prompt_tokens_details", "cached_tokens", (json_int_t)(u->reused_ram + u->reused_ssd),
                      "kvtier", "reused_tokens", "ram", (json_int_t)u->reused_ram, "ssd", (json_int_t)u->reused_ssd,
                      "prefilled_tokens", (json_int_t)u->prefilled_tokens, "queue_ms", ms3(u->queue_ms),
-                     "ttft_ms", ms3(u->ttft_ms), "engine_ms", ms3(u->engine_ms));
+                     "ttft_ms", ms3(u->ttft_ms), "engine_ms", ms3(u->engine_ms), "resumed_tokens",
+                     (json_int_t)u->resumed_tokens);
 }
 
 static char *dump(json_t *doc)

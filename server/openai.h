@@ -110,13 +110,15 @@ typedef struct kvt_oai_usage {
     int64_t prefilled_tokens;        /* prompt tokens run by prefill */
     double queue_ms, ttft_ms;        /* arrival to admission; arrival to the first token */
     double engine_ms;                /* time in prefill and decode steps that ran this request */
+    int64_t resumed_tokens;          /* reply tokens restored from a generation checkpoint
+                                        (Idempotency-Key), not decoded again */
 } kvt_oai_usage;
 
 /** The usage object:
  *   {"prompt_tokens", "completion_tokens", "total_tokens",
  *    "prompt_tokens_details": {"cached_tokens": ram + ssd},
  *    "kvtier": {"reused_tokens": {"ram", "ssd"}, "prefilled_tokens", "queue_ms", "ttft_ms",
- *               "engine_ms"}}
+ *               "engine_ms", "resumed_tokens"}}
  * engine_ms counts whole batched decode steps: with several requests
  * batched, each step's time is counted in each of them.
  * @return a new reference, NULL when out of memory. */

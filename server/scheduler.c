@@ -74,6 +74,7 @@ void kvt_srv_job_release(kvt_srv_job *j)
     for (int i = 0; i < j->n_stop; i++)
         free(j->stop[i]);
     free(j->session);
+    free(j->request_id);
     free(j->text);
     free(j->raw);
     pthread_mutex_destroy(&j->mu);
@@ -278,7 +279,8 @@ static void job_error(kvt_srv_sched *s, kvt_srv_job *j, int rc)
 {
     char msg[512];
     snprintf(msg, sizeof msg, "%s", kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
-    finish(s, j, rc == KVT_ELIMIT || rc == KVT_EINVAL ? 400 : rc == KVT_ECLOSED ? 503 : 500, NULL, msg);
+    finish(s, j, rc == KVT_ELIMIT || rc == KVT_EINVAL ? 400 : rc == KVT_EMISMATCH ? 422 : rc == KVT_ECLOSED ? 503 : 500,
+           NULL, msg);
 }
 
 /* Takes the head job off the queue (it becomes the caller's reference). */
@@ -318,7 +320,8 @@ static int admit_head(kvt_srv_sched *s, running *slot)
     kvt_seq *seq = NULL;
     int rc = kvt_sampler_create(c->vocab_size, j->temperature, j->top_p, j->seed, &sampler);
     kvt_gen_opts g = {.max_tokens = j->max_tokens, .session = j->session, .admit_timeout_ms = 0,
-                      .stop_tok = j->stop_at_newline ? s->tok : NULL};
+                      .stop_tok = j->stop_at_newline ? s->tok : NULL, .request_id = j->request_id,
+                      .seed_explicit = j->seed_explicit};
     uint64_t restores0 = cold_restores(s->svc);
     if (!rc)
         rc = kvt_seq_begin(s->m, s->svc, sampler, j->prompt, j->n_prompt, &g, &seq);
@@ -334,7 +337,8 @@ static int admit_head(kvt_srv_sched *s, running *slot)
         return 1;
     }
     int64_t reused = kvt_seq_reused(seq);
-    int from_ssd = cold_restores(s->svc) > restores0;
+    /* a resumed request's prompt came back with its checkpoint, from the SSD store */
+    int from_ssd = cold_restores(s->svc) > restores0 || kvt_seq_resumed(seq) > 0;
     pthread_mutex_lock(&j->mu);
     j->usage.prompt_tokens = j->n_prompt;
     j->usage.reused_ram = from_ssd ? 0 : reused;
@@ -343,6 +347,26 @@ static int admit_head(kvt_srv_sched *s, running *slot)
     j->usage.queue_ms = ms_since(j->arrival_ns);
     pthread_mutex_unlock(&j->mu);
     *slot = (running){.job = pop_head(s, 1), .seq = seq, .sampler = sampler, .prev = j->prompt[j->n_prompt - 1]};
+    /* a resumed request: the reply its checkpoint holds goes out first, so
+     * the client gets the whole reply once */
+    int64_t n_resumed = kvt_seq_resumed(seq);
+    if (n_resumed > 0) {
+        int64_t n_rep;
+        const int32_t *rep = kvt_seq_reply(seq, &n_rep);
+        int cut = 0;
+        pthread_mutex_lock(&j->mu);
+        j->usage.resumed_tokens = n_resumed;
+        for (int64_t i = 0; i < n_resumed && cut == 0; i++) {
+            cut = append_token(j, s->tok, slot->prev, rep[i]);
+            j->usage.completion_tokens++;
+            slot->prev = rep[i];
+        }
+        if (cut >= 0 && j->visible)
+            pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        if (cut)
+            end_run(s, slot, cut < 0 ? 500 : 200, cut < 0 ? NULL : "stop", cut < 0 ? "out of memory" : NULL);
+    }
     return 1;
 }
 

@@ -42,6 +42,9 @@ typedef struct kvt_srv_job {
     int n_stop;
     int stop_at_newline;        /* 1: stop before a token whose piece holds '\n' (chat) */
     char *session;              /* owned, NULL = none */
+    char *request_id;           /* owned: the Idempotency-Key of a replayable request
+                                   (checkpointed, resumed after a restart), NULL = none */
+    int seed_explicit;          /* 1: the client gave "seed" */
     char model[64];             /* the served model's id, for the record */
     uint64_t arrival_ns;        /* kvt_now_ns() when the body was complete */
 

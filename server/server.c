@@ -392,7 +392,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             st->phase = 2;
         } else {
             kvt_oai_error e;
-            kvt_oai_error_set(&e, j->status, j->status == 400 ? "invalid_request_error" : "server_error", NULL,
+            kvt_oai_error_set(&e, j->status, j->status == 400 || j->status == 422 ? "invalid_request_error" : "server_error", NULL,
                               NULL, "%s", j->error);
             char *body = kvt_oai_error_json(&e);
             ev = body ? cat3(strdup("data: "), body, "\n\ndata: [DONE]\n\n") : NULL;
@@ -483,6 +483,28 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     j->stop_at_newline = kind == KVT_OAI_CHAT;
     j->session = r.session;
     r.session = NULL;
+    j->seed_explicit = r.has_seed;
+    /* a replayable request: checkpointed, and a repeat with the same key resumes */
+    const char *key = kvt_service_checkpoint_every(s->svc) > 0
+                          ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key") : NULL;
+    if (key && *key) {
+        int ok = strlen(key) <= KVT_REQUEST_ID_MAX;
+        for (const unsigned char *p = (const unsigned char *)key; ok && *p; p++)
+            ok = *p >= 0x20 && *p != 0x7f;
+        if (!ok) {
+            kvt_srv_job_release(j);
+            kvt_oai_error_set(&e, 400, "invalid_request_error", "Idempotency-Key", NULL,
+                              "the Idempotency-Key header must be 1 to %d bytes without control characters",
+                              KVT_REQUEST_ID_MAX);
+            ret = send_error(s, c, rq->ep, &e);
+            goto out;
+        }
+        if (!(j->request_id = strdup(key))) {
+            kvt_srv_job_release(j);
+            ret = fail(s, c, rq->ep, 500, "server_error", NULL, NULL, "out of memory");
+            goto out;
+        }
+    }
     snprintf(j->model, sizeof j->model, "%s", s->model_name);
     j->arrival_ns = kvt_now_ns();
     int rc = atomic_load(&s->stopping) ? KVT_ECLOSED : kvt_srv_sched_submit(s->sched, j);
@@ -550,7 +572,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     pthread_mutex_unlock(&j->mu);
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, s->o.conn_timeout_s);
     if (j->status != 200) {
-        kvt_oai_error_set(&e, j->status, j->status == 400 ? "invalid_request_error" : "server_error", NULL, NULL,
+        kvt_oai_error_set(&e, j->status, j->status == 400 || j->status == 422 ? "invalid_request_error" : "server_error", NULL, NULL,
                           "%s", j->error);
         ret = send_error(s, c, rq->ep, &e);
     } else
@@ -1037,6 +1059,10 @@ int kvt_server_load(kvt_server *s)
     if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0) {
         so.cold = &s->tier;
         so.chain = kvt_tiers_chain(s->tiers);
+    }
+    if (s->o.checkpoint_every > 0 && s->store) { /* no store (SSD off): nothing is checkpointed */
+        so.checkpoint_store = s->store;
+        so.checkpoint_every = s->o.checkpoint_every;
     }
     if ((rc = kvt_chat_service_create(s->m, &so, &s->svc)))
         return rc;

@@ -56,6 +56,9 @@ typedef struct kvt_server_opts {
     unsigned max_connections;    /* open connections at most; 0 = 256 */
     int threads;                 /* engine threads (kvt_model_set_threads), 1..64; 0 = the model's default */
     int kv_scheme;               /* storage scheme of the K/V, a kvt_kv_scheme (engine/model.h); 0 = f32 */
+    int64_t checkpoint_every;    /* with ssd_dir: a request with an Idempotency-Key header is
+                                    checkpointed every this many generated tokens and resumed
+                                    by a repeat after a restart (docs/checkpoints.md); 0 = off */
 } kvt_server_opts;
 
 /** Binds and starts answering HTTP (every generation request gets 503 until
