@@ -31,6 +31,7 @@ static const int k_batch_n[N_BATCH] = {1, 2, 4, 8};
 
 typedef struct {
     int runs, slow_runs, prompt, decode, batch_steps, ctx_runs, threads;
+    int context_only; /* --context-only: the decode at context (default model) alone */
 } bench_opts;
 
 typedef struct {
@@ -209,45 +210,55 @@ static int bench_batch(kvt_model *m, const int32_t *tok, const bench_opts *o, in
     return rc;
 }
 
-/* Decode tokens/s at 1k, 2k and seq_len - steps tokens of context: one
- * sequence prefilled up to each length in turn, `steps` greedy tokens timed
- * at each. */
+/* Decode tokens/s at 1k, 2k and seq_len - steps tokens of context, per KV
+ * storage scheme: one sequence per scheme prefilled up to each length in
+ * turn, then `steps` greedy tokens for each, the schemes taking turns token
+ * by token (each token timed alone), so every scheme sees the same load. */
 static int bench_context(kvt_model *m, const int32_t *tok, int n_tok, const bench_opts *o, bench_result *r)
 {
     const kvt_model_config *c = kvt_model_get_config(m);
     int L = c->n_layers, V = c->vocab_size, S = o->batch_steps, rc = 0;
     int want[N_CTX] = {1024, 2048, c->seq_len - S};
-    kvt_cache **caches = calloc((size_t)L, sizeof *caches);
-    float *logits = malloc(sizeof(float) * (size_t)V);
-    double t[KVT_KV_SCHEME_COUNT][N_CTX][64];
-    int runs = (o->ctx_runs);
+    kvt_cache **caches = calloc((size_t)L * KVT_KV_SCHEME_COUNT, sizeof *caches);
+    float *logits = malloc(sizeof(float) * (size_t)V * KVT_KV_SCHEME_COUNT);
+    double t[KVT_KV_SCHEME_COUNT][N_CTX][64] = {{{0}}};
+    int runs = o->ctx_runs;
+    if (!caches || !logits)
+        rc = KVT_ENOMEM;
     for (int k = 0; k < N_CTX; k++)
         r->ctx[k] = want[k] <= c->seq_len - S && want[k] <= n_tok ? want[k] : 0;
-    for (int run = 0; run < runs && rc == 0; run++)
-    for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++) {
-        kvt_model_set_kv_scheme(m, (kvt_kv_scheme)sc);
-        if ((rc = kvt_model_new_caches(m, 256, caches)) != 0)
-            break;
+    for (int run = 0; run < runs && rc == 0; run++) {
+        for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++) {
+            kvt_model_set_kv_scheme(m, (kvt_kv_scheme)sc);
+            rc = kvt_model_new_caches(m, 256, caches + (size_t)sc * L);
+        }
         int at = 0;
         for (int k = 0; k < N_CTX && rc == 0; k++) {
             if (!r->ctx[k] || r->ctx[k] < at)
                 continue;
-            if (r->ctx[k] > at && (rc = kvt_model_prefill(m, caches, tok + at, r->ctx[k] - at, logits)) != 0)
-                break;
+            for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0 && r->ctx[k] > at; sc++)
+                rc = kvt_model_prefill(m, caches + (size_t)sc * L, tok + at, r->ctx[k] - at, logits + (size_t)sc * V);
             at = r->ctx[k];
-            uint64_t t0 = kvt_now_ns();
             for (int s = 0; s < S && rc == 0; s++)
-                rc = kvt_model_decode(m, caches, argmax(logits, V), logits);
-            t[sc][k][run] = tps(S, t0, kvt_now_ns());
-            at += S;
+                for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++) {
+                    float *lg = logits + (size_t)sc * V;
+                    uint64_t t0 = kvt_now_ns();
+                    rc = kvt_model_decode(m, caches + (size_t)sc * L, argmax(lg, V), lg);
+                    t[sc][k][run] += (double)(kvt_now_ns() - t0) * 1e-9;
+                }
+            at += S; /* every scheme's sequence is S tokens further on */
         }
-        kvt_caches_destroy(caches, L);
+        for (int sc = 0; sc < KVT_KV_SCHEME_COUNT; sc++)
+            kvt_caches_destroy(caches + (size_t)sc * L, L);
     }
     kvt_model_set_kv_scheme(m, KVT_KV_F32);
     for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++)
         for (int k = 0; k < N_CTX; k++)
-            if (r->ctx[k])
+            if (r->ctx[k]) {
+                for (int run = 0; run < runs; run++)
+                    t[sc][k][run] = S / t[sc][k][run];
                 r->ctx_tps[sc][k] = kvt_bench_util_median(t[sc][k], runs);
+            }
     free(caches);
     free(logits);
     return rc;
@@ -275,10 +286,10 @@ static int bench_model(const char *name, const char *path, int is_default, const
     int slow_runs = is_default ? o->slow_runs : 3, base_runs = is_default ? (o->runs < 3 ? o->runs : 3) : o->runs;
     fprintf(stderr, "%s: %d layers, dim %d, seq_len %d, %d threads; prefill %d tokens, decode %d tokens from BOS, "
             "%d runs\n", name, c->n_layers, c->dim, c->seq_len, o->threads, prompt, steps, o->runs);
-    rc = bench_prefill(m, tok, prompt, o, slow_runs, r);
-    if (rc == 0)
+    rc = o->context_only ? 0 : bench_prefill(m, tok, prompt, o, slow_runs, r);
+    if (rc == 0 && !o->context_only)
         rc = bench_decode(m, path, steps, o, base_runs, r);
-    if (rc == 0)
+    if (rc == 0 && !o->context_only)
         rc = bench_batch(m, tok, o, base_runs, r);
     if (rc == 0 && is_default)
         rc = bench_context(m, tok, n_tok, o, r);
@@ -293,6 +304,8 @@ static const char *yes_no(int v) { return v < 0 ? "-" : v ? "yes" : "NO"; }
 
 static void print_tables(const char *const *names, const bench_result *rs, const int *have, const bench_opts *o)
 {
+    if (o->context_only)
+        goto context;
     printf("prefill (tokens/s)\n%-12s %6s %10s %10s %8s\n", "model", "prompt", "prefill", "1-by-1", "batched");
     for (int i = 0; i < 2; i++)
         if (have[i])
@@ -326,10 +339,11 @@ static void print_tables(const char *const *names, const bench_result *rs, const
             printf(" %9.1f", rs[i].batch_tps[b]);
         printf(" %8.2fx %s\n", rs[i].batch_tps[N_BATCH - 1] / rs[i].batch_tps[0], yes_no(rs[i].batch_same));
     }
+context:
     if (have[1]) {
         const bench_result *r = &rs[1];
         printf("\ndecode at context (default model, tokens/s, %d steps after a prefill to C tokens; K/V stored\n"
-               "in each scheme, ratio to f32 of the same run in brackets)\n  %-6s", o->batch_steps, "scheme");
+               "in each scheme, the schemes taking turns token by token; ratio to f32 in brackets)\n  %-6s", o->batch_steps, "scheme");
         for (int k = 0; k < N_CTX; k++)
             if (r->ctx[k])
                 printf("  C = %5d     ", r->ctx[k]);
@@ -353,7 +367,7 @@ static void print_tables(const char *const *names, const bench_result *rs, const
 
 int kvt_bench_engine(int argc, char **argv)
 {
-    bench_opts o = {5, 1, 1024, 64, 32, 1, 0};
+    bench_opts o = {5, 1, 1024, 64, 32, 1, 0, 0};
     const char *model = NULL;
     int skip_default = 0;
     for (int i = 1; i < argc; i++) {
@@ -374,13 +388,16 @@ int kvt_bench_engine(int argc, char **argv)
             o.ctx_runs = atoi(v), i++;
         else if (!strcmp(a, "--no-default"))
             skip_default = 1;
+        else if (!strcmp(a, "--context-only"))
+            o.context_only = 1;
         else {
             fprintf(a && !strcmp(a, "--help") ? stdout : stderr,
                     "usage: kvtier bench engine [--model stories260K.bin] [--runs N (5)] [--prompt TOKENS (1024)]\n"
                     "       [--decode TOKENS (64, default model; stories260K decodes its whole seq_len)]\n"
                     "       [--slow-runs N (1, one-at-a-time prefill runs on the default model)]\n"
                     "       [--batch-steps N (32, steps of the batched and at-context decode)]\n"
-                    "       [--context-runs N (1, runs of the decode at 1k/2k/4k context)] [--no-default]\n");
+                    "       [--context-runs N (1, runs of the decode at 1k/2k/4k context)] [--no-default]\n"
+                    "       [--context-only (only the decode at 1k/2k/4k context per KV scheme, default model)]\n");
             return strcmp(a, "--help") ? 2 : 0;
         }
     }
@@ -401,7 +418,9 @@ int kvt_bench_engine(int argc, char **argv)
     bench_result rs[2];
     const char *names[2] = {"stories260K", "default"};
     int have[2] = {0, 0}, status = 0;
-    if (access(model, R_OK) == 0) {
+    if (o.context_only) {
+        /* the default model alone */
+    } else if (access(model, R_OK) == 0) {
         status |= bench_model(names[0], model, 0, &o, &rs[0]);
         have[0] = !status;
     } else {

@@ -51,16 +51,7 @@ static const char *bin;
 
 typedef kvt_ts_server server;
 
-static int read_file(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, cap - 1, f);
-    buf[n] = '\0';
-    fclose(f);
-    return (int)n;
-}
+#define read_file kvt_ts_read_file
 
 /* Servers started and not yet stopped: killed by the group teardown when a
  * test fails half-way. */

@@ -14,36 +14,11 @@
 #include <cmocka.h>
 
 #include "serve_crash.h"
-#include "test_seed.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-
-#define TRIALS 5
 
 static void crash_trials(void **state)
 {
     (void)state;
-    uint64_t seed = test_seed("test_serve_crash");
-    serve_crash_report r;
-    int rc = serve_crash_trials(TRIALS, seed, getenv("KVT_TEST_VERBOSE") != NULL, &r);
-    if (rc == 77) {
-        skip();
-        return;
-    }
-    assert_int_equal(rc, 0);
-    printf("  %d trials: %lld replies compared with cache-off, %lld wrong; %lld cut by a kill, %lld errors; "
-           "%d unclean stores; probe served from the SSD tier after %d of %d restarts; %lld tokens reused from "
-           "SSD; last stop exit %d\n",
-           r.trials, (long long)r.replies, (long long)r.wrong, (long long)r.dropped, (long long)r.errors, r.unclean,
-           r.probe_ssd_hits, r.trials, (long long)r.ssd_tokens, r.final_stop_rc);
-    assert_int_equal(r.trials, TRIALS);
-    assert_int_equal(r.wrong, 0);
-    assert_int_equal(r.unclean, 0);
-    assert_true(r.replies > TRIALS);
-    assert_int_equal(r.probe_ssd_hits, TRIALS); /* every restart (TRIALS - 1) and the last one */
-    assert_true(r.ssd_tokens > 0);
-    assert_int_equal(r.final_stop_rc, 0);
+    serve_crash_run("test_serve_crash", 5);
 }
 
 int main(void)

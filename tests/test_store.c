@@ -1411,6 +1411,24 @@ static void out_of_memory(void **state)
     store_rmtree(f.root);
 }
 
+/* The 10-token entry of f, opened with o: found, its restore refused
+ * (KVT_ECORRUPT, counted as checksum), and never offered again. */
+static void refused_by_checksum(fx *f, const kvt_store_options *o)
+{
+    int32_t t[10];
+    pcu_seq(t, 10, 1);
+    kvt_cold_hit hit;
+    kvt_entry e;
+    kvt_store *s = fx_open(f, o);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
+    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_close(s), 0);
+}
+
 /* Under verify the whole SHA-256 is compared: a digest that differs only in
  * its last byte is refused (the payload and its XXH3-128 are intact, so only
  * the verified restore and `store verify` can see it). */
@@ -1435,14 +1453,7 @@ static void verify_sha256_last_byte(void **state)
     assert_int_equal(kvt_store_walk(f.root, 1, walk_count, &a), 0); /* store verify */
     assert_int_equal(a.checksum, 1);
     kvt_store_options o = {.verify = 1};
-    s = fx_open(&f, &o);
-    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
-    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
-    kvt_store_stats st;
-    kvt_store_get_stats(s, &st);
-    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
-    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
-    assert_int_equal(kvt_store_close(s), 0);
+    refused_by_checksum(&f, &o);
     store_rmtree(f.root);
 }
 
@@ -1457,18 +1468,7 @@ static void xxh3_last_byte(void **state)
     char path[1200];
     one_entry(&f, NULL, path, sizeof path);
     rewrite_header(path, "xxh3-last", 0);
-    int32_t t[10];
-    pcu_seq(t, 10, 1);
-    kvt_cold_hit hit;
-    kvt_entry e;
-    kvt_store *s = fx_open(&f, NULL);
-    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), 0);
-    assert_int_equal(kvt_store_restore(s, hit.handle, t, 10, &e), KVT_ECORRUPT);
-    kvt_store_stats st;
-    kvt_store_get_stats(s, &st);
-    assert_int_equal(st.refused[KVT_STORE_REFUSED_CHECKSUM], 1);
-    assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
-    assert_int_equal(kvt_store_close(s), 0);
+    refused_by_checksum(&f, NULL);
     store_rmtree(f.root);
 }
 

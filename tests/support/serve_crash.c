@@ -1,5 +1,13 @@
 /* serve_crash.c: SIGKILL crash trials of `kvtier serve --ssd-cache` (serve_crash.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
 #include "serve_crash.h"
+
+#include "test_seed.h"
 
 #include "serve_util.h"
 
@@ -312,4 +320,28 @@ out:
     if (system(cmd) != 0)
         fprintf(stderr, "serve_crash: cannot remove %s\n", tmp);
     return rc;
+}
+
+void serve_crash_run(const char *name, int trials)
+{
+    uint64_t seed = test_seed(name);
+    serve_crash_report r;
+    int rc = serve_crash_trials(trials, seed, getenv("KVT_TEST_VERBOSE") != NULL, &r);
+    if (rc == 77) {
+        skip();
+        return;
+    }
+    assert_int_equal(rc, 0);
+    printf("  %d trials: %lld replies compared with cache-off, %lld wrong; %lld cut by a kill, %lld errors; "
+           "%d unclean stores; probe served from the SSD tier after %d of %d restarts; %lld tokens reused from "
+           "SSD; last stop exit %d\n",
+           r.trials, (long long)r.replies, (long long)r.wrong, (long long)r.dropped, (long long)r.errors, r.unclean,
+           r.probe_ssd_hits, r.trials, (long long)r.ssd_tokens, r.final_stop_rc);
+    assert_int_equal(r.trials, trials);
+    assert_int_equal(r.wrong, 0);
+    assert_int_equal(r.unclean, 0);
+    assert_true(r.replies > trials);
+    assert_int_equal(r.probe_ssd_hits, trials); /* every restart (trials - 1) and the last one */
+    assert_true(r.ssd_tokens > 0);
+    assert_int_equal(r.final_stop_rc, 0);
 }

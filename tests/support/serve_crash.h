@@ -32,4 +32,10 @@ typedef struct serve_crash_report {
  * server could not be started. Prints one line per trial when verbose. */
 int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_report *out);
 
+/** The whole test: runs the trials with the seed of test_seed(name) and
+ * asserts (cmocka) 0 wrong replies, 0 unclean stores, the probe served from
+ * the SSD tier after every restart, a clean last stop; skips without the
+ * model. */
+void serve_crash_run(const char *name, int trials);
+
 #endif

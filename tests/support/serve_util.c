@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int slurp_log(const char *path, char *buf, size_t cap)
+int kvt_ts_read_file(const char *path, char *buf, size_t cap)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -48,7 +48,7 @@ int kvt_ts_server_start(kvt_ts_server *sv, const char *bin, const char *log_path
     static char buf[16384];
     const char *tag = "listening on http://127.0.0.1:";
     for (int i = 0; i < 3000; i++) {
-        if (slurp_log(sv->log, buf, sizeof buf) > 0 && strstr(buf, "ready, model")) {
+        if (kvt_ts_read_file(sv->log, buf, sizeof buf) > 0 && strstr(buf, "ready, model")) {
             const char *p = strstr(buf, tag);
             sv->port = p ? atoi(p + strlen(tag)) : 0;
             if (sv->port > 0)

@@ -12,6 +12,10 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+/** Reads up to cap - 1 bytes of a file into buf, NUL-terminated. @return
+ * the bytes read, -1 when it cannot be opened. */
+int kvt_ts_read_file(const char *path, char *buf, size_t cap);
+
 /** A `kvtier serve` child process. */
 typedef struct kvt_ts_server {
     pid_t pid;
