@@ -5,8 +5,8 @@
 #       every installed header (kvtier/*.h, kvtier/experimental/*.h) compiles
 #       alone as C11 and as C++ (an experimental one only with KVT_EXPERIMENTAL,
 #       and without it it refuses, saying so), and names no file an installed
-#       user does not have; kvtier/kvtier.h's KVT_VERSION macros say the
-#       version pkg-config gives
+#       user does not have; kvtier/kvtier.h includes every one of them and its
+#       KVT_VERSION macros say the version pkg-config gives
 #   test_installed.sh examples BUILD_DIR SOURCE_DIR
 #       each examples/*.c builds with `cc $(pkg-config --cflags --libs
 #       kvtier)` and runs without LD_LIBRARY_PATH (kvtier.pc carries the
@@ -53,6 +53,13 @@ if [ "$mode" = headers ]; then
         fi
     done
     [ "$n" -gt 0 ] || { echo "FAIL: no header installed" >&2; exit 1; }
+    # the umbrella includes every stable header (and the experimental ones under KVT_EXPERIMENTAL)
+    for h in "$tmp"/prefix/include/kvtier/*.h "$tmp"/prefix/include/kvtier/experimental/*.h; do
+        name=${h#"$tmp"/prefix/include/}
+        [ "$name" = kvtier/kvtier.h ] && continue
+        grep -q "^#include \"$name\"" "$tmp/prefix/include/kvtier/kvtier.h" ||
+            { echo "FAIL: kvtier/kvtier.h does not include $name" >&2; fail=1; }
+    done
     # the umbrella's version macros say the installed library's version
     v=$(pkg-config --modversion kvtier)
     major=${v%%.*} rest=${v#*.}

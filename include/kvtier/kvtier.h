@@ -34,6 +34,7 @@
 #include "kvtier/prompt_cache.h"
 #include "kvtier/store.h"
 #include "kvtier/remote.h"
+#include "kvtier/publish.h"
 #include "kvtier/service.h"
 
 #ifdef KVT_EXPERIMENTAL

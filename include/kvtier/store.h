@@ -364,9 +364,26 @@ KVT_API int kvt_store_pending(kvt_store *s, const int32_t *tokens, int64_t n_tok
 KVT_API int kvt_store_flush(kvt_store *s);
 
 /** Fills *tier with the kvt_cold_tier table over this store (find,
- * find_exact, restore, restore_async, store, spill, pending, flush), for
- * kvt_prompt_cache's config. tier->self = s: borrowed, valid until
- * kvt_store_close; close the prompt cache first. Thread-safe. */
+ * find_exact, restore, restore_async, store, spill, pending, flush, stats,
+ * set_evict), for kvt_prompt_cache's config or a kvt_tier_chain level.
+ * tier->self = s: borrowed, valid until kvt_store_close; close the prompt
+ * cache (or chain) first. flags is 0 (a read-only store refuses writes with
+ * -EROFS; a caller that knows it opened one read-only may set
+ * KVT_TIER_READ_ONLY).
+ *   stats: finds / find_hits (kvt_store_find calls), restores and
+ *     restore_failures (stats.restores / restore_misses), stores
+ *     (stats.written), write_failures (failed + dropped + write_refused),
+ *     evictions (stats.evicted), demotions (evictions the hook took),
+ *     entries and bytes (this identity's directory).
+ *   set_evict: from then on, an entry the byte budget evicts from this
+ *     store's own directory is first read back whole (checked as a restore
+ *     is) and handed to the hook; the hook owns it on 0, else it is only
+ *     deleted, as it is without a hook. The hook runs on whichever thread
+ *     ran the budget (a put, the writer, close), without the store's lock
+ *     but while the budget pass holds the root's budget lock; it must not
+ *     call back into this store. Entries of other identities' directories
+ *     and files the store refused are deleted, never handed over.
+ * Thread-safe. */
 KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier);
 
 /** Whether an entry of exactly (tokens, ns) is durable and indexed (1) or

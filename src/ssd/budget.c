@@ -9,6 +9,7 @@
 #include "codec.h"
 #include "hmap.h"
 #include "internal.h"
+#include "io_shim.h"
 #include "store_internal.h"
 
 #include <dirent.h>
@@ -80,6 +81,137 @@ static fcand *fc_push(fdirs *f)
     return x;
 }
 
+typedef struct foreign_ctx {
+    fdirs *f;
+    int collect;
+    int cap;
+    int i;        /* the directory being listed */
+    int idle;     /* nobody holds it: its files are candidates */
+    const char *path;
+    int dirfd;
+} foreign_ctx;
+
+/* Reads a candidate's header: a valid shard is not an orphan; an entry
+ * keeps its block references. */
+static void fc_read(foreign_ctx *c, fcand *x)
+{
+    kvt__shard sh;
+    int fd = -1, reason;
+    if (kvt__shard_open(c->dirfd, c->path, x->name, &sh, &fd, &reason))
+        return;
+    if (x->type == 'e') {
+        kvt__pentry pe;
+        if (!kvt__codec_parse_entry(&sh, x->name, NULL, &pe, &reason)) {
+            x->orphan = 0;
+            x->blocks = pe.blocks;
+            x->n_blocks = pe.n_blocks;
+            pe.blocks = NULL;
+            kvt__pentry_free(&pe);
+        }
+    } else {
+        kvt__pblock pb;
+        if (!kvt__codec_parse_block(&sh, x->name, NULL, &pb, &reason)) {
+            x->orphan = 0;
+            x->key = pb.key;
+            kvt__pblock_free(&pb);
+        }
+    }
+    kvt__io_close(fd);
+    kvt__shard_free(&sh);
+}
+
+static int foreign_file(void *ctx, const char *nm, const struct stat *fs)
+{
+    foreign_ctx *c = ctx;
+    fdirs *f = c->f;
+    if (kvt__store_is_meta_file(nm) || !S_ISREG(fs->st_mode))
+        return 0;
+    f->bytes += (uint64_t)fs->st_size;
+    if (!c->idle)
+        return 0;
+    fcand *x = fc_push(f);
+    if (!x)
+        return 1; /* out of memory: the rest of this directory is not listed */
+    x->dir = c->i;
+    snprintf(x->name, sizeof x->name, "%s", nm);
+    x->bytes = (uint64_t)fs->st_size;
+    x->mtime_ms = (int64_t)fs->st_mtim.tv_sec * 1000 + fs->st_mtim.tv_nsec / 1000000;
+    x->type = nm[0];
+    x->orphan = 1;
+    if (kvt__store_is_tmp_name(nm))
+        return 0;
+    if (!kvt__store_is_shard_name(nm)) {
+        x->name[0] = '\0'; /* not ours: counted, never deleted */
+        return 0;
+    }
+    fc_read(c, x);
+    return 0;
+}
+
+/* Room for one more directory. @return 0 or KVT_ENOMEM. */
+static int fdirs_grow(fdirs *f, int *cap)
+{
+    if (f->n < *cap)
+        return 0;
+    int c = *cap ? *cap * 2 : 8;
+    char **p = kvt__realloc(f->paths, sizeof *p * (size_t)c);
+    if (p)
+        f->paths = p;
+    int *a = kvt__realloc(f->dirfds, sizeof *a * (size_t)c);
+    if (a)
+        f->dirfds = a;
+    int *b = kvt__realloc(f->lockfds, sizeof *b * (size_t)c);
+    if (b)
+        f->lockfds = b;
+    if (!p || !a || !b)
+        return KVT_ENOMEM;
+    *cap = c;
+    return 0;
+}
+
+static int foreign_dir(void *ctx, const kvt__id_dir *d)
+{
+    foreign_ctx *c = ctx;
+    fdirs *f = c->f;
+    if (d->dirfd < 0 || faccessat(d->dirfd, "IDENTITY", F_OK, AT_SYMLINK_NOFOLLOW))
+        return 0; /* a link, or not a store directory: never touched */
+    int dfd = dup(d->dirfd);
+    if (dfd < 0)
+        return 0;
+    if (fdirs_grow(f, &c->cap)) {
+        kvt__io_close(dfd);
+        return KVT_ENOMEM;
+    }
+    int i = f->n++;
+    f->paths[i] = kvt__strdup(d->path);
+    f->dirfds[i] = dfd;
+    f->lockfds[i] = -1;
+    int lfd = kvt__io_openat(dfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (c->collect && lfd < 0 && !f->unlink_errno)
+        f->unlink_errno = errno; /* cannot lock, so cannot clean: not "held" */
+    int idle = c->collect && lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0;
+    if (idle)
+        f->lockfds[i] = lfd;
+    else if (lfd >= 0)
+        kvt__io_close(lfd);
+    size_t first_c = f->n_c;
+    *c = (foreign_ctx){f, c->collect, c->cap, i, idle, d->path, dfd};
+    kvt__dir_walk(dfd, foreign_file, c);
+    /* an entry referencing a block that is not on disk is broken: an
+     * orphan (goes first; kvt_store_gc always removes it) */
+    for (size_t k = first_c; k < f->n_c; k++) {
+        fcand *x = &f->c[k];
+        for (int32_t j = 0; x->type == 'e' && x->name[0] && !x->orphan && j < x->n_blocks; j++) {
+            char bn[64];
+            struct stat bst;
+            kvt__store_file_name('b', x->blocks[j], bn);
+            if (fstatat(dfd, bn, &bst, AT_SYMLINK_NOFOLLOW))
+                x->orphan = x->broken = 1;
+        }
+    }
+    return 0;
+}
+
 /* Lists the identity directories under root except `skip` (only directories
  * named like one and holding an IDENTITY file; only shard and temp files in
  * them are ever candidates); measures every
@@ -88,128 +220,12 @@ static fcand *fc_push(fdirs *f)
 static int list_foreign(const char *root, const char *skip, int collect, fdirs *f)
 {
     memset(f, 0, sizeof *f);
-    DIR *d = opendir(root);
-    if (!d)
-        return -errno;
-    struct dirent *de;
-    int cap = 0;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.' || (skip && !strcmp(de->d_name, skip)))
-            continue;
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", root, de->d_name);
-        struct stat st;
-        if (!kvt__store_is_identity_dir(de->d_name) || lstat(path, &st) || !S_ISDIR(st.st_mode))
-            continue;
-        int dfd = kvt__io_open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW, 0);
-        if (dfd < 0)
-            continue;
-        if (faccessat(dfd, "IDENTITY", F_OK, AT_SYMLINK_NOFOLLOW)) {
-            kvt__io_close(dfd); /* not a store directory: never touched */
-            continue;
-        }
-        if (f->n == cap) {
-            cap = cap ? cap * 2 : 8;
-            char **p = kvt__realloc(f->paths, sizeof *p * (size_t)cap);
-            if (p)
-                f->paths = p;
-            int *a = kvt__realloc(f->dirfds, sizeof *a * (size_t)cap);
-            if (a)
-                f->dirfds = a;
-            int *b = kvt__realloc(f->lockfds, sizeof *b * (size_t)cap);
-            if (b)
-                f->lockfds = b;
-            if (!p || !a || !b) {
-                kvt__io_close(dfd);
-                closedir(d);
-                fdirs_free(f);
-                return KVT_ENOMEM;
-            }
-        }
-        int i = f->n++;
-        f->paths[i] = kvt__strdup(path);
-        f->dirfds[i] = dfd;
-        f->lockfds[i] = -1;
-        int lfd = kvt__io_openat(dfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (collect && lfd < 0 && !f->unlink_errno)
-            f->unlink_errno = errno; /* cannot lock, so cannot clean: not "held" */
-        int idle = collect && lfd >= 0 && flock(lfd, LOCK_EX | LOCK_NB) == 0;
-        if (idle)
-            f->lockfds[i] = lfd;
-        else if (lfd >= 0)
-            kvt__io_close(lfd);
-        DIR *dd = fdopendir(dup(dfd));
-        if (!dd)
-            continue;
-        size_t first_c = f->n_c;
-        struct dirent *fe;
-        while ((fe = readdir(dd))) {
-            struct stat fs;
-            if (!strcmp(fe->d_name, ".") || !strcmp(fe->d_name, "..") || !strcmp(fe->d_name, ".lock") ||
-                !strcmp(fe->d_name, "IDENTITY") || !strcmp(fe->d_name, ".budget.lock"))
-                continue;
-            if (fstatat(dfd, fe->d_name, &fs, AT_SYMLINK_NOFOLLOW) || !S_ISREG(fs.st_mode))
-                continue;
-            f->bytes += (uint64_t)fs.st_size;
-            if (!idle)
-                continue;
-            fcand *x = fc_push(f);
-            if (!x)
-                break;
-            x->dir = i;
-            snprintf(x->name, sizeof x->name, "%s", fe->d_name);
-            x->bytes = (uint64_t)fs.st_size;
-            x->mtime_ms = (int64_t)fs.st_mtim.tv_sec * 1000 + fs.st_mtim.tv_nsec / 1000000;
-            x->type = fe->d_name[0];
-            int is_tmp = !strncmp(fe->d_name, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX));
-            x->orphan = 1;
-            if (is_tmp)
-                continue;
-            if (!kvt__store_is_shard_name(fe->d_name)) {
-                x->name[0] = '\0'; /* not ours: counted, never deleted */
-                continue;
-            }
-            kvt__shard sh;
-            int fd = -1, reason;
-            if (kvt__shard_open(dfd, path, fe->d_name, &sh, &fd, &reason))
-                continue;
-            if (x->type == 'e') {
-                kvt__pentry pe;
-                if (!kvt__codec_parse_entry(&sh, fe->d_name, NULL, &pe, &reason)) {
-                    x->orphan = 0;
-                    x->blocks = pe.blocks;
-                    x->n_blocks = pe.n_blocks;
-                    pe.blocks = NULL;
-                    kvt__pentry_free(&pe);
-                }
-            } else {
-                kvt__pblock pb;
-                if (!kvt__codec_parse_block(&sh, fe->d_name, NULL, &pb, &reason)) {
-                    x->orphan = 0;
-                    x->key = pb.key;
-                    kvt__free(pb.tokens);
-                }
-            }
-            kvt__io_close(fd);
-            kvt__shard_free(&sh);
-        }
-        closedir(dd);
-        /* an entry referencing a block that is not on disk is broken: an
-         * orphan (goes first; kvt_store_gc always removes it) */
-        for (size_t c = first_c; c < f->n_c; c++) {
-            fcand *x = &f->c[c];
-            for (int32_t j = 0; x->type == 'e' && x->name[0] && !x->orphan && j < x->n_blocks; j++) {
-                char bn[64];
-                struct stat bst;
-                kvt__store_file_name('b', x->blocks[j], bn);
-                if (fstatat(dfd, bn, &bst, AT_SYMLINK_NOFOLLOW))
-                    x->orphan = x->broken = 1;
-            }
-        }
-    }
-    closedir(d);
+    foreign_ctx c = {.f = f, .collect = collect};
+    int rc = kvt__root_walk(root, skip, foreign_dir, &c);
+    if (rc == KVT_ENOMEM)
+        fdirs_free(f);
     kvt__clear_error();
-    return 0;
+    return rc;
 }
 
 static int64_t fc_block_refs(const fdirs *f, int dir, kvt__key k)
@@ -388,109 +404,150 @@ static int64_t own_last_use(kvt_store *s, kvt__key k, int64_t mtime)
     return e && e->last_use_ms > mtime ? e->last_use_ms : mtime;
 }
 
-/* Frees unreferenced blocks this process let go of, and applies the budget
- * over the whole root, from the directory's state on disk (see above).
- * wait: block until the lock is free (close); else try once and leave it
- * due for the next call. Call without mu. */
-void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait)
+/* One reclaim pass: the own directory as it is on disk, and what the
+ * pass deletes. */
+typedef struct rpass {
+    kvt_store *s;
+    rfile *fs;              /* (n) shard and dead temp files of the own directory */
+    size_t n, cap;
+    kvt__kmap bm;           /* block key -> rfile */
+    uint64_t own;           /* bytes of the own directory (every regular file) */
+    uint64_t foreign;       /* bytes of the other identity directories */
+    uint64_t foreign_ms;    /* when those were last listed */
+    uint64_t now, max;
+    kvt__key protect;
+    int wait;
+    uint64_t evicted, evicted_foreign, demoted;
+    fdirs f;                /* idle foreign directories, when listed */
+    int have_f;
+} rpass;
+
+/* Deletes own file x (an entry with the blocks only it uses). */
+static void rp_delete(rpass *rp, rfile *x)
 {
-    if (s->opts.read_only || s->dirfd < 0)
+    uint64_t freed = rf_delete(rp->s, x, &rp->bm);
+    rp->own -= KVT__MIN(rp->own, freed);
+}
+
+/* Hands entry file x, about to be evicted by the budget, to the eviction
+ * hook when one is set: loaded whole and checked as a restore would (call
+ * without mu; the files are still there). The hook owns it on 0. */
+static void rp_demote(rpass *rp, const rfile *x)
+{
+    kvt_store *s = rp->s;
+    pthread_mutex_lock(&s->evict_mu);
+    int hooked = s->evict_fn != NULL;
+    pthread_mutex_unlock(&s->evict_mu);
+    if (!hooked)
         return;
-    uint64_t max = s->opts.max_bytes;
-    uint64_t now = kvt_now_ms();
-    pthread_mutex_lock(&s->mu);
-    int due = s->n_free > 0 || s->reclaim_due ||
-              (max && (s->own_bytes + s->foreign_bytes > max || now - s->disk_ms >= 1000));
-    pthread_mutex_unlock(&s->mu);
-    if (!due && !(wait && max))
-        return;
-    int lfd = kvt__io_openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lfd < 0)
-        return;
-    if (flock(lfd, LOCK_EX | (wait ? 0 : LOCK_NB))) {
-        kvt__io_close(lfd);
-        pthread_mutex_lock(&s->mu);
-        s->reclaim_due = 1;
-        pthread_mutex_unlock(&s->mu);
-        return;
+    kvt_entry e;
+    int reason = -1;
+    char bad_shard[64];
+    uint64_t nb = 0;
+    int rc = kvt__store_load_entry(s->dirfd, s->dir, x->name, s->identity, NULL, -1, s->opts.verify, &e, &reason,
+                                   bad_shard, &nb);
+    kvt__clear_error();
+    if (rc)
+        return; /* cannot be handed over whole: deleted as without a hook */
+    pthread_mutex_lock(&s->evict_mu);
+    int taken = s->evict_fn && s->evict_fn(s->evict_arg, &e) == 0;
+    pthread_mutex_unlock(&s->evict_mu);
+    if (taken)
+        rp->demoted++;
+    else
+        kvt_entry_clear(&e);
+}
+
+/* Evicts own entry x under the budget: demoted if the hook takes it, then deleted. */
+static void rp_evict(rpass *rp, rfile *x)
+{
+    rp_demote(rp, x);
+    rp_delete(rp, x);
+}
+
+static int list_own(void *ctx, const char *nm, const struct stat *st)
+{
+    rpass *rp = ctx;
+    if (kvt__store_is_meta_file(nm) || !S_ISREG(st->st_mode))
+        return 0;
+    rp->own += (uint64_t)st->st_size;
+    int tmp = kvt__store_is_tmp_name(nm);
+    if (!(tmp ? !kvt__store_pid_alive(nm) : kvt__store_is_shard_name(nm)))
+        return 0; /* live writers' temp files, strangers */
+    if (strlen(nm) >= sizeof rp->fs[0].name)
+        return 0;
+    if (rp->n == rp->cap) {
+        size_t c = rp->cap ? rp->cap * 2 : 64;
+        rfile *x = kvt__realloc(rp->fs, sizeof *x * c);
+        if (!x)
+            return 1; /* out of memory: the pass works on what it listed */
+        rp->fs = x;
+        rp->cap = c;
     }
-    pthread_mutex_lock(&s->disk_mu);
-    /* 1. the own directory as it is on disk */
-    rfile *fs = NULL;
-    size_t n = 0, cap = 0;
-    uint64_t own = 0;
-    DIR *d = fdopendir(dup(s->dirfd));
-    if (d)
-        rewinddir(d); /* the dup shares the offset scan left at the end */
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        const char *nm = de->d_name;
-        struct stat st;
-        if (!strcmp(nm, ".") || !strcmp(nm, "..") || !strcmp(nm, ".lock") || !strcmp(nm, "IDENTITY") ||
-            !strcmp(nm, KVT__BUDGET_LOCK) || fstatat(s->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) ||
-            !S_ISREG(st.st_mode))
-            continue;
-        own += (uint64_t)st.st_size;
-        int tmp = !strncmp(nm, KVT__TMP_PREFIX, strlen(KVT__TMP_PREFIX));
-        if (!(tmp ? !kvt__store_pid_alive(nm) : kvt__store_is_shard_name(nm)))
-            continue; /* IDENTITY, locks, live writers' temp files, strangers */
-        if (strlen(nm) >= sizeof fs[0].name)
-            continue;
-        if (n == cap) {
-            size_t c = cap ? cap * 2 : 64;
-            rfile *x = kvt__realloc(fs, sizeof *x * c);
-            if (!x)
-                break;
-            fs = x;
-            cap = c;
-        }
-        rfile *f = &fs[n++];
-        memset(f, 0, sizeof *f);
-        memcpy(f->name, nm, strlen(nm) + 1); /* checked: shorter than name */
-        f->type = tmp ? 't' : nm[0];
-        f->bytes = (uint64_t)st.st_size;
-        f->mtime_ms = (int64_t)st.st_mtim.tv_sec * 1000 + st.st_mtim.tv_nsec / 1000000;
-        f->orphan = tmp;
-        if (!tmp) {
-            char hex[33];
-            memcpy(hex, nm + 1, 32);
-            hex[32] = '\0';
-            kvt__key_parse(hex, &f->key);
-        }
+    rfile *f = &rp->fs[rp->n++];
+    memset(f, 0, sizeof *f);
+    memcpy(f->name, nm, strlen(nm) + 1); /* checked: shorter than name */
+    f->type = tmp ? 't' : nm[0];
+    f->bytes = (uint64_t)st->st_size;
+    f->mtime_ms = (int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000;
+    f->orphan = tmp;
+    if (!tmp) {
+        char hex[33];
+        memcpy(hex, nm + 1, 32);
+        hex[32] = '\0';
+        kvt__key_parse(hex, &f->key);
     }
-    if (d)
-        closedir(d);
-    kvt__kmap bm;
-    memset(&bm, 0, sizeof bm);
-    for (size_t i = 0; i < n; i++)
-        if (fs[i].type == 'b')
-            kvt__kmap_put_ptr(&bm, fs[i].key, &fs[i]);
-    for (size_t i = 0; i < n; i++)
-        if (fs[i].type == 'e')
-            fs[i].d = dent_get(s, fs[i].name, fs[i].key); /* header I/O: without mu */
+    return 0;
+}
+
+/* Step 1: the own directory as it is on disk; every entry file's header
+ * (cached by key; header I/O without mu). */
+static void reclaim_list(rpass *rp)
+{
+    kvt_store *s = rp->s;
+    kvt__dir_walk(s->dirfd, list_own, rp);
+    for (size_t i = 0; i < rp->n; i++)
+        if (rp->fs[i].type == 'b')
+            kvt__kmap_put_ptr(&rp->bm, rp->fs[i].key, &rp->fs[i]);
+    for (size_t i = 0; i < rp->n; i++)
+        if (rp->fs[i].type == 'e')
+            rp->fs[i].d = dent_get(s, rp->fs[i].name, rp->fs[i].key);
+}
+
+/* Step 1b: orphans (refused, unreadable) and broken entries (a block is
+ * gone) are marked; entries get this process's last use; every valid
+ * entry file counts as a reference on its blocks. */
+static void reclaim_mark(rpass *rp)
+{
+    kvt_store *s = rp->s;
     pthread_mutex_lock(&s->mu);
-    uint64_t foreign = s->foreign_bytes, foreign_ms = s->foreign_scan_ms;
-    for (size_t i = 0; i < n; i++) {
-        rfile *f = &fs[i];
+    rp->foreign = s->foreign_bytes;
+    rp->foreign_ms = s->foreign_scan_ms;
+    for (size_t i = 0; i < rp->n; i++) {
+        rfile *f = &rp->fs[i];
         if (f->type == 'b' && is_orphan_name(s, f->name))
             f->orphan = 1;
         if (f->type != 'e')
             continue;
         f->orphan = !f->d || !f->d->valid || is_orphan_name(s, f->name);
         for (int32_t k = 0; f->d && f->d->valid && !f->broken && k < f->d->n_blocks; k++)
-            if (!rf_block(&bm, f->d->blocks[k]))
+            if (!rf_block(&rp->bm, f->d->blocks[k]))
                 f->orphan = f->broken = 1; /* a block is gone: broken, goes first */
         if (!f->orphan)
             f->mtime_ms = own_last_use(s, f->key, f->mtime_ms);
     }
     pthread_mutex_unlock(&s->mu);
-    for (size_t i = 0; i < n; i++)
-        if (fs[i].type == 'e' && !fs[i].orphan)
-            for (int32_t k = 0; k < fs[i].d->n_blocks; k++)
-                rf_block(&bm, fs[i].d->blocks[k])->refs++;
-    /* 2. blocks this process let go of that no entry file references */
+    for (size_t i = 0; i < rp->n; i++)
+        if (rp->fs[i].type == 'e' && !rp->fs[i].orphan)
+            for (int32_t k = 0; k < rp->fs[i].d->n_blocks; k++)
+                rf_block(&rp->bm, rp->fs[i].d->blocks[k])->refs++;
+}
+
+/* Step 2: blocks this process let go of that no entry file references. */
+static void reclaim_released(rpass *rp)
+{
+    kvt_store *s = rp->s;
     pthread_mutex_lock(&s->mu);
-    uint64_t evicted_big = 0;
     kvt__key *fr = s->free_keys;
     int32_t nfr = s->n_free;
     s->free_keys = NULL;
@@ -498,19 +555,21 @@ void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait)
     s->reclaim_due = 0;
     pthread_mutex_unlock(&s->mu);
     for (int32_t i = 0; i < nfr; i++) {
-        rfile *b = rf_block(&bm, fr[i]);
-        if (b && !b->gone && b->refs == 0) {
-            uint64_t freed = rf_delete(s, b, &bm);
-            own -= KVT__MIN(own, freed);
-        }
+        rfile *b = rf_block(&rp->bm, fr[i]);
+        if (b && !b->gone && b->refs == 0)
+            rp_delete(rp, b);
     }
     kvt__free(fr);
-    /* 2b. entry files referencing a block that is gone are garbage, budget
-     * or not (nothing can serve them). The block is looked up again first:
-     * a put without the shared lock renames its blocks before its entry, so
-     * one seen by readdir before its blocks is not broken. */
-    for (size_t i = 0; i < n; i++) {
-        rfile *x = &fs[i];
+}
+
+/* Step 2b: entry files referencing a block that is gone are garbage, budget
+ * or not (nothing can serve them). The block is looked up again first: a
+ * put without the shared lock renames its blocks before its entry, so one
+ * seen by readdir before its blocks is not broken. */
+static void reclaim_broken(rpass *rp)
+{
+    for (size_t i = 0; i < rp->n; i++) {
+        rfile *x = &rp->fs[i];
         if (x->type != 'e' || !x->broken || x->gone)
             continue;
         int missing = 0;
@@ -518,87 +577,99 @@ void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait)
             char bn[64];
             struct stat bst;
             kvt__store_file_name('b', x->d->blocks[k], bn);
-            missing = fstatat(s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW) != 0;
+            missing = fstatat(rp->s->dirfd, bn, &bst, AT_SYMLINK_NOFOLLOW) != 0;
         }
-        if (missing) {
-            uint64_t freed = rf_delete(s, x, &bm);
-            own -= KVT__MIN(own, freed);
+        if (missing)
+            rp_delete(rp, x);
+    }
+}
+
+/* Step 3a: an entry that with all its blocks exceeds the whole budget can
+ * never be kept: it goes first (with the blocks only it uses), before
+ * anything that fits is evicted to make room for it. */
+static void reclaim_too_big(rpass *rp)
+{
+    for (size_t i = 0; i < rp->n; i++) {
+        rfile *x = &rp->fs[i];
+        if (x->type != 'e' || x->orphan || x->gone)
+            continue;
+        uint64_t need = x->bytes;
+        for (int32_t k = 0; k < x->d->n_blocks; k++) {
+            rfile *b = rf_block(&rp->bm, x->d->blocks[k]);
+            if (b && !b->gone)
+                need += b->bytes;
+        }
+        if (need > rp->max) {
+            rp->evicted++;
+            rp_evict(rp, x);
         }
     }
-    /* 3. the budget: broken and unreferenced files first, then the least
-     * recently used entries here and in idle foreign directories. An entry
-     * that with all its blocks exceeds the whole budget can never be kept:
-     * it goes first (with the blocks only it uses), before anything that
-     * fits is evicted to make room for it. */
-    if (max)
-        for (size_t i = 0; i < n; i++) {
-            rfile *x = &fs[i];
-            if (x->type != 'e' || x->orphan || x->gone)
-                continue;
-            uint64_t need = x->bytes;
-            for (int32_t k = 0; k < x->d->n_blocks; k++) {
-                rfile *b = rf_block(&bm, x->d->blocks[k]);
-                if (b && !b->gone)
-                    need += b->bytes;
-            }
-            if (need > max) {
-                evicted_big++;
-                uint64_t freed = rf_delete(s, x, &bm);
-                own -= KVT__MIN(own, freed);
-            }
+}
+
+/* The own file evicted next: orphans and unreferenced blocks first, then
+ * the least recently used entry (never `protect`); -1 when none. */
+static ssize_t own_oldest(const rpass *rp)
+{
+    ssize_t best = -1;
+    for (size_t i = 0; i < rp->n; i++) {
+        const rfile *x = &rp->fs[i];
+        /* a block goes only when no valid entry file references it */
+        int cand = !x->gone && (x->type == 'b' ? x->refs == 0 : 1) &&
+                   !(x->type == 'e' && !x->orphan && kvt__key_eq(x->key, rp->protect));
+        int xo = x->orphan || x->type != 'e';
+        if (!cand)
+            continue;
+        if (best < 0) {
+            best = (ssize_t)i;
+            continue;
         }
-    fdirs f;
-    int have_f = 0;
-    if (max) {
-        if (foreign || now - foreign_ms >= 1000 || wait) {
-            have_f = list_foreign(s->root, s->dir_name, 1, &f) == 0;
-            foreign_ms = now;
-        }
-        if (have_f) {
-            foreign = f.bytes;
-            fc_mark_orphans(&f);
-        }
+        const rfile *b = &rp->fs[best];
+        int bo = b->orphan || b->type != 'e';
+        if (xo > bo || (xo == bo && x->mtime_ms < b->mtime_ms))
+            best = (ssize_t)i;
     }
-    uint64_t evicted = evicted_big, evicted_foreign = 0;
-    while (max && own + foreign > max) {
-        ssize_t best = -1;
-        for (size_t i = 0; i < n; i++) {
-            rfile *x = &fs[i];
-            /* a block goes only when no valid entry file references it */
-            int cand = !x->gone && (x->type == 'b' ? x->refs == 0 : 1) &&
-                       !(x->type == 'e' && !x->orphan && kvt__key_eq(x->key, protect));
-            int xo = x->orphan || x->type != 'e';
-            if (!cand)
-                continue;
-            if (best < 0) {
-                best = (ssize_t)i;
-                continue;
-            }
-            rfile *b = &fs[best];
-            int bo = b->orphan || b->type != 'e';
-            if (xo > bo || (xo == bo && x->mtime_ms < b->mtime_ms))
-                best = (ssize_t)i;
-        }
-        ssize_t fi = have_f ? fc_oldest(&f) : -1;
+    return best;
+}
+
+/* Step 3b: the budget: broken and unreferenced files first, then the least
+ * recently used entries here and in idle foreign directories. */
+static void reclaim_budget(rpass *rp)
+{
+    if (rp->foreign || rp->now - rp->foreign_ms >= 1000 || rp->wait) {
+        rp->have_f = list_foreign(rp->s->root, rp->s->dir_name, 1, &rp->f) == 0;
+        rp->foreign_ms = rp->now;
+    }
+    if (rp->have_f) {
+        rp->foreign = rp->f.bytes;
+        fc_mark_orphans(&rp->f);
+    }
+    while (rp->own + rp->foreign > rp->max) {
+        ssize_t best = own_oldest(rp);
+        ssize_t fi = rp->have_f ? fc_oldest(&rp->f) : -1;
         if (best < 0 && fi < 0)
             break;
-        int own_orphan = best >= 0 && (fs[best].orphan || fs[best].type != 'e');
-        if (fi >= 0 && (best < 0 || (!own_orphan && (f.c[fi].orphan || f.c[fi].mtime_ms <= fs[best].mtime_ms)))) {
-            uint64_t freed = fc_evict(&f, (size_t)fi);
-            foreign -= KVT__MIN(foreign, freed);
-            evicted_foreign++;
+        rfile *x = best >= 0 ? &rp->fs[best] : NULL;
+        int own_orphan = x && (x->orphan || x->type != 'e');
+        if (fi >= 0 && (!x || (!own_orphan && (rp->f.c[fi].orphan || rp->f.c[fi].mtime_ms <= x->mtime_ms)))) {
+            uint64_t freed = fc_evict(&rp->f, (size_t)fi);
+            rp->foreign -= KVT__MIN(rp->foreign, freed);
+            rp->evicted_foreign++;
+        } else if (own_orphan) {
+            rp_delete(rp, x);
         } else {
-            evicted += fs[best].type == 'e' && !fs[best].orphan;
-            uint64_t freed = rf_delete(s, &fs[best], &bm);
-            own -= KVT__MIN(own, freed);
+            rp->evicted++;
+            rp_evict(rp, x);
         }
     }
-    if (have_f)
-        fdirs_free(&f);
-    /* 4. the index follows the disk: what was deleted leaves it */
+}
+
+/* Step 4: the index follows the disk: what was deleted leaves it. */
+static void reclaim_apply(rpass *rp)
+{
+    kvt_store *s = rp->s;
     pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < n; i++) {
-        rfile *x = &fs[i];
+    for (size_t i = 0; i < rp->n; i++) {
+        rfile *x = &rp->fs[i];
         if (!x->gone)
             continue;
         if (x->type == 'e') {
@@ -631,15 +702,55 @@ void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait)
                 break;
             }
     }
-    s->own_bytes = own;
-    s->foreign_bytes = foreign;
-    s->foreign_scan_ms = foreign_ms;
-    s->disk_ms = now;
-    s->st.evicted += evicted;
-    s->st.evicted_foreign_files += evicted_foreign;
+    s->own_bytes = rp->own;
+    s->foreign_bytes = rp->foreign;
+    s->foreign_scan_ms = rp->foreign_ms;
+    s->disk_ms = rp->now;
+    s->st.evicted += rp->evicted;
+    s->st.evicted_foreign_files += rp->evicted_foreign;
+    s->demoted += rp->demoted;
     pthread_mutex_unlock(&s->mu);
-    kvt__kmap_free(&bm);
-    kvt__free(fs);
+}
+
+/* Frees unreferenced blocks this process let go of, and applies the budget
+ * over the whole root, from the directory's state on disk (see above).
+ * wait: block until the lock is free (close); else try once and leave it
+ * due for the next call. Call without mu. */
+void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait)
+{
+    if (s->opts.read_only || s->dirfd < 0)
+        return;
+    rpass rp = {.s = s, .protect = protect, .wait = wait, .max = s->opts.max_bytes, .now = kvt_now_ms()};
+    pthread_mutex_lock(&s->mu);
+    int due = s->n_free > 0 || s->reclaim_due ||
+              (rp.max && (s->own_bytes + s->foreign_bytes > rp.max || rp.now - s->disk_ms >= 1000));
+    pthread_mutex_unlock(&s->mu);
+    if (!due && !(wait && rp.max))
+        return;
+    int lfd = kvt__io_openat(s->dirfd, KVT__BUDGET_LOCK, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lfd < 0)
+        return;
+    if (flock(lfd, LOCK_EX | (wait ? 0 : LOCK_NB))) {
+        kvt__io_close(lfd);
+        pthread_mutex_lock(&s->mu);
+        s->reclaim_due = 1;
+        pthread_mutex_unlock(&s->mu);
+        return;
+    }
+    pthread_mutex_lock(&s->disk_mu);
+    reclaim_list(&rp);
+    reclaim_mark(&rp);
+    reclaim_released(&rp);
+    reclaim_broken(&rp);
+    if (rp.max) {
+        reclaim_too_big(&rp);
+        reclaim_budget(&rp);
+    }
+    if (rp.have_f)
+        fdirs_free(&rp.f);
+    reclaim_apply(&rp);
+    kvt__kmap_free(&rp.bm);
+    kvt__free(rp.fs);
     pthread_mutex_unlock(&s->disk_mu);
     kvt__io_close(lfd); /* releases the lock */
 }

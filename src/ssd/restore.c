@@ -122,12 +122,8 @@ int kvt__store_load_block(int dirfd, const char *dir, const char *name, const ch
     int rc = kvt__shard_open(dirfd, dir, name, &out->sh, &fd, reason);
     if (rc)
         return rc;
-    if (!(rc = kvt__codec_parse_block(&out->sh, name, identity, pb, reason))) {
-        char want[64];
-        kvt__store_file_name('b', pb->key, want);
-        if (strcmp(want, name))
-            rc = kvt__store_refuse(reason, KVT_STORE_REFUSED_MALFORMED, name, "file name does not match its key");
-    }
+    if (!(rc = kvt__codec_parse_block(&out->sh, name, identity, pb, reason)))
+        rc = kvt__store_check_name('b', pb->key, name, reason);
     if (!rc)
         rc = read_payload(fd, &out->sh, name, strict, &out->buf, reason);
     kvt__io_close(fd);
@@ -172,12 +168,8 @@ int kvt__store_load_entry(int dirfd, const char *dir, const char *name, const ch
     if ((rc = kvt__codec_parse_entry(&ent.sh, name, identity, &pe, reason)))
         goto out;
     n = pe.n_tokens;
-    char want[64];
-    kvt__store_file_name('e', pe.key, want);
-    if (strcmp(want, name)) {
-        rc = kvt__store_refuse(reason, KVT_STORE_REFUSED_MALFORMED, name, "file name does not match its key");
+    if ((rc = kvt__store_check_name('e', pe.key, name, reason)))
         goto out;
-    }
     if (want_n >= 0 && (pe.n_tokens != want_n || (n && memcmp(pe.tokens, want_tok, sizeof(int32_t) * (size_t)n)))) {
         rc = kvt__store_refuse(reason, KVT_STORE_REFUSED_TOKENS, name, "stored tokens differ from the index");
         goto out;

@@ -51,6 +51,15 @@ void kvt__store_file_name(char type, kvt__key k, char out[64])
     snprintf(out, 64, "%c%s" KVT__SHARD_SUFFIX, type, hex);
 }
 
+int kvt__store_check_name(char type, kvt__key k, const char *name, int *reason)
+{
+    char want[64];
+    kvt__store_file_name(type, k, want);
+    return strcmp(want, name) ? kvt__store_refuse(reason, KVT_STORE_REFUSED_MALFORMED, name,
+                                                  "file name does not match its key")
+                              : 0;
+}
+
 /* ---- identity / fingerprint --------------------------------------------------- */
 
 static char *identity_json(const kvt_store_identity *id)
@@ -257,6 +266,8 @@ KVT_API int kvt_store_find(kvt_store *s, const int32_t *prompt, int64_t n_prompt
         hit->n_tokens = e->n_tokens;
         hit->handle = e->id;
     }
+    s->finds++;
+    s->find_hits += r || pr;
     pthread_mutex_unlock(&s->mu);
     return r || pr ? 0 : KVT_ENOTFOUND;
 }
@@ -381,6 +392,7 @@ static void store_free(kvt_store *s)
     kvt__store_disk_free(s);
     kvt__free(s->free_keys);
     pthread_mutex_destroy(&s->disk_mu);
+    pthread_mutex_destroy(&s->evict_mu);
     kvt__free(s->orphans);
     kvt__free(s->rthreads);
     if (s->lockfd >= 0)
@@ -423,6 +435,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     s->dirfd = s->lockfd = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->disk_mu, NULL);
+    pthread_mutex_init(&s->evict_mu, NULL);
     pthread_cond_init(&s->q_cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
     pthread_cond_init(&s->r_cv, NULL);
@@ -591,6 +604,34 @@ static int ct_pending(void *self, const int32_t *tokens, int64_t n, const char *
 }
 static int ct_flush(void *self) { return kvt_store_flush(self); }
 
+static int ct_stats(void *self, kvt_tier_stats *out)
+{
+    kvt_store *s = self;
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&s->mu);
+    out->finds = s->finds;
+    out->find_hits = s->find_hits;
+    out->restores = s->st.restores;
+    out->restore_failures = s->st.restore_misses;
+    out->stores = s->st.written;
+    out->write_failures = s->st.failed + s->st.dropped + s->st.write_refused;
+    out->demotions = s->demoted;
+    out->evictions = s->st.evicted;
+    out->entries = s->st.entries;
+    out->bytes = s->own_bytes;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static void ct_set_evict(void *self, kvt_tier_evict_fn fn, void *arg)
+{
+    kvt_store *s = self;
+    pthread_mutex_lock(&s->evict_mu); /* waits for a call in flight */
+    s->evict_fn = fn;
+    s->evict_arg = arg;
+    pthread_mutex_unlock(&s->evict_mu);
+}
+
 KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier)
 {
     if (!tier)
@@ -603,6 +644,8 @@ KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier)
                             .store = ct_store,
                             .spill = ct_spill,
                             .pending = ct_pending,
-                            .flush = ct_flush};
+                            .flush = ct_flush,
+                            .stats = ct_stats,
+                            .set_evict = ct_set_evict};
 }
 

@@ -26,6 +26,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #define KVT__SHARD_SUFFIX ".safetensors"
@@ -167,6 +168,13 @@ struct kvt_store {
     pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
     kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
     kvt_store_stats st;
+    uint64_t finds, find_hits; /* kvt_store_find calls, and those that found a prefix */
+    uint64_t demoted;     /* budget evictions the eviction hook took */
+
+    /* the eviction hook (kvt_cold_tier.set_evict); reclaim calls it under evict_mu */
+    pthread_mutex_t evict_mu;
+    kvt_tier_evict_fn evict_fn;
+    void *evict_arg;
 
     /* write-behind */
     pthread_t writer;
@@ -212,6 +220,9 @@ static inline int kvt__store_refuse(int *reason, int r, const char *path, const 
 
 /** A shard's file name: type ('e' entry, 'b' block), 32 hex digits of its key, the suffix. */
 void kvt__store_file_name(char type, kvt__key k, char out[64]);
+/** A shard whose header names another key than its file name is refused
+ * (malformed). @return 0 or KVT_EFORMAT with *reason. */
+int kvt__store_check_name(char type, kvt__key k, const char *name, int *reason);
 
 /* store.c, with mu held */
 void kvt__store_entry_free(st_entry *e);
@@ -228,7 +239,32 @@ void kvt__store_drop_entry(kvt_store *s, st_entry *e, int keep_file);
 /** Counts a refusal reason in the stats. */
 void kvt__store_refuse_count(kvt_store *s, int reason);
 
-/* scan.c */
+/* scan.c: the one directory walker */
+/** A walker's callback: one directory entry (not "." or ".."), its lstat.
+ * A nonzero return stops the walk and is what the walk returns. */
+typedef int (*kvt__dir_fn)(void *ctx, const char *name, const struct stat *st);
+/** Calls fn for every entry of the directory dirfd that can still be
+ * stat'ed, without following links, in readdir order; fn may unlink the
+ * entry it is given. @return 0, fn's nonzero value, or -errno when the
+ * directory cannot be listed. */
+int kvt__dir_walk(int dirfd, kvt__dir_fn fn, void *ctx);
+/** An identity directory under a root, as kvt__root_walk reports it. */
+typedef struct kvt__id_dir {
+    const char *name;   /* 32 hex digits */
+    char path[4096];    /* root/name */
+    int dirfd;          /* open (O_NOFOLLOW), closed after the callback; -1 for a link */
+    struct stat lst;    /* lstat of path */
+} kvt__id_dir;
+typedef int (*kvt__root_fn)(void *ctx, const kvt__id_dir *d);
+/** Calls fn for every entry of root named like an identity directory
+ * (except skip, when not NULL) that is a directory or a symbolic link
+ * (reported with dirfd -1, never followed). @return 0, fn's nonzero value,
+ * or -errno when root cannot be listed. */
+int kvt__root_walk(const char *root, const char *skip, kvt__root_fn fn, void *ctx);
+/** ".lock", "IDENTITY", ".budget.lock": a store's bookkeeping files, never shards. */
+int kvt__store_is_meta_file(const char *name);
+/** A temp file (written, not yet renamed). */
+int kvt__store_is_tmp_name(const char *name);
 int kvt__store_is_identity_dir(const char *name);
 /** e<32 hex>.safetensors or b<32 hex>.safetensors */
 int kvt__store_is_shard_name(const char *name);

@@ -82,21 +82,30 @@ static int mem_open(void **ctx, kvt_cold_tier *tier)
     return 0;
 }
 static void mem_close(void *ctx) { mem_tier_destroy(ctx); }
+static int mem_open_small(void **ctx, kvt_cold_tier *tier)
+{
+    int rc = mem_open(ctx, tier);
+    if (rc == 0)
+        mem_tier_capacity(*ctx, 1);
+    return rc;
+}
 const tier_impl tier_impl_mem = {"in-memory tier", mem_open, mem_close, NULL};
+const tier_small_impl tier_small_mem = {"in-memory tier (capacity 1)", mem_open_small, mem_close};
 
 typedef struct store_fx {
     kvt_store *s;
     char root[512];
 } store_fx;
 
-static int store_open(void **ctx, kvt_cold_tier *tier)
+static int store_open_budget(void **ctx, kvt_cold_tier *tier, uint64_t max_bytes)
 {
     store_fx *f = calloc(1, sizeof *f);
     if (!f)
         return KVT_ENOMEM;
     store_tmpdir(f->root, sizeof f->root, "tier-suite");
     kvt_store_identity id = {"tier-suite", "any", "tok"};
-    int rc = f->root[0] ? kvt_store_open(f->root, &id, NULL, &f->s) : KVT_EIO;
+    kvt_store_options o = {.max_bytes = max_bytes};
+    int rc = f->root[0] ? kvt_store_open(f->root, &id, &o, &f->s) : KVT_EIO;
     if (rc) {
         free(f);
         return rc;
@@ -112,7 +121,27 @@ static void store_close(void *ctx)
     store_rmtree(f->root);
     free(f);
 }
+static int store_open(void **ctx, kvt_cold_tier *tier) { return store_open_budget(ctx, tier, 0); }
+
+/* A budget of 1.5 entries of 16 tokens: the bytes one takes on disk (its
+ * block and entry shards), measured in a scratch store. */
+static int store_open_small(void **ctx, kvt_cold_tier *tier)
+{
+    void *scratch;
+    kvt_cold_tier t;
+    int rc = store_open(&scratch, &t);
+    if (rc)
+        return rc;
+    int32_t p[16];
+    seq(p, 16, 1);
+    put(&t, &KV, p, 16);
+    kvt_tier_stats st;
+    assert_int_equal(t.stats(t.self, &st), 0);
+    store_close(scratch);
+    return store_open_budget(ctx, tier, st.bytes * 3 / 2);
+}
 const tier_impl tier_impl_store = {"SSD store", store_open, store_close, NULL};
+const tier_small_impl tier_small_store = {"SSD store (budget of 1.5 entries)", store_open_small, store_close};
 
 /* A chain [in-memory tier (maybe read-only), fault wrapper over lower]. */
 typedef struct chain_fx {
@@ -379,6 +408,87 @@ static void t_read_only(void **state)
         assert_true(s.write_failures >= 1);
         assert_int_equal(s.entries, 0);
     }
+}
+
+typedef struct evicted {
+    int calls, refuse;
+    kvt_entry e[4];
+} evicted;
+
+static int on_evict(void *arg, kvt_entry *e)
+{
+    evicted *v = arg;
+    if (v->refuse || v->calls >= 4) {
+        v->calls++;
+        return KVT_EAGAIN; /* the tier keeps it and drops it as without a hook */
+    }
+    v->e[v->calls++] = *e;
+    memset(e, 0, sizeof *e);
+    return 0;
+}
+
+/* what a full tier evicts goes to its eviction hook whole (the entry equals
+ * what was stored), and leaves the tier; a hook that refuses, or none, means
+ * a plain delete; stats count the evictions */
+static const tier_small_impl *g_small;
+
+static void t_evict_hook(void **state)
+{
+    (void)state;
+    void *ctx;
+    kvt_cold_tier t;
+    assert_int_equal(g_small->open_small(&ctx, &t), 0);
+    if (!t.set_evict) {
+        g_small->close(ctx);
+        skip();
+    }
+    evicted v = {0};
+    t.set_evict(t.self, on_evict, &v);
+    int32_t a[20], b[20], c[20], d[20];
+    seq(a, 20, 11000);
+    seq(b, 20, 12000);
+    seq(c, 20, 13000);
+    seq(d, 20, 14000);
+    put(&t, &KV, a, 16);
+    assert_int_equal(v.calls, 0);
+    put(&t, &KV, b, 16); /* a is the least recently used: evicted */
+    if (t.flush)
+        assert_int_equal(t.flush(t.self), 0);
+    assert_int_equal(v.calls, 1);
+    assert_int_equal(v.e[0].n_tokens, 16);
+    assert_memory_equal(v.e[0].tokens, a, 16 * sizeof(int32_t));
+    kvt_entry want;
+    assert_int_equal(store_make_entry(&KV, "", a, 16, &want), 0);
+    assert_int_equal(store_entry_diff(&want, &v.e[0]), 0);
+    kvt_entry_clear(&want);
+    assert_int_equal(find_len(&t, a, 20, "", NULL), 0);
+    assert_int_equal(find_len(&t, b, 20, "", NULL), 16);
+    v.refuse = 1;
+    put(&t, &KV, c, 16); /* b evicted; the hook refuses it: deleted */
+    assert_int_equal(v.calls, 2);
+    assert_int_equal(find_len(&t, b, 20, "", NULL), 0);
+    t.set_evict(t.self, NULL, NULL);
+    put(&t, &KV, d, 16); /* c evicted without a hook */
+    assert_int_equal(v.calls, 2);
+    assert_int_equal(find_len(&t, c, 20, "", NULL), 0);
+    assert_int_equal(find_len(&t, d, 20, "", NULL), 16);
+    if (t.stats) {
+        kvt_tier_stats st;
+        assert_int_equal(t.stats(t.self, &st), 0);
+        assert_int_equal(st.evictions, 3);
+        assert_int_equal(st.entries, 1);
+    }
+    kvt_entry_clear(&v.e[0]);
+    g_small->close(ctx);
+}
+
+int tier_suite_run_eviction(const tier_small_impl *impl)
+{
+    g_small = impl;
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_evict_hook)};
+    char name[128];
+    snprintf(name, sizeof name, "eviction hook: %s", impl->name);
+    return _cmocka_run_group_tests(name, tests, 1, NULL, NULL);
 }
 
 int tier_suite_run(const tier_impl *impl)

@@ -25,6 +25,24 @@ typedef struct tier_impl {
     int (*put)(void *ctx, const kvt_entry *e);
 } tier_impl;
 
+/** A tier implementation for the eviction test: open_small makes a fresh
+ * tier that holds about one entry of 16 tokens of the suite's layout, so
+ * storing a second evicts the least recently used; close destroys it. */
+typedef struct tier_small_impl {
+    const char *name;
+    int (*open_small)(void **ctx, kvt_cold_tier *tier);
+    void (*close)(void *ctx);
+} tier_small_impl;
+
+/** The in-memory tier (capacity 1) and the SSD store (a byte budget of
+ * 1.5 entries). */
+extern const tier_small_impl tier_small_mem, tier_small_store;
+
+/** Runs the eviction-hook test (kvt_cold_tier.set_evict) against impl: an
+ * evicted entry reaches the hook whole; a refusing hook, or none, means a
+ * plain delete; stats count evictions. @return failed tests. */
+int tier_suite_run_eviction(const tier_small_impl *impl);
+
 /** The implementations: the in-memory tier, the SSD store in a temporary
  * directory, chains of memory over memory and of memory over the store. */
 extern const tier_impl tier_impl_mem, tier_impl_store, tier_impl_chain_mem_mem, tier_impl_chain_mem_store;
