@@ -56,6 +56,7 @@ int main(int argc, char **argv)
         {"ssd", kvt_bench_ssd, "SSD store/restore throughput vs raw disk bandwidth"},
         {"remote", kvt_bench_remote, "remote tier on Redis: restore/store GB/s vs raw hiredis GET/SET, 32k-token lookup ms"},
         {"serve", kvt_bench_serve, "kvtier serve over HTTP: TTFT per turn cache on/off, batched decode, overhead"},
+        {"checkpoint", kvt_bench_checkpoint, "decode tok/s with generation checkpoints every 16 tokens vs without"},
         {NULL, NULL, NULL},
     };
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
