@@ -259,13 +259,19 @@ int kvt_cmd_generate(int argc, char **argv)
         else
             fprintf(stderr, "resumed: nothing (request '%s' started fresh: %lld prefilled, %lld decoded)\n",
                     request_id, (long long)st.prefill_tokens, (long long)st.decode_tokens);
-        fprintf(stderr, "checkpoints: %lld written behind decode, every %lld tokens\n", (long long)st.checkpoints,
-                every ? every : 16);
     }
     status = 0;
 done:
     if (svc && (rc = kvt_service_close(svc)) && status == 0)
         status = fail("cannot make the checkpoints durable", rc);
+    if (svc && status == 0) {
+        kvt_checkpoint_stats cs;
+        kvt_service_checkpoint_stats(svc, &cs);
+        fprintf(stderr, "checkpoints: %lld taken every %lld tokens, written behind decode: %llu written, %llu "
+                "superseded in the writer's queue, %llu dropped, %llu removed (the run completed)\n",
+                (long long)st.checkpoints, every ? every : 16, (unsigned long long)cs.written,
+                (unsigned long long)cs.superseded, (unsigned long long)cs.dropped, (unsigned long long)cs.removed);
+    }
     kvt_service_destroy(svc);
     if (store && (rc = kvt_store_close(store)) && status == 0)
         status = fail("cannot close --ssd-cache", rc);

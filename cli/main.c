@@ -54,7 +54,9 @@ int main(int argc, char **argv)
         {"chat", kvt_bench_chat, "per-turn TTFT with the prompt cache on and off"},
         {"kv-dtype", kvt_bench_kv_dtype, "quality and bytes of each KV storage scheme (f16, bf16, q8) vs f32"},
         {"ssd", kvt_bench_ssd, "SSD store/restore throughput vs raw disk bandwidth"},
+        {"remote", kvt_bench_remote, "remote tier on Redis: restore/store GB/s vs raw hiredis GET/SET, 32k-token lookup ms"},
         {"serve", kvt_bench_serve, "kvtier serve over HTTP: TTFT per turn cache on/off, batched decode, overhead"},
+        {"checkpoint", kvt_bench_checkpoint, "decode tok/s with generation checkpoints every 16 tokens vs without"},
         {NULL, NULL, NULL},
     };
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -109,9 +109,10 @@ int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler
     int64_t every = 0;
     uint64_t t1 = 0;
     if (rp) {
-        /* every position from n_prompt - 1 on samples one reply token */
+        /* every position from n_prompt - 1 on samples one reply token; the
+         * last one is never fed, so the caches hold at most `steps` tokens */
         int64_t max_tokens = steps - n_prompt + 1;
-        kvt_request req = {.prompt = toks, .n_prompt = n_prompt, .max_tokens = max_tokens};
+        kvt_request req = {.prompt = toks, .n_prompt = n_prompt, .max_tokens = max_tokens - 1};
         all = kvt__malloc((size_t)(n_prompt + max_tokens) * sizeof *all);
         if (!all) {
             rc = kvt__fail(KVT_ENOMEM, "generate: no memory for %lld tokens", (long long)(n_prompt + max_tokens));

@@ -81,8 +81,8 @@ KVT_API int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sa
  * printed, and the run survives a crash.
  *
  * With rp NULL it is kvt_generate(). With rp, the run is a request of
- * rp->svc (admitted for the positions left after the prompt, steps -
- * n_prompt + 1 tokens) that resumes from the newest valid checkpoint of
+ * rp->svc (admitted for the tokens fed after the prompt, steps - n_prompt:
+ * the token chosen at the last position is never fed) that resumes from the newest valid checkpoint of
  * rp->request_id (kvt_replay_acquire: caches, reply tokens and the sampler's
  * generator come back; nothing it covers is prefilled or decoded again) and
  * saves a checkpoint every kvt_service_checkpoint_every() generated tokens

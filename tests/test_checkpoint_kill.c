@@ -42,7 +42,7 @@
 #endif
 
 #define PROMPT "Once upon a time, there was a little"
-#define STEPS "256"
+#define STEPS "0" /* the model's seq_len: every position */
 
 static char model[1024], tok[1024], hybrid[1200], dir[512];
 static int have_stories;
