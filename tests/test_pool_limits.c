@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include "kvtier/pool.h"
 #include "oom_alloc.h"
@@ -113,6 +114,7 @@ typedef struct burst {
     kvt_pool_member *member[2];
     pthread_barrier_t start;
     int stop;                       /* atomic */
+    int sampling;                   /* atomic: the sampler took its first sample */
     long admitted[BURST_THREADS];   /* per thread */
     long refused[BURST_THREADS];    /* per thread */
     long bad_message[BURST_THREADS];
@@ -130,6 +132,8 @@ static void *burst_thread(void *arg)
     burst *b = ba->b;
     kvt_pool_member *m = b->member[ba->id % 2];
     pthread_barrier_wait(&b->start);
+    while (!__atomic_load_n(&b->sampling, __ATOMIC_ACQUIRE)) /* the burst runs under the sampler */
+        sched_yield();
     /* each thread holds up to HELD publications at once (a window of
      * written shards), so even one thread alone passes the free bytes */
     uint64_t held[HELD] = {0};
@@ -181,6 +185,7 @@ static void *sampler_thread(void *arg)
         if (r.axis[KVT_POOL_DISK].high_water < used)
             b->over++;
         b->samples++;
+        __atomic_store_n(&b->sampling, 1, __ATOMIC_RELEASE);
     }
     return NULL;
 }
