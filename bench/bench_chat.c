@@ -132,8 +132,10 @@ static int scheme_section(kvt_model *m, kvt_tokenizer *tok, long turns, const kv
     if (!rc) {
         printf("\nTTFT per KV storage scheme (ms summed over turns; schemes interleaved turn by turn; ratio to\n"
                "f32 in brackets; decode = reply tokens after the first per second, cache on)\n");
-        printf("  %-6s %9s %22s %22s %20s %s\n", "scheme", "KV B/tok", "on: ttft turns 2-", "off: ttft all turns",
-               "decode tok/s", "on == off");
+        char on_hdr[32];
+        snprintf(on_hdr, sizeof on_hdr, "on: ttft turns 2-%ld", turns);
+        printf("  %-6s %9s %22s %22s %20s %s\n", "scheme", "KV B/tok", on_hdr, "off: ttft all turns", "decode tok/s",
+               "on == off");
         int ok = 1;
         for (int s = 0; s < N_SCHEMES; s++) {
             kvt_model_set_kv_scheme(m, (kvt_kv_scheme)s);

@@ -360,8 +360,10 @@ typedef struct kvt_lease kvt_lease;
 KVT_API int kvt_service_prefetch(kvt_service *svc, const int32_t *prompt, int64_t n_prompt, const char *ns,
                                  const char *session, kvt_lease **out);
 
-/** Makes every write queued to the cold tier durable.
- * @return 0 (durable, or no cold tier); KVT_EINVAL (svc NULL); the cold
+/** Makes every write queued to the cold tier durable, and every queued
+ * generation checkpoint write and removal done (checkpoint_store).
+ * @return 0 (durable, or no cold tier); KVT_EINVAL (svc NULL); the
+ *   checkpoint writer's last failure since the previous flush, else the cold
  *   tier's first write error (kvt_last_error says so). Thread-safe. */
 KVT_API int kvt_service_flush(kvt_service *svc);
 
@@ -564,7 +566,8 @@ KVT_API int kvt_service_tier_stats(kvt_service *svc, int32_t level, kvt_tier_sta
  *   kvt_string_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_service_stats_json(kvt_service *svc, char **out);
 
-/** Closes the service: stops idle demotion, flushes the cold tier (if any),
+/** Closes the service: stops idle demotion, runs the checkpoint writer's
+ * queued jobs (checkpoint_store), flushes the cold tier (if any),
  * hands it every RAM entry it does not hold yet and flushes it again (every
  * queued write made durable, so a restarted process finds the prefixes on
  * disk), clears the prompt cache and refuses new work

@@ -23,6 +23,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -116,9 +117,13 @@ def run(cmd, cwd, timeout, log):
     with open(log, "a") as lf:
         lf.write(f"\n$ {' '.join(cmd)}\n")
         lf.flush()
+        # its own process group, so a timeout also ends the test programs ctest started
+        p = subprocess.Popen(cmd, cwd=cwd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            return subprocess.run(cmd, cwd=cwd, stdout=lf, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            return p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
             lf.write(f"timed out after {timeout} s\n")
             return "timeout"
 
@@ -146,7 +151,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the scratch tree")
     ap.add_argument("--jobs", default=os.environ.get("JOBS", "2"))
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("KVT_MUTATE_TIMEOUT", "300")),
-                    help="seconds per ctest run (a hang counts as killed)")
+                    help="seconds per run of the listed tests (a hang counts as killed); the rest of the suite "
+                         "gets three times the unmutated suite's time, at least this")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     muts = parse(a.list)
@@ -183,6 +189,14 @@ def main():
     if run(cfg, scratch, 600, log) != 0 or run(["cmake", "--build", build, "-j", a.jobs], scratch, 3600, log) != 0:
         print("mutate: the unmutated tree does not build; see the log")
         return 2
+    # the unmutated suite must pass (a failing tree would "kill" everything);
+    # its time bounds each mutated suite run at three times as long
+    tb = time.time()
+    if run(["ctest", "--test-dir", build, "-LE", "long", "-j", a.jobs], scratch, 3600, log) != 0:
+        print("mutate: the unmutated suite fails; see the log")
+        return 2
+    suite_timeout = max(a.timeout, int(3 * (time.time() - tb)))
+    print(f"mutate: the unmutated suite passes in {time.time() - tb:.0f} s", flush=True)
     t0 = time.time()
     results = []
     for i, m in enumerate(muts, 1):
@@ -217,7 +231,7 @@ def main():
                        "--output-on-failure"]
                 if first:
                     cmd += ["-E", rx]
-                r = run(cmd, scratch, a.timeout, log)
+                r = run(cmd, scratch, suite_timeout, log)
                 if r != 0:
                     verdict, by = "killed", "suite" if r != "timeout" else "suite (timeout)"
         finally:
