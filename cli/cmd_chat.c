@@ -573,8 +573,10 @@ int kvt_cmd_chat(int argc, char **argv)
         goto done;
     }
     tiers_warn(tiers);
-    if (kvt_tiers_cold_tier(tiers, &tier) == 0)
+    if (kvt_tiers_cold_tier(tiers, &tier) == 0) {
         so.cold = &tier;
+        so.chain = kvt_tiers_chain(tiers);
+    }
     if ((rc = kvt_chat_service_create(m, &so, &svc))) {
         status = fail("cannot create the cache service", rc);
         goto done;

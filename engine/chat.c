@@ -95,6 +95,7 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         .kv_budget_bytes = o->kv_budget_bytes,
         .block_tokens = B,
         .cold = o->cold,
+        .chain = o->cold ? o->chain : NULL,
         .demote_idle_ms = o->demote_idle_ms,
         .checkpoint_store = o->checkpoint_store,
         .checkpoint_every = o->checkpoint_every,

@@ -43,6 +43,8 @@ typedef struct kvt_chat_service_opts {
     int32_t block_tokens;         /* kv block size in tokens; 0 = 256; capped at seq_len */
     const kvt_cold_tier *cold;    /* optional cold tier (table copied; its self must
                                      outlive the service), e.g. kvt_store_cold_tier() */
+    kvt_tier_chain *chain;        /* optional: the chain `cold` is the table of (the
+                                     service report lists its levels), or NULL */
     uint64_t demote_idle_ms;      /* with a cold tier: demote RAM entries idle this long; 0 never */
     kvt_store *checkpoint_store;  /* optional: keeps generation checkpoints of replayable
                                      requests (kvt_service_config.checkpoint_store) */

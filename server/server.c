@@ -1056,8 +1056,10 @@ int kvt_server_load(kvt_server *s)
     if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
         return rc;
     s->store = kvt_tiers_store(s->tiers);
-    if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0)
+    if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0) {
         so.cold = &s->tier;
+        so.chain = kvt_tiers_chain(s->tiers);
+    }
     if (s->o.checkpoint_every > 0 && s->store) { /* no store (SSD off): nothing is checkpointed */
         so.checkpoint_store = s->store;
         so.checkpoint_every = s->o.checkpoint_every;

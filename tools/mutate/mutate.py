@@ -227,10 +227,10 @@ def main():
                 if run(["cmake", "--build", build, "-j", a.jobs], scratch, 3600, log) != 0:
                     verdict = "nobuild"
             if verdict == "survived":
+                # mutate_list checks the snippets of the list, which a mutation removes by design
+                skip = "^mutate_list$" + ("|" + rx if first else "")
                 cmd = ["ctest", "--test-dir", build, "-LE", "long", "--stop-on-failure", "-j", a.jobs,
-                       "--output-on-failure"]
-                if first:
-                    cmd += ["-E", rx]
+                       "--output-on-failure", "-E", skip]
                 r = run(cmd, scratch, suite_timeout, log)
                 if r != 0:
                     verdict, by = "killed", "suite" if r != "timeout" else "suite (timeout)"
