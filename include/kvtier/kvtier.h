@@ -36,6 +36,8 @@
 #include "kvtier/remote.h"
 #include "kvtier/publish.h"
 #include "kvtier/service.h"
+#include "kvtier/pool.h"
+#include "kvtier/io.h"
 
 #ifdef KVT_EXPERIMENTAL
 #include "kvtier/experimental/retention_block.h"

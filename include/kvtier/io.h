@@ -1,0 +1,206 @@
+/*
+ * kvtier/io.h: one bounded background I/O worker for a process.
+ *
+ * A kvt_io runs prepared I/O operations (SSD writes and restores, shard
+ * hashing, remote gets and sets, prefetches) on a fixed number of threads
+ * from a queue bounded both in operations and in bytes. Callers never block
+ * on admission: a full queue refuses (KVT_EAGAIN) and the caller decides
+ * (write-behind counts a drop, a restore falls back to prefill).
+ *
+ * Operations are keyed exactly by (kind, 128-bit content key). A submission
+ * whose key matches an operation already queued or running is coalesced: it
+ * does not run again, it gets one more ticket on the same operation (one
+ * read, many waiters). Every ticket is an independent interest:
+ *   - kvt_io_wait blocks until the operation completes and says, for this
+ *     ticket, publish (use the result) or discard;
+ *   - kvt_io_cancel releases the interest; when no interest is left and the
+ *     operation has not started, it is discarded without running; when it
+ *     has started, its result is discarded on completion;
+ *   - kvt_io_ticket_release ends the ticket (cancelling it first if the
+ *     operation is not complete) and drops its hold on the result.
+ * A submission without a ticket (write-behind, fire and forget) holds an
+ * interest the worker keeps until the operation has run.
+ *
+ * Two priorities: KVT_IO_FOREGROUND operations (a restore a request waits
+ * for) start before any KVT_IO_BACKGROUND one (write-behind, prefetch);
+ * first in, first out within a priority. A coalesced foreground submission
+ * promotes a queued background operation.
+ *
+ * Thread-safety: every call is thread-safe; one ticket may be waited on by
+ * one thread at a time, and ends with exactly one kvt_io_ticket_release.
+ */
+#ifndef KVTIER_IO_H
+#define KVTIER_IO_H
+
+#include "kvtier/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Kind of an operation (part of its exact key). */
+typedef enum kvt_io_kind {
+    KVT_IO_RESTORE = 0,    /**< read stored state back (SSD restore) */
+    KVT_IO_WRITE = 1,      /**< write-behind of state to a tier */
+    KVT_IO_HASH = 2,       /**< checksum of a shard */
+    KVT_IO_REMOTE_GET = 3, /**< remote tier read */
+    KVT_IO_REMOTE_SET = 4, /**< remote tier write */
+    KVT_IO_PREFETCH = 5,   /**< speculative restore nobody waits for yet */
+    KVT_IO_KINDS = 6       /**< number of kinds, not a kind */
+} kvt_io_kind;
+
+/** Priority of an operation. */
+typedef enum kvt_io_priority {
+    KVT_IO_FOREGROUND = 0, /**< a request waits for it (a restore before prefill) */
+    KVT_IO_BACKGROUND = 1  /**< nobody waits now (write-behind, prefetch) */
+} kvt_io_priority;
+
+/** A 128-bit content key: the same two 64-bit halves (lo, hi) every tier
+ * names stored state by (an entry key or a block key). */
+typedef struct kvt_io_key {
+    uint64_t lo, hi;
+} kvt_io_key;
+
+/** What a ticket's holder does with a completed operation. */
+typedef enum kvt_io_disposition {
+    KVT_IO_PUBLISH = 0, /**< the operation ran and succeeded: use its result */
+    KVT_IO_DISCARD = 1  /**< failed, cancelled, discarded or shut down: drop it */
+} kvt_io_disposition;
+
+/** Runs one operation on a worker thread: does the I/O of `task` and may
+ * set *result to a value shared (read-only) by every ticket. Returns 0 or a
+ * negative code (the tickets see it as their status). */
+typedef int (*kvt_io_run_fn)(void *task, void **result);
+
+/** Frees an operation's task and result (result NULL if it never ran or
+ * set none). Called exactly once per accepted submission that was not
+ * coalesced: when the operation is discarded before it starts, or after it
+ * ran once no ticket holds it any more. Called without any lock of the
+ * worker held, on a worker thread or on the thread that dropped the last
+ * hold. May be NULL (nothing to free). */
+typedef void (*kvt_io_free_fn)(void *task, void *result);
+
+/** A prepared operation (copied by kvt_io_submit). */
+typedef struct kvt_io_op {
+    kvt_io_kind kind;         /**< with key: the exact identity */
+    kvt_io_key key;           /**< content key of the state read or written */
+    kvt_io_priority priority; /**< KVT_IO_FOREGROUND or KVT_IO_BACKGROUND */
+    uint64_t bytes;           /**< bytes the operation moves (charged to the byte bound while queued or running) */
+    kvt_io_run_fn run;        /**< required */
+    kvt_io_free_fn free_fn;   /**< may be NULL */
+    void *task;               /**< passed to run and free_fn */
+} kvt_io_op;
+
+/** Options of kvt_io_create. Zero fields take the default. */
+typedef struct kvt_io_options {
+    int threads;        /**< worker threads, 1..64 (default 2) */
+    uint32_t max_ops;   /**< operations queued or running, 1..1048576 (default 1024) */
+    uint64_t max_bytes; /**< bytes queued or running (default 256 MiB); one operation larger than this is refused */
+} kvt_io_options;
+
+/** Counters of a worker (since creation, except the gauges). */
+typedef struct kvt_io_stats {
+    uint64_t submitted;         /**< accepted submissions, coalesced ones included */
+    uint64_t coalesced;         /**< submissions attached to an identical queued or running operation */
+    uint64_t refused;           /**< submissions refused with KVT_EAGAIN (queue full) */
+    uint64_t ran;               /**< operations run */
+    uint64_t failed;            /**< operations whose run returned an error */
+    uint64_t discarded;         /**< operations discarded before they started (nobody waited) */
+    uint64_t results_discarded; /**< operations that ran while nobody waited any more */
+    uint64_t queued_ops;        /**< gauge: operations queued, not started */
+    uint64_t running_ops;       /**< gauge: operations running */
+    uint64_t queued_bytes;      /**< gauge: bytes of queued and running operations */
+    uint64_t max_queued_ops;    /**< high-water mark of queued + running operations */
+} kvt_io_stats;
+
+typedef struct kvt_io kvt_io;
+typedef struct kvt_io_ticket kvt_io_ticket;
+
+/** Starts a worker and its threads.
+ *
+ * @param opt options, NULL for the defaults.
+ * @param out receives the worker; caller ends it with kvt_io_destroy.
+ * @return 0; KVT_EINVAL (out NULL, a field out of range); KVT_ENOMEM;
+ *   -errno when a thread cannot start. On error *out is NULL.
+ */
+KVT_API int kvt_io_create(const kvt_io_options *opt, kvt_io **out);
+
+/** Stops a worker: operations not started (only ones submitted without a
+ * ticket can be left) are discarded and their free_fn runs, running ones
+ * finish, the threads are joined, and the worker is freed. Call kvt_io_flush
+ * first to let write-behind finish. Every ticket must be released
+ * (kvt_io_ticket_release) before this call. NULL is a no-op. Not
+ * thread-safe: no other call on this worker may run or follow. */
+KVT_API void kvt_io_destroy(kvt_io *io);
+
+/** Submits a prepared operation, or joins an identical one.
+ *
+ * When an operation with the same (kind, key) is queued or running, the
+ * submission is coalesced: op->task is not used and op->free_fn(task, NULL)
+ * runs before this call returns (the caller's prepared task is not needed);
+ * the ticket (if asked for) waits for the existing operation, and a
+ * foreground submission promotes it if it is queued as background.
+ * Otherwise the operation is queued; ownership of op->task passes to the
+ * worker (freed by op->free_fn as its doc says).
+ *
+ * @param op the operation (copied). op->run is required.
+ * @param ticket receives a ticket (ended by kvt_io_ticket_release), or NULL
+ *   to submit without waiting (the operation still runs).
+ * @return 0;
+ *   KVT_EAGAIN: the queue holds max_ops operations or the bytes would pass
+ *     max_bytes (a message names which bound, what is queued and the bytes
+ *     asked); never for a coalesced submission, which adds nothing;
+ *   KVT_ETOOBIG: op->bytes exceeds max_bytes (will never fit);
+ *   KVT_ECLOSED: the worker is shutting down;
+ *   KVT_EINVAL: NULL io or op, no run function, kind or priority out of
+ *     range; KVT_ENOMEM.
+ *   On error *ticket is NULL and the task stays with the caller (free_fn is
+ *   not called). Thread-safe.
+ */
+KVT_API int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket);
+
+/** Waits for a ticket's operation to complete.
+ *
+ * @param timeout_ms milliseconds to wait; 0 polls; UINT64_MAX waits forever.
+ * @param disposition receives KVT_IO_PUBLISH when the operation ran and
+ *   succeeded and this ticket was not cancelled, else KVT_IO_DISCARD (may be
+ *   NULL).
+ * @param result receives the operation's result (may be NULL): borrowed,
+ *   valid until this ticket is released; NULL unless the disposition is
+ *   KVT_IO_PUBLISH.
+ * @return 0 (ran and succeeded); the run function's error code (ran and
+ *   failed); KVT_ECANCELED (this ticket was cancelled); KVT_ECLOSED (the
+ *   worker shut down before the operation started); KVT_EAGAIN (not
+ *   complete within timeout_ms; the ticket stays valid); KVT_EINVAL (ticket
+ *   NULL). Thread-safe.
+ */
+KVT_API int kvt_io_wait(kvt_io_ticket *ticket, uint64_t timeout_ms, kvt_io_disposition *disposition, void **result);
+
+/** Cancels a ticket: releases its interest in the operation. When no
+ * interest is left and the operation has not started, it is discarded (its
+ * free_fn runs); when it has started, its result is discarded on
+ * completion. A kvt_io_wait on this ticket returns KVT_ECANCELED. No effect
+ * once the operation completed or when already cancelled. The ticket stays
+ * valid until kvt_io_ticket_release. NULL is a no-op. Thread-safe. */
+KVT_API void kvt_io_cancel(kvt_io_ticket *ticket);
+
+/** Ends a ticket: cancels it if its operation has not completed, drops its
+ * hold on the result (the operation's free_fn runs once no ticket holds it)
+ * and frees the handle. NULL is a no-op. Thread-safe; no other call on this
+ * ticket may run concurrently or follow. */
+KVT_API void kvt_io_ticket_release(kvt_io_ticket *ticket);
+
+/** Waits until no operation is queued or running (submissions keep being
+ * accepted meanwhile).
+ * @param timeout_ms milliseconds; UINT64_MAX waits forever.
+ * @return 0; KVT_EAGAIN on timeout; KVT_EINVAL (io NULL). Thread-safe. */
+KVT_API int kvt_io_flush(kvt_io *io, uint64_t timeout_ms);
+
+/** A snapshot of the worker's counters.
+ * @return 0; KVT_EINVAL when an argument is NULL. Thread-safe. */
+KVT_API int kvt_io_stats_get(kvt_io *io, kvt_io_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVTIER_IO_H */

@@ -1,0 +1,528 @@
+/*
+ * io.c: the bounded I/O worker of kvtier/io.h. Owns a fixed set of threads,
+ * two FIFO queues (foreground before background), and a map from the exact
+ * operation key (kind + content key) to the operations queued or running,
+ * so an identical submission joins the existing one instead of running
+ * again. One mutex guards all of it; run and free callbacks are always
+ * called with it released. It never blocks a submitter on I/O: admission
+ * either fits the bounds or is refused.
+ *
+ * Lifetime of one operation: `holds` counts the tickets not yet released
+ * plus one for the worker until the operation completes or is discarded;
+ * the last hold to go calls free_fn and frees it. `interest` counts the
+ * tickets not cancelled; `pinned` marks a submission without a ticket, which
+ * always runs. Interest reaching zero on a queued, unpinned operation
+ * discards it; on a running one, its result is discarded on completion.
+ */
+#include "kvtier/io.h"
+
+#include "hmap.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { OP_QUEUED, OP_RUNNING, OP_DONE };
+
+typedef struct io_op {
+    kvt_io_op op;
+    struct io_op *qprev, *qnext; /* the queue of its priority, while queued */
+    struct io_op *same_key;      /* chain of live operations with this content key */
+    int state;                   /* OP_* */
+    int status;                  /* run's return code (or KVT_ECANCELED / KVT_ECLOSED) once done */
+    void *result;                /* set by run; shared by the tickets */
+    uint32_t holds;              /* unreleased tickets + 1 for the worker until done */
+    uint32_t interest;           /* tickets not cancelled */
+    int pinned;                  /* submitted without a ticket: runs regardless of interest */
+} io_op;
+
+struct kvt_io_ticket {
+    kvt_io *io;
+    io_op *op;
+    int cancelled;
+};
+
+struct kvt_io {
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* workers: a queue gained an operation, or closing */
+    pthread_cond_t done; /* waiters: an operation completed or a ticket was cancelled */
+    pthread_cond_t idle; /* kvt_io_flush: nothing queued or running */
+    io_op *head[2], *tail[2];
+    kvt__kmap live;     /* content key -> io_op chain (queued or running) */
+    io_op *live_zero;   /* the chain of the zero key, which kvt__kmap cannot store */
+    kvt_io_options opt;
+    kvt_io_stats st;
+    int closing;
+    int nthreads;
+    pthread_t *threads;
+};
+
+/* ---- the live map (under mu) --------------------------------------------- */
+
+static kvt__key kkey(kvt_io_key k) { return (kvt__key){k.lo, k.hi}; }
+static int kzero(kvt_io_key k) { return k.lo == 0 && k.hi == 0; }
+
+static io_op *live_head(kvt_io *io, kvt_io_key k)
+{
+    return kzero(k) ? io->live_zero : kvt__kmap_ptr(&io->live, kkey(k));
+}
+
+static int live_set_head(kvt_io *io, kvt_io_key k, io_op *head)
+{
+    if (kzero(k)) {
+        io->live_zero = head;
+        return 0;
+    }
+    if (!head) {
+        kvt__kmap_del(&io->live, kkey(k));
+        return 0;
+    }
+    return kvt__kmap_put_ptr(&io->live, kkey(k), head);
+}
+
+static io_op *live_find(kvt_io *io, kvt_io_kind kind, kvt_io_key k)
+{
+    for (io_op *o = live_head(io, k); o; o = o->same_key)
+        if (o->op.kind == kind)
+            return o;
+    return NULL;
+}
+
+/* @return 0 or KVT_ENOMEM (nothing added). */
+static int live_add(kvt_io *io, io_op *o)
+{
+    io_op *head = live_head(io, o->op.key);
+    o->same_key = head;
+    int rc = live_set_head(io, o->op.key, o);
+    if (rc)
+        o->same_key = NULL;
+    return rc;
+}
+
+static void live_del(kvt_io *io, io_op *o)
+{
+    io_op *head = live_head(io, o->op.key);
+    if (head == o) {
+        live_set_head(io, o->op.key, o->same_key); /* replacing or deleting allocates nothing */
+    } else {
+        for (io_op *x = head; x; x = x->same_key)
+            if (x->same_key == o) {
+                x->same_key = o->same_key;
+                break;
+            }
+    }
+    o->same_key = NULL;
+}
+
+/* ---- the queues (under mu) ------------------------------------------------ */
+
+static void q_push(kvt_io *io, io_op *o)
+{
+    int p = o->op.priority;
+    o->qnext = NULL;
+    o->qprev = io->tail[p];
+    if (io->tail[p])
+        io->tail[p]->qnext = o;
+    else
+        io->head[p] = o;
+    io->tail[p] = o;
+}
+
+static void q_unlink(kvt_io *io, io_op *o)
+{
+    int p = o->op.priority;
+    if (o->qprev)
+        o->qprev->qnext = o->qnext;
+    else
+        io->head[p] = o->qnext;
+    if (o->qnext)
+        o->qnext->qprev = o->qprev;
+    else
+        io->tail[p] = o->qprev;
+    o->qprev = o->qnext = NULL;
+}
+
+static void note_idle(kvt_io *io)
+{
+    if (io->st.queued_ops == 0 && io->st.running_ops == 0)
+        pthread_cond_broadcast(&io->idle);
+}
+
+/* Takes a queued operation out without running it; status is what its
+ * tickets see. @return 1 when the worker's hold was the last (free it). */
+static int discard_queued(kvt_io *io, io_op *o, int status)
+{
+    q_unlink(io, o);
+    live_del(io, o);
+    o->state = OP_DONE;
+    o->status = status;
+    io->st.discarded++;
+    io->st.queued_ops--;
+    io->st.queued_bytes -= o->op.bytes;
+    note_idle(io);
+    pthread_cond_broadcast(&io->done);
+    return --o->holds == 0;
+}
+
+static void op_free(io_op *o)
+{
+    if (o->op.free_fn)
+        o->op.free_fn(o->op.task, o->result);
+    kvt__free(o);
+}
+
+/* ---- the worker threads ---------------------------------------------------- */
+
+static void *io_thread(void *arg)
+{
+    kvt_io *io = arg;
+    pthread_mutex_lock(&io->mu);
+    for (;;) {
+        io_op *o = io->head[KVT_IO_FOREGROUND] ? io->head[KVT_IO_FOREGROUND] : io->head[KVT_IO_BACKGROUND];
+        if (!o) {
+            if (io->closing)
+                break;
+            pthread_cond_wait(&io->work, &io->mu);
+            continue;
+        }
+        q_unlink(io, o);
+        o->state = OP_RUNNING;
+        io->st.queued_ops--;
+        io->st.running_ops++;
+        pthread_mutex_unlock(&io->mu);
+
+        void *result = NULL;
+        int rc = o->op.run(o->op.task, &result);
+
+        pthread_mutex_lock(&io->mu);
+        live_del(io, o);
+        o->state = OP_DONE;
+        o->status = rc;
+        o->result = result;
+        io->st.ran++;
+        if (rc)
+            io->st.failed++;
+        if (o->interest == 0 && !o->pinned)
+            io->st.results_discarded++;
+        io->st.running_ops--;
+        io->st.queued_bytes -= o->op.bytes;
+        note_idle(io);
+        pthread_cond_broadcast(&io->done);
+        if (--o->holds == 0) {
+            pthread_mutex_unlock(&io->mu);
+            op_free(o);
+            pthread_mutex_lock(&io->mu);
+        }
+    }
+    pthread_mutex_unlock(&io->mu);
+    return NULL;
+}
+
+/* ---- create / destroy -------------------------------------------------------- */
+
+int kvt_io_create(const kvt_io_options *opt, kvt_io **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "kvt_io_create: out is NULL");
+    *out = NULL;
+    kvt_io_options o = opt ? *opt : (kvt_io_options){0};
+    if (o.threads == 0)
+        o.threads = 2;
+    if (o.max_ops == 0)
+        o.max_ops = 1024;
+    if (o.max_bytes == 0)
+        o.max_bytes = 256ull << 20;
+    if (o.threads < 1 || o.threads > 64)
+        return kvt__fail(KVT_EINVAL, "kvt_io_create: threads is %d; it must be 1..64", o.threads);
+    if (o.max_ops > (1u << 20))
+        return kvt__fail(KVT_EINVAL, "kvt_io_create: max_ops is %u; it must be 1..1048576", o.max_ops);
+    kvt_io *io = kvt__calloc(1, sizeof *io);
+    pthread_t *threads = kvt__calloc((size_t)o.threads, sizeof *threads);
+    if (!io || !threads) {
+        kvt__free(io);
+        kvt__free(threads);
+        return kvt__fail(KVT_ENOMEM, "kvt_io_create: out of memory");
+    }
+    io->opt = o;
+    io->threads = threads;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&io->mu, NULL);
+    pthread_cond_init(&io->work, &ca);
+    pthread_cond_init(&io->done, &ca);
+    pthread_cond_init(&io->idle, &ca);
+    pthread_condattr_destroy(&ca);
+    for (int i = 0; i < o.threads; i++) {
+        int rc = pthread_create(&io->threads[i], NULL, io_thread, io);
+        if (rc) {
+            kvt_io_destroy(io);
+            return kvt__fail(-rc, "kvt_io_create: cannot start I/O thread %d of %d: %s", i + 1, o.threads,
+                             strerror(rc));
+        }
+        io->nthreads++;
+    }
+    *out = io;
+    return 0;
+}
+
+void kvt_io_destroy(kvt_io *io)
+{
+    if (!io)
+        return;
+    io_op *to_free = NULL; /* chained through qnext */
+    pthread_mutex_lock(&io->mu);
+    io->closing = 1;
+    for (int p = 0; p < 2; p++)
+        while (io->head[p]) {
+            io_op *o = io->head[p];
+            if (discard_queued(io, o, KVT_ECLOSED)) {
+                o->qnext = to_free;
+                to_free = o;
+            }
+        }
+    pthread_cond_broadcast(&io->work);
+    pthread_mutex_unlock(&io->mu);
+    for (int i = 0; i < io->nthreads; i++)
+        pthread_join(io->threads[i], NULL);
+    while (to_free) {
+        io_op *o = to_free;
+        to_free = o->qnext;
+        op_free(o);
+    }
+    kvt__kmap_free(&io->live);
+    pthread_cond_destroy(&io->idle);
+    pthread_cond_destroy(&io->done);
+    pthread_cond_destroy(&io->work);
+    pthread_mutex_destroy(&io->mu);
+    kvt__free(io->threads);
+    kvt__free(io);
+}
+
+/* ---- submission ---------------------------------------------------------------- */
+
+static const char *const kind_names[KVT_IO_KINDS] = {"restore", "write", "hash", "remote-get", "remote-set",
+                                                     "prefetch"};
+
+int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket)
+{
+    if (ticket)
+        *ticket = NULL;
+    if (!io || !op || !op->run)
+        return kvt__fail(KVT_EINVAL, "kvt_io_submit: io, op and op->run must not be NULL");
+    if ((unsigned)op->kind >= KVT_IO_KINDS || (unsigned)op->priority > KVT_IO_BACKGROUND)
+        return kvt__fail(KVT_EINVAL, "kvt_io_submit: kind %d or priority %d out of range", (int)op->kind,
+                         (int)op->priority);
+    if (op->bytes > io->opt.max_bytes)
+        return kvt__fail(KVT_ETOOBIG, "kvt_io_submit: a %s of %llu bytes is larger than the queue's %llu-byte bound",
+                         kind_names[op->kind], (unsigned long long)op->bytes, (unsigned long long)io->opt.max_bytes);
+    /* allocated before the lock; whichever is not needed is freed after */
+    kvt_io_ticket *t = NULL;
+    if (ticket && !(t = kvt__calloc(1, sizeof *t)))
+        return kvt__fail(KVT_ENOMEM, "kvt_io_submit: out of memory");
+    io_op *fresh = kvt__calloc(1, sizeof *fresh);
+    if (!fresh) {
+        kvt__free(t);
+        return kvt__fail(KVT_ENOMEM, "kvt_io_submit: out of memory");
+    }
+
+    pthread_mutex_lock(&io->mu);
+    int rc = 0;
+    io_op *o = NULL;
+    if (io->closing) {
+        rc = kvt__fail(KVT_ECLOSED, "kvt_io_submit: the I/O worker is shutting down");
+        goto fail;
+    }
+    o = live_find(io, op->kind, op->key);
+    if (o) { /* coalesced: one more interest on the queued or running operation */
+        if (o->state == OP_QUEUED && op->priority == KVT_IO_FOREGROUND && o->op.priority == KVT_IO_BACKGROUND) {
+            q_unlink(io, o);
+            o->op.priority = KVT_IO_FOREGROUND;
+            q_push(io, o);
+        }
+        io->st.coalesced++;
+    } else {
+        uint64_t live_ops = io->st.queued_ops + io->st.running_ops;
+        if (live_ops >= io->opt.max_ops) {
+            io->st.refused++;
+            rc = kvt__fail(KVT_EAGAIN, "io queue full: %llu of %u operations are queued or running; %s refused",
+                           (unsigned long long)live_ops, io->opt.max_ops, kind_names[op->kind]);
+            goto fail;
+        }
+        if (op->bytes > io->opt.max_bytes - io->st.queued_bytes) {
+            io->st.refused++;
+            rc = kvt__fail(KVT_EAGAIN,
+                           "io queue full: %llu of %llu bytes are queued or running; a %s of %llu bytes does not fit",
+                           (unsigned long long)io->st.queued_bytes, (unsigned long long)io->opt.max_bytes,
+                           kind_names[op->kind], (unsigned long long)op->bytes);
+            goto fail;
+        }
+        o = fresh;
+        fresh = NULL;
+        o->op = *op;
+        o->state = OP_QUEUED;
+        o->holds = 1;
+        if (live_add(io, o)) {
+            fresh = o;
+            o = NULL;
+            rc = kvt__fail(KVT_ENOMEM, "kvt_io_submit: out of memory");
+            goto fail;
+        }
+        q_push(io, o);
+        io->st.queued_ops++;
+        io->st.queued_bytes += op->bytes;
+        if (io->st.queued_ops + io->st.running_ops > io->st.max_queued_ops)
+            io->st.max_queued_ops = io->st.queued_ops + io->st.running_ops;
+        pthread_cond_signal(&io->work);
+    }
+    io->st.submitted++;
+    if (t) {
+        t->io = io;
+        t->op = o;
+        o->holds++;
+        o->interest++;
+    } else {
+        o->pinned = 1;
+    }
+    pthread_mutex_unlock(&io->mu);
+    if (fresh) { /* coalesced: the caller's prepared task is not needed */
+        kvt__free(fresh);
+        if (op->free_fn)
+            op->free_fn(op->task, NULL);
+    }
+    if (ticket)
+        *ticket = t;
+    return 0;
+
+fail:
+    pthread_mutex_unlock(&io->mu);
+    kvt__free(fresh);
+    kvt__free(t);
+    return rc;
+}
+
+/* ---- tickets ------------------------------------------------------------------- */
+
+/* Cancels t under mu. The ticket still holds the operation, so a discard
+ * here never drops its last hold. */
+static void cancel_locked(kvt_io_ticket *t)
+{
+    io_op *o = t->op;
+    if (t->cancelled || o->state == OP_DONE)
+        return;
+    t->cancelled = 1;
+    o->interest--;
+    pthread_cond_broadcast(&t->io->done);
+    if (o->interest == 0 && !o->pinned && o->state == OP_QUEUED)
+        discard_queued(t->io, o, KVT_ECANCELED);
+}
+
+void kvt_io_cancel(kvt_io_ticket *ticket)
+{
+    if (!ticket)
+        return;
+    kvt_io *io = ticket->io;
+    pthread_mutex_lock(&io->mu);
+    cancel_locked(ticket);
+    pthread_mutex_unlock(&io->mu);
+}
+
+void kvt_io_ticket_release(kvt_io_ticket *ticket)
+{
+    if (!ticket)
+        return;
+    kvt_io *io = ticket->io;
+    io_op *o = ticket->op;
+    pthread_mutex_lock(&io->mu);
+    cancel_locked(ticket);
+    int last = --o->holds == 0;
+    pthread_mutex_unlock(&io->mu);
+    if (last)
+        op_free(o);
+    kvt__free(ticket);
+}
+
+int kvt_io_wait(kvt_io_ticket *ticket, uint64_t timeout_ms, kvt_io_disposition *disposition, void **result)
+{
+    if (disposition)
+        *disposition = KVT_IO_DISCARD;
+    if (result)
+        *result = NULL;
+    if (!ticket)
+        return kvt__fail(KVT_EINVAL, "kvt_io_wait: ticket is NULL");
+    kvt_io *io = ticket->io;
+    io_op *o = ticket->op;
+    struct timespec until = {0};
+    if (timeout_ms && timeout_ms != UINT64_MAX)
+        until = kvt__deadline(CLOCK_MONOTONIC, timeout_ms);
+    pthread_mutex_lock(&io->mu);
+    int rc;
+    for (;;) {
+        if (ticket->cancelled) {
+            rc = kvt__fail(KVT_ECANCELED, "kvt_io_wait: the ticket was cancelled");
+            break;
+        }
+        if (o->state == OP_DONE) {
+            rc = o->status;
+            if (rc == 0) {
+                if (disposition)
+                    *disposition = KVT_IO_PUBLISH;
+                if (result)
+                    *result = o->result;
+            } else {
+                rc = kvt__fail(rc, "kvt_io_wait: the %s failed: %s", kind_names[o->op.kind], kvt_strerror(rc));
+            }
+            break;
+        }
+        if (timeout_ms == 0) {
+            rc = kvt__fail(KVT_EAGAIN, "kvt_io_wait: the %s has not completed", kind_names[o->op.kind]);
+            break;
+        }
+        if (timeout_ms == UINT64_MAX) {
+            pthread_cond_wait(&io->done, &io->mu);
+        } else if (pthread_cond_timedwait(&io->done, &io->mu, &until) == ETIMEDOUT && o->state != OP_DONE &&
+                   !ticket->cancelled) {
+            rc = kvt__fail(KVT_EAGAIN, "kvt_io_wait: the %s did not complete within %llu ms",
+                           kind_names[o->op.kind], (unsigned long long)timeout_ms);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&io->mu);
+    return rc;
+}
+
+int kvt_io_flush(kvt_io *io, uint64_t timeout_ms)
+{
+    if (!io)
+        return kvt__fail(KVT_EINVAL, "kvt_io_flush: io is NULL");
+    struct timespec until = {0};
+    if (timeout_ms != UINT64_MAX)
+        until = kvt__deadline(CLOCK_MONOTONIC, timeout_ms);
+    int rc = 0;
+    pthread_mutex_lock(&io->mu);
+    while (io->st.queued_ops + io->st.running_ops > 0) {
+        if (timeout_ms == UINT64_MAX) {
+            pthread_cond_wait(&io->idle, &io->mu);
+        } else if (pthread_cond_timedwait(&io->idle, &io->mu, &until) == ETIMEDOUT &&
+                   io->st.queued_ops + io->st.running_ops > 0) {
+            rc = kvt__fail(KVT_EAGAIN, "kvt_io_flush: %llu operations still queued or running after %llu ms",
+                           (unsigned long long)(io->st.queued_ops + io->st.running_ops),
+                           (unsigned long long)timeout_ms);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&io->mu);
+    return rc;
+}
+
+int kvt_io_stats_get(kvt_io *io, kvt_io_stats *out)
+{
+    if (!io || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_io_stats_get: io and out must not be NULL");
+    pthread_mutex_lock(&io->mu);
+    *out = io->st;
+    pthread_mutex_unlock(&io->mu);
+    return 0;
+}

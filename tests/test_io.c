@@ -1,0 +1,552 @@
+/*
+ * test_io.c: the bounded I/O worker of kvtier/io.h: identical operations
+ * coalesce (16 threads asking for one restore produce one read), cancelling
+ * every waiter discards an operation (before it starts: it never runs;
+ * after: its result is dropped), a full queue refuses in operations and in
+ * bytes, foreground runs before background, run errors reach every waiter,
+ * and a randomized mix of submit / wait / cancel / release from several
+ * threads ends with every task freed exactly once (run under TSan too).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "kvtier/io.h"
+#include "test_seed.h"
+
+/* A gate a running operation blocks on until the test opens it. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open;
+    int entered; /* runs that reached the gate */
+} gate;
+
+static void gate_init(gate *g)
+{
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    g->open = 0;
+    g->entered = 0;
+}
+
+static void gate_pass(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->entered++;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_wait_entered(gate *g, int n)
+{
+    pthread_mutex_lock(&g->mu);
+    while (g->entered < n)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_destroy(gate *g)
+{
+    pthread_cond_destroy(&g->cv);
+    pthread_mutex_destroy(&g->mu);
+}
+
+/* Counters shared by the tasks of one test. */
+typedef struct counts {
+    int runs[64];     /* by task id (atomic) */
+    int order[64];    /* ids in the order they ran */
+    int n_order;      /* atomic */
+    int freed_tasks;  /* atomic: free_fn calls */
+    int freed_result; /* atomic: free_fn calls with a result */
+} counts;
+
+typedef struct task {
+    counts *c;
+    gate *g; /* NULL: no gate */
+    int id;
+    int fail; /* run returns this */
+} task;
+
+static int task_run(void *arg, void **result)
+{
+    task *t = arg;
+    __atomic_fetch_add(&t->c->runs[t->id], 1, __ATOMIC_SEQ_CST);
+    int slot = __atomic_fetch_add(&t->c->n_order, 1, __ATOMIC_SEQ_CST);
+    if (slot < 64)
+        t->c->order[slot] = t->id;
+    if (t->g)
+        gate_pass(t->g);
+    if (t->fail)
+        return t->fail;
+    int *r = malloc(sizeof *r);
+    *r = 1000 + t->id;
+    *result = r;
+    return 0;
+}
+
+static void task_free(void *arg, void *result)
+{
+    task *t = arg;
+    __atomic_fetch_add(&t->c->freed_tasks, 1, __ATOMIC_SEQ_CST);
+    if (result)
+        __atomic_fetch_add(&t->c->freed_result, 1, __ATOMIC_SEQ_CST);
+    free(result);
+    free(t);
+}
+
+static kvt_io_op make_op(counts *c, gate *g, int id, kvt_io_kind kind, uint64_t key, kvt_io_priority prio,
+                         uint64_t bytes)
+{
+    task *t = malloc(sizeof *t);
+    *t = (task){c, g, id, 0};
+    return (kvt_io_op){.kind = kind,
+                       .key = {key, key * 0x9e3779b97f4a7c15ull},
+                       .priority = prio,
+                       .bytes = bytes,
+                       .run = task_run,
+                       .free_fn = task_free,
+                       .task = t};
+}
+
+static kvt_io *new_io(int threads, uint32_t max_ops, uint64_t max_bytes)
+{
+    kvt_io_options o = {.threads = threads, .max_ops = max_ops, .max_bytes = max_bytes};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&o, &io), 0);
+    return io;
+}
+
+/* submits a gated operation and waits until it runs (it holds one thread) */
+static kvt_io_ticket *block_thread(kvt_io *io, counts *c, gate *g, int id)
+{
+    kvt_io_op op = make_op(c, g, id, KVT_IO_WRITE, 0xdead0000u + (uint64_t)id, KVT_IO_BACKGROUND, 0);
+    kvt_io_ticket *t = NULL;
+    assert_int_equal(kvt_io_submit(io, &op, &t), 0);
+    gate_wait_entered(g, 1);
+    return t;
+}
+
+/* ---- 16 threads ask for the same restore: one read ----------------------- */
+
+typedef struct same {
+    kvt_io *io;
+    counts *c;
+    gate *g;
+    int rc[16];
+    int disp[16];
+    int value[16];
+} same;
+
+typedef struct same_arg {
+    same *s;
+    int i;
+} same_arg;
+
+static void *same_thread(void *arg)
+{
+    same_arg *a = arg;
+    same *s = a->s;
+    kvt_io_op op = make_op(s->c, s->g, 1, KVT_IO_RESTORE, 42, KVT_IO_FOREGROUND, 4096);
+    kvt_io_ticket *t = NULL;
+    s->rc[a->i] = kvt_io_submit(s->io, &op, &t);
+    if (s->rc[a->i])
+        return NULL;
+    kvt_io_disposition d = KVT_IO_DISCARD;
+    void *r = NULL;
+    s->rc[a->i] = kvt_io_wait(t, UINT64_MAX, &d, &r);
+    s->disp[a->i] = d;
+    s->value[a->i] = r ? *(int *)r : -1;
+    kvt_io_ticket_release(t);
+    return NULL;
+}
+
+static void test_sixteen_one_read(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g;
+    gate_init(&g);
+    kvt_io *io = new_io(4, 64, 1 << 20);
+    same s = {.io = io, .c = &c, .g = &g};
+    pthread_t th[16];
+    same_arg args[16];
+    for (int i = 0; i < 16; i++) {
+        args[i] = (same_arg){&s, i};
+        assert_int_equal(pthread_create(&th[i], NULL, same_thread, &args[i]), 0);
+    }
+    /* the read stays in its gate until all 16 submitted */
+    for (;;) {
+        kvt_io_stats st;
+        kvt_io_stats_get(io, &st);
+        if (st.submitted == 16)
+            break;
+        usleep(1000);
+    }
+    gate_open(&g);
+    for (int i = 0; i < 16; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(s.rc[i], 0);
+        assert_int_equal(s.disp[i], KVT_IO_PUBLISH);
+        assert_int_equal(s.value[i], 1001);
+    }
+    kvt_io_stats st;
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(c.runs[1], 1);
+    assert_int_equal(st.ran, 1);
+    assert_int_equal(st.coalesced, 15);
+    assert_int_equal(st.submitted, 16);
+    assert_int_equal(c.freed_tasks, 16); /* 15 coalesced tasks freed at submit, the op's at the end */
+    assert_int_equal(c.freed_result, 1);
+    kvt_io_destroy(io);
+    gate_destroy(&g);
+}
+
+/* ---- cancelling every waiter ---------------------------------------------- */
+
+static void test_cancel_all(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g, g2;
+    gate_init(&g);
+    gate_init(&g2);
+    kvt_io *io = new_io(1, 64, 1 << 20);
+    kvt_io_ticket *blocker = block_thread(io, &c, &g, 0);
+
+    /* queued, not started: cancelling all four waiters discards it */
+    kvt_io_ticket *t[4];
+    for (int i = 0; i < 4; i++) {
+        kvt_io_op op = make_op(&c, NULL, 2, KVT_IO_RESTORE, 7, KVT_IO_FOREGROUND, 100);
+        assert_int_equal(kvt_io_submit(io, &op, &t[i]), 0);
+    }
+    kvt_io_stats st;
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.queued_ops, 1);
+    assert_int_equal(st.queued_bytes, 100);
+    for (int i = 0; i < 3; i++)
+        kvt_io_cancel(t[i]);
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.queued_ops, 1); /* one waiter left */
+    assert_int_equal(st.discarded, 0);
+    kvt_io_cancel(t[3]);
+    kvt_io_cancel(t[3]); /* twice: no effect */
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.queued_ops, 0);
+    assert_int_equal(st.queued_bytes, 0);
+    assert_int_equal(st.discarded, 1);
+    kvt_io_disposition d = KVT_IO_PUBLISH;
+    void *r = (void *)&d;
+    assert_int_equal(kvt_io_wait(t[0], 0, &d, &r), KVT_ECANCELED);
+    assert_int_equal(d, KVT_IO_DISCARD);
+    assert_null(r);
+    assert_int_equal(c.freed_tasks, 3); /* the coalesced ones */
+    for (int i = 0; i < 4; i++)
+        kvt_io_ticket_release(t[i]);
+    assert_int_equal(c.freed_tasks, 4);
+    assert_int_equal(c.freed_result, 0);
+
+    /* started: cancelling both waiters discards the result on completion */
+    kvt_io_op op = make_op(&c, &g2, 3, KVT_IO_RESTORE, 8, KVT_IO_FOREGROUND, 100);
+    kvt_io_ticket *u[2];
+    assert_int_equal(kvt_io_submit(io, &op, &u[0]), 0);
+    op = make_op(&c, &g2, 3, KVT_IO_RESTORE, 8, KVT_IO_FOREGROUND, 100);
+    assert_int_equal(kvt_io_submit(io, &op, &u[1]), 0);
+    gate_open(&g); /* the blocker ends; the restore starts and blocks in g2 */
+    gate_wait_entered(&g2, 1);
+    kvt_io_cancel(u[0]);
+    kvt_io_cancel(u[1]);
+    gate_open(&g2);
+    assert_int_equal(kvt_io_flush(io, 10000), 0);
+    assert_int_equal(kvt_io_wait(u[1], 0, &d, &r), KVT_ECANCELED);
+    assert_int_equal(d, KVT_IO_DISCARD);
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.results_discarded, 1);
+    assert_int_equal(c.runs[2], 0); /* the discarded restore never read */
+    assert_int_equal(c.runs[3], 1);
+    kvt_io_ticket_release(u[0]);
+    kvt_io_ticket_release(u[1]);
+    kvt_io_ticket_release(blocker);
+    assert_int_equal(c.freed_result, 2); /* the blocker's and the discarded result */
+    kvt_io_destroy(io);
+    assert_int_equal(c.freed_tasks, 7);
+    gate_destroy(&g);
+    gate_destroy(&g2);
+}
+
+/* ---- a full queue refuses ------------------------------------------------- */
+
+static void test_full_queue(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g;
+    gate_init(&g);
+    kvt_io *io = new_io(1, 3, 1000);
+    kvt_io_ticket *blocker = block_thread(io, &c, &g, 0); /* 1 of 3 operations */
+    kvt_io_ticket *a = NULL, *b = NULL, *x = NULL, *a2 = NULL;
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_RESTORE, 1, KVT_IO_FOREGROUND, 600);
+    assert_int_equal(kvt_io_submit(io, &op, &a), 0);
+    /* bytes: 600 of 1000 queued, 500 more does not fit; 1001 never fits */
+    op = make_op(&c, NULL, 2, KVT_IO_RESTORE, 2, KVT_IO_FOREGROUND, 500);
+    assert_int_equal(kvt_io_submit(io, &op, &x), KVT_EAGAIN);
+    assert_null(x);
+    assert_non_null(strstr(kvt_last_error(), "600 of 1000 bytes"));
+    op.bytes = 1001;
+    assert_int_equal(kvt_io_submit(io, &op, &x), KVT_ETOOBIG);
+    op.bytes = 400;
+    assert_int_equal(kvt_io_submit(io, &op, &b), 0); /* 3 of 3 operations, 1000 of 1000 bytes */
+    /* operations: a fourth distinct one is refused, the caller keeps its task */
+    kvt_io_op op4 = make_op(&c, NULL, 3, KVT_IO_WRITE, 3, KVT_IO_BACKGROUND, 0);
+    assert_int_equal(kvt_io_submit(io, &op4, &x), KVT_EAGAIN);
+    assert_non_null(strstr(kvt_last_error(), "3 of 3 operations"));
+    assert_int_equal(kvt_io_submit(io, &op4, NULL), KVT_EAGAIN);
+    task_free(op4.task, NULL);
+    /* an identical one coalesces even when full: it adds nothing */
+    op = make_op(&c, NULL, 1, KVT_IO_RESTORE, 1, KVT_IO_FOREGROUND, 600);
+    assert_int_equal(kvt_io_submit(io, &op, &a2), 0);
+    /* the same key with another kind is another operation: refused */
+    op = make_op(&c, NULL, 4, KVT_IO_PREFETCH, 1, KVT_IO_BACKGROUND, 0);
+    assert_int_equal(kvt_io_submit(io, &op, &x), KVT_EAGAIN);
+    task_free(op.task, NULL);
+    kvt_io_stats st;
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.refused, 4);
+    assert_int_equal(st.coalesced, 1);
+    assert_int_equal(st.max_queued_ops, 3);
+    assert_int_equal(st.queued_bytes, 1000);
+    gate_open(&g);
+    kvt_io_disposition d;
+    void *r;
+    assert_int_equal(kvt_io_wait(a, 10000, &d, &r), 0);
+    assert_int_equal(d, KVT_IO_PUBLISH);
+    assert_int_equal(*(int *)r, 1001);
+    assert_int_equal(kvt_io_wait(a2, 10000, &d, &r), 0);
+    assert_int_equal(*(int *)r, 1001);
+    assert_int_equal(kvt_io_wait(b, 10000, &d, &r), 0);
+    assert_int_equal(*(int *)r, 1002);
+    assert_int_equal(c.runs[1], 1);
+    kvt_io_ticket_release(a);
+    kvt_io_ticket_release(a2);
+    kvt_io_ticket_release(b);
+    kvt_io_ticket_release(blocker);
+    /* room again */
+    op = make_op(&c, NULL, 5, KVT_IO_WRITE, 5, KVT_IO_BACKGROUND, 1000);
+    assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
+    assert_int_equal(kvt_io_flush(io, 10000), 0);
+    assert_int_equal(c.runs[5], 1);
+    kvt_io_destroy(io);
+    assert_int_equal(c.freed_tasks, 7);
+    gate_destroy(&g);
+}
+
+/* ---- foreground before background -------------------------------------------- */
+
+static void test_priority_order(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g;
+    gate_init(&g);
+    kvt_io *io = new_io(1, 64, 1 << 20);
+    kvt_io_ticket *blocker = block_thread(io, &c, &g, 0);
+    struct {
+        int id;
+        kvt_io_kind kind;
+        uint64_t key;
+        kvt_io_priority prio;
+    } sub[] = {
+        {1, KVT_IO_WRITE, 10, KVT_IO_BACKGROUND},    {2, KVT_IO_WRITE, 11, KVT_IO_BACKGROUND},
+        {3, KVT_IO_RESTORE, 20, KVT_IO_FOREGROUND},  {4, KVT_IO_PREFETCH, 30, KVT_IO_BACKGROUND},
+        {5, KVT_IO_WRITE, 12, KVT_IO_BACKGROUND},    {6, KVT_IO_RESTORE, 21, KVT_IO_FOREGROUND},
+        {4, KVT_IO_PREFETCH, 30, KVT_IO_FOREGROUND}, /* a request now waits for the prefetch: promoted */
+    };
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
+        kvt_io_op op = make_op(&c, NULL, sub[i].id, sub[i].kind, sub[i].key, sub[i].prio, 10);
+        assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
+    }
+    gate_open(&g);
+    assert_int_equal(kvt_io_flush(io, 10000), 0);
+    int want[] = {0, 3, 6, 4, 1, 2, 5};
+    assert_int_equal(c.n_order, 7);
+    for (int i = 0; i < 7; i++)
+        assert_int_equal(c.order[i], want[i]);
+    kvt_io_ticket_release(blocker);
+    kvt_io_destroy(io);
+    assert_int_equal(c.freed_tasks, 8);
+    gate_destroy(&g);
+}
+
+/* ---- a failed run reaches every waiter; bad arguments ---------------------- */
+
+static void test_errors(void **state)
+{
+    (void)state;
+    counts c = {0};
+    kvt_io *io = NULL;
+    kvt_io_options bad = {.threads = 65};
+    assert_int_equal(kvt_io_create(&bad, &io), KVT_EINVAL);
+    assert_null(io);
+    io = new_io(1, 8, 1 << 20);
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_RESTORE, 1, KVT_IO_FOREGROUND, 1);
+    ((task *)op.task)->fail = KVT_EIO;
+    kvt_io_ticket *t = NULL;
+    assert_int_equal(kvt_io_submit(io, &op, &t), 0);
+    kvt_io_disposition d = KVT_IO_PUBLISH;
+    void *r = NULL;
+    assert_int_equal(kvt_io_wait(t, UINT64_MAX, &d, &r), KVT_EIO);
+    assert_int_equal(d, KVT_IO_DISCARD);
+    assert_null(r);
+    kvt_io_ticket_release(t);
+    kvt_io_op none = op;
+    none.run = NULL;
+    assert_int_equal(kvt_io_submit(io, &none, &t), KVT_EINVAL);
+    none = op;
+    none.kind = KVT_IO_KINDS;
+    assert_int_equal(kvt_io_submit(io, &none, &t), KVT_EINVAL);
+    assert_null(t);
+    kvt_io_stats st;
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.failed, 1);
+    kvt_io_cancel(NULL);
+    kvt_io_ticket_release(NULL);
+    kvt_io_destroy(io);
+    kvt_io_destroy(NULL);
+    assert_int_equal(c.freed_tasks, 1);
+
+    /* destroy discards what nobody waits for and frees it */
+    gate g;
+    gate_init(&g);
+    io = new_io(1, 8, 1 << 20);
+    kvt_io_ticket *blocker = block_thread(io, &c, &g, 2);
+    op = make_op(&c, NULL, 3, KVT_IO_WRITE, 99, KVT_IO_BACKGROUND, 1);
+    assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
+    gate_open(&g);
+    assert_int_equal(kvt_io_wait(blocker, UINT64_MAX, &d, &r), 0);
+    kvt_io_ticket_release(blocker);
+    kvt_io_destroy(io); /* op 3 ran or was discarded: freed either way */
+    assert_int_equal(c.freed_tasks, 3);
+    gate_destroy(&g);
+}
+
+/* ---- randomized: several threads submit, wait, cancel, release ------------------ */
+
+typedef struct mix {
+    kvt_io *io;
+    counts *c;
+    uint64_t seed;
+    int created;  /* atomic: tasks made */
+    int bad;      /* atomic: unexpected outcomes */
+} mix;
+
+typedef struct mix_arg {
+    mix *m;
+    int id;
+} mix_arg;
+
+static uint64_t next_rand(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static void *mix_thread(void *arg)
+{
+    mix_arg *a = arg;
+    mix *m = a->m;
+    uint64_t s = m->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(a->id + 1);
+    for (int i = 0; i < 400; i++) {
+        uint64_t x = next_rand(&s);
+        int key = (int)(x % 8);
+        kvt_io_op op = make_op(m->c, NULL, 10 + key, (kvt_io_kind)((x >> 8) % 2), (uint64_t)key,
+                               (kvt_io_priority)((x >> 12) % 2), 64);
+        __atomic_fetch_add(&m->created, 1, __ATOMIC_SEQ_CST);
+        int with_ticket = (x >> 16) % 4 != 0;
+        kvt_io_ticket *t = NULL;
+        int rc = kvt_io_submit(m->io, &op, with_ticket ? &t : NULL);
+        if (rc == KVT_EAGAIN) {
+            task_free(op.task, NULL);
+            continue;
+        }
+        if (rc) {
+            __atomic_fetch_add(&m->bad, 1, __ATOMIC_SEQ_CST);
+            task_free(op.task, NULL);
+            continue;
+        }
+        if (!t)
+            continue;
+        int act = (int)((x >> 20) % 3);
+        kvt_io_disposition d;
+        void *r;
+        if (act == 0) {
+            rc = kvt_io_wait(t, UINT64_MAX, &d, &r);
+            if (rc != 0 || d != KVT_IO_PUBLISH || *(int *)r != 1010 + key)
+                __atomic_fetch_add(&m->bad, 1, __ATOMIC_SEQ_CST);
+        } else if (act == 1) {
+            kvt_io_cancel(t);
+            if (kvt_io_wait(t, 0, &d, &r) == 0 && d != KVT_IO_PUBLISH)
+                __atomic_fetch_add(&m->bad, 1, __ATOMIC_SEQ_CST);
+        }
+        kvt_io_ticket_release(t);
+    }
+    return NULL;
+}
+
+static void test_random_mix(void **state)
+{
+    (void)state;
+    counts c = {0};
+    mix m = {.io = new_io(3, 16, 512), .c = &c, .seed = test_seed("test_io random mix")};
+    pthread_t th[6];
+    mix_arg args[6];
+    for (int i = 0; i < 6; i++) {
+        args[i] = (mix_arg){&m, i};
+        assert_int_equal(pthread_create(&th[i], NULL, mix_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < 6; i++)
+        pthread_join(th[i], NULL);
+    assert_int_equal(kvt_io_flush(m.io, 30000), 0);
+    kvt_io_stats st;
+    kvt_io_stats_get(m.io, &st);
+    printf("random mix: %llu submitted, %llu coalesced, %llu refused, %llu ran, %llu discarded, "
+           "%llu results discarded\n",
+           (unsigned long long)st.submitted, (unsigned long long)st.coalesced, (unsigned long long)st.refused,
+           (unsigned long long)st.ran, (unsigned long long)st.discarded, (unsigned long long)st.results_discarded);
+    kvt_io_destroy(m.io);
+    assert_int_equal(m.bad, 0);
+    assert_int_equal(c.freed_tasks, m.created); /* every task freed exactly once */
+    assert_int_equal(st.submitted + st.refused, (uint64_t)m.created);
+    assert_int_equal(st.ran + st.discarded, st.submitted - st.coalesced);
+    assert_int_equal(st.queued_ops + st.running_ops + st.queued_bytes, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sixteen_one_read), cmocka_unit_test(test_cancel_all),
+        cmocka_unit_test(test_full_queue),       cmocka_unit_test(test_priority_order),
+        cmocka_unit_test(test_errors),           cmocka_unit_test(test_random_mix),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
