@@ -188,7 +188,6 @@ static void finish(kvt_srv_sched *s, kvt_srv_job *j, int status, const char *fin
     j->finish_reason = finish_reason;
     if (err)
         snprintf(j->error, sizeof j->error, "%s", err);
-    j->done = 1;
     kvt_srv_record rec = {
         .time_ms = unix_ms(),
         .endpoint = j->endpoint,
@@ -203,9 +202,14 @@ static void finish(kvt_srv_sched *s, kvt_srv_job *j, int status, const char *fin
         .status = status,
     };
     snprintf(rec.model, sizeof rec.model, "%s", j->model);
+    pthread_mutex_unlock(&j->mu);
+    /* the record goes into the ring before the job is done, so a client that
+     * has its reply finds its request in /events and /stats */
+    kvt_srv_metrics_finish(s->metrics, &rec);
+    pthread_mutex_lock(&j->mu);
+    j->done = 1;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    kvt_srv_metrics_finish(s->metrics, &rec);
     if (status == KVT_SRV_STATUS_CANCELLED || status == 503)
         kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, cancelled), 1);
 }
