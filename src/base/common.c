@@ -50,10 +50,13 @@ int kvt__fail(int code, const char *fmt, ...)
 KVT_API int kvt_set_error(int code, const char *fmt, ...)
 {
     char tmp[sizeof kvt__errbuf]; /* an argument may be kvt_last_error() itself */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tmp, sizeof tmp, fmt ? fmt : "", ap);
-    va_end(ap);
+    tmp[0] = '\0';
+    if (fmt) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(tmp, sizeof tmp, fmt, ap);
+        va_end(ap);
+    }
     memcpy(kvt__errbuf, tmp, sizeof tmp);
     return code;
 }
