@@ -615,80 +615,82 @@ static void run_on_node(kvt__rconn *c, kvt__rpipe *p, int ni, const int32_t *idx
  * any reply is read, so the nodes work in parallel. */
 static int run_grouped(kvt__rconn *c, kvt__rpipe *p, const int32_t *todo, int32_t n_todo, int32_t timeout_ms)
 {
-    int32_t *idx = kvt__malloc(sizeof *idx * (size_t)(n_todo ? n_todo : 1));
-    int *node = kvt__malloc(sizeof *node * (size_t)(n_todo ? n_todo : 1));
+    int nn = kvt__rconn_nodes(c);
+    if (nn <= 1) { /* one node: no routing, no grouping */
+        run_on_node(c, p, 0, todo, n_todo, timeout_ms, 0);
+        return 0;
+    }
+    if (n_todo <= 0)
+        return 0;
+    int32_t *idx = kvt__malloc(sizeof *idx * (size_t)n_todo);
+    int *node = kvt__malloc(sizeof *node * (size_t)n_todo);
     if (!idx || !node) {
         kvt__free(idx);
         kvt__free(node);
         return kvt__fail(KVT_ENOMEM, "remote tier: out of memory");
     }
-    int nn = kvt__rconn_nodes(c);
     for (int32_t i = 0; i < n_todo; i++)
         node[i] = route(c, &p->cmds[todo[i]]);
-    if (nn <= 1) {
-        run_on_node(c, p, 0, todo, n_todo, timeout_ms, 0);
-    } else {
-        /* write every node's commands, then read node by node */
-        typedef struct pend {
-            rnode *n;
-            redisContext *ctx;
-            int32_t first, k;
-        } pend;
-        pend *pe = kvt__calloc((size_t)nn, sizeof *pe);
-        if (!pe) {
-            kvt__free(idx);
-            kvt__free(node);
-            return kvt__fail(KVT_ENOMEM, "remote tier: out of memory");
-        }
-        int32_t at = 0;
-        for (int ni = 0; ni < nn; ni++) {
-            pe[ni].first = at;
-            for (int32_t i = 0; i < n_todo; i++)
-                if (node[i] == ni)
-                    idx[at++] = todo[i];
-            pe[ni].k = at - pe[ni].first;
-            if (!pe[ni].k)
-                continue;
-            kvt__rfail f = KVT__RF_NONE;
-            pe[ni].n = node_at(c, ni);
-            pe[ni].ctx = node_take(c, pe[ni].n, timeout_ms, 0, &f);
-            if (!pe[ni].ctx) {
-                note_fail(p, f);
-                continue;
-            }
-            for (int32_t j = 0; j < pe[ni].k; j++) {
-                const kvt__rcmd *m = &p->cmds[idx[pe[ni].first + j]];
-                redisAppendCommandArgv(pe[ni].ctx, m->argc, (const char **)m->argv, m->argvlen);
-            }
-            int done = 0;
-            while (!done)
-                if (redisBufferWrite(pe[ni].ctx, &done) != REDIS_OK)
-                    break;
-            atomic_fetch_add(&c->ct.round_trips, 1);
-            p->round_trips++;
-        }
-        for (int ni = 0; ni < nn; ni++) {
-            if (!pe[ni].ctx)
-                continue;
-            int ok = !pe[ni].ctx->err;
-            for (int32_t j = 0; j < pe[ni].k && ok; j++) {
-                void *r = NULL;
-                if (redisGetReply(pe[ni].ctx, &r) != REDIS_OK)
-                    ok = 0;
-                else
-                    p->cmds[idx[pe[ni].first + j]].reply = r;
-            }
-            kvt__rfail f = KVT__RF_NONE;
-            if (!ok) {
-                f = classify(pe[ni].ctx, errno);
-                count_fail(c, f);
-                note_fail(p, f);
-            }
-            node_result(c, pe[ni].n, f);
-            node_give(pe[ni].n, pe[ni].ctx, ok);
-        }
-        kvt__free(pe);
+    /* write every node's commands, then read node by node */
+    typedef struct pend {
+        rnode *n;
+        redisContext *ctx;
+        int32_t first, k;
+    } pend;
+    pend *pe = kvt__calloc((size_t)nn, sizeof *pe);
+    if (!pe) {
+        kvt__free(idx);
+        kvt__free(node);
+        return kvt__fail(KVT_ENOMEM, "remote tier: out of memory");
     }
+    int32_t at = 0;
+    for (int ni = 0; ni < nn; ni++) {
+        pe[ni].first = at;
+        for (int32_t i = 0; i < n_todo; i++)
+            if (node[i] == ni)
+                idx[at++] = todo[i];
+        pe[ni].k = at - pe[ni].first;
+        if (!pe[ni].k)
+            continue;
+        kvt__rfail f = KVT__RF_NONE;
+        pe[ni].n = node_at(c, ni);
+        pe[ni].ctx = node_take(c, pe[ni].n, timeout_ms, 0, &f);
+        if (!pe[ni].ctx) {
+            note_fail(p, f);
+            continue;
+        }
+        for (int32_t j = 0; j < pe[ni].k; j++) {
+            const kvt__rcmd *m = &p->cmds[idx[pe[ni].first + j]];
+            redisAppendCommandArgv(pe[ni].ctx, m->argc, (const char **)m->argv, m->argvlen);
+        }
+        int done = 0;
+        while (!done)
+            if (redisBufferWrite(pe[ni].ctx, &done) != REDIS_OK)
+                break;
+        atomic_fetch_add(&c->ct.round_trips, 1);
+        p->round_trips++;
+    }
+    for (int ni = 0; ni < nn; ni++) {
+        if (!pe[ni].ctx)
+            continue;
+        int ok = !pe[ni].ctx->err;
+        for (int32_t j = 0; j < pe[ni].k && ok; j++) {
+            void *r = NULL;
+            if (redisGetReply(pe[ni].ctx, &r) != REDIS_OK)
+                ok = 0;
+            else
+                p->cmds[idx[pe[ni].first + j]].reply = r;
+        }
+        kvt__rfail f = KVT__RF_NONE;
+        if (!ok) {
+            f = classify(pe[ni].ctx, errno);
+            count_fail(c, f);
+            note_fail(p, f);
+        }
+        node_result(c, pe[ni].n, f);
+        node_give(pe[ni].n, pe[ni].ctx, ok);
+    }
+    kvt__free(pe);
     kvt__free(idx);
     kvt__free(node);
     return 0;
