@@ -124,8 +124,16 @@ KVT_API void kvt_set_allocator(const kvt_allocator *alloc);
  * kvt_malloc / kvt_calloc / kvt_realloc is freed with kvt_free (NULL is a
  * no-op), under the same allocator. Thread-safe as the allocator is. */
 KVT_API void *kvt_malloc(size_t bytes);
+/** n * size zeroed bytes from the installed allocator; NULL when n * size
+ * overflows or memory is short. Free with kvt_free. Thread-safe as the
+ * allocator is. */
 KVT_API void *kvt_calloc(size_t n, size_t size);
+/** Resizes a block from kvt_malloc / kvt_calloc / kvt_realloc (ptr NULL:
+ * as kvt_malloc) to `bytes`; on NULL (memory short) ptr is left valid and
+ * still owned by the caller. Thread-safe as the allocator is. */
 KVT_API void *kvt_realloc(void *ptr, size_t bytes);
+/** Frees a block from kvt_malloc / kvt_calloc / kvt_realloc; NULL is a
+ * no-op. Thread-safe as the allocator is. */
 KVT_API void kvt_free(void *ptr);
 
 /** Frees a string kvtier returned to the caller (kvt_service_stats_json()
