@@ -45,20 +45,26 @@ static void check_readers(const kvt_cache *c)
         int32_t B = kvt_kv_block_tokens(c);
         FZ_CHECK(B >= 1, "kv block_tokens %d", (int)B);
         int64_t nb = (off + B - 1) / B, total = 0;
+        size_t D = (size_t)kvt_kv_dim(c);
         for (int64_t i = 0; i < nb; i++) {
-            const float *k = NULL, *v = NULL;
-            int32_t n = -1;
-            FZ_CHECK(kvt_kv_block(c, i, &k, &v, &n) == 0 && n >= 1 && n <= B, "kv block %lld", (long long)i);
-            /* touch the first and last row: ASan sees a short block */
-            size_t D = (size_t)kvt_kv_dim(c);
-            volatile float s = k[0] + v[0] + k[(size_t)n * D - 1] + v[(size_t)n * D - 1];
+            kvt_kv_rows r;
+            FZ_CHECK(kvt_kv_block_rows(c, i, &r) == 0 && r.n >= 1 && r.n <= B, "kv block %lld", (long long)i);
+            /* touch the first and last byte: ASan sees a short block */
+            size_t bytes = (size_t)r.n * D * (r.dtype == KVT_DTYPE_F32 ? 4u : r.dtype == KVT_DTYPE_I8 ? 1u : 2u);
+            const unsigned char *kb = r.k, *vb = r.v;
+            volatile unsigned s = kb[0] + vb[0] + kb[bytes - 1] + vb[bytes - 1];
             (void)s;
-            total += n;
+            if (r.dtype == KVT_DTYPE_F32) { /* the F32 reader agrees with the rows */
+                const float *k = NULL, *v = NULL;
+                int32_t n = -1;
+                FZ_CHECK(kvt_kv_block(c, i, &k, &v, &n) == 0 && n == r.n && (const void *)k == r.k,
+                         "kv block %lld (F32 reader)", (long long)i);
+            }
+            total += r.n;
         }
         FZ_CHECK(total == off, "kv blocks hold %lld of %lld tokens", (long long)total, (long long)off);
-        const float *k, *v;
-        int32_t n;
-        FZ_CHECK(kvt_kv_block(c, nb, &k, &v, &n) == KVT_ERANGE, "kv block past the end");
+        kvt_kv_rows r;
+        FZ_CHECK(kvt_kv_block_rows(c, nb, &r) == KVT_ERANGE, "kv block past the end");
     } else if (!strcmp(kind, "rotating")) {
         const float *k = NULL, *v = NULL;
         int32_t n = -1;
