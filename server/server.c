@@ -790,6 +790,11 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
         free(text);
         return MHD_NO;
     }
+    kvt_io_stats ios; /* the process's I/O worker, when a tier uses it */
+    if (kvt_io_default_stats_get(&ios) == 0 && kvt_srv_metrics_prometheus_io(&text, &ios)) {
+        free(text);
+        return MHD_NO;
+    }
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(text);

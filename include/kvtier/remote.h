@@ -99,6 +99,11 @@ typedef struct kvt_remote_options {
     int32_t queue_max_entries;
     /** Non-zero: do not print the startup warning when Redis is down. */
     int quiet;
+    /** The I/O worker (kvtier/io.h) that runs the write-behind sets and the
+     * asynchronous restores (restore_async of the cold-tier table, e.g. a
+     * prefetch); borrowed: it must outlive the tier. NULL: the process's
+     * default worker, a reference taken at open and dropped at close. */
+    struct kvt_io *worker;
 } kvt_remote_options;
 
 /** The remote tier's counters, one list: X(name, kind, help). */
