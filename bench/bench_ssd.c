@@ -11,6 +11,7 @@
  * raw write. Owns its temporary directory and removes it.
  */
 #include "args.h"
+#include "bench_util.h"
 #include "cli.h"
 
 #include "kvtier/cache.h"
@@ -163,45 +164,30 @@ static const struct {
 #define N_SCHEMES (int)(sizeof k_schemes / sizeof k_schemes[0])
 #define Q8_GROUP 32
 
-/* Builds an entry of as many tokens as `bytes` bytes of f32 state hold:
- * n_layers kv layers of kv_dim, K/V stored as scheme `sc` (so every scheme
- * stores the same tokens, in fewer bytes than f32). */
-static int make_entry(uint64_t bytes, int n_layers, int kv_dim, int block, int sc, kvt_entry *e,
-                      int32_t **tokens_out)
+/* Replaces every f32 kv cache of e by one holding the same tokens stored as
+ * scheme `sc` (f32: nothing to do). */
+static int to_scheme(kvt_entry *e, int sc, int32_t kv_dim, int32_t block)
 {
-    uint64_t per_token = (uint64_t)n_layers * 2 * (uint64_t)kv_dim * 4;
-    int64_t n = (int64_t)(bytes / per_token);
-    if (n < 2)
-        n = 2;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
-    if (!tok)
-        return KVT_ENOMEM;
-    for (int64_t i = 0; i < n; i++)
-        tok[i] = (int32_t)((i * 2654435761u) % 32000);
-    int rc = kvt_entry_init(e, "", tok, n, n_layers, 0);
-    const int64_t step = 256;
-    float *k = malloc(sizeof(float) * (size_t)(step * kv_dim)), *v = malloc(sizeof(float) * (size_t)(step * kv_dim));
-    for (int l = 0; !rc && l < n_layers; l++) {
-        rc = k_schemes[sc].dtype == KVT_DTYPE_I8 ? kvt_qkv_create(kv_dim, Q8_GROUP, block, &e->caches[l])
-                                                 : kvt_kv_create_dtype(kv_dim, block, k_schemes[sc].dtype, &e->caches[l]);
-        for (int64_t p = 0; !rc && p < n; p += step) {
-            int64_t m = n - p < step ? n - p : step;
-            for (int64_t i = 0; i < m * kv_dim; i++) {
-                k[i] = (float)((p * kv_dim + i + l) % 1000) * 0.001f;
-                v[i] = -k[i];
+    if (k_schemes[sc].dtype == KVT_DTYPE_F32)
+        return 0;
+    for (int l = 0; l < e->n_caches; l++) {
+        kvt_cache *c = NULL;
+        int rc = k_schemes[sc].dtype == KVT_DTYPE_I8 ? kvt_qkv_create(kv_dim, Q8_GROUP, block, &c)
+                                                     : kvt_kv_create_dtype(kv_dim, block, k_schemes[sc].dtype, &c);
+        for (int64_t b = 0; !rc && b < kvt_kv_block_count(e->caches[l]); b++) {
+            kvt_kv_rows r;
+            if (!(rc = kvt_kv_block_rows(e->caches[l], b, &r))) {
+                const void *in[2] = {r.k, r.v};
+                rc = kvt_cache_append(c, r.n, in);
             }
-            const void *in[2] = {k, v};
-            rc = kvt_cache_append(e->caches[l], m, in);
         }
+        if (rc) {
+            kvt_cache_destroy(c);
+            return rc;
+        }
+        kvt_cache_destroy(e->caches[l]);
+        e->caches[l] = c;
     }
-    free(k);
-    free(v);
-    if (rc) {
-        kvt_entry_clear(e);
-        free(tok);
-        return rc;
-    }
-    *tokens_out = tok;
     return 0;
 }
 
@@ -302,7 +288,12 @@ int kvt_bench_ssd(int argc, char **argv)
         }
         kvt_entry e;
         int32_t *tok = NULL;
-        int rc = make_entry(bytes, layers, kv_dim, block, schemes[si], &e, &tok);
+        int rc = kvt_bench_util_entry(kvt_bench_util_state_tokens(bytes, layers, kv_dim, 1), layers, kv_dim, block, &e,
+                                      &tok);
+        if (!rc && (rc = to_scheme(&e, schemes[si], kv_dim, block))) {
+            kvt_entry_clear(&e);
+            free(tok);
+        }
         if (rc) {
             fprintf(stderr, "bench ssd: cannot build %llu bytes of state: %s\n", (unsigned long long)bytes,
                     kvt_strerror(rc));
