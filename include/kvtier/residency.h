@@ -37,7 +37,8 @@
  * returns one reference; every attached cache, every block with a page-file
  * copy (also in clones) and every operation in flight holds one; the page
  * file is closed (its space freed: it is unlinked at creation) with the
- * last reference.
+ * last reference (which also drops the default I/O worker's reference, when
+ * the residency took one).
  *
  * Thread-safety: the calls on one residency are thread-safe. A kv cache is
  * used by one thread at a time (kvtier/cache.h): kvt_kv_pin, kvt_kv_unpin and
@@ -102,7 +103,7 @@ typedef struct kvt_residency_options {
     uint64_t max_bytes;  /**< bytes of full blocks kept in RAM; 0 = no byte bound (both 0: fully resident) */
     const char *dir;     /**< directory of the page file (copied); NULL: $TMPDIR, else /tmp */
     kvt_io *io;          /**< borrowed worker the page reads and writes run on, must outlive the
-                              residency; NULL: the residency starts its own (2 threads) */
+                              residency; NULL: the process's default worker (kvt_io_default_acquire) */
     int32_t read_ahead;  /**< blocks of the next layer read while a layer attends (default 32; < 0: none) */
     int drop_page_cache; /**< 1: drop the page file's pages from the OS page cache after each write
                               (after an fdatasync) and each read (posix_fadvise DONTNEED), so every

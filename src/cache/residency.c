@@ -91,7 +91,7 @@ struct kvt_residency {
     int32_t read_ahead;
     int drop;
     kvt_io *io;
-    int own_io;
+    int own_io; /* io is a reference on the process's default worker */
     int fd;
     char *path; /* the page file's name (unlinked), for messages */
     uint64_t id; /* first half of every operation key */
@@ -131,10 +131,8 @@ static void gauge_add(_Atomic uint64_t *g, _Atomic uint64_t *peak, int64_t delta
 static void *res_final(void *arg)
 {
     kvt_residency *r = arg;
-    if (r->own_io) {
-        (void)kvt_io_flush(r->io, UINT64_MAX);
-        kvt_io_destroy(r->io);
-    }
+    if (r->own_io)
+        kvt_io_default_release(r->io);
     kvt__page_file_close(r->fd);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -155,7 +153,7 @@ KVT_API void kvt_residency_release(kvt_residency *r)
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
         return;
     if (in_io_worker && r->own_io) {
-        /* on a thread of r's own worker: it cannot join itself */
+        /* on a worker thread: the default worker's last release must not run here */
         pthread_t t;
         pthread_attr_t a;
         pthread_attr_init(&a);
@@ -210,8 +208,7 @@ KVT_API int kvt_residency_create(const kvt_residency_options *opt, kvt_residency
     if (o.io) {
         r->io = o.io;
     } else {
-        kvt_io_options io = {.threads = 2};
-        if ((rc = kvt_io_create(&io, &r->io)) != 0)
+        if ((rc = kvt_io_default_acquire(&r->io)) != 0)
             goto fail;
         r->own_io = 1;
     }
@@ -479,6 +476,7 @@ static int finish_read(kvt__blocks *t, int64_t i)
     kvt__blkres *x = &TX(t)[i];
     void *res = NULL;
     kvt_io_disposition d = KVT_IO_DISCARD;
+    (void)kvt_io_run_here(x->rd); /* still queued: read it on this thread, not after the queue */
     int rc = kvt_io_wait(x->rd, UINT64_MAX, &d, &res);
     if (rc == 0 && (d != KVT_IO_PUBLISH || !res))
         rc = KVT_ECANCELED;
@@ -511,7 +509,7 @@ static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio)
     rd_task *task = kvt__malloc(sizeof *task);
     if (task) {
         *task = (rd_task){page_retain(p), kvt_buf_retain(buf)};
-        kvt_io_op op = {.kind = KVT_IO_RESTORE, .key = {r->id, p->off}, .priority = prio, .bytes = p->bytes,
+        kvt_io_op op = {.kind = KVT_IO_KIND_RESTORE, .key = {r->id, p->off}, .priority = prio, .bytes = p->bytes,
                         .run = rd_run, .free_fn = rd_free, .task = task};
         if (kvt_io_submit(r->io, &op, &x->rd) == 0) {
             kvt_buf_release(buf);
@@ -593,7 +591,7 @@ static int start_write(kvt_residency *r, kvt__blocks *t, int64_t i, size_t block
     *task = (wr_task){p, kvt_buf_retain(t->v[i].buf)};
     TX(t)[i].page = p;
     (void)step(&t->v[i], KVT_BLOCK_EV_WRITE);
-    kvt_io_op op = {.kind = KVT_IO_WRITE, .key = {r->id, p->off}, .priority = KVT_IO_BACKGROUND,
+    kvt_io_op op = {.kind = KVT_IO_KIND_WRITE, .key = {r->id, p->off}, .priority = KVT_IO_BACKGROUND,
                     .bytes = block_bytes, .run = wr_run, .free_fn = wr_free, .task = task};
     if (kvt_io_submit(r->io, &op, NULL) != 0) {
         void *res = NULL;
