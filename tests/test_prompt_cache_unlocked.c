@@ -256,13 +256,13 @@ static void do_relieve(call *c)
 
 /* ---- fixtures ------------------------------------------------------------------------ */
 
-/* A prompt cache over the gated in-memory tier, and the prompt most cases
- * use: t = 1, 2, ..., 16. */
+/* A prompt cache over the gated in-memory tier, and the prompts the cases
+ * use: t = 1, 2, ..., 16 and u = 500, 501, ..., 515. */
 typedef struct fixture {
     mem_tier *mt;
     gate_tier g;
     kvt_prompt_cache *pc;
-    int32_t t[16];
+    int32_t t[16], u[16];
 } fixture;
 
 static void fx_open(fixture *f, size_t max_bytes, uint32_t flags)
@@ -272,6 +272,7 @@ static void fx_open(fixture *f, size_t max_bytes, uint32_t flags)
     kvt_prompt_cache_config cfg = {.max_bytes = max_bytes, .cold = &f->g.iface, .flags = flags};
     assert_int_equal(kvt_prompt_cache_create(&cfg, &f->pc), 0);
     pcu_seq(f->t, 16, 1);
+    pcu_seq(f->u, 16, 500);
 }
 
 static void fx_close(fixture *f)
@@ -434,9 +435,7 @@ static void test_lend_unchanged_and_full(void **state)
 static void test_prefetch_find_unlocked(void **state)
 {
     fixture *f = *state;
-    const int32_t *t = f->t;
-    int32_t u[16];
-    pcu_seq(u, 16, 500);
+    const int32_t *t = f->t, *u = f->u;
     tier_put(f->mt, t, 10);
     call c = {.pc = f->pc, .tokens = t, .n = 12};
     start_blocked(f, G_FIND, &c, do_prefetch);
@@ -539,9 +538,7 @@ static void test_relieve_ask_unlocked(void **state)
 static void test_demote_idle_ask_unlocked(void **state)
 {
     fixture *f = *state;
-    const int32_t *t = f->t;
-    int32_t u[16];
-    pcu_seq(u, 16, 500);
+    const int32_t *t = f->t, *u = f->u;
     assert_int_equal(pcu_put_fresh(f->pc, "", t, 8, "k", NULL), 0); /* written behind */
     assert_int_equal(pcu_put_fresh(f->pc, "", u, 8, "k", NULL), 0);
     call d = {.pc = f->pc};
