@@ -11,6 +11,7 @@
  * raw write. Owns its temporary directory and removes it.
  */
 #include "args.h"
+#include "bench_util.h"
 #include "cli.h"
 
 #include "kvtier/cache.h"
@@ -154,44 +155,6 @@ static int raw_io(const char *dir, uint64_t bytes, const uint8_t *src, double *w
     return got == bytes ? 0 : -EIO;
 }
 
-/* Builds an entry of about `bytes` bytes: n_layers kv layers of kv_dim. */
-static int make_entry(uint64_t bytes, int n_layers, int kv_dim, int block, kvt_entry *e, int32_t **tokens_out)
-{
-    uint64_t per_token = (uint64_t)n_layers * 2 * (uint64_t)kv_dim * 4;
-    int64_t n = (int64_t)(bytes / per_token);
-    if (n < 2)
-        n = 2;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
-    if (!tok)
-        return KVT_ENOMEM;
-    for (int64_t i = 0; i < n; i++)
-        tok[i] = (int32_t)((i * 2654435761u) % 32000);
-    int rc = kvt_entry_init(e, "", tok, n, n_layers, 0);
-    const int64_t step = 256;
-    float *k = malloc(sizeof(float) * (size_t)(step * kv_dim)), *v = malloc(sizeof(float) * (size_t)(step * kv_dim));
-    for (int l = 0; !rc && l < n_layers; l++) {
-        rc = kvt_kv_create(kv_dim, block, &e->caches[l]);
-        for (int64_t p = 0; !rc && p < n; p += step) {
-            int64_t m = n - p < step ? n - p : step;
-            for (int64_t i = 0; i < m * kv_dim; i++) {
-                k[i] = (float)((p * kv_dim + i + l) % 1000) * 0.001f;
-                v[i] = -k[i];
-            }
-            const void *in[2] = {k, v};
-            rc = kvt_cache_append(e->caches[l], m, in);
-        }
-    }
-    free(k);
-    free(v);
-    if (rc) {
-        kvt_entry_clear(e);
-        free(tok);
-        return rc;
-    }
-    *tokens_out = tok;
-    return 0;
-}
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier bench ssd [--dir DIR] [--sizes 64M,256M,1G] [--layers N] [--kv-dim N]\n"
@@ -264,7 +227,8 @@ int kvt_bench_ssd(int argc, char **argv)
         }
         kvt_entry e;
         int32_t *tok = NULL;
-        int rc = make_entry(bytes, layers, kv_dim, block, &e, &tok);
+        int rc = kvt_bench_util_entry(kvt_bench_util_state_tokens(bytes, layers, kv_dim, 1), layers, kv_dim, block, &e,
+                                      &tok);
         if (rc) {
             fprintf(stderr, "bench ssd: cannot build %llu bytes of state: %s\n", (unsigned long long)bytes,
                     kvt_strerror(rc));
