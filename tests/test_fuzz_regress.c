@@ -112,7 +112,7 @@ static void record_zero_size_wide_shape(void **state)
     L.offset = 4;
     L.n_tensors = 2;
     L.tensors = t;
-    kvt__rec r = {.type = 'b', .layers = &L, .n_layers = 1, .tok_begin = 0};
+    kvt__rec r = {.type = 'b', .ns = "", .layers = &L, .n_layers = 1, .tok_begin = 0};
     void *v = NULL;
     size_t n = 0;
     assert_int_equal(kvt__rec_encode(&r, &v, &n), 0);
