@@ -280,6 +280,40 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
     return 0;
 }
 
+/* ---- the remote tier's counters ------------------------------------------------------- */
+
+int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs)
+{
+    size_t n = *text ? strlen(*text) : 0;
+    sbuf b = {.p = *text, .n = n, .cap = *text ? n + 1 : 0};
+    char name[96];
+    /* every remote counter, from its one list */
+#define KVT__REMOTE_PROM(field, kind, help)                                                        \
+    {                                                                                              \
+        size_t len = strlen(#field);                                                               \
+        int ms = len > 3 && !strcmp(#field + len - 3, "_ms");                                      \
+        int ctr = !strcmp(#kind, "counter");                                                       \
+        snprintf(name, sizeof name, "remote_%.*s%s", (int)(ms ? len - 3 : len), #field,            \
+                 ms ? "_seconds_total" : ctr ? "_total" : "");                                     \
+        head(&b, name, #kind, "Remote tier: " help ".");                                           \
+        if (ms)                                                                                    \
+            sb_printf(&b, "kvtier_%s %.3f\n", name, (double)rs->field / 1000.0);                   \
+        else                                                                                       \
+            sb_printf(&b, "kvtier_%s %llu\n", name, (unsigned long long)rs->field);                \
+    }
+    KVT_REMOTE_COUNTERS(KVT__REMOTE_PROM)
+#undef KVT__REMOTE_PROM
+    if (b.oom) {
+        /* sb_printf's realloc failed: b.p is still a valid buffer holding the old text */
+        if (b.p)
+            b.p[n] = '\0';
+        *text = b.p;
+        return -1;
+    }
+    *text = b.p;
+    return 0;
+}
+
 /* ---- JSON ------------------------------------------------------------------------------ */
 
 static const char *ep_name(kvt_srv_endpoint e) { return (unsigned)e < KVT_EP_COUNT ? ep_path[e] : "other"; }

@@ -89,6 +89,26 @@ KVT_API int kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *out)
     return 0;
 }
 
+KVT_API int kvt_remote_stats_json(const kvt_remote_stats *s, char **out)
+{
+    if (out)
+        *out = NULL;
+    if (!s || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_remote_stats_json: NULL argument");
+    json_t *o = json_object();
+    int bad = !o;
+#define KVT__REMOTE_JSON(name, kind, h) bad = bad || json_object_set_new(o, #name, json_integer((json_int_t)s->name));
+    KVT_REMOTE_COUNTERS(KVT__REMOTE_JSON)
+#undef KVT__REMOTE_JSON
+    char *js = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (!js)
+        return kvt__fail(KVT_ENOMEM, "kvt_remote_stats_json: out of memory");
+    *out = kvt__strdup(js);
+    free(js);
+    return *out ? 0 : kvt__fail(KVT_ENOMEM, "kvt_remote_stats_json: out of memory");
+}
+
 KVT_API int kvt_remote_healthy(kvt_remote *r) { return r && kvt__rconn_down(r->conn) == 0; }
 
 KVT_API int kvt_remote_stats_names(const char **names, const char **kinds, const char **help, int cap)
