@@ -570,6 +570,7 @@ static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity 
     snprintf(l->where, sizeof l->where, "%s:%d", u.host, u.port);
     memset(&u, 0, sizeof u);
     kvt_remote_options ro = {.cluster = o->redis_cluster, .lookup_timeout_ms = o->redis_timeout_ms,
+                             .restore_timeout_ms = o->redis_restore_timeout_ms,
                              .ttl_s = o->redis_ttl_s, .quiet = 1};
     if ((rc = kvt_remote_open(o->redis_url, &sid, &ro, &l->r))) {
         free(l);
@@ -728,7 +729,7 @@ KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, cons
         if (urc)
             return urc;
     }
-    if (o->redis_timeout_ms < 0 || o->redis_ttl_s < 0)
+    if (o->redis_timeout_ms < 0 || o->redis_restore_timeout_ms < 0 || o->redis_ttl_s < 0)
         return kvt__fail(KVT_EINVAL, "tier stack: negative Redis timeout or TTL");
     for (int i = 0; i < o->n_prompt_cache_dirs; i++)
         if (!o->prompt_cache_dirs[i] || !*o->prompt_cache_dirs[i])
