@@ -120,7 +120,9 @@ typedef struct kvt_store_options {
      * shard read is checked as well as its XXH3-128 (which every restore
      * checks, always); a mismatch is a miss, counted. */
     int verify;
-    /** Threads serving kvt_store_restore_async; 0 = 1, at most 16. */
+    /** Accepted for compatibility (0..16, else KVT_EINVAL) and ignored:
+     * asynchronous restores, write-behind and shard hashing run on the I/O
+     * worker (`worker`), whose threads every store of the process shares. */
     int restore_threads;
     /** Fault-injection write layer (borrowed for the life of the store);
      * NULL = pwrite(2)/fsync(2). */
@@ -134,6 +136,11 @@ typedef struct kvt_store_options {
      * kvt_store_put, kvt_store_put_async and the cold tier's store and spill
      * return -EROFS, counted in stats.write_refused. */
     int read_only;
+    /** The I/O worker (kvtier/io.h) that runs this store's write-behind
+     * writes, asynchronous restores and shard hashes; borrowed: it must
+     * outlive the store. NULL: the process's default worker, a reference
+     * taken at open (kvt_io_default_acquire) and dropped at close. */
+    struct kvt_io *worker;
 } kvt_store_options;
 
 /** Why a shard was refused (counted per reason in kvt_store_stats.refused). */
