@@ -170,6 +170,7 @@ struct kvt_store {
     kvt_store_stats st;
     uint64_t finds, find_hits; /* kvt_store_find calls, and those that found a prefix */
     uint64_t demoted;     /* budget evictions the eviction hook took */
+    uint64_t behind_failed; /* write-behind jobs whose write failed (the writer thread) */
 
     /* the eviction hook (kvt_cold_tier.set_evict); reclaim calls it under evict_mu */
     pthread_mutex_t evict_mu;

@@ -161,6 +161,7 @@ void *kvt__store_writer_main(void *arg)
         if (rc) {
             s->flush_rc = rc;
             memcpy(s->flush_msg, msg, sizeof msg);
+            s->behind_failed++;
         }
         pending_add(s, key, -1);
         s->st.pending--;
