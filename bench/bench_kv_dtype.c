@@ -11,6 +11,10 @@
  *   - perplexity of stories260K on a held text (a few short stories written
  *     for this benchmark, embedded below; never used to make the model);
  *   - KV bytes per token (every attention layer's K and V);
+ *   - near-ties: for each prompt that disagrees, f32's top-2 logit gap at
+ *     the first step whose greedy token differs (the context still equal):
+ *     how many are under 1e-2, and their median; and how often f32's greedy
+ *     steps have a gap under 1e-2 at all (the density of near-ties);
  *   - the noise floor the schemes are read against: f32 again with only the
  *     order of its arithmetic changed (each prompt prefilled as T - 1 tokens,
  *     then its last one through decode), row "f32*".
@@ -32,6 +36,7 @@
 
 #define N_SCHEMES KVT_KV_SCHEME_COUNT
 #define N_ROWS (N_SCHEMES + 1) /* the schemes, then f32* (f32, prompt prefilled in two pieces) */
+#define NEAR_TIE 1e-2          /* a top-2 logit gap under this is a near-tie */
 
 /* Held text for the perplexity (written for this benchmark). */
 static const char k_held_text[] =
@@ -60,6 +65,9 @@ typedef struct {
     long n_diff[N_ROWS];      /* logits compared */
     int agree[N_ROWS];        /* prompts whose greedy continuation equals f32's */
     double ppl[N_ROWS];       /* 0: not measured */
+    double *gap[N_ROWS];      /* (prompts) f32's top-2 gap at each disagreeing prompt's first divergence */
+    int n_gap[N_ROWS];
+    long ref_steps, ref_near; /* f32's greedy steps, and those whose top-2 gap is under NEAR_TIE */
     int held_tokens;
 } kvd_result;
 
@@ -83,6 +91,25 @@ static int32_t sample(const float *logits, int V, uint64_t *s)
             return i;
     }
     return V - 1;
+}
+
+/* Largest minus second largest of x[0..n). */
+static double top2_gap(const float *x, int n)
+{
+    float a = -INFINITY, b = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        if (x[i] > a)
+            b = a, a = x[i];
+        else if (x[i] > b)
+            b = x[i];
+    }
+    return (double)a - (double)b;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 /* Caches for n sequences: cs[i] points at n_layers slots of all[]. */
@@ -168,6 +195,8 @@ static int run_scheme(kvt_model *m, int s, const kvd_opts *o, const int32_t *pro
                 ids[row] = kvt_sample_argmax(lg, V);
                 if (!ref_ids) { /* f32: keep the logits the others compare with */
                     memcpy(last + row * (size_t)V, lg, sizeof(float) * (size_t)V);
+                    r->ref_steps++;
+                    r->ref_near += top2_gap(lg, V) < NEAR_TIE;
                 } else if (same[i]) {
                     const float *ref = ref_last + row * (size_t)V;
                     for (int v = 0; v < V; v++) {
@@ -177,6 +206,8 @@ static int run_scheme(kvt_model *m, int s, const kvd_opts *o, const int32_t *pro
                     }
                     r->n_diff[s] += V;
                     same[i] = ids[row] == ref_ids[row];
+                    if (!same[i]) /* the first divergence: how close was f32's own choice? */
+                        r->gap[s][r->n_gap[s]++] = top2_gap(ref, V);
                 }
                 tok[i] = ids[row];
             }
@@ -233,7 +264,11 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
     if (o.prompt_tokens + o.gen_tokens > c->seq_len)
         o.prompt_tokens = c->seq_len - o.gen_tokens;
     const int P = o.prompts, T = o.prompt_tokens, N = o.gen_tokens, V = c->vocab_size, G = o.group;
+    for (int s = 0; s < N_ROWS; s++)
+        free(r->gap[s]);
     memset(r, 0, sizeof *r);
+    for (int s = 0; s < N_ROWS; s++)
+        r->gap[s] = calloc((size_t)P, sizeof(double));
     int32_t *prompts = malloc(sizeof(int32_t) * (size_t)P * T), *tok = malloc(sizeof(int32_t) * (size_t)G);
     int32_t *ids[N_ROWS] = {0};
     float *ref_last = malloc(sizeof(float) * (size_t)P * N * V), *logits = malloc(sizeof(float) * (size_t)G * V);
@@ -243,7 +278,7 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
         ids[s] = malloc(sizeof(int32_t) * (size_t)P * N);
     rc = prompts && tok && ref_last && logits && all && cs ? 0 : KVT_ENOMEM;
     for (int s = 0; s < N_ROWS && !rc; s++)
-        rc = ids[s] ? 0 : KVT_ENOMEM;
+        rc = ids[s] && r->gap[s] ? 0 : KVT_ENOMEM;
     fprintf(stderr, "%s: %d prompts of %d tokens, %d greedy tokens each, groups of %d\n", name, P, T, N, G);
     if (!rc)
         rc = make_prompts(m, &o, prompts, all, cs, logits, tok);
@@ -292,6 +327,20 @@ static void print_result(const char *name, const kvd_opts *o, const kvd_result *
                r->kv_bytes[s], (double)r->kv_bytes[s] / (double)r->kv_bytes[0], r->max_diff[s],
                r->n_diff[s] ? r->sum_diff[s] / (double)r->n_diff[s] : 0.0, r->agree[s], o->prompts,
                100.0 * r->agree[s] / o->prompts, ppl);
+    }
+    printf("  near-ties: f32's top-2 logit gap is under %g at %ld of its %ld greedy steps (%.2f%%)\n", NEAR_TIE,
+           r->ref_near, r->ref_steps, r->ref_steps ? 100.0 * (double)r->ref_near / (double)r->ref_steps : 0.0);
+    for (int s = 1; s < N_ROWS; s++) {
+        if (!r->n_gap[s])
+            continue;
+        int near = 0;
+        for (int i = 0; i < r->n_gap[s]; i++)
+            near += r->gap[s][i] < NEAR_TIE;
+        qsort(r->gap[s], (size_t)r->n_gap[s], sizeof(double), cmp_double);
+        printf("  %-6s %d disagreements: %d at a near-tie (f32's gap at the first divergence < %g); gap median "
+               "%.3g, max %.3g\n",
+               s == N_SCHEMES ? "f32*" : kvt_kv_scheme_name((kvt_kv_scheme)s), r->n_gap[s], near, NEAR_TIE,
+               r->gap[s][r->n_gap[s] / 2], r->gap[s][r->n_gap[s] - 1]);
     }
 }
 
@@ -343,7 +392,7 @@ int kvt_bench_kv_dtype(int argc, char **argv)
         tok_path = stok;
     }
     int status = 0;
-    kvd_result r;
+    kvd_result r = {0};
     double load[1] = {0};
     if (getloadavg(load, 1) == 1)
         printf("load average at start: %.2f (quality figures do not depend on it)\n", load[0]);
@@ -373,5 +422,7 @@ int kvt_bench_kv_dtype(int argc, char **argv)
            "f32's; prompts: BOS + tokens sampled from the model in f32 (seed per prompt), run batched.\n"
            "f32*: f32 again with the order of its arithmetic changed (the prompt prefilled as T - 1 tokens, its\n"
            "last one through decode): how far float rounding alone moves greedy text (the noise floor).\n");
+    for (int s = 0; s < N_ROWS; s++)
+        free(r.gap[s]);
     return status ? 1 : 0;
 }

@@ -12,6 +12,7 @@
  * persistence) and stops it at the end.
  */
 #include "args.h"
+#include "bench_util.h"
 #include "cli.h"
 
 #include "kvtier/cache.h"
@@ -117,43 +118,6 @@ static void stop_redis(void)
         if (system(cmd) != 0)
             fprintf(stderr, "bench remote: could not remove %s\n", g_dir);
     }
-}
-
-/* ---- the state -------------------------------------------------------------------- */
-
-static int make_entry(int64_t n, int n_layers, int kv_dim, int block, kvt_entry *e, int32_t **tokens_out)
-{
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n + 1));
-    if (!tok)
-        return KVT_ENOMEM;
-    for (int64_t i = 0; i <= n; i++)
-        tok[i] = (int32_t)((i * 2654435761u) % 32000);
-    int rc = kvt_entry_init(e, "", tok, n, n_layers, 0);
-    const int64_t step = 256;
-    float *k = malloc(sizeof(float) * (size_t)(step * kv_dim)), *v = malloc(sizeof(float) * (size_t)(step * kv_dim));
-    if (!k || !v)
-        rc = rc ? rc : KVT_ENOMEM;
-    for (int l = 0; !rc && l < n_layers; l++) {
-        rc = kvt_kv_create(kv_dim, block, &e->caches[l]);
-        for (int64_t p = 0; !rc && p < n; p += step) {
-            int64_t m = n - p < step ? n - p : step;
-            for (int64_t i = 0; i < m * kv_dim; i++) {
-                k[i] = (float)((p * kv_dim + i + l) % 1000) * 0.001f;
-                v[i] = -k[i];
-            }
-            const void *in[2] = {k, v};
-            rc = kvt_cache_append(e->caches[l], m, in);
-        }
-    }
-    free(k);
-    free(v);
-    if (rc) {
-        kvt_entry_clear(e);
-        free(tok);
-        return rc;
-    }
-    *tokens_out = tok;
-    return 0;
 }
 
 /* ---- raw hiredis ------------------------------------------------------------------- */
@@ -358,14 +322,11 @@ int kvt_bench_remote(int argc, char **argv)
         const char *end;
         kvt_cli_bytes(p, &bytes, &end);
         p = *end ? end + 1 : end;
-        uint64_t per_token = (uint64_t)layers * 2 * (uint64_t)kv_dim * 4;
-        int64_t n = (int64_t)(bytes / per_token);
-        n -= n % block; /* whole blocks: one record each */
-        if (n < block)
-            n = block;
+        /* whole blocks: one record each */
+        int64_t n = kvt_bench_util_state_tokens(bytes, layers, kv_dim, block);
         kvt_entry e;
         int32_t *tok = NULL;
-        int rc = make_entry(n, layers, kv_dim, block, &e, &tok);
+        int rc = kvt_bench_util_entry(n, layers, kv_dim, block, &e, &tok);
         if (rc) {
             fprintf(stderr, "bench remote: cannot build the state: %s\n", kvt_strerror(rc));
             status = 1;
@@ -474,7 +435,7 @@ int kvt_bench_remote(int argc, char **argv)
         kvt_entry e;
         int32_t *tok = NULL;
         kvt_remote *r = NULL;
-        int rc = make_entry(n, 1, 8, block, &e, &tok);
+        int rc = kvt_bench_util_entry(n, 1, 8, block, &e, &tok);
         if (!rc)
             rc = kvt_remote_open(url, &id, &ro, &r);
         kvt_cold_tier t;

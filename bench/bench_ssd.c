@@ -11,6 +11,7 @@
  * raw write. Owns its temporary directory and removes it.
  */
 #include "args.h"
+#include "bench_util.h"
 #include "cli.h"
 
 #include "kvtier/cache.h"
@@ -154,49 +155,50 @@ static int raw_io(const char *dir, uint64_t bytes, const uint8_t *src, double *w
     return got == bytes ? 0 : -EIO;
 }
 
-/* Builds an entry of about `bytes` bytes: n_layers kv layers of kv_dim. */
-static int make_entry(uint64_t bytes, int n_layers, int kv_dim, int block, kvt_entry *e, int32_t **tokens_out)
+/* KV storage schemes a run can store: the cache dtype of each, and for I8
+ * its group (the engine's rule: 32 floats per f32 scale). */
+static const struct {
+    const char *name;
+    kvt_dtype dtype;
+} k_schemes[] = {{"f32", KVT_DTYPE_F32}, {"f16", KVT_DTYPE_F16}, {"bf16", KVT_DTYPE_BF16}, {"q8", KVT_DTYPE_I8}};
+#define N_SCHEMES (int)(sizeof k_schemes / sizeof k_schemes[0])
+#define Q8_GROUP 32
+
+/* Replaces every f32 kv cache of e by one holding the same tokens stored as
+ * scheme `sc` (f32: nothing to do). */
+static int to_scheme(kvt_entry *e, int sc, int32_t kv_dim, int32_t block)
 {
-    uint64_t per_token = (uint64_t)n_layers * 2 * (uint64_t)kv_dim * 4;
-    int64_t n = (int64_t)(bytes / per_token);
-    if (n < 2)
-        n = 2;
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)n);
-    if (!tok)
-        return KVT_ENOMEM;
-    for (int64_t i = 0; i < n; i++)
-        tok[i] = (int32_t)((i * 2654435761u) % 32000);
-    int rc = kvt_entry_init(e, "", tok, n, n_layers, 0);
-    const int64_t step = 256;
-    float *k = malloc(sizeof(float) * (size_t)(step * kv_dim)), *v = malloc(sizeof(float) * (size_t)(step * kv_dim));
-    for (int l = 0; !rc && l < n_layers; l++) {
-        rc = kvt_kv_create(kv_dim, block, &e->caches[l]);
-        for (int64_t p = 0; !rc && p < n; p += step) {
-            int64_t m = n - p < step ? n - p : step;
-            for (int64_t i = 0; i < m * kv_dim; i++) {
-                k[i] = (float)((p * kv_dim + i + l) % 1000) * 0.001f;
-                v[i] = -k[i];
+    if (k_schemes[sc].dtype == KVT_DTYPE_F32)
+        return 0;
+    for (int l = 0; l < e->n_caches; l++) {
+        kvt_cache *c = NULL;
+        int rc = k_schemes[sc].dtype == KVT_DTYPE_I8 ? kvt_qkv_create(kv_dim, Q8_GROUP, block, &c)
+                                                     : kvt_kv_create_dtype(kv_dim, block, k_schemes[sc].dtype, &c);
+        for (int64_t b = 0; !rc && b < kvt_kv_block_count(e->caches[l]); b++) {
+            kvt_kv_rows r;
+            if (!(rc = kvt_kv_block_rows(e->caches[l], b, &r))) {
+                const void *in[2] = {r.k, r.v};
+                rc = kvt_cache_append(c, r.n, in);
             }
-            const void *in[2] = {k, v};
-            rc = kvt_cache_append(e->caches[l], m, in);
         }
+        if (rc) {
+            kvt_cache_destroy(c);
+            return rc;
+        }
+        kvt_cache_destroy(e->caches[l]);
+        e->caches[l] = c;
     }
-    free(k);
-    free(v);
-    if (rc) {
-        kvt_entry_clear(e);
-        free(tok);
-        return rc;
-    }
-    *tokens_out = tok;
     return 0;
 }
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier bench ssd [--dir DIR] [--sizes 64M,256M,1G] [--layers N] [--kv-dim N]\n"
-               "                        [--block-tokens N] [--reads N]\n"
-               "  store/restore GB/s of SIZE bytes of kv state vs raw write+fsync / read of DIR;\n"
+               "                        [--block-tokens N] [--reads N] [--kv-dtype f32,f16,bf16,q8]\n"
+               "  store/restore GB/s of SIZE bytes of f32 kv state vs raw write+fsync / read of DIR;\n"
+               "  --kv-dtype (default f32): the same tokens stored in each KV storage scheme\n"
+               "  (q8: int8 with an f32 scale per 32 floats); \"tok/s\" is the checked restore's\n"
+               "  tokens per second, \"f32-eq\" the same tokens per second as GB/s of f32 state;\n"
                "  every figure is the best of N runs (default 3), writes on fresh directories,\n"
                "  reads each after dropping the page cache\n");
 }
@@ -206,6 +208,7 @@ int kvt_bench_ssd(int argc, char **argv)
     const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
     const char *sizes = "64M,256M,1G";
     int layers = 8, kv_dim = 1024, block = 256;
+    int schemes[N_SCHEMES] = {0}, n_schemes = 1; /* indices into k_schemes; default f32 */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -225,6 +228,26 @@ int kvt_bench_ssd(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--reads") && v) {
             reads = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--kv-dtype") && v) {
+            n_schemes = 0;
+            for (const char *q = v; *q;) {
+                size_t len = strcspn(q, ",");
+                int found = -1;
+                for (int k = 0; k < N_SCHEMES; k++)
+                    if (strlen(k_schemes[k].name) == len && !strncmp(q, k_schemes[k].name, len))
+                        found = k;
+                if (found < 0 || n_schemes == N_SCHEMES) {
+                    fprintf(stderr, "bench ssd: --kv-dtype '%s': a list of f32, f16, bf16, q8\n", v);
+                    return 2;
+                }
+                schemes[n_schemes++] = found;
+                q += len + (q[len] == ',');
+            }
+            if (!n_schemes) {
+                usage(stderr);
+                return 2;
+            }
             i++;
         } else if (!strcmp(a, "--block-tokens") && v) {
             block = atoi(v);
@@ -250,10 +273,11 @@ int kvt_bench_ssd(int argc, char **argv)
     for (size_t i = 0; i < (64u << 20); i++)
         src[i] = (uint8_t)(i * 131 + (i >> 12));
     printf("bench ssd: dir %s, %d kv layers x kv_dim %d, blocks of %d tokens\n", dir, layers, kv_dim, block);
-    printf("%10s %10s %10s %8s %10s %10s %8s %12s\n", "state", "raw write", "store", "of raw", "raw read",
-           "restore", "of raw", "restore+sha");
+    printf("%5s %10s %10s %10s %8s %10s %10s %8s %12s %10s %10s\n", "dtype", "state", "raw write", "store",
+           "of raw", "raw read", "restore", "of raw", "restore+sha", "tok/s", "f32-eq");
     int status = 0;
     const char *p = sizes;
+    int si = 0; /* the scheme of this row: each size runs every scheme */
     while (*p) {
         uint64_t bytes = 0;
         const char *end;
@@ -264,7 +288,12 @@ int kvt_bench_ssd(int argc, char **argv)
         }
         kvt_entry e;
         int32_t *tok = NULL;
-        int rc = make_entry(bytes, layers, kv_dim, block, &e, &tok);
+        int rc = kvt_bench_util_entry(kvt_bench_util_state_tokens(bytes, layers, kv_dim, 1), layers, kv_dim, block, &e,
+                                      &tok);
+        if (!rc && (rc = to_scheme(&e, schemes[si], kv_dim, block))) {
+            kvt_entry_clear(&e);
+            free(tok);
+        }
         if (rc) {
             fprintf(stderr, "bench ssd: cannot build %llu bytes of state: %s\n", (unsigned long long)bytes,
                     kvt_strerror(rc));
@@ -331,14 +360,20 @@ int kvt_bench_ssd(int argc, char **argv)
             status = 1;
         }
         rmtree(root);
+        double tok_s = (double)e.n_tokens * rs_gbs * 1e9 / (double)state;
+        double f32_gbs = tok_s * (double)layers * 2.0 * (double)kv_dim * sizeof(float) / 1e9;
         kvt_entry_clear(&e);
         free(tok);
         if (status)
             break;
-        printf("%8.0fMB %8.2fGB/s %8.2fGB/s %7.0f%% %8.2fGB/s %8.2fGB/s %7.0f%% %10.2fGB/s\n", (double)state / 1048576.0,
-               rw, st_gbs, 100.0 * st_gbs / rw, rr, rs_gbs, 100.0 * rs_gbs / rr, rv_gbs);
+        printf("%5s %8.0fMB %8.2fGB/s %8.2fGB/s %7.0f%% %8.2fGB/s %8.2fGB/s %7.0f%% %10.2fGB/s %10.0f %8.2fGB/s\n",
+               k_schemes[schemes[si]].name, (double)state / 1048576.0, rw, st_gbs, 100.0 * st_gbs / rw, rr, rs_gbs,
+               100.0 * rs_gbs / rr, rv_gbs, tok_s, f32_gbs);
         fflush(stdout);
-        p = *end == ',' ? end + 1 : end;
+        if (++si == n_schemes) { /* every scheme of this size done: the next size */
+            si = 0;
+            p = *end == ',' ? end + 1 : end;
+        }
     }
     printf("writes and reads: best of %d; page cache dropped with %s before every read\n", reads,
            drop_mode == 1 ? "/proc/sys/vm/drop_caches" : "posix_fadvise(DONTNEED) on every file");

@@ -46,3 +46,54 @@ int kvt_bench_util_append(kvt_cache **c, int layers, int32_t kv_dim, int64_t n)
     free(buf);
     return rc;
 }
+
+int64_t kvt_bench_util_state_tokens(uint64_t bytes, int n_layers, int32_t kv_dim, int64_t round)
+{
+    uint64_t per_token = (uint64_t)n_layers * 2 * (uint64_t)kv_dim * 4;
+    int64_t n = per_token ? (int64_t)(bytes / per_token) : 0;
+    if (round < 1)
+        round = 1;
+    n -= n % round;
+    if (n < round)
+        n = round;
+    return n < 2 ? 2 : n;
+}
+
+int kvt_bench_util_entry(int64_t n, int n_layers, int32_t kv_dim, int32_t block, kvt_entry *e, int32_t **tokens_out)
+{
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    if (!tok)
+        return KVT_ENOMEM;
+    for (int64_t i = 0; i <= n; i++)
+        tok[i] = (int32_t)((i * 2654435761u) % 32000);
+    int rc = kvt_entry_init(e, "", tok, n, n_layers, 0);
+    if (rc) {
+        free(tok);
+        return rc;
+    }
+    const int64_t step = 256;
+    float *k = malloc(sizeof(float) * (size_t)(step * kv_dim)), *v = malloc(sizeof(float) * (size_t)(step * kv_dim));
+    if (!k || !v)
+        rc = KVT_ENOMEM;
+    for (int l = 0; !rc && l < n_layers; l++) {
+        rc = kvt_kv_create(kv_dim, block, &e->caches[l]);
+        for (int64_t p = 0; !rc && p < n; p += step) {
+            int64_t m = n - p < step ? n - p : step;
+            for (int64_t i = 0; i < m * kv_dim; i++) {
+                k[i] = (float)((p * kv_dim + i + l) % 1000) * 0.001f;
+                v[i] = -k[i];
+            }
+            const void *in[2] = {k, v};
+            rc = kvt_cache_append(e->caches[l], m, in);
+        }
+    }
+    free(k);
+    free(v);
+    if (rc) {
+        kvt_entry_clear(e);
+        free(tok);
+        return rc;
+    }
+    *tokens_out = tok;
+    return 0;
+}

@@ -25,7 +25,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvtier cache publish --model M --tokenizer T --prompts FILE --out DIR [--keep N]\n"
-            "                            [--block N] [--threads N]\n"
+            "                            [--block N] [--threads N] [--kv-dtype f32|f16|bf16|q8]\n"
             "       kvtier cache inspect DIR\n"
             "       kvtier cache verify DIR\n"
             "\n"
@@ -48,6 +48,10 @@ static void usage(FILE *f)
             "                   a reader still holds is kept until the next publication\n"
             "  --block N        kv block size in tokens (default 256, as chat and serve)\n"
             "  --threads N      engine threads (default: the model's)\n"
+            "  --kv-dtype S     storage scheme of the published K/V: f32 (default), f16, bf16,\n"
+            "                   q8 (int8, per-group scales); a generation serves only a chat or\n"
+            "                   server running the same --kv-dtype (the scheme is part of the\n"
+            "                   cache configuration)\n"
             "  --model M --tokenizer T  a llama2.c checkpoint and its tokenizer (both, or neither\n"
             "                   for the built-in default model); a generation serves only this\n"
             "                   model, tokenizer and cache configuration\n"
@@ -328,6 +332,7 @@ static int cmd_publish(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompts_path = NULL, *out_dir = NULL;
     long long keep = 2, block = 256, threads = 0;
+    kvt_kv_scheme kv_scheme = KVT_KV_F32;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 >= argc)
@@ -350,6 +355,9 @@ static int cmd_publish(int argc, char **argv)
         } else if (!strcmp(a, "--threads")) {
             if (kvt_cli_int(v, 1, 1024, &threads))
                 return usage_error("--threads needs a count of at least 1", v);
+        } else if (!strcmp(a, "--kv-dtype")) {
+            if (kvt_cli_kv_scheme(v, &kv_scheme))
+                return usage_error("--kv-dtype wants f32, f16, bf16 or q8, got", v);
         } else
             return usage_error("unknown option", a);
     }
@@ -372,6 +380,10 @@ static int cmd_publish(int argc, char **argv)
     }
     if (threads && (rc = kvt_model_set_threads(m, (int)threads))) {
         status = fail("cannot start the engine threads", rc);
+        goto done;
+    }
+    if ((rc = kvt_model_set_kv_scheme(m, kv_scheme))) { /* before the identity: it names the scheme */
+        status = fail("cannot set the KV storage scheme", rc);
         goto done;
     }
     const kvt_model_config *mc = kvt_model_get_config(m);

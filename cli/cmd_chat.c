@@ -356,10 +356,15 @@ static void tiers_warn(kvt_tiers *tiers)
 }
 
 /* --stats: the service report with one object per tier level added
- * ("ssd_cache" for the SSD tier). */
-static void print_report(const char *report, const kvt_tiers_status *st)
+ * ("ssd_cache" for the SSD tier) and, with --redis, the remote tier's
+ * counters ("remote", as in serve's /stats). */
+static void print_report(const char *report, const kvt_tiers_status *st, const kvt_remote_stats *rs)
 {
     json_t *doc = json_loads(report, 0, NULL);
+    char *rjs = NULL;
+    if (doc && rs && kvt_remote_stats_json(rs, &rjs) == 0)
+        json_object_set_new(doc, "remote", json_loads(rjs, 0, NULL));
+    kvt_string_free(rjs);
     for (int32_t i = 0; doc && st && i < st->n_levels; i++) {
         const kvt_level_status *l = &st->level[i];
         json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "dir", l->where, "mode",
@@ -673,6 +678,9 @@ done:
             status = fail("closing the cache service failed", rc);
         kvt_service_destroy(svc);
     }
+    kvt_remote_stats rstats;
+    kvt_remote *remote = report ? kvt_tiers_remote(tiers) : NULL;
+    int have_remote = remote && kvt_remote_stats_get(remote, &rstats) == 0;
     kvt_tiers_status tst;
     rc = kvt_tiers_close(tiers, &tst);
     if (rc == KVT_ETOOBIG && !too_big_said)
@@ -680,7 +688,7 @@ done:
                         "to the SSD cache\n");
     kvt_tiers_say(&tst, "kvtier chat", "--stats counts it", stderr);
     if (report)
-        print_report(report, &tst);
+        print_report(report, &tst, have_remote ? &rstats : NULL);
     kvt_string_free(report);
     kvt_tokenizer_free(tok);
     kvt_model_free(m);

@@ -6,8 +6,8 @@
  * same order. The AVX sets are compiled with target attributes and called
  * only after the CPU reported the feature, so the build needs no -march.
  * Attention over K/V stored as F16, BF16 or I8 converts each element on the
- * fly (F16C, a shift, or code * scale) inside the same loops; the AVX-512
- * set uses the AVX2 conversion kernels for those (kernels.h).
+ * fly (F16C / vcvtph2ps, a shift, or code * scale) inside the same loops,
+ * in 16 lanes in the AVX-512 set and 8 in the AVX2 set (kernels.h).
  * This file owns no memory and no state beyond the chosen set.
  */
 #include "kernels.h"
@@ -760,24 +760,232 @@ static AVX2C void avx2_rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size
     }
 }
 
-/* The AVX-512 set: F32 rows through its own 16-lane kernels, the other
- * dtypes through the AVX2+F16C conversion kernels above. */
-static AVX512 void avx512_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
-                                      float scale)
+/* ---- AVX-512 (F, BW, VL) over K/V in a storage scheme ----------------------- */
+
+/* Most 16-float chunks of a head the 16-lane I8 kernels plan scales for
+ * (hs <= 512, as the 8-lane ones). */
+#define PLAN16_CHUNKS 32
+
+/* plan_scales in 16 lanes: the chunk that holds the head's last elements
+ * (a partial one) points its lanes past the head at the last element's
+ * group, so every lane's scale is a real one. */
+typedef struct {
+    int32_t g[PLAN16_CHUNKS][16];
+    uint8_t uni[PLAN16_CHUNKS];
+} q8_plan16;
+
+static void plan_scales16(q8_plan16 *p, size_t off, int hs, int gs)
+{
+    for (int c = 0; c * 16 < hs; c++) {
+        for (int l = 0; l < 16; l++) {
+            size_t e = off + (size_t)(c * 16 + l < hs ? c * 16 + l : hs - 1);
+            p->g[c][l] = (int32_t)(e / (size_t)gs);
+        }
+        p->uni[c] = p->g[c][0] == p->g[c][15];
+    }
+}
+
+static inline __attribute__((always_inline)) AVX512 __m512 plan_scale16(const q8_plan16 *p, const float *srow, int c)
+{
+    return p->uni[c] ? _mm512_set1_ps(srow[p->g[c][0]])
+                     : _mm512_i32gather_ps(_mm512_loadu_si512((const void *)p->g[c]), srow, 4);
+}
+
+#define AVX512C __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+
+/* Elements [e, e + 16) of a row of dtype dt as floats (I8: times sv); the
+ * lanes of k that are off read nothing and give +0 (as the F32 kernels'
+ * zero-masked loads do). */
+static inline __attribute__((always_inline)) AVX512C __m512 cvt16(const int dt, const void *row, size_t e, __m512 sv,
+                                                                   __mmask16 k)
+{
+    if (dt == KVT_DTYPE_F16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)row + e));
+    if (dt == KVT_DTYPE_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(k, (const uint16_t *)row + e)), 16));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, (const int8_t *)row + e))),
+                         sv);
+}
+
+/* avx512_scores (tile512 with 4 keys, then 1) on converted keys: per key a
+ * 16-lane fma over the chunks, the last one zero-masked, then
+ * _mm512_reduce_add_ps, then the scale. */
+static inline __attribute__((always_inline)) AVX512C void scores16_dt(const int dt, float *S, const float *q,
+                                                                       const kvt_kv_rows *r, size_t off, size_t ld,
+                                                                       int hs, float scale, const q8_plan16 *p)
+{
+    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const int nc = (hs + 15) / 16, left = hs % 16, n = r->n;
+    const __mmask16 tail = (__mmask16)(left ? (1u << left) - 1 : 0xffffu);
+    const char *K = r->k;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int c = 0; c < nc; c++) {
+            __mmask16 k = c == nc - 1 ? tail : (__mmask16)0xffffu;
+            __m512 qv = _mm512_maskz_loadu_ps(k, q + 16 * c);
+#pragma GCC unroll 4
+            for (int a = 0; a < 4; a++) {
+                size_t row = (size_t)(t + a);
+                __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, r->k_scale + row * G, c) : one;
+                acc[a] = _mm512_fmadd_ps(cvt16(dt, K + row * ld * es, off + (size_t)(16 * c), sv, k), qv, acc[a]);
+            }
+        }
+        for (int a = 0; a < 4; a++)
+            S[t + a] = _mm512_reduce_add_ps(acc[a]);
+    }
+    for (; t < n; t++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            __mmask16 k = c == nc - 1 ? tail : (__mmask16)0xffffu;
+            __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, r->k_scale + (size_t)t * G, c) : one;
+            acc = _mm512_fmadd_ps(cvt16(dt, K + (size_t)t * ld * es, off + (size_t)(16 * c), sv, k),
+                                  _mm512_maskz_loadu_ps(k, q + 16 * c), acc);
+        }
+        S[t] = _mm512_reduce_add_ps(acc);
+    }
+    for (t = 0; t < n; t++)
+        S[t] *= scale;
+}
+
+static AVX512C void avx512_scores_conv(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                       float scale)
+{
+    q8_plan16 p;
+    switch (r->dtype) {
+    case KVT_DTYPE_F16: scores16_dt(KVT_DTYPE_F16, S, q, r, off, ld, hs, scale, NULL); break;
+    case KVT_DTYPE_BF16: scores16_dt(KVT_DTYPE_BF16, S, q, r, off, ld, hs, scale, NULL); break;
+    default:
+        if (hs > 16 * PLAN16_CHUNKS) {
+            c_scores_rows(S, q, r, off, ld, hs, scale);
+            break;
+        }
+        plan_scales16(&p, off, hs, r->group_size);
+        scores16_dt(KVT_DTYPE_I8, S, q, r, off, ld, hs, scale, &p);
+        break;
+    }
+}
+
+/* avx512_values (128 output floats, 8 registers, at a time) on converted
+ * values. */
+static inline __attribute__((always_inline)) AVX512C void values16_dt(const int dt, float *out, const float *S,
+                                                                       const kvt_kv_rows *r, size_t off, size_t ld,
+                                                                       int hs, int accumulate, const q8_plan16 *p)
+{
+    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const char *V = r->v;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int i0 = 0; i0 < hs; i0 += 128) {
+        int w = hs - i0 < 128 ? hs - i0 : 128, nv = (w + 15) / 16;
+        __mmask16 last = (__mmask16)(w % 16 ? (1u << (w % 16)) - 1 : 0xffffu);
+        __m512 acc[8];
+        for (int v = 0; v < 8; v++)
+            acc[v] = _mm512_setzero_ps();
+        if (accumulate)
+            for (int v = 0; v < nv; v++)
+                acc[v] = _mm512_maskz_loadu_ps(v < nv - 1 ? (__mmask16)0xffffu : last, out + i0 + 16 * v);
+        for (int t = 0; t < r->n; t++) {
+            __m512 a = _mm512_set1_ps(S[t]);
+            const char *row = V + (size_t)t * ld * es;
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
+                if (v >= nv)
+                    break;
+                __mmask16 k = v < nv - 1 ? (__mmask16)0xffffu : last;
+                __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, r->v_scale + (size_t)t * G, i0 / 16 + v) : one;
+                acc[v] = _mm512_fmadd_ps(a, cvt16(dt, row, off + (size_t)(i0 + 16 * v), sv, k), acc[v]);
+            }
+        }
+        for (int v = 0; v < nv; v++)
+            _mm512_mask_storeu_ps(out + i0 + 16 * v, v < nv - 1 ? (__mmask16)0xffffu : last, acc[v]);
+    }
+}
+
+static AVX512C void avx512_values_conv(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld,
+                                       int hs, int accumulate)
+{
+    q8_plan16 p;
+    switch (r->dtype) {
+    case KVT_DTYPE_F16: values16_dt(KVT_DTYPE_F16, out, S, r, off, ld, hs, accumulate, NULL); break;
+    case KVT_DTYPE_BF16: values16_dt(KVT_DTYPE_BF16, out, S, r, off, ld, hs, accumulate, NULL); break;
+    default:
+        if (hs > 16 * PLAN16_CHUNKS) {
+            c_values_rows(out, S, r, off, ld, hs, accumulate);
+            break;
+        }
+        plan_scales16(&p, off, hs, r->group_size);
+        values16_dt(KVT_DTYPE_I8, out, S, r, off, ld, hs, accumulate, &p);
+        break;
+    }
+}
+
+static inline __attribute__((always_inline)) AVX512C void to_f32_16_dt(const int dt, float *dst, const kvt_kv_rows *r,
+                                                                        int v, size_t off, size_t ld, int hs,
+                                                                        const q8_plan16 *p)
+{
+    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const char *base = v ? r->v : r->k;
+    const float *sc = v ? r->v_scale : r->k_scale;
+    const int nc = (hs + 15) / 16, left = hs % 16;
+    const __mmask16 tail = (__mmask16)(left ? (1u << left) - 1 : 0xffffu);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int t = 0; t < r->n; t++) {
+        float *d = dst + (size_t)t * (size_t)hs;
+        const char *row = base + (size_t)t * ld * es;
+        for (int c = 0; c < nc; c++) {
+            __mmask16 k = c == nc - 1 ? tail : (__mmask16)0xffffu;
+            __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, sc + (size_t)t * G, c) : one;
+            _mm512_mask_storeu_ps(d + 16 * c, k, cvt16(dt, row, off + (size_t)(16 * c), sv, k));
+        }
+    }
+}
+
+static AVX512C void avx512_rows_to_f32_conv(float *dst, const kvt_kv_rows *r, int v, size_t off, size_t ld, int hs)
+{
+    q8_plan16 p;
+    switch (r->dtype) {
+    case KVT_DTYPE_F16: to_f32_16_dt(KVT_DTYPE_F16, dst, r, v, off, ld, hs, NULL); break;
+    case KVT_DTYPE_BF16: to_f32_16_dt(KVT_DTYPE_BF16, dst, r, v, off, ld, hs, NULL); break;
+    default:
+        if (hs > 16 * PLAN16_CHUNKS) {
+            c_rows_to_f32(dst, r, v, off, ld, hs);
+            break;
+        }
+        plan_scales16(&p, off, hs, r->group_size);
+        to_f32_16_dt(KVT_DTYPE_I8, dst, r, v, off, ld, hs, &p);
+        break;
+    }
+}
+
+/* The AVX-512 set over K/V of any dtype: F32 rows through its own 16-lane
+ * kernels, the other dtypes through the 16-lane conversion kernels above
+ * (bit for bit what the F32 kernels give on the converted rows). */
+static AVX512C void avx512_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                       float scale)
 {
     if (r->dtype == KVT_DTYPE_F32)
         avx512_scores(S, q, (const float *)r->k + off, ld, r->n, hs, scale);
     else
-        avx2_scores_rows(S, q, r, off, ld, hs, scale);
+        avx512_scores_conv(S, q, r, off, ld, hs, scale);
 }
 
-static AVX512 void avx512_values_rows(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
-                                      int accumulate)
+static AVX512C void avx512_values_rows(float *out, const float *S, const kvt_kv_rows *r, size_t off, size_t ld, int hs,
+                                       int accumulate)
 {
     if (r->dtype == KVT_DTYPE_F32)
         avx512_values(out, S, (const float *)r->v + off, ld, r->n, hs, accumulate);
     else
-        avx2_values_rows(out, S, r, off, ld, hs, accumulate);
+        avx512_values_conv(out, S, r, off, ld, hs, accumulate);
+}
+
+static AVX512C void avx512_rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size_t off, size_t ld, int hs)
+{
+    if (r->dtype == KVT_DTYPE_F32)
+        c_rows_to_f32(dst, r, v, off, ld, hs);
+    else
+        avx512_rows_to_f32_conv(dst, r, v, off, ld, hs);
 }
 
 #endif /* KVT__X86 */
@@ -799,7 +1007,7 @@ typedef struct {
 static const kernel_set k_sets[] = {
 #ifdef KVT__X86
     {"avx512", avx512_matmul, avx512_scores, avx512_softmax, avx512_values, avx512_silu_mul, avx512_scores_rows,
-     avx512_values_rows, avx2_rows_to_f32},
+     avx512_values_rows, avx512_rows_to_f32},
     {"avx2", avx2_matmul, avx2_scores, avx2_softmax, avx2_values, avx2_silu_mul, avx2_scores_rows, avx2_values_rows,
      avx2_rows_to_f32},
 #endif
@@ -824,8 +1032,9 @@ static int cpu_has(const char *name)
 #ifdef KVT__X86
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_f16c();
-    if (!strcmp(name, "avx512"))
-        return __builtin_cpu_supports("avx512f") && avx2;
+    if (!strcmp(name, "avx512")) /* BW and VL: the conversion kernels' masked 8- and 16-bit loads */
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && avx2;
     if (!strcmp(name, "avx2"))
         return avx2;
 #endif

@@ -2,8 +2,8 @@
  * engine/kernels.h: the vector kernels of the decode path (internal to
  * engine/): a row-blocked matrix product over several input rows, attention
  * scores, softmax, the weighted sum of values, and SwiGLU's silu(h) * g. One
- * implementation is chosen per process (AVX-512, AVX2+FMA or plain C, by what
- * the CPU supports) and every caller uses it.
+ * implementation is chosen per process (AVX-512 F+BW+VL, AVX2+FMA+F16C or
+ * plain C, by what CPUID reports) and every caller uses it.
  *
  * Summation-order rule (what makes batched decode batch-invariant): each
  * output element of kvt__matmul_rows is computed as
@@ -54,10 +54,10 @@ void kvt__attn_values(float *out, const float *S, const float *V, size_t ldv, in
  * kv_dim). Each element is converted to float as kvt_kv_rows states (exact
  * for F16/BF16; code * scale for I8) on the fly, and used in the same order
  * as the F32 kernels use theirs. For F32 rows these are kvt__attn_scores /
- * kvt__attn_values exactly. For the other dtypes the "avx2" and "c" sets
- * give bit for bit what their F32 kernels give on the converted rows; the
- * "avx512" set runs the AVX2+F16C conversion kernels (8 lanes) for them.
- * A head wider than 512 floats of I8 runs the plain C kernel. */
+ * kvt__attn_values exactly. For the other dtypes every set gives bit for
+ * bit what its own F32 kernels give on the converted rows: "avx512" in 16
+ * lanes (vcvtph2ps, a shift, vpmovsxbd), "avx2" in 8 (F16C), "c" element by
+ * element. A head wider than 512 floats of I8 runs the plain C kernel. */
 
 /** S[t] = dot(q, K_t[off .. off + hs)) * scale for the r->n rows of r. */
 void kvt__attn_scores_rows(float *S, const float *q, const kvt_kv_rows *r, size_t off, size_t ld, int hs,

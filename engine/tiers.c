@@ -511,6 +511,14 @@ static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity 
     return 0;
 }
 
+kvt_remote *kvt_tiers_remote(kvt_tiers *t)
+{
+    for (int32_t i = 0; t && i < t->n; i++)
+        if (t->lv[i].poll == redis_poll_fn)
+            return ((redis_level *)t->lv[i].self)->r;
+    return NULL;
+}
+
 /* ---- published prompt caches: read-only levels at the bottom -------------------- */
 
 /* One --prompt-cache-dir: the read-only tier over its CURRENT generation

@@ -29,6 +29,7 @@
 
 #include "chat.h"
 
+#include "kvtier/remote.h"
 #include "kvtier/store.h"
 #include "kvtier/tier.h"
 #include "kvtier/tier_chain.h"
@@ -216,6 +217,10 @@ KVT_API kvt_tier_chain *kvt_tiers_chain(kvt_tiers *t);
 /** The SSD level's store (borrowed; NULL without an SSD level or while it
  * is OFF), for kvt_store_get_stats. Valid until kvt_tiers_close. */
 KVT_API kvt_store *kvt_tiers_store(kvt_tiers *t);
+
+/** The remote level's tier (borrowed; NULL without a --redis level), for
+ * kvt_remote_stats_get. Valid until kvt_tiers_close. Thread-safe. */
+KVT_API kvt_remote *kvt_tiers_remote(kvt_tiers *t);
 
 /** Polls every level (each learns of write-behind failures since the last
  * call) and fills *st, top first. NULL t gives n_levels 0. Thread-safe. */

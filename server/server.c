@@ -737,6 +737,12 @@ static json_t *stats_doc(kvt_server *s, size_t recent)
         json_object_set_new(doc, "ssd", store_json(&ss));
     } else
         json_object_set_new(doc, "ssd", json_null());
+    kvt_remote_stats rs;
+    kvt_remote *remote = g.ready ? kvt_tiers_remote(s->tiers) : NULL;
+    char *rjs = NULL;
+    if (remote && kvt_remote_stats_get(remote, &rs) == 0 && kvt_remote_stats_json(&rs, &rjs) == 0)
+        json_object_set_new(doc, "remote", json_loads(rjs, 0, NULL));
+    kvt_string_free(rjs);
     /* each tier level's health ("ssd_cache": mode read-write / read-only / off, the cause) */
     pthread_mutex_lock(&s->tiers_mu);
     for (int32_t i = 0; i < s->tiers_st.n_levels; i++) {
@@ -783,6 +789,12 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
     kvt_srv_metrics_request(s->metrics, rq->ep, 200);
     if (kvt_srv_metrics_prometheus(s->metrics, &g, have_rep ? &rep : NULL, g.ready && s->store ? &ss : NULL, &text))
         return MHD_NO;
+    kvt_remote_stats rs;
+    kvt_remote *remote = g.ready ? kvt_tiers_remote(s->tiers) : NULL;
+    if (remote && kvt_remote_stats_get(remote, &rs) == 0 && kvt_srv_metrics_prometheus_remote(&text, &rs)) {
+        free(text);
+        return MHD_NO;
+    }
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(text);

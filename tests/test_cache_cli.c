@@ -6,7 +6,8 @@
  * whose first prompt was published reuses all of it but the token that must
  * run, with the reply of a chat without it; after a bit flip verify exits 1
  * naming the hash, and the chat warns once, reuses nothing and replies the
- * same. Skips without KVT_BIN or the shared model.
+ * same. A publication made with --kv-dtype f16 serves f16 chats only.
+ * Skips without KVT_BIN or the shared model.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -57,6 +58,25 @@ static long reused_of(const char *err)
 }
 
 static const char USER[] = "Tell me a story about a cat named Tom who lived in a big red house.";
+
+/* The chat of USER with K/V stored as `scheme` (NULL: the default, f32),
+ * mounting the publication `pub` (NULL: none). */
+static void chat_scheme(const char *pub, const char *scheme, cli_result *r)
+{
+    char script[600];
+    snprintf(script, sizeof script, "%s/script.txt", dir);
+    char text[200];
+    snprintf(text, sizeof text, "%s\n", USER);
+    write_text(script, text);
+    const char *a[16] = {"chat", "--model", model, "--tokenizer", tok, "--script", script, "--max-tokens", "24"};
+    int n = 9;
+    if (pub)
+        a[n++] = "--prompt-cache-dir", a[n++] = pub;
+    if (scheme)
+        a[n++] = "--kv-dtype", a[n++] = scheme;
+    a[n] = NULL;
+    run(a, r);
+}
 
 static void chat(const char *pub, cli_result *r)
 {
@@ -174,8 +194,64 @@ static void t_cache_cli(void **state)
     store_rmtree(dir);
 }
 
+/* `cache publish --kv-dtype f16`: the generation serves a chat running f16
+ * (all of the published prompt but the token that must run, the reply of an
+ * f16 chat without it) and no other scheme: an f32 or a q8 chat reuses
+ * nothing from it and replies as it does without it. A bad scheme is a
+ * usage error. */
+static void t_cache_cli_kv_dtype(void **state)
+{
+    (void)state;
+    if (!cli_inputs(model, sizeof model, tok, sizeof tok))
+        skip();
+    store_tmpdir(dir, sizeof dir, "cache-cli-dtype");
+    char prompts[600], out[600];
+    snprintf(prompts, sizeof prompts, "%s/prompts.jsonl", dir);
+    snprintf(out, sizeof out, "%s/pub16", dir);
+    cli_result r;
+    const char *bad[] = {"cache", "publish", "--prompts", prompts, "--out", out, "--kv-dtype", "f8", NULL};
+    run(bad, &r);
+    assert_int_equal(r.status, 2);
+    expect_in(r.err, "--kv-dtype wants f32, f16, bf16 or q8, got: f8");
+
+    char line[400];
+    json_t *j = json_pack("{s:s}", "text", "User: Tell me a story about a cat named Tom who lived in a big red house.\nAssistant:");
+    char *js = json_dumps(j, JSON_COMPACT);
+    snprintf(line, sizeof line, "%s\n", js);
+    free(js);
+    json_decref(j);
+    write_text(prompts, line);
+    const char *pub[] = {"cache", "publish", "--model", model, "--tokenizer", tok, "--prompts", prompts, "--out", out,
+                         "--kv-dtype", "f16", NULL};
+    run(pub, &r);
+    assert_int_equal(r.status, 0);
+    expect_in(r.out, "published generation 00000001");
+    const char *inspect[] = {"cache", "inspect", out, NULL};
+    run(inspect, &r);
+    assert_int_equal(r.status, 0);
+    const char *p = strstr(r.out, "longest entry ");
+    assert_non_null(p);
+    long n_pub = atol(p + strlen("longest entry "));
+    assert_true(n_pub > 1);
+
+    static const char *const schemes[] = {"f16", NULL, "q8"}; /* NULL: the default, f32 */
+    for (int i = 0; i < 3; i++) {
+        cli_result plain, with;
+        chat_scheme(NULL, schemes[i], &plain);
+        assert_int_equal(plain.status, 0);
+        chat_scheme(out, schemes[i], &with);
+        assert_int_equal(with.status, 0);
+        printf("chat --kv-dtype %s over an f16 publication of %ld tokens: turn 1 reused %ld\n",
+               schemes[i] ? schemes[i] : "f32", n_pub, reused_of(with.err));
+        assert_int_equal(reused_of(plain.err), 0);
+        assert_int_equal(reused_of(with.err), i == 0 ? n_pub - 1 : 0);
+        assert_string_equal(with.out, plain.out);
+    }
+    store_rmtree(dir);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(t_cache_cli)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_cache_cli), cmocka_unit_test(t_cache_cli_kv_dtype)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,6 +17,11 @@
  *   temperature, top-p, RNG position; also checkpoints planted in the store
  *   with inconsistent metadata (the on-disk record of docs/checkpoints.md).
  * - kvt_service_checkpoint's refusals.
+ * - K/V stored as f16, bf16 or q8 (the hybrid model's window layer as a
+ *   rotating cache of that dtype): resume after a restart is exact against
+ *   an uninterrupted run in the same scheme, from the checkpoint, prefilling
+ *   nothing; an f32 service over the same root never resumes from it (the
+ *   scheme is part of the identity), and the checkpoints stay for the scheme.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -46,6 +51,7 @@ static const char *const model_name[M_COUNT] = {"plain", "hybrid"};
 static const int model_kind[M_COUNT] = {SU_PLAIN, SU_HYBRID};
 static char dir[256], model_path[M_COUNT][300], tok_path[300];
 static int trial;
+static kvt_kv_scheme rig_scheme = KVT_KV_F32; /* the KV storage scheme rig_open sets */
 
 static int group_setup(void **state)
 {
@@ -90,6 +96,7 @@ static void rig_open(rig *r, int which, const char *root)
     memset(r, 0, sizeof *r);
     snprintf(r->root, sizeof r->root, "%s", root);
     assert_int_equal(kvt_model_load(model_path[which], &r->m), 0);
+    assert_int_equal(kvt_model_set_kv_scheme(r->m, rig_scheme), 0);
     kvt_chat_identity id;
     assert_int_equal(kvt_chat_identity_compute(r->m, tok_path, &id), 0);
     assert_int_equal(kvt_chat_store_open(r->m, &id, root, 0, 0, &r->store), 0);
@@ -649,6 +656,62 @@ static void test_checkpoint_refusals(void **state)
     rig_close(&r);
 }
 
+static void test_resume_exact_schemes(void **state)
+{
+    (void)state;
+    static const int64_t stops[] = {5, 17};
+    static const kvt_kv_scheme schemes[] = {KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8};
+    for (size_t si = 0; si < sizeof schemes / sizeof *schemes; si++) {
+        for (int k = 0; k < M_COUNT; k++) {
+            rig_scheme = schemes[si];
+            rig r;
+            rig_fresh(&r, k);
+            assert_int_equal(kvt_model_kv_scheme(r.m), schemes[si]);
+            int32_t prompt[NPROMPT];
+            run_result ref;
+            long_prompt(&r, &samplings[0], prompt, &ref); /* greedy, uninterrupted, in this scheme */
+            for (size_t i = 0; i < sizeof stops / sizeof *stops; i++) {
+                char id[48];
+                snprintf(id, sizeof id, "req-%s-%d-%zu", kvt_kv_scheme_name(schemes[si]), k, i);
+                run_args a = {.prompt = prompt, .n_prompt = NPROMPT, .max_tokens = MAXT, .temp = 0.0f,
+                              .topp = 0.9f, .seed = 5, .seed_explicit = 1, .id = id, .stop_after = stops[i]};
+                run_result part, whole, other;
+                run(&r, &a, &part);
+                assert_int_equal(part.rc, 0);
+                assert_int_equal(part.n_reply, stops[i]);
+                assert_memory_equal(part.reply, ref.reply, (size_t)part.n_reply * sizeof(int32_t));
+                rig_close(&r);
+                /* the same root in f32: nothing of this scheme resumes there */
+                rig_scheme = KVT_KV_F32;
+                rig_reopen(&r, k);
+                run_args fa = a;
+                fa.stop_after = 3; /* interrupted again: f32's own checkpoints, never the scheme's */
+                run(&r, &fa, &other);
+                assert_int_equal(other.rc, 0);
+                assert_int_equal(other.st.resumed_tokens, 0);
+                assert_int_equal(other.st.reused_tokens, 0);
+                rig_close(&r);
+                rig_scheme = schemes[si];
+                rig_reopen(&r, k);
+                a.stop_after = 0;
+                run(&r, &a, &whole);
+                assert_int_equal(whole.rc, 0);
+                int64_t g = stops[i] / EVERY * EVERY;
+                print_message("  %s, %s: interrupted at %lld, resumed %lld reply tokens, %lld prefilled\n",
+                              kvt_kv_scheme_name(schemes[si]), model_name[k], (long long)stops[i],
+                              (long long)whole.st.resumed_tokens, (long long)whole.st.prefilled_tokens);
+                assert_int_equal(whole.st.resumed_tokens, g - 1);
+                assert_int_equal(whole.st.prefilled_tokens, 0);
+                assert_int_equal(whole.st.reused_tokens, NPROMPT);
+                assert_int_equal(whole.n_reply, ref.n_reply);
+                assert_memory_equal(whole.reply, ref.reply, (size_t)ref.n_reply * sizeof(int32_t));
+            }
+            rig_close(&r);
+        }
+    }
+    rig_scheme = KVT_KV_F32;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -658,6 +721,7 @@ int main(void)
         cmocka_unit_test(test_mismatch_each_field),
         cmocka_unit_test(test_planted_metadata),
         cmocka_unit_test(test_checkpoint_refusals),
+        cmocka_unit_test(test_resume_exact_schemes),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -138,7 +138,7 @@ static kvt_io *new_io(int threads, uint32_t max_ops, uint64_t max_bytes)
 /* submits a gated operation and waits until it runs (it holds one thread) */
 static kvt_io_ticket *block_thread(kvt_io *io, counts *c, gate *g, int id)
 {
-    kvt_io_op op = make_op(c, g, id, KVT_IO_WRITE, 0xdead0000u + (uint64_t)id, KVT_IO_BACKGROUND, 0);
+    kvt_io_op op = make_op(c, g, id, KVT_IO_KIND_WRITE, 0xdead0000u + (uint64_t)id, KVT_IO_BACKGROUND, 0);
     kvt_io_ticket *t = NULL;
     assert_int_equal(kvt_io_submit(io, &op, &t), 0);
     gate_wait_entered(g, 1);
@@ -165,7 +165,7 @@ static void *same_thread(void *arg)
 {
     same_arg *a = arg;
     same *s = a->s;
-    kvt_io_op op = make_op(s->c, s->g, 1, KVT_IO_RESTORE, 42, KVT_IO_FOREGROUND, 4096);
+    kvt_io_op op = make_op(s->c, s->g, 1, KVT_IO_KIND_RESTORE, 42, KVT_IO_FOREGROUND, 4096);
     kvt_io_ticket *t = NULL;
     s->rc[a->i] = kvt_io_submit(s->io, &op, &t);
     if (s->rc[a->i])
@@ -236,7 +236,7 @@ static void test_cancel_all(void **state)
     /* queued, not started: cancelling all four waiters discards it */
     kvt_io_ticket *t[4];
     for (int i = 0; i < 4; i++) {
-        kvt_io_op op = make_op(&c, NULL, 2, KVT_IO_RESTORE, 7, KVT_IO_FOREGROUND, 100);
+        kvt_io_op op = make_op(&c, NULL, 2, KVT_IO_KIND_RESTORE, 7, KVT_IO_FOREGROUND, 100);
         assert_int_equal(kvt_io_submit(io, &op, &t[i]), 0);
     }
     kvt_io_stats st;
@@ -266,10 +266,10 @@ static void test_cancel_all(void **state)
     assert_int_equal(c.freed_result, 0);
 
     /* started: cancelling both waiters discards the result on completion */
-    kvt_io_op op = make_op(&c, &g2, 3, KVT_IO_RESTORE, 8, KVT_IO_FOREGROUND, 100);
+    kvt_io_op op = make_op(&c, &g2, 3, KVT_IO_KIND_RESTORE, 8, KVT_IO_FOREGROUND, 100);
     kvt_io_ticket *u[2];
     assert_int_equal(kvt_io_submit(io, &op, &u[0]), 0);
-    op = make_op(&c, &g2, 3, KVT_IO_RESTORE, 8, KVT_IO_FOREGROUND, 100);
+    op = make_op(&c, &g2, 3, KVT_IO_KIND_RESTORE, 8, KVT_IO_FOREGROUND, 100);
     assert_int_equal(kvt_io_submit(io, &op, &u[1]), 0);
     gate_open(&g); /* the blocker ends; the restore starts and blocks in g2 */
     gate_wait_entered(&g2, 1);
@@ -304,10 +304,10 @@ static void test_full_queue(void **state)
     kvt_io *io = new_io(1, 3, 1000);
     kvt_io_ticket *blocker = block_thread(io, &c, &g, 0); /* 1 of 3 operations */
     kvt_io_ticket *a = NULL, *b = NULL, *x = NULL, *a2 = NULL;
-    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_RESTORE, 1, KVT_IO_FOREGROUND, 600);
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_KIND_RESTORE, 1, KVT_IO_FOREGROUND, 600);
     assert_int_equal(kvt_io_submit(io, &op, &a), 0);
     /* bytes: 600 of 1000 queued, 500 more does not fit; 1001 never fits */
-    op = make_op(&c, NULL, 2, KVT_IO_RESTORE, 2, KVT_IO_FOREGROUND, 500);
+    op = make_op(&c, NULL, 2, KVT_IO_KIND_RESTORE, 2, KVT_IO_FOREGROUND, 500);
     assert_int_equal(kvt_io_submit(io, &op, &x), KVT_EAGAIN);
     assert_null(x);
     assert_non_null(strstr(kvt_last_error(), "600 of 1000 bytes"));
@@ -316,16 +316,16 @@ static void test_full_queue(void **state)
     op.bytes = 400;
     assert_int_equal(kvt_io_submit(io, &op, &b), 0); /* 3 of 3 operations, 1000 of 1000 bytes */
     /* operations: a fourth distinct one is refused, the caller keeps its task */
-    kvt_io_op op4 = make_op(&c, NULL, 3, KVT_IO_WRITE, 3, KVT_IO_BACKGROUND, 0);
+    kvt_io_op op4 = make_op(&c, NULL, 3, KVT_IO_KIND_WRITE, 3, KVT_IO_BACKGROUND, 0);
     assert_int_equal(kvt_io_submit(io, &op4, &x), KVT_EAGAIN);
     assert_non_null(strstr(kvt_last_error(), "3 of 3 operations"));
     assert_int_equal(kvt_io_submit(io, &op4, NULL), KVT_EAGAIN);
     task_free(op4.task, NULL);
     /* an identical one coalesces even when full: it adds nothing */
-    op = make_op(&c, NULL, 1, KVT_IO_RESTORE, 1, KVT_IO_FOREGROUND, 600);
+    op = make_op(&c, NULL, 1, KVT_IO_KIND_RESTORE, 1, KVT_IO_FOREGROUND, 600);
     assert_int_equal(kvt_io_submit(io, &op, &a2), 0);
     /* the same key with another kind is another operation: refused */
-    op = make_op(&c, NULL, 4, KVT_IO_PREFETCH, 1, KVT_IO_BACKGROUND, 0);
+    op = make_op(&c, NULL, 4, KVT_IO_KIND_PREFETCH, 1, KVT_IO_BACKGROUND, 0);
     assert_int_equal(kvt_io_submit(io, &op, &x), KVT_EAGAIN);
     task_free(op.task, NULL);
     kvt_io_stats st;
@@ -350,7 +350,7 @@ static void test_full_queue(void **state)
     kvt_io_ticket_release(b);
     kvt_io_ticket_release(blocker);
     /* room again */
-    op = make_op(&c, NULL, 5, KVT_IO_WRITE, 5, KVT_IO_BACKGROUND, 1000);
+    op = make_op(&c, NULL, 5, KVT_IO_KIND_WRITE, 5, KVT_IO_BACKGROUND, 1000);
     assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
     assert_int_equal(kvt_io_flush(io, 10000), 0);
     assert_int_equal(c.runs[5], 1);
@@ -375,10 +375,10 @@ static void test_priority_order(void **state)
         uint64_t key;
         kvt_io_priority prio;
     } sub[] = {
-        {1, KVT_IO_WRITE, 10, KVT_IO_BACKGROUND},    {2, KVT_IO_WRITE, 11, KVT_IO_BACKGROUND},
-        {3, KVT_IO_RESTORE, 20, KVT_IO_FOREGROUND},  {4, KVT_IO_PREFETCH, 30, KVT_IO_BACKGROUND},
-        {5, KVT_IO_WRITE, 12, KVT_IO_BACKGROUND},    {6, KVT_IO_RESTORE, 21, KVT_IO_FOREGROUND},
-        {4, KVT_IO_PREFETCH, 30, KVT_IO_FOREGROUND}, /* a request now waits for the prefetch: promoted */
+        {1, KVT_IO_KIND_WRITE, 10, KVT_IO_BACKGROUND},    {2, KVT_IO_KIND_WRITE, 11, KVT_IO_BACKGROUND},
+        {3, KVT_IO_KIND_RESTORE, 20, KVT_IO_FOREGROUND},  {4, KVT_IO_KIND_PREFETCH, 30, KVT_IO_BACKGROUND},
+        {5, KVT_IO_KIND_WRITE, 12, KVT_IO_BACKGROUND},    {6, KVT_IO_KIND_RESTORE, 21, KVT_IO_FOREGROUND},
+        {4, KVT_IO_KIND_PREFETCH, 30, KVT_IO_FOREGROUND}, /* a request now waits for the prefetch: promoted */
     };
     for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
         kvt_io_op op = make_op(&c, NULL, sub[i].id, sub[i].kind, sub[i].key, sub[i].prio, 10);
@@ -396,6 +396,202 @@ static void test_priority_order(void **state)
     gate_destroy(&g);
 }
 
+
+/* ---- notify waiters, running here, the background bound, the default --------- */
+
+typedef struct told {
+    pthread_mutex_t mu;
+    int n, status[8], disp[8], value[8];
+} told;
+
+static told g_told = {PTHREAD_MUTEX_INITIALIZER, 0, {0}, {0}, {0}};
+
+static void tell(void *arg, int status, kvt_io_disposition d, void *result)
+{
+    (void)arg;
+    pthread_mutex_lock(&g_told.mu);
+    int i = g_told.n++;
+    if (i < 8) {
+        g_told.status[i] = status;
+        g_told.disp[i] = d;
+        g_told.value[i] = result ? *(int *)result : -1;
+    }
+    pthread_mutex_unlock(&g_told.mu);
+}
+
+/* Three notify waiters and a ticket on one operation: one run, each told
+ * once with the shared result; cancelling the ticket does not discard an
+ * operation notify waiters hold; a flush returns after every notify; a
+ * worker destroyed first tells a queued operation's waiters KVT_ECLOSED. */
+static void test_notify(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g;
+    gate_init(&g);
+    kvt_io *io = new_io(1, 64, 1 << 20);
+    kvt_io_ticket *blocker = block_thread(io, &c, &g, 0);
+    g_told.n = 0;
+    for (int i = 0; i < 3; i++) {
+        kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_KIND_RESTORE, 77, KVT_IO_FOREGROUND, 10);
+        assert_int_equal(kvt_io_submit_notify(io, &op, tell, NULL), 0);
+    }
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_KIND_RESTORE, 77, KVT_IO_FOREGROUND, 10);
+    kvt_io_ticket *t = NULL;
+    assert_int_equal(kvt_io_submit(io, &op, &t), 0);
+    kvt_io_cancel(t); /* the notify waiters still want it */
+    kvt_io_ticket_release(t);
+    op = make_op(&c, NULL, 2, KVT_IO_KIND_RESTORE, 78, KVT_IO_FOREGROUND, 10);
+    assert_int_equal(kvt_io_submit_notify(io, &op, NULL, NULL), KVT_EINVAL);
+    task_free(op.task, NULL);
+    gate_open(&g);
+    assert_int_equal(kvt_io_flush(io, 10000), 0);
+    assert_int_equal(g_told.n, 3); /* all told before the flush returned */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(g_told.status[i], 0);
+        assert_int_equal(g_told.disp[i], KVT_IO_PUBLISH);
+        assert_int_equal(g_told.value[i], 1001);
+    }
+    assert_int_equal(c.runs[1], 1);
+    kvt_io_stats st;
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.by_kind[KVT_IO_KIND_RESTORE].coalesced, 3);
+    assert_int_equal(st.by_kind[KVT_IO_KIND_RESTORE].ran, 1);
+    assert_int_equal(st.discarded, 0);
+    kvt_io_ticket_release(blocker);
+    /* destroyed with a notify waiter queued: told KVT_ECLOSED, task freed */
+    gate g2;
+    gate_init(&g2);
+    blocker = block_thread(io, &c, &g2, 3);
+    g_told.n = 0;
+    op = make_op(&c, NULL, 4, KVT_IO_KIND_RESTORE, 79, KVT_IO_FOREGROUND, 10);
+    assert_int_equal(kvt_io_submit_notify(io, &op, tell, NULL), 0);
+    kvt_io_ticket_release(blocker); /* cancelled, still running in its gate */
+    gate_open(&g2);
+    assert_int_equal(kvt_io_flush(io, 10000), 0);
+    assert_int_equal(g_told.n, 1);
+    assert_int_equal(g_told.status[0], 0); /* it ran after the blocker */
+    gate g3;
+    gate_init(&g3);
+    blocker = block_thread(io, &c, &g3, 5);
+    g_told.n = 0;
+    op = make_op(&c, NULL, 6, KVT_IO_KIND_RESTORE, 80, KVT_IO_FOREGROUND, 10);
+    assert_int_equal(kvt_io_submit_notify(io, &op, tell, NULL), 0);
+    kvt_io_ticket_release(blocker);
+    gate_open(&g3); /* racing the destroy: told 0 (ran) or KVT_ECLOSED (discarded) */
+    kvt_io_destroy(io);
+    assert_int_equal(g_told.n, 1);
+    assert_true(g_told.status[0] == 0 || g_told.status[0] == KVT_ECLOSED);
+    assert_int_equal(g_told.disp[0], g_told.status[0] ? KVT_IO_DISCARD : KVT_IO_PUBLISH);
+    assert_int_equal(c.freed_tasks, 10);
+    gate_destroy(&g);
+    gate_destroy(&g2);
+    gate_destroy(&g3);
+}
+
+/* A queued operation runs on the thread that needs it (kvt_io_run_here)
+ * while every worker thread is busy; once started or done it is a no-op. */
+static void test_run_here(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g;
+    gate_init(&g);
+    kvt_io *io = new_io(1, 64, 1 << 20);
+    kvt_io_ticket *blocker = block_thread(io, &c, &g, 0);
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_KIND_HASH, 5, KVT_IO_FOREGROUND, 10);
+    kvt_io_ticket *t = NULL;
+    assert_int_equal(kvt_io_submit(io, &op, &t), 0);
+    assert_int_equal(kvt_io_run_here(t), 1);
+    assert_int_equal(c.runs[1], 1);
+    kvt_io_disposition d = KVT_IO_DISCARD;
+    void *r = NULL;
+    assert_int_equal(kvt_io_wait(t, 0, &d, &r), 0); /* done: no waiting */
+    assert_int_equal(d, KVT_IO_PUBLISH);
+    assert_int_equal(*(int *)r, 1001);
+    assert_int_equal(kvt_io_run_here(t), 0);
+    assert_int_equal(kvt_io_run_here(NULL), KVT_EINVAL);
+    kvt_io_ticket_release(t);
+    kvt_io_stats st;
+    kvt_io_stats_get(io, &st);
+    assert_int_equal(st.queued_ops, 0);
+    assert_int_equal(st.running_ops, 1); /* the blocker */
+    assert_int_equal(st.by_kind[KVT_IO_KIND_HASH].ran, 1);
+    assert_int_equal(st.by_kind[KVT_IO_KIND_HASH].queued_ops, 0);
+    gate_open(&g);
+    kvt_io_ticket_release(blocker);
+    kvt_io_destroy(io);
+    assert_int_equal(c.freed_tasks, 2);
+    gate_destroy(&g);
+}
+
+/* Two threads, background bound 1: a second background operation waits
+ * while one runs, and a foreground one still starts on the other thread. */
+static void test_background_bound(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g, g2;
+    gate_init(&g);
+    gate_init(&g2);
+    kvt_io_options o = {.threads = 2};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&o, &io), 0);
+    kvt_io_ticket *bg1 = block_thread(io, &c, &g, 0); /* background, gated */
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_KIND_WRITE, 0xb2, KVT_IO_BACKGROUND, 10);
+    kvt_io_ticket *bg2 = NULL;
+    assert_int_equal(kvt_io_submit(io, &op, &bg2), 0);
+    op = make_op(&c, &g2, 2, KVT_IO_KIND_RESTORE, 0xf1, KVT_IO_FOREGROUND, 10);
+    kvt_io_ticket *fg = NULL;
+    assert_int_equal(kvt_io_submit(io, &op, &fg), 0);
+    gate_wait_entered(&g2, 1); /* the foreground one started on the free thread */
+    gate_open(&g2);
+    assert_int_equal(kvt_io_wait(fg, 10000, NULL, NULL), 0);
+    usleep(20000);
+    assert_int_equal(c.runs[1], 0); /* the second background one still waits */
+    assert_int_equal(kvt_io_wait(bg2, 0, NULL, NULL), KVT_EAGAIN);
+    gate_open(&g);
+    assert_int_equal(kvt_io_wait(bg2, 10000, NULL, NULL), 0);
+    assert_int_equal(c.runs[1], 1);
+    kvt_io_ticket_release(bg1);
+    kvt_io_ticket_release(bg2);
+    kvt_io_ticket_release(fg);
+    o.max_background = 3; /* more than threads */
+    kvt_io *bad = NULL;
+    assert_int_equal(kvt_io_create(&o, &bad), KVT_EINVAL);
+    assert_null(bad);
+    kvt_io_destroy(io);
+    gate_destroy(&g);
+    gate_destroy(&g2);
+}
+
+/* The default worker: shared while referenced, destroyed by the last
+ * release, a new one after. */
+static void test_default(void **state)
+{
+    (void)state;
+    kvt_io *a = NULL, *b = NULL;
+    assert_int_equal(kvt_io_default_acquire(&a), 0);
+    assert_int_equal(kvt_io_default_acquire(&b), 0);
+    assert_ptr_equal(a, b);
+    counts c = {0};
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_KIND_WRITE, 9, KVT_IO_BACKGROUND, 10);
+    assert_int_equal(kvt_io_submit(a, &op, NULL), 0);
+    kvt_io_default_release(a);
+    kvt_io_default_release(b); /* flushes: the write ran */
+    assert_int_equal(c.runs[1], 1);
+    assert_int_equal(c.freed_tasks, 1);
+    assert_int_equal(kvt_io_default_acquire(&a), 0);
+    kvt_io_stats st;
+    kvt_io_stats_get(a, &st);
+    assert_int_equal(st.submitted, 0);
+    kvt_io_default_release(a);
+    kvt_io_default_release(NULL);
+    assert_int_equal(kvt_io_default_acquire(NULL), KVT_EINVAL);
+    assert_string_equal(kvt_io_kind_name(KVT_IO_KIND_REMOTE_SET), "remote-set");
+    assert_string_equal(kvt_io_kind_name(KVT_IO_KINDS), "unknown");
+}
+
 /* ---- a failed run reaches every waiter; bad arguments ---------------------- */
 
 static void test_errors(void **state)
@@ -407,7 +603,7 @@ static void test_errors(void **state)
     assert_int_equal(kvt_io_create(&bad, &io), KVT_EINVAL);
     assert_null(io);
     io = new_io(1, 8, 1 << 20);
-    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_RESTORE, 1, KVT_IO_FOREGROUND, 1);
+    kvt_io_op op = make_op(&c, NULL, 1, KVT_IO_KIND_RESTORE, 1, KVT_IO_FOREGROUND, 1);
     ((task *)op.task)->fail = KVT_EIO;
     kvt_io_ticket *t = NULL;
     assert_int_equal(kvt_io_submit(io, &op, &t), 0);
@@ -438,7 +634,7 @@ static void test_errors(void **state)
     gate_init(&g);
     io = new_io(1, 8, 1 << 20);
     kvt_io_ticket *blocker = block_thread(io, &c, &g, 2);
-    op = make_op(&c, NULL, 3, KVT_IO_WRITE, 99, KVT_IO_BACKGROUND, 1);
+    op = make_op(&c, NULL, 3, KVT_IO_KIND_WRITE, 99, KVT_IO_BACKGROUND, 1);
     assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
     gate_open(&g);
     assert_int_equal(kvt_io_wait(blocker, UINT64_MAX, &d, &r), 0);
@@ -547,6 +743,8 @@ int main(void)
         cmocka_unit_test(test_sixteen_one_read), cmocka_unit_test(test_cancel_all),
         cmocka_unit_test(test_full_queue),       cmocka_unit_test(test_priority_order),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_random_mix),
+        cmocka_unit_test(test_notify),           cmocka_unit_test(test_run_here),
+        cmocka_unit_test(test_background_bound), cmocka_unit_test(test_default),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

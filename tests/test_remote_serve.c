@@ -74,6 +74,65 @@ static char *turn(int port, const char *const *users, char *const *replies, int 
     return text;
 }
 
+/* The value of the metric line that starts with `name ` in a Prometheus text; -1 if none. */
+static double metric(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, name, n) && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+/* Server B reused A's turns through Redis: /metrics and /stats count the
+ * remote tier's lookups, hits and restores, and promtool accepts /metrics. */
+static void check_remote_counters(int port)
+{
+    kvt_ts_resp r;
+    assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+    print_message("server B: kvtier_remote_lookups_total %g, lookup_hits %g, restores %g, restored bytes %g, "
+                  "round trips %g\n",
+                  metric(r.body, "kvtier_remote_lookups_total"), metric(r.body, "kvtier_remote_lookup_hits_total"),
+                  metric(r.body, "kvtier_remote_restores_total"), metric(r.body, "kvtier_remote_restored_bytes_total"),
+                  metric(r.body, "kvtier_remote_round_trips_total"));
+    assert_true(metric(r.body, "kvtier_remote_lookups_total") >= 2);
+    assert_true(metric(r.body, "kvtier_remote_lookup_hits_total") >= 1);
+    assert_true(metric(r.body, "kvtier_remote_restores_total") >= 1);
+    assert_true(metric(r.body, "kvtier_remote_restored_bytes_total") > 0);
+    assert_true(metric(r.body, "kvtier_remote_restore_seconds_total") >= 0);
+    assert_true(metric(r.body, "kvtier_remote_writes_total") >= 1);
+    assert_int_equal((long long)metric(r.body, "kvtier_remote_healthy"), 1);
+    assert_int_equal((long long)metric(r.body, "kvtier_remote_nodes"), 1);
+    assert_int_equal((long long)metric(r.body, "kvtier_remote_bad_records_total"), 0);
+    assert_non_null(strstr(r.body, "# TYPE kvtier_remote_lookups_total counter\n"));
+    assert_non_null(strstr(r.body, "# TYPE kvtier_remote_queued_bytes gauge\n"));
+    char path[600], cmd[800];
+    snprintf(path, sizeof path, "%s/metrics.txt", g_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fwrite(r.body, 1, r.len, f);
+    fclose(f);
+    double hits = metric(r.body, "kvtier_remote_lookup_hits_total");
+    kvt_ts_resp_free(&r);
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+        assert_int_equal(system(cmd), 0);
+    } else {
+        print_message("promtool is not installed (Debian package prometheus): lint skipped\n");
+    }
+    /* /stats: the same counters, one object */
+    assert_int_equal(kvt_ts_http(port, "GET", "/stats", NULL, NULL, 30, &r), 200);
+    json_t *doc = json_loads(r.body, 0, NULL);
+    kvt_ts_resp_free(&r);
+    assert_non_null(doc);
+    json_t *rem = json_object_get(doc, "remote");
+    assert_non_null(rem);
+    assert_true(json_integer_value(json_object_get(rem, "lookup_hits")) >= (json_int_t)hits);
+    assert_true(json_integer_value(json_object_get(rem, "restores")) >= 1);
+    assert_int_equal(json_integer_value(json_object_get(rem, "healthy")), 1);
+    json_decref(doc);
+}
+
 static void t_alternating_servers(void **state)
 {
     redis_srv rs;
@@ -114,6 +173,7 @@ static void t_alternating_servers(void **state)
     }
     for (int t = 0; t < 4; t++)
         free(replies[t]);
+    check_remote_counters(b.port);
     assert_int_equal(kvt_ts_server_stop(&a), 0);
     assert_int_equal(kvt_ts_server_stop(&b), 0);
     assert_int_equal(kvt_ts_server_stop(&off), 0);

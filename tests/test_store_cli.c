@@ -178,9 +178,52 @@ static void bench_ssd_smoke(void **state)
     store_rmtree(base);
 }
 
+/* `kvtier bench ssd --kv-dtype f16,q8`: one row per scheme holding the same
+ * tokens in its own bytes (f16: half of the 16 MB of f32; q8: a quarter plus
+ * one f32 scale per 32 floats, about 4.5 MB), and an unknown scheme is a usage
+ * error (exit 2). Not a timing test. */
+static void bench_ssd_kv_dtype(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN")) {
+        printf("KVT_BIN not set (run under ctest): skipping\n");
+        skip();
+    }
+    char base[256];
+    store_tmpdir(base, sizeof base, "bench");
+    assert_true(base[0] != '\0');
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "'%s' bench ssd --sizes 16M --reads 1 --kv-dtype f16,q8 --dir '%s' 2>&1",
+             getenv("KVT_BIN"), base);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("bench ssd failed: %s", out);
+    assert_non_null(strstr(out, "  f16        8MB "));
+    const char *q8 = strstr(out, "\n   q8 ");
+    assert_non_null(q8);
+    double q8_mb = atof(q8 + 6); /* the q8 row's state column */
+    assert_true(q8_mb >= 4.0 && q8_mb <= 5.0);
+    assert_null(strstr(out, "  f32 "));
+    assert_int_equal(store_count_files(base, ""), 0);
+    snprintf(cmd, sizeof cmd, "'%s' bench ssd --kv-dtype f16,i4 --dir '%s' 2>&1", getenv("KVT_BIN"), base);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    st = pclose(p);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_non_null(strstr(out, "--kv-dtype 'f16,i4'"));
+    store_rmtree(base);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(store_cli), cmocka_unit_test(store_cli_symlink),
-                                       cmocka_unit_test(bench_ssd_smoke)};
+                                       cmocka_unit_test(bench_ssd_smoke), cmocka_unit_test(bench_ssd_kv_dtype)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,10 +21,28 @@
  * A submission without a ticket (write-behind, fire and forget) holds an
  * interest the worker keeps until the operation has run.
  *
+ * A waiter that cannot block (a callback API such as an asynchronous
+ * restore) submits with kvt_io_submit_notify instead: it is told once, on
+ * completion, on the thread that completed the operation.
+ *
  * Two priorities: KVT_IO_FOREGROUND operations (a restore a request waits
- * for) start before any KVT_IO_BACKGROUND one (write-behind, prefetch);
- * first in, first out within a priority. A coalesced foreground submission
- * promotes a queued background operation.
+ * for, a hash a writer waits for) start before any KVT_IO_BACKGROUND one
+ * (write-behind, prefetch); first in, first out within a priority. At most
+ * max_background background operations run at once (by default all threads
+ * but one), so a foreground operation finds a free thread even while
+ * write-behind is busy. A coalesced foreground submission promotes a queued
+ * background operation.
+ *
+ * Ownership and lifetime: a kvt_io is created by kvt_io_create and ended by
+ * kvt_io_destroy, or shared through the process's default worker
+ * (kvt_io_default_acquire / kvt_io_default_release, reference counted:
+ * created by the first acquire, flushed and destroyed by the last release).
+ * A component that is given a kvt_io (the SSD store's options, the remote
+ * tier's) borrows it: the worker must outlive it. A component given none
+ * takes a reference on the default worker at open and drops it at close.
+ * Operations must not wait for other operations of the same worker from a
+ * worker thread unless they can run them themselves (kvt_io_run_here), or
+ * a full set of threads could wait on a queue nobody serves.
  *
  * Thread-safety: every call is thread-safe; one ticket may be waited on by
  * one thread at a time, and ends with exactly one kvt_io_ticket_release.
@@ -40,12 +58,12 @@ extern "C" {
 
 /** Kind of an operation (part of its exact key). */
 typedef enum kvt_io_kind {
-    KVT_IO_RESTORE = 0,    /**< read stored state back (SSD restore) */
-    KVT_IO_WRITE = 1,      /**< write-behind of state to a tier */
-    KVT_IO_HASH = 2,       /**< checksum of a shard */
-    KVT_IO_REMOTE_GET = 3, /**< remote tier read */
-    KVT_IO_REMOTE_SET = 4, /**< remote tier write */
-    KVT_IO_PREFETCH = 5,   /**< speculative restore nobody waits for yet */
+    KVT_IO_KIND_RESTORE = 0,    /**< read stored state back (SSD restore) */
+    KVT_IO_KIND_WRITE = 1,      /**< write-behind of state to a tier */
+    KVT_IO_KIND_HASH = 2,       /**< checksum of a shard */
+    KVT_IO_KIND_REMOTE_GET = 3, /**< remote tier read */
+    KVT_IO_KIND_REMOTE_SET = 4, /**< remote tier write */
+    KVT_IO_KIND_PREFETCH = 5,   /**< speculative restore nobody waits for yet */
     KVT_IO_KINDS = 6       /**< number of kinds, not a kind */
 } kvt_io_kind;
 
@@ -96,7 +114,19 @@ typedef struct kvt_io_options {
     int threads;        /**< worker threads, 1..64 (default 2) */
     uint32_t max_ops;   /**< operations queued or running, 1..1048576 (default 1024) */
     uint64_t max_bytes; /**< bytes queued or running (default 256 MiB); one operation larger than this is refused */
+    int max_background; /**< background operations running at once, 1..threads (default threads - 1, at least 1) */
 } kvt_io_options;
+
+/** Counters of one kind of operation (since creation, except the gauges). */
+typedef struct kvt_io_kind_stats {
+    uint64_t submitted;    /**< accepted submissions of this kind, coalesced ones included */
+    uint64_t coalesced;    /**< joined an identical queued or running operation */
+    uint64_t refused;      /**< refused with KVT_EAGAIN (queue full) */
+    uint64_t ran;          /**< operations run */
+    uint64_t failed;       /**< operations whose run returned an error */
+    uint64_t queued_ops;   /**< gauge: queued or running */
+    uint64_t queued_bytes; /**< gauge: bytes of queued and running operations */
+} kvt_io_kind_stats;
 
 /** Counters of a worker (since creation, except the gauges). */
 typedef struct kvt_io_stats {
@@ -111,7 +141,17 @@ typedef struct kvt_io_stats {
     uint64_t running_ops;       /**< gauge: operations running */
     uint64_t queued_bytes;      /**< gauge: bytes of queued and running operations */
     uint64_t max_queued_ops;    /**< high-water mark of queued + running operations */
+    kvt_io_kind_stats by_kind[KVT_IO_KINDS]; /**< the same, per kind */
 } kvt_io_stats;
+
+/** Tells a notify waiter (kvt_io_submit_notify) that its operation
+ * completed: status is what kvt_io_wait would return (0, the run's error,
+ * KVT_ECLOSED when the worker shut down before it started); result is the
+ * shared result, borrowed for the call (NULL unless KVT_IO_PUBLISH). Runs
+ * once, without any lock of the worker held, on the worker thread that ran
+ * the operation (or the thread of kvt_io_run_here / kvt_io_destroy). It may
+ * submit operations; it must not destroy the worker. */
+typedef void (*kvt_io_notify_fn)(void *arg, int status, kvt_io_disposition disposition, void *result);
 
 typedef struct kvt_io kvt_io;
 typedef struct kvt_io_ticket kvt_io_ticket;
@@ -159,6 +199,24 @@ KVT_API void kvt_io_destroy(kvt_io *io);
  */
 KVT_API int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket);
 
+/** Submits like kvt_io_submit (same coalescing, bounds and errors), for a
+ * waiter that does not block: instead of a ticket, fn(arg, ...) is called
+ * exactly once when the operation completes (see kvt_io_notify_fn). The
+ * waiter holds an interest until then (it cannot be cancelled), so the
+ * operation runs. On error fn is not called. kvt_io_flush returns only
+ * after every notify function of the drained operations has returned.
+ * @return as kvt_io_submit; KVT_EINVAL also for fn NULL. Thread-safe. */
+KVT_API int kvt_io_submit_notify(kvt_io *io, const kvt_io_op *op, kvt_io_notify_fn fn, void *arg);
+
+/** Runs the ticket's operation on the calling thread if it is still
+ * queued (taken off the queue as a worker would; completion and tickets as
+ * usual), so a thread that needs the result now does not wait for a free
+ * worker thread. A no-op when the operation already started or completed,
+ * or the ticket was cancelled.
+ * @return 1 (ran here); 0 (nothing to do: kvt_io_wait for it); KVT_EINVAL
+ *   (ticket NULL). Thread-safe. */
+KVT_API int kvt_io_run_here(kvt_io_ticket *ticket);
+
 /** Waits for a ticket's operation to complete.
  *
  * @param timeout_ms milliseconds to wait; 0 polls; UINT64_MAX waits forever.
@@ -195,6 +253,25 @@ KVT_API void kvt_io_ticket_release(kvt_io_ticket *ticket);
  * @param timeout_ms milliseconds; UINT64_MAX waits forever.
  * @return 0; KVT_EAGAIN on timeout; KVT_EINVAL (io NULL). Thread-safe. */
 KVT_API int kvt_io_flush(kvt_io *io, uint64_t timeout_ms);
+
+/** The name of a kind ("restore", "write", "hash", "remote-get",
+ * "remote-set", "prefetch"; "unknown" out of range). Static storage. */
+KVT_API const char *kvt_io_kind_name(kvt_io_kind kind);
+
+/** Takes a reference on the process's default worker, created with the
+ * default options by the first acquire.
+ * @param out receives the worker (shared; never kvt_io_destroy it: end the
+ *   reference with kvt_io_default_release).
+ * @return 0; KVT_EINVAL (out NULL); kvt_io_create's errors (*out NULL).
+ * Thread-safe. */
+KVT_API int kvt_io_default_acquire(kvt_io **out);
+
+/** Drops a reference taken by kvt_io_default_acquire. The last one flushes
+ * the worker (waits for what is queued to run) and destroys it; a later
+ * acquire creates a new one. Every ticket must be released before the last
+ * release. NULL, or a worker that is not the default, is a no-op.
+ * Thread-safe; never from a worker thread of that worker. */
+KVT_API void kvt_io_default_release(kvt_io *io);
 
 /** A snapshot of the worker's counters.
  * @return 0; KVT_EINVAL when an argument is NULL. Thread-safe. */

@@ -177,6 +177,12 @@ KVT_API void kvt_remote_cold_tier(kvt_remote *r, kvt_cold_tier *out);
  * @return 0; KVT_EINVAL (NULL argument). Thread-safe. */
 KVT_API int kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *out);
 
+/** The counters *s (from kvt_remote_stats_get) as one JSON object, {every
+ * KVT_REMOTE_COUNTERS name: n}, compact, keys in list order.
+ * @param out receives the string; caller frees with kvt_string_free.
+ * @return 0; KVT_EINVAL (NULL argument); KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_remote_stats_json(const kvt_remote_stats *s, char **out);
+
 /** Whether the tier is in use (1) or skipped after failures (0). Thread-safe. */
 KVT_API int kvt_remote_healthy(kvt_remote *r);
 

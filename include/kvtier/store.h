@@ -120,7 +120,9 @@ typedef struct kvt_store_options {
      * shard read is checked as well as its XXH3-128 (which every restore
      * checks, always); a mismatch is a miss, counted. */
     int verify;
-    /** Threads serving kvt_store_restore_async; 0 = 1, at most 16. */
+    /** Accepted for compatibility (0..16, else KVT_EINVAL) and ignored:
+     * asynchronous restores, write-behind and shard hashing run on the I/O
+     * worker (`worker`), whose threads every store of the process shares. */
     int restore_threads;
     /** Fault-injection write layer (borrowed for the life of the store);
      * NULL = pwrite(2)/fsync(2). */
@@ -145,6 +147,26 @@ typedef struct kvt_store_options {
      * ever left waiting for the lock. Read-only opens do not wait (they go
      * on without the lock when it is held). */
     uint64_t lock_wait_ms;
+    /** Optional process-wide pool (kvtier/pool.h; borrowed, must outlive
+     * the store). The root joins it as `pool_name` (NULL: "ssd:<root>",
+     * the root's tail when longer than 255 bytes) and its byte budget
+     * max_bytes is reserved and published on the pool's disk axis at open
+     * (the root never holds more than its budget beyond a shard being
+     * written, so the budgets of every root of the process stay under the
+     * pool's disk limit) and released at close. Refused at open, before
+     * anything is created: the pool's KVT_EAGAIN / KVT_ELIMIT naming the
+     * axis "disk", the bytes asked and free; KVT_EINVAL for max_bytes 0
+     * under a disk-limited pool (an unlimited root cannot be charged);
+     * KVT_EBUSY when the member name is joined (several stores on one root
+     * share its budget: give the pool to one of them). A read-only store
+     * joins with 0 bytes. NULL: no pool. */
+    struct kvt_pool *pool;
+    const char *pool_name; /* borrowed for the call */
+    /** The I/O worker (kvtier/io.h) that runs this store's write-behind
+     * writes, asynchronous restores and shard hashes; borrowed: it must
+     * outlive the store. NULL: the process's default worker, a reference
+     * taken at open (kvt_io_default_acquire) and dropped at close. */
+    struct kvt_io *worker;
 } kvt_store_options;
 
 /** Why a shard was refused (counted per reason in kvt_store_stats.refused). */
@@ -241,8 +263,10 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
  * identity string over 1024 bytes or not UTF-8, restore_threads or lock_wait_ms out of range);
  * KVT_EUNSUPPORTED (the identity directory is a symbolic link: refused, not
  * followed); KVT_EBUSY (another process held <dir>/.lock exclusively for
- * the whole of opts->lock_wait_ms: nothing is left open); -errno (cannot create or open a directory; in read-only mode a
- * missing identity directory is an empty store, not an error); KVT_ENOMEM.
+ * the whole of opts->lock_wait_ms: nothing is left open; also a pool member
+ * name already joined, see pool); -errno (cannot create or open a
+ * directory; in read-only mode a missing identity directory is an empty
+ * store, not an error); KVT_ENOMEM.
  * Thread-safe (different stores are independent).
  */
 KVT_API int kvt_store_open(const char *root, const kvt_store_identity *identity,
@@ -387,7 +411,8 @@ KVT_API int kvt_store_flush(kvt_store *s);
  *     restore_failures (stats.restores / restore_misses), stores
  *     (stats.written), write_failures (failed + dropped + write_refused),
  *     behind_failures (write-behind jobs accepted by spill whose write
- *     failed later, in the writer thread; also in failed),
+ *     failed later, on the I/O worker; also in failed), behind_dropped
+ *     (accepted jobs the I/O worker discarded unrun because it shut down),
  *     evictions (stats.evicted), demotions (evictions the hook took),
  *     entries and bytes (this identity's directory).
  *   set_evict: from then on, an entry the byte budget evicts from this

@@ -36,7 +36,17 @@ typedef struct io_op {
     uint32_t holds;              /* unreleased tickets + 1 for the worker until done */
     uint32_t interest;           /* tickets not cancelled */
     int pinned;                  /* submitted without a ticket: runs regardless of interest */
+    int bg_slot;                 /* started from the background queue: holds one background slot */
+    struct io_notify *notify;    /* waiters told on completion (kvt_io_submit_notify) */
 } io_op;
+
+/* A waiter without a ticket: told once, on completion. It holds one
+ * interest and one hold until its function has run. */
+typedef struct io_notify {
+    kvt_io_notify_fn fn;
+    void *arg;
+    struct io_notify *next;
+} io_notify;
 
 struct kvt_io_ticket {
     kvt_io *io;
@@ -56,6 +66,7 @@ struct kvt_io {
     kvt_io_stats st;
     int closing;
     int nthreads;
+    uint32_t running_bg; /* operations holding a background slot */
     pthread_t *threads;
 };
 
@@ -161,6 +172,8 @@ static int discard_queued(kvt_io *io, io_op *o, int status)
     io->st.discarded++;
     io->st.queued_ops--;
     io->st.queued_bytes -= o->op.bytes;
+    io->st.by_kind[o->op.kind].queued_ops--;
+    io->st.by_kind[o->op.kind].queued_bytes -= o->op.bytes;
     note_idle(io);
     pthread_cond_broadcast(&io->done);
     return --o->holds == 0;
@@ -173,48 +186,110 @@ static void op_free(io_op *o)
     kvt__free(o);
 }
 
+/* ---- running and completing ------------------------------------------------- */
+
+/* Takes queued o off its queue to run it (under mu). */
+static void start_locked(kvt_io *io, io_op *o, int bg_slot)
+{
+    q_unlink(io, o);
+    o->state = OP_RUNNING;
+    o->bg_slot = bg_slot;
+    io->running_bg += (uint32_t)bg_slot;
+    io->st.queued_ops--;
+    io->st.running_ops++;
+}
+
+/* Records the end of a run (under mu, which it may release and take again
+ * to tell the notify waiters), then drops the worker's hold; the last hold
+ * frees the operation (with mu released). Returns with mu held. */
+static void complete_locked(kvt_io *io, io_op *o, int rc, void *result)
+{
+    live_del(io, o);
+    o->state = OP_DONE;
+    o->status = rc;
+    o->result = result;
+    kvt_io_kind_stats *k = &io->st.by_kind[o->op.kind];
+    io->st.ran++;
+    k->ran++;
+    if (rc) {
+        io->st.failed++;
+        k->failed++;
+    }
+    if (o->interest == 0 && !o->pinned)
+        io->st.results_discarded++;
+    io->running_bg -= (uint32_t)o->bg_slot;
+    o->bg_slot = 0;
+    io_notify *n = o->notify;
+    o->notify = NULL;
+    uint32_t told = 0;
+    if (n) { /* interest and holds stay until each has been told */
+        pthread_cond_broadcast(&io->done);
+        pthread_mutex_unlock(&io->mu);
+        while (n) {
+            io_notify *next = n->next;
+            n->fn(n->arg, rc, rc ? KVT_IO_DISCARD : KVT_IO_PUBLISH, rc ? NULL : result);
+            kvt__free(n);
+            told++;
+            n = next;
+        }
+        pthread_mutex_lock(&io->mu);
+        o->interest -= told;
+        o->holds -= told;
+    }
+    /* the gauges last: a flush returns once every waiter was told */
+    io->st.running_ops--;
+    io->st.queued_bytes -= o->op.bytes;
+    k->queued_ops--;
+    k->queued_bytes -= o->op.bytes;
+    note_idle(io);
+    pthread_cond_broadcast(&io->done);
+    if (--o->holds == 0) {
+        pthread_mutex_unlock(&io->mu);
+        op_free(o);
+        pthread_mutex_lock(&io->mu);
+    }
+}
+
 /* ---- the worker threads ---------------------------------------------------- */
+
+/* The next operation a worker may start (under mu): foreground first; a
+ * background one only while a background slot is free. */
+static io_op *next_locked(kvt_io *io, int *bg)
+{
+    *bg = 0;
+    if (io->head[KVT_IO_FOREGROUND])
+        return io->head[KVT_IO_FOREGROUND];
+    if (io->head[KVT_IO_BACKGROUND] && io->running_bg < (uint32_t)io->opt.max_background) {
+        *bg = 1;
+        return io->head[KVT_IO_BACKGROUND];
+    }
+    return NULL;
+}
 
 static void *io_thread(void *arg)
 {
     kvt_io *io = arg;
     pthread_mutex_lock(&io->mu);
     for (;;) {
-        io_op *o = io->head[KVT_IO_FOREGROUND] ? io->head[KVT_IO_FOREGROUND] : io->head[KVT_IO_BACKGROUND];
+        int bg;
+        io_op *o = next_locked(io, &bg);
         if (!o) {
-            if (io->closing)
+            if (io->closing && !io->head[KVT_IO_FOREGROUND] && !io->head[KVT_IO_BACKGROUND])
                 break;
             pthread_cond_wait(&io->work, &io->mu);
             continue;
         }
-        q_unlink(io, o);
-        o->state = OP_RUNNING;
-        io->st.queued_ops--;
-        io->st.running_ops++;
+        start_locked(io, o, bg);
         pthread_mutex_unlock(&io->mu);
 
         void *result = NULL;
         int rc = o->op.run(o->op.task, &result);
 
         pthread_mutex_lock(&io->mu);
-        live_del(io, o);
-        o->state = OP_DONE;
-        o->status = rc;
-        o->result = result;
-        io->st.ran++;
-        if (rc)
-            io->st.failed++;
-        if (o->interest == 0 && !o->pinned)
-            io->st.results_discarded++;
-        io->st.running_ops--;
-        io->st.queued_bytes -= o->op.bytes;
-        note_idle(io);
-        pthread_cond_broadcast(&io->done);
-        if (--o->holds == 0) {
-            pthread_mutex_unlock(&io->mu);
-            op_free(o);
-            pthread_mutex_lock(&io->mu);
-        }
+        int freed_bg = o->bg_slot;
+        complete_locked(io, o, rc, result);
+        if (freed_bg && io->head[KVT_IO_BACKGROUND])
+            pthread_cond_signal(&io->work); /* a slot is free: an idle thread may take the next */
     }
     pthread_mutex_unlock(&io->mu);
     return NULL;
@@ -232,12 +307,17 @@ int kvt_io_create(const kvt_io_options *opt, kvt_io **out)
         o.threads = 2;
     if (o.max_ops == 0)
         o.max_ops = 1024;
+    if (o.max_background == 0)
+        o.max_background = o.threads > 1 ? o.threads - 1 : 1;
     if (o.max_bytes == 0)
         o.max_bytes = 256ull << 20;
     if (o.threads < 1 || o.threads > 64)
         return kvt__fail(KVT_EINVAL, "kvt_io_create: threads is %d; it must be 1..64", o.threads);
     if (o.max_ops > (1u << 20))
         return kvt__fail(KVT_EINVAL, "kvt_io_create: max_ops is %u; it must be 1..1048576", o.max_ops);
+    if (o.max_background < 1 || o.max_background > o.threads)
+        return kvt__fail(KVT_EINVAL, "kvt_io_create: max_background is %d; it must be 1..threads (%d)",
+                         o.max_background, o.threads);
     kvt_io *io = kvt__calloc(1, sizeof *io);
     pthread_t *threads = kvt__calloc((size_t)o.threads, sizeof *threads);
     if (!io || !threads) {
@@ -272,12 +352,21 @@ void kvt_io_destroy(kvt_io *io)
 {
     if (!io)
         return;
-    io_op *to_free = NULL; /* chained through qnext */
+    io_op *to_free = NULL;      /* chained through qnext */
+    io_notify *to_tell = NULL;  /* waiters of discarded operations */
     pthread_mutex_lock(&io->mu);
     io->closing = 1;
     for (int p = 0; p < 2; p++)
         while (io->head[p]) {
             io_op *o = io->head[p];
+            for (io_notify *n = o->notify, *next; n; n = next) {
+                next = n->next;
+                n->next = to_tell;
+                to_tell = n;
+                o->interest--;
+                o->holds--;
+            }
+            o->notify = NULL;
             if (discard_queued(io, o, KVT_ECLOSED)) {
                 o->qnext = to_free;
                 to_free = o;
@@ -285,6 +374,12 @@ void kvt_io_destroy(kvt_io *io)
         }
     pthread_cond_broadcast(&io->work);
     pthread_mutex_unlock(&io->mu);
+    while (to_tell) {
+        io_notify *n = to_tell;
+        to_tell = n->next;
+        n->fn(n->arg, KVT_ECLOSED, KVT_IO_DISCARD, NULL);
+        kvt__free(n);
+    }
     for (int i = 0; i < io->nthreads; i++)
         pthread_join(io->threads[i], NULL);
     while (to_free) {
@@ -306,7 +401,14 @@ void kvt_io_destroy(kvt_io *io)
 static const char *const kind_names[KVT_IO_KINDS] = {"restore", "write", "hash", "remote-get", "remote-set",
                                                      "prefetch"};
 
-int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket)
+const char *kvt_io_kind_name(kvt_io_kind kind)
+{
+    return (unsigned)kind < KVT_IO_KINDS ? kind_names[kind] : "unknown";
+}
+
+/* Submits op with a ticket (ticket != NULL), a notify waiter (fn != NULL)
+ * or neither (pinned: runs regardless of interest). */
+static int submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket, kvt_io_notify_fn fn, void *arg)
 {
     if (ticket)
         *ticket = NULL;
@@ -320,11 +422,17 @@ int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket)
                          kind_names[op->kind], (unsigned long long)op->bytes, (unsigned long long)io->opt.max_bytes);
     /* allocated before the lock; whichever is not needed is freed after */
     kvt_io_ticket *t = NULL;
+    io_notify *nt = NULL;
     if (ticket && !(t = kvt__calloc(1, sizeof *t)))
         return kvt__fail(KVT_ENOMEM, "kvt_io_submit: out of memory");
+    if (fn && !(nt = kvt__calloc(1, sizeof *nt))) {
+        kvt__free(t);
+        return kvt__fail(KVT_ENOMEM, "kvt_io_submit: out of memory");
+    }
     io_op *fresh = kvt__calloc(1, sizeof *fresh);
     if (!fresh) {
         kvt__free(t);
+        kvt__free(nt);
         return kvt__fail(KVT_ENOMEM, "kvt_io_submit: out of memory");
     }
 
@@ -341,18 +449,22 @@ int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket)
             q_unlink(io, o);
             o->op.priority = KVT_IO_FOREGROUND;
             q_push(io, o);
+            pthread_cond_signal(&io->work); /* it may start now, past the background bound */
         }
         io->st.coalesced++;
+        io->st.by_kind[op->kind].coalesced++;
     } else {
         uint64_t live_ops = io->st.queued_ops + io->st.running_ops;
         if (live_ops >= io->opt.max_ops) {
             io->st.refused++;
+            io->st.by_kind[op->kind].refused++;
             rc = kvt__fail(KVT_EAGAIN, "io queue full: %llu of %u operations are queued or running; %s refused",
                            (unsigned long long)live_ops, io->opt.max_ops, kind_names[op->kind]);
             goto fail;
         }
         if (op->bytes > io->opt.max_bytes - io->st.queued_bytes) {
             io->st.refused++;
+            io->st.by_kind[op->kind].refused++;
             rc = kvt__fail(KVT_EAGAIN,
                            "io queue full: %llu of %llu bytes are queued or running; a %s of %llu bytes does not fit",
                            (unsigned long long)io->st.queued_bytes, (unsigned long long)io->opt.max_bytes,
@@ -373,14 +485,24 @@ int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket)
         q_push(io, o);
         io->st.queued_ops++;
         io->st.queued_bytes += op->bytes;
+        io->st.by_kind[op->kind].queued_ops++;
+        io->st.by_kind[op->kind].queued_bytes += op->bytes;
         if (io->st.queued_ops + io->st.running_ops > io->st.max_queued_ops)
             io->st.max_queued_ops = io->st.queued_ops + io->st.running_ops;
         pthread_cond_signal(&io->work);
     }
     io->st.submitted++;
+    io->st.by_kind[op->kind].submitted++;
     if (t) {
         t->io = io;
         t->op = o;
+        o->holds++;
+        o->interest++;
+    } else if (nt) {
+        nt->fn = fn;
+        nt->arg = arg;
+        nt->next = o->notify;
+        o->notify = nt;
         o->holds++;
         o->interest++;
     } else {
@@ -400,7 +522,20 @@ fail:
     pthread_mutex_unlock(&io->mu);
     kvt__free(fresh);
     kvt__free(t);
+    kvt__free(nt);
     return rc;
+}
+
+int kvt_io_submit(kvt_io *io, const kvt_io_op *op, kvt_io_ticket **ticket)
+{
+    return submit(io, op, ticket, NULL, NULL);
+}
+
+int kvt_io_submit_notify(kvt_io *io, const kvt_io_op *op, kvt_io_notify_fn fn, void *arg)
+{
+    if (!fn)
+        return kvt__fail(KVT_EINVAL, "kvt_io_submit_notify: fn is NULL");
+    return submit(io, op, NULL, fn, arg);
 }
 
 /* ---- tickets ------------------------------------------------------------------- */
@@ -525,4 +660,65 @@ int kvt_io_stats_get(kvt_io *io, kvt_io_stats *out)
     *out = io->st;
     pthread_mutex_unlock(&io->mu);
     return 0;
+}
+
+int kvt_io_run_here(kvt_io_ticket *ticket)
+{
+    if (!ticket)
+        return kvt__fail(KVT_EINVAL, "kvt_io_run_here: ticket is NULL");
+    kvt_io *io = ticket->io;
+    io_op *o = ticket->op;
+    pthread_mutex_lock(&io->mu);
+    if (o->state != OP_QUEUED || ticket->cancelled) {
+        pthread_mutex_unlock(&io->mu);
+        return 0;
+    }
+    start_locked(io, o, 0);
+    pthread_mutex_unlock(&io->mu);
+    void *result = NULL;
+    int rc = o->op.run(o->op.task, &result);
+    pthread_mutex_lock(&io->mu);
+    complete_locked(io, o, rc, result); /* the ticket's hold keeps o */
+    pthread_mutex_unlock(&io->mu);
+    return 1;
+}
+
+/* ---- the process's default worker ---------------------------------------------- */
+
+static pthread_mutex_t default_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvt_io *default_io;
+static uint64_t default_refs;
+
+int kvt_io_default_acquire(kvt_io **out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "kvt_io_default_acquire: out is NULL");
+    *out = NULL;
+    pthread_mutex_lock(&default_mu);
+    int rc = 0;
+    if (!default_io)
+        rc = kvt_io_create(NULL, &default_io);
+    if (!rc) {
+        default_refs++;
+        *out = default_io;
+    }
+    pthread_mutex_unlock(&default_mu);
+    return rc;
+}
+
+void kvt_io_default_release(kvt_io *io)
+{
+    if (!io)
+        return;
+    kvt_io *last = NULL;
+    pthread_mutex_lock(&default_mu);
+    if (io == default_io && default_refs && --default_refs == 0) {
+        last = default_io;
+        default_io = NULL;
+    }
+    pthread_mutex_unlock(&default_mu);
+    if (last) {
+        kvt_io_flush(last, UINT64_MAX);
+        kvt_io_destroy(last);
+    }
 }

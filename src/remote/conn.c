@@ -53,13 +53,6 @@ struct kvt__rconn {
     int th_started;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static struct timeval tv_of(int32_t ms)
 {
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
@@ -164,7 +157,7 @@ static void node_result(kvt__rconn *c, rnode *n, kvt__rfail f)
     } else if (f != KVT__RF_REPLY && f != KVT__RF_DOWN && ++n->fails >= c->cfg.fail_threshold && !n->down) {
         n->down = 1;
         n->backoff_ms = BACKOFF_MIN_MS;
-        n->retry_ms = mono_ms() + n->backoff_ms;
+        n->retry_ms = kvt__remote_now_ms() + n->backoff_ms;
         atomic_fetch_add(&c->ct.unhealthy_transitions, 1);
         for (int i = 0; i < n->n_idle; i++)
             redisFree(n->idle[i]);
@@ -408,7 +401,7 @@ static void *health_main(void *arg)
     pthread_mutex_lock(&c->th_mu);
     while (!c->closing) {
         pthread_mutex_unlock(&c->th_mu);
-        int64_t now = mono_ms(), next = now + 1000;
+        int64_t now = kvt__remote_now_ms(), next = now + 1000;
         int n = kvt__rconn_nodes(c), any_up_again = 0;
         for (int i = 0; i < n; i++) {
             rnode *nd = node_at(c, i);
@@ -422,7 +415,7 @@ static void *health_main(void *arg)
                 } else {
                     pthread_mutex_lock(&nd->mu);
                     nd->backoff_ms = KVT__MIN(nd->backoff_ms * 2, BACKOFF_MAX_MS);
-                    nd->retry_ms = mono_ms() + nd->backoff_ms;
+                    nd->retry_ms = kvt__remote_now_ms() + nd->backoff_ms;
                     at = nd->retry_ms;
                     pthread_mutex_unlock(&nd->mu);
                 }
@@ -435,9 +428,9 @@ static void *health_main(void *arg)
         if (c->cfg.cluster && (any_up_again || atomic_load(&c->map_stale)))
             kvt__rconn_refresh(c, c->cfg.connect_timeout_ms, NULL);
         if (c->cfg.cluster && atomic_load(&c->map_stale))
-            next = KVT__MIN(next, mono_ms() + 200);
+            next = KVT__MIN(next, kvt__remote_now_ms() + 200);
         pthread_mutex_lock(&c->th_mu);
-        int64_t wait = next - mono_ms();
+        int64_t wait = next - kvt__remote_now_ms();
         if (!c->closing && wait > 0) {
             struct timespec dl = kvt__deadline(CLOCK_MONOTONIC, (uint64_t)wait);
             pthread_cond_timedwait(&c->th_cv, &c->th_mu, &dl);

@@ -1,7 +1,8 @@
 /*
  * remote_internal.h: the pieces of the remote tier (kvtier/remote.h) shared
  * by its files: the record codec (record.c), the connections, pipelines and
- * cluster routing (conn.c). Internal; never installed.
+ * cluster routing (conn.c), the tier's state and the helpers its lookup,
+ * restore, store and write-behind files share. Internal; never installed.
  */
 #ifndef KVTIER_REMOTE_INTERNAL_H
 #define KVTIER_REMOTE_INTERNAL_H
@@ -14,6 +15,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* ---- records (record.c) ----------------------------------------------------------
  *
@@ -185,5 +187,120 @@ int kvt__rconn_exec(kvt__rconn *c, kvt__rpipe *p, int32_t timeout_ms);
 
 /** CRC16 (XMODEM) key slot of Redis Cluster, honouring {hash tags}. */
 unsigned kvt__redis_slot(const char *key, size_t len);
+
+/* ---- the tier (redis.c: keys, layout, handles, stats, the tier table, open/close;
+ * lookup.c; restore.c; store.c; writeback.c) ------------------------------------------ */
+
+#define KVT__REMOTE_HANDLES 256 /* lookups whose handles stay valid */
+#define KVT__REMOTE_KEY_MAX 96  /* bytes of a key name with its NUL */
+
+/** A lookup's result, kept so restore fetches exactly what the lookup found. */
+typedef struct kvt__rhandle {
+    uint64_t id;      /* 0: empty */
+    char *ns;
+    int32_t *tokens;  /* (n_tokens): what the restored entry holds */
+    int64_t n_tokens;
+    kvt__key *keys;   /* (n_keys) block keys in chain order */
+    int32_t n_keys;
+    int is_entry;
+    kvt__key ekey;
+} kvt__rhandle;
+
+/** One queued write-behind entry (owned by the queue). */
+typedef struct kvt__rjob {
+    kvt_entry e;
+    uint64_t bytes;
+    struct kvt__rjob *next;
+} kvt__rjob;
+
+/** The tier. mu guards layout, handles and stats; q_mu the write-behind queue. */
+struct kvt_remote {
+    kvt__rconn *conn;
+    kvt__key seed;
+    char prefix[48];
+    size_t prefix_len;
+    char host[300];  /* host:port for messages (never the password) */
+    int32_t lookup_ms, io_ms;
+    int64_t ttl_s;
+    uint64_t queue_max_bytes;
+    int32_t queue_max_entries;
+
+    pthread_mutex_t mu; /* layout, handles, stats */
+    int layout_known, layout_written;
+    int32_t B;
+    int standalone;
+    kvt__rhandle ring[KVT__REMOTE_HANDLES];
+    uint64_t next_id;
+    kvt_remote_stats st;
+    uint64_t entries, bytes; /* new entries and record bytes this tier wrote */
+
+    /* write-behind */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv, idle_cv;
+    kvt__rjob *q_head, *q_tail, *inflight;
+    int32_t q_n;
+    uint64_t q_bytes;
+    int closing;
+    int flush_rc;
+    pthread_t writer;
+    int writer_started;
+};
+
+/** Adds n to the stats field of r under r->mu. */
+#define KVT__REMOTE_BUMP(r, field, n)                                                                           \
+    do {                                                                                                        \
+        pthread_mutex_lock(&(r)->mu);                                                                           \
+        (r)->st.field += (n);                                                                                   \
+        pthread_mutex_unlock(&(r)->mu);                                                                         \
+    } while (0)
+
+/** Monotonic clock in milliseconds. */
+static inline int64_t kvt__remote_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/** Milliseconds left before deadline (at least 1). */
+static inline int32_t kvt__remote_left_ms(int64_t deadline)
+{
+    int64_t l = deadline - kvt__remote_now_ms();
+    return l < 1 ? 1 : (int32_t)l;
+}
+
+/** Writes the Redis key of a record ('b' block, 'e' entry, 'k' children hash)
+ * into out. @return its length. */
+size_t kvt__remote_key_name(const kvt_remote *r, char type, kvt__key k, char out[KVT__REMOTE_KEY_MAX]);
+/** The node a chain position hangs off: the last of keys[0..run), or the root of ns. */
+kvt__key kvt__remote_node_key(const kvt_remote *r, const char *ns, const kvt__key *keys, int32_t run);
+/** Whether every node is marked down (the whole tier is skipped without I/O). */
+int kvt__remote_all_down(kvt_remote *r);
+/** Learns the identity's block size and standalone flag from Redis (once;
+ * bounded by timeout_ms). @return 1 known (*B, *standalone set), 0 not (yet). */
+int kvt__remote_layout_get(kvt_remote *r, int32_t timeout_ms, int32_t *B, int *standalone);
+/** Frees a handle slot's arrays and zeroes it. */
+void kvt__remote_hslot_clear(kvt__rhandle *h);
+/** Stores a lookup's result (*h is moved in and zeroed). @return the handle. */
+uint64_t kvt__remote_handle_put(kvt_remote *r, kvt__rhandle *h);
+/** A copy of handle id's slot (caller clears with kvt__remote_hslot_clear).
+ * @return 0; KVT_ENOTFOUND (not a recent lookup); KVT_ENOMEM. */
+int kvt__remote_handle_get(kvt_remote *r, uint64_t id, kvt__rhandle *out);
+/** Builds a slot: tokens = a[0..na) + b[0..nb), keys copied. @return 0 or KVT_ENOMEM. */
+int kvt__remote_hslot_make(kvt__rhandle *h, const char *ns, const int32_t *a, int64_t na, const int32_t *b,
+                           int64_t nb, const kvt__key *keys, int32_t n_keys, int is_entry, kvt__key ekey);
+
+/* The kvt_cold_tier operations (kvtier/tier.h gives their contracts); self is a kvt_remote. */
+int kvt__remote_find(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out);
+int kvt__remote_find_exact(void *self, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out);
+int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out);
+/** Writes an entry now (blocks Redis holds already are skipped), bounded by io_ms per socket op. */
+int kvt__remote_store(kvt_remote *r, const kvt_entry *e);
+int kvt__remote_spill(void *self, kvt_entry *e);
+int kvt__remote_pending(void *self, const int32_t *tokens, int64_t n, const char *ns);
+int kvt__remote_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns);
+int kvt__remote_flush(void *self);
+/** The write-behind thread (arg: the kvt_remote); returns when closing and the queue is empty. */
+void *kvt__remote_writer_main(void *arg);
 
 #endif

@@ -1,6 +1,6 @@
 /*
- * put.c: the SSD tier's synchronous write (kvt_store_put, and the writer
- * thread's job): an entry is encoded (src/tier/codec.h), the blocks the
+ * put.c: the SSD tier's synchronous write (kvt_store_put, and the
+ * write-behind operation's job): an entry is encoded (src/tier/codec.h), the blocks the
  * store lacks are written crash-safely, then the entry shard, and only then
  * is it indexed. It must never index an entry before it and its blocks are
  * durable, and never rely on a block without holding the shared budget lock
@@ -193,7 +193,8 @@ static int put_blocks(put_job *p)
             kvt__store_file_name('b', enc->keys[c], name);
             rc = kvt__enc_block(enc, c, s->identity, &meta, p->outs, &k);
             if (!rc)
-                rc = kvt__shard_begin(s->dirfd, s->dir, name, meta, p->outs, k, s->opts.io, &p->win[nwin]);
+                rc = kvt__shard_begin(s->dirfd, s->dir, name, meta, p->outs, k, s->opts.io, s->worker,
+                                      &p->win[nwin]);
             json_decref(meta);
             if (rc)
                 goto abort_win;
@@ -301,7 +302,7 @@ static int put_entry(put_job *p, uint64_t want_id)
     char name[64];
     uint64_t fb = 0;
     kvt__store_file_name('e', p->enc.key, name);
-    rc = kvt__shard_write(s->dirfd, s->dir, name, meta, p->outs, k, s->opts.io, &fb);
+    rc = kvt__shard_write(s->dirfd, s->dir, name, meta, p->outs, k, s->opts.io, s->worker, &fb);
     json_decref(meta);
     if (rc)
         return rc;

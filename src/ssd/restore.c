@@ -3,7 +3,8 @@
  * or copied into owned buffers and checked before any byte is used, the
  * entry built by the codec (src/tier/codec.h), entries still in the
  * write-behind queue served from the queue, refusals counted and corrupt
- * shards forgotten, and the restore threads of kvt_store_restore_async.
+ * shards forgotten, and kvt_store_restore_async as coalesced foreground
+ * operations of the I/O worker (one read, a zero-copy clone per waiter).
  * It never hands out a byte whose checksum it has not verified.
  */
 #include "codec.h"
@@ -312,6 +313,18 @@ static void forget_corrupt(kvt_store *s, const char *shard)
 }
 
 
+int kvt__entry_share(const kvt_entry *e, kvt_entry *out)
+{
+    int rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
+    for (int32_t l = 0; !rc && l < e->n_caches; l++)
+        rc = kvt_cache_clone(e->caches[l], &out->caches[l]);
+    for (int32_t a = 0; !rc && a < e->n_attachments; a++)
+        rc = e->attachments[a] ? kvt_attachment_clone(e->attachments[a], &out->attachments[a]) : 0;
+    if (rc)
+        kvt_entry_clear(out);
+    return rc;
+}
+
 /* Restores a handle whose write-behind is still queued or in flight from the
  * job's own caches: zero-copy clones, the hook holding a reference on the
  * job (so whatever its entry's hook releases stays alive until the clones
@@ -331,21 +344,15 @@ static int restore_pending(kvt_store *s, uint64_t handle, const int32_t *prompt,
     int rc = 0;
     if (prompt && cmpn && memcmp(prompt, e->tokens, sizeof(int32_t) * (size_t)cmpn))
         rc = kvt__fail(KVT_ENOTFOUND, "store restore: pending tokens differ from the requested prefix");
-    if (!rc)
-        rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
     if (rc) {
         kvt__store_job_release(j);
         return rc;
     }
-    out->hook = (kvt_hook){kvt__store_job_hook, j}; /* from here kvt_entry_clear releases j */
-    for (int32_t l = 0; !rc && l < e->n_caches; l++)
-        rc = kvt_cache_clone(e->caches[l], &out->caches[l]);
-    for (int32_t a = 0; !rc && a < e->n_attachments; a++)
-        rc = e->attachments[a] ? kvt_attachment_clone(e->attachments[a], &out->attachments[a]) : 0;
-    if (rc) {
-        kvt_entry_clear(out);
+    if ((rc = kvt__entry_share(e, out))) {
+        kvt__store_job_release(j);
         return kvt__fail(rc, "store restore: cannot clone a pending entry: %s", kvt_strerror(rc));
     }
+    out->hook = (kvt_hook){kvt__store_job_hook, j}; /* from here kvt_entry_clear releases j */
     pthread_mutex_lock(&s->mu);
     s->st.restores++;
     s->st.pending_hits++;
@@ -403,56 +410,98 @@ KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prom
 
 /* ---- async restore ---------------------------------------------------------------- */
 
-void *kvt__store_restore_main(void *arg)
+/* One asynchronous restore operation: read once, shared by every waiter
+ * (each gets its own zero-copy clone of the result). */
+typedef struct rtask {
+    kvt_store *s;
+    uint64_t handle;
+    kvt_entry e; /* the result once run */
+} rtask;
+
+/* One kvt_store_restore_async call waiting for an operation. */
+typedef struct rwait {
+    kvt_store *s;
+    kvt_restore_done_fn done;
+    void *arg;
+} rwait;
+
+static int rtask_run(void *task, void **result)
 {
-    kvt_store *s = arg;
+    rtask *t = task;
+    int rc = kvt_store_restore(t->s, t->handle, NULL, 0, &t->e);
+    if (!rc)
+        *result = &t->e;
+    return rc;
+}
+
+static void rtask_free(void *task, void *result)
+{
+    (void)result;
+    rtask *t = task;
+    kvt_entry_clear(&t->e);
+    kvt__free(t);
+}
+
+/* Gives one waiter its clone of the shared result (or the error), then
+ * lets the store's close go on. */
+static void rwait_tell(void *arg, int status, kvt_io_disposition d, void *result)
+{
+    rwait w = *(rwait *)arg;
+    kvt__free(arg);
+    kvt_entry mine;
+    memset(&mine, 0, sizeof mine);
+    if (!status && (d != KVT_IO_PUBLISH || !result))
+        status = KVT_ECANCELED;
+    if (!status)
+        status = kvt__entry_share(result, &mine);
+    kvt_store *s = w.s;
+    w.done(w.arg, status, status ? NULL : &mine);
     pthread_mutex_lock(&s->mu);
-    for (;;) {
-        while (!s->r_head && !s->closing)
-            pthread_cond_wait(&s->r_cv, &s->mu);
-        rjob *j = s->r_head;
-        if (!j)
-            break;
-        s->r_head = j->next;
-        if (!s->r_head)
-            s->r_tail = NULL;
-        pthread_mutex_unlock(&s->mu);
-        rjob job = *j;
-        kvt__free(j);
-        kvt_entry e;
-        int rc = kvt_store_restore(s, job.handle, NULL, 0, &e);
-        /* nothing of kvtier's is touched after done returns: the caller may
-         * be waiting for it to change the allocator or to close the store */
-        job.done(job.arg, rc, rc ? NULL : &e);
-        pthread_mutex_lock(&s->mu);
-    }
+    s->restores_live--;
+    pthread_cond_broadcast(&s->idle_cv);
     pthread_mutex_unlock(&s->mu);
-    return NULL;
 }
 
 KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_done_fn done, void *arg)
 {
     if (!s || !done)
         return kvt__fail(KVT_EINVAL, "kvt_store_restore_async: bad arguments");
-    rjob *j = kvt__calloc(1, sizeof *j);
-    if (!j)
+    rtask *t = kvt__calloc(1, sizeof *t);
+    rwait *w = kvt__calloc(1, sizeof *w);
+    if (!t || !w) {
+        kvt__free(t);
+        kvt__free(w);
         return kvt__fail(KVT_ENOMEM, "kvt_store_restore_async: out of memory");
-    j->handle = handle;
-    j->done = done;
-    j->arg = arg;
+    }
+    t->s = s;
+    t->handle = handle;
+    *w = (rwait){s, done, arg};
     pthread_mutex_lock(&s->mu);
     if (s->closing) {
         pthread_mutex_unlock(&s->mu);
-        kvt__free(j);
+        kvt__free(t);
+        kvt__free(w);
         return kvt__fail(KVT_ECLOSED, "kvt_store_restore_async: the store is closing");
     }
-    if (s->r_tail)
-        s->r_tail->next = j;
-    else
-        s->r_head = j;
-    s->r_tail = j;
-    pthread_cond_signal(&s->r_cv);
+    s->restores_live++;
     pthread_mutex_unlock(&s->mu);
+    /* a request waits for it: foreground, before write-behind; the same
+     * handle queued or being read is joined (one read, many waiters) */
+    kvt_io_op op = {.kind = KVT_IO_KIND_RESTORE,
+                    .key = kvt__store_io_key(s, (kvt__key){handle, 0x7e57}),
+                    .priority = KVT_IO_FOREGROUND,
+                    .run = rtask_run,
+                    .free_fn = rtask_free,
+                    .task = t};
+    int rc = kvt_io_submit_notify(s->worker, &op, rwait_tell, w);
+    if (rc) {
+        kvt__free(t);
+        kvt__free(w);
+        pthread_mutex_lock(&s->mu);
+        s->restores_live--;
+        pthread_cond_broadcast(&s->idle_cv);
+        pthread_mutex_unlock(&s->mu);
+        return kvt__fail(rc, "kvt_store_restore_async: %s", kvt_strerror(rc));
+    }
     return 0;
 }
-

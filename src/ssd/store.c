@@ -411,6 +411,7 @@ static void free_block_val(kvt__key k, uint64_t v, void *ctx) { kvt__free((void 
 
 static void store_free(kvt_store *s)
 {
+    kvt__store_pool_leave(s);
     for (st_entry *e = s->head, *nx; e; e = nx) {
         nx = e->next;
         kvt__store_entry_free(e);
@@ -428,7 +429,8 @@ static void store_free(kvt_store *s)
     pthread_mutex_destroy(&s->disk_mu);
     pthread_mutex_destroy(&s->evict_mu);
     kvt__free(s->orphans);
-    kvt__free(s->rthreads);
+    if (s->worker_default)
+        kvt_io_default_release(s->worker);
     if (s->lockfd >= 0)
         kvt__io_close(s->lockfd);
     if (s->dirfd >= 0)
@@ -438,9 +440,7 @@ static void store_free(kvt_store *s)
     kvt__free(s->dir_name);
     kvt__free(s->identity);
     pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->q_cv);
     pthread_cond_destroy(&s->idle_cv);
-    pthread_cond_destroy(&s->r_cv);
     kvt__free(s);
 }
 
@@ -473,9 +473,7 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->disk_mu, NULL);
     pthread_mutex_init(&s->evict_mu, NULL);
-    pthread_cond_init(&s->q_cv, NULL);
     pthread_cond_init(&s->idle_cv, NULL);
-    pthread_cond_init(&s->r_cv, NULL);
     if (opts)
         s->opts = *opts;
     if (!s->opts.queue_max_bytes)
@@ -483,10 +481,12 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     if (!s->opts.restore_threads)
         s->opts.restore_threads = 1;
     s->st.max_bytes = s->opts.max_bytes;
-    int rc = 0;
+    s->root = kvt__strdup(root);
+    int rc = s->root ? kvt__store_pool_join(s) : 0; /* refused before anything is created */
+    if (rc)
+        goto fail;
     char hex[65];
     s->identity = identity_json(id);
-    s->root = kvt__strdup(root);
     if (!s->identity || !s->root || kvt__index_create(&s->tree) || kvt__index_create(&s->ptree)) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
         goto fail;
@@ -546,35 +546,11 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     if (!ro && !kvt__store_foreign_bytes(root, s->dir_name, &foreign))
         s->foreign_bytes = foreign;
     kvt__store_reclaim(s, KVT__KEY_ZERO, 0);
-    if (pthread_create(&s->writer, NULL, kvt__store_writer_main, s)) {
-        rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: cannot start the writer thread");
+    if ((rc = kvt__store_worker_open(s)))
         goto fail;
-    }
-    s->writer_started = 1;
-    s->rthreads = kvt__calloc((size_t)s->opts.restore_threads, sizeof(pthread_t));
-    if (!s->rthreads) {
-        rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
-        goto fail;
-    }
-    for (int i = 0; i < s->opts.restore_threads; i++) {
-        if (pthread_create(&s->rthreads[i], NULL, kvt__store_restore_main, s)) {
-            rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: cannot start a restore thread");
-            goto fail;
-        }
-        s->n_rthreads++;
-    }
     *out = s;
     return 0;
 fail:
-    pthread_mutex_lock(&s->mu);
-    s->closing = 1;
-    pthread_cond_broadcast(&s->q_cv);
-    pthread_cond_broadcast(&s->r_cv);
-    pthread_mutex_unlock(&s->mu);
-    if (s->writer_started)
-        pthread_join(s->writer, NULL);
-    for (int i = 0; i < s->n_rthreads; i++)
-        pthread_join(s->rthreads[i], NULL);
     store_free(s);
     return rc;
 }
@@ -583,20 +559,12 @@ KVT_API int kvt_store_close(kvt_store *s)
 {
     if (!s)
         return 0;
-    int rc = kvt_store_flush(s);
-    pthread_mutex_lock(&s->mu);
-    s->closing = 1;
-    pthread_cond_broadcast(&s->q_cv);
-    pthread_cond_broadcast(&s->r_cv);
-    pthread_mutex_unlock(&s->mu);
-    pthread_join(s->writer, NULL);
-    for (int i = 0; i < s->n_rthreads; i++)
-        pthread_join(s->rthreads[i], NULL);
+    int rc = kvt__store_worker_close(s);
     /* the last word on the budget: waits for other processes' puts, so the
      * root ends within max_bytes (plus a shard written meanwhile) */
     kvt__store_reclaim(s, KVT__KEY_ZERO, 1);
-    /* anything queued after the flush (raced with close) was written by the
-     * writer before it exited; record its failure too */
+    /* anything queued after the flush (raced with close) was written
+     * before the worker let go of the store; record its failure too */
     if (!rc && s->flush_rc)
         rc = s->flush_rc;
     store_free(s);
@@ -670,6 +638,7 @@ static int ct_stats(void *self, kvt_tier_stats *out)
     out->stores = s->st.written;
     out->write_failures = s->st.failed + s->st.dropped + s->st.write_refused;
     out->behind_failures = s->behind_failed;
+    out->behind_dropped = s->behind_dropped;
     out->demotions = s->demoted;
     out->evictions = s->st.evicted;
     out->entries = s->st.entries;

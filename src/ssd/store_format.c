@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -76,39 +75,61 @@ static kvt_store_io io_or_default(const kvt_store_io *io_opt)
     return io;
 }
 
-/* SHA-256 of a shard's payload, computed on a second thread while the
- * writer thread copies the same (immutable) bytes into the file (and
- * computes their XXH3-128 as it goes), so a store
- * costs max(hash, write) instead of their sum on a 2-core machine; the hash
- * is only waited for in kvt__shard_seal, so a caller that begins shard k+1
- * before sealing shard k keeps both cores hashing while it writes. Small
- * payloads are hashed inline: a thread is not worth it below this size. */
-#define KVT__HASH_THREAD_MIN (4u << 20)
+/* SHA-256 of a shard's payload, computed as a foreground operation of the
+ * I/O worker while the calling thread copies the same (immutable) bytes
+ * into the file (and computes their XXH3-128 as it goes), so a store costs
+ * max(hash, write) instead of their sum on a 2-core machine; the hash is
+ * only waited for in kvt__shard_seal, so a caller that begins shard k+1
+ * before sealing shard k keeps both cores hashing while it writes. Seal
+ * runs a hash that has not started yet itself (kvt_io_run_here), so a
+ * writer never waits for a worker thread. Small payloads are hashed
+ * inline: an operation is not worth it below this size; so is a payload
+ * the worker's queue refuses. */
+#define KVT__HASH_OP_MIN (4u << 20)
 
-typedef struct {
+typedef struct kvt__hash_job {
     EVP_MD_CTX *md;
     const kvt__st_out *t;
     const int32_t *ord;
     int32_t n;
 } kvt__hash_job;
 
-static void *hash_payload(void *arg)
+static int hash_payload(void *task, void **result)
 {
-    kvt__hash_job *j = arg;
+    (void)result;
+    kvt__hash_job *j = task;
     for (int32_t k = 0; k < j->n; k++) {
         const kvt__st_out *x = &j->t[j->ord[k]];
         EVP_DigestUpdate(j->md, x->data, x->bytes);
     }
-    kvt__free(j); /* the job is the thread's own */
-    return NULL;
+    return 0;
 }
 
-/* Joins a running hash and frees what a begun shard holds besides its file. */
+static void hash_free(void *task, void *result)
+{
+    (void)result;
+    kvt__free(task);
+}
+
+/* The key of a hash operation: the temp file's unique sequence number (a
+ * hash is never shared: two shards of the same name may differ). */
+static kvt_io_key hash_key(uint64_t seq) { return (kvt_io_key){seq ^ 0x5a256ull, (uint64_t)getpid()}; }
+
+/* Waits for a hash operation (running it here if it has not started). */
+static void hash_wait(kvt__pending_shard *ps)
+{
+    if (!ps->hash)
+        return;
+    kvt_io_run_here(ps->hash);
+    kvt_io_wait(ps->hash, UINT64_MAX, NULL, NULL);
+    kvt_io_ticket_release(ps->hash);
+    ps->hash = NULL;
+}
+
+/* Waits for a running hash and frees what a begun shard holds besides its file. */
 static void pending_release(kvt__pending_shard *ps)
 {
-    if (ps->hashing)
-        pthread_join(ps->hasher, NULL); /* before md or the data can go away */
-    ps->hashing = 0;
+    hash_wait(ps); /* before md or the data can go away */
     EVP_MD_CTX_free(ps->md);
     ps->md = NULL;
     if (ps->xx)
@@ -123,13 +144,15 @@ static void pending_release(kvt__pending_shard *ps)
 }
 
 int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
-                     const kvt__st_out *t, int32_t n, const kvt_store_io *io_opt, kvt__pending_shard *ps)
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io_opt, kvt_io *worker,
+                     kvt__pending_shard *ps)
 {
     memset(ps, 0, sizeof *ps);
     ps->fd = -1;
     ps->io = io_or_default(io_opt);
-    snprintf(ps->tmp, sizeof ps->tmp, KVT__TMP_PREFIX "%ld.%llu.%s", (long)getpid(),
-             (unsigned long long)atomic_fetch_add(&kvt__tmp_seq, 1), final_name);
+    uint64_t seq = atomic_fetch_add(&kvt__tmp_seq, 1);
+    snprintf(ps->tmp, sizeof ps->tmp, KVT__TMP_PREFIX "%ld.%llu.%s", (long)getpid(), (unsigned long long)seq,
+             final_name);
     snprintf(ps->final, sizeof ps->final, "%s", final_name);
     snprintf(ps->path, sizeof ps->path, "%s/%s", dir_path, ps->tmp);
     ps->dirfd = dirfd;
@@ -181,17 +204,24 @@ int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, js
     /* Payload first (hashed beside the writes, see hash_payload), then, in
      * kvt__shard_seal, the header with the real hash over a same-length
      * placeholder. The hash may still run when this returns. */
-    kvt__hash_job hj = {md, ps->t, ps->ord, n};
-    int threaded = payload >= KVT__HASH_THREAD_MIN;
-    kvt__hash_job *hjp = NULL;
-    if (threaded && (hjp = kvt__malloc(sizeof *hjp))) {
-        *hjp = hj;
-        ps->hashing = pthread_create(&ps->hasher, NULL, hash_payload, hjp) == 0;
-    }
-    threaded = ps->hashing;
-    if (!threaded) {
-        kvt__free(hjp);
-        hjp = NULL;
+    int threaded = 0;
+    kvt__hash_job *hj = worker && payload >= KVT__HASH_OP_MIN ? kvt__malloc(sizeof *hj) : NULL;
+    if (hj) {
+        *hj = (kvt__hash_job){md, ps->t, ps->ord, n};
+        kvt_io_op op = {.kind = KVT_IO_KIND_HASH,
+                        .key = hash_key(seq),
+                        .priority = KVT_IO_FOREGROUND, /* a writer waits for it */
+                        .bytes = payload,
+                        .run = hash_payload,
+                        .free_fn = hash_free,
+                        .task = hj};
+        kvt_io_ticket *tk = NULL;
+        if (kvt_io_submit(worker, &op, &tk) == 0) {
+            ps->hash = tk;
+            threaded = 1;
+        } else {
+            kvt__free(hj); /* refused (queue full, too big): hashed inline below */
+        }
     }
     uint64_t off = 8 + hlen;
     for (int32_t k = 0; k < n && !rc; k++) {
@@ -229,9 +259,7 @@ int kvt__shard_seal(kvt__pending_shard *ps)
         return 0;
     if (ps->fd < 0)
         return kvt__fail(KVT_EINVAL, "%s: shard was aborted", ps->path);
-    if (ps->hashing)
-        pthread_join(ps->hasher, NULL);
-    ps->hashing = 0;
+    hash_wait(ps);
     const char *path = ps->path;
     int rc = 0;
     uint8_t sha[32];
@@ -314,10 +342,11 @@ fail:
 }
 
 int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
-                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, uint64_t *file_bytes)
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, kvt_io *worker,
+                     uint64_t *file_bytes)
 {
     kvt__pending_shard ps;
-    int rc = kvt__shard_begin(dirfd, dir_path, final_name, meta, t, n, io, &ps);
+    int rc = kvt__shard_begin(dirfd, dir_path, final_name, meta, t, n, io, worker, &ps);
     if (!rc && !(rc = kvt__shard_commit(&ps, io)) && file_bytes)
         *file_bytes = ps.bytes;
     return rc;

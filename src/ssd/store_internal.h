@@ -5,8 +5,10 @@
  *   scan.c          the directory walker: startup scan, offline walk,
  *                   other-config count; file and directory names
  *   put.c           the synchronous write (blocks, then the entry shard)
- *   writer.c        the write-behind queue and its writer thread
- *   restore.c       restores, the pending-job restore, the restore threads
+ *   writer.c        the write-behind queue: one write operation per job on
+ *                   the process's I/O worker (kvtier/io.h)
+ *   restore.c       restores, the pending-job restore, asynchronous
+ *                   restores as coalesced I/O-worker operations
  *   budget.c        the byte budget over the root (reclaim) and gc
  *   store_format.c  shard files: crash-safe writes, header reads
  * The entry <-> shard codec is src/tier/codec.h; keys are key.h's; the
@@ -15,6 +17,7 @@
 #ifndef KVTIER_STORE_INTERNAL_H
 #define KVTIER_STORE_INTERNAL_H
 
+#include "kvtier/io.h"
 #include "kvtier/store.h"
 
 #include "codec.h"
@@ -41,16 +44,18 @@
  * On failure the temp file is removed. *file_bytes (may be NULL) receives the
  * size. @return 0, -errno, KVT_EIO (short write / size check), KVT_ENOMEM. */
 int kvt__shard_write(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
-                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, uint64_t *file_bytes);
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, kvt_io *worker,
+                     uint64_t *file_bytes);
 
 /** A shard written under its temp name, not yet durable or visible. */
 typedef struct kvt__pending_shard {
     int fd, dirfd;
     uint64_t bytes;
     char tmp[256], final[128], path[4096];
-    /* until sealed: the payload hash (maybe still running on `hasher`) */
-    int hashing, sealed;
-    pthread_t hasher;
+    /* until sealed: the payload hash (maybe still running as an operation
+     * of the I/O worker: `hash`, a kvt_io_ticket) */
+    int sealed;
+    void *hash;        /* kvt_io_ticket of the SHA-256 operation, NULL when hashed inline */
     void *md;          /* EVP_MD_CTX */
     void *xx;          /* XXH3_state_t */
     kvt__st_out *t;    /* owned copy of the tensor list */
@@ -62,8 +67,9 @@ typedef struct kvt__pending_shard {
 } kvt__pending_shard;
 
 /** First half of kvt__shard_write: writes the temp file's payload, its
- * SHA-256 possibly still being computed on a second thread when this
- * returns (so the caller can begin the next shard meanwhile). On success ps
+ * SHA-256 possibly still being computed by a foreground hash operation on
+ * `worker` when this returns (so the caller can begin the next shard
+ * meanwhile; worker NULL, a small payload or a full queue: hashed inline). On success ps
  * holds the open file: finish with kvt__shard_seal (optional: hash, header,
  * writeback started), kvt__shard_commit (seal, fsync, size check, rename) or
  * kvt__shard_abort (remove). The tensor data of t is borrowed, valid until
@@ -71,7 +77,8 @@ typedef struct kvt__pending_shard {
  * (meta gets one more reference, dropped by seal/abort). On failure nothing
  * is left behind. */
 int kvt__shard_begin(int dirfd, const char *dir_path, const char *final_name, json_t *meta,
-                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, kvt__pending_shard *ps);
+                     const kvt__st_out *t, int32_t n, const kvt_store_io *io, kvt_io *worker,
+                     kvt__pending_shard *ps);
 /** Waits for the payload hash, writes the header with it and starts the
  * writeback; no-op when already sealed. On failure the shard is aborted
  * (temp file removed). @return 0, -errno, KVT_EIO, KVT_ENOMEM. */
@@ -121,11 +128,13 @@ typedef struct st_orphan { /* refused or unreferenced files, evicted first */
     uint64_t bytes;
 } st_orphan;
 
-/* One write-behind job. While queued or being written it is findable (in
- * ptree and in pjobs by its handle) and restorable from its own
- * caches (zero-copy clones whose hook holds a reference): the job's entry is
- * cleared when the writer is done with it and the last clone is gone. */
+/* One write-behind job, the task of one write operation of the I/O
+ * worker. While queued or being written it is findable (in ptree and in
+ * pjobs by its handle) and restorable from its own caches (zero-copy clones
+ * whose hook holds a reference): the job's entry is cleared when the write
+ * is done with it and the last clone is gone. */
 typedef struct wjob {
+    struct kvt_store *s;
     kvt_entry e;
     int64_t min_reach;    /* as st_entry's */
     struct wjob *twin;    /* an older queued job with the same (ns, tokens):
@@ -134,15 +143,14 @@ typedef struct wjob {
     uint64_t id;          /* handle; the durable entry gets the same one */
     kvt__key key;
     _Atomic int64_t refs; /* the queue's + one per clone handed out */
-    struct wjob *next;
+    int state;            /* KVT__WJOB_* */
 } wjob;
 
-typedef struct rjob {
-    uint64_t handle;
-    kvt_restore_done_fn done;
-    void *arg;
-    struct rjob *next;
-} rjob;
+enum {
+    KVT__WJOB_SUBMITTING = 0, /* inside kvt_io_submit (its caller holds mu) */
+    KVT__WJOB_COALESCED = 1,  /* joined an identical queued or running write */
+    KVT__WJOB_QUEUED = 2      /* the worker owns it */
+};
 
 struct kvt_store {
     char *root, *dir, *dir_name;
@@ -168,29 +176,29 @@ struct kvt_store {
     pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
     kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
     kvt_store_stats st;
+    struct kvt_pool_member *pool_member; /* the root's disk-axis membership (store_pool.c), NULL = none */
     uint64_t finds, find_hits; /* kvt_store_find calls, and those that found a prefix */
     uint64_t demoted;     /* budget evictions the eviction hook took */
-    uint64_t behind_failed; /* write-behind jobs whose write failed (the writer thread) */
+    uint64_t behind_failed; /* write-behind jobs whose write failed (on the I/O worker) */
+    uint64_t behind_dropped; /* write-behind jobs the I/O worker discarded unrun (it shut down) */
 
     /* the eviction hook (kvt_cold_tier.set_evict); reclaim calls it under evict_mu */
     pthread_mutex_t evict_mu;
     kvt_tier_evict_fn evict_fn;
     void *evict_arg;
 
-    /* write-behind */
-    pthread_t writer;
-    int writer_started;
-    pthread_cond_t q_cv, idle_cv;
-    wjob *q_head, *q_tail;
+    /* the I/O worker running write-behind, asynchronous restores and
+     * shard hashes (opts.worker, or a reference on the process default) */
+    kvt_io *worker;
+    int worker_default;   /* worker is a reference on the default: released at close */
+    kvt__key io_seed;     /* mixed into operation keys: this store's operations only coalesce with its own */
+
+    /* write-behind (st.pending / pending_bytes count the jobs the worker holds) */
+    pthread_cond_t idle_cv; /* a write ended, or an asynchronous restore's waiter was told */
     int closing;
     int flush_rc;
-    char flush_msg[256]; /* kvt_last_error of that failure (the writer's thread) */
-
-    /* restore threads */
-    pthread_t *rthreads;
-    int n_rthreads;
-    pthread_cond_t r_cv;
-    rjob *r_head, *r_tail;
+    char flush_msg[256]; /* kvt_last_error of that failure (the worker's thread) */
+    uint64_t restores_live; /* asynchronous restore waiters not yet told */
 };
 
 
@@ -287,15 +295,29 @@ int kvt__store_check_entry(const kvt_entry *e, const char *fn);
 /** A write to a read-only store: refused (-EROFS) and counted. */
 int kvt__store_refuse_write(kvt_store *s, const char *fn);
 
+/** The I/O-worker key of an operation of this store on content key k. */
+static inline kvt_io_key kvt__store_io_key(const kvt_store *s, kvt__key k)
+{
+    return (kvt_io_key){k.lo ^ s->io_seed.lo, k.hi ^ s->io_seed.hi};
+}
+
 /* writer.c */
-void *kvt__store_writer_main(void *arg);
+/** Takes the store's I/O worker (opts.worker, else a reference on the
+ * process default) at open. @return 0 or kvt_io_default_acquire's error. */
+int kvt__store_worker_open(kvt_store *s);
+/** At close: flushes, refuses new work, waits until the worker holds no
+ * write or restore waiter of the store. @return the flush's result. */
+int kvt__store_worker_close(kvt_store *s);
 /** Drops one reference to a job; the last clears its entry and frees it. */
 void kvt__store_job_release(wjob *j);
 /** The release hook of a clone of a job's entry (ctx: the job). */
 void kvt__store_job_hook(void *ctx);
 
 /* restore.c */
-void *kvt__store_restore_main(void *arg);
+/** A zero-copy clone of e into out (kvt_entry_init, every cache cloned,
+ * every attachment cloned; hook empty). On error out is cleared.
+ * @return 0 or the clone's error (KVT_ENOMEM). */
+int kvt__entry_share(const kvt_entry *e, kvt_entry *out);
 /** Opens, validates and reads a block shard (checked payload). */
 int kvt__store_load_block(int dirfd, const char *dir, const char *name, const char *identity, int strict,
                           kvt__rshard *out, kvt__pblock *pb, int *reason);
@@ -314,6 +336,14 @@ void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait);
 int kvt__store_put_lock(kvt_store *s);
 /** Bytes of the identity directories under root other than skip. @return 0 or an error. */
 int kvt__store_foreign_bytes(const char *root, const char *skip, uint64_t *bytes);
+
+/* Joins opts.pool (store_pool.c): the root's byte budget is reserved and
+ * published on the pool's disk axis. 0 without a pool; the pool's refusal
+ * (KVT_EAGAIN, KVT_ELIMIT, naming the axis), KVT_EINVAL (no budget under a
+ * disk-limited pool), KVT_EBUSY (the member name is joined), KVT_ENOMEM. */
+int kvt__store_pool_join(kvt_store *s);
+/* Leaves the pool (the budget goes back); no-op without one. */
+void kvt__store_pool_leave(kvt_store *s);
 /** Frees the cache of parsed entry files (store close). */
 void kvt__store_disk_free(kvt_store *s);
 

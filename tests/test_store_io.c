@@ -1,0 +1,397 @@
+/*
+ * test_store_io.c: the SSD tier on the I/O worker (kvtier/io.h). Sixteen
+ * asynchronous restores of one handle make one read (fifteen waiters
+ * coalesced, each with its own exact entry); an asynchronous restore queued
+ * behind write-behind still runs first (foreground priority); a full worker
+ * queue is a counted write-behind drop with the entry left to the caller;
+ * an identical write-behind joins the queued one; a large shard's hash is a
+ * worker operation, and a put finishes even while every worker thread is
+ * busy (the writer runs the hash itself); stores without a worker share the
+ * process default, which the last close ends.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "pc_util.h"
+#include "store_util.h"
+
+#include "kvtier/cache.h"
+#include "kvtier/io.h"
+#include "kvtier/store.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+static const store_cfg CFG = {.n_kv = 2, .kv_dim = 8, .block = 4};
+
+/* ---- a gate operation that holds one worker thread ------------------------------ */
+
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open, entered;
+} gate;
+
+static int gate_run(void *task, void **result)
+{
+    (void)result;
+    gate *g = task;
+    pthread_mutex_lock(&g->mu);
+    g->entered++;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+/* Submits a gate operation of priority prio (key id) and waits until a
+ * worker thread runs it. */
+static void gate_hold(kvt_io *io, gate *g, uint64_t id, kvt_io_priority prio)
+{
+    kvt_io_op op = {.kind = KVT_IO_KIND_PREFETCH, .key = {id, 0x6a7e}, .priority = prio, .run = gate_run, .task = g};
+    int before = g->entered;
+    assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
+    pthread_mutex_lock(&g->mu);
+    while (g->entered == before)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- restore callbacks --------------------------------------------------------- */
+
+typedef struct acb {
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *n_done;
+    int status, done;
+    int pending_at_done; /* kvt_store_pending of `watch` when done ran */
+    kvt_store *s;
+    const int32_t *watch;
+    int64_t n_watch;
+    kvt_entry e;
+} acb;
+
+static void async_done(void *arg, int status, kvt_entry *e)
+{
+    acb *a = arg;
+    int pend = a->watch ? kvt_store_pending(a->s, a->watch, a->n_watch, "") : -1;
+    pthread_mutex_lock(a->mu);
+    a->status = status;
+    a->pending_at_done = pend;
+    if (e) {
+        a->e = *e;
+        memset(e, 0, sizeof *e);
+    }
+    a->done = 1;
+    (*a->n_done)++;
+    pthread_cond_broadcast(a->cv);
+    pthread_mutex_unlock(a->mu);
+}
+
+static void wait_done(pthread_mutex_t *mu, pthread_cond_t *cv, int *n_done, int n)
+{
+    pthread_mutex_lock(mu);
+    while (*n_done < n)
+        pthread_cond_wait(cv, mu);
+    pthread_mutex_unlock(mu);
+}
+
+typedef struct fx {
+    char root[512], fp[KVT_STORE_FINGERPRINT_LEN];
+    kvt_store_identity id;
+    kvt_store *s;
+} fx;
+
+static kvt_store *fx_open(fx *f, const char *tag, const store_cfg *cfg, kvt_io *worker)
+{
+    store_tmpdir(f->root, sizeof f->root, tag);
+    store_identity(cfg, "io-model", f->fp, &f->id);
+    kvt_store_options o = {.worker = worker};
+    assert_int_equal(kvt_store_open(f->root, &f->id, &o, &f->s), 0);
+    return f->s;
+}
+
+static void fx_close(fx *f)
+{
+    assert_int_equal(kvt_store_close(f->s), 0);
+    store_rmtree(f->root);
+}
+
+static void put_tokens(kvt_store *s, const store_cfg *cfg, const int32_t *t, int64_t n)
+{
+    kvt_entry e;
+    assert_int_equal(store_make_entry(cfg, "", t, n, &e), 0);
+    assert_int_equal(kvt_store_put(s, &e), 0);
+    kvt_entry_clear(&e);
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+/* 16 asynchronous restores of one handle while the worker's one thread is
+ * busy: one read, 15 coalesced, every waiter its own exact entry. */
+static void sixteen_restores_one_read(void **state)
+{
+    (void)state;
+    kvt_io_options io_o = {.threads = 1};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    fx f;
+    kvt_store *s = fx_open(&f, "io-16", &CFG, io);
+    int32_t t[21];
+    pcu_seq(t, 21, 3);
+    put_tokens(s, &CFG, t, 21);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 21, "", &hit), 0);
+    kvt_store_stats st0;
+    kvt_store_get_stats(s, &st0);
+
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    gate_hold(io, &g, 1, KVT_IO_FOREGROUND);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int n_done = 0;
+    acb a[16];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 16; i++) {
+        a[i] = (acb){.mu = &mu, .cv = &cv, .n_done = &n_done};
+        assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &a[i]), 0);
+    }
+    kvt_io_stats ios;
+    assert_int_equal(kvt_io_stats_get(io, &ios), 0);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].submitted, 16);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].coalesced, 15);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].queued_ops, 1);
+    gate_open(&g);
+    wait_done(&mu, &cv, &n_done, 16);
+    kvt_entry want;
+    assert_int_equal(store_make_entry(&CFG, "", t, 21, &want), 0);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(a[i].status, 0);
+        assert_int_equal(store_entry_diff(&a[i].e, &want), 0);
+        for (int j = 0; j < i; j++)
+            assert_ptr_not_equal(a[i].e.caches[0], a[j].e.caches[0]); /* each its own clone */
+    }
+    for (int i = 0; i < 16; i++)
+        kvt_entry_clear(&a[i].e);
+    kvt_entry_clear(&want);
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.restores - st0.restores, 1); /* one read */
+    assert_int_equal(kvt_io_flush(io, UINT64_MAX), 0);
+    assert_int_equal(kvt_io_stats_get(io, &ios), 0);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].ran, 1);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].queued_ops, 0);
+    /* a later restore of the same handle is a new read */
+    int n2 = 0;
+    acb b = {.mu = &mu, .cv = &cv, .n_done = &n2};
+    assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &b), 0);
+    wait_done(&mu, &cv, &n2, 1);
+    assert_int_equal(b.status, 0);
+    kvt_entry_clear(&b.e);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.restores - st0.restores, 2);
+    fx_close(&f);
+    kvt_io_destroy(io);
+}
+
+/* With the one worker thread busy, write-behind is queued, then a restore
+ * is asked for: the restore runs first (the write is still pending when
+ * its callback runs), then the write. */
+static void restore_before_write_behind(void **state)
+{
+    (void)state;
+    kvt_io_options io_o = {.threads = 1};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    fx f;
+    kvt_store *s = fx_open(&f, "io-prio", &CFG, io);
+    int32_t a_t[12], b_t[16];
+    pcu_seq(a_t, 12, 100);
+    pcu_seq(b_t, 16, 200);
+    put_tokens(s, &CFG, a_t, 12);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, a_t, 12, "", &hit), 0);
+
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    gate_hold(io, &g, 2, KVT_IO_FOREGROUND);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&CFG, "", b_t, 16, &e), 0);
+    assert_int_equal(kvt_store_put_async(s, &e), 0);
+    assert_int_equal(kvt_store_pending(s, b_t, 16, ""), 1);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int n_done = 0;
+    acb a = {.mu = &mu, .cv = &cv, .n_done = &n_done, .s = s, .watch = b_t, .n_watch = 16};
+    assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &a), 0);
+    gate_open(&g);
+    wait_done(&mu, &cv, &n_done, 1);
+    assert_int_equal(a.status, 0);
+    assert_int_equal(a.pending_at_done, 1); /* the write-behind had not run yet */
+    kvt_entry_clear(&a.e);
+    assert_int_equal(kvt_store_flush(s), 0);
+    assert_int_equal(kvt_store_pending(s, b_t, 16, ""), 0);
+    assert_int_equal(kvt_store_contains(s, b_t, 16, ""), 1);
+    fx_close(&f);
+    kvt_io_destroy(io);
+}
+
+/* A worker queue that holds nothing more refuses the write-behind: a
+ * counted drop, the entry left to the caller, nothing pending. An
+ * identical write-behind joins a queued one. */
+static void full_queue_drops_and_identical_joins(void **state)
+{
+    (void)state;
+    kvt_io_options io_o = {.threads = 1, .max_ops = 2};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    fx f;
+    kvt_store *s = fx_open(&f, "io-full", &CFG, io);
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    gate_hold(io, &g, 3, KVT_IO_FOREGROUND); /* one of the two slots */
+    int32_t a_t[12], b_t[16];
+    pcu_seq(a_t, 12, 300);
+    pcu_seq(b_t, 16, 400);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&CFG, "", a_t, 12, &e), 0);
+    assert_int_equal(kvt_store_put_async(s, &e), 0); /* the second slot */
+    assert_null(e.caches);
+    assert_int_equal(store_make_entry(&CFG, "", a_t, 12, &e), 0);
+    assert_int_equal(kvt_store_put_async(s, &e), 0); /* identical: joins, takes no slot */
+    assert_null(e.caches);
+    assert_int_equal(store_make_entry(&CFG, "", b_t, 16, &e), 0);
+    assert_int_equal(kvt_store_put_async(s, &e), KVT_EAGAIN);
+    assert_non_null(e.caches); /* still the caller's */
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.dropped, 1);
+    assert_int_equal(st.pending, 1);
+    assert_int_equal(kvt_store_pending(s, b_t, 16, ""), 0);
+    assert_int_equal(kvt_store_pending(s, a_t, 12, ""), 1);
+    kvt_cold_hit h;
+    assert_int_equal(kvt_store_find_exact(s, b_t, 16, "", &h), KVT_ENOTFOUND);
+    assert_int_equal(kvt_store_find_exact(s, a_t, 12, "", &h), 0); /* pending: findable */
+    kvt_io_stats ios;
+    assert_int_equal(kvt_io_stats_get(io, &ios), 0);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].refused, 1);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].coalesced, 1);
+    gate_open(&g);
+    assert_int_equal(kvt_store_flush(s), 0);
+    assert_int_equal(kvt_store_contains(s, a_t, 12, ""), 1);
+    assert_int_equal(kvt_store_contains(s, b_t, 16, ""), 0);
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.written, 1);
+    assert_int_equal(st.pending, 0);
+    assert_int_equal(st.pending_bytes, 0);
+    /* once there is room again, the dropped entry goes through */
+    assert_int_equal(kvt_store_put_async(s, &e), 0);
+    assert_int_equal(kvt_store_flush(s), 0);
+    assert_int_equal(kvt_store_contains(s, b_t, 16, ""), 1);
+    fx_close(&f);
+    kvt_io_destroy(io);
+}
+
+/* Blocks of 4 MiB and more are hashed as worker operations; with the
+ * worker's only thread busy the put still finishes (the writer runs the
+ * queued hash itself), and what it wrote verifies. */
+static void hash_on_the_worker(void **state)
+{
+    (void)state;
+    static const store_cfg BIG = {.n_kv = 2, .kv_dim = 2048, .block = 256}; /* 4 MiB K+V per block */
+    kvt_io_options io_o = {.threads = 1};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    fx f;
+    kvt_store *s = fx_open(&f, "io-hash", &BIG, io);
+    int32_t t[513];
+    pcu_seq(t, 513, 9);
+    put_tokens(s, &BIG, t, 512); /* two full blocks, the thread free */
+    kvt_io_stats ios;
+    assert_int_equal(kvt_io_stats_get(io, &ios), 0);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_HASH].ran, 2);
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    gate_hold(io, &g, 4, KVT_IO_FOREGROUND);
+    int32_t u[513];
+    pcu_seq(u, 513, 77);
+    put_tokens(s, &BIG, u, 512); /* every thread busy: the put runs its hashes */
+    assert_int_equal(kvt_io_stats_get(io, &ios), 0);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_HASH].ran, 4);
+    gate_open(&g);
+    assert_int_equal(kvt_store_close(s), 0);
+    kvt_store_options o = {.worker = io, .verify = 1}; /* SHA-256 checked too */
+    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &f.s), 0);
+    kvt_cold_hit h;
+    kvt_entry got, want;
+    const int32_t *seqs[2] = {t, u};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kvt_store_find_exact(f.s, seqs[i], 512, "", &h), 0);
+        assert_int_equal(kvt_store_restore(f.s, h.handle, seqs[i], 512, &got), 0);
+        assert_int_equal(store_make_entry(&BIG, "", seqs[i], 512, &want), 0);
+        assert_int_equal(store_entry_diff(&got, &want), 0);
+        kvt_entry_clear(&got);
+        kvt_entry_clear(&want);
+    }
+    fx_close(&f);
+    kvt_io_destroy(io);
+}
+
+/* Stores opened without a worker share the process default: one worker
+ * while any is open, a fresh one after the last close. */
+static void default_worker_shared(void **state)
+{
+    (void)state;
+    fx a, b;
+    fx_open(&a, "io-def-a", &CFG, NULL);
+    fx_open(&b, "io-def-b", &CFG, NULL);
+    kvt_io *d = NULL;
+    assert_int_equal(kvt_io_default_acquire(&d), 0);
+    int32_t t[8];
+    pcu_seq(t, 8, 5);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&CFG, "", t, 8, &e), 0);
+    assert_int_equal(kvt_store_put_async(a.s, &e), 0);
+    assert_int_equal(store_make_entry(&CFG, "", t, 8, &e), 0);
+    assert_int_equal(kvt_store_put_async(b.s, &e), 0); /* another store: not joined */
+    assert_int_equal(kvt_store_flush(a.s), 0);
+    assert_int_equal(kvt_store_flush(b.s), 0);
+    assert_int_equal(kvt_store_contains(a.s, t, 8, ""), 1);
+    assert_int_equal(kvt_store_contains(b.s, t, 8, ""), 1);
+    kvt_io_stats ios;
+    assert_int_equal(kvt_io_flush(d, UINT64_MAX), 0); /* a store's flush may return before the worker counts the run */
+    assert_int_equal(kvt_io_stats_get(d, &ios), 0);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].ran, 2);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].coalesced, 0);
+    fx_close(&a);
+    fx_close(&b);
+    kvt_io_default_release(d); /* the last reference: destroyed */
+    kvt_io *d2 = NULL;
+    assert_int_equal(kvt_io_default_acquire(&d2), 0);
+    assert_int_equal(kvt_io_stats_get(d2, &ios), 0);
+    assert_int_equal(ios.submitted, 0); /* a new worker */
+    kvt_io_default_release(d2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(sixteen_restores_one_read),
+        cmocka_unit_test(restore_before_write_behind),
+        cmocka_unit_test(full_queue_drops_and_identical_joins),
+        cmocka_unit_test(hash_on_the_worker),
+        cmocka_unit_test(default_worker_shared),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
