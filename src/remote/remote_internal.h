@@ -250,6 +250,7 @@ struct kvt_remote {
     uint64_t next_id;
     kvt_remote_stats st;
     uint64_t entries, bytes; /* new entries and record bytes this tier wrote */
+    uint64_t behind_failed, behind_dropped; /* queued writes that failed / were dropped unsent; under mu */
 
     /* write-behind and asynchronous restores, on the I/O worker (q_mu) */
     kvt_io *worker;         /* opts.worker, or a reference on the process default */
@@ -271,6 +272,13 @@ struct kvt_remote {
     do {                                                                                                        \
         pthread_mutex_lock(&(r)->mu);                                                                           \
         (r)->st.field += (n);                                                                                   \
+        pthread_mutex_unlock(&(r)->mu);                                                                         \
+    } while (0)
+/** Counts one on a kvt_remote field (not a kvt_remote_stats one) under mu. */
+#define KVT__REMOTE_COUNT(r, field)                                                                             \
+    do {                                                                                                        \
+        pthread_mutex_lock(&(r)->mu);                                                                           \
+        (r)->field++;                                                                                           \
         pthread_mutex_unlock(&(r)->mu);                                                                         \
     } while (0)
 

@@ -64,9 +64,10 @@ static int job_run(void *task, void **result)
     int rc;
     if (kvt__remote_all_down(r)) {
         KVT__REMOTE_BUMP(r, dropped, 1);
+        KVT__REMOTE_COUNT(r, behind_dropped);
         rc = kvt__fail(KVT_EIO, "remote write-behind: redis %s is unreachable; the write was dropped", r->host);
-    } else {
-        rc = kvt__remote_store(r, &j->e);
+    } else if ((rc = kvt__remote_store(r, &j->e))) {
+        KVT__REMOTE_COUNT(r, behind_failed);
     }
     pthread_mutex_lock(&r->q_mu);
     job_unlink(r, j); /* no longer pending: nothing reads the entry from here */
@@ -95,6 +96,8 @@ static void job_free(void *task, void *result)
     }
     kvt_remote *r = j->r;
     int unrun = !result && j->state == KVT__RJOB_QUEUED;
+    if (unrun)
+        KVT__REMOTE_COUNT(r, behind_dropped); /* before ops_live lets close free r */
     pthread_mutex_lock(&r->q_mu);
     if (unrun) {
         job_unlink(r, j);
