@@ -341,11 +341,12 @@ KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *iden
     pthread_mutex_init(&d->mu, NULL);
     kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
                              .tokenizer_hash = ident->tokenizer_hash};
-    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io};
+    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io, .pool = o->pool};
     uint64_t wait_ms = o->lock_wait_ms ? o->lock_wait_ms : 1000;
     char err[512] = "";
     rc = open_bounded(root, &id, &so, wait_ms, &d->store, err, sizeof err);
-    if (rc == KVT_EINVAL || rc == KVT_ENOMEM) { /* the flags, not the disk */
+    if (rc == KVT_EINVAL || rc == KVT_ENOMEM || /* the flags, not the disk; or the pool's refusal */
+        (o->pool && (rc == KVT_EAGAIN || rc == KVT_ELIMIT || rc == KVT_EBUSY))) {
         kvt__fail(rc, "%s", err);
         kvt_ssd_level_close(d, NULL);
         return rc;
@@ -484,7 +485,7 @@ static kvt_store *ssd_store_fn(void *self) { return kvt_ssd_level_store(self); }
 static int open_ssd(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o)
 {
     kvt_ssd_level_opts so = {.max_bytes = o->ssd_max_bytes, .verify = o->ssd_verify,
-                             .lock_wait_ms = o->ssd_lock_wait_ms, .io = o->ssd_io};
+                             .lock_wait_ms = o->ssd_lock_wait_ms, .io = o->ssd_io, .pool = o->ssd_pool};
     kvt_ssd_level *d = NULL;
     int rc = kvt_ssd_level_open(m, id, o->ssd_dir, &so, &d);
     if (rc)
