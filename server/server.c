@@ -1167,6 +1167,15 @@ int kvt_server_poll_tiers(kvt_server *s)
 
 const char *kvt_server_model_name(const kvt_server *s) { return s ? s->md[0].model_name : ""; }
 
+/* The KVTIER_TEST_LOAD_GATE test hook (server.h): waits until the named
+ * file exists, for at most 60 s. */
+static void load_gate(void)
+{
+    const char *gate = getenv("KVTIER_TEST_LOAD_GATE");
+    for (int i = 0; gate && *gate && access(gate, F_OK) != 0 && i < 6000; i++)
+        usleep(10000);
+}
+
 int kvt_server_model_count(const kvt_server *s) { return s ? s->n_md : 0; }
 
 const char *kvt_server_model_id(const kvt_server *s, int i)
@@ -1242,6 +1251,7 @@ static int load_model(kvt_server *s, int i)
 
 int kvt_server_load(kvt_server *s)
 {
+    load_gate();
     if (s->n_md > 1 || s->o.pool_ram_bytes || s->o.pool_kv_bytes || s->o.pool_disk_bytes) {
         kvt_pool_limits pl = {{s->o.pool_ram_bytes, s->o.pool_kv_bytes, s->o.pool_disk_bytes, 0}};
         int rc = kvt_pool_create(&pl, &s->pool);
