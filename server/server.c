@@ -1229,7 +1229,8 @@ static int load_model(kvt_server *s, int i)
                          .ssd_pool = i == 0 ? s->pool : NULL,
                          .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs,
                          .redis_url = s->redis_url, .redis_cluster = s->o.redis_cluster,
-                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s};
+                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s,
+                         .redis_restore_timeout_ms = s->o.redis_restore_timeout_ms};
     if ((rc = kvt_tiers_open(md->m, levels ? &ident : NULL, &to, &md->tiers)))
         return rc;
     md->store = kvt_tiers_store(md->tiers);
