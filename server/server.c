@@ -875,6 +875,11 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
     kvt_service_stats rep;
     kvt_store_stats ss;
     int have_rep = g.ready && kvt_service_get_stats(md->svc, &rep) == 0;
+    for (int32_t i = 0; have_rep && i < kvt_service_tier_count(md->svc) && i < KVT_TIER_CHAIN_MAX; i++)
+        if (kvt_service_tier_stats(md->svc, i, &g.tiers[g.n_tiers].st) == 0) {
+            snprintf(g.tiers[g.n_tiers].name, sizeof g.tiers[0].name, "%s", kvt_service_tier_name(md->svc, i));
+            g.n_tiers++;
+        }
     if (g.ready && md->store)
         kvt_store_get_stats(md->store, &ss);
     char *text = NULL;
