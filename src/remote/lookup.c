@@ -172,9 +172,10 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
     if (exact) {
         redisReply *e = p.cmds[i_exact].reply;
         int have_e = e && e->type == REDIS_REPLY_INTEGER && e->integer == 1;
-        int64_t need = known ? n / B : 0;
-        if (have_e && run >= need) {
-            if ((rc = kvt__remote_hslot_make(&h, ns, prompt, n, NULL, 0, keys, (int32_t)need, 1,
+        /* the entry names its chained blocks: at most its whole blocks, the
+         * run of them found here (restore takes the ones it names) */
+        if (have_e) {
+            if ((rc = kvt__remote_hslot_make(&h, ns, prompt, n, NULL, 0, keys, (int32_t)run, 1,
                                              kvt__entry_key(r->seed, ns, prompt, n))))
                 goto out;
             best_set(&bst, n, &h);
