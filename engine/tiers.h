@@ -116,8 +116,14 @@ KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *id, 
                        const kvt_ssd_level_opts *o, kvt_ssd_level **out);
 
 /** Fills *tier with the cold-tier table over `d` (borrowed, valid until
- * kvt_ssd_level_close): the store's own functions, with writes skipped once
- * the level degraded and every write failure recorded. Thread-safe. */
+ * kvt_ssd_level_close): the store's own functions (stats and set_evict
+ * included: a chain demotes the store's budget evictions), with writes
+ * skipped once a write failed and every write failure recorded. flags is the
+ * store's: KVT_TIER_READ_ONLY when it was opened read-only (its store and
+ * spill refuse with KVT_EREADONLY), and KVT_TIER_READ_ONLY while the level is
+ * OFF; a chain then writes to the next writable level. A level that turns
+ * READ_ONLY after a write failure keeps flags 0 (it skips writes, counted in
+ * writes_skipped). Thread-safe. */
 KVT_API void kvt_ssd_level_tier(kvt_ssd_level *d, kvt_cold_tier *tier);
 
 /** Checks for write-behind failures since the last call (when the store

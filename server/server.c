@@ -777,6 +777,11 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
     kvt_service_stats rep;
     kvt_store_stats ss;
     int have_rep = g.ready && kvt_service_get_stats(s->svc, &rep) == 0;
+    for (int32_t i = 0; have_rep && i < kvt_service_tier_count(s->svc) && i < KVT_TIER_CHAIN_MAX; i++)
+        if (kvt_service_tier_stats(s->svc, i, &g.tiers[g.n_tiers].st) == 0) {
+            snprintf(g.tiers[g.n_tiers].name, sizeof g.tiers[0].name, "%s", kvt_service_tier_name(s->svc, i));
+            g.n_tiers++;
+        }
     if (g.ready && s->store)
         kvt_store_get_stats(s->store, &ss);
     char *text = NULL;
