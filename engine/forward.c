@@ -10,6 +10,7 @@
 #include "model_internal.h"
 
 #include "kernels.h"
+#include "kvtier/residency.h"
 #include "threads.h"
 
 #include "util.h"
@@ -362,7 +363,7 @@ static int kv_segs(const kvt_model *m, const kvt_cache *cache, int64_t ctx, kvt_
 
 /* Causal attention of T queries at positions p0.. over a kv cache that
  * already holds p0 + T tokens (the chunk's K/V appended). Writes s.att. */
-static int attn_kv(kvt_model *m, const kvt_cache *cache, int64_t p0, int T)
+static int attn_kv(kvt_model *m, kvt_cache *cache, int64_t p0, int T)
 {
     int64_t ctx = p0 + T;
     int32_t B = kvt_kv_block_tokens(cache);
@@ -372,9 +373,11 @@ static int attn_kv(kvt_model *m, const kvt_cache *cache, int64_t p0, int T)
     m->segs = a;
     if (rc != 0)
         return rc;
-    if ((rc = kv_segs(m, cache, ctx, m->segs)) != 0)
-        return rc;
-    return run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, m->s.q, m->s.att);
+    /* blocks paged out under a residency bound are read in for this layer only */
+    if ((rc = kvt_kv_pin(cache, ctx)) == 0 && (rc = kv_segs(m, cache, ctx, m->segs)) == 0)
+        rc = run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, m->s.q, m->s.att);
+    kvt_kv_unpin(cache);
+    return rc;
 }
 
 /* Sliding-window attention: token by token, append then attend the ring
@@ -641,8 +644,11 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
         } else {
             int64_t ctx = pos[i] + 1;
             int32_t B = kvt_kv_block_tokens(cache);
-            if ((rc = kv_segs(m, cache, ctx, m->segs + k)) != 0)
+            if ((rc = kvt_kv_pin(cache, ctx)) != 0 || (rc = kv_segs(m, cache, ctx, m->segs + k)) != 0) {
+                for (int u = 0; u <= i; u++)
+                    kvt_kv_unpin(caches[u][l]);
                 return rc;
+            }
             k += (int32_t)((ctx + B - 1) / B);
             m->dec_ctx[i] = ctx;
         }
@@ -655,10 +661,15 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
     int parts = macs >= PAR_MIN_MACS ? PARTS_PER_THREAD * kvt_threads_size(m->threads) : 1;
     if (parts > n * c->n_heads)
         parts = n * c->n_heads;
-    if ((rc = ensure_scores(m, (size_t)max_ctx * (size_t)parts)) != 0)
+    if ((rc = ensure_scores(m, (size_t)max_ctx * (size_t)parts)) != 0) {
+        for (int i = 0; i < n; i++)
+            kvt_kv_unpin(caches[i][l]);
         return rc;
+    }
     dec_attn_job j = {m, n, m->dec_seg0, m->dec_ctx, (size_t)max_ctx};
     kvt_threads_run(m->threads, dec_attn_part, &j, parts);
+    for (int i = 0; i < n; i++)
+        kvt_kv_unpin(caches[i][l]);
     return 0;
 }
 

@@ -280,6 +280,72 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
     return 0;
 }
 
+/* A Prometheus label value: backslash, quote and newline escaped. */
+static void sb_label(sbuf *b, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            sb_printf(b, "\\%c", *v);
+        else if (*v == '\n')
+            sb_printf(b, "\\n");
+        else
+            sb_printf(b, "%c", *v);
+    }
+}
+
+int kvt_srv_metrics_pool_prometheus(kvt_pool *pool, char **out)
+{
+    *out = NULL;
+    sbuf b = {0};
+    sb_printf(&b, "%s", ""); /* an empty text for no pool, never NULL */
+    kvt_pool_report r;
+    char *js = NULL;
+    json_t *doc = NULL;
+    if (pool && kvt_pool_report_get(pool, &r) == 0 && kvt_pool_report_json(pool, &js) == 0)
+        doc = json_loads(js, 0, NULL);
+    kvt_string_free(js);
+    if (doc) {
+        one(&b, "pool_members", "gauge", "Managers joined to the process-wide pool.", r.members);
+        json_t *members = json_object_get(doc, "member_list");
+        /* one family per field of the one list: the whole pool by axis, then
+         * each member by axis (members are the process's services and roots:
+         * bounded by its configuration) */
+#define KVT__POOL_PROM(name, kind, help)                                                               \
+    head(&b, !strcmp(#kind, "counter") ? "pool_" #name "_total" : "pool_" #name "_bytes", #kind,        \
+         "Process-wide pool: " help ".");                                                              \
+    for (int a = 0; a < KVT_POOL_AXES; a++)                                                            \
+        sb_printf(&b, "kvtier_pool_%s{axis=\"%s\"} %llu\n",                                             \
+                  !strcmp(#kind, "counter") ? #name "_total" : #name "_bytes",                         \
+                  kvt_pool_axis_name((kvt_pool_axis)a), (unsigned long long)r.axis[a].name);           \
+    if (strcmp(#name, "limit")) {                                                                      \
+        head(&b, !strcmp(#kind, "counter") ? "pool_member_" #name "_total" : "pool_member_" #name "_bytes", \
+             #kind, "One pool member: " help ".");                                                     \
+        size_t i;                                                                                      \
+        json_t *m;                                                                                     \
+        json_array_foreach(members, i, m)                                                              \
+        {                                                                                              \
+            for (int a = 0; a < KVT_POOL_AXES; a++) {                                                  \
+                const char *ax = kvt_pool_axis_name((kvt_pool_axis)a);                                 \
+                json_t *x = json_object_get(json_object_get(json_object_get(m, "axes"), ax), #name);    \
+                sb_printf(&b, "kvtier_pool_member_%s{member=\"",                                        \
+                          !strcmp(#kind, "counter") ? #name "_total" : #name "_bytes");                \
+                sb_label(&b, json_string_value(json_object_get(m, "name")));                            \
+                sb_printf(&b, "\",axis=\"%s\"} %llu\n", ax, (unsigned long long)json_integer_value(x));   \
+            }                                                                                          \
+        }                                                                                              \
+    }
+        KVT_POOL_USAGE_FIELDS(KVT__POOL_PROM)
+#undef KVT__POOL_PROM
+        json_decref(doc);
+    }
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    *out = b.p;
+    return 0;
+}
+
 /* ---- the remote tier's counters ------------------------------------------------------- */
 
 int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs)

@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 
+#include "kvtier/pool.h"
 #include "kvtier/remote.h"
 #include "kvtier/service.h"
 #include "kvtier/store.h"
@@ -133,6 +134,15 @@ typedef struct kvt_srv_gauges {
  * @return 0, or -1 when out of memory. */
 int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_stats *rep,
                                const kvt_store_stats *ss, char **out);
+
+/** The process-wide pool's Prometheus lines (kvtier/pool.h): members, and
+ * for every field of KVT_POOL_USAGE_FIELDS one family by `axis` for the
+ * whole pool (kvtier_pool_<field>_bytes, refusals as
+ * kvtier_pool_refusals_total) and one by `member` and `axis`
+ * (kvtier_pool_member_<field>_..., the limit excepted). An empty text when
+ * pool is NULL.
+ * @param out receives malloc'd text (free()). @return 0, -1 out of memory. */
+int kvt_srv_metrics_pool_prometheus(kvt_pool *pool, char **out);
 
 /** Appends the remote tier's counters `rs` (kvt_remote_stats_get) to the
  * Prometheus text *text (from kvt_srv_metrics_prometheus): one family per

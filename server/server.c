@@ -1031,9 +1031,19 @@ int kvt_server_poll_tiers(kvt_server *s)
 
 const char *kvt_server_model_name(const kvt_server *s) { return s ? s->model_name : ""; }
 
+/* The KVTIER_TEST_LOAD_GATE test hook (server.h): waits until the named
+ * file exists, for at most 60 s. */
+static void load_gate(void)
+{
+    const char *gate = getenv("KVTIER_TEST_LOAD_GATE");
+    for (int i = 0; gate && *gate && access(gate, F_OK) != 0 && i < 6000; i++)
+        usleep(10000);
+}
+
 int kvt_server_load(kvt_server *s)
 {
     static char used_model[4096], used_tok[4096];
+    load_gate();
     int rc = kvt_chat_load_paths(s->model_path, s->tok_path, &s->m, &s->tok, used_model, used_tok, sizeof used_model);
     if (rc)
         return rc;

@@ -79,6 +79,10 @@ const char *kvt_server_model_name(const kvt_server *s);
  * SSD directory that cannot be written makes the tier read-only or off, not
  * an error; kvt_server_poll_tiers says so), creates the cache service and
  * starts the engine thread; then /health answers 200.
+ * Test hook: with the environment variable KVTIER_TEST_LOAD_GATE=PATH set,
+ * the load first waits (before it reads anything) until PATH exists, for at
+ * most 60 s, so a test can hold the server in its loading window (503 on
+ * /health and every model endpoint) for as long as it checks it.
  * @return 0, or the loader's / tier stack's / service's error (kvt_last_error
  *   names the file or setting). */
 int kvt_server_load(kvt_server *s);

@@ -233,6 +233,40 @@ int kvt_pool_reserve(kvt_pool_member *member, kvt_pool_axis axis, uint64_t bytes
     return 0;
 }
 
+int kvt_pool_fits(kvt_pool_member *member, kvt_pool_axis axis, uint64_t bytes)
+{
+    if (!member)
+        return kvt__fail(KVT_EINVAL, "kvt_pool_fits: member is NULL");
+    if ((unsigned)axis >= KVT_POOL_AXES)
+        return kvt__fail(KVT_EINVAL, "kvt_pool_fits: axis %d is not one of the %d pool axes", (int)axis,
+                         KVT_POOL_AXES);
+    kvt_pool *p = member->pool;
+    pthread_mutex_lock(&p->mu);
+    uint64_t limit = p->limit[axis], used = kvt__used(&p->axis[axis]);
+    pthread_mutex_unlock(&p->mu);
+    if (limit && bytes > limit)
+        return kvt__fail(KVT_ELIMIT, "pool axis %s: member '%s' asked for %llu bytes, more than the whole "
+                         "%llu-byte limit", kvt__axis_names[axis], member->name, (unsigned long long)bytes,
+                         (unsigned long long)limit);
+    return !limit || bytes <= limit - used;
+}
+
+uint64_t kvt_pool_free(kvt_pool *pool, kvt_pool_axis axis)
+{
+    if (!pool || (unsigned)axis >= KVT_POOL_AXES)
+        return 0;
+    pthread_mutex_lock(&pool->mu);
+    uint64_t limit = pool->limit[axis], used = kvt__used(&pool->axis[axis]);
+    pthread_mutex_unlock(&pool->mu);
+    if (!limit)
+        return UINT64_MAX;
+    return used < limit ? limit - used : 0;
+}
+
+kvt_pool *kvt_pool_of(const kvt_pool_member *member) { return member ? member->pool : NULL; }
+
+const char *kvt_pool_member_name(const kvt_pool_member *member) { return member ? member->name : ""; }
+
 static void kvt__end(kvt_pool_reservation *res, int publish)
 {
     if (!res)
@@ -348,12 +382,14 @@ static void kvt__sb_axes(kvt__sb *b, const kvt__pool_counts *c, const uint64_t *
     kvt__sb_put(b, "{");
     for (int a = 0; a < KVT_POOL_AXES; a++) {
         kvt_pool_usage u = kvt__usage(&c[a], limit[a]);
-        kvt__sb_put(b,
-                    "%s\"%s\":{\"limit\":%llu,\"reserved\":%llu,\"published\":%llu,\"used\":%llu,"
-                    "\"high_water\":%llu,\"refusals\":%llu}",
-                    a ? "," : "", kvt__axis_names[a], (unsigned long long)u.limit, (unsigned long long)u.reserved,
-                    (unsigned long long)u.published, (unsigned long long)u.used, (unsigned long long)u.high_water,
-                    (unsigned long long)u.refusals);
+        kvt__sb_put(b, "%s\"%s\":{", a ? "," : "", kvt__axis_names[a]);
+        const char *sep = "";
+#define KVT__POOL_JSON(name, kind, help)                                                          \
+    kvt__sb_put(b, "%s\"" #name "\":%llu", sep, (unsigned long long)u.name);                      \
+    sep = ",";
+        KVT_POOL_USAGE_FIELDS(KVT__POOL_JSON)
+#undef KVT__POOL_JSON
+        kvt__sb_put(b, "}");
     }
     kvt__sb_put(b, "}");
 }

@@ -256,10 +256,13 @@ static void do_relieve(call *c)
 
 /* ---- fixtures ------------------------------------------------------------------------ */
 
+/* A prompt cache over the gated in-memory tier, and the prompts the cases
+ * use: t = 1, 2, ..., 16 and u = 500, 501, ..., 515. */
 typedef struct fixture {
     mem_tier *mt;
     gate_tier g;
     kvt_prompt_cache *pc;
+    int32_t t[16], u[16];
 } fixture;
 
 static void fx_open(fixture *f, size_t max_bytes, uint32_t flags)
@@ -268,6 +271,8 @@ static void fx_open(fixture *f, size_t max_bytes, uint32_t flags)
     gate_init(&f->g, f->mt);
     kvt_prompt_cache_config cfg = {.max_bytes = max_bytes, .cold = &f->g.iface, .flags = flags};
     assert_int_equal(kvt_prompt_cache_create(&cfg, &f->pc), 0);
+    pcu_seq(f->t, 16, 1);
+    pcu_seq(f->u, 16, 500);
 }
 
 static void fx_close(fixture *f)
@@ -275,6 +280,41 @@ static void fx_close(fixture *f)
     kvt_prompt_cache_destroy(f->pc);
     mem_tier_destroy(f->mt);
     gate_destroy(&f->g);
+}
+
+/* cmocka fixtures: a 64 MB cache, with write-behind (fx_setup) or without
+ * (fx_setup_no_wb: the tier holds only what a case puts there). */
+static int fx_setup_flags(void **state, uint32_t flags)
+{
+    fixture *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    fx_open(f, 64 * MB, flags);
+    *state = f;
+    return 0;
+}
+static int fx_setup(void **state) { return fx_setup_flags(state, 0); }
+static int fx_setup_no_wb(void **state) { return fx_setup_flags(state, KVT_PC_NO_WRITE_BEHIND); }
+static int fx_teardown(void **state)
+{
+    fx_close(*state);
+    free(*state);
+    return 0;
+}
+
+/* Starts fn(c) on another thread and returns once its next lookup of the
+ * kinds `ops` is held at the gate. */
+static void start_blocked(fixture *f, int ops, call *c, void (*fn)(call *))
+{
+    gate_arm(&f->g, ops);
+    call_start(c, fn);
+    gate_wait_blocked(&f->g);
+}
+
+/* Lets the held lookup go and waits for the call to return. */
+static void finish_blocked(fixture *f, call *c)
+{
+    gate_open(&f->g);
+    call_join(c);
 }
 
 /* stores (tokens) with a fresh kv cache directly in the cold tier */
@@ -303,31 +343,24 @@ static void assert_lends(const kvt_hit *h, const int32_t *t, int64_t p)
  * one, never the disposed entry. */
 static void test_lend_put_supersedes_candidate(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, KVT_PC_NO_WRITE_BEHIND); /* the tier stays empty */
-    int32_t t[16];
-    pcu_seq(t, 16, 1);
-    assert_int_equal(pcu_put_fresh(f.pc, "", t, 8, "k", NULL), 0);
-    gate_arm(&f.g, G_FIND);
-    call l = {.pc = f.pc, .tokens = t, .n = 12};
-    call_start(&l, do_lend);
-    gate_wait_blocked(&f.g);
+    fixture *f = *state; /* no write-behind: the tier stays empty */
+    const int32_t *t = f->t;
+    assert_int_equal(pcu_put_fresh(f->pc, "", t, 8, "k", NULL), 0);
+    call l = {.pc = f->pc, .tokens = t, .n = 12};
+    start_blocked(f, G_FIND, &l, do_lend);
     /* the other thread is not held up by the blocked lookup */
-    assert_int_equal(pcu_put_fresh(f.pc, "", t, 10, "k", NULL), 0);
-    assert_int_equal(pcu_stats(f.pc).supersedes, 1);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, t, 12, "", NULL), 10);
-    gate_open(&f.g);
-    call_join(&l);
+    assert_int_equal(pcu_put_fresh(f->pc, "", t, 10, "k", NULL), 0);
+    assert_int_equal(pcu_stats(f->pc).supersedes, 1);
+    assert_int_equal(kvt_prompt_cache_peek(f->pc, t, 12, "", NULL), 10);
+    finish_blocked(f, &l);
     assert_int_equal(l.rc, 0);
     assert_int_equal(l.hit.source, KVT_HIT_RAM);
     assert_lends(&l.hit, t, 10);
     kvt_hit_clear(&l.hit);
-    kvt_prompt_cache_stats s = pcu_stats(f.pc);
+    kvt_prompt_cache_stats s = pcu_stats(f->pc);
     assert_int_equal(s.relookups, 1);
     assert_int_equal(s.hits, 1);
     assert_int_equal(s.cold_restores, 0);
-    fx_close(&f);
 }
 
 /* A clear while lend's find is held: the RAM candidate is gone, and the cold
@@ -335,57 +368,43 @@ static void test_lend_put_supersedes_candidate(void **state)
  * now) serves. */
 static void test_lend_clear_then_cold_serves(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, KVT_PC_NO_WRITE_BEHIND);
-    int32_t t[16];
-    pcu_seq(t, 16, 1);
-    tier_put(f.mt, t, 6);
-    assert_int_equal(pcu_put_fresh(f.pc, "", t, 8, "k", NULL), 0);
-    gate_arm(&f.g, G_FIND);
-    call l = {.pc = f.pc, .tokens = t, .n = 12};
-    call_start(&l, do_lend);
-    gate_wait_blocked(&f.g);
-    kvt_prompt_cache_clear(f.pc);
-    assert_int_equal(pcu_stats(f.pc).entries, 0);
-    gate_open(&f.g);
-    call_join(&l);
+    fixture *f = *state;
+    const int32_t *t = f->t;
+    tier_put(f->mt, t, 6);
+    assert_int_equal(pcu_put_fresh(f->pc, "", t, 8, "k", NULL), 0);
+    call l = {.pc = f->pc, .tokens = t, .n = 12};
+    start_blocked(f, G_FIND, &l, do_lend);
+    kvt_prompt_cache_clear(f->pc);
+    assert_int_equal(pcu_stats(f->pc).entries, 0);
+    finish_blocked(f, &l);
     assert_int_equal(l.rc, 0);
     assert_int_equal(l.hit.source, KVT_HIT_COLD);
     assert_lends(&l.hit, t, 6);
     kvt_hit_clear(&l.hit);
-    kvt_prompt_cache_stats s = pcu_stats(f.pc);
+    kvt_prompt_cache_stats s = pcu_stats(f->pc);
     assert_int_equal(s.relookups, 1);
     assert_int_equal(s.cold_restores, 1);
-    fx_close(&f);
 }
 
 /* An eviction of the candidate while lend's find is held: the evicted entry
  * went to the cold tier (spilled), so lend restores it from there. */
 static void test_lend_evict_candidate(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, KVT_PC_NO_WRITE_BEHIND);
-    int32_t t[16];
-    pcu_seq(t, 16, 1);
-    assert_int_equal(pcu_put_fresh(f.pc, "", t, 8, "k", NULL), 0);
-    gate_arm(&f.g, G_FIND);
-    call l = {.pc = f.pc, .tokens = t, .n = 12};
-    call_start(&l, do_lend);
-    gate_wait_blocked(&f.g);
+    fixture *f = *state;
+    const int32_t *t = f->t;
+    assert_int_equal(pcu_put_fresh(f->pc, "", t, 8, "k", NULL), 0);
+    call l = {.pc = f->pc, .tokens = t, .n = 12};
+    start_blocked(f, G_FIND, &l, do_lend);
     int64_t k = 0;
-    assert_int_equal(kvt_prompt_cache_evict(f.pc, 1, &k), 0);
+    assert_int_equal(kvt_prompt_cache_evict(f->pc, 1, &k), 0);
     assert_int_equal(k, 1);
-    assert_true(mem_tier_has(f.mt, "", t, 8));
-    gate_open(&f.g);
-    call_join(&l);
+    assert_true(mem_tier_has(f->mt, "", t, 8));
+    finish_blocked(f, &l);
     assert_int_equal(l.rc, 0);
     assert_int_equal(l.hit.source, KVT_HIT_COLD);
     assert_lends(&l.hit, t, 8);
     kvt_hit_clear(&l.hit);
-    assert_int_equal(pcu_stats(f.pc).relookups, 1);
-    fx_close(&f);
+    assert_int_equal(pcu_stats(f->pc).relookups, 1);
 }
 
 /* Without a change in between, lend lends its first candidate: no
@@ -393,24 +412,20 @@ static void test_lend_evict_candidate(void **state)
  * can be strictly longer). */
 static void test_lend_unchanged_and_full(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, 0);
-    int32_t t[16];
-    pcu_seq(t, 16, 1);
-    assert_int_equal(pcu_put_fresh(f.pc, "", t, 8, "k", NULL), 0);
-    int64_t finds = mem_tier_counts_get(f.mt).finds;
+    fixture *f = *state;
+    const int32_t *t = f->t;
+    assert_int_equal(pcu_put_fresh(f->pc, "", t, 8, "k", NULL), 0);
+    int64_t finds = mem_tier_counts_get(f->mt).finds;
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_lend(f.pc, t, 12, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(f->pc, t, 12, "", NULL, &h), 0);
     assert_lends(&h, t, 8);
     kvt_hit_clear(&h);
-    assert_int_equal(mem_tier_counts_get(f.mt).finds, finds + 1);
-    assert_int_equal(kvt_prompt_cache_lend(f.pc, t, 9, "", NULL, &h), 0);
+    assert_int_equal(mem_tier_counts_get(f->mt).finds, finds + 1);
+    assert_int_equal(kvt_prompt_cache_lend(f->pc, t, 9, "", NULL, &h), 0);
     assert_lends(&h, t, 8);
     kvt_hit_clear(&h);
-    assert_int_equal(mem_tier_counts_get(f.mt).finds, finds + 1);
-    assert_int_equal(pcu_stats(f.pc).relookups, 0);
-    fx_close(&f);
+    assert_int_equal(mem_tier_counts_get(f->mt).finds, finds + 1);
+    assert_int_equal(pcu_stats(f->pc).relookups, 0);
 }
 
 /* ---- prefetch, objects --------------------------------------------------------------- */
@@ -419,51 +434,38 @@ static void test_lend_unchanged_and_full(void **state)
  * then starts, loads the cold entry and pins it. */
 static void test_prefetch_find_unlocked(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, KVT_PC_NO_WRITE_BEHIND);
-    int32_t t[16], u[16];
-    pcu_seq(t, 16, 1);
-    pcu_seq(u, 16, 500);
-    tier_put(f.mt, t, 10);
-    gate_arm(&f.g, G_FIND);
-    call c = {.pc = f.pc, .tokens = t, .n = 12};
-    call_start(&c, do_prefetch);
-    gate_wait_blocked(&f.g);
-    assert_int_equal(pcu_put_fresh(f.pc, "", u, 8, "k", NULL), 0);
-    kvt_prompt_cache_clear(f.pc);
-    gate_open(&f.g);
-    call_join(&c);
+    fixture *f = *state;
+    const int32_t *t = f->t, *u = f->u;
+    tier_put(f->mt, t, 10);
+    call c = {.pc = f->pc, .tokens = t, .n = 12};
+    start_blocked(f, G_FIND, &c, do_prefetch);
+    assert_int_equal(pcu_put_fresh(f->pc, "", u, 8, "k", NULL), 0);
+    kvt_prompt_cache_clear(f->pc);
+    finish_blocked(f, &c);
     assert_int_equal(c.rc, 0);
     assert_int_equal(kvt_lease_wait(c.lease, 5000), 0);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, t, 12, "", NULL), 10);
-    kvt_prompt_cache_stats s = pcu_stats(f.pc);
+    assert_int_equal(kvt_prompt_cache_peek(f->pc, t, 12, "", NULL), 10);
+    kvt_prompt_cache_stats s = pcu_stats(f->pc);
     assert_int_equal(s.prefetch_reads, 1);
     assert_int_equal(s.pinned, 1);
     kvt_lease_release(c.lease);
-    assert_int_equal(pcu_stats(f.pc).pinned, 0);
-    fx_close(&f);
+    assert_int_equal(pcu_stats(f->pc).pinned, 0);
 }
 
 /* object lend's find_exact is held while another thread puts the same
  * object into RAM: the lend restores and lends the object. */
 static void test_object_lend_unlocked(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, 0);
+    fixture *f = *state;
     kvt_attachment *att;
     assert_int_equal(kvt_attachment_blob("x", "img1", 5, &att), 0);
-    assert_int_equal(kvt_prompt_cache_object_put(f.pc, "img1", &att, 1, NULL), 0);
-    kvt_prompt_cache_clear(f.pc); /* in the tier only (written behind) */
-    gate_arm(&f.g, G_FIND_EXACT);
-    call c = {.pc = f.pc, .key = "img1"};
-    call_start(&c, do_object_lend);
-    gate_wait_blocked(&f.g);
+    assert_int_equal(kvt_prompt_cache_object_put(f->pc, "img1", &att, 1, NULL), 0);
+    kvt_prompt_cache_clear(f->pc); /* in the tier only (written behind) */
+    call c = {.pc = f->pc, .key = "img1"};
+    start_blocked(f, G_FIND_EXACT, &c, do_object_lend);
     assert_int_equal(kvt_attachment_blob("x", "img1", 5, &att), 0);
-    assert_int_equal(kvt_prompt_cache_object_put(f.pc, "img1", &att, 1, NULL), 0);
-    gate_open(&f.g);
-    call_join(&c);
+    assert_int_equal(kvt_prompt_cache_object_put(f->pc, "img1", &att, 1, NULL), 0);
+    finish_blocked(f, &c);
     assert_int_equal(c.rc, 0);
     assert_int_equal(c.hit.entry.n_attachments, 1);
     size_t nb;
@@ -471,7 +473,6 @@ static void test_object_lend_unlocked(void **state)
     assert_int_equal(nb, 5);
     assert_string_equal(d, "img1");
     kvt_hit_clear(&c.hit);
-    fx_close(&f);
 }
 
 /* ---- eviction, relieve, demote_idle -------------------------------------------------- */
@@ -494,10 +495,8 @@ static void test_evict_ask_unlocked(void **state)
     fx_open(&f, 2 * one, KVT_PC_NO_WRITE_BEHIND | KVT_PC_EVICT_ONLY_DURABLE);
     assert_int_equal(pcu_put_fresh(f.pc, "", t[0], 8, "k", NULL), 0);
     assert_int_equal(pcu_put_fresh(f.pc, "", t[1], 8, "k", NULL), 0);
-    gate_arm(&f.g, G_PENDING);
     call p = {.pc = f.pc, .tokens = t[2], .n = 8};
-    call_start(&p, do_put); /* over budget: asks the tier about the LRU entry t[0] */
-    gate_wait_blocked(&f.g);
+    start_blocked(&f, G_PENDING, &p, do_put); /* over budget: asks the tier about the LRU entry t[0] */
     kvt_hit h;
     assert_int_equal(kvt_prompt_cache_lend(f.pc, t[1], 12, "", NULL, &h), 0);
     assert_lends(&h, t[1], 8);
@@ -506,8 +505,7 @@ static void test_evict_ask_unlocked(void **state)
     assert_int_equal(kvt_prompt_cache_evict(f.pc, 1, &k), 0); /* the same victim */
     assert_int_equal(k, 1);
     assert_true(mem_tier_has(f.mt, "", t[0], 8));
-    gate_open(&f.g);
-    call_join(&p);
+    finish_blocked(&f, &p);
     assert_int_equal(p.rc, 0);
     kvt_prompt_cache_stats s = pcu_stats(f.pc);
     assert_true(s.bytes <= s.max_bytes);
@@ -523,54 +521,39 @@ static void test_evict_ask_unlocked(void **state)
  * victim is gone when relieve looks again, so it releases nothing more. */
 static void test_relieve_ask_unlocked(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, 0);
-    int32_t t[16];
-    pcu_seq(t, 16, 1);
-    assert_int_equal(pcu_put_fresh(f.pc, "", t, 8, "k", NULL), 0);
-    gate_arm(&f.g, G_FIND_EXACT);
-    call r = {.pc = f.pc};
-    call_start(&r, do_relieve);
-    gate_wait_blocked(&f.g);
-    kvt_prompt_cache_clear(f.pc);
-    gate_open(&f.g);
-    call_join(&r);
+    fixture *f = *state;
+    const int32_t *t = f->t;
+    assert_int_equal(pcu_put_fresh(f->pc, "", t, 8, "k", NULL), 0);
+    call r = {.pc = f->pc};
+    start_blocked(f, G_FIND_EXACT, &r, do_relieve);
+    kvt_prompt_cache_clear(f->pc);
+    finish_blocked(f, &r);
     assert_int_equal(r.rc, 0);
     assert_int_equal(r.count, 0);
-    assert_int_equal(pcu_stats(f.pc).demotions, 0);
-    fx_close(&f);
+    assert_int_equal(pcu_stats(f->pc).demotions, 0);
 }
 
 /* demote_idle asks the tier (pending) off-lock while another thread lends
  * from and re-puts the idle entry: the entry the tier holds leaves once. */
 static void test_demote_idle_ask_unlocked(void **state)
 {
-    (void)state;
-    fixture f;
-    fx_open(&f, 64 * MB, 0);
-    int32_t t[16], u[16];
-    pcu_seq(t, 16, 1);
-    pcu_seq(u, 16, 500);
-    assert_int_equal(pcu_put_fresh(f.pc, "", t, 8, "k", NULL), 0); /* written behind */
-    assert_int_equal(pcu_put_fresh(f.pc, "", u, 8, "k", NULL), 0);
-    gate_arm(&f.g, G_PENDING);
-    call d = {.pc = f.pc};
-    call_start(&d, do_demote_idle);
-    gate_wait_blocked(&f.g);
+    fixture *f = *state;
+    const int32_t *t = f->t, *u = f->u;
+    assert_int_equal(pcu_put_fresh(f->pc, "", t, 8, "k", NULL), 0); /* written behind */
+    assert_int_equal(pcu_put_fresh(f->pc, "", u, 8, "k", NULL), 0);
+    call d = {.pc = f->pc};
+    start_blocked(f, G_PENDING, &d, do_demote_idle);
     kvt_hit h;
-    assert_int_equal(kvt_prompt_cache_lend(f.pc, u, 12, "", NULL, &h), 0);
+    assert_int_equal(kvt_prompt_cache_lend(f->pc, u, 12, "", NULL, &h), 0);
     assert_lends(&h, u, 8);
     kvt_hit_clear(&h);
-    assert_int_equal(pcu_put_fresh(f.pc, "", u, 8, "k", NULL), 0); /* replaces u: a new entry */
-    gate_open(&f.g);
-    call_join(&d);
+    assert_int_equal(pcu_put_fresh(f->pc, "", u, 8, "k", NULL), 0); /* replaces u: a new entry */
+    finish_blocked(f, &d);
     assert_int_equal(d.rc, 0);
     assert_int_equal(d.count, 1); /* t left; u was replaced meanwhile and stays */
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, t, 12, "", NULL), 0);
-    assert_int_equal(kvt_prompt_cache_peek(f.pc, u, 12, "", NULL), 8);
-    assert_int_equal(pcu_stats(f.pc).entries, 1);
-    fx_close(&f);
+    assert_int_equal(kvt_prompt_cache_peek(f->pc, t, 12, "", NULL), 0);
+    assert_int_equal(kvt_prompt_cache_peek(f->pc, u, 12, "", NULL), 8);
+    assert_int_equal(pcu_stats(f->pc).entries, 1);
 }
 
 /* ---- many threads over a yielding tier ----------------------------------------------- */
@@ -660,15 +643,15 @@ int main(int argc, char **argv)
     if (argc > 1)
         cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lend_put_supersedes_candidate),
-        cmocka_unit_test(test_lend_clear_then_cold_serves),
-        cmocka_unit_test(test_lend_evict_candidate),
-        cmocka_unit_test(test_lend_unchanged_and_full),
-        cmocka_unit_test(test_prefetch_find_unlocked),
-        cmocka_unit_test(test_object_lend_unlocked),
+        cmocka_unit_test_setup_teardown(test_lend_put_supersedes_candidate, fx_setup_no_wb, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_lend_clear_then_cold_serves, fx_setup_no_wb, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_lend_evict_candidate, fx_setup_no_wb, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_lend_unchanged_and_full, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_prefetch_find_unlocked, fx_setup_no_wb, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_object_lend_unlocked, fx_setup, fx_teardown),
         cmocka_unit_test(test_evict_ask_unlocked),
-        cmocka_unit_test(test_relieve_ask_unlocked),
-        cmocka_unit_test(test_demote_idle_ask_unlocked),
+        cmocka_unit_test_setup_teardown(test_relieve_ask_unlocked, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_demote_idle_ask_unlocked, fx_setup, fx_teardown),
         cmocka_unit_test(test_random_yielding_tier),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -38,6 +38,7 @@
 #include "kvtier/service.h"
 #include "kvtier/pool.h"
 #include "kvtier/io.h"
+#include "kvtier/residency.h"
 
 #ifdef KVT_EXPERIMENTAL
 #include "kvtier/experimental/retention_block.h"

@@ -48,14 +48,23 @@ typedef struct kvt_pool_limits {
     uint64_t limit[KVT_POOL_AXES];
 } kvt_pool_limits;
 
-/** Occupancy of one axis, for one member or for the whole pool (bytes). */
+/** The fields of one axis's occupancy, one list: X(name, kind, help), all
+ * uint64 bytes except refusals (a count); kind "gauge" or "counter" (for
+ * Prometheus). The struct, the JSON report and /metrics come from it. */
+#define KVT_POOL_USAGE_FIELDS(X)                                                              \
+    X(limit, gauge, "the axis limit in bytes (0: not limited); the same in member rows")     \
+    X(reserved, gauge, "bytes charged by reservations not yet published or dropped")          \
+    X(published, gauge, "bytes published and not yet released")                              \
+    X(used, gauge, "reserved + published bytes")                                             \
+    X(high_water, gauge, "the largest used ever seen, bytes")                                \
+    X(refusals, counter, "reservations refused on this axis (limit reached)")
+
+/** Occupancy of one axis, for one member or for the whole pool (see
+ * KVT_POOL_USAGE_FIELDS). */
 typedef struct kvt_pool_usage {
-    uint64_t limit;      /**< the axis limit (0: not limited); the same in member rows */
-    uint64_t reserved;   /**< charged by reservations not yet published or dropped */
-    uint64_t published;  /**< published and not yet released */
-    uint64_t used;       /**< reserved + published */
-    uint64_t high_water; /**< the largest `used` ever seen */
-    uint64_t refusals;   /**< reservations refused on this axis (limit reached) */
+#define KVT__POOL_USAGE_FIELD(name, kind, help) uint64_t name;
+    KVT_POOL_USAGE_FIELDS(KVT__POOL_USAGE_FIELD)
+#undef KVT__POOL_USAGE_FIELD
 } kvt_pool_usage;
 
 /** Whole-pool report: per-axis totals over every member. */
@@ -124,6 +133,25 @@ KVT_API void kvt_pool_leave(kvt_pool_member *member);
  */
 KVT_API int kvt_pool_reserve(kvt_pool_member *member, kvt_pool_axis axis, uint64_t bytes,
                              kvt_pool_reservation **out);
+
+/** Whether a reservation of `bytes` on `axis` would be granted now (a
+ * question: nothing is charged and no refusal is counted).
+ * @return 1 fits now; 0 does not fit beside what is charged now;
+ *   KVT_ELIMIT: bytes exceed the whole axis limit (with the refusal's
+ *   message); KVT_EINVAL: NULL member or axis out of range. Thread-safe. */
+KVT_API int kvt_pool_fits(kvt_pool_member *member, kvt_pool_axis axis, uint64_t bytes);
+
+/** The bytes of `axis` free now: limit - reserved - published, or
+ * UINT64_MAX when the axis is not limited (0 for a NULL pool or a bad axis).
+ * Thread-safe. */
+KVT_API uint64_t kvt_pool_free(kvt_pool *pool, kvt_pool_axis axis);
+
+/** The pool a membership belongs to (NULL for NULL). Thread-safe. */
+KVT_API kvt_pool *kvt_pool_of(const kvt_pool_member *member);
+
+/** The member's name as given to kvt_pool_join (borrowed, valid until the
+ * member leaves; "" for NULL). Thread-safe. */
+KVT_API const char *kvt_pool_member_name(const kvt_pool_member *member);
 
 /** Publishes a reservation: its bytes now exist in the manager and move from
  * the member's reserved bytes to its published bytes (the axis total does not

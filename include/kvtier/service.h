@@ -40,6 +40,7 @@
 #include "kvtier/tier_chain.h"
 
 struct kvt_store; /* kvtier/store.h */
+struct kvt_pool;  /* kvtier/pool.h */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -143,6 +144,27 @@ typedef struct kvt_service_config {
     /** With checkpoint_store: bytes of cache state the checkpoint writer may
      * hold queued (kvt_cache_bytes of the queued clones); 0 = 256 MiB. */
     uint64_t checkpoint_queue_bytes;
+    /** Optional process-wide pool (kvtier/pool.h) the service joins as
+     * `pool_name` (required with a pool, unique in it); borrowed, must
+     * outlive the service. NULL: no pool (the budgets above are the only
+     * limits). With a pool:
+     * - RAM axis: the prompt cache's budget starts at 0 and grows before
+     *   each publish by what the state may add (reserved, then published on
+     *   the axis), never past prompt_cache_bytes; after the put it shrinks to
+     *   the bytes the cache holds and the rest goes back to the pool. When
+     *   the pool has no room the cache keeps to its current budget (evicting
+     *   its own entries, as a full cache does); the refusal is counted.
+     * - KV axis: an admission reserves its projected KV bytes beside
+     *   kv_budget_bytes (both must fit); acquire publishes them; release
+     *   releases them, or drops the reservation when the request never
+     *   acquired. The pool's refusal is the admission's: KVT_EAGAIN (wait;
+     *   kvt_service_admit_wait looks again every 2 ms, since another
+     *   service's release does not wake this one) or KVT_ELIMIT, its message
+     *   naming the axis, the member, the bytes asked and the bytes free.
+     * The membership is left (everything still charged released) by
+     * kvt_service_destroy. */
+    struct kvt_pool *pool;
+    const char *pool_name; /* copied */
 } kvt_service_config;
 
 /** Creates a service.
@@ -152,7 +174,9 @@ typedef struct kvt_service_config {
  *   max_positions < 1, a layer with bytes_per_token 0 for a growing kind or a
  *   window < 1; kvt_last_error() names the layer); with layers NULL, the
  *   error of new_caches or KVT_EUNSUPPORTED (a layer of a backend kind:
- *   pass layers); KVT_ENOMEM; an error of the prompt cache's construction.
+ *   pass layers); KVT_EINVAL also for a pool without pool_name, and the
+ *   errors of kvt_pool_join (KVT_EBUSY: a member of that name is joined);
+ *   KVT_ENOMEM; an error of the prompt cache's construction.
  *   Thread-safe.
  */
 KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out);
@@ -212,6 +236,9 @@ KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tok
  *     or the request alone needs more than the whole KV budget (the message
  *     says how many bytes it needs, the budget, and to lower max_tokens or the
  *     prompt, or raise --kv-budget);
+ *   with a pool (kvt_service_config.pool), also the pool's KVT_EAGAIN or
+ *   KVT_ELIMIT on the KV axis (the message names the axis "kv", the
+ *   service's member, the bytes asked and the bytes free);
  *   KVT_EINVAL (NULL or malformed request); KVT_ECLOSED; KVT_ENOMEM.
  * Thread-safe.
  */
@@ -558,7 +585,12 @@ KVT_API int kvt_service_tier_stats(kvt_service *svc, int32_t level, kvt_tier_sta
  *    "requests": {"acquires", "reused_tokens", "publishes", "admitted",
  *                 "rejected", "waited"},
  *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)},
- *    "tiers": [{"level": 0, every KVT_TIER_COUNTERS name: n}, ...]}
+ *    "tiers": [{"level": 0, every KVT_TIER_COUNTERS name: n}, ...],
+ *    "pool": null, or {"member": name, "members": n,
+ *             "axes": {"ram"|"kv"|"disk"|"remote": {"limit" (null when not
+ *                      limited), "reserved", "published", "used",
+ *                      "high_water", "refusals"}}  (this service's own),
+ *             "totals": {same axes, over the whole pool}}}
  * ("requests" and "kv" hold the KVT_SERVICE_COUNTERS by group and key;
  * "tiers" the kvt_service_tier_stats of each listed tier, top first, and is
  * empty without a cold tier.)

@@ -136,6 +136,21 @@ typedef struct kvt_store_options {
      * kvt_store_put, kvt_store_put_async and the cold tier's store and spill
      * return -EROFS, counted in stats.write_refused. */
     int read_only;
+    /** Optional process-wide pool (kvtier/pool.h; borrowed, must outlive
+     * the store). The root joins it as `pool_name` (NULL: "ssd:<root>",
+     * the root's tail when longer than 255 bytes) and its byte budget
+     * max_bytes is reserved and published on the pool's disk axis at open
+     * (the root never holds more than its budget beyond a shard being
+     * written, so the budgets of every root of the process stay under the
+     * pool's disk limit) and released at close. Refused at open, before
+     * anything is created: the pool's KVT_EAGAIN / KVT_ELIMIT naming the
+     * axis "disk", the bytes asked and free; KVT_EINVAL for max_bytes 0
+     * under a disk-limited pool (an unlimited root cannot be charged);
+     * KVT_EBUSY when the member name is joined (several stores on one root
+     * share its budget: give the pool to one of them). A read-only store
+     * joins with 0 bytes. NULL: no pool. */
+    struct kvt_pool *pool;
+    const char *pool_name; /* borrowed for the call */
     /** The I/O worker (kvtier/io.h) that runs this store's write-behind
      * writes, asynchronous restores and shard hashes; borrowed: it must
      * outlive the store. NULL: the process's default worker, a reference

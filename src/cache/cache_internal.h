@@ -8,6 +8,8 @@
 #define KVTIER_CACHE_INTERNAL_H
 
 #include "kvtier/cache.h"
+#include "kvtier/io.h"
+#include "kvtier/residency.h"
 
 #include <stdbool.h>
 
@@ -85,14 +87,35 @@ int kvt__q8_check_scales(const kvt_tensor *t, const char *kind);
  * else holds it (refs == 1); a retained foreign buffer (a decoded file
  * region) is always copied before a write. */
 typedef struct kvt__blk {
-    kvt_buf *buf;
+    kvt_buf *buf; /* the block's RAM copy; NULL while it is paged out (residency.h) */
     bool heap;
+    bool staged;   /* buf was paged in by kvt_kv_pin (released by kvt_kv_unpin) */
+    uint8_t state; /* kvt_block_state; RESIDENT without a residency policy */
 } kvt__blk;
+
+/** The page-file side of one block (residency.c), in a table of its own so a
+ * cache that is never paged pays nothing for it. */
+typedef struct kvt__blkres {
+    struct kvt__page *page; /* its page-file copy, NULL when none */
+    kvt_io_ticket *rd;      /* RESTORING: the read in flight */
+} kvt__blkres;
+
+/** What a block table under a residency policy adds (residency.c): made
+ * when the table is attached or a block is first paged (or cloned paged),
+ * so a cache that is never paged pays one NULL pointer for it. */
+typedef struct kvt__blocks_res {
+    kvt__blkres *x;    /* (cap of the table) or NULL */
+    kvt_residency *r;  /* the policy the table is attached to (its bound applies), NULL none */
+    int32_t layer;     /* with r: the attention layer it was attached as */
+    uint64_t charged;  /* with r: bytes of full blocks it charges to r's resident gauge */
+    size_t charged_bb; /* with r: its block bytes */
+} kvt__blocks_res;
 
 /** Block table: v[0..n) hold the blocks of ceil(offset / B) tokens. */
 typedef struct kvt__blocks {
     int64_t n, cap;
-    kvt__blk *v; /* (cap) */
+    kvt__blk *v;          /* (cap) */
+    kvt__blocks_res *res; /* NULL unless residency is involved */
 } kvt__blocks;
 
 /** Copies the first `rows` token rows of a block into an empty block of the
@@ -117,6 +140,39 @@ void kvt__blocks_free(kvt__blocks *b);
 /** Appends one block (ownership of buf passes to the table on success).
  * @return 0 or KVT_ENOMEM (buf stays the caller's). */
 int kvt__blocks_push(kvt__blocks *b, kvt_buf *buf, bool heap);
+/** Calls fn on the RAM copy of every block (blocks paged out have none). */
 void kvt__blocks_foreach(const kvt__blocks *b, void (*fn)(kvt_buf *buf, void *ctx), void *ctx);
+
+/* ---- bounded residency of block tables (residency.c) ----------------------- */
+
+/** Releases everything block i of t holds (RAM copy, page-file copy, a read
+ * in flight) and zeroes its entry. */
+void kvt__blk_release(kvt__blocks *t, int64_t i);
+/** dst block i = a clone of src block i (retains its RAM copy and page-file
+ * copy; a read in flight is not shared: the clone sees that block as paged
+ * out). dst->x must exist when src->x does. */
+void kvt__blk_clone(const kvt__blocks *src, kvt__blocks *dst, int64_t i);
+/** Makes block i a private RAM block without a page-file copy (state
+ * RESIDENT), reading it in first when it is paged out (a block about to be
+ * written again: a trim into it). @return 0 or an error of the read. */
+int kvt__blk_make_private(kvt__blocks *t, int64_t i, size_t block_bytes);
+/** A buffer holding block i's bytes: its RAM copy retained, or a
+ * checksummed read of its page-file copy. @return 0 or an error of the read. */
+int kvt__blk_read(const kvt__blocks *t, int64_t i, size_t block_bytes, kvt_buf **out);
+/** Makes t->res and its page table (cap entries, zeroed) if they do not
+ * exist. @return 0 or KVT_ENOMEM. */
+int kvt__blocks_ensure_res(kvt__blocks *t);
+/** Applies the bound of the table's policy after its full blocks [0, full)
+ * changed: completed writes become durable, the oldest private blocks beyond
+ * the table's share are written and their RAM released. No-op without a
+ * bounded policy. @return 0 or KVT_ENOMEM (a failed write is counted, not
+ * returned). */
+int kvt__blocks_enforce(kvt__blocks *b, int64_t full, size_t block_bytes);
+/** Detaches a table from its policy (releasing the reference). */
+void kvt__blocks_detach(kvt__blocks *b);
+
+/** The block table of a kv cache with its block tokens, block bytes and
+ * offset; NULL when c is not a kv cache. */
+kvt__blocks *kvt__kv_table(const kvt_cache *c, int32_t *block_tokens, size_t *block_bytes, int64_t *offset);
 
 #endif

@@ -26,6 +26,13 @@ static int kvt__blocks_reserve(kvt__blocks *b, int64_t need)
     int64_t cap = KVT__MAX(need, KVT__MAX(b->cap * 2, 4));
     if ((uint64_t)cap > SIZE_MAX / sizeof(kvt__blk))
         return kvt__fail(KVT_ENOMEM, "block table of %lld blocks is too large", (long long)cap);
+    if (b->res && b->res->x) { /* the page-file side grows first: on failure nothing changed */
+        kvt__blkres *x = kvt__realloc(b->res->x, (size_t)cap * sizeof(kvt__blkres));
+        if (!x)
+            return kvt__fail(KVT_ENOMEM, "cannot grow the page table to %lld blocks", (long long)cap);
+        memset(x + b->cap, 0, (size_t)(cap - b->cap) * sizeof *x);
+        b->res->x = x;
+    }
     kvt__blk *v = kvt__realloc(b->v, (size_t)cap * sizeof(kvt__blk));
     if (!v)
         return kvt__fail(KVT_ENOMEM, "cannot grow the block table to %lld blocks", (long long)cap);
@@ -50,14 +57,15 @@ int kvt__blocks_prepare(kvt__blocks *b, int64_t offset, int64_t n, int32_t block
             return rc;
     }
     for (int64_t i = b->n; i < nb; i++) {
-        rc = kvt_buf_new(block_bytes, &b->v[i].buf);
+        kvt_buf *buf;
+        rc = kvt_buf_new(block_bytes, &buf);
         if (rc) {
             while (--i >= b->n)
                 kvt_buf_release(b->v[i].buf);
             kvt_buf_release(tail);
             return rc;
         }
-        b->v[i].heap = true;
+        b->v[i] = (kvt__blk){.buf = buf, .heap = true};
     }
     if (tail) {
         kvt_buf_count_copy(copy_rows(kvt_buf_data(tail), kvt_buf_data(old->buf), fill, ctx));
@@ -71,14 +79,16 @@ int kvt__blocks_prepare(kvt__blocks *b, int64_t offset, int64_t n, int32_t block
 
 int kvt__blocks_clone(const kvt__blocks *src, kvt__blocks *dst)
 {
-    *dst = (kvt__blocks){0, 0, NULL};
+    *dst = (kvt__blocks){0};
     int rc = kvt__blocks_reserve(dst, KVT__MAX(src->n, 1));
-    if (rc)
+    if (rc == 0 && src->res && src->res->x)
+        rc = kvt__blocks_ensure_res(dst);
+    if (rc) {
+        kvt__blocks_free(dst);
         return rc;
-    for (int64_t i = 0; i < src->n; i++) {
-        dst->v[i].buf = kvt_buf_retain(src->v[i].buf);
-        dst->v[i].heap = src->v[i].heap;
     }
+    for (int64_t i = 0; i < src->n; i++)
+        kvt__blk_clone(src, dst, i);
     dst->n = src->n;
     return 0;
 }
@@ -86,14 +96,18 @@ int kvt__blocks_clone(const kvt__blocks *src, kvt__blocks *dst)
 void kvt__blocks_truncate(kvt__blocks *b, int64_t keep)
 {
     while (b->n > keep)
-        kvt_buf_release(b->v[--b->n].buf);
+        kvt__blk_release(b, --b->n);
 }
 
 void kvt__blocks_free(kvt__blocks *b)
 {
+    kvt__blocks_detach(b);
     kvt__blocks_truncate(b, 0);
     kvt__free(b->v);
-    *b = (kvt__blocks){0, 0, NULL};
+    if (b->res)
+        kvt__free(b->res->x);
+    kvt__free(b->res);
+    *b = (kvt__blocks){0};
 }
 
 int kvt__blocks_push(kvt__blocks *b, kvt_buf *buf, bool heap)
@@ -101,14 +115,15 @@ int kvt__blocks_push(kvt__blocks *b, kvt_buf *buf, bool heap)
     int rc = kvt__blocks_reserve(b, b->n + 1);
     if (rc)
         return rc;
-    b->v[b->n++] = (kvt__blk){buf, heap};
+    b->v[b->n++] = (kvt__blk){.buf = buf, .heap = heap};
     return 0;
 }
 
 void kvt__blocks_foreach(const kvt__blocks *b, void (*fn)(kvt_buf *buf, void *ctx), void *ctx)
 {
     for (int64_t i = 0; i < b->n; i++)
-        fn(b->v[i].buf, ctx);
+        if (b->v[i].buf)
+            fn(b->v[i].buf, ctx);
 }
 
 /* ---- the kv kind ------------------------------------------------------------ */
@@ -118,7 +133,7 @@ typedef struct kv_cache {
     int32_t kv_dim;       /* elements per token of K (and of V) */
     int32_t block_tokens; /* B */
     kvt_dtype dtype;      /* storage scheme: F32, F16 or BF16 */
-    size_t es;            /* bytes per element of dtype */
+    uint32_t es;          /* bytes per element of dtype (32 bits: the struct stays 64 bytes) */
     int64_t offset;       /* tokens held */
     kvt__blocks blocks;   /* each (2, B, kv_dim) of dtype: K rows then V rows */
 } kv_cache;
@@ -142,7 +157,8 @@ static size_t kv_copy_rows(void *dst, const void *src, int64_t rows, const void 
 static size_t kv_private_bytes(const kvt_cache *c)
 {
     const kv_cache *kv = (const kv_cache *)c;
-    return sizeof *kv + (size_t)kv->blocks.cap * sizeof(kvt__blk);
+    return sizeof *kv + (size_t)kv->blocks.cap * (sizeof(kvt__blk) + (kv->blocks.res && kv->blocks.res->x ? sizeof(kvt__blkres) : 0)) +
+           (kv->blocks.res ? sizeof *kv->blocks.res : 0);
 }
 
 static void kv_foreach_buf(const kvt_cache *c, void (*fn)(kvt_buf *, void *), void *ctx)
@@ -159,8 +175,16 @@ static void kv_range(const kvt_cache *c, int64_t *min_offset, int64_t *offset)
 static int kv_trim(kvt_cache *c, int64_t length)
 {
     kv_cache *kv = (kv_cache *)c;
-    kvt__blocks_truncate(&kv->blocks, (length + kv->block_tokens - 1) / kv->block_tokens);
+    int64_t keep = (length + kv->block_tokens - 1) / kv->block_tokens;
+    /* a block cut into becomes the mutable tail again: RAM, private, no page */
+    if (length % kv->block_tokens && keep <= kv->blocks.n) {
+        int rc = kvt__blk_make_private(&kv->blocks, keep - 1, kv_block_bytes(kv));
+        if (rc)
+            return rc;
+    }
+    kvt__blocks_truncate(&kv->blocks, keep);
     kv->offset = length;
+    (void)kvt__blocks_enforce(&kv->blocks, length / kv->block_tokens, kv_block_bytes(kv));
     return 0;
 }
 
@@ -173,7 +197,7 @@ static kv_cache *kv_alloc(int32_t kv_dim, int32_t block_tokens, kvt_dtype dtype)
     kv->kv_dim = kv_dim;
     kv->block_tokens = block_tokens;
     kv->dtype = dtype;
-    kv->es = kvt_dtype_size(dtype);
+    kv->es = (uint32_t)kvt_dtype_size(dtype);
     return kv;
 }
 
@@ -226,6 +250,10 @@ static int kv_append(kvt_cache *c, int64_t n, const void *const *inputs)
         r += cnt;
     }
     kv->offset += n;
+    /* under a residency bound: page out what the new full blocks pushed past it
+     * (best effort: a failure leaves the blocks in RAM, the next append retries) */
+    if (kv->blocks.res && kv->blocks.res->r && kv->offset / B > (kv->offset - n) / B)
+        (void)kvt__blocks_enforce(&kv->blocks, kv->offset / B, kv_block_bytes(kv));
     return 0;
 }
 
@@ -246,8 +274,13 @@ static int kv_encode(const kvt_cache *c, kvt_cache_state *out)
         const int64_t shape[3] = {2, rows, D};
         kvt_buf *buf = kv->blocks.v[i].buf;
         if (rows == B) {
+            /* a block paged out (residency.h) is read back for the state */
+            rc = kvt__blk_read(&kv->blocks, i, kv_block_bytes(kv), &buf);
+            if (rc)
+                return rc;
             kvt__tensor_set(&out->tensors[i], name, kv->dtype, 3, shape, kvt_buf_data(buf), kvt_buf_bytes(buf),
                             buf, i * B, (i + 1) * B);
+            kvt_buf_release(buf);
             continue;
         }
         /* The partial tail: K rows and V rows are not adjacent in the block,
@@ -379,6 +412,8 @@ KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, con
     if (index < 0 || index >= kv->blocks.n)
         return kvt__fail(KVT_ERANGE, "kvt_kv_block: block %lld of %lld", (long long)index,
                          (long long)kv->blocks.n);
+    if (!kv->blocks.v[index].buf)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_block: block %lld is paged out (kvt_kv_pin it first)", (long long)index);
     const float *base = kvt_buf_data(kv->blocks.v[index].buf);
     int64_t B = kv->block_tokens;
     if (k)
@@ -402,6 +437,9 @@ KVT_API int kvt_kv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *ou
     if (index < 0 || index >= kv->blocks.n)
         return kvt__fail(KVT_ERANGE, "kvt_kv_block_rows: block %lld of %lld", (long long)index,
                          (long long)kv->blocks.n);
+    if (!kv->blocks.v[index].buf || kv->blocks.v[index].state == KVT_BLOCK_RESTORING)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_block_rows: block %lld is paged out (%s): kvt_kv_pin it first",
+                         (long long)index, kvt_block_state_name((kvt_block_state)kv->blocks.v[index].state));
     const char *base = kvt_buf_data(kv->blocks.v[index].buf);
     int64_t B = kv->block_tokens;
     *out = (kvt_kv_rows){.dtype = kv->dtype, .k = base, .v = base + (size_t)B * (size_t)kv->kv_dim * kv->es,
@@ -446,4 +484,15 @@ KVT_API int32_t kvt_kv_dim(const kvt_cache *c)
     if (c && c->ops == &kvt__qkv_ops)
         return kvt__qkv_kv_dim(c);
     return 0;
+}
+
+kvt__blocks *kvt__kv_table(const kvt_cache *c, int32_t *block_tokens, size_t *block_bytes, int64_t *offset)
+{
+    if (!c || c->ops != &kvt__kv_ops)
+        return NULL;
+    kv_cache *kv = (kv_cache *)c;
+    *block_tokens = kv->block_tokens;
+    *block_bytes = kv_block_bytes(kv);
+    *offset = kv->offset;
+    return &kv->blocks;
 }

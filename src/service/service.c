@@ -15,6 +15,7 @@
 #include "kvtier/service.h"
 
 #include "checkpoint.h"
+#include "service_pool.h"
 #include "internal.h"
 
 #include <errno.h>
@@ -35,6 +36,8 @@ struct kvt_admission {
     int64_t max_tokens;
     uint64_t bytes;              /* projected KV bytes it holds */
     kvt__ckpt_run *ckpt;         /* replayable: its checkpoints (checkpoint.c), NULL = not */
+    kvt_pool_reservation *kv_res; /* with a pool: its KV bytes until acquire publishes them */
+    int kv_published;            /* acquire published them: release releases them */
 };
 
 struct kvt_service {
@@ -65,6 +68,7 @@ struct kvt_service {
     int demoter_running;
     pthread_cond_t stop;         /* signalled by close to end the demoter */
     uint64_t acquires, reused_tokens, publishes, rejected, waited;
+    kvt__svc_pool pool;          /* membership of the config's pool (service_pool.h) */
 };
 
 /* ---- creation ----------------------------------------------------------------- */
@@ -181,6 +185,8 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
         return kvt__fail(KVT_EINVAL, "service: block_tokens %d < 0", cfg->block_tokens);
     if (cfg->max_positions < 1)
         return kvt__fail(KVT_EINVAL, "service: max_positions %lld < 1", (long long)cfg->max_positions);
+    if (cfg->pool && !cfg->pool_name)
+        return kvt__fail(KVT_EINVAL, "service: a pool needs a pool_name for the service's membership");
     for (int32_t i = 0; i < cfg->n_layers; i++) {
         int rc = check_layer(&cfg_layers[i], i);
         if (rc)
@@ -210,11 +216,15 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
         s->has_cold = 1;
         s->chain = cfg->chain;
     }
+    rc = kvt__svc_pool_init(&s->pool, cfg->pool, cfg->pool_name, cfg->prompt_cache_bytes);
+    if (rc)
+        goto fail;
     if (cfg->prompt_cache_bytes > 0) {
         /* with a cold tier: restores are promoted into RAM at once, and an
          * entry whose write is still pending is never evicted */
         kvt_prompt_cache_config pcc = {
-            .max_bytes = (size_t)cfg->prompt_cache_bytes,
+            /* with a pool the budget grows from 0 as the pool grants it */
+            .max_bytes = cfg->pool ? 0 : (size_t)cfg->prompt_cache_bytes,
             .block_tokens = cfg->block_tokens,
             .cold = cfg->cold,
             .flags = cfg->cold ? (KVT_PC_PROMOTE_RESTORES | KVT_PC_EVICT_ONLY_DURABLE) : 0,
@@ -268,6 +278,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
 fail:
     kvt__ckpt_destroy(s->ckpt);
     kvt_prompt_cache_destroy(s->pc);
+    kvt__svc_pool_fini(&s->pool);
     kvt__free(s->layers);
     kvt__free(s);
     return rc;
@@ -294,10 +305,12 @@ KVT_API void kvt_service_destroy(kvt_service *svc)
         kvt_admission *l = svc->admissions.next;
         l->prev->next = l->next;
         l->next->prev = l->prev;
+        kvt_pool_drop(l->kv_res);
         admission_free(l);
     }
     kvt__ckpt_destroy(svc->ckpt);
     kvt_prompt_cache_destroy(svc->pc);
+    kvt__svc_pool_fini(&svc->pool);
     pthread_cond_destroy(&svc->stop);
     pthread_cond_destroy(&svc->released);
     pthread_mutex_destroy(&svc->mu);
@@ -451,10 +464,13 @@ oom:
     return kvt__fail(KVT_ENOMEM, "service: out of memory for an admission");
 }
 
-/* Admits under the held mutex: 0, KVT_EAGAIN or an error. */
-static int admit_locked(kvt_service *s, const kvt_request *req, kvt_admission **out)
+/* Admits under the held mutex: 0, KVT_EAGAIN or an error. *pool_wait is
+ * set to 1 when the pool refused (a release in another service of the pool
+ * makes room, and it does not signal this one). */
+static int admit_locked(kvt_service *s, const kvt_request *req, kvt_admission **out, int *pool_wait)
 {
     uint64_t need = 0;
+    *pool_wait = 0;
     int f = fits_locked(s, req, &need);
     if (f < 0)
         return f;
@@ -465,10 +481,24 @@ static int admit_locked(kvt_service *s, const kvt_request *req, kvt_admission **
                          (unsigned long long)s->projected, (unsigned long long)s->kv_budget,
                          (unsigned long long)s->n_admissions);
     }
-    kvt_admission *l = NULL;
-    int rc = admission_new(req, need, &l);
+    /* the pool's KV axis: reserved now, published by acquire */
+    kvt_pool_reservation *res = NULL;
+    int rc = kvt__svc_pool_kv_reserve(&s->pool, need, &res);
+    if (rc == KVT_EAGAIN) {
+        s->waited++;
+        *pool_wait = 1;
+    } else if (rc == KVT_ELIMIT) {
+        s->rejected++;
+    }
     if (rc)
         return rc;
+    kvt_admission *l = NULL;
+    rc = admission_new(req, need, &l);
+    if (rc) {
+        kvt_pool_drop(res);
+        return rc;
+    }
+    l->kv_res = res;
     l->next = &s->admissions;
     l->prev = s->admissions.prev;
     l->prev->next = l;
@@ -486,8 +516,9 @@ KVT_API int kvt_service_admit(kvt_service *svc, const kvt_request *req, kvt_admi
     *out = NULL;
     if (!svc)
         return kvt__fail(KVT_EINVAL, "service: NULL service");
+    int pool_wait;
     pthread_mutex_lock(&svc->mu);
-    int rc = admit_locked(svc, req, out);
+    int rc = admit_locked(svc, req, out, &pool_wait);
     pthread_mutex_unlock(&svc->mu);
     return rc;
 }
@@ -502,15 +533,29 @@ KVT_API int kvt_service_admit_wait(kvt_service *svc, const kvt_request *req, int
         return kvt__fail(KVT_EINVAL, "service: NULL service");
     struct timespec deadline = kvt__deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? (uint64_t)timeout_ms : 0);
     pthread_mutex_lock(&svc->mu);
-    int rc;
+    int rc, pool_wait;
     for (;;) {
-        rc = admit_locked(svc, req, out);
+        rc = admit_locked(svc, req, out, &pool_wait);
         if (rc != KVT_EAGAIN || timeout_ms == 0)
             break;
+        if (pool_wait) {
+            /* room comes from another member's release, which does not
+             * signal this service: look again every few milliseconds */
+            struct timespec t = kvt__deadline(CLOCK_MONOTONIC, 2);
+            if (timeout_ms > 0 && (t.tv_sec > deadline.tv_sec ||
+                                   (t.tv_sec == deadline.tv_sec && t.tv_nsec > deadline.tv_nsec)))
+                t = deadline;
+            int w = pthread_cond_timedwait(&svc->released, &svc->mu, &t);
+            if (w == ETIMEDOUT && t.tv_sec == deadline.tv_sec && t.tv_nsec == deadline.tv_nsec) {
+                rc = admit_locked(svc, req, out, &pool_wait);
+                break;
+            }
+            continue;
+        }
         int w = timeout_ms < 0 ? pthread_cond_wait(&svc->released, &svc->mu)
                                : pthread_cond_timedwait(&svc->released, &svc->mu, &deadline);
         if (w == ETIMEDOUT) {
-            rc = admit_locked(svc, req, out);
+            rc = admit_locked(svc, req, out, &pool_wait);
             break;
         }
     }
@@ -527,6 +572,8 @@ KVT_API int kvt_service_fits(kvt_service *svc, const kvt_request *req)
     uint64_t rejected = svc->rejected;
     int rc = fits_locked(svc, req, &need);
     svc->rejected = rejected; /* a question is not a refusal */
+    if (rc == 1)
+        rc = kvt__svc_pool_kv_fits(&svc->pool, need);
     pthread_mutex_unlock(&svc->mu);
     return rc;
 }
@@ -542,6 +589,11 @@ KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int compl
     adm->next->prev = adm->prev;
     svc->projected = svc->projected >= adm->bytes ? svc->projected - adm->bytes : 0;
     svc->n_admissions--;
+    if (adm->kv_res) /* never acquired: the reservation is dropped */
+        kvt_pool_drop(adm->kv_res);
+    else if (adm->kv_published)
+        kvt__svc_pool_kv_release(&svc->pool, adm->bytes);
+    adm->kv_res = NULL;
     pthread_cond_broadcast(&svc->released);
     pthread_mutex_unlock(&svc->mu);
     admission_free(adm);
@@ -665,7 +717,14 @@ static int put_state(kvt_service *s, const kvt_admission *adm, const int32_t *to
         .n_attachments = st->n_attachments,
         .hook = st->hook,
     };
+    uint64_t bytes = 0; /* at most what the entry adds (shared blocks count once) */
+    for (int32_t i = 0; i < st->n_layers; i++)
+        bytes += kvt_cache_bytes(st->caches[i]);
+    for (int32_t i = 0; i < st->n_attachments; i++)
+        bytes += kvt_attachment_bytes(st->attachments[i]);
+    kvt__svc_pool_put_begin(&s->pool, s->pc, bytes);
     int rc = kvt_prompt_cache_put(s->pc, &e, adm->session);
+    kvt__svc_pool_put_end(&s->pool, s->pc);
     if (rc)
         return rc;
     st->hook = (kvt_hook){0}; /* adopted (put emptied its copy) */
@@ -717,6 +776,11 @@ KVT_API int kvt_service_acquire(kvt_service *svc, kvt_admission *adm, kvt_state 
     pthread_mutex_lock(&svc->mu);
     svc->acquires++;
     svc->reused_tokens += (uint64_t)out->reused_tokens;
+    if (adm->kv_res) { /* the request's caches exist: its KV bytes are published */
+        kvt_pool_publish(adm->kv_res);
+        adm->kv_res = NULL;
+        adm->kv_published = 1;
+    }
     pthread_mutex_unlock(&svc->mu);
 done:
     if (rc)
@@ -828,6 +892,7 @@ KVT_API int kvt_service_flush(kvt_service *svc)
         return kvt__fail(KVT_EINVAL, "flush: NULL service");
     int rc = kvt__ckpt_flush(svc->ckpt);
     int cold_rc = flush_cold(svc);
+    kvt__svc_pool_settle(&svc->pool, svc->pc); /* what waited on a write is evictable now */
     return rc ? rc : cold_rc;
 }
 
@@ -940,8 +1005,9 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
     /* the objects are named as KVT_SERVICE_COUNTERS' groups */
     json_t *root = json_object(), *prefixes = json_object(), *requests = json_object(), *kv = json_object();
     json_t *tiers = tiers_json(svc);
+    json_t *pool = kvt__svc_pool_json(&svc->pool);
     char *text = NULL;
-    int bad = !root || !prefixes || !requests || !kv || !tiers;
+    int bad = !root || !prefixes || !requests || !kv || !tiers || !pool;
     if (!bad) {
 #define KVT__PC_JSON(type, name, kind, help) bad |= set_u64(prefixes, #name, r.name);
         KVT_PROMPT_CACHE_COUNTERS(KVT__PC_JSON)
@@ -950,7 +1016,8 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
         KVT_SERVICE_COUNTERS(KVT__SVC_JSON)
 #undef KVT__SVC_JSON
         bad |= json_object_set(root, "prefixes", prefixes) | json_object_set(root, "requests", requests) |
-               json_object_set(root, "kv", kv) | json_object_set(root, "tiers", tiers);
+               json_object_set(root, "kv", kv) | json_object_set(root, "tiers", tiers) |
+               json_object_set(root, "pool", pool);
     }
     if (!bad)
         text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -958,6 +1025,7 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
     json_decref(requests);
     json_decref(kv);
     json_decref(tiers);
+    json_decref(pool);
     json_decref(root);
     if (!text)
         return kvt__fail(KVT_ENOMEM, "report: cannot build the JSON document");
@@ -988,6 +1056,7 @@ static int close_prompt_cache(kvt_service *s)
     if (!rc)
         rc = frc;
     kvt_prompt_cache_clear(s->pc);
+    kvt__svc_pool_ram_clear(&s->pool, s->pc);
     return rc;
 }
 

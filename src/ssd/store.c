@@ -377,6 +377,7 @@ static void free_block_val(kvt__key k, uint64_t v, void *ctx) { kvt__free((void 
 
 static void store_free(kvt_store *s)
 {
+    kvt__store_pool_leave(s);
     for (st_entry *e = s->head, *nx; e; e = nx) {
         nx = e->next;
         kvt__store_entry_free(e);
@@ -443,10 +444,12 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     if (!s->opts.restore_threads)
         s->opts.restore_threads = 1;
     s->st.max_bytes = s->opts.max_bytes;
-    int rc = 0;
+    s->root = kvt__strdup(root);
+    int rc = s->root ? kvt__store_pool_join(s) : 0; /* refused before anything is created */
+    if (rc)
+        goto fail;
     char hex[65];
     s->identity = identity_json(id);
-    s->root = kvt__strdup(root);
     if (!s->identity || !s->root || kvt__index_create(&s->tree) || kvt__index_create(&s->ptree)) {
         rc = kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
         goto fail;

@@ -176,6 +176,7 @@ struct kvt_store {
     pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
     kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
     kvt_store_stats st;
+    struct kvt_pool_member *pool_member; /* the root's disk-axis membership (store_pool.c), NULL = none */
     uint64_t finds, find_hits; /* kvt_store_find calls, and those that found a prefix */
     uint64_t demoted;     /* budget evictions the eviction hook took */
 
@@ -333,6 +334,14 @@ void kvt__store_reclaim(kvt_store *s, kvt__key protect, int wait);
 int kvt__store_put_lock(kvt_store *s);
 /** Bytes of the identity directories under root other than skip. @return 0 or an error. */
 int kvt__store_foreign_bytes(const char *root, const char *skip, uint64_t *bytes);
+
+/* Joins opts.pool (store_pool.c): the root's byte budget is reserved and
+ * published on the pool's disk axis. 0 without a pool; the pool's refusal
+ * (KVT_EAGAIN, KVT_ELIMIT, naming the axis), KVT_EINVAL (no budget under a
+ * disk-limited pool), KVT_EBUSY (the member name is joined), KVT_ENOMEM. */
+int kvt__store_pool_join(kvt_store *s);
+/* Leaves the pool (the budget goes back); no-op without one. */
+void kvt__store_pool_leave(kvt_store *s);
 /** Frees the cache of parsed entry files (store close). */
 void kvt__store_disk_free(kvt_store *s);
 

@@ -24,7 +24,10 @@ int kvt_ts_read_file(const char *path, char *buf, size_t cap)
     return (int)n;
 }
 
-int kvt_ts_server_start(kvt_ts_server *sv, const char *bin, const char *log_path, const char *const *args)
+/* Forks bin with args and waits for `until` in its log (the port is read
+ * from the "listening on" line). */
+static int server_run(kvt_ts_server *sv, const char *bin, const char *log_path, const char *const *args,
+                      const char *until)
 {
     snprintf(sv->log, sizeof sv->log, "%s", log_path);
     const char *argv[64] = {bin, "serve", "--port", "0"};
@@ -48,7 +51,7 @@ int kvt_ts_server_start(kvt_ts_server *sv, const char *bin, const char *log_path
     static char buf[16384];
     const char *tag = "listening on http://127.0.0.1:";
     for (int i = 0; i < 3000; i++) {
-        if (kvt_ts_read_file(sv->log, buf, sizeof buf) > 0 && strstr(buf, "ready, model")) {
+        if (kvt_ts_read_file(sv->log, buf, sizeof buf) > 0 && strstr(buf, until)) {
             const char *p = strstr(buf, tag);
             sv->port = p ? atoi(p + strlen(tag)) : 0;
             if (sv->port > 0)
@@ -63,9 +66,19 @@ int kvt_ts_server_start(kvt_ts_server *sv, const char *bin, const char *log_path
         }
         usleep(10000);
     }
-    fprintf(stderr, "server did not get ready: %s\n", buf);
+    fprintf(stderr, "server did not get to '%s': %s\n", until, buf);
     kvt_ts_server_kill(sv);
     return -1;
+}
+
+int kvt_ts_server_start(kvt_ts_server *sv, const char *bin, const char *log_path, const char *const *args)
+{
+    return server_run(sv, bin, log_path, args, "ready, model");
+}
+
+int kvt_ts_server_spawn(kvt_ts_server *sv, const char *bin, const char *log_path, const char *const *args)
+{
+    return server_run(sv, bin, log_path, args, "listening on");
 }
 
 int kvt_ts_server_stop(kvt_ts_server *sv)

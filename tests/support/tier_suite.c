@@ -521,16 +521,41 @@ static kvt_tier_stats level_stats(chain_fx *f, int lvl)
     return s;
 }
 
+/* The chain fixture of each case: memory over g_lower, opened by the setup
+ * (writable upper level, no lookup budget, unless the setup's name says
+ * otherwise) and closed by the teardown (which waits for a late lookup). */
+static int chain_setup_with(void **state, int upper_read_only, int32_t lower_budget_ms)
+{
+    chain_fx *f;
+    assert_int_equal(chain_fx_open(g_lower, upper_read_only, lower_budget_ms, &f), 0);
+    *state = f;
+    return 0;
+}
+static int chain_setup(void **state) { return chain_setup_with(state, 0, 0); }
+static int chain_setup_read_only(void **state) { return chain_setup_with(state, 1, 0); }
+static int chain_setup_budget_40ms(void **state) { return chain_setup_with(state, 0, 40); }
+static int chain_teardown(void **state)
+{
+    chain_fx_close(*state);
+    return 0;
+}
+
+/* p[0..upper) into the upper level and p[0..lower) into the lower one, each
+ * stored directly (not through the chain). */
+static void put_levels(chain_fx *f, const int32_t *p, int64_t upper, int64_t lower)
+{
+    put(mem_tier_iface(f->upper), &KV, p, upper);
+    put(&f->lower_tier, &KV, p, lower);
+}
+
 /* a lower level wins only with a strictly longer prefix, and is not asked
  * once the level above offers the most any level can (n - 1) */
 static void c_strictly_longer(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 0, 0, &f), 0);
+    chain_fx *f = *state;
     int32_t p[32];
     seq(p, 32, 100);
-    put(mem_tier_iface(f->upper), &KV, p, 16);
-    put(&f->lower_tier, &KV, p, 16);
+    put_levels(f, p, 16, 16);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 20, "", &h), 16);
     assert_int_equal(level_of(h.handle), 0); /* equal length: the upper level keeps it */
@@ -547,14 +572,12 @@ static void c_strictly_longer(void **state)
     assert_int_equal(find_len(&f->t, p, 17, "", &h), 16); /* 16 = n - 1 from the upper level */
     assert_int_equal(level_of(h.handle), 0);
     assert_int_equal(fault_tier_finds(f->lower), asked);
-    chain_fx_close(f);
 }
 
 /* a restore from the lower level is promoted into the upper one, write-behind */
 static void c_promotion(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 0, 0, &f), 0);
+    chain_fx *f = *state;
     int32_t p[24];
     seq(p, 24, 200);
     put(&f->lower_tier, &KV, p, 20);
@@ -571,7 +594,6 @@ static void c_promotion(void **state)
     assert_int_equal(level_of(h.handle), 0); /* now served from above */
     expect_restore(&f->t, h.handle, &KV, p, 20);
     assert_int_equal(fault_tier_restores(f->lower), 1);
-    chain_fx_close(f);
 }
 
 typedef struct async_got {
@@ -598,8 +620,7 @@ static void async_done(void *arg, int status, kvt_entry *e)
 /* restore_async through the chain delivers the entry and promotes it too */
 static void c_async_promotion(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 0, 0, &f), 0);
+    chain_fx *f = *state;
     int32_t p[24];
     seq(p, 24, 250);
     put(&f->lower_tier, &KV, p, 12);
@@ -620,15 +641,13 @@ static void c_async_promotion(void **state)
     kvt_entry_clear(&g.e);
     assert_int_equal(kvt_tier_chain_drain(f->chain), 0);
     assert_true(mem_tier_has(f->upper, "", p, 12));
-    chain_fx_close(f);
 }
 
 /* writes skip a read-only level and nothing is promoted into it; a chain of
  * read-only levels refuses store and spill (the spilled entry stays ours) */
 static void c_read_only(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 1, 0, &f), 0);
+    chain_fx *f = *state;
     assert_int_equal(f->t.flags & KVT_TIER_READ_ONLY, 0);
     int32_t p[24];
     seq(p, 24, 300);
@@ -642,7 +661,6 @@ static void c_read_only(void **state)
     assert_int_equal(kvt_tier_chain_drain(f->chain), 0);
     assert_false(mem_tier_has(f->upper, "", p, 16));
     assert_int_equal(level_stats(f, 0).promotions, 0);
-    chain_fx_close(f);
 
     mem_tier *m;
     fault_tier *ro;
@@ -671,12 +689,10 @@ static void c_read_only(void **state)
  * promotes nothing, and leaves the upper level serving */
 static void c_lower_failing(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 0, 0, &f), 0);
+    chain_fx *f = *state;
     int32_t p[32];
     seq(p, 32, 400);
-    put(mem_tier_iface(f->upper), &KV, p, 8);
-    put(&f->lower_tier, &KV, p, 24);
+    put_levels(f, p, 8, 24);
     fault_tier_fail_restores(f->lower, 1);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 28, "", &h), 24);
@@ -688,19 +704,16 @@ static void c_lower_failing(void **state)
     assert_int_equal(level_stats(f, 1).restore_failures, 1);
     assert_int_equal(find_len(&f->t, p, 9, "", &h), 8);
     expect_restore(&f->t, h.handle, &KV, p, 8);
-    chain_fx_close(f);
 }
 
 /* a lower level slower than its lookup budget is a miss for that prompt:
  * the chain answers within the budget with what the upper level has */
 static void c_lower_slow(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 0, 40, &f), 0);
+    chain_fx *f = *state;
     int32_t p[32];
     seq(p, 32, 500);
-    put(mem_tier_iface(f->upper), &KV, p, 8);
-    put(&f->lower_tier, &KV, p, 24);
+    put_levels(f, p, 8, 24);
     kvt_cold_hit h;
     assert_int_equal(find_len(&f->t, p, 28, "", &h), 24); /* fast: the lower level answers */
     fault_tier_find_delay(f->lower, 600);
@@ -711,15 +724,13 @@ static void c_lower_slow(void **state)
     assert_true(took < 400);
     assert_int_equal(level_of(h.handle), 0);
     assert_int_equal(level_stats(f, 1).finds_over_budget, 1);
-    fault_tier_find_delay(f->lower, 0);
-    chain_fx_close(f); /* waits for the late lookup */
+    fault_tier_find_delay(f->lower, 0); /* the teardown's close waits for the late lookup */
 }
 
 /* what the upper level evicts is demoted into the lower one */
 static void c_demotion(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 0, 0, &f), 0);
+    chain_fx *f = *state;
     mem_tier_capacity(f->upper, 1);
     int32_t a[20], b[20];
     seq(a, 20, 600);
@@ -741,14 +752,12 @@ static void c_demotion(void **state)
     assert_int_equal(find_len(&f->t, b, 20, "", &h), 16);
     assert_int_equal(level_of(h.handle), 1);
     assert_int_equal(level_stats(f, 0).demotions, 2);
-    chain_fx_close(f);
 }
 
 /* spill goes to the first writable level */
 static void c_spill_first_writable(void **state)
 {
-    chain_fx *f;
-    assert_int_equal(chain_fx_open(g_lower, 0, 0, &f), 0);
+    chain_fx *f = *state;
     int32_t p[20];
     seq(p, 20, 800);
     kvt_entry e;
@@ -758,17 +767,20 @@ static void c_spill_first_writable(void **state)
     assert_true(mem_tier_has(f->upper, "", p, 16));
     kvt_cold_hit h;
     assert_int_equal(f->lower_tier.find(f->lower_tier.self, p, 20, "", &h), KVT_ENOTFOUND);
-    chain_fx_close(f);
 }
 
 int tier_suite_run_chain(const tier_impl *lower)
 {
     g_lower = lower;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(c_strictly_longer), cmocka_unit_test(c_promotion),
-        cmocka_unit_test(c_async_promotion), cmocka_unit_test(c_read_only),
-        cmocka_unit_test(c_lower_failing),   cmocka_unit_test(c_lower_slow),
-        cmocka_unit_test(c_demotion),        cmocka_unit_test(c_spill_first_writable),
+        cmocka_unit_test_setup_teardown(c_strictly_longer, chain_setup, chain_teardown),
+        cmocka_unit_test_setup_teardown(c_promotion, chain_setup, chain_teardown),
+        cmocka_unit_test_setup_teardown(c_async_promotion, chain_setup, chain_teardown),
+        cmocka_unit_test_setup_teardown(c_read_only, chain_setup_read_only, chain_teardown),
+        cmocka_unit_test_setup_teardown(c_lower_failing, chain_setup, chain_teardown),
+        cmocka_unit_test_setup_teardown(c_lower_slow, chain_setup_budget_40ms, chain_teardown),
+        cmocka_unit_test_setup_teardown(c_demotion, chain_setup, chain_teardown),
+        cmocka_unit_test_setup_teardown(c_spill_first_writable, chain_setup, chain_teardown),
     };
     char name[128];
     snprintf(name, sizeof name, "chain rules: memory -> %s", lower->name);

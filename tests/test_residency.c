@@ -1,0 +1,572 @@
+/*
+ * test_residency.c: bounded live-cache residency (kvtier/residency.h):
+ *  - the block state machine: exactly the documented edges exist, every
+ *    other (state, event) pair is refused and leaves the state alone;
+ *  - a kv cache under a block bound: the oldest full blocks are written once
+ *    and their RAM released, the newest stay, the tail is never paged; a pin
+ *    reads them back bit for bit, an unpin releases them without rewriting;
+ *    blocks shared with a clone stay shared (never paged); clones and encode
+ *    read paged blocks; a trim into a paged block makes it the RAM tail;
+ *  - the engine: greedy decode and its logits under a bound of 1 block, and
+ *    a byte bound, are bit-identical to fully resident, for prefill, decode
+ *    and batched decode, with read-ahead counted;
+ *  - faults through the io shim: ENOSPC on page writes keeps the blocks in
+ *    RAM (counted, output unchanged); EIO on page reads fails the forward
+ *    pass with KVT_EIO naming the block; a corrupted page file fails it with
+ *    KVT_ECORRUPT: never a wrong token.
+ * Randomized values print their seed (KVT_TEST_SEED replays).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "io_shim.h"
+#include "kvtier/cache.h"
+#include "kvtier/residency.h"
+#include "model.h"
+#include "test_seed.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char g_dir[256];
+static uint64_t g_seed;
+
+static uint64_t rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float rndf(uint64_t *s) { return (float)((double)(rnd(s) >> 11) / 9007199254740992.0) * 2.0f - 1.0f; }
+
+/* ---- the state machine ------------------------------------------------------------- */
+
+static void test_state_machine(void **state)
+{
+    (void)state;
+    /* the edges docs/residency.md lists, and no other */
+    static const int next[KVT_BLOCK_STATES][KVT_BLOCK_EVENTS] = {
+        [KVT_BLOCK_RESIDENT] = {KVT_BLOCK_WRITING, -1, -1, -1, -1, -1, -1},
+        [KVT_BLOCK_WRITING] = {-1, KVT_BLOCK_DURABLE_RESIDENT, KVT_BLOCK_FAILED, -1, -1, -1, -1},
+        [KVT_BLOCK_DURABLE_RESIDENT] = {-1, -1, -1, KVT_BLOCK_DURABLE, -1, -1, -1},
+        [KVT_BLOCK_DURABLE] = {-1, -1, -1, -1, KVT_BLOCK_RESTORING, -1, -1},
+        [KVT_BLOCK_RESTORING] = {-1, -1, -1, -1, -1, KVT_BLOCK_DURABLE_RESIDENT, KVT_BLOCK_DURABLE},
+        [KVT_BLOCK_FAILED] = {-1, -1, -1, -1, -1, -1, -1},
+    };
+    int edges = 0;
+    for (int s = 0; s < KVT_BLOCK_STATES; s++) {
+        assert_non_null(kvt_block_state_name((kvt_block_state)s));
+        for (int e = 0; e < KVT_BLOCK_EVENTS; e++) {
+            kvt_block_state st = (kvt_block_state)s;
+            int rc = kvt_block_transition(&st, (kvt_block_event)e);
+            if (next[s][e] < 0) {
+                assert_int_equal(rc, KVT_EINVAL);
+                assert_int_equal(st, s);
+            } else {
+                assert_int_equal(rc, 0);
+                assert_int_equal(st, next[s][e]);
+                edges++;
+            }
+        }
+    }
+    assert_int_equal(edges, 7);
+    assert_null(kvt_block_state_name(KVT_BLOCK_STATES));
+    kvt_block_state st = KVT_BLOCK_STATES;
+    assert_int_equal(kvt_block_transition(&st, KVT_BLOCK_EV_WRITE), KVT_EINVAL);
+    assert_int_equal(kvt_block_transition(NULL, KVT_BLOCK_EV_WRITE), KVT_EINVAL);
+}
+
+/* ---- a kv cache under a bound ---------------------------------------------------------- */
+
+enum { D = 8, B = 4 };
+
+static kvt_residency *residency(int64_t max_blocks, uint64_t max_bytes)
+{
+    kvt_residency_options o = {.max_blocks = max_blocks, .max_bytes = max_bytes, .dir = g_dir};
+    kvt_residency *r = NULL;
+    assert_int_equal(kvt_residency_create(&o, &r), 0);
+    assert_non_null(r);
+    return r;
+}
+
+/* Appends n tokens of seeded values (also written to ref: (n, 2, D)). */
+static void append_rows(kvt_cache *c, int n, uint64_t *s, float *ref)
+{
+    for (int t = 0; t < n; t++) {
+        float k[D], v[D];
+        for (int j = 0; j < D; j++) {
+            k[j] = rndf(s);
+            v[j] = rndf(s);
+        }
+        if (ref) {
+            memcpy(ref + (size_t)t * 2 * D, k, sizeof k);
+            memcpy(ref + (size_t)t * 2 * D + D, v, sizeof v);
+        }
+        const void *in[2] = {k, v};
+        assert_int_equal(kvt_cache_append(c, 1, in), 0);
+    }
+}
+
+/* Every row of tokens [0, n) of c equals ref (c pinned). */
+static void check_rows(kvt_cache *c, int n, const float *ref)
+{
+    assert_int_equal(kvt_kv_pin(c, n), 0);
+    for (int t = 0; t < n; t++) {
+        kvt_kv_rows rows;
+        assert_int_equal(kvt_kv_block_rows(c, t / B, &rows), 0);
+        const float *k = (const float *)rows.k + (size_t)(t % B) * D, *v = (const float *)rows.v + (size_t)(t % B) * D;
+        assert_memory_equal(k, ref + (size_t)t * 2 * D, D * sizeof(float));
+        assert_memory_equal(v, ref + (size_t)t * 2 * D + D, D * sizeof(float));
+    }
+    kvt_kv_unpin(c);
+}
+
+static kvt_block_state state_of(kvt_cache *c, int64_t i)
+{
+    kvt_block_state s = KVT_BLOCK_STATES;
+    assert_int_equal(kvt_kv_block_state(c, i, &s), 0);
+    return s;
+}
+
+static void test_kv_paging(void **state)
+{
+    (void)state;
+    uint64_t s = g_seed;
+    const size_t bb = 2 * B * D * sizeof(float);
+    kvt_residency *r = residency(2, 0);
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_kv_create(D, B, &c), 0);
+    assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+    float ref[42 * 2 * D];
+    append_rows(c, 42, &s, ref); /* 10 full blocks and a tail of 2 */
+    assert_int_equal(kvt_kv_residency_settle(c), 0);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(state_of(c, i), KVT_BLOCK_DURABLE);
+    assert_int_equal(state_of(c, 8), KVT_BLOCK_RESIDENT);
+    assert_int_equal(state_of(c, 9), KVT_BLOCK_RESIDENT);
+    assert_int_equal(state_of(c, 10), KVT_BLOCK_RESIDENT); /* the tail */
+    kvt_residency_stats st;
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_int_equal(st.blocks_out, 8);
+    assert_int_equal(st.bytes_out, 8 * bb);
+    assert_int_equal(st.resident_blocks, 2);
+    assert_int_equal(st.resident_bytes, 2 * bb);
+    assert_true(st.peak_resident_bytes <= (2 + 4 + 1) * bb); /* the bound plus the writes allowed in flight */
+    /* two full blocks and the tail in RAM, plus the block table (< 1 KiB) */
+    assert_in_range(kvt_cache_bytes(c), 3 * bb, 3 * bb + 1023);
+    kvt_kv_rows rows;
+    assert_int_equal(kvt_kv_block_rows(c, 0, &rows), KVT_EINVAL); /* paged out: pin first */
+    assert_non_null(strstr(kvt_last_error(), "paged out"));
+
+    check_rows(c, 42, ref);
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_int_equal(st.blocks_in, 8);
+    assert_int_equal(st.bytes_in, 8 * bb);
+    assert_int_equal(st.staged_bytes, 0);
+    assert_int_equal(st.peak_staged_bytes, 8 * bb);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(state_of(c, i), KVT_BLOCK_DURABLE);
+    /* a second pass reads again and writes nothing: written once */
+    check_rows(c, 42, ref);
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_int_equal(st.blocks_out, 8);
+    assert_int_equal(st.blocks_in, 16);
+
+    /* a clone shares the pages; encode reads them; the clone outlives the original */
+    kvt_cache *k2 = NULL;
+    assert_int_equal(kvt_cache_clone(c, &k2), 0);
+    assert_int_equal(state_of(k2, 0), KVT_BLOCK_DURABLE);
+    kvt_cache_state enc;
+    memset(&enc, 0, sizeof enc);
+    assert_int_equal(kvt_cache_encode(k2, &enc), 0);
+    assert_int_equal(enc.n_tensors, 11);
+    for (int i = 0; i < 10; i++) {
+        const float *p = enc.tensors[i].data;
+        for (int t = 0; t < B; t++) {
+            assert_memory_equal(p + (size_t)t * D, ref + (size_t)(i * B + t) * 2 * D, D * sizeof(float));
+            assert_memory_equal(p + (size_t)(B + t) * D, ref + (size_t)(i * B + t) * 2 * D + D, D * sizeof(float));
+        }
+    }
+    kvt_cache_state_clear(&enc);
+    kvt_cache_destroy(c);
+    kvt_residency_release(r); /* the clone's pages keep the page file */
+    check_rows(k2, 42, ref);
+
+    /* a trim into a paged block makes it the private RAM tail; appends go on */
+    assert_int_equal(kvt_cache_trim(k2, 6), 0);
+    assert_int_equal(state_of(k2, 1), KVT_BLOCK_RESIDENT);
+    float ref2[12 * 2 * D];
+    memcpy(ref2, ref, 6 * 2 * D * sizeof(float));
+    append_rows(k2, 6, &s, ref2 + 6 * 2 * D);
+    check_rows(k2, 12, ref2);
+    kvt_cache_destroy(k2);
+}
+
+static void test_shared_blocks_stay(void **state)
+{
+    (void)state;
+    uint64_t s = g_seed ^ 1;
+    kvt_residency *r = residency(1, 0);
+    kvt_cache *c = NULL, *snap = NULL;
+    assert_int_equal(kvt_kv_create(D, B, &c), 0);
+    float ref[24 * 2 * D];
+    append_rows(c, 12, &s, ref);
+    assert_int_equal(kvt_cache_clone(c, &snap), 0); /* a prompt-cache snapshot shares blocks 0..2 */
+    assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+    append_rows(c, 12, &s, ref + 12 * 2 * D);
+    assert_int_equal(kvt_kv_residency_settle(c), 0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(state_of(c, i), KVT_BLOCK_RESIDENT); /* shared: never paged by this request */
+    assert_int_equal(state_of(c, 3), KVT_BLOCK_DURABLE);
+    assert_int_equal(state_of(c, 4), KVT_BLOCK_DURABLE);
+    assert_int_equal(state_of(c, 5), KVT_BLOCK_RESIDENT);
+    kvt_residency_stats st;
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_int_equal(st.blocks_out, 2);
+    assert_int_equal(st.resident_blocks, 1);
+    check_rows(c, 24, ref);
+    /* the snapshot lets go: now the request holds them alone and pages them */
+    kvt_cache_destroy(snap);
+    append_rows(c, 4, &s, NULL);
+    assert_int_equal(kvt_kv_residency_settle(c), 0);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(state_of(c, i), KVT_BLOCK_DURABLE);
+    /* a second cache cannot take layer 0; layer out of range refused */
+    kvt_cache *o = NULL;
+    assert_int_equal(kvt_kv_create(D, B, &o), 0);
+    assert_int_equal(kvt_kv_set_residency(o, r, 0), KVT_EINVAL);
+    assert_int_equal(kvt_kv_set_residency(o, r, -1), KVT_EINVAL);
+    assert_int_equal(kvt_kv_set_residency(o, r, 1), 0);
+    assert_int_equal(kvt_kv_set_residency(o, NULL, 0), 0);
+    kvt_cache_destroy(o);
+    kvt_cache_destroy(c);
+    kvt_residency_release(r);
+}
+
+/* ---- the engine -------------------------------------------------------------------------- */
+
+static kvt_model *g_model;
+
+static kvt_model *model(void)
+{
+    if (g_model)
+        return g_model;
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 32, p.hidden_dim = 64, p.n_layers = 3, p.n_heads = 4, p.n_kv_heads = 2, p.vocab_size = 97;
+    p.seq_len = 1024, p.seed = 77;
+    char path[512];
+    snprintf(path, sizeof path, "%s/res.bin", g_dir);
+    assert_int_equal(kvt_model_synth(&p, path), 0);
+    assert_int_equal(kvt_model_load(path, &g_model), 0);
+    return g_model;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+enum { PROMPT = 300, GEN = 24, BLOCK = 16 };
+
+/* Prefills the seeded prompt and decodes GEN greedy tokens with caches under
+ * r (NULL: fully resident); logits of every step into out ((GEN + 1), V).
+ * Returns the first error (then *failed_at is the step, else -1). */
+static int run(kvt_residency *r, float *out, int *failed_at)
+{
+    kvt_model *m = model();
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size, rc;
+    kvt_cache *caches[8];
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, caches), 0);
+    for (int l = 0; r && l < L; l++)
+        assert_int_equal(kvt_kv_set_residency(caches[l], r, l), 0);
+    int32_t prompt[PROMPT];
+    uint64_t s = 99;
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    *failed_at = -1;
+    rc = kvt_model_prefill(m, caches, prompt, PROMPT, out);
+    for (int g = 0; rc == 0 && g < GEN; g++) {
+        int32_t tok = argmax(out + (size_t)g * V, V);
+        rc = kvt_model_decode(m, caches, tok, out + (size_t)(g + 1) * V);
+        if (rc)
+            *failed_at = g + 1;
+    }
+    if (rc && *failed_at < 0)
+        *failed_at = 0;
+    for (int l = 0; r && l < L; l++) /* the writes in flight complete: the counters are final */
+        assert_int_equal(kvt_kv_residency_settle(caches[l]), 0);
+    kvt_caches_destroy(caches, L);
+    return rc;
+}
+
+static void test_engine_identical(void **state)
+{
+    (void)state;
+    kvt_model *m = model();
+    int V = kvt_model_get_config(m)->vocab_size, at;
+    size_t n = (size_t)(GEN + 1) * (size_t)V;
+    float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound);
+    assert_non_null(full);
+    assert_non_null(bound);
+    assert_int_equal(run(NULL, full, &at), 0);
+    /* one block in RAM over the 3 layers (0 per layer: only the tails), then a byte bound */
+    size_t bb = kvt_model_kv_bytes_per_token(m) / 3 * BLOCK;
+    const int64_t blocks[2] = {1, 0};
+    const uint64_t bytes[2] = {0, 6 * bb};
+    for (int k = 0; k < 2; k++) {
+        kvt_residency *r = residency(blocks[k], bytes[k]);
+        memset(bound, 0, n * sizeof *bound);
+        assert_int_equal(run(r, bound, &at), 0);
+        assert_memory_equal(full, bound, n * sizeof *full); /* bit for bit: same arithmetic */
+        kvt_residency_stats st;
+        assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+        printf("bound %lld blocks / %llu bytes: out %llu in %llu read-ahead hits %llu stall %.2f ms peak resident %llu\n",
+               (long long)blocks[k], (unsigned long long)bytes[k], (unsigned long long)st.blocks_out,
+               (unsigned long long)st.blocks_in, (unsigned long long)st.readahead_hits, (double)st.stall_ns / 1e6,
+               (unsigned long long)st.peak_resident_bytes);
+        int64_t full_blocks = 3 * ((PROMPT + GEN) / BLOCK);
+        int64_t keep = k == 0 ? 0 : 6;
+        assert_int_equal(st.blocks_out, full_blocks - keep);
+        assert_true(st.blocks_in > 0);
+        assert_true(st.readahead_hits > 0);
+        assert_int_equal(st.resident_bytes, 0); /* the caches are gone */
+        assert_true(st.peak_resident_bytes <= (uint64_t)(keep + 3 * 4) * bb);
+        assert_int_equal(st.write_failures, 0);
+        assert_int_equal(st.read_failures, 0);
+        kvt_residency_release(r);
+    }
+    free(full);
+    free(bound);
+}
+
+static void test_batched_decode_identical(void **state)
+{
+    (void)state;
+    kvt_model *m = model();
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size;
+    /* two sequences, one bounded, one fully resident, decoded in one batch:
+     * each gets the logits it gets alone and unbounded */
+    kvt_residency *r = residency(2, 0);
+    kvt_cache *a[8], *b[8], *solo[8];
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, a), 0);
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, b), 0);
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, solo), 0);
+    for (int l = 0; l < L; l++)
+        assert_int_equal(kvt_kv_set_residency(a[l], r, l), 0);
+    int32_t pa[200], pb[120];
+    uint64_t s = 5;
+    for (int i = 0; i < 200; i++)
+        pa[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    for (int i = 0; i < 120; i++)
+        pb[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    float *la = malloc((size_t)V * 4), *ls = malloc((size_t)V * 4), *lb = malloc(2 * (size_t)V * 4);
+    assert_int_equal(kvt_model_prefill(m, a, pa, 200, la), 0);
+    assert_int_equal(kvt_model_prefill(m, solo, pa, 200, ls), 0);
+    assert_memory_equal(la, ls, (size_t)V * 4);
+    assert_int_equal(kvt_model_prefill(m, b, pb, 120, lb + V), 0);
+    for (int g = 0; g < 10; g++) {
+        int32_t toks[2] = {argmax(la, V), argmax(lb + V, V)};
+        kvt_cache **cs[2] = {a, b};
+        assert_int_equal(kvt_model_decode_batch(m, 2, cs, toks, lb), 0);
+        assert_int_equal(kvt_model_decode(m, solo, toks[0], ls), 0);
+        assert_memory_equal(lb, ls, (size_t)V * 4);
+        memcpy(la, lb, (size_t)V * 4);
+    }
+    kvt_residency_stats st;
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_true(st.blocks_in > 0);
+    kvt_caches_destroy(a, L);
+    kvt_caches_destroy(b, L);
+    kvt_caches_destroy(solo, L);
+    kvt_residency_release(r);
+    free(la);
+    free(ls);
+    free(lb);
+}
+
+/* ---- faults -------------------------------------------------------------------------------- */
+
+static void test_enospc_keeps_blocks(void **state)
+{
+    (void)state;
+    kvt_model *m = model();
+    int V = kvt_model_get_config(m)->vocab_size, at;
+    size_t n = (size_t)(GEN + 1) * (size_t)V;
+    float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound);
+    assert_int_equal(run(NULL, full, &at), 0);
+    kvt_residency *r = residency(1, 0);
+    kvt__io_fault f = {.ops = 1u << KVT_IO_PWRITE, .path_has = NULL, .fail_at = 5, .err = ENOSPC};
+    kvt__io_arm(&f);
+    assert_int_equal(run(r, bound, &at), 0); /* one write fails: that block stays in RAM */
+    int64_t failures = kvt__io_failures();
+    kvt__io_disarm();
+    assert_int_equal(failures, 1);
+    assert_memory_equal(full, bound, n * sizeof *full);
+    kvt_residency_stats st;
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_int_equal(st.write_failures, 1);
+    assert_int_equal(st.blocks_out, 3 * ((PROMPT + GEN) / BLOCK) - 1);
+    kvt_residency_release(r);
+    free(full);
+    free(bound);
+}
+
+static void test_eio_fails_request(void **state)
+{
+    (void)state;
+    kvt_model *m = model();
+    int V = kvt_model_get_config(m)->vocab_size, at;
+    size_t n = (size_t)(GEN + 1) * (size_t)V;
+    float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound);
+    assert_int_equal(run(NULL, full, &at), 0);
+    for (int k = 1; k <= 40; k += 13) {
+        kvt_residency *r = residency(1, 0);
+        memset(bound, 0, n * sizeof *bound);
+        kvt__io_fault f = {.ops = 1u << KVT_IO_PREAD, .fail_at = k, .err = EIO};
+        kvt__io_arm(&f);
+        int rc = run(r, bound, &at);
+        kvt__io_disarm();
+        assert_int_equal(rc, KVT_EIO);
+        assert_non_null(strstr(kvt_last_error(), "paging block"));
+        assert_true(at >= 0);
+        /* every step before the failure gave exactly the resident logits */
+        assert_memory_equal(full, bound, (size_t)at * (size_t)V * sizeof *full);
+        kvt_residency_stats st;
+        assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+        assert_int_equal(st.read_failures, 1);
+        kvt_residency_release(r);
+    }
+    free(full);
+    free(bound);
+}
+
+/* The descriptor of this process's (unlinked) page file, -1 when none. */
+static int page_fd(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    struct dirent *e;
+    int fd = -1;
+    while ((e = readdir(d))) {
+        char link[300], target[512];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        if (k > 0) {
+            target[k] = 0;
+            if (strstr(target, "kvtier-live-"))
+                fd = atoi(e->d_name);
+        }
+    }
+    closedir(d);
+    return fd;
+}
+
+static void test_corrupt_page_refused(void **state)
+{
+    (void)state;
+    uint64_t s = g_seed ^ 2;
+    kvt_residency *r = residency(1, 0);
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_kv_create(D, B, &c), 0);
+    assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+    append_rows(c, 20, &s, NULL);
+    assert_int_equal(kvt_kv_residency_settle(c), 0);
+    int fd = page_fd();
+    assert_true(fd >= 0);
+    float junk = 1.0f;
+    assert_int_equal(pwrite(fd, &junk, sizeof junk, 2 * 2 * B * D * 4 + 12), (ssize_t)sizeof junk); /* block 2 */
+    assert_int_equal(kvt_kv_pin(c, 20), KVT_ECORRUPT);
+    assert_non_null(strstr(kvt_last_error(), "checksum"));
+    kvt_kv_unpin(c);
+    kvt_residency_stats st;
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_int_equal(st.read_failures, 1);
+    assert_int_equal(state_of(c, 2), KVT_BLOCK_DURABLE);
+    kvt_cache_destroy(c);
+    kvt_residency_release(r);
+}
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    kvt_residency *r = NULL;
+    kvt_residency_options o = {.max_blocks = -1};
+    assert_int_equal(kvt_residency_create(&o, &r), KVT_EINVAL);
+    assert_null(r);
+    o = (kvt_residency_options){.dir = "/nonexistent/dir"};
+    assert_true(kvt_residency_create(&o, &r) < 0);
+    assert_non_null(strstr(kvt_last_error(), "/nonexistent/dir"));
+    assert_int_equal(kvt_residency_create(NULL, NULL), KVT_EINVAL);
+    r = residency(0, 0);
+    assert_int_equal(kvt_residency_bounded(r), 0);
+    assert_int_equal(kvt_residency_bound_bytes(r, 100), UINT64_MAX);
+    kvt_residency_release(r);
+    r = residency(3, 250);
+    assert_int_equal(kvt_residency_bounded(r), 1);
+    assert_int_equal(kvt_residency_bound_bytes(r, 100), 200); /* the smaller: 2 blocks of bytes, 3 of count */
+    kvt_cache *q = NULL;
+    assert_int_equal(kvt_rotating_create(D, 8, 0, &q), 0);
+    assert_int_equal(kvt_kv_set_residency(q, r, 0), KVT_EINVAL); /* only the kv kind pages */
+    assert_int_equal(kvt_kv_pin(q, 0), 0);                        /* other kinds: always resident */
+    kvt_cache_destroy(q);
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_kv_create(D, B, &c), 0);
+    assert_int_equal(kvt_kv_pin(c, 1), KVT_ERANGE);
+    assert_int_equal(kvt_kv_pin(NULL, 0), KVT_EINVAL);
+    kvt_cache_destroy(c);
+    kvt_residency_release(r);
+    kvt_residency_release(NULL);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *t = getenv("TMPDIR");
+    snprintf(g_dir, sizeof g_dir, "%s/kvt_res_XXXXXX", t && *t ? t : "/tmp");
+    if (!mkdtemp(g_dir))
+        return -1;
+    g_seed = test_seed("test_residency");
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kvt_model_free(g_model);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_state_machine),
+        cmocka_unit_test(test_kv_paging),
+        cmocka_unit_test(test_shared_blocks_stay),
+        cmocka_unit_test(test_engine_identical),
+        cmocka_unit_test(test_batched_decode_identical),
+        cmocka_unit_test(test_enospc_keeps_blocks),
+        cmocka_unit_test(test_eio_fails_request),
+        cmocka_unit_test(test_corrupt_page_refused),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
