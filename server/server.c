@@ -777,6 +777,11 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
     kvt_service_stats rep;
     kvt_store_stats ss;
     int have_rep = g.ready && kvt_service_get_stats(s->svc, &rep) == 0;
+    for (int32_t i = 0; have_rep && i < kvt_service_tier_count(s->svc) && i < KVT_TIER_CHAIN_MAX; i++)
+        if (kvt_service_tier_stats(s->svc, i, &g.tiers[g.n_tiers].st) == 0) {
+            snprintf(g.tiers[g.n_tiers].name, sizeof g.tiers[0].name, "%s", kvt_service_tier_name(s->svc, i));
+            g.n_tiers++;
+        }
     if (g.ready && s->store)
         kvt_store_get_stats(s->store, &ss);
     char *text = NULL;
@@ -1074,7 +1079,8 @@ int kvt_server_load(kvt_server *s)
     kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify,
                          .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs,
                          .redis_url = s->redis_url, .redis_cluster = s->o.redis_cluster,
-                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s};
+                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s,
+                         .redis_restore_timeout_ms = s->o.redis_restore_timeout_ms};
     if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
         return rc;
     s->store = kvt_tiers_store(s->tiers);
