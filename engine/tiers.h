@@ -93,6 +93,9 @@ typedef struct kvt_ssd_level_opts {
     uint64_t lock_wait_ms;   /* how long open may wait for a lock another
                                 process holds on the directory; 0 = 1000 ms */
     const kvt_store_io *io;  /* write layer (tests inject ENOSPC); NULL = real */
+    struct kvt_pool *pool;   /* the process-wide pool the root joins (its budget
+                                charged on the disk axis: kvt_store_options.pool);
+                                NULL = none. A refusal fails the open, as a bad flag does */
 } kvt_ssd_level_opts;
 
 typedef struct kvt_ssd_level kvt_ssd_level;
@@ -116,8 +119,14 @@ KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *id, 
                        const kvt_ssd_level_opts *o, kvt_ssd_level **out);
 
 /** Fills *tier with the cold-tier table over `d` (borrowed, valid until
- * kvt_ssd_level_close): the store's own functions, with writes skipped once
- * the level degraded and every write failure recorded. Thread-safe. */
+ * kvt_ssd_level_close): the store's own functions (stats and set_evict
+ * included: a chain demotes the store's budget evictions), with writes
+ * skipped once a write failed and every write failure recorded. flags is the
+ * store's: KVT_TIER_READ_ONLY when it was opened read-only (its store and
+ * spill refuse with KVT_EREADONLY), and KVT_TIER_READ_ONLY while the level is
+ * OFF; a chain then writes to the next writable level. A level that turns
+ * READ_ONLY after a write failure keeps flags 0 (it skips writes, counted in
+ * writes_skipped). Thread-safe. */
 KVT_API void kvt_ssd_level_tier(kvt_ssd_level *d, kvt_cold_tier *tier);
 
 /** Checks for write-behind failures since the last call (when the store
@@ -148,6 +157,7 @@ typedef struct kvt_tiers_opts {
     int ssd_verify;               /* --ssd-cache-verify: SHA-256 on every restore */
     uint64_t ssd_lock_wait_ms;    /* as kvt_ssd_level_opts.lock_wait_ms */
     const kvt_store_io *ssd_io;   /* as kvt_ssd_level_opts.io (tests) */
+    struct kvt_pool *ssd_pool;    /* as kvt_ssd_level_opts.pool */
     /* shared remote tier (below the SSD tier) */
     const char *redis_url;        /* --redis redis://[user:password@]host:port[/db]
                                      (kvtier/remote.h); NULL = none. Every kept
@@ -158,6 +168,7 @@ typedef struct kvt_tiers_opts {
                                      The password may come from KVTIER_REDIS_PASSWORD */
     int redis_cluster;            /* --redis-cluster: the URL names a cluster node */
     int32_t redis_timeout_ms;     /* --redis-timeout: bound on a lookup (0 = 50 ms) */
+    int32_t redis_restore_timeout_ms; /* --redis-restore-timeout: bound on a whole restore (0 = 1000 ms) */
     int64_t redis_ttl_s;          /* --redis-ttl: seconds a written key lives (0 = none) */
     /* published read-only prompt caches (the bottom levels, in order): each
      * mounts the CURRENT generation of its directory (kvtier/publish.h:
@@ -188,8 +199,8 @@ typedef struct kvt_tiers kvt_tiers;
  * @param out receives the stack; close it with kvt_tiers_close() after the
  *   service using it is closed.
  * @return 0; KVT_EINVAL (NULL m, o or out; id NULL with a level set; an
- *   empty ssd_dir or redis_url; a bad redis_url; negative redis_timeout_ms or
- *   redis_ttl_s; n_prompt_cache_dirs < 0, or > 0 with a NULL array, or
+ *   empty ssd_dir or redis_url; a bad redis_url; negative redis_timeout_ms,
+ *   redis_restore_timeout_ms or redis_ttl_s; n_prompt_cache_dirs < 0, or > 0 with a NULL array, or
  *   an empty one; more than KVT_TIER_CHAIN_MAX levels; write_queue < 0);
  *   KVT_ENOMEM; kvt_published_open's errors; kvt_tier_chain_create's
  *   errors. On error nothing is left open. */

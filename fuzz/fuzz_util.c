@@ -249,3 +249,81 @@ int fz_record_write(uint8_t **buf, size_t *len, int mode, const void *data, uint
     rc |= fz_append(buf, len, data, n);
     return rc ? -1 : 0;
 }
+
+/* ---- directory trees ------------------------------------------------------------ */
+
+int fz_tree_write(uint8_t **buf, size_t *len, int kind, const char *path, const void *data, uint32_t n)
+{
+    size_t pl = strlen(path);
+    if (pl > 255)
+        return -1;
+    int rc = put_le(buf, len, (uint64_t)kind, 1);
+    rc |= put_le(buf, len, pl, 1);
+    rc |= fz_append(buf, len, path, pl);
+    rc |= put_le(buf, len, n, 4);
+    rc |= fz_append(buf, len, data, n);
+    return rc ? -1 : 0;
+}
+
+/* 1 when rel is a path fz_tree_build may create under root: components
+ * non-empty, not "." or "..", and every parent either absent (made here as a
+ * directory) or a real directory (never a link or a file). */
+static int tree_path_ok(const char *root, char *rel)
+{
+    if (!rel[0] || rel[0] == '/')
+        return 0;
+    for (char *c = rel;;) {
+        char *e = strchr(c, '/');
+        size_t cl = e ? (size_t)(e - c) : strlen(c);
+        if (cl == 0 || (cl == 1 && c[0] == '.') || (cl == 2 && c[0] == '.' && c[1] == '.'))
+            return 0;
+        if (!e)
+            return 1;
+        *e = '\0';
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", root, rel);
+        struct stat st;
+        int ok = lstat(p, &st) == 0 ? S_ISDIR(st.st_mode) : mkdir(p, 0755) == 0;
+        *e = '/';
+        if (!ok)
+            return 0;
+        c = e + 1;
+    }
+}
+
+int fz_tree_build(fz_in *in, const char *root, int max)
+{
+    int made = 0;
+    for (int i = 0; i < max && in->n; i++) {
+        int kind = fz_u8(in) % 3;
+        size_t pl = fz_u8(in);
+        const uint8_t *pp = fz_take(in, pl);
+        uint32_t n = fz_u32(in);
+        if (n > in->n)
+            n = (uint32_t)in->n;
+        const uint8_t *d = fz_take(in, n);
+        if (!pp || memchr(pp, 0, pl))
+            continue;
+        char rel[260], path[1300];
+        memcpy(rel, pp, pl);
+        rel[pl] = '\0';
+        if (!tree_path_ok(root, rel))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", root, rel);
+        struct stat st;
+        if (lstat(path, &st) == 0) /* first node of a path wins */
+            continue;
+        int ok;
+        if (kind == FZ_TREE_DIR) {
+            ok = mkdir(path, 0755) == 0;
+        } else if (kind == FZ_TREE_LINK) {
+            char *target = fz_cstr(d, n);
+            ok = !(n && memchr(d, 0, n)) && symlink(target, path) == 0;
+            free(target);
+        } else {
+            ok = fz_write_file(path, d, n) == 0;
+        }
+        made += ok;
+    }
+    return made;
+}

@@ -95,10 +95,29 @@ enum { FZ_NAME_OWN, FZ_NAME_TEMP, FZ_NAME_WRONG, FZ_NAME_OTHER };
 #define FZ_STORE_MODEL "fuzz-model"
 #define FZ_STORE_CONFIG "fuzz-config"
 #define FZ_STORE_TOKENIZER "fuzz-tokenizer"
+/* The generation id fuzz_manifest builds its input under (the first id a
+ * publisher writes, as in every manifest seed). */
+#define FZ_PUB_GENERATION "00000001"
 
 int fz_record_write(uint8_t **buf, size_t *len, int mode, const void *data, uint32_t n);
 
 /** Grows *buf by n bytes of src. @return 0 or -1. */
 int fz_append(uint8_t **buf, size_t *len, const void *src, size_t n);
+
+/* ---- a directory tree as fuzzer bytes (fuzz_manifest) ---------------------- */
+
+/* Nodes: u8 kind (mod 3), u8 path length, the path (relative to the tree's
+ * root), u32 length, then that many bytes: a file's contents, a symbolic
+ * link's target, nothing for a directory (a directory's length is 0). */
+enum { FZ_TREE_FILE, FZ_TREE_DIR, FZ_TREE_LINK };
+
+/** Appends one node. @return 0 or -1. */
+int fz_tree_write(uint8_t **buf, size_t *len, int kind, const char *path, const void *data, uint32_t n);
+/** Makes the nodes of `in` under root, at most max of them, parents made as
+ * needed. A node whose path is empty, absolute, holds a NUL, an empty, "."
+ * or ".." component, or would go through a symbolic link or a file made
+ * before, is skipped, so nothing is ever written outside root.
+ * @return the nodes made. */
+int fz_tree_build(fz_in *in, const char *root, int max);
 
 #endif

@@ -5,16 +5,23 @@
  * blocks and an attachment), their shards one by one, encoded cache states
  * (kvt_cache_encode), synthetic checkpoints of every layer kind
  * (kvt_model_synth), the default tokenizer (kvt_tokenizer_write_default),
+ * published generations (kvt_publish_*), remote records (the remote tier
+ * storing into a real redis-server),
  * trace lines, transcripts and chat scripts.
  *   fuzz_gen_corpus fuzz/corpus        (then commit what changed)
- * Output is deterministic; each file is a few KB at most.
+ * Output is deterministic (but for the manifests' created time); each file is
+ * a few KB at most.
  */
 #include "fuzz_util.h"
 
 #include "chat.h"
 #include "model.h"
+#include "redis_util.h"
 #include "store_util.h"
 #include "tokenizer.h"
+
+#include "kvtier/publish.h"
+#include "kvtier/remote.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -106,6 +113,19 @@ static void pack_dir(const char *dir, const char *name, int extras)
     free(buf);
 }
 
+/* Entry e of the corpus's entries of cfg: 6 + 3e tokens, later entries
+ * extending the first (shared blocks), entry 2 in another ns. */
+static void corpus_entry(const store_cfg *cfg, int e, kvt_entry *en)
+{
+    int32_t tokens[12];
+    int64_t n = 6 + 3 * e;
+    for (int64_t i = 0; i < n; i++)
+        tokens[i] = (int32_t)(i < 6 ? 10 + i : 40 + e * 7 + i);
+    int rc = store_make_entry(cfg, e == 2 ? "lora:a" : "", tokens, n, en);
+    if (rc)
+        die("make entry", rc);
+}
+
 static void gen_store(const char *name, const store_cfg *cfg, int n_entries, int extras)
 {
     char root[512];
@@ -116,14 +136,9 @@ static void gen_store(const char *name, const store_cfg *cfg, int n_entries, int
     int rc = kvt_store_open(root, &id, NULL, &s);
     if (rc)
         die("store open", rc);
-    int32_t tokens[12];
     for (int e = 0; e < n_entries; e++) {
-        int64_t n = 6 + 3 * e; /* later entries extend the first: shared blocks */
-        for (int64_t i = 0; i < n; i++)
-            tokens[i] = (int32_t)(i < 6 ? 10 + i : 40 + e * 7 + i);
         kvt_entry en;
-        if ((rc = store_make_entry(cfg, e == 2 ? "lora:a" : "", tokens, n, &en)))
-            die("make entry", rc);
+        corpus_entry(cfg, e, &en);
         if ((rc = kvt_store_put(s, &en)))
             die("store put", rc);
         kvt_entry_clear(&en);
@@ -133,6 +148,173 @@ static void gen_store(const char *name, const store_cfg *cfg, int n_entries, int
     kvt_store_close(s);
     pack_dir(dir, name, extras);
     fz_rmtree(root);
+}
+
+/* ---- published generations --------------------------------------------------------- */
+
+/* Packs the tree under dir (paths relative to top) as fz_tree nodes,
+ * directories before what they hold, names sorted. */
+static void pack_tree(const char *top, const char *rel, uint8_t **buf, size_t *len)
+{
+    char dir[2048];
+    snprintf(dir, sizeof dir, "%s%s%s", top, rel[0] ? "/" : "", rel);
+    DIR *d = opendir(dir);
+    if (!d)
+        exit(1);
+    char *names[256];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && n < 256)
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+            names[n++] = strdup(de->d_name);
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, by_name);
+    for (int i = 0; i < n; i++) {
+        char r[1024], path[3200];
+        snprintf(r, sizeof r, "%s%s%s", rel, rel[0] ? "/" : "", names[i]);
+        snprintf(path, sizeof path, "%s/%s", top, r);
+        struct stat st;
+        if (lstat(path, &st))
+            exit(1);
+        if (S_ISDIR(st.st_mode)) {
+            fz_tree_write(buf, len, FZ_TREE_DIR, r, NULL, 0);
+            pack_tree(top, r, buf, len);
+        } else {
+            size_t fn = 0;
+            uint8_t *f = slurp(path, &fn);
+            fz_tree_write(buf, len, FZ_TREE_FILE, r, f, (uint32_t)fn);
+            free(f);
+        }
+        free(names[i]);
+    }
+}
+
+/* Publishes n_entries entries of cfg as the first generation of a fresh
+ * directory (kvt_publish_*) and saves it as fuzz_manifest seeds: as
+ * published (mode byte `mode`), and with a shard replaced by a symbolic link
+ * leading out of the generation. */
+static void gen_published(const char *name, const store_cfg *cfg, int n_entries, uint8_t mode)
+{
+    char root[512];
+    if (fz_mkdtemp(root, sizeof root, "gen-pub"))
+        exit(1);
+    kvt_store_identity id = {FZ_STORE_MODEL, FZ_STORE_CONFIG, FZ_STORE_TOKENIZER};
+    kvt_publisher *p = NULL;
+    int rc = kvt_publish_begin(root, &id, NULL, &p);
+    if (rc)
+        die("publish begin", rc);
+    for (int e = 0; e < n_entries; e++) {
+        kvt_entry en;
+        corpus_entry(cfg, e, &en);
+        if ((rc = kvt_publish_put(p, &en)))
+            die("publish put", rc);
+        kvt_entry_clear(&en);
+    }
+    kvt_publish_result res;
+    if ((rc = kvt_publish_commit(p, 1, &res)))
+        die("publish commit", rc);
+    if (strcmp(res.generation, FZ_PUB_GENERATION)) {
+        fprintf(stderr, "gen_corpus: the first generation is %s, fuzz_manifest expects %s\n", res.generation,
+                FZ_PUB_GENERATION);
+        exit(1);
+    }
+    char gdir[700];
+    snprintf(gdir, sizeof gdir, "%s/generations/%s", root, FZ_PUB_GENERATION);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    fz_append(&buf, &len, &mode, 1);
+    pack_tree(gdir, "", &buf, &len);
+    save("fuzz_manifest", name, buf, len);
+    free(buf);
+    /* the same with its first entry shard a link to a file outside */
+    buf = NULL;
+    len = 0;
+    fz_append(&buf, &len, &mode, 1);
+    kvt_publish_report rep;
+    if (kvt_publish_validate(root, FZ_PUB_GENERATION, NULL, &rep))
+        die("validate", KVT_EFORMAT);
+    char shard[1024] = "";
+    DIR *d;
+    char idir[800];
+    snprintf(idir, sizeof idir, "%s/%s", gdir, rep.identity_dir);
+    if ((d = opendir(idir))) {
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (de->d_name[0] == 'e' && (!shard[0] || strcmp(de->d_name, shard + 33) < 0))
+                snprintf(shard, sizeof shard, "%s/%s", rep.identity_dir, de->d_name);
+        closedir(d);
+    }
+    if (shard[0]) {
+        fz_tree_write(&buf, &len, FZ_TREE_LINK, shard, "../../../../../../etc/hostname", 30);
+        pack_tree(gdir, "", &buf, &len);
+        char lname[128];
+        snprintf(lname, sizeof lname, "%s-link-out", name);
+        save("fuzz_manifest", lname, buf, len);
+    }
+    free(buf);
+    fz_rmtree(root);
+}
+
+/* ---- remote records ---------------------------------------------------------------- */
+
+static int by_str(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+
+/* Writes entries of cfg into a real redis-server through the remote tier
+ * (kvt_remote_open, its table's store) and saves every record it SET (the
+ * block and entry keys: GET of each) as a fuzz_remote_record seed, mode byte
+ * 3 (checksum rewritten, layers rebuilt). Skipped, saying so, without
+ * redis-server. */
+static void gen_records(const char *name, const store_cfg *cfg, int n_entries)
+{
+    if (!redis_available("gen_corpus"))
+        return;
+    redis_srv srv;
+    if (redis_start(&srv, 64, NULL))
+        exit(1);
+    kvt_store_identity id = {FZ_STORE_MODEL, FZ_STORE_CONFIG, FZ_STORE_TOKENIZER};
+    kvt_remote *r = NULL;
+    int rc = kvt_remote_open(srv.url, &id, NULL, &r);
+    if (rc)
+        die("remote open", rc);
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    for (int e = 0; e < n_entries; e++) {
+        kvt_entry en;
+        corpus_entry(cfg, e, &en);
+        if ((rc = t.store(t.self, &en)))
+            die("remote store", rc);
+        kvt_entry_clear(&en);
+    }
+    kvt_remote_close(r);
+    char prefix[128];
+    kvt_remote_key_prefix(&id, prefix, sizeof prefix);
+    static char keys[64][160];
+    int nk = 0;
+    for (const char *ty = "be"; *ty; ty++) {
+        char pat[200];
+        snprintf(pat, sizeof pat, "%s%c*", prefix, *ty);
+        char cur[160];
+        /* one key at a time: SCAN's order is Redis's; sorted below */
+        while (nk < 64 && redis_first_key(srv.port, pat, cur, sizeof cur) == 0) {
+            snprintf(keys[nk++], sizeof keys[0], "%s", cur);
+            redis_cmd(srv.port, NULL, 0, NULL, "RENAME %s seen:%s", cur, cur);
+        }
+    }
+    qsort(keys, (size_t)nk, sizeof keys[0], by_str);
+    static uint8_t val[1 << 20];
+    int nb = 0, ne = 0;
+    for (int i = 0; i < nk; i++) {
+        size_t vn = 0;
+        val[0] = 3;
+        if (redis_cmd(srv.port, (char *)val + 1, sizeof val - 1, &vn, "GET seen:%s", keys[i]) < 0)
+            exit(1);
+        char type = keys[i][strlen(prefix)];
+        char sname[128];
+        snprintf(sname, sizeof sname, "%s-%c%d", name, type, type == 'b' ? nb++ : ne++);
+        if (vn + 1 <= 16384)
+            save("fuzz_remote_record", sname, val, vn + 1);
+    }
+    redis_stop(&srv);
 }
 
 /* ---- cache states ------------------------------------------------------------------ */
@@ -412,6 +594,13 @@ int main(int argc, char **argv)
     gen_store("qkv", &q, 2, 0);
     store_cfg att = {.n_kv = 1, .kv_dim = 2, .block = 4, .attach = 12};
     gen_store("attachment", &att, 1, 0);
+    gen_published("kv", &kv, 3, 3);
+    gen_published("hybrid", &hybrid, 2, 0xf);
+    gen_published("attachment", &att, 1, 0xb);
+    gen_records("kv", &kv, 3);
+    gen_records("hybrid", &hybrid, 2);
+    gen_records("qkv", &q, 2);
+    gen_records("attachment", &att, 1);
     gen_states();
     gen_programs();
     kvt_layer_kind plain[2] = {KVT_LAYER_ATTN, KVT_LAYER_ATTN};

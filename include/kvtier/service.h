@@ -214,6 +214,12 @@ typedef struct kvt_request {
     const char *session;     /* session id for affinity, NULL = none */
     int no_reuse;            /* 1: takes fresh state and its state is never kept
                                 (a prefix without identity) */
+    int64_t live_blocks;     /* with live_bytes, both 0: admission charges the whole context */
+    uint64_t live_bytes;     /* else the request keeps at most live_blocks (> 0) full kv blocks
+                                (over all its layers) and at most live_bytes (> 0) bytes of them
+                                in RAM and pages the rest (a residency bound,
+                                kvtier/residency.h): it is charged
+                                kvt_service_project_live_bytes instead */
 } kvt_request;
 
 /** Projected KV bytes of `n_tokens` tokens of one sequence under this
@@ -221,6 +227,16 @@ typedef struct kvt_request {
  * whole blocks), window layers stop at W tokens, fixed layers count their
  * fixed bytes. Thread-safe. */
 KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tokens);
+
+/** Projected RAM bytes of `n_tokens` tokens of one sequence whose full kv
+ * blocks in RAM are bounded (a residency bound): to live_blocks blocks (each
+ * the size of the first per-token layer's block) when > 0, and to live_bytes
+ * bytes when > 0 (the smaller bound wins). The per-token layers are charged
+ * at most that plus one block each (the mutable tails), window and fixed
+ * layers as kvt_service_project_bytes; never more than
+ * kvt_service_project_bytes, which both 0 give. Thread-safe. */
+KVT_API uint64_t kvt_service_project_live_bytes(const kvt_service *svc, int64_t n_tokens, int64_t live_blocks,
+                                                uint64_t live_bytes);
 
 /** Admits a request beside the ones already holding state.
  *
@@ -580,20 +596,28 @@ KVT_API int32_t kvt_service_tier_count(kvt_service *svc);
  * 0..kvt_service_tier_count - 1). Thread-safe. */
 KVT_API int kvt_service_tier_stats(kvt_service *svc, int32_t level, kvt_tier_stats *out);
 
+/** The name of listed tier `level` (0 = top): kvt_tier_chain_level_name of
+ * the config's chain (e.g. "ssd", "redis", "published"), else "cold" for a
+ * cold tier without a chain. Borrowed, valid until the service is
+ * destroyed. NULL for a NULL svc or a level outside
+ * 0..kvt_service_tier_count - 1. Thread-safe. */
+KVT_API const char *kvt_service_tier_name(kvt_service *svc, int32_t level);
+
 /** The report as one JSON document:
  *   {"prefixes": {every KVT_PROMPT_CACHE_COUNTERS name: n},
  *    "requests": {"acquires", "reused_tokens", "publishes", "admitted",
  *                 "rejected", "waited"},
  *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)},
- *    "tiers": [{"level": 0, every KVT_TIER_COUNTERS name: n}, ...],
+ *    "tiers": [{"level": 0, "name": "ssd", every KVT_TIER_COUNTERS name: n},
+ *              ...],
  *    "pool": null, or {"member": name, "members": n,
  *             "axes": {"ram"|"kv"|"disk"|"remote": {"limit" (null when not
  *                      limited), "reserved", "published", "used",
  *                      "high_water", "refusals"}}  (this service's own),
  *             "totals": {same axes, over the whole pool}}}
  * ("requests" and "kv" hold the KVT_SERVICE_COUNTERS by group and key;
- * "tiers" the kvt_service_tier_stats of each listed tier, top first, and is
- * empty without a cold tier.)
+ * "tiers" the kvt_service_tier_name and kvt_service_tier_stats of each
+ * listed tier, top first, and is empty without a cold tier.)
  * @param out receives a NUL-terminated string; caller frees with
  *   kvt_string_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_service_stats_json(kvt_service *svc, char **out);

@@ -559,13 +559,68 @@ static void note_fail(kvt__rpipe *p, kvt__rfail f)
         p->fail = f;
 }
 
+/* The socket timeout of the next operation of p: timeout_ms, or what is
+ * left of p's deadline when that is less; 0 once the deadline has passed. */
+static int32_t op_ms(const kvt__rpipe *p, int32_t timeout_ms)
+{
+    if (!p->deadline_ms)
+        return timeout_ms;
+    int64_t left = p->deadline_ms - kvt__remote_now_ms();
+    return left <= 0 ? 0 : left < timeout_ms ? (int32_t)left : timeout_ms;
+}
+
+/* Fails ctx as a timeout (classify sees EAGAIN): the deadline has passed. */
+static int deadline_passed(redisContext *ctx)
+{
+    ctx->err = REDIS_ERR_IO;
+    snprintf(ctx->errstr, sizeof ctx->errstr, "deadline passed");
+    errno = EAGAIN;
+    return REDIS_ERR;
+}
+
+/* redisGetReply under p's deadline: writes what is buffered, then reads
+ * until a reply is whole, shrinking the socket timeout to what is left of
+ * the deadline before each operation. */
+static int get_reply(redisContext *ctx, void **r, const kvt__rpipe *p, int32_t timeout_ms)
+{
+    if (!p->deadline_ms)
+        return redisGetReply(ctx, r);
+    *r = NULL;
+    if (redisGetReplyFromReader(ctx, r) != REDIS_OK)
+        return REDIS_ERR;
+    int32_t cur = timeout_ms;
+    int wdone = 0;
+    while (!*r) {
+        int32_t ms = op_ms(p, timeout_ms);
+        if (ms <= 0)
+            return deadline_passed(ctx);
+        if (ms < cur) {
+            redisSetTimeout(ctx, tv_of(ms));
+            cur = ms;
+        }
+        if (!wdone) {
+            if (redisBufferWrite(ctx, &wdone) != REDIS_OK)
+                return REDIS_ERR;
+        } else if (redisBufferRead(ctx) != REDIS_OK || redisGetReplyFromReader(ctx, r) != REDIS_OK) {
+            return REDIS_ERR;
+        }
+    }
+    return REDIS_OK;
+}
+
 /* Runs commands idx[0..k) on node ni, pipelined, asking first when ask. */
 static void run_on_node(kvt__rconn *c, kvt__rpipe *p, int ni, const int32_t *idx, int32_t k, int32_t timeout_ms,
                         int ask)
 {
     rnode *n = node_at(c, ni);
     kvt__rfail f = KVT__RF_NONE;
-    redisContext *ctx = n ? node_take(c, n, timeout_ms, 0, &f) : NULL;
+    int32_t ms = op_ms(p, timeout_ms);
+    if (ms <= 0) {
+        count_fail(c, KVT__RF_TIMEOUT);
+        note_fail(p, KVT__RF_TIMEOUT);
+        return;
+    }
+    redisContext *ctx = n ? node_take(c, n, ms, 0, &f) : NULL;
     if (!ctx) {
         note_fail(p, n ? f : KVT__RF_CONN);
         return;
@@ -582,14 +637,14 @@ static void run_on_node(kvt__rconn *c, kvt__rpipe *p, int ni, const int32_t *idx
     for (int32_t j = 0; j < k && ok; j++) {
         void *r = NULL;
         if (ask) {
-            if (redisGetReply(ctx, &r) != REDIS_OK) {
+            if (get_reply(ctx, &r, p, ms) != REDIS_OK) {
                 ok = 0;
                 break;
             }
             freeReplyObject(r);
             r = NULL;
         }
-        if (redisGetReply(ctx, &r) != REDIS_OK) {
+        if (get_reply(ctx, &r, p, ms) != REDIS_OK) {
             ok = 0;
             break;
         }
@@ -647,8 +702,11 @@ static int run_grouped(kvt__rconn *c, kvt__rpipe *p, const int32_t *todo, int32_
             continue;
         kvt__rfail f = KVT__RF_NONE;
         pe[ni].n = node_at(c, ni);
-        pe[ni].ctx = node_take(c, pe[ni].n, timeout_ms, 0, &f);
+        int32_t ms = op_ms(p, timeout_ms);
+        pe[ni].ctx = ms > 0 ? node_take(c, pe[ni].n, ms, 0, &f) : NULL;
         if (!pe[ni].ctx) {
+            if (ms <= 0)
+                count_fail(c, f = KVT__RF_TIMEOUT);
             note_fail(p, f);
             continue;
         }
@@ -669,7 +727,7 @@ static int run_grouped(kvt__rconn *c, kvt__rpipe *p, const int32_t *todo, int32_
         int ok = !pe[ni].ctx->err;
         for (int32_t j = 0; j < pe[ni].k && ok; j++) {
             void *r = NULL;
-            if (redisGetReply(pe[ni].ctx, &r) != REDIS_OK)
+            if (get_reply(pe[ni].ctx, &r, p, timeout_ms) != REDIS_OK)
                 ok = 0;
             else
                 p->cmds[idx[pe[ni].first + j]].reply = r;

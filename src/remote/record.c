@@ -19,6 +19,7 @@
 #define TENSOR_BYTES 120 /* name[64] + 2 u32 + 4 i64 + 2 u64 */
 #define ATT_BYTES 80     /* name[64] + 2 u64 */
 #define ALIGN 64
+#define ELEMS_MAX ((uint64_t)1 << 56) /* elements of one tensor: x 8 bytes stays far from overflow */
 
 static size_t up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -244,7 +245,9 @@ int kvt__rec_parse(const void *buf, size_t n, kvt__rec *out)
         L->offset = (int64_t)get64(b + at + 32);
         L->min_offset = (int64_t)get64(b + at + 40);
         uint32_t np = get32(b + at + 48), nt = get32(b + at + 52);
-        if (np > KVT_CACHE_PARAMS_MAX || nt > KVT__REC_MAX_TENSORS || (uint64_t)nt * TENSOR_BYTES > H - at ||
+        /* the tensor table follows the layer's fixed part: both inside the header */
+        if (np > KVT_CACHE_PARAMS_MAX || nt > KVT__REC_MAX_TENSORS ||
+            (uint64_t)nt * TENSOR_BYTES > H - at - LAYER_FIXED ||
             L->offset < 0 || L->min_offset < 0 || L->min_offset > L->offset) {
             rc = kvt__fail(KVT_EFORMAT, "remote record: layer %u out of range", l);
             goto bad;
@@ -274,10 +277,13 @@ int kvt__rec_parse(const void *buf, size_t n, kvt__rec *out)
             }
             x->dtype = (kvt_dtype)dt;
             x->ndim = (int32_t)nd;
+            /* the running product of the dims is bounded by a constant, not
+             * by this value's payload, so whether a shape is accepted never
+             * depends on how much payload other tensors take */
             uint64_t elems = 1;
             for (uint32_t d = 0; d < nd; d++) {
                 uint64_t s = get64(b + at + 72 + 8 * (size_t)d);
-                if (s > P || (s && elems > P / s)) {
+                if (s > ELEMS_MAX || (s && elems > ELEMS_MAX / s)) {
                     rc = kvt__fail(KVT_EFORMAT, "remote record: tensor %s: shape too large", x->name);
                     goto bad;
                 }

@@ -266,6 +266,8 @@ static int t_stats(void *self, kvt_tier_stats *out)
     out->restore_failures = r->st.restore_failures;
     out->stores = r->st.writes;
     out->write_failures = r->st.write_failures + r->st.dropped;
+    out->behind_failures = r->behind_failed;
+    out->behind_dropped = r->behind_dropped;
     out->entries = r->entries;
     out->bytes = r->bytes;
     pthread_mutex_unlock(&r->mu);
@@ -300,7 +302,7 @@ KVT_API int kvt_remote_open(const char *url, const kvt_store_identity *identity,
     if (opts)
         o = *opts;
     if (o.lookup_timeout_ms < 0 || o.io_timeout_ms < 0 || o.connect_timeout_ms < 0 || o.fail_threshold < 0 ||
-        o.ttl_s < 0 || o.queue_max_entries < 0)
+        o.ttl_s < 0 || o.queue_max_entries < 0 || o.restore_timeout_ms < 0)
         return kvt__fail(KVT_EINVAL, "kvt_remote_open: negative option");
     kvt__rconn_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -335,6 +337,7 @@ KVT_API int kvt_remote_open(const char *url, const kvt_store_identity *identity,
     snprintf(r->host, sizeof r->host, "%s:%d", cfg.url.host, cfg.url.port);
     r->lookup_ms = o.lookup_timeout_ms ? o.lookup_timeout_ms : 50;
     r->io_ms = o.io_timeout_ms ? o.io_timeout_ms : 2000;
+    r->restore_ms = o.restore_timeout_ms ? o.restore_timeout_ms : 1000;
     r->ttl_s = o.ttl_s;
     r->queue_max_bytes = o.queue_max_bytes ? o.queue_max_bytes : (256ull << 20);
     r->queue_max_entries = o.queue_max_entries ? o.queue_max_entries : 1024;
