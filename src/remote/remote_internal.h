@@ -217,6 +217,7 @@ typedef struct kvt__rhandle {
 typedef struct kvt__rjob {
     kvt_entry e;
     uint64_t bytes;
+    struct kvt_pool_reservation *res; /* its bytes on the pool's remote axis, NULL = no pool */
     struct kvt_remote *r;
     int state; /* KVT__RJOB_* (under q_mu once queued) */
     struct kvt__rjob *next, *prev;
@@ -232,6 +233,7 @@ enum {
 
 /** The tier. mu guards layout, handles and stats; q_mu the write-behind queue. */
 struct kvt_remote {
+    struct kvt_pool_member *pool_member; /* remote_pool.c; NULL = no pool */
     kvt__rconn *conn;
     kvt__key seed;
     char prefix[48];
@@ -335,5 +337,15 @@ int kvt__remote_worker_open(kvt_remote *r, kvt_io *worker);
 /** At close: refuses new work, waits until the worker holds no job or restore waiter of the tier,
  * drops the default's reference. @return the first write-behind failure not yet reported. */
 int kvt__remote_worker_close(kvt_remote *r);
+
+/* remote_pool.c: the tier's membership of kvt_remote_options.pool. Join:
+ * 0 without a pool; kvt_pool_join's error. Reserve: 0 with *res NULL
+ * without a pool; the pool's refusal naming the axis. Drop: NULL is a no-op. */
+int kvt__remote_pool_join(kvt_remote *r, const kvt_remote_options *o);
+void kvt__remote_pool_leave(kvt_remote *r);
+int kvt__remote_pool_reserve(kvt_remote *r, uint64_t bytes, struct kvt_pool_reservation **res);
+void kvt__remote_pool_drop(struct kvt_pool_reservation *res);
+/* The bytes an entry's write holds (tokens, caches, attachments). */
+uint64_t kvt__remote_entry_bytes(const kvt_entry *e);
 
 #endif

@@ -12,7 +12,7 @@
 #include <stdatomic.h>
 #include <string.h>
 
-static uint64_t entry_bytes(const kvt_entry *e)
+uint64_t kvt__remote_entry_bytes(const kvt_entry *e)
 {
     uint64_t b = (uint64_t)e->n_tokens * 4;
     for (int32_t l = 0; l < e->n_caches; l++)
@@ -73,6 +73,8 @@ static int job_run(void *task, void **result)
     job_unlink(r, j); /* no longer pending: nothing reads the entry from here */
     pthread_mutex_unlock(&r->q_mu);
     kvt_entry_clear(&j->e);
+    kvt__remote_pool_drop(j->res); /* no longer in flight */
+    j->res = NULL;
     pthread_mutex_lock(&r->q_mu);
     r->q_n--;
     r->q_bytes -= j->bytes;
@@ -111,6 +113,7 @@ static void job_free(void *task, void *result)
     pthread_mutex_unlock(&r->q_mu);
     if (unrun)
         kvt_entry_clear(&j->e);
+    kvt__remote_pool_drop(j->res);
     kvt__free(j);
 }
 
@@ -123,14 +126,22 @@ int kvt__remote_spill(void *self, kvt_entry *e)
         KVT__REMOTE_BUMP(r, dropped, 1);
         return kvt__fail(KVT_EAGAIN, "remote spill: redis %s is unreachable", r->host);
     }
-    uint64_t b = entry_bytes(e);
+    uint64_t b = kvt__remote_entry_bytes(e);
     kvt__rjob *j = kvt__calloc(1, sizeof *j);
     if (!j)
         return kvt__fail(KVT_ENOMEM, "remote spill: out of memory");
     kvt__key ekey = kvt__entry_key(r->seed, e->ns ? e->ns : "", e->tokens, e->n_tokens);
+    /* charged on the pool's remote axis before it is queued, until it is written */
+    int prc = kvt__remote_pool_reserve(r, b, &j->res);
+    if (prc) {
+        kvt__free(j);
+        KVT__REMOTE_BUMP(r, dropped, 1);
+        return prc == KVT_ENOMEM ? prc : KVT_EAGAIN;
+    }
     pthread_mutex_lock(&r->q_mu);
     if (r->closing || r->q_n >= r->queue_max_entries || r->q_bytes + b > r->queue_max_bytes) {
         pthread_mutex_unlock(&r->q_mu);
+        kvt__remote_pool_drop(j->res);
         kvt__free(j);
         KVT__REMOTE_BUMP(r, dropped, 1);
         return kvt__fail(KVT_EAGAIN, "remote spill: the write-behind queue is full");
@@ -164,6 +175,7 @@ int kvt__remote_spill(void *self, kvt_entry *e)
         r->q_bytes -= b;
         r->ops_live--;
         pthread_mutex_unlock(&r->q_mu);
+        kvt__remote_pool_drop(j->res);
         kvt__free(j);
         if (rc) { /* a full worker queue is a full write-behind queue: a counted drop */
             KVT__REMOTE_BUMP(r, dropped, 1);
@@ -199,13 +211,20 @@ int kvt__remote_pending(void *self, const int32_t *tokens, int64_t n, const char
 int kvt__remote_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns)
 {
     kvt_remote *r = self;
-    kvt__rjob *hit = NULL;
+    int hit = 0;
+    kvt_entry gone;
+    struct kvt_pool_reservation *res = NULL;
+    memset(&gone, 0, sizeof gone);
     pthread_mutex_lock(&r->q_mu);
     for (kvt__rjob *j = r->q_head; j; j = j->next)
         if (j->state == KVT__RJOB_QUEUED && same(&j->e, tokens, n, ns)) {
-            hit = j;
+            hit = 1;
             job_unlink(r, j);
-            j->state = KVT__RJOB_WITHDRAWN; /* its operation runs as a no-op */
+            j->state = KVT__RJOB_WITHDRAWN; /* its operation runs as a no-op and frees the job */
+            gone = j->e;                    /* taken out under the lock: the job may go at any time after */
+            memset(&j->e, 0, sizeof j->e);
+            res = j->res;
+            j->res = NULL;
             r->q_n--;
             r->q_bytes -= j->bytes;
             break;
@@ -214,7 +233,8 @@ int kvt__remote_withdraw(void *self, const int32_t *tokens, int64_t n, const cha
     pthread_mutex_unlock(&r->q_mu);
     if (!hit)
         return KVT_ENOTFOUND;
-    kvt_entry_clear(&hit->e);
+    kvt_entry_clear(&gone);
+    kvt__remote_pool_drop(res);
     return 0;
 }
 
