@@ -307,6 +307,36 @@ static void sb_label(sbuf *b, const char *v)
     }
 }
 
+int kvt_srv_metrics_layers_prometheus(const kvt_layer_stats *g, int n, char **out)
+{
+    *out = NULL;
+    sbuf b = {0};
+    sb_printf(&b, "%s", "");
+    /* one family per field of the one list, labelled by layer (at most
+     * KVT_LAYER_REPORT_LIMIT + 1 values: the overflow group is one) */
+#define KVT__LAYER_PROM(name, kind, help)                                                          \
+    if (n > 0) {                                                                                   \
+        const char *fam = !strcmp(#kind, "counter") ? "layer_" #name "_total" : "layer_" #name;   \
+        head(&b, fam, #kind, "Per-layer residency: " help ".");                                   \
+        for (int i = 0; i < n; i++) {                                                              \
+            if (g[i].first_layer == g[i].last_layer)                                               \
+                sb_printf(&b, "kvtier_%s{layer=\"%d\"} %llu\n", fam, (int)g[i].first_layer,         \
+                          (unsigned long long)g[i].name);                                          \
+            else                                                                                   \
+                sb_printf(&b, "kvtier_%s{layer=\"%d-%d\"} %llu\n", fam, (int)g[i].first_layer,      \
+                          (int)g[i].last_layer, (unsigned long long)g[i].name);                    \
+        }                                                                                          \
+    }
+    KVT_LAYER_COUNTERS(KVT__LAYER_PROM)
+#undef KVT__LAYER_PROM
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    *out = b.p;
+    return 0;
+}
+
 int kvt_srv_metrics_pool_prometheus(kvt_pool *pool, char **out)
 {
     *out = NULL;
@@ -370,10 +400,11 @@ int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs)
     /* every remote counter, from its one list */
 #define KVT__REMOTE_PROM(field, kind, help)                                                        \
     {                                                                                              \
-        size_t len = strlen(#field);                                                               \
-        int ms = len > 3 && !strcmp(#field + len - 3, "_ms");                                      \
+        const char *fname = #field;                                                                \
+        size_t len = strlen(fname);                                                                \
+        int ms = len > 3 && !strcmp(fname + len - 3, "_ms");                                       \
         int ctr = !strcmp(#kind, "counter");                                                       \
-        snprintf(name, sizeof name, "remote_%.*s%s", (int)(ms ? len - 3 : len), #field,            \
+        snprintf(name, sizeof name, "remote_%.*s%s", (int)(ms ? len - 3 : len), fname,             \
                  ms ? "_seconds_total" : ctr ? "_total" : "");                                     \
         head(&b, name, #kind, "Remote tier: " help ".");                                           \
         if (ms)                                                                                    \
