@@ -167,10 +167,7 @@ int kvt_generate_live(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampl
             /* bounded residency: each kv layer's cache attached in attention order */
             if ((rc = kvt_residency_create(live, &res)))
                 goto done;
-            for (int32_t l = 0; l < cfg->n_layers && rc == 0; l++)
-                if (!strcmp(kvt_cache_kind(caches[l]), "kv"))
-                    rc = kvt_kv_set_residency(caches[l], res, l);
-            if (rc)
+            if ((rc = kvt_seq_live_attach(caches, cfg->n_layers, res)))
                 goto done;
         }
         if ((rc = kvt_model_prefill(m, caches, toks, n_prompt, logits)))

@@ -192,9 +192,8 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
     memcpy(s->all, prompt, (size_t)n_prompt * sizeof *s->all);
     /* under a bound, each kv layer's cache is attached in layer order (the
      * order attention reads them: read-ahead follows it) */
-    for (int32_t l = 0; s->live && rc == 0 && l < s->state.n_layers; l++)
-        if (!strcmp(kvt_cache_kind(s->state.caches[l]), "kv"))
-            rc = kvt_kv_set_residency(s->state.caches[l], s->live, l);
+    if (s->live)
+        rc = kvt_seq_live_attach(s->state.caches, s->state.n_layers, s->live);
     if (rc)
         goto fail;
     s->reused = s->done = s->state.reused_tokens;
@@ -219,6 +218,24 @@ fail:
     kvt_service_release(svc, s->adm, 0);
     seq_free(s);
     return rc;
+}
+
+KVT_API int kvt_seq_live_attach(kvt_cache *const *caches, int32_t n_layers, kvt_residency *res)
+{
+    for (int32_t l = 0; l < n_layers; l++) {
+        const char *kind = kvt_cache_kind(caches[l]);
+        int rc = 0;
+        if (!strcmp(kind, "kv"))
+            rc = kvt_kv_set_residency(caches[l], res, l);
+        else if (!strcmp(kind, "qkv"))
+            rc = kvt__fail(KVT_EINVAL,
+                           "live-cache bound: layer %d stores its KV as q8, which is never paged; bound the f32, "
+                           "f16 or bf16 schemes, or run q8 fully resident",
+                           (int)l);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 KVT_API int64_t kvt_seq_reused(const kvt_seq *s) { return s ? s->reused : 0; }

@@ -41,6 +41,7 @@
 #define KVT_ENGINE_SEQ_H
 
 #include "chat.h"
+#include "kvtier/residency.h"
 
 #include <stdint.h>
 
@@ -192,6 +193,20 @@ KVT_API const int32_t *kvt_seq_reply(const kvt_seq *s, int64_t *n);
  * @return 0 (a refused publish is not an error). NULL s is a no-op (st, when
  *   given, is zeroed). */
 KVT_API int kvt_seq_finish(kvt_seq *s, int completed, kvt_turn_stats *st);
+
+/** Attaches each layer's cache of a request to a bounded residency, in layer
+ * order (the order attention reads them, which read-ahead follows): "kv"
+ * layers are paged under the bound; window, recurrent and other fixed-size
+ * kinds stay resident (they do not grow with the context).
+ * @param caches n_layers caches of one request; borrowed.
+ * @param res the request's residency (kvtier/residency.h); borrowed.
+ * @return 0; KVT_EINVAL when a layer holds its KV as q8 ("qkv"), which grows
+ *   with the context and is never paged: admitted under the bound it would
+ *   hold more than was charged, so the request is refused, naming the layer;
+ *   kvt_kv_set_residency's errors. On an error, layers attached before it
+ *   stay attached (the caller detaches them as it does on success). Not
+ *   thread-safe for one request's caches. */
+KVT_API int kvt_seq_live_attach(kvt_cache *const *caches, int32_t n_layers, kvt_residency *res);
 
 #ifdef __cplusplus
 }

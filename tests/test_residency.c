@@ -468,6 +468,49 @@ static void test_service_bounded(void **state)
     kvt_sampler_free(sa);
 }
 
+/* A q8 layer grows with the context and is never paged: a bound would be
+ * charged at admission but not kept, so a bounded q8 request is refused with
+ * the layer named, and nothing stays admitted. */
+static void test_q8_bound_refused(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/res.bin", g_dir);
+    (void)model(); /* writes the checkpoint */
+    kvt_model *m = NULL;
+    assert_int_equal(kvt_model_load(path, &m), 0);
+    assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_Q8), 0);
+    int V = kvt_model_get_config(m)->vocab_size;
+    int32_t prompt[PROMPT], reply[GEN];
+    uint64_t s = 5;
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    kvt_service *svc = NULL;
+    kvt_chat_service_opts so = {.prompt_cache_bytes = 64 << 20, .block_tokens = BLOCK};
+    assert_int_equal(kvt_chat_service_create(m, &so, &svc), 0);
+    kvt_sampler *sa = NULL;
+    assert_int_equal(kvt_sampler_create(V, 0.0f, 0.9f, 1, &sa), 0);
+    kvt_gen_opts o = {.max_tokens = GEN, .admit_timeout_ms = 0, .prefill_checkpoint_stride = -1,
+                      .live_cache_blocks = 2, .live_cache_dir = g_dir};
+    int64_t n = 0;
+    kvt_turn_stats ts;
+    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, reply, GEN, &n, &ts), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "q8"));
+    assert_non_null(strstr(kvt_last_error(), "layer 0"));
+    kvt_service_stats rep;
+    assert_int_equal(kvt_service_get_stats(svc, &rep), 0);
+    assert_int_equal(rep.live_paged_out_blocks, 0);
+    assert_int_equal(rep.admitted, 0); /* the refused request's admission was released */
+    assert_int_equal(rep.kv_projected_bytes, 0);
+    /* fully resident, the same request runs */
+    o.live_cache_blocks = 0;
+    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, reply, GEN, &n, &ts), 0);
+    assert_int_equal(n, GEN);
+    kvt_service_destroy(svc);
+    kvt_sampler_free(sa);
+    kvt_model_free(m);
+}
+
 /* ---- faults -------------------------------------------------------------------------------- */
 
 static void test_enospc_keeps_blocks(void **state)
@@ -631,6 +674,7 @@ int main(void)
         cmocka_unit_test(test_engine_identical),
         cmocka_unit_test(test_batched_decode_identical),
         cmocka_unit_test(test_service_bounded),
+        cmocka_unit_test(test_q8_bound_refused),
         cmocka_unit_test(test_enospc_keeps_blocks),
         cmocka_unit_test(test_eio_fails_request),
         cmocka_unit_test(test_corrupt_page_refused),
