@@ -36,7 +36,8 @@ static void usage(FILE *f)
             "                   [--adapter NAME --adapter-version V] [--multiline] [--stats]\n"
             "                   [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                    [--demote-idle MS]] [--prompt-cache-dir DIR ...] [--transcript FILE]\n"
-            "                   [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]]\n"
+            "                   [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]\n"
+            "                   [--redis-restore-timeout MS]]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
@@ -101,6 +102,8 @@ static void usage(FILE *f)
             "                        misses, never an error: one warning, retried in the background\n"
             "  --redis-cluster       URL names a node of a Redis Cluster (slot map, MOVED/ASK)\n"
             "  --redis-timeout MS    bound on one Redis lookup (default 50)\n"
+            "  --redis-restore-timeout MS  bound on one whole restore from Redis, every round trip\n"
+            "                        and read of it (default 1000); past it the request prefills\n"
             "  --redis-ttl SECONDS   expiry of every key written (default 0: none)\n"
             "  --transcript FILE     resume the conversation saved in FILE (JSON: [{\"user\": ...,\n"
             "                        \"assistant\": ...}, ...]) and save it there after every turn;\n"
@@ -393,7 +396,7 @@ int kvt_cmd_chat(int argc, char **argv)
     int multiline = 0, stats = 0, ssd_verify = 0;
     const char *ssd_dir = NULL, *transcript = NULL, *redis_url = NULL;
     int redis_cluster = 0;
-    long long redis_timeout = 0, redis_ttl = 0;
+    long long redis_timeout = 0, redis_ttl = 0, redis_restore = 0;
     uint64_t ssd_max = 0;
     long long demote_idle = 0;
     kvt_kv_scheme kv_scheme = KVT_KV_F32;
@@ -428,7 +431,8 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--ssd-cache-max", "--demote-idle", "--transcript",
                                                  "--prefill-checkpoint-stride", "--threads",
                                                  "--prompt-cache-dir", "--kv-dtype", "--redis",
-                                                 "--redis-timeout", "--redis-ttl", NULL};
+                                                 "--redis-timeout", "--redis-ttl",
+                                                 "--redis-restore-timeout", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -458,6 +462,8 @@ int kvt_cmd_chat(int argc, char **argv)
             redis_url = v;
         else if (!strcmp(a, "--redis-timeout"))
             rc = parse_i64(a, v, 1, 60000, &redis_timeout);
+        else if (!strcmp(a, "--redis-restore-timeout"))
+            rc = parse_i64(a, v, 1, 600000, &redis_restore);
         else if (!strcmp(a, "--redis-ttl"))
             rc = parse_i64(a, v, 1, LLONG_MAX / 1000, &redis_ttl);
         else if (!strcmp(a, "--prompt-cache-dir")) {
@@ -510,8 +516,9 @@ int kvt_cmd_chat(int argc, char **argv)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     if (n_pub && pc_bytes == 0)
         return usage_error("--prompt-cache-dir needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
-    if (!redis_url && (redis_cluster || redis_timeout || redis_ttl))
-        return usage_error("--redis-cluster, --redis-timeout and --redis-ttl need --redis URL", NULL);
+    if (!redis_url && (redis_cluster || redis_timeout || redis_ttl || redis_restore))
+        return usage_error("--redis-cluster, --redis-timeout, --redis-restore-timeout and --redis-ttl need --redis URL",
+                           NULL);
     if (redis_url && pc_bytes == 0)
         return usage_error("--redis needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
 
@@ -570,7 +577,7 @@ int kvt_cmd_chat(int argc, char **argv)
     kvt_tiers_opts to = {.ssd_dir = ssd_dir, .ssd_max_bytes = ssd_max, .ssd_verify = ssd_verify,
                          .prompt_cache_dirs = pub_dirs, .n_prompt_cache_dirs = n_pub, .redis_url = redis_url,
                          .redis_cluster = redis_cluster, .redis_timeout_ms = (int32_t)redis_timeout,
-                         .redis_ttl_s = redis_ttl};
+                         .redis_ttl_s = redis_ttl, .redis_restore_timeout_ms = (int32_t)redis_restore};
     if ((rc = kvt_tiers_open(m, ssd_dir || n_pub || redis_url ? &ident : NULL, &to, &tiers))) {
         status = fail("cannot open the SSD cache", rc);
         if (rc == KVT_EINVAL || rc == KVT_EUNSUPPORTED)

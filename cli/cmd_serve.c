@@ -24,7 +24,8 @@ static void usage(FILE *f)
             "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                     [--demote-idle MS] [--checkpoint-every N]] [--prompt-cache-dir DIR ...]\n"
-            "                    [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]]\n"
+            "                    [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]\n"
+            "                     [--redis-restore-timeout MS]]\n"
             "                    [--max-queue N] [--max-running N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
             "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
@@ -71,6 +72,8 @@ static void usage(FILE *f)
             "                        slow makes misses, never errors (one warning; /stats redis_cache)\n"
             "  --redis-cluster       URL names a node of a Redis Cluster (slot map, MOVED/ASK)\n"
             "  --redis-timeout MS    bound on one Redis lookup (default 50)\n"
+            "  --redis-restore-timeout MS  bound on one whole restore from Redis, every round trip\n"
+            "                        and read of it (default 1000); past it the request prefills\n"
             "  --redis-ttl SECONDS   expiry of every key written (default 0: none)\n"
             "  --prompt-cache-dir DIR  mount the published prompt cache in DIR (kvtier cache publish)\n"
             "                        read-only, below the other tiers; repeatable (at most 7). Its\n"
@@ -120,7 +123,7 @@ static int parse_int(const char *flag, const char *v, long long lo, long long hi
 int kvt_cmd_serve(int argc, char **argv)
 {
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
-    long long redis_timeout = 0, redis_ttl = 0;
+    long long redis_timeout = 0, redis_ttl = 0, redis_restore = 0;
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
               max_conn = 256, threads = 0, ckpt_every = 0;
     uint64_t max_body = 1 << 20;
@@ -145,6 +148,7 @@ int kvt_cmd_serve(int argc, char **argv)
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
             "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", "--checkpoint-every",
+            "--redis-restore-timeout",
             NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
@@ -172,6 +176,9 @@ int kvt_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--redis-timeout")) {
             rc = parse_int(a, v, 1, 60000, &redis_timeout);
             o.redis_timeout_ms = (int32_t)redis_timeout;
+        } else if (!strcmp(a, "--redis-restore-timeout")) {
+            rc = parse_int(a, v, 1, 600000, &redis_restore);
+            o.redis_restore_timeout_ms = (int32_t)redis_restore;
         } else if (!strcmp(a, "--redis-ttl")) {
             rc = parse_int(a, v, 1, LLONG_MAX / 1000, &redis_ttl);
             o.redis_ttl_s = redis_ttl;
@@ -234,8 +241,9 @@ int kvt_cmd_serve(int argc, char **argv)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     if (n_pub && o.prompt_cache_bytes == 0)
         return usage_error("--prompt-cache-dir needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
-    if (!o.redis_url && (o.redis_cluster || o.redis_timeout_ms || o.redis_ttl_s))
-        return usage_error("--redis-cluster, --redis-timeout and --redis-ttl need --redis URL", NULL);
+    if (!o.redis_url && (o.redis_cluster || o.redis_timeout_ms || o.redis_ttl_s || o.redis_restore_timeout_ms))
+        return usage_error("--redis-cluster, --redis-timeout, --redis-restore-timeout and --redis-ttl need --redis URL",
+                           NULL);
     if (o.redis_url && o.prompt_cache_bytes == 0)
         return usage_error("--redis needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     o.prompt_cache_dirs = pub_dirs;

@@ -554,6 +554,17 @@ static int redis_close_fn(void *self, kvt_level_status *st)
     return 0;
 }
 
+/* The remote tier's flush, as the level's: Redis is a cache, so a write that
+ * failed (counted in the tier's write_failures, in /stats and chat --stats)
+ * is not an error of the command's, as a disk error is not for the SSD level. */
+static int redis_flush_fn(void *self)
+{
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(self, &t);
+    (void)t.flush(self);
+    return 0;
+}
+
 static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o)
 {
     char fp[KVT_STORE_FINGERPRINT_LEN];
@@ -570,6 +581,7 @@ static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity 
     snprintf(l->where, sizeof l->where, "%s:%d", u.host, u.port);
     memset(&u, 0, sizeof u);
     kvt_remote_options ro = {.cluster = o->redis_cluster, .lookup_timeout_ms = o->redis_timeout_ms,
+                             .restore_timeout_ms = o->redis_restore_timeout_ms,
                              .ttl_s = o->redis_ttl_s, .quiet = 1};
     if ((rc = kvt_remote_open(o->redis_url, &sid, &ro, &l->r))) {
         free(l);
@@ -579,6 +591,7 @@ static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity 
     stack_level *sl = &t->lv[t->n++];
     sl->self = l;
     kvt_remote_cold_tier(l->r, &sl->tier);
+    sl->tier.flush = redis_flush_fn;
     sl->find_budget_ms = (o->redis_timeout_ms ? o->redis_timeout_ms : 50) + 10;
     sl->chain_flags = KVT_LEVEL_WRITE_BEHIND;
     sl->poll = redis_poll_fn;
@@ -728,7 +741,7 @@ KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, cons
         if (urc)
             return urc;
     }
-    if (o->redis_timeout_ms < 0 || o->redis_ttl_s < 0)
+    if (o->redis_timeout_ms < 0 || o->redis_restore_timeout_ms < 0 || o->redis_ttl_s < 0)
         return kvt__fail(KVT_EINVAL, "tier stack: negative Redis timeout or TTL");
     for (int i = 0; i < o->n_prompt_cache_dirs; i++)
         if (!o->prompt_cache_dirs[i] || !*o->prompt_cache_dirs[i])

@@ -158,6 +158,7 @@ typedef struct kvt_tiers_opts {
                                      The password may come from KVTIER_REDIS_PASSWORD */
     int redis_cluster;            /* --redis-cluster: the URL names a cluster node */
     int32_t redis_timeout_ms;     /* --redis-timeout: bound on a lookup (0 = 50 ms) */
+    int32_t redis_restore_timeout_ms; /* --redis-restore-timeout: bound on a whole restore (0 = 1000 ms) */
     int64_t redis_ttl_s;          /* --redis-ttl: seconds a written key lives (0 = none) */
     /* published read-only prompt caches (the bottom levels, in order): each
      * mounts the CURRENT generation of its directory (kvtier/publish.h:
@@ -188,8 +189,8 @@ typedef struct kvt_tiers kvt_tiers;
  * @param out receives the stack; close it with kvt_tiers_close() after the
  *   service using it is closed.
  * @return 0; KVT_EINVAL (NULL m, o or out; id NULL with a level set; an
- *   empty ssd_dir or redis_url; a bad redis_url; negative redis_timeout_ms or
- *   redis_ttl_s; n_prompt_cache_dirs < 0, or > 0 with a NULL array, or
+ *   empty ssd_dir or redis_url; a bad redis_url; negative redis_timeout_ms,
+ *   redis_restore_timeout_ms or redis_ttl_s; n_prompt_cache_dirs < 0, or > 0 with a NULL array, or
  *   an empty one; more than KVT_TIER_CHAIN_MAX levels; write_queue < 0);
  *   KVT_ENOMEM; kvt_published_open's errors; kvt_tier_chain_create's
  *   errors. On error nothing is left open. */

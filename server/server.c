@@ -1074,7 +1074,8 @@ int kvt_server_load(kvt_server *s)
     kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify,
                          .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs,
                          .redis_url = s->redis_url, .redis_cluster = s->o.redis_cluster,
-                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s};
+                         .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s,
+                         .redis_restore_timeout_ms = s->o.redis_restore_timeout_ms};
     if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
         return rc;
     s->store = kvt_tiers_store(s->tiers);

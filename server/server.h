@@ -46,6 +46,7 @@ typedef struct kvt_server_opts {
     const char *redis_url;       /* remote tier on Redis (kvt_tiers_opts.redis_url), NULL = none; copied */
     int redis_cluster;           /* the URL names a Redis Cluster node */
     int32_t redis_timeout_ms;    /* bound on one Redis lookup; 0 = 50 */
+    int32_t redis_restore_timeout_ms; /* bound on one whole Redis restore; 0 = 1000 */
     int64_t redis_ttl_s;         /* expiry of every key written; 0 = none */
     uint64_t demote_idle_ms;     /* RAM entries idle this long leave RAM once on SSD; 0 never */
     int64_t max_queue;           /* requests waiting for admission at most (0: none wait) */

@@ -2,7 +2,8 @@
  * test_remote.c: the remote tier against a real redis-server on loopback:
  * the cold-tier conformance suite and the tier-chain rules with Redis as the
  * lower level, then the faults: Redis killed mid-run and restarted, down at
- * startup, stalled by CLIENT PAUSE (every call bounded by its timeout), a
+ * startup, stalled by CLIENT PAUSE (every call bounded by its timeout, a
+ * restore by its own deadline), a
  * record corrupted with SETRANGE, another identity's record planted under a
  * key, a record evicted between lookup and restore, maxmemory reached; two
  * tiers sharing one Redis (two hosts); blocks Redis holds are not sent again;
@@ -237,6 +238,49 @@ static void f_client_pause(void **state)
     assert_int_equal(find_len(r, p, 20, &h), 16);
     assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
     assert_int_equal(stats(r).healthy, 1);
+    kvt_remote_close(r);
+}
+
+/* a Redis that stalls (CLIENT PAUSE) between the lookup and the restore:
+ * the restore gives up by its own deadline (restore_timeout_ms), not after a
+ * socket timeout per read (io_timeout_ms), counted as a timeout; a stall
+ * shorter than the deadline only delays the restore, which then succeeds */
+static void f_pause_during_restore(void **state)
+{
+    kvt_remote_options o = {.lookup_timeout_ms = 1000, .io_timeout_ms = 1500, .restore_timeout_ms = 150,
+                            .quiet = 1};
+    kvt_remote *r = NULL;
+    assert_int_equal(kvt_remote_open(g_srv.url, &ID_A, &o, &r), 0);
+    int32_t p[40];
+    seq(p, 40, 350);
+    put(r, &KV, p, 36); /* 9 blocks of 4 tokens: 9 GETs pipelined */
+    kvt_cold_hit h;
+    assert_int_equal(find_len(r, p, 40, &h), 36);
+    uint64_t timeouts = stats(r).failures_timeout;
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 1200 ALL"), 0);
+    double t0 = now_ms();
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 36), KVT_EIO);
+    double took = now_ms() - t0;
+    print_message("CLIENT PAUSE 1200 ms during a restore: it failed after %.1f ms (restore timeout 150 ms, "
+                  "io timeout 1500 ms)\n",
+                  took);
+    assert_true(took >= 140);
+    assert_true(took < 400);
+    assert_true(stats(r).failures_timeout > timeouts);
+    assert_int_equal(stats(r).restore_failures, 1);
+    sleep_ms(1300);
+    /* a shorter stall inside a longer deadline: the restore waits it out */
+    kvt_remote_close(r);
+    o.restore_timeout_ms = 2000;
+    assert_int_equal(kvt_remote_open(g_srv.url, &ID_A, &o, &r), 0);
+    assert_int_equal(find_len(r, p, 40, &h), 36);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 300 ALL"), 0);
+    t0 = now_ms();
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 36), 0);
+    took = now_ms() - t0;
+    print_message("CLIENT PAUSE 300 ms during a restore: it succeeded after %.1f ms (restore timeout 2000 ms)\n",
+                  took);
+    assert_true(took >= 250);
     kvt_remote_close(r);
 }
 
@@ -526,6 +570,7 @@ int main(void)
         cmocka_unit_test(f_kill_restart),
         cmocka_unit_test(f_down_at_start),
         cmocka_unit_test_setup(f_client_pause, fx_flush),
+        cmocka_unit_test_setup(f_pause_during_restore, fx_flush),
         cmocka_unit_test_setup(f_setrange, fx_flush),
         cmocka_unit_test_setup(f_foreign_record, fx_flush),
         cmocka_unit_test_setup(f_gone_before_restore, fx_flush),

@@ -84,7 +84,8 @@ typedef struct kvt_remote_options {
     const char *password;
     /** Bound on one lookup (find, find_exact), in ms; 0 = 50. */
     int32_t lookup_timeout_ms;
-    /** Bound on each read or write of a restore or store, in ms; 0 = 2000. */
+    /** Bound on each socket read or write of a restore or store, in ms; 0 =
+     * 2000 (a restore as a whole is bounded by restore_timeout_ms too). */
     int32_t io_timeout_ms;
     /** Bound on connecting, in ms; 0 = 200. */
     int32_t connect_timeout_ms;
@@ -99,6 +100,16 @@ typedef struct kvt_remote_options {
     int32_t queue_max_entries;
     /** Non-zero: do not print the startup warning when Redis is down. */
     int quiet;
+    /** Bound on a whole restore, in ms, from its start to its last byte
+     * (every round trip, connect and read of it, whatever io_timeout_ms
+     * allows each one); 0 = 1000. A restore that cannot finish in time fails
+     * with KVT_EIO, counted as a timeout, and the caller prefills instead.
+     * The default is what loopback Redis moves under load in that time
+     * (0.1-0.4 GB/s measured: 100-400 MB, the state of 1,400-5,400 tokens of
+     * the 342 MB default model, of whole contexts of small ones), while
+     * prefilling 1,400 tokens of that model takes about 40 s on the CPU
+     * engine; raise it for larger states or slower links. */
+    int32_t restore_timeout_ms;
 } kvt_remote_options;
 
 /** The remote tier's counters, one list: X(name, kind, help). */

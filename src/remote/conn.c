@@ -194,16 +194,23 @@ static int net_buffer_write(redisContext *ctx, int *done)
     return redisBufferWrite(ctx, done);
 }
 
-/* One reply (a blocking context sends what is buffered first). */
-static int net_get_reply(redisContext *ctx, void **reply)
+/* The shim's verdict on one reply: sending what is buffered, then reading
+ * the reply. 0, or REDIS_ERR with the call failed. */
+static int net_reply_gate(redisContext *ctx)
 {
     if (net_send_gate(ctx))
         return REDIS_ERR;
     char peer[300];
     net_peer(ctx, peer, sizeof peer);
     int e = kvt__io_net_gate(KVT_IO_RECV, peer, NULL);
-    if (e)
-        return net_fail(ctx, e);
+    return e ? net_fail(ctx, e) : 0;
+}
+
+/* One reply (a blocking context sends what is buffered first). */
+static int net_get_reply(redisContext *ctx, void **reply)
+{
+    if (net_reply_gate(ctx))
+        return REDIS_ERR;
     return redisGetReply(ctx, reply);
 }
 
@@ -631,13 +638,71 @@ static void note_fail(kvt__rpipe *p, kvt__rfail f)
         p->fail = f;
 }
 
+/* The socket timeout of the next operation of p: timeout_ms, or what is
+ * left of p's deadline when that is less; 0 once the deadline has passed. */
+static int32_t op_ms(const kvt__rpipe *p, int32_t timeout_ms)
+{
+    if (!p->deadline_ms)
+        return timeout_ms;
+    int64_t left = p->deadline_ms - kvt__remote_now_ms();
+    return left <= 0 ? 0 : left < timeout_ms ? (int32_t)left : timeout_ms;
+}
+
+/* Fails ctx as a timeout (classify sees EAGAIN): the deadline has passed. */
+static int deadline_passed(redisContext *ctx)
+{
+    ctx->err = REDIS_ERR_IO;
+    snprintf(ctx->errstr, sizeof ctx->errstr, "deadline passed");
+    errno = EAGAIN;
+    return REDIS_ERR;
+}
+
+/* redisGetReply under p's deadline (past the shim's gates, as
+ * net_get_reply): writes what is buffered, then reads until a reply is
+ * whole, shrinking the socket timeout to what is left of the deadline
+ * before each operation. */
+static int get_reply(redisContext *ctx, void **r, const kvt__rpipe *p, int32_t timeout_ms)
+{
+    if (!p->deadline_ms)
+        return net_get_reply(ctx, r);
+    if (net_reply_gate(ctx))
+        return REDIS_ERR;
+    *r = NULL;
+    if (redisGetReplyFromReader(ctx, r) != REDIS_OK)
+        return REDIS_ERR;
+    int32_t cur = timeout_ms;
+    int wdone = 0;
+    while (!*r) {
+        int32_t ms = op_ms(p, timeout_ms);
+        if (ms <= 0)
+            return deadline_passed(ctx);
+        if (ms < cur) {
+            redisSetTimeout(ctx, tv_of(ms));
+            cur = ms;
+        }
+        if (!wdone) {
+            if (redisBufferWrite(ctx, &wdone) != REDIS_OK)
+                return REDIS_ERR;
+        } else if (redisBufferRead(ctx) != REDIS_OK || redisGetReplyFromReader(ctx, r) != REDIS_OK) {
+            return REDIS_ERR;
+        }
+    }
+    return REDIS_OK;
+}
+
 /* Runs commands idx[0..k) on node ni, pipelined, asking first when ask. */
 static void run_on_node(kvt__rconn *c, kvt__rpipe *p, int ni, const int32_t *idx, int32_t k, int32_t timeout_ms,
                         int ask)
 {
     rnode *n = node_at(c, ni);
     kvt__rfail f = KVT__RF_NONE;
-    redisContext *ctx = n ? node_take(c, n, timeout_ms, 0, &f) : NULL;
+    int32_t ms = op_ms(p, timeout_ms);
+    if (ms <= 0) {
+        count_fail(c, KVT__RF_TIMEOUT);
+        note_fail(p, KVT__RF_TIMEOUT);
+        return;
+    }
+    redisContext *ctx = n ? node_take(c, n, ms, 0, &f) : NULL;
     if (!ctx) {
         note_fail(p, n ? f : KVT__RF_CONN);
         return;
@@ -654,14 +719,14 @@ static void run_on_node(kvt__rconn *c, kvt__rpipe *p, int ni, const int32_t *idx
     for (int32_t j = 0; j < k && ok; j++) {
         void *r = NULL;
         if (ask) {
-            if (net_get_reply(ctx, &r) != REDIS_OK) {
+            if (get_reply(ctx, &r, p, ms) != REDIS_OK) {
                 ok = 0;
                 break;
             }
             freeReplyObject(r);
             r = NULL;
         }
-        if (net_get_reply(ctx, &r) != REDIS_OK) {
+        if (get_reply(ctx, &r, p, ms) != REDIS_OK) {
             ok = 0;
             break;
         }
@@ -719,8 +784,11 @@ static int run_grouped(kvt__rconn *c, kvt__rpipe *p, const int32_t *todo, int32_
             continue;
         kvt__rfail f = KVT__RF_NONE;
         pe[ni].n = node_at(c, ni);
-        pe[ni].ctx = node_take(c, pe[ni].n, timeout_ms, 0, &f);
+        int32_t ms = op_ms(p, timeout_ms);
+        pe[ni].ctx = ms > 0 ? node_take(c, pe[ni].n, ms, 0, &f) : NULL;
         if (!pe[ni].ctx) {
+            if (ms <= 0)
+                count_fail(c, f = KVT__RF_TIMEOUT);
             note_fail(p, f);
             continue;
         }
@@ -741,7 +809,7 @@ static int run_grouped(kvt__rconn *c, kvt__rpipe *p, const int32_t *todo, int32_
         int ok = !pe[ni].ctx->err;
         for (int32_t j = 0; j < pe[ni].k && ok; j++) {
             void *r = NULL;
-            if (net_get_reply(pe[ni].ctx, &r) != REDIS_OK)
+            if (get_reply(pe[ni].ctx, &r, p, timeout_ms) != REDIS_OK)
                 ok = 0;
             else
                 p->cmds[idx[pe[ni].first + j]].reply = r;

@@ -36,6 +36,13 @@ static void best_set(best *b, int64_t prefix, kvt__rhandle *h)
     memset(h, 0, sizeof *h);
 }
 
+/* Runs p, every socket operation and the whole of it ending by deadline. */
+static int exec_by(kvt_remote *r, kvt__rpipe *p, int64_t deadline)
+{
+    p->deadline_ms = deadline;
+    return kvt__rconn_exec(r->conn, p, kvt__remote_left_ms(deadline));
+}
+
 static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out, int exact)
 {
     memset(out, 0, sizeof *out);
@@ -96,7 +103,7 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
     int64_t run = 0;
     int failed = 0;
     if (p.n) {
-        kvt__rconn_exec(r->conn, &p, kvt__remote_left_ms(deadline)); /* a missing reply counts as absent */
+        exec_by(r, &p, deadline); /* a missing reply counts as absent */
         failed = p.fail != KVT__RF_NONE;
         while (run < nb && p.cmds[run].reply && ((redisReply *)p.cmds[run].reply)->type == REDIS_REPLY_INTEGER &&
                ((redisReply *)p.cmds[run].reply)->integer == 1)
@@ -149,7 +156,7 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
         if ((rc = kvt__rpipe_add(&p, 1, 2, av, al)))
             goto out;
         redisReply *kids = NULL;
-        if (kvt__rconn_exec(r->conn, &p, kvt__remote_left_ms(deadline)) == 0)
+        if (exec_by(r, &p, deadline) == 0)
             kids = p.cmds[0].reply;
         for (size_t f = 0; kids && kids->type == REDIS_REPLY_ARRAY && f + 1 < kids->elements; f += 2) {
             redisReply *fk = kids->element[f], *fv = kids->element[f + 1];
@@ -215,7 +222,7 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
         size_t al[2] = {6, vl};
         if ((rc = kvt__rpipe_add(&p, 1, 2, av, al)))
             goto out;
-        redisReply *v = kvt__rconn_exec(r->conn, &p, kvt__remote_left_ms(deadline)) == 0 ? p.cmds[0].reply : NULL;
+        redisReply *v = exec_by(r, &p, deadline) == 0 ? p.cmds[0].reply : NULL;
         if (v && v->type == REDIS_REPLY_INTEGER && v->integer == 1) {
             best_set(&bst, kb.prefix, &kb.h);
         } else if (v && v->type == REDIS_REPLY_INTEGER) {

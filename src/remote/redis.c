@@ -300,7 +300,7 @@ KVT_API int kvt_remote_open(const char *url, const kvt_store_identity *identity,
     if (opts)
         o = *opts;
     if (o.lookup_timeout_ms < 0 || o.io_timeout_ms < 0 || o.connect_timeout_ms < 0 || o.fail_threshold < 0 ||
-        o.ttl_s < 0 || o.queue_max_entries < 0)
+        o.ttl_s < 0 || o.queue_max_entries < 0 || o.restore_timeout_ms < 0)
         return kvt__fail(KVT_EINVAL, "kvt_remote_open: negative option");
     kvt__rconn_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -335,6 +335,7 @@ KVT_API int kvt_remote_open(const char *url, const kvt_store_identity *identity,
     snprintf(r->host, sizeof r->host, "%s:%d", cfg.url.host, cfg.url.port);
     r->lookup_ms = o.lookup_timeout_ms ? o.lookup_timeout_ms : 50;
     r->io_ms = o.io_timeout_ms ? o.io_timeout_ms : 2000;
+    r->restore_ms = o.restore_timeout_ms ? o.restore_timeout_ms : 1000;
     r->ttl_s = o.ttl_s;
     r->queue_max_bytes = o.queue_max_bytes ? o.queue_max_bytes : (256ull << 20);
     r->queue_max_entries = o.queue_max_entries ? o.queue_max_entries : 1024;

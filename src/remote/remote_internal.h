@@ -148,6 +148,10 @@ typedef struct kvt__rcmd {
 typedef struct kvt__rpipe {
     kvt__rcmd *cmds;
     int32_t n, cap;
+    /* monotonic ms by which exec gives up (0: none): each connect, read and
+     * write is then bounded by what is left of it as well as by timeout_ms,
+     * so the whole exec is, however slowly the bytes trickle in */
+    int64_t deadline_ms;
     kvt__rfail fail;      /* the first failure of exec */
     uint64_t round_trips, redirects;
 } kvt__rpipe;
@@ -176,7 +180,8 @@ void kvt__rconn_counters_get(kvt__rconn *c, kvt__rconn_counters_snap *out);
 
 /** Sends every command of p to the node of its key (pipelined: one round
  * trip per node, every node written before any is read), each socket read
- * and write bounded by timeout_ms, follows MOVED/ASK (a few times at most),
+ * and write bounded by timeout_ms (and the whole exec by p->deadline_ms
+ * when set; past it a command gets no reply, as on a timeout), follows MOVED/ASK (a few times at most),
  * and stores each reply. A connection that fails or times out is closed
  * (its pending replies are lost with it); the commands routed to it get no
  * reply (NULL) and p->fail says why.
@@ -220,7 +225,7 @@ struct kvt_remote {
     char prefix[48];
     size_t prefix_len;
     char host[300];  /* host:port for messages (never the password) */
-    int32_t lookup_ms, io_ms;
+    int32_t lookup_ms, io_ms, restore_ms;
     int64_t ttl_s;
     uint64_t queue_max_bytes;
     int32_t queue_max_entries;

@@ -43,8 +43,8 @@ static void delete_bad(kvt_remote *r, char (*names)[KVT__REMOTE_KEY_MAX], const 
             size_t al[2] = {3, lens[i]};
             kvt__rpipe_add(&p, 1, 2, av, al);
         }
-    if (p.n)
-        kvt__rconn_exec(r->conn, &p, r->io_ms);
+    if (p.n) /* small commands: bounded like a lookup, so a failing restore returns soon */
+        kvt__rconn_exec(r->conn, &p, r->lookup_ms);
     kvt__rpipe_clear(&p);
 }
 
@@ -159,8 +159,13 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
         if ((rc = kvt__rpipe_add(&p, 1, 2, av, al)))
             goto out;
     }
+    /* the whole restore, every round trip and read, ends by its deadline */
+    p.deadline_ms = t0 + r->restore_ms;
     if (kvt__rconn_exec(r->conn, &p, r->io_ms)) {
-        rc = kvt__fail(KVT_EIO, "remote restore: redis %s did not answer", r->host);
+        rc = p.fail == KVT__RF_TIMEOUT
+                 ? kvt__fail(KVT_EIO, "remote restore: redis %s did not answer within the restore timeout (%d ms)",
+                             r->host, (int)r->restore_ms)
+                 : kvt__fail(KVT_EIO, "remote restore: redis %s did not answer", r->host);
         goto out;
     }
     for (int32_t i = 0; i < nrec; i++) {

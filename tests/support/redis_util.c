@@ -99,7 +99,7 @@ int redis_set_bin(int port, const char *key, const void *value, size_t bytes)
     return redis_cmd(port, NULL, 0, NULL, "SET %s %b", key, value, bytes) == 0 ? 0 : -1;
 }
 
-static long long scan(int port, const char *pattern, char *first, size_t cap)
+static long long scan(int port, const char *pattern, char *keys, size_t cap, long long max_keys)
 {
     struct timeval tv = {2, 0};
     redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
@@ -120,8 +120,8 @@ static long long scan(int port, const char *pattern, char *first, size_t cap)
         }
         snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
         for (size_t i = 0; i < r->element[1]->elements; i++) {
-            if (count == 0 && first)
-                snprintf(first, cap, "%s", r->element[1]->element[i]->str);
+            if (count < max_keys && keys)
+                snprintf(keys + (size_t)count * cap, cap, "%s", r->element[1]->element[i]->str);
             count++;
         }
         freeReplyObject(r);
@@ -132,10 +132,26 @@ static long long scan(int port, const char *pattern, char *first, size_t cap)
 
 int redis_first_key(int port, const char *pattern, char *out, size_t cap)
 {
-    return scan(port, pattern, out, cap) > 0 ? 0 : -1;
+    return scan(port, pattern, out, cap, 1) > 0 ? 0 : -1;
 }
 
-long long redis_count_keys(int port, const char *pattern) { return scan(port, pattern, NULL, 0); }
+long long redis_count_keys(int port, const char *pattern) { return scan(port, pattern, NULL, 0, 0); }
+
+long long redis_keys(int port, const char *pattern, char *keys, size_t cap, long long max_keys)
+{
+    return scan(port, pattern, keys, cap, max_keys);
+}
+
+long long redis_info_field(int port, const char *section, const char *field)
+{
+    static char info[1 << 16];
+    if (redis_cmd(port, info, sizeof info - 1, NULL, "INFO %s", section) != 0)
+        return -1;
+    char want[128];
+    snprintf(want, sizeof want, "\n%s:", field);
+    const char *p = strstr(info, want);
+    return p ? strtoll(p + strlen(want), NULL, 10) : -1;
+}
 
 /* Every server started and not stopped, killed at exit (a failed test may
  * skip its redis_stop). */

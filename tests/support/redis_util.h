@@ -48,6 +48,12 @@ int redis_set_bin(int port, const char *key, const void *value, size_t bytes);
 int redis_first_key(int port, const char *pattern, char *out, size_t cap);
 /** Keys matching pattern (SCAN). */
 long long redis_count_keys(int port, const char *pattern);
+/** Keys matching pattern (SCAN): the first max_keys of them into keys, one
+ * every cap bytes (NUL-terminated, cut at cap - 1). @return how many match, -1 on failure. */
+long long redis_keys(int port, const char *pattern, char *keys, size_t cap, long long max_keys);
+/** The integer field `field` of INFO `section` (e.g. "stats", "evicted_keys"); -1 if absent.
+ * Not thread-safe. */
+long long redis_info_field(int port, const char *section, const char *field);
 
 /** A Redis Cluster of n masters (no replicas) on loopback, slots split
  * evenly, cluster-require-full-coverage no (the live nodes keep serving
