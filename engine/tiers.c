@@ -58,9 +58,11 @@ static int disk_error(int rc) { return rc == KVT_EIO || (rc < 0 && rc > -4096); 
 struct kvt_ssd_level {
     pthread_mutex_t mu;
     kvt_store *store;            /* NULL when OFF from the start */
-    kvt_cold_tier inner;         /* the store's own table */
+    kvt_cold_tier inner;         /* the store's own table; its flags say
+                                    KVT_TIER_READ_ONLY when the store was
+                                    opened read-only (the store refuses writes) */
     char *root;
-    kvt_level_mode mode;
+    int tripped;                 /* a write failed since: writes are skipped */
     char cause[600];
     int warned, too_big;
     uint64_t open_failures, sync_failures, skipped;
@@ -68,12 +70,23 @@ struct kvt_ssd_level {
     kvt_store_stats last;        /* the store's counters at the last poll */
 };
 
+/* The level's state: OFF without a store; READ_ONLY when the store was
+ * opened read-only (its own mode, which its table reports) or a write failed
+ * since; else READ_WRITE. d->mu held. */
+static kvt_level_mode ssd_mode(const kvt_ssd_level *d)
+{
+    if (!d->store)
+        return KVT_LEVEL_MODE_OFF;
+    return d->tripped || (d->inner.flags & KVT_TIER_READ_ONLY) ? KVT_LEVEL_MODE_READ_ONLY
+                                                               : KVT_LEVEL_MODE_READ_WRITE;
+}
+
 /* Turns the tier READ_ONLY (once) with the cause; d->mu held. */
 static void ssd_trip(kvt_ssd_level *d, int rc, const char *detail)
 {
-    if (d->mode != KVT_LEVEL_MODE_READ_WRITE)
+    if (ssd_mode(d) != KVT_LEVEL_MODE_READ_WRITE)
         return;
-    d->mode = KVT_LEVEL_MODE_READ_ONLY;
+    d->tripped = 1;
     const char *why = rc < 0 && rc > -4096 ? strerror(-rc) : kvt_strerror(rc);
     if (detail && *detail && !strstr(detail, why))
         snprintf(d->cause, sizeof d->cause, "%s: a write failed (%s): %s", d->root, why, detail);
@@ -83,10 +96,13 @@ static void ssd_trip(kvt_ssd_level *d, int rc, const char *detail)
         snprintf(d->cause, sizeof d->cause, "%s: a write failed (%s)", d->root, why);
 }
 
+/* Whether a write failed since (then this write is skipped, counted). A
+ * store opened read-only refuses writes itself (KVT_EREADONLY, counted in
+ * its write_refused); the chain never sends it any, as its table says. */
 static int ssd_writes_off(kvt_ssd_level *d)
 {
     pthread_mutex_lock(&d->mu);
-    int off = d->mode != KVT_LEVEL_MODE_READ_WRITE;
+    int off = d->tripped;
     if (off)
         d->skipped++;
     pthread_mutex_unlock(&d->mu);
@@ -189,21 +205,22 @@ static int ssd_flush(void *self)
     return rc;
 }
 
-/* The store's counters as a tier's (what a chain reports per level). */
+/* The store's own tier counters (what a chain reports per level). */
 static int ssd_stats(void *self, kvt_tier_stats *out)
 {
     kvt_ssd_level *d = self;
     memset(out, 0, sizeof *out);
-    if (!d->store)
-        return 0;
-    kvt_store_stats ss;
-    kvt_store_get_stats(d->store, &ss);
-    out->restores = ss.restores;
-    out->stores = ss.written;
-    out->write_failures = ss.failed;
-    out->entries = ss.entries;
-    out->bytes = ss.bytes;
-    return 0;
+    return d->store ? d->inner.stats(d->inner.self, out) : 0;
+}
+
+/* The store's budget evictions go to fn (a chain demotes them into the level
+ * below). Only while the store is open: close removes nothing (the chain
+ * removes its hook before the level closes). */
+static void ssd_set_evict(void *self, kvt_tier_evict_fn fn, void *arg)
+{
+    kvt_ssd_level *d = self;
+    if (d->store && d->inner.set_evict)
+        d->inner.set_evict(d->inner.self, fn, arg);
 }
 
 KVT_API void kvt_ssd_level_tier(kvt_ssd_level *d, kvt_cold_tier *tier)
@@ -219,104 +236,14 @@ KVT_API void kvt_ssd_level_tier(kvt_ssd_level *d, kvt_cold_tier *tier)
                             .spill = ssd_spill,
                             .pending = ssd_pending,
                             .flush = ssd_flush,
-                            .stats = ssd_stats};
+                            .stats = ssd_stats,
+                            .set_evict = ssd_set_evict,
+                            /* the store's (read-only when it was opened so);
+                             * read-only while OFF: a chain writes elsewhere */
+                            .flags = d && d->store ? d->inner.flags : KVT_TIER_READ_ONLY};
 }
 
 KVT_API kvt_store *kvt_ssd_level_store(kvt_ssd_level *d) { return d ? d->store : NULL; }
-
-/* kvt_store_open on a thread of its own, so that a lock another process
- * holds on the directory (flock) delays the command by lock_wait_ms at most. */
-typedef struct open_job {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, abandoned, rc;
-    char err[512];
-    kvt_store *store;
-    char *root, *model_id, *fp, *tok_hash;
-    kvt_store_options so;
-} open_job;
-
-static void open_job_free(open_job *j)
-{
-    pthread_mutex_destroy(&j->mu);
-    pthread_cond_destroy(&j->cv);
-    free(j->root);
-    free(j->model_id);
-    free(j->fp);
-    free(j->tok_hash);
-    free(j);
-}
-
-static void *open_main(void *arg)
-{
-    open_job *j = arg;
-    kvt_store_identity id = {.model_id = j->model_id, .config_fingerprint = j->fp, .tokenizer_hash = j->tok_hash};
-    kvt_store *s = NULL;
-    int rc = kvt_store_open(j->root, &id, &j->so, &s);
-    pthread_mutex_lock(&j->mu);
-    j->done = 1;
-    j->rc = rc;
-    j->store = s;
-    snprintf(j->err, sizeof j->err, "%s", rc ? kvt_last_error() : "");
-    int abandoned = j->abandoned;
-    pthread_cond_signal(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-    if (abandoned) { /* the command went on without it */
-        kvt_store_close(s);
-        open_job_free(j);
-    }
-    return NULL;
-}
-
-/* Opens the store, waiting at most wait_ms. @return 0 and *out; 1 when the
- * wait ran out (the open is abandoned: it closes itself if it ever ends);
- * or kvt_store_open's error with its message in err. */
-static int open_bounded(const char *root, const kvt_store_identity *id, const kvt_store_options *so,
-                        uint64_t wait_ms, kvt_store **out, char *err, size_t err_cap)
-{
-    open_job *j = calloc(1, sizeof *j);
-    if (!j)
-        return kvt__fail(KVT_ENOMEM, "SSD cache: out of memory");
-    pthread_mutex_init(&j->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&j->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    j->root = strdup(root);
-    j->model_id = strdup(id->model_id);
-    j->fp = strdup(id->config_fingerprint);
-    j->tok_hash = strdup(id->tokenizer_hash);
-    j->so = *so;
-    pthread_t t;
-    if (!j->root || !j->model_id || !j->fp || !j->tok_hash || pthread_create(&t, NULL, open_main, j)) {
-        open_job_free(j);
-        return kvt__fail(KVT_ENOMEM, "SSD cache: cannot start the open");
-    }
-    pthread_detach(t);
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += (time_t)(wait_ms / 1000);
-    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&j->mu);
-    while (!j->done && pthread_cond_timedwait(&j->cv, &j->mu, &until) == 0)
-        ;
-    if (!j->done) {
-        j->abandoned = 1; /* open_main frees j */
-        pthread_mutex_unlock(&j->mu);
-        return 1;
-    }
-    pthread_mutex_unlock(&j->mu);
-    int rc = j->rc;
-    *out = j->store;
-    snprintf(err, err_cap, "%s", j->err);
-    open_job_free(j);
-    return rc;
-}
 
 KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *ident, const char *root,
                               const kvt_ssd_level_opts *o, kvt_ssd_level **out)
@@ -341,37 +268,33 @@ KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *iden
     pthread_mutex_init(&d->mu, NULL);
     kvt_store_identity id = {.model_id = ident->model_id, .config_fingerprint = fp,
                              .tokenizer_hash = ident->tokenizer_hash};
-    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io};
+    /* the store waits for a lock another process holds at most
+     * lock_wait_ms, on this thread, and never blocks in flock */
     uint64_t wait_ms = o->lock_wait_ms ? o->lock_wait_ms : 1000;
-    char err[512] = "";
-    rc = open_bounded(root, &id, &so, wait_ms, &d->store, err, sizeof err);
-    if (rc == KVT_EINVAL || rc == KVT_ENOMEM) { /* the flags, not the disk */
-        kvt__fail(rc, "%s", err);
+    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io, .lock_wait_ms = wait_ms,
+                            .pool = o->pool};
+    rc = kvt_store_open(root, &id, &so, &d->store);
+    if (rc == KVT_EINVAL || rc == KVT_ENOMEM || /* the flags, not the disk; or the pool's refusal */
+        (o->pool && (rc == KVT_EAGAIN || rc == KVT_ELIMIT))) {
+        char err[512];
+        snprintf(err, sizeof err, "%s", kvt_last_error());
         kvt_ssd_level_close(d, NULL);
-        return rc;
+        return kvt__fail(rc, "%s", err);
     }
     if (rc) {
         d->store = NULL;
         d->open_failures = 1;
-        char why[560];
-        if (rc == 1)
-            snprintf(why, sizeof why, "%s: its lock is held by another process (waited %llu ms)", root,
+        if (rc == KVT_EBUSY)
+            snprintf(d->cause, sizeof d->cause, "%s: its lock is held by another process (waited %llu ms)", root,
                      (unsigned long long)wait_ms);
         else
-            snprintf(why, sizeof why, "%s: cannot be opened for writing (%s)", root, err[0] ? err : kvt_strerror(rc));
-        /* the same directory read-only: what it holds still serves */
+            snprintf(d->cause, sizeof d->cause, "%s: cannot be opened for writing (%s)", root,
+                     kvt_last_error()[0] ? kvt_last_error() : kvt_strerror(rc));
+        /* the same directory read-only (the store's own mode: its table
+         * says KVT_TIER_READ_ONLY): what it holds still serves */
         so.read_only = 1;
-        char err2[512] = "";
-        int rc2 = disk_error(rc) || rc == 1 ? open_bounded(root, &id, &so, wait_ms, &d->store, err2, sizeof err2)
-                                           : rc;
-        if (rc2 == 0) {
-            d->mode = KVT_LEVEL_MODE_READ_ONLY;
-            snprintf(d->cause, sizeof d->cause, "%s", why);
-        } else {
-            d->store = NULL;
-            d->mode = KVT_LEVEL_MODE_OFF;
-            snprintf(d->cause, sizeof d->cause, "%s", why);
-        }
+        if (disk_error(rc) || rc == KVT_EBUSY)
+            (void)kvt_store_open(root, &id, &so, &d->store); /* NULL on failure: OFF */
     }
     if (d->store) {
         kvt_store_cold_tier(d->store, &d->inner);
@@ -391,14 +314,14 @@ static void ssd_status(kvt_ssd_level *d, kvt_level_status *st)
     snprintf(st->name, sizeof st->name, "ssd");
     snprintf(st->label, sizeof st->label, "SSD cache");
     snprintf(st->where, sizeof st->where, "%s", d->root);
-    st->mode = d->mode;
+    st->mode = ssd_mode(d);
     snprintf(st->cause, sizeof st->cause, "%s", d->cause);
-    st->warn = d->mode != KVT_LEVEL_MODE_READ_WRITE && !d->warned;
+    st->warn = st->mode != KVT_LEVEL_MODE_READ_WRITE && !d->warned;
     if (st->warn)
         d->warned = 1;
     st->open_failures = d->open_failures;
     st->write_failures = d->last.failed > d->sync_failures ? d->last.failed : d->sync_failures;
-    st->writes_skipped = d->skipped;
+    st->writes_skipped = d->skipped + d->last.write_refused;
     st->entries = d->last.entries;
     st->restores = d->last.restores;
 }
@@ -413,7 +336,7 @@ KVT_API void kvt_ssd_level_poll(kvt_ssd_level *d, kvt_level_status *st)
     pthread_mutex_lock(&d->mu);
     if (d->store) {
         kvt_store_get_stats(d->store, &d->last);
-        if (d->last.failed > d->seen_failed && d->mode == KVT_LEVEL_MODE_READ_WRITE)
+        if (d->last.failed > d->seen_failed && ssd_mode(d) == KVT_LEVEL_MODE_READ_WRITE)
             (void)ssd_flush_locked(d); /* learns the cause */
     }
     ssd_status(d, st);
@@ -434,7 +357,7 @@ KVT_API int kvt_ssd_level_close(kvt_ssd_level *d, kvt_level_status *st)
         pthread_mutex_unlock(&d->mu);
         int rc = kvt_store_close(d->store); /* nothing queued: says what failed since the flush */
         pthread_mutex_lock(&d->mu);
-        d->store = NULL;
+        /* d->store is no longer used, only its being set (the last state) */
         if (disk_error(rc))
             ssd_trip(d, rc, kvt_last_error());
         else if (rc == KVT_ETOOBIG)
@@ -443,6 +366,7 @@ KVT_API int kvt_ssd_level_close(kvt_ssd_level *d, kvt_level_status *st)
     if (d->too_big)
         ret = KVT_ETOOBIG;
     ssd_status(d, st);
+    d->store = NULL;
     pthread_mutex_unlock(&d->mu);
     pthread_mutex_destroy(&d->mu);
     free(d->root);
@@ -462,6 +386,7 @@ KVT_API const char *kvt_level_mode_name(kvt_level_mode m)
  * one of these. */
 typedef struct stack_level {
     void *self;
+    char name[KVT_TIER_NAME_MAX]; /* in the report and metric labels: "ssd", "redis", "published[:N]" */
     kvt_cold_tier tier;          /* given to the chain */
     int32_t find_budget_ms;      /* the chain's lookup time budget for it */
     uint32_t chain_flags;        /* KVT_LEVEL_NO_PROMOTE / KVT_LEVEL_NO_DEMOTE */
@@ -484,13 +409,14 @@ static kvt_store *ssd_store_fn(void *self) { return kvt_ssd_level_store(self); }
 static int open_ssd(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o)
 {
     kvt_ssd_level_opts so = {.max_bytes = o->ssd_max_bytes, .verify = o->ssd_verify,
-                             .lock_wait_ms = o->ssd_lock_wait_ms, .io = o->ssd_io};
+                             .lock_wait_ms = o->ssd_lock_wait_ms, .io = o->ssd_io, .pool = o->ssd_pool};
     kvt_ssd_level *d = NULL;
     int rc = kvt_ssd_level_open(m, id, o->ssd_dir, &so, &d);
     if (rc)
         return rc;
     stack_level *l = &t->lv[t->n++];
     l->self = d;
+    snprintf(l->name, sizeof l->name, "ssd");
     kvt_ssd_level_tier(d, &l->tier);
     l->poll = ssd_poll_fn;
     l->close = ssd_close_fn;
@@ -590,6 +516,7 @@ static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity 
     pthread_mutex_init(&l->mu, NULL);
     stack_level *sl = &t->lv[t->n++];
     sl->self = l;
+    snprintf(sl->name, sizeof sl->name, "redis");
     kvt_remote_cold_tier(l->r, &sl->tier);
     sl->tier.flush = redis_flush_fn;
     sl->find_budget_ms = (o->redis_timeout_ms ? o->redis_timeout_ms : 50) + 10;
@@ -668,7 +595,8 @@ static int pub_close_fn(void *self, kvt_level_status *st)
     return 0;
 }
 
-static int open_published(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const char *dir)
+/* nth: 1-based among the published levels; 0 when it is the only one */
+static int open_published(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const char *dir, int nth)
 {
     if (t->n >= KVT_TIER_CHAIN_MAX)
         return kvt__fail(KVT_EINVAL, "tier stack: at most %d levels (SSD, remote and published caches together)",
@@ -691,6 +619,10 @@ static int open_published(kvt_tiers *t, const kvt_model *m, const kvt_chat_ident
     pthread_mutex_init(&l->mu, NULL);
     stack_level *sl = &t->lv[t->n++];
     sl->self = l;
+    if (nth)
+        snprintf(sl->name, sizeof sl->name, "published:%d", nth);
+    else
+        snprintf(sl->name, sizeof sl->name, "published");
     kvt_published_cold_tier(l->p, &sl->tier);
     sl->chain_flags = KVT_LEVEL_NO_PROMOTE | KVT_LEVEL_NO_DEMOTE;
     sl->poll = pub_poll_fn;
@@ -757,12 +689,12 @@ KVT_API int kvt_tiers_open(const kvt_model *m, const kvt_chat_identity *id, cons
     if (rc == 0 && o->redis_url)
         rc = open_redis(t, m, id, o);
     for (int i = 0; rc == 0 && i < o->n_prompt_cache_dirs; i++)
-        rc = open_published(t, m, id, o->prompt_cache_dirs[i]);
+        rc = open_published(t, m, id, o->prompt_cache_dirs[i], o->n_prompt_cache_dirs > 1 ? i + 1 : 0);
     if (rc == 0 && t->n > 0) {
         kvt_tier_level lv[KVT_TIER_CHAIN_MAX];
         for (int32_t i = 0; i < t->n; i++)
             lv[i] = (kvt_tier_level){.tier = t->lv[i].tier, .find_budget_ms = t->lv[i].find_budget_ms,
-                                     .flags = t->lv[i].chain_flags};
+                                     .flags = t->lv[i].chain_flags, .name = t->lv[i].name};
         kvt_tier_chain_config cc = {.levels = lv, .n_levels = t->n, .write_queue = o->write_queue};
         rc = kvt_tier_chain_create(&cc, &t->chain);
         if (rc == 0)

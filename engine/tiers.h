@@ -93,6 +93,9 @@ typedef struct kvt_ssd_level_opts {
     uint64_t lock_wait_ms;   /* how long open may wait for a lock another
                                 process holds on the directory; 0 = 1000 ms */
     const kvt_store_io *io;  /* write layer (tests inject ENOSPC); NULL = real */
+    struct kvt_pool *pool;   /* the process-wide pool the root joins (its budget
+                                charged on the disk axis: kvt_store_options.pool);
+                                NULL = none. A refusal fails the open, as a bad flag does */
 } kvt_ssd_level_opts;
 
 typedef struct kvt_ssd_level kvt_ssd_level;
@@ -116,8 +119,14 @@ KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *id, 
                        const kvt_ssd_level_opts *o, kvt_ssd_level **out);
 
 /** Fills *tier with the cold-tier table over `d` (borrowed, valid until
- * kvt_ssd_level_close): the store's own functions, with writes skipped once
- * the level degraded and every write failure recorded. Thread-safe. */
+ * kvt_ssd_level_close): the store's own functions (stats and set_evict
+ * included: a chain demotes the store's budget evictions), with writes
+ * skipped once a write failed and every write failure recorded. flags is the
+ * store's: KVT_TIER_READ_ONLY when it was opened read-only (its store and
+ * spill refuse with KVT_EREADONLY), and KVT_TIER_READ_ONLY while the level is
+ * OFF; a chain then writes to the next writable level. A level that turns
+ * READ_ONLY after a write failure keeps flags 0 (it skips writes, counted in
+ * writes_skipped). Thread-safe. */
 KVT_API void kvt_ssd_level_tier(kvt_ssd_level *d, kvt_cold_tier *tier);
 
 /** Checks for write-behind failures since the last call (when the store
@@ -148,6 +157,7 @@ typedef struct kvt_tiers_opts {
     int ssd_verify;               /* --ssd-cache-verify: SHA-256 on every restore */
     uint64_t ssd_lock_wait_ms;    /* as kvt_ssd_level_opts.lock_wait_ms */
     const kvt_store_io *ssd_io;   /* as kvt_ssd_level_opts.io (tests) */
+    struct kvt_pool *ssd_pool;    /* as kvt_ssd_level_opts.pool */
     /* shared remote tier (below the SSD tier) */
     const char *redis_url;        /* --redis redis://[user:password@]host:port[/db]
                                      (kvtier/remote.h); NULL = none. Every kept

@@ -262,6 +262,20 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
             rep->kv_budget_bytes);
         one(&b, "admission_rejected_total", "counter", "Requests that can never fit the limits.", rep->rejected);
     }
+    /* each cold tier level's counters, from the tiers' one list, labelled
+     * by level and name */
+#define KVT__TIER_PROM(fld, kind, help)                                                           \
+    if (g->n_tiers > 0) {                                                                          \
+        int counter = !strcmp(#kind, "counter");                                                   \
+        char nm[64];                                                                               \
+        snprintf(nm, sizeof nm, "tier_level_%s%s", #fld, counter ? "_total" : "");                \
+        head(&b, nm, #kind, "Tier level: " help ".");                                              \
+        for (int32_t i = 0; i < g->n_tiers && i < KVT_TIER_CHAIN_MAX; i++)                         \
+            sb_printf(&b, "kvtier_%s{level=\"%d\",tier=\"%s\"} %llu\n", nm, (int)i, g->tiers[i].name, \
+                      (unsigned long long)g->tiers[i].st.fld);                                    \
+    }
+    KVT_TIER_COUNTERS(KVT__TIER_PROM)
+#undef KVT__TIER_PROM
     if (ss) {
         one(&b, "ssd_pending_writes", "gauge", "SSD write-behind jobs queued or being written.", ss->pending);
         one(&b, "ssd_pending_write_bytes", "gauge", "Cache bytes the pending SSD writes hold.", ss->pending_bytes);

@@ -123,13 +123,21 @@ typedef struct kvt_srv_gauges {
     int64_t running;          /* requests admitted (prefilling or decoding) */
     int64_t connections;      /* open HTTP connections */
     int ready;                /* 1 once the model is loaded */
+    int32_t n_tiers;          /* cold tier levels the report lists (kvt_service_tier_count);
+                                 filled for /metrics only */
+    struct {
+        char name[KVT_TIER_NAME_MAX];  /* kvt_service_tier_name */
+        kvt_tier_stats st;             /* kvt_service_tier_stats */
+    } tiers[KVT_TIER_CHAIN_MAX];
 } kvt_srv_gauges;
 
 /** The Prometheus text exposition (version 0.0.4) of every counter,
  * histogram and gauge: kvtier_ names, HELP and TYPE lines, requests by
  * endpoint and status, the service report `rep` (RAM tier, admission; NULL
  * before the model is loaded) and the SSD tier's figures `ss` (NULL without
- * one): bytes and entries against their budgets, pending and failed writes.
+ * one): bytes and entries against their budgets, pending and failed writes;
+ * and every KVT_TIER_COUNTERS value of each cold tier level in g->tiers as
+ * kvtier_tier_level_<name>[_total]{level="0",tier="ssd"}.
  * @param out receives a NUL-terminated string, caller frees with free().
  * @return 0, or -1 when out of memory. */
 int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_stats *rep,

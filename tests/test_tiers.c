@@ -20,9 +20,12 @@
 #include "tiers.h"
 
 #include <errno.h>
+#include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char dir[256], model[1024], tok[1024];
@@ -33,11 +36,13 @@ static const char *const lines[] = {"Once upon a time there was a cat.", "What d
 static int have_inputs(void) { return cli_inputs(model, sizeof model, tok, sizeof tok); }
 
 /* Runs the three lines through a chat over `cold` (NULL: a cache-off chat)
- * and copies the replies into out (3 x cap). */
-static void run_chat(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier *cold, char out[3][512],
-                     int64_t *reused_first)
+ * and copies the replies into out (3 x cap); with `report`, the service's
+ * report after it closed (its "tiers" from `chain`), freed by the caller
+ * with kvt_string_free. */
+static void run_chat_report(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier *cold, kvt_tier_chain *chain,
+                            char out[3][512], int64_t *reused_first, char **report)
 {
-    kvt_chat_service_opts svo = {.prompt_cache_bytes = cold ? 200000 : 0, .cold = cold};
+    kvt_chat_service_opts svo = {.prompt_cache_bytes = cold ? 200000 : 0, .cold = cold, .chain = chain};
     kvt_service *svc = NULL;
     assert_int_equal(kvt_chat_service_create(m, &svo, &svc), 0);
     kvt_chat_opts co = {.max_tokens = 8, .session = "s"};
@@ -53,7 +58,15 @@ static void run_chat(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier *cold, 
     }
     kvt_chat_free(chat);
     assert_int_equal(kvt_service_close(svc), 0);
+    if (report)
+        assert_int_equal(kvt_service_stats_json(svc, report), 0);
     kvt_service_destroy(svc);
+}
+
+static void run_chat(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier *cold, char out[3][512],
+                     int64_t *reused_first)
+{
+    run_chat_report(m, t, cold, NULL, out, reused_first, NULL);
 }
 
 /* Loads stories260K and its identity. */
@@ -226,6 +239,113 @@ static void test_ssd_stack_disk_full(void **state)
     kvt_model_free(m);
 }
 
+/* An SSD directory whose lock another process holds: the level opens
+ * read-only within lock_wait_ms on the caller's thread (the store retries a
+ * non-blocking flock; no open thread is left waiting in flock, which under
+ * TSan raced with the process's exit), its table says KVT_TIER_READ_ONLY
+ * (the store's own read-only mode: the chain writes nothing into it), what
+ * it holds still serves, and close leaves no thread behind. */
+static void test_ssd_lock_held(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    kvt_model *m = NULL;
+    kvt_tokenizer *t = NULL;
+    kvt_chat_identity id;
+    load(&m, &t, &id);
+    char ref[3][512], got[3][512], root[400], lock[1200];
+    run_chat(m, t, NULL, ref, NULL);
+    snprintf(root, sizeof root, "%s/locked", dir);
+    kvt_tiers_opts o = {.ssd_dir = root, .ssd_lock_wait_ms = 100};
+    kvt_tiers *tiers = NULL;
+    kvt_cold_tier ct;
+    assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), 0); /* fills the directory */
+    assert_int_equal(kvt_tiers_cold_tier(tiers, &ct), 0);
+    run_chat(m, t, &ct, got, NULL);
+    snprintf(lock, sizeof lock, "%s/.lock", kvt_store_dir(kvt_tiers_store(tiers)));
+    assert_int_equal(kvt_tiers_close(tiers, NULL), 0);
+    pid_t holder = store_hold_lock(lock, 0);
+    assert_true(holder > 0);
+    int before = store_thread_count();
+    assert_true(before > 0);
+    assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), 0);
+    kvt_tiers_status st;
+    kvt_tiers_poll(tiers, &st);
+    print_message("lock held: %s: %s\n", kvt_level_mode_name(st.level[0].mode), st.level[0].cause);
+    assert_int_equal(st.level[0].mode, KVT_LEVEL_MODE_READ_ONLY);
+    assert_non_null(strstr(st.level[0].cause, "its lock is held by another process"));
+    assert_int_equal(st.level[0].open_failures, 1);
+    assert_int_equal(kvt_tiers_cold_tier(tiers, &ct), 0);
+    assert_int_equal(ct.flags & KVT_TIER_READ_ONLY, KVT_TIER_READ_ONLY); /* no level takes writes */
+    int64_t reused = 0;
+    run_chat(m, t, &ct, got, &reused);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(got[i], ref[i]);
+    assert_true(reused > 0); /* what the directory holds still serves */
+    assert_int_equal(kvt_tiers_close(tiers, &st), 0);
+    assert_int_equal(st.level[0].mode, KVT_LEVEL_MODE_READ_ONLY);
+    assert_int_equal(st.level[0].write_failures, 0);
+    int after = store_thread_count();
+    print_message("threads before open %d, after close %d\n", before, after);
+    assert_int_equal(after, before);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    kvt_tokenizer_free(t);
+    kvt_model_free(m);
+}
+
+/* A disk that fails every write under the SSD level: the write-behind
+ * failures inside the store's writer (its spill accepted each entry) show in
+ * the service report's "tiers", named "ssd". */
+static void test_ssd_report_failures(void **state)
+{
+    (void)state;
+    if (!have_inputs())
+        skip();
+    kvt_model *m = NULL;
+    kvt_tokenizer *t = NULL;
+    kvt_chat_identity id;
+    load(&m, &t, &id);
+    char got[3][512], root[400];
+    snprintf(root, sizeof root, "%s/failing", dir);
+    kvt_store_io io;
+    store_faults faults;
+    store_faults_init(&faults, &io);
+    faults.fail_all = 1;
+    faults.err = EIO;
+    kvt_tiers_opts o = {.ssd_dir = root, .ssd_io = &io};
+    kvt_tiers *tiers = NULL;
+    assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), 0);
+    kvt_cold_tier ct;
+    assert_int_equal(kvt_tiers_cold_tier(tiers, &ct), 0);
+    char *report = NULL;
+    run_chat_report(m, t, &ct, kvt_tiers_chain(tiers), got, NULL, &report);
+    json_t *doc = json_loads(report, 0, NULL);
+    assert_non_null(doc);
+    json_t *tiers_a = json_object_get(doc, "tiers");
+    assert_int_equal(json_array_size(tiers_a), 1);
+    json_t *l0 = json_array_get(tiers_a, 0);
+    assert_string_equal(json_string_value(json_object_get(l0, "name")), "ssd");
+    assert_int_equal(json_integer_value(json_object_get(l0, "level")), 0);
+    json_int_t behind = json_integer_value(json_object_get(l0, "behind_failures"));
+    json_int_t stores = json_integer_value(json_object_get(l0, "stores"));
+    print_message("level 0 \"ssd\": %lld writes accepted by the chain, %lld failed behind\n", (long long)stores,
+                  (long long)behind);
+    assert_true(stores >= 1);  /* the chain handed entries to the store's spill, which took them */
+    assert_true(behind >= 1);  /* and the store's writer failed them */
+    json_decref(doc);
+    kvt_string_free(report);
+    kvt_tier_stats ls;
+    assert_int_equal(kvt_tier_chain_level_stats(kvt_tiers_chain(tiers), 0, &ls), 0);
+    assert_int_equal(ls.behind_failures, (uint64_t)behind);
+    assert_string_equal(kvt_tier_chain_level_name(kvt_tiers_chain(tiers), 0), "ssd");
+    assert_null(kvt_tier_chain_level_name(kvt_tiers_chain(tiers), 1));
+    assert_int_equal(kvt_tiers_close(tiers, NULL), 0);
+    kvt_tokenizer_free(t);
+    kvt_model_free(m);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -247,6 +367,8 @@ int main(void)
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_ssd_stack),
         cmocka_unit_test(test_ssd_stack_disk_full),
+        cmocka_unit_test(test_ssd_lock_held),
+        cmocka_unit_test(test_ssd_report_failures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -580,20 +580,28 @@ KVT_API int32_t kvt_service_tier_count(kvt_service *svc);
  * 0..kvt_service_tier_count - 1). Thread-safe. */
 KVT_API int kvt_service_tier_stats(kvt_service *svc, int32_t level, kvt_tier_stats *out);
 
+/** The name of listed tier `level` (0 = top): kvt_tier_chain_level_name of
+ * the config's chain (e.g. "ssd", "redis", "published"), else "cold" for a
+ * cold tier without a chain. Borrowed, valid until the service is
+ * destroyed. NULL for a NULL svc or a level outside
+ * 0..kvt_service_tier_count - 1. Thread-safe. */
+KVT_API const char *kvt_service_tier_name(kvt_service *svc, int32_t level);
+
 /** The report as one JSON document:
  *   {"prefixes": {every KVT_PROMPT_CACHE_COUNTERS name: n},
  *    "requests": {"acquires", "reused_tokens", "publishes", "admitted",
  *                 "rejected", "waited"},
  *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)},
- *    "tiers": [{"level": 0, every KVT_TIER_COUNTERS name: n}, ...],
+ *    "tiers": [{"level": 0, "name": "ssd", every KVT_TIER_COUNTERS name: n},
+ *              ...],
  *    "pool": null, or {"member": name, "members": n,
  *             "axes": {"ram"|"kv"|"disk"|"remote": {"limit" (null when not
  *                      limited), "reserved", "published", "used",
  *                      "high_water", "refusals"}}  (this service's own),
  *             "totals": {same axes, over the whole pool}}}
  * ("requests" and "kv" hold the KVT_SERVICE_COUNTERS by group and key;
- * "tiers" the kvt_service_tier_stats of each listed tier, top first, and is
- * empty without a cold tier.)
+ * "tiers" the kvt_service_tier_name and kvt_service_tier_stats of each
+ * listed tier, top first, and is empty without a cold tier.)
  * @param out receives a NUL-terminated string; caller frees with
  *   kvt_string_free(). @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_service_stats_json(kvt_service *svc, char **out);

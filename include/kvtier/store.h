@@ -134,8 +134,19 @@ typedef struct kvt_store_options {
      * shard only leaves the index) and takes the shared lock only when .lock
      * can be opened for reading. find and restore work as usual;
      * kvt_store_put, kvt_store_put_async and the cold tier's store and spill
-     * return -EROFS, counted in stats.write_refused. */
+     * return -EROFS, counted in stats.write_refused (the cold tier's table
+     * says KVT_TIER_READ_ONLY and its store and spill refuse with
+     * KVT_EREADONLY, counted the same way). */
     int read_only;
+    /** How long open waits for the shared lock on <dir>/.lock while
+     * another process holds it exclusively (kvt_store_gc or a budget pass
+     * evicting the directory as idle, or anything else that locks it), in
+     * milliseconds; 0 = 10,000 ms; at most 86,400,000. Open never blocks in
+     * flock: it retries a non-blocking attempt (pauses of 1 to 50 ms) and
+     * gives up with KVT_EBUSY once the wait has passed, so no thread is
+     * ever left waiting for the lock. Read-only opens do not wait (they go
+     * on without the lock when it is held). */
+    uint64_t lock_wait_ms;
     /** Optional process-wide pool (kvtier/pool.h; borrowed, must outlive
      * the store). The root joins it as `pool_name` (NULL: "ssd:<root>",
      * the root's tail when longer than 255 bytes) and its byte budget
@@ -249,10 +260,13 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
  *                 borrowed for the life of the store).
  * @param out      receives the store; close it with kvt_store_close().
  * @return 0; KVT_EINVAL (NULL argument, root empty or over 3000 bytes, an
- * identity string over 1024 bytes or not UTF-8, restore_threads out of range);
+ * identity string over 1024 bytes or not UTF-8, restore_threads or lock_wait_ms out of range);
  * KVT_EUNSUPPORTED (the identity directory is a symbolic link: refused, not
- * followed); -errno (cannot create or open a directory; in read-only mode a
- * missing identity directory is an empty store, not an error); KVT_ENOMEM.
+ * followed); KVT_EBUSY (another process held <dir>/.lock exclusively for
+ * the whole of opts->lock_wait_ms: nothing is left open; also a pool member
+ * name already joined, see pool); -errno (cannot create or open a
+ * directory; in read-only mode a missing identity directory is an empty
+ * store, not an error); KVT_ENOMEM.
  * Thread-safe (different stores are independent).
  */
 KVT_API int kvt_store_open(const char *root, const kvt_store_identity *identity,
@@ -389,12 +403,16 @@ KVT_API int kvt_store_flush(kvt_store *s);
  * find_exact, restore, restore_async, store, spill, pending, flush, stats,
  * set_evict), for kvt_prompt_cache's config or a kvt_tier_chain level.
  * tier->self = s: borrowed, valid until kvt_store_close; close the prompt
- * cache (or chain) first. flags is 0 (a read-only store refuses writes with
- * -EROFS; a caller that knows it opened one read-only may set
- * KVT_TIER_READ_ONLY).
+ * cache (or chain) first. flags is KVT_TIER_READ_ONLY for a store opened
+ * read-only (kvt_store_options.read_only), whose store and spill then refuse
+ * with KVT_EREADONLY (counted in stats.write_refused; the entry stays the
+ * caller's), as tier.h asks of a read-only tier; else 0.
  *   stats: finds / find_hits (kvt_store_find calls), restores and
  *     restore_failures (stats.restores / restore_misses), stores
  *     (stats.written), write_failures (failed + dropped + write_refused),
+ *     behind_failures (write-behind jobs accepted by spill whose write
+ *     failed later, on the I/O worker; also in failed), behind_dropped
+ *     (accepted jobs the I/O worker discarded unrun because it shut down),
  *     evictions (stats.evicted), demotions (evictions the hook took),
  *     entries and bytes (this identity's directory).
  *   set_evict: from then on, an entry the byte budget evicts from this

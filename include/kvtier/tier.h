@@ -126,8 +126,12 @@ typedef struct kvt_cold_hit {
 typedef void (*kvt_restore_done_fn)(void *arg, int status, kvt_entry *entry);
 
 /** A tier's counters, one list: X(name, kind, help) with kind counter (only
- * grows) or gauge (a current value). It generates kvt_tier_stats and can
- * generate the report's JSON and Prometheus lines (kvt_tier_stats_names). */
+ * grows) or gauge (a current value). It generates kvt_tier_stats, the
+ * service report's "tiers" objects and the server's kvtier_tier_level_*
+ * Prometheus lines. behind_failures and behind_dropped are what a tier sees
+ * after its spill returned 0 (its own write-behind queue: a write that
+ * failed, or that it dropped, e.g. its remote unreachable): only the tier can
+ * count them, and its stats operation must, or they are lost to the report. */
 #define KVT_TIER_COUNTERS(X)                                                                     \
     X(finds, counter, "find calls answered")                                                    \
     X(find_hits, counter, "finds that reported a usable prefix")                                \
@@ -136,9 +140,13 @@ typedef void (*kvt_restore_done_fn)(void *arg, int status, kvt_entry *entry);
     X(restore_failures, counter, "restores that failed")                                        \
     X(stores, counter, "entries written by store, spill, promotion or demotion")                \
     X(write_failures, counter, "writes that failed or were refused")                            \
+    X(behind_failures, counter, "write-behind writes this tier accepted that failed later")     \
+    X(behind_dropped, counter, "write-behind writes this tier accepted, then dropped unwritten") \
     X(promotions, counter, "entries written into this tier because a lower tier restored them") \
     X(promotions_dropped, counter, "promotions not written (queue full or the write failed)")   \
     X(demotions, counter, "entries this tier evicted that a lower tier took")                   \
+    X(demotions_dropped, counter, "evicted entries not demoted (queue full or the write failed)") \
+    X(demotions_skipped, counter, "evicted entries not written again: the tier below held them") \
     X(evictions, counter, "entries this tier evicted")                                          \
     X(entries, gauge, "entries held")                                                           \
     X(bytes, gauge, "bytes held")

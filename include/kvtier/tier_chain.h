@@ -25,9 +25,23 @@
  *                      levels;
  *   eviction           a level whose tier has set_evict hands what it evicts
  *                      to the next writable level below it (demotion,
- *                      written by the writer thread) instead of deleting it.
+ *                      written by the writer thread) instead of deleting it
+ *                      (e.g. the SSD store's budget evictions into a Redis
+ *                      tier). Before writing, the writer asks that level
+ *                      whether it already holds the entry or has its write
+ *                      queued (pending, find_exact): then nothing is written
+ *                      (demotions_skipped). This is how demotion coexists
+ *                      with KVT_LEVEL_WRITE_BEHIND: a write-behind level got
+ *                      every kept prefix when it was put, so only what it
+ *                      lacks (its write was dropped, or its own eviction
+ *                      removed it) is demoted into it, once.
  * The writer queue is bounded in entries: a promotion or demotion that finds
- * it full is dropped and counted, never waited for.
+ * it full is dropped and counted (promotions_dropped, demotions_dropped),
+ * never waited for.
+ *
+ * Every level has a name (kvt_tier_level.name, e.g. "ssd", "redis",
+ * "published"), which the service report and the server's metrics show
+ * beside its counters.
  *
  * Thread-safety: every operation of the chain's table may be called from any
  * thread at any time, as tier.h requires; the chain never calls back into
@@ -51,6 +65,9 @@ extern "C" {
 
 /** The most levels a chain holds. */
 #define KVT_TIER_CHAIN_MAX 8
+
+/** A level name's storage, NUL included: names are 1..31 characters. */
+#define KVT_TIER_NAME_MAX 32
 
 /** kvt_tier_level.flags: never write promotions into this level. */
 #define KVT_LEVEL_NO_PROMOTE 1u
@@ -82,6 +99,10 @@ typedef struct kvt_tier_level {
     /** KVT_LEVEL_NO_PROMOTE | KVT_LEVEL_NO_DEMOTE | KVT_LEVEL_WRITE_BEHIND,
      * or 0 (promote and demote). */
     uint32_t flags;
+    /** The level's name in reports and metric labels: 1..31 characters of
+     * [A-Za-z0-9_.:-], e.g. "ssd", "redis", "published"; copied by create.
+     * NULL: "level<i>" (i its index, 0 on top). */
+    const char *name;
 } kvt_tier_level;
 
 /** Settings of kvt_tier_chain_create. */
@@ -100,7 +121,8 @@ typedef struct kvt_tier_chain kvt_tier_chain;
  * set_evict, and has a writable level below it).
  * @return 0 and *out (released by kvt_tier_chain_destroy); KVT_EINVAL (cfg
  * or out NULL, n_levels outside 1..KVT_TIER_CHAIN_MAX, a level without find
- * or restore, find_budget_ms < 0, write_queue < 0); KVT_ENOMEM; -errno (a
+ * or restore, find_budget_ms < 0, a name that is empty, too long or has
+ * another character, write_queue < 0); KVT_ENOMEM; -errno (a
  * thread could not start). On error nothing is left running. */
 KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_chain **out);
 
@@ -122,11 +144,20 @@ KVT_API void kvt_tier_chain_cold_tier(kvt_tier_chain *c, kvt_cold_tier *out);
 /** The number of levels (cfg->n_levels at create); 0 for NULL. Thread-safe. */
 KVT_API int32_t kvt_tier_chain_levels(const kvt_tier_chain *c);
 
+/** The level's name (kvt_tier_level.name, or "level<i>"): borrowed, valid
+ * until destroy; NULL for a NULL chain or a level outside 0..n_levels-1.
+ * Thread-safe. */
+KVT_API const char *kvt_tier_chain_level_name(const kvt_tier_chain *c, int32_t level);
+
 /** The chain's view of one level: what the chain did through it (finds,
  * find_hits, finds_over_budget, restores, restore_failures, stores,
- * write_failures, promotions, promotions_dropped, demotions, evictions handed
- * to the chain), with entries and bytes from the level's own stats (0 when
- * it has none). The table's stats operation sums this over the levels.
+ * write_failures, promotions, promotions_dropped, demotions,
+ * demotions_dropped, demotions_skipped, evictions handed to the chain),
+ * with what only the level itself sees from its own stats (0 when it has
+ * none): entries and bytes, and behind_failures / behind_dropped, the
+ * write-behind writes it accepted that failed or that it dropped later
+ * (e.g. the SSD writer's failed writes, a remote tier's writes dropped while
+ * it was unreachable). The table's stats operation sums this over the levels.
  * @return 0; KVT_EINVAL (c or out NULL, level outside 0..n_levels-1).
  * Thread-safe. */
 KVT_API int kvt_tier_chain_level_stats(kvt_tier_chain *c, int32_t level, kvt_tier_stats *out);

@@ -266,6 +266,8 @@ static int t_stats(void *self, kvt_tier_stats *out)
     out->restore_failures = r->st.restore_failures;
     out->stores = r->st.writes;
     out->write_failures = r->st.write_failures + r->st.dropped;
+    out->behind_failures = r->behind_failed;
+    out->behind_dropped = r->behind_dropped;
     out->entries = r->entries;
     out->bytes = r->bytes;
     pthread_mutex_unlock(&r->mu);

@@ -238,6 +238,7 @@ struct kvt_remote {
     uint64_t next_id;
     kvt_remote_stats st;
     uint64_t entries, bytes; /* new entries and record bytes this tier wrote */
+    uint64_t behind_failed, behind_dropped; /* queued writes that failed / were dropped unsent; under mu */
 
     /* write-behind */
     pthread_mutex_t q_mu;
@@ -256,6 +257,13 @@ struct kvt_remote {
     do {                                                                                                        \
         pthread_mutex_lock(&(r)->mu);                                                                           \
         (r)->st.field += (n);                                                                                   \
+        pthread_mutex_unlock(&(r)->mu);                                                                         \
+    } while (0)
+/** Counts one on a kvt_remote field (not a kvt_remote_stats one) under mu. */
+#define KVT__REMOTE_COUNT(r, field)                                                                             \
+    do {                                                                                                        \
+        pthread_mutex_lock(&(r)->mu);                                                                           \
+        (r)->field++;                                                                                           \
         pthread_mutex_unlock(&(r)->mu);                                                                         \
     } while (0)
 

@@ -39,9 +39,10 @@ void *kvt__remote_writer_main(void *arg)
         int rc;
         if (kvt__remote_all_down(r)) {
             KVT__REMOTE_BUMP(r, dropped, 1);
+            KVT__REMOTE_COUNT(r, behind_dropped);
             rc = kvt__fail(KVT_EIO, "remote write-behind: redis %s is unreachable; the write was dropped", r->host);
-        } else {
-            rc = kvt__remote_store(r, &j->e);
+        } else if ((rc = kvt__remote_store(r, &j->e))) {
+            KVT__REMOTE_COUNT(r, behind_failed);
         }
         kvt_entry_clear(&j->e);
         kvt__free(j);

@@ -955,6 +955,13 @@ KVT_API int kvt_service_tier_stats(kvt_service *svc, int32_t level, kvt_tier_sta
     return svc->cold.stats(svc->cold.self, out);
 }
 
+KVT_API const char *kvt_service_tier_name(kvt_service *svc, int32_t level)
+{
+    if (level < 0 || level >= kvt_service_tier_count(svc))
+        return NULL;
+    return svc->chain ? kvt_tier_chain_level_name(svc->chain, level) : "cold";
+}
+
 static int set_u64(json_t *o, const char *k, uint64_t v)
 {
     return json_object_set_new(o, k, json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v));
@@ -979,6 +986,7 @@ static json_t *tiers_json(kvt_service *svc)
         int bad = !o || kvt_service_tier_stats(svc, i, &st) != 0;
         if (!bad) {
             bad |= set_u64(o, "level", (uint64_t)i);
+            bad |= json_object_set_new(o, "name", json_string(kvt_service_tier_name(svc, i)));
 #define KVT__TIER_JSON(name, kind, help) bad |= set_u64(o, #name, st.name);
             KVT_TIER_COUNTERS(KVT__TIER_JSON)
 #undef KVT__TIER_JSON

@@ -35,6 +35,7 @@
 
 #define KVT__QUEUE_DEFAULT (256ull << 20)
 #define KVT__ID_MAX 1024
+#define KVT__LOCK_WAIT_DEFAULT_MS 10000u
 
 KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r)
 {
@@ -373,6 +374,39 @@ static int write_identity_file(kvt_store *s)
     return 0;
 }
 
+/* Takes the shared lock on <dir>/.lock without ever blocking in flock: a
+ * non-blocking attempt, retried with a growing pause (1 to 50 ms) until the
+ * exclusive holder (gc or another process's budget pass evicting this idle
+ * directory, or anything else that locks it) lets go or lock_wait_ms has
+ * passed. Open returns in about lock_wait_ms at most, on its own thread. */
+static int take_shared_lock(kvt_store *s)
+{
+    uint64_t wait_ms = s->opts.lock_wait_ms ? s->opts.lock_wait_ms : KVT__LOCK_WAIT_DEFAULT_MS;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t pause_us = 1000;
+    for (;;) {
+        if (flock(s->lockfd, LOCK_SH | LOCK_NB) == 0)
+            return 0;
+        if (errno != EWOULDBLOCK && errno != EINTR)
+            return kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        uint64_t spent_us = (uint64_t)(now.tv_sec - t0.tv_sec) * 1000000u + (uint64_t)(now.tv_nsec / 1000) -
+                            (uint64_t)(t0.tv_nsec / 1000);
+        if (spent_us >= wait_ms * 1000u)
+            return kvt__fail(KVT_EBUSY,
+                             "%s/.lock: its lock is held by another process (waited %llu ms); open it "
+                             "read-only, or retry once that process is done",
+                             s->dir, (unsigned long long)wait_ms);
+        uint64_t left_us = wait_ms * 1000u - spent_us;
+        uint64_t us = pause_us < left_us ? pause_us : left_us;
+        struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
+        nanosleep(&ts, NULL);
+        if (pause_us < 50000)
+            pause_us *= 2;
+    }
+}
+
 static void free_block_val(kvt__key k, uint64_t v, void *ctx) { kvt__free((void *)(uintptr_t)v); }
 
 static void store_free(kvt_store *s)
@@ -429,6 +463,9 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is not valid UTF-8");
     if (opts && (opts->restore_threads < 0 || opts->restore_threads > 16))
         return kvt__fail(KVT_EINVAL, "kvt_store_open: restore_threads %d outside 0..16", opts->restore_threads);
+    if (opts && opts->lock_wait_ms > 86400000u)
+        return kvt__fail(KVT_EINVAL, "kvt_store_open: lock_wait_ms %llu is over 86,400,000 (one day)",
+                         (unsigned long long)opts->lock_wait_ms);
     kvt_store *s = kvt__calloc(1, sizeof *s);
     if (!s)
         return kvt__fail(KVT_ENOMEM, "kvt_store_open: out of memory");
@@ -485,10 +522,12 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     }
     if (!ro) {
         s->lockfd = kvt__io_openat(s->dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-        if (s->lockfd < 0 || flock(s->lockfd, LOCK_SH)) {
+        if (s->lockfd < 0) {
             rc = kvt__fail(-errno, "%s/.lock: %s", s->dir, strerror(errno));
             goto fail;
         }
+        if ((rc = take_shared_lock(s)))
+            goto fail;
         if ((rc = write_identity_file(s)))
             goto fail;
     } else if (s->dirfd >= 0) {
@@ -564,8 +603,23 @@ static int ct_restore_async(void *self, uint64_t handle, kvt_restore_done_fn don
 {
     return kvt_store_restore_async(self, handle, done, arg);
 }
-static int ct_store(void *self, const kvt_entry *e) { return kvt_store_put(self, e); }
-static int ct_spill(void *self, kvt_entry *e) { return kvt_store_put_async(self, e); }
+/* A write to a read-only store through the tier table: refused as a
+ * read-only tier refuses (KVT_EREADONLY), counted in write_refused. */
+static int ct_refuse(kvt_store *s, const char *fn)
+{
+    (void)kvt__store_refuse_write(s, fn);
+    return kvt__fail(KVT_EREADONLY, "%s: %s is open read-only: nothing is written", fn, s->dir);
+}
+static int ct_store(void *self, const kvt_entry *e)
+{
+    kvt_store *s = self;
+    return s->opts.read_only ? ct_refuse(s, "store tier store") : kvt_store_put(s, e);
+}
+static int ct_spill(void *self, kvt_entry *e)
+{
+    kvt_store *s = self;
+    return s->opts.read_only ? ct_refuse(s, "store tier spill") : kvt_store_put_async(s, e);
+}
 static int ct_pending(void *self, const int32_t *tokens, int64_t n, const char *ns)
 {
     return kvt_store_pending(self, tokens, n, ns);
@@ -583,6 +637,8 @@ static int ct_stats(void *self, kvt_tier_stats *out)
     out->restore_failures = s->st.restore_misses;
     out->stores = s->st.written;
     out->write_failures = s->st.failed + s->st.dropped + s->st.write_refused;
+    out->behind_failures = s->behind_failed;
+    out->behind_dropped = s->behind_dropped;
     out->demotions = s->demoted;
     out->evictions = s->st.evicted;
     out->entries = s->st.entries;
@@ -614,6 +670,7 @@ KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier)
                             .pending = ct_pending,
                             .flush = ct_flush,
                             .stats = ct_stats,
-                            .set_evict = ct_set_evict};
+                            .set_evict = ct_set_evict,
+                            .flags = s && s->opts.read_only ? KVT_TIER_READ_ONLY : 0};
 }
 

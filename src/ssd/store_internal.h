@@ -179,6 +179,8 @@ struct kvt_store {
     struct kvt_pool_member *pool_member; /* the root's disk-axis membership (store_pool.c), NULL = none */
     uint64_t finds, find_hits; /* kvt_store_find calls, and those that found a prefix */
     uint64_t demoted;     /* budget evictions the eviction hook took */
+    uint64_t behind_failed; /* write-behind jobs whose write failed (on the I/O worker) */
+    uint64_t behind_dropped; /* write-behind jobs the I/O worker discarded unrun (it shut down) */
 
     /* the eviction hook (kvt_cold_tier.set_evict); reclaim calls it under evict_mu */
     pthread_mutex_t evict_mu;

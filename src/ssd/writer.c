@@ -94,6 +94,10 @@ static void job_finish(kvt_store *s, wjob *j, int rc)
     if (rc) {
         s->flush_rc = rc;
         memcpy(s->flush_msg, msg, sizeof msg);
+        if (rc == KVT_ECLOSED)
+            s->behind_dropped++; /* discarded unrun (job_free) */
+        else
+            s->behind_failed++;
     }
     pending_add(s, key, -1);
     s->st.pending--;

@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -62,6 +63,7 @@ typedef struct lookup_worker {
 typedef struct level {
     kvt_tier_chain *chain;
     int index;
+    char name[KVT_TIER_NAME_MAX];
     kvt_cold_tier t;
     int32_t budget_ms;
     uint32_t flags;
@@ -272,6 +274,19 @@ static int write_entry(level *l, kvt_entry *e)
     return rc;
 }
 
+/* Whether level l already holds e, or has its write queued: a demotion of
+ * it is not written again (a write-behind level got every kept prefix when
+ * it was put; a restored entry was promoted from there). Asks the level
+ * (may block on I/O: runs on the writer thread, within the level's lookup
+ * budget). */
+static int level_holds(level *l, const kvt_entry *e)
+{
+    if (l->t.pending && l->t.pending(l->t.self, e->tokens, e->n_tokens, e->ns))
+        return 1;
+    kvt_cold_hit h;
+    return level_lookup(l, OP_FIND_EXACT, e->tokens, e->n_tokens, e->ns, &h) == 0;
+}
+
 static void *writer_main(void *arg)
 {
     kvt_tier_chain *c = arg;
@@ -288,10 +303,17 @@ static void *writer_main(void *arg)
         c->queued--;
         c->writing = 1;
         pthread_mutex_unlock(&c->mu);
-        int rc = write_entry(&c->lv[j->level], &j->e);
+        int held = j->kind == W_DEMOTE && level_holds(&c->lv[j->level], &j->e);
+        int rc = 0;
+        if (held)
+            kvt_entry_clear(&j->e);
+        else
+            rc = write_entry(&c->lv[j->level], &j->e);
         pthread_mutex_lock(&c->mu);
         kvt_tier_stats *to = &c->lv[j->level].st;
-        if (rc == 0) {
+        if (held) {
+            c->lv[j->from].st.demotions_skipped++;
+        } else if (rc == 0) {
             to->stores++;
             if (j->kind == W_PROMOTE)
                 to->promotions++;
@@ -301,6 +323,8 @@ static void *writer_main(void *arg)
             to->write_failures++;
             if (j->kind == W_PROMOTE)
                 to->promotions_dropped++;
+            if (j->kind == W_DEMOTE)
+                c->lv[j->from].st.demotions_dropped++;
         }
         c->writing = 0;
         kvt__free(j);
@@ -340,8 +364,12 @@ static int evict_hook(void *arg, kvt_entry *e)
     kvt_tier_chain *c = l->chain;
     COUNT(c, l->index, evictions);
     for (int i = l->index + 1; i < c->n; i++)
-        if (c->lv[i].writable)
-            return enqueue_write(c, i, l->index, W_DEMOTE, e);
+        if (c->lv[i].writable) {
+            int rc = enqueue_write(c, i, l->index, W_DEMOTE, e);
+            if (rc)
+                COUNT(c, l->index, demotions_dropped); /* the tier deletes it as without a hook */
+            return rc;
+        }
     return KVT_ENOTFOUND;
 }
 
@@ -635,9 +663,18 @@ KVT_API int kvt_tier_chain_level_stats(kvt_tier_chain *c, int32_t lvl, kvt_tier_
     pthread_mutex_lock(&c->mu);
     *out = c->lv[lvl].st;
     pthread_mutex_unlock(&c->mu);
+    /* what only the level sees: its gauges, and the write-behind writes it
+     * accepted (spill returned 0) that failed or that it dropped later */
     out->entries = own.entries;
     out->bytes = own.bytes;
+    out->behind_failures = own.behind_failures;
+    out->behind_dropped = own.behind_dropped;
     return 0;
+}
+
+KVT_API const char *kvt_tier_chain_level_name(const kvt_tier_chain *c, int32_t lvl)
+{
+    return c && lvl >= 0 && lvl < c->n ? c->lv[lvl].name : NULL;
 }
 
 static int ch_stats(void *self, kvt_tier_stats *out)
@@ -739,6 +776,20 @@ KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c)
     kvt__free(c);
 }
 
+static int name_ok(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n >= KVT_TIER_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+              ch == '.' || ch == ':' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
 KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_chain **out)
 {
     if (out)
@@ -758,6 +809,10 @@ KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_cha
         if (l->find_budget_ms < 0)
             return kvt__fail(KVT_EINVAL, "kvt_tier_chain_create: level %d find_budget_ms %d is negative", i,
                              (int)l->find_budget_ms);
+        if (l->name && !name_ok(l->name))
+            return kvt__fail(KVT_EINVAL,
+                             "kvt_tier_chain_create: level %d's name is not 1..%d characters of [A-Za-z0-9_.:-]", i,
+                             KVT_TIER_NAME_MAX - 1);
     }
     kvt_tier_chain *c = kvt__calloc(1, sizeof *c);
     if (!c)
@@ -772,6 +827,10 @@ KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_cha
         level *l = &c->lv[i];
         l->chain = c;
         l->index = i;
+        if (cfg->levels[i].name)
+            snprintf(l->name, sizeof l->name, "%s", cfg->levels[i].name);
+        else
+            snprintf(l->name, sizeof l->name, "level%d", i);
         l->t = cfg->levels[i].tier;
         l->budget_ms = cfg->levels[i].find_budget_ms;
         l->flags = cfg->levels[i].flags;

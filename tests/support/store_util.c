@@ -16,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -184,6 +186,51 @@ void store_tmpdir(char *path, size_t cap, const char *tag)
     snprintf(path, cap, "%s/kvt-%s-XXXXXX", t && *t ? t : "/tmp", tag);
     if (!mkdtemp(path))
         path[0] = '\0';
+}
+
+int store_hold_lock(const char *path, int hold_ms)
+{
+    int p[2];
+    if (pipe(p))
+        return -1;
+    pid_t holder = fork();
+    if (holder < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (holder == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* a failing test leaves no holder behind */
+        int fd = open(path, O_RDWR);
+        if (fd < 0 || flock(fd, LOCK_EX) || write(p[1], "x", 1) != 1)
+            _exit(1);
+        if (hold_ms == 0)
+            pause();
+        usleep((useconds_t)hold_ms * 1000);
+        _exit(0);
+    }
+    char x;
+    ssize_t got = read(p[0], &x, 1);
+    close(p[0]);
+    close(p[1]);
+    if (got != 1) {
+        kill(holder, SIGKILL);
+        waitpid(holder, NULL, 0);
+        return -1;
+    }
+    return (int)holder;
+}
+
+int store_thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
 }
 
 void store_rmtree(const char *path)

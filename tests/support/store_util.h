@@ -53,6 +53,14 @@ void store_rmtree(const char *path);
 int store_count_files(const char *dir, const char *prefix);
 /** First file in dir whose name starts with prefix: name (cap bytes) or -1. */
 int store_first_file(const char *dir, const char *prefix, char *name, size_t cap);
+/** Forks a process that takes an exclusive flock on `path` (e.g. a store's
+ * <dir>/.lock) and holds it for hold_ms (0: until killed; it is killed with
+ * its parent too). @return its pid once it holds the lock (the caller reaps
+ * it: kill + waitpid), or -1 when it could not. */
+int store_hold_lock(const char *path, int hold_ms);
+/** Threads of the calling process (entries of /proc/self/task); -1 when
+ * that cannot be read. */
+int store_thread_count(void);
 /** Flips bits of one byte of a file in place: the byte `from_end` bytes
  * before its end (1 = the last byte) is xor-ed with mask. @return 0, or -1
  * when the file cannot be opened or is shorter than that. */

@@ -1,0 +1,224 @@
+/*
+ * test_tier_store.c: the SSD store as a level of a tier chain.
+ *   - Its open never blocks in flock: with <dir>/.lock held exclusively by
+ *     another process, open gives up with KVT_EBUSY after lock_wait_ms and
+ *     leaves no thread behind; a holder that lets go within the wait is
+ *     waited for.
+ *   - A store opened read-only says so in its tier table
+ *     (KVT_TIER_READ_ONLY), refuses store and spill with KVT_EREADONLY
+ *     (counted), and a chain over it writes to the next writable level while
+ *     still finding and restoring what the store holds.
+ *   - Its budget evictions are demoted into the next writable level below
+ *     it (the in-memory tier), written behind by the chain, counted; an
+ *     entry the level below already holds (a write-behind level has every
+ *     kept prefix) is not written again.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvtier/tier_chain.h"
+#include "mem_tier.h"
+#include "pc_util.h"
+#include "store_util.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+typedef struct fx {
+    char root[512];
+    char lock[1200];
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    kvt_store_identity id;
+    pid_t holder;
+} fx;
+
+/* A root with one identity directory (created by an open and a close) and
+ * its .lock path. */
+static void fx_init(fx *f)
+{
+    memset(f, 0, sizeof *f);
+    store_tmpdir(f->root, sizeof f->root, "tier-store");
+    store_identity(&KV, "tier-store", f->fp, &f->id);
+    kvt_store *s = NULL;
+    assert_int_equal(kvt_store_open(f->root, &f->id, NULL, &s), 0);
+    snprintf(f->lock, sizeof f->lock, "%s/.lock", kvt_store_dir(s));
+    assert_int_equal(kvt_store_close(s), 0);
+}
+
+/* Another process takes .lock exclusively and holds it for hold_ms (0: until
+ * killed); returns once it holds it. */
+static void hold_lock(fx *f, int hold_ms)
+{
+    f->holder = store_hold_lock(f->lock, hold_ms);
+    assert_true(f->holder > 0);
+}
+
+static void fx_done(fx *f)
+{
+    if (f->holder > 0) {
+        kill(f->holder, SIGKILL);
+        waitpid(f->holder, NULL, 0);
+    }
+    store_rmtree(f->root);
+}
+
+/* a lock held for longer than lock_wait_ms: KVT_EBUSY after about the wait,
+ * naming the lock, with no thread left waiting for it (the open runs on the
+ * caller's thread and never blocks in flock) */
+static void test_lock_held(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f);
+    hold_lock(&f, 0);
+    int before = store_thread_count();
+    assert_true(before > 0);
+    kvt_store *s = NULL;
+    kvt_store_options o = {.lock_wait_ms = 150};
+    double t0 = now_ms();
+    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), KVT_EBUSY);
+    double took = now_ms() - t0;
+    print_message("lock held: open gave up after %.1f ms (wait 150 ms): %s\n", took, kvt_last_error());
+    assert_null(s);
+    assert_true(took >= 140);
+    assert_true(took < 2000);
+    assert_non_null(strstr(kvt_last_error(), ".lock"));
+    assert_non_null(strstr(kvt_last_error(), "held by another process"));
+    assert_int_equal(store_thread_count(), before);
+    /* read-only does not wait: it opens at once without the lock */
+    o.read_only = 1;
+    t0 = now_ms();
+    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), 0);
+    assert_true(now_ms() - t0 < 1000);
+    assert_int_equal(kvt_store_close(s), 0);
+    assert_int_equal(store_thread_count(), before);
+    fx_done(&f);
+}
+
+/* a holder that lets go within the wait is waited for: the open succeeds */
+static void test_lock_released(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f);
+    hold_lock(&f, 200);
+    kvt_store *s = NULL;
+    kvt_store_options o = {.lock_wait_ms = 10000};
+    double t0 = now_ms();
+    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), 0);
+    double took = now_ms() - t0;
+    print_message("lock released after 200 ms: open took %.1f ms\n", took);
+    assert_true(took >= 150);
+    assert_true(took < 5000);
+    assert_int_equal(kvt_store_close(s), 0);
+    o.lock_wait_ms = 86400001;
+    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), KVT_EINVAL);
+    fx_done(&f);
+}
+
+static void put(const kvt_cold_tier *t, const int32_t *tok, int64_t n)
+{
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&KV, "", tok, n, &e), 0);
+    assert_int_equal(t->store(t->self, &e), 0);
+    kvt_entry_clear(&e);
+}
+
+static void expect_restore(const kvt_cold_tier *t, uint64_t handle, const int32_t *tok, int64_t n)
+{
+    kvt_entry got, want;
+    assert_int_equal(t->restore(t->self, handle, &got), 0);
+    assert_int_equal(store_make_entry(&KV, "", tok, n, &want), 0);
+    assert_int_equal(store_entry_diff(&want, &got), 0);
+    kvt_entry_clear(&want);
+    kvt_entry_clear(&got);
+}
+
+/* a read-only store: its table says KVT_TIER_READ_ONLY and refuses writes
+ * with KVT_EREADONLY (the entry stays the caller's, counted); a chain
+ * [read-only store, memory] finds and restores what the store holds and
+ * writes into the memory level */
+static void test_read_only_level(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f);
+    int32_t a[20], b[20];
+    pcu_seq(a, 20, 100);
+    pcu_seq(b, 20, 200);
+    kvt_store *s = NULL;
+    assert_int_equal(kvt_store_open(f.root, &f.id, NULL, &s), 0);
+    kvt_cold_tier rw;
+    kvt_store_cold_tier(s, &rw);
+    assert_int_equal(rw.flags, 0);
+    put(&rw, a, 16);
+    assert_int_equal(kvt_store_close(s), 0);
+
+    kvt_store_options o = {.read_only = 1};
+    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), 0);
+    kvt_cold_tier ro;
+    kvt_store_cold_tier(s, &ro);
+    assert_int_equal(ro.flags, KVT_TIER_READ_ONLY);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&KV, "", b, 16, &e), 0);
+    assert_int_equal(ro.store(ro.self, &e), KVT_EREADONLY);
+    assert_int_equal(ro.spill(ro.self, &e), KVT_EREADONLY);
+    assert_non_null(e.caches);
+    kvt_tier_stats ts;
+    assert_int_equal(ro.stats(ro.self, &ts), 0);
+    assert_int_equal(ts.write_failures, 2);
+
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_tier_level lv[2] = {{.tier = ro, .name = "ssd"}, {.tier = *mem_tier_iface(mt), .name = "memory"}};
+    kvt_tier_chain_config cc = {.levels = lv, .n_levels = 2};
+    kvt_tier_chain *c;
+    assert_int_equal(kvt_tier_chain_create(&cc, &c), 0);
+    kvt_cold_tier t;
+    kvt_tier_chain_cold_tier(c, &t);
+    assert_int_equal(t.flags, 0); /* the memory level is writable */
+    assert_int_equal(t.spill(t.self, &e), 0);
+    assert_int_equal(t.flush(t.self), 0);
+    assert_true(mem_tier_has(mt, "", b, 16));
+    assert_int_equal(kvt_store_find_exact(s, b, 16, "", &(kvt_cold_hit){0}), KVT_ENOTFOUND);
+    kvt_cold_hit h;
+    assert_int_equal(t.find(t.self, a, 20, "", &h), 0);
+    assert_int_equal(h.prefix_len, 16);
+    assert_int_equal(h.handle >> 60, 0);
+    expect_restore(&t, h.handle, a, 16);
+    kvt_tier_chain_destroy(c);
+    mem_tier_destroy(mt);
+    kvt_store_stats ss;
+    kvt_store_get_stats(s, &ss);
+    assert_int_equal(ss.write_refused, 2);
+    assert_int_equal(kvt_store_close(s), 0);
+    fx_done(&f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lock_held),
+        cmocka_unit_test(test_lock_released),
+        cmocka_unit_test(test_read_only_level),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
