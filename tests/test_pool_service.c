@@ -369,7 +369,7 @@ typedef struct burst {
 static void *sampler(void *arg)
 {
     burst *b = arg;
-    while (!b->stop) {
+    while (!__atomic_load_n(&b->stop, __ATOMIC_ACQUIRE)) {
         kvt_pool_report r;
         kvt_pool_report_get(b->pool, &r);
         for (int a = 0; a < KVT_POOL_AXES; a++) {
@@ -461,7 +461,7 @@ static void test_burst_sampled(void **state)
     }
     for (int i = 0; i < THREADS; i++)
         pthread_join(th[i], NULL);
-    b.stop = 1;
+    __atomic_store_n(&b.stop, 1, __ATOMIC_RELEASE);
     pthread_join(smp, NULL);
     int refused = 0, bad = 0;
     for (int i = 0; i < THREADS; i++) {
@@ -718,7 +718,7 @@ static void test_remote_in_flight(void **state)
         }
     }
     assert_int_equal(tier.flush(tier.self), 0);
-    b.stop = 1;
+    __atomic_store_n(&b.stop, 1, __ATOMIC_RELEASE);
     pthread_join(smp, NULL);
     kvt_pool_usage u = axis_of(p, KVT_POOL_REMOTE);
     printf("remote: %d write-behinds accepted, %d refused by the %llu-byte axis; high water %llu, %llu samples\n",

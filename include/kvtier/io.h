@@ -257,8 +257,9 @@ KVT_API void kvt_io_cancel(kvt_io_ticket *ticket);
  * ticket may run concurrently or follow. */
 KVT_API void kvt_io_ticket_release(kvt_io_ticket *ticket);
 
-/** Waits until no operation is queued or running (submissions keep being
- * accepted meanwhile).
+/** Waits until no operation is queued or running, and the free_fn of every
+ * finished operation that no ticket holds has returned (submissions keep
+ * being accepted meanwhile).
  * @param timeout_ms milliseconds; UINT64_MAX waits forever.
  * @return 0; KVT_EAGAIN on timeout; KVT_EINVAL (io NULL). Thread-safe. */
 KVT_API int kvt_io_flush(kvt_io *io, uint64_t timeout_ms);

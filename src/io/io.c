@@ -238,18 +238,22 @@ static void complete_locked(kvt_io *io, io_op *o, int rc, void *result)
         o->interest -= told;
         o->holds -= told;
     }
-    /* the gauges last: a flush returns once every waiter was told */
-    io->st.running_ops--;
-    io->st.queued_bytes -= o->op.bytes;
-    k->queued_ops--;
-    k->queued_bytes -= o->op.bytes;
-    note_idle(io);
-    pthread_cond_broadcast(&io->done);
+    /* the gauges last: a flush returns once every waiter was told and, when
+     * no ticket holds the operation, once its free_fn has run (a caller that
+     * flushes and then tears down what a task's free_fn touches must not race
+     * with it) */
+    uint64_t bytes = o->op.bytes;
     if (--o->holds == 0) {
         pthread_mutex_unlock(&io->mu);
         op_free(o);
         pthread_mutex_lock(&io->mu);
     }
+    io->st.running_ops--;
+    io->st.queued_bytes -= bytes;
+    k->queued_ops--;
+    k->queued_bytes -= bytes;
+    note_idle(io);
+    pthread_cond_broadcast(&io->done);
 }
 
 /* ---- the worker threads ---------------------------------------------------- */

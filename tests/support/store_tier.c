@@ -5,6 +5,7 @@
  * store's own table, counting calls and applying the test knobs.
  */
 #include "store_tier.h"
+#include "kvtier/io.h"
 
 #include "kvtier/store.h"
 #include "store_util.h"
@@ -523,6 +524,14 @@ void store_tier_quiesce(store_tier *t)
     while (t->active_async)
         pthread_cond_wait(&t->cv, &t->mu);
     pthread_mutex_unlock(&t->mu);
+    /* the store's operations run on the process's I/O worker: a restore's
+     * task is freed there after its result was delivered, so a caller about
+     * to swap the allocator waits for that too */
+    kvt_io *io = NULL;
+    if (kvt_io_default_acquire(&io) == 0) {
+        (void)kvt_io_flush(io, UINT64_MAX);
+        kvt_io_default_release(io);
+    }
 }
 
 store_tier_counts store_tier_counts_get(store_tier *t)
