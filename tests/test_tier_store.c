@@ -280,10 +280,12 @@ static void test_store_demotes(void **state)
     assert_int_equal(t.find(t.self, a, 20, "", &h), 0);
     assert_int_equal(h.prefix_len, 16);
     assert_int_equal(h.handle >> 60, 1); /* from the level below now */
-    expect_restore(&t, h.handle, a, 16);
+    expect_restore(&t, h.handle, a, 16); /* and promotes it into the store */
+    /* upper level first: the promoted copy holds a share of the memory
+     * tier's release hook until the store has written it */
     kvt_tier_chain_destroy(c);
-    mem_tier_destroy(mt);
     assert_int_equal(kvt_store_close(s), 0);
+    mem_tier_destroy(mt);
     fx_done(&f);
 }
 
@@ -338,8 +340,8 @@ static void test_demotion_beside_write_behind(void **state)
     assert_true(mem_tier_has(mt, "", b, 16));
     assert_true(mem_tier_has(mt, "", d, 16));
     kvt_tier_chain_destroy(c);
-    mem_tier_destroy(mt);
     assert_int_equal(kvt_store_close(s), 0);
+    mem_tier_destroy(mt);
     fx_done(&f);
 }
 
