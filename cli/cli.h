@@ -27,6 +27,7 @@ KVT_CLI_WEAK int kvt_bench_ssd(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_serve(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_kv_dtype(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_checkpoint(int argc, char **argv);
+KVT_CLI_WEAK int kvt_bench_residency(int argc, char **argv);
 KVT_CLI_WEAK int kvt_bench_remote(int argc, char **argv);
 
 #endif

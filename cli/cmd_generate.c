@@ -24,6 +24,7 @@ static void usage(FILE *f)
             "                       [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
             "                       [--threads N] [--kv-dtype f32|f16|bf16|q8]\n"
             "                       [--request-id ID --ssd-cache DIR [--checkpoint-every N]]\n"
+            "                       [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
             "\n"
             "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
             "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
@@ -58,6 +59,14 @@ static void usage(FILE *f)
             "                      an error naming the field (docs/checkpoints.md).\n"
             "  --ssd-cache DIR     where the checkpoints are kept (the SSD tier's directory).\n"
             "  --checkpoint-every N  generated tokens between checkpoints (default 16).\n"
+            "  --live-cache-blocks N  keep at most N full kv blocks of the run in RAM (over all\n"
+            "                      layers); the others are written once to a page file and read\n"
+            "                      back, checksummed, when attention needs them (docs/residency.md).\n"
+            "                      The output is the same as fully resident. Default: no bound.\n"
+            "  --live-cache-bytes B  the same bound in bytes (suffixes K, M, G; the smaller wins).\n"
+            "                      Paging counters go to stderr.\n"
+            "  --live-cache-dir DIR  where the page file is made (unlinked at once; default\n"
+            "                      $TMPDIR, else /tmp). Not with --request-id.\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n"
             "\n"
@@ -104,7 +113,9 @@ static int fail(const char *what, int rc)
 int kvt_cmd_generate(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompt = "", *request_id = NULL, *ssd_dir = NULL;
-    long long steps = 256, seed = 0, block = 256, threads = 0, every = 0;
+    long long steps = 256, seed = 0, block = 256, threads = 0, every = 0, live_blocks = 0;
+    uint64_t live_bytes = 0;
+    const char *live_dir = NULL;
     kvt_kv_scheme kv_scheme = KVT_KV_F32;
     float temperature = 1.0f, topp = 0.9f;
     for (int i = 1; i < argc; i++) {
@@ -131,6 +142,7 @@ int kvt_cmd_generate(int argc, char **argv)
         static const char *const known[] = {"--model", "--tokenizer", "--prompt", "--steps", "--temperature",
                                             "--top-p", "--seed", "--block-tokens", "--threads",
                                             "--kv-dtype", "--request-id", "--ssd-cache", "--checkpoint-every",
+                                            "--live-cache-blocks", "--live-cache-bytes", "--live-cache-dir",
                                             NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], name))
@@ -174,6 +186,12 @@ int kvt_cmd_generate(int argc, char **argv)
             ssd_dir = v;
         else if (!strcmp(name, "--checkpoint-every"))
             rc = parse_i64(name, v, 1, INT32_MAX, &every);
+        else if (!strcmp(name, "--live-cache-blocks"))
+            rc = parse_i64(name, v, 0, INT64_MAX, &live_blocks);
+        else if (!strcmp(name, "--live-cache-bytes") && kvt_cli_bytes(v, &live_bytes, NULL))
+            rc = bad(name, v, "need a byte count, e.g. 64M");
+        else if (!strcmp(name, "--live-cache-dir"))
+            live_dir = v;
         if (rc)
             return rc;
     }
@@ -188,6 +206,14 @@ int kvt_cmd_generate(int argc, char **argv)
         fprintf(stderr, "kvtier generate: %s\n", request_id ? "--request-id needs --ssd-cache DIR (where the checkpoints are kept)"
                         : ssd_dir ? "--ssd-cache needs --request-id ID (generate keeps only checkpoints there)"
                                   : "--checkpoint-every needs --request-id ID and --ssd-cache DIR");
+        return 2;
+    }
+    if (request_id && (live_blocks || live_bytes || live_dir)) {
+        fprintf(stderr, "kvtier generate: --live-cache-* is not for a replayable run (--request-id)\n");
+        return 2;
+    }
+    if (live_dir && !live_blocks && !live_bytes) {
+        fprintf(stderr, "kvtier generate: --live-cache-dir needs --live-cache-blocks or --live-cache-bytes\n");
         return 2;
     }
     char def_model[4096], def_tok[4096];
@@ -245,12 +271,20 @@ int kvt_cmd_generate(int argc, char **argv)
     }
     kvt_generate_stats st;
     kvt_generate_replay rp = {.svc = svc, .request_id = request_id, .seed_explicit = seed != 0};
-    rc = kvt_generate_ex(model, tok, sampler, prompt, steps, (int32_t)block, request_id ? &rp : NULL, stdout, &st);
+    kvt_residency_options live = {.max_blocks = live_blocks, .max_bytes = live_bytes, .dir = live_dir};
+    rc = kvt_generate_live(model, tok, sampler, prompt, steps, (int32_t)block, request_id ? &rp : NULL,
+                           live_blocks || live_bytes ? &live : NULL, stdout, &st);
     if (rc) {
         status = fail("generation failed", rc);
         goto done;
     }
     fprintf(stderr, "prefill: %.1f tok/s, decode: %.1f tok/s\n", st.prefill_tok_s, st.decode_tok_s);
+    if (live_blocks || live_bytes)
+        fprintf(stderr, "live cache: paged out %llu blocks (%.1f MB), paged in %llu blocks (%.1f MB), stall "
+                "%.1f ms, peak %.1f MB of full blocks in RAM, %llu failed writes (kept in RAM)\n",
+                (unsigned long long)st.paged_out_blocks, st.paged_out_bytes / 1e6,
+                (unsigned long long)st.paged_in_blocks, st.paged_in_bytes / 1e6, st.page_stall_ms,
+                st.live_peak_bytes / 1e6, (unsigned long long)st.page_write_failures);
     if (request_id) {
         if (st.resumed_generated)
             fprintf(stderr, "resumed: request '%s' from its checkpoint at %lld generated tokens (%lld tokens "

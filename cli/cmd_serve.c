@@ -20,7 +20,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvtier serve [--model M.bin --tokenizer T.bin] [--model-name NAME]\n"
+            "usage: kvtier serve [--model M.bin --tokenizer T.bin [--model-name NAME]] ...\n"
+            "                    [--pool-ram BYTES] [--pool-kv BYTES] [--pool-disk BYTES]\n"
             "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                     [--demote-idle MS] [--checkpoint-every N]] [--prompt-cache-dir DIR ...]\n"
@@ -45,6 +46,23 @@ static void usage(FILE *f)
             "                        default model, created on first use)\n"
             "  --model-name NAME     the model id clients name (default: the model file's name\n"
             "                        without extension); a request naming another gets 404\n"
+            "  several models        repeat --model M --tokenizer T [--model-name NAME] (at most 8;\n"
+            "                        the k-th --tokenizer goes with the k-th --model, a\n"
+            "                        --model-name with the --model before it): one process serves\n"
+            "                        them all, each with its own cache service and engine thread,\n"
+            "                        under one pool; a request picks one by its \"model\" field (none:\n"
+            "                        the first), /v1/models lists them, /stats has each one's report\n"
+            "                        (\"models\") and the pool's (\"pool\"). The cache flags below apply\n"
+            "                        to each model (--prompt-cache is each one's most); the models\n"
+            "                        share the --ssd-cache directory, each in its own identity\n"
+            "  --pool-ram BYTES      RAM of every model's prompt cache together (default 0: not\n"
+            "                        limited): a cache grows only as the pool grants, and gives\n"
+            "                        back what it no longer holds\n"
+            "  --pool-kv BYTES       projected KV bytes of every model's admitted requests together;\n"
+            "                        a request that does not fit now waits (0: not limited)\n"
+            "  --pool-disk BYTES     disk bytes of the SSD directory (its --ssd-cache-max must fit)\n"
+            "                        (0: not limited). /stats \"pool\" and /metrics kvtier_pool_* give\n"
+            "                        occupancy and high-water marks by axis and by member\n"
             "  --host ADDR           IPv4/IPv6 address to bind, or localhost (default 127.0.0.1:\n"
             "                        loopback only; 0.0.0.0 or :: listen on every interface)\n"
             "  --port N              TCP port (default 8080; 0 picks a free one, printed at start)\n"
@@ -129,6 +147,9 @@ int kvt_cmd_serve(int argc, char **argv)
     uint64_t max_body = 1 << 20;
     const char *pub_dirs[7];
     int n_pub = 0;
+    kvt_server_model models[KVT_SERVER_MAX_MODELS];
+    memset(models, 0, sizeof models);
+    int n_model = 0, n_tok = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -148,8 +169,7 @@ int kvt_cmd_serve(int argc, char **argv)
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
             "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", "--checkpoint-every",
-            "--redis-restore-timeout",
-            NULL};
+            "--redis-restore-timeout", "--pool-ram", "--pool-kv", "--pool-disk", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -159,14 +179,21 @@ int kvt_cmd_serve(int argc, char **argv)
             return usage_error("missing value after", a);
         const char *v = argv[++i];
         int rc = 0;
-        if (!strcmp(a, "--model"))
-            o.model_path = v;
-        else if (!strcmp(a, "--tokenizer"))
-            o.tok_path = v;
-        else if (!strcmp(a, "--model-name")) {
+        if (!strcmp(a, "--model")) {
+            if (n_model == KVT_SERVER_MAX_MODELS)
+                return usage_error("too many --model (at most 8)", NULL);
+            models[n_model++].model_path = v;
+        } else if (!strcmp(a, "--tokenizer")) {
+            if (n_tok == KVT_SERVER_MAX_MODELS)
+                return usage_error("too many --tokenizer (at most 8)", NULL);
+            models[n_tok++].tok_path = v;
+        } else if (!strcmp(a, "--model-name")) {
             if (!*v || strlen(v) >= 64)
                 return usage_error("--model-name wants 1 to 63 characters, got", v);
-            o.model_name = v;
+            int k = n_model ? n_model - 1 : 0;
+            if (models[k].model_name)
+                return usage_error("--model-name given twice for one --model:", v);
+            models[k].model_name = v;
         } else if (!strcmp(a, "--host"))
             o.host = v;
         else if (!strcmp(a, "--ssd-cache"))
@@ -221,6 +248,9 @@ int kvt_cmd_serve(int argc, char **argv)
             uint64_t *dst = !strcmp(a, "--prompt-cache") ? &o.prompt_cache_bytes
                             : !strcmp(a, "--kv-budget")  ? &o.kv_budget_bytes
                             : !strcmp(a, "--max-body")   ? &max_body
+                            : !strcmp(a, "--pool-ram")   ? &o.pool_ram_bytes
+                            : !strcmp(a, "--pool-kv")    ? &o.pool_kv_bytes
+                            : !strcmp(a, "--pool-disk")  ? &o.pool_disk_bytes
                                                          : &o.ssd_max_bytes;
             if (kvt_chat_parse_bytes(a, v, dst)) {
                 fprintf(stderr, "kvtier serve: %s\n", kvt_last_error());
@@ -230,9 +260,24 @@ int kvt_cmd_serve(int argc, char **argv)
         if (rc)
             return rc;
     }
-    if ((o.model_path != NULL) != (o.tok_path != NULL))
-        return usage_error(o.model_path ? "--model given without --tokenizer" : "--tokenizer given without --model",
+    if (n_model != n_tok)
+        return usage_error(n_model > n_tok ? "--model given without --tokenizer" : "--tokenizer given without --model",
                            NULL);
+    if (!n_model && models[0].model_name)
+        o.model_name = models[0].model_name; /* the built-in default model, renamed */
+    if (n_model == 1) {
+        o.model_path = models[0].model_path;
+        o.tok_path = models[0].tok_path;
+        o.model_name = models[0].model_name;
+    } else if (n_model > 1) {
+        o.models = models;
+        o.n_models = n_model;
+    }
+    if (o.pool_disk_bytes && (!o.ssd_dir || !o.ssd_max_bytes))
+        return usage_error("--pool-disk needs --ssd-cache DIR with --ssd-cache-max BYTES (the budget it charges)",
+                           NULL);
+    if (o.pool_disk_bytes && o.ssd_max_bytes > o.pool_disk_bytes)
+        return usage_error("--ssd-cache-max is over --pool-disk", NULL);
     if (!o.ssd_dir && (o.ssd_max_bytes || o.ssd_verify || demote || ckpt_every))
         return usage_error("--ssd-cache-max, --ssd-cache-verify, --demote-idle and --checkpoint-every need "
                            "--ssd-cache DIR", NULL);
@@ -289,7 +334,13 @@ int kvt_cmd_serve(int argc, char **argv)
         kvt_server_destroy(s);
         return 1;
     }
-    fprintf(stderr, "kvtier serve: ready, model %s\n", kvt_server_model_name(s));
+    if (kvt_server_model_count(s) > 1) {
+        fprintf(stderr, "kvtier serve: ready, models");
+        for (int i = 0; i < kvt_server_model_count(s); i++)
+            fprintf(stderr, "%s %s", i ? "," : "", kvt_server_model_id(s, i));
+        fprintf(stderr, "\n");
+    } else
+        fprintf(stderr, "kvtier serve: ready, model %s\n", kvt_server_model_name(s));
     fflush(stderr);
     /* wait for SIGINT/SIGTERM, saying a tier level's degradation within a second */
     int sig = -1;

@@ -57,6 +57,7 @@ int main(int argc, char **argv)
         {"remote", kvt_bench_remote, "remote tier on Redis: restore/store GB/s vs raw hiredis GET/SET, 32k-token lookup ms"},
         {"serve", kvt_bench_serve, "kvtier serve over HTTP: TTFT per turn cache on/off, batched decode, overhead"},
         {"checkpoint", kvt_bench_checkpoint, "decode tok/s with generation checkpoints every 16 tokens vs without"},
+        {"residency", kvt_bench_residency, "prefill/decode tok/s with live kv blocks bounded to 1/2, 1/4, 1/8 of RAM vs fully resident"},
         {NULL, NULL, NULL},
     };
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

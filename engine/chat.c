@@ -97,6 +97,8 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         .cold = o->cold,
         .chain = o->cold ? o->chain : NULL,
         .demote_idle_ms = o->demote_idle_ms,
+        .pool = o->pool,
+        .pool_name = o->pool_name,
         .checkpoint_store = o->checkpoint_store,
         .checkpoint_every = o->checkpoint_every,
     };

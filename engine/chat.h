@@ -49,6 +49,9 @@ typedef struct kvt_chat_service_opts {
     kvt_store *checkpoint_store;  /* optional: keeps generation checkpoints of replayable
                                      requests (kvt_service_config.checkpoint_store) */
     int64_t checkpoint_every;     /* with checkpoint_store: generated tokens between them, >= 1 */
+    struct kvt_pool *pool;        /* optional process-wide pool the service joins as
+                                     pool_name (kvt_service_config.pool) */
+    const char *pool_name;
 } kvt_chat_service_opts;
 
 /** Creates a cache service for `m`: layer growth from the model's layer
@@ -72,6 +75,12 @@ typedef struct kvt_turn_stats {
     double ttft_ms;            /* admit start to the first generated token chosen */
     double prefill_ms;         /* time inside kvt_model_prefill */
     double total_ms;           /* admit start to release */
+    /* bounded live-cache residency (kvt_gen_opts.live_cache_*; 0 otherwise) */
+    uint64_t paged_out_blocks, paged_out_bytes; /* full kv blocks written to the page file */
+    uint64_t paged_in_blocks, paged_in_bytes;   /* read back for attention */
+    double page_stall_ms;      /* attention waiting for blocks being read */
+    uint64_t live_peak_bytes;  /* high-water mark of full kv blocks in RAM (the bound's) */
+    uint64_t page_write_failures; /* blocks whose page write failed (kept in RAM) */
 } kvt_turn_stats;
 
 /** Settings of one generation. Zero-initialise, then set. */
@@ -95,6 +104,11 @@ typedef struct kvt_gen_opts {
                                   chosen by the client (a checkpoint with another
                                   seed is then a mismatch); 0: a resumed
                                   generation takes the checkpoint's seed */
+    int64_t live_cache_blocks; /* > 0: keep at most this many full kv blocks of the
+                                  request in RAM (over all its layers), page the rest to
+                                  a page file and back (kvtier/residency.h); 0 = no bound */
+    uint64_t live_cache_bytes; /* > 0: the same bound in bytes (the smaller wins) */
+    const char *live_cache_dir; /* page-file directory, NULL = $TMPDIR or /tmp */
 } kvt_gen_opts;
 
 /** Generates a reply to `prompt` through the service.

@@ -52,6 +52,13 @@ int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler
                     int64_t steps, int32_t block_tokens, const kvt_generate_replay *rp, FILE *out,
                     kvt_generate_stats *stats)
 {
+    return kvt_generate_live(m, tok, sampler, prompt, steps, block_tokens, rp, NULL, out, stats);
+}
+
+int kvt_generate_live(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
+                      int64_t steps, int32_t block_tokens, const kvt_generate_replay *rp,
+                      const kvt_residency_options *live, FILE *out, kvt_generate_stats *stats)
+{
     kvt_generate_stats st;
     memset(&st, 0, sizeof st);
     if (stats)
@@ -82,6 +89,7 @@ int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler
     int32_t *all = NULL; /* replayable: (n_prompt + max_tokens) prompt, then the reply */
     kvt_admission *adm = NULL;
     kvt_state state = {0};
+    kvt_residency *res = NULL;
     int rc = 0, have_caches = 0, completed = 0;
     if (!toks || !caches || !logits) {
         rc = kvt__fail(KVT_ENOMEM, "generate: no memory for a %lld-token prompt", (long long)cap);
@@ -155,6 +163,16 @@ int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler
             goto done;
         have_caches = 1;
         uint64_t t0 = kvt_now_ns();
+        if (live && (live->max_blocks > 0 || live->max_bytes > 0)) {
+            /* bounded residency: each kv layer's cache attached in attention order */
+            if ((rc = kvt_residency_create(live, &res)))
+                goto done;
+            for (int32_t l = 0; l < cfg->n_layers && rc == 0; l++)
+                if (!strcmp(kvt_cache_kind(caches[l]), "kv"))
+                    rc = kvt_kv_set_residency(caches[l], res, l);
+            if (rc)
+                goto done;
+        }
         if ((rc = kvt_model_prefill(m, caches, toks, n_prompt, logits)))
             goto done;
         t1 = kvt_now_ns();
@@ -190,8 +208,24 @@ newline:
     if (fputs("\n", out) == EOF || fflush(out) != 0)
         rc = kvt__fail(-EIO, "generate: writing the output failed");
 done:
+    if (res) {
+        for (int32_t l = 0; l < cfg->n_layers; l++) /* the last writes complete: final counters */
+            if (caches[l] && !strcmp(kvt_cache_kind(caches[l]), "kv"))
+                (void)kvt_kv_residency_settle(caches[l]);
+        kvt_residency_stats rs;
+        if (kvt_residency_stats_get(res, &rs) == 0) {
+            st.paged_out_blocks = rs.blocks_out;
+            st.paged_out_bytes = rs.bytes_out;
+            st.paged_in_blocks = rs.blocks_in;
+            st.paged_in_bytes = rs.bytes_in;
+            st.page_stall_ms = (double)rs.stall_ns / 1e6;
+            st.live_peak_bytes = rs.peak_resident_bytes;
+            st.page_write_failures = rs.write_failures;
+        }
+    }
     if (have_caches)
         kvt_caches_destroy(caches, cfg->n_layers);
+    kvt_residency_release(res);
     kvt_state_clear(&state); /* the replayable run's caches (caches[] only borrowed them) */
     if (adm)
         kvt_service_release(rp->svc, adm, completed && rc == 0);

@@ -7,6 +7,7 @@
 #ifndef KVT_ENGINE_GENERATE_H
 #define KVT_ENGINE_GENERATE_H
 
+#include "kvtier/residency.h"
 #include "kvtier/service.h"
 
 #include "model.h"
@@ -35,6 +36,12 @@ typedef struct kvt_generate_stats {
                                   (the pending one included); 0 = not resumed */
     int64_t resumed_tokens;  /* tokens its restored caches held (prompt + fed reply) */
     int64_t checkpoints;     /* checkpoints this run handed to the service */
+    /* kvt_generate_live under a bound (0 otherwise): */
+    uint64_t paged_out_blocks, paged_out_bytes; /* full kv blocks written to the page file */
+    uint64_t paged_in_blocks, paged_in_bytes;   /* read back for attention */
+    double page_stall_ms;    /* attention waiting for blocks being read */
+    uint64_t live_peak_bytes; /* high-water mark of full kv blocks in RAM */
+    uint64_t page_write_failures; /* blocks whose page write failed (kept in RAM) */
 } kvt_generate_stats;
 
 /** A replayable kvt_generate_ex() run. Zero-initialise, then set. */
@@ -97,6 +104,21 @@ KVT_API int kvt_generate(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sa
 KVT_API int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
                             int64_t steps, int32_t block_tokens, const kvt_generate_replay *rp, FILE *out,
                             kvt_generate_stats *stats);
+
+/** kvt_generate_ex() with bounded live-cache residency: when live is not
+ * NULL and bounds something (max_blocks or max_bytes), the run's kv caches
+ * keep at most that many full blocks in RAM and page the rest through a
+ * page file (kvtier/residency.h); the text printed is the same as fully
+ * resident (same arithmetic), and stats gets the paging counters. A page
+ * read that fails or does not match its checksum ends the run with that
+ * error (KVT_EIO, KVT_ECORRUPT); a failed page write keeps the block in RAM.
+ * With rp the service makes the caches and live is ignored (a replayable
+ * run is fully resident).
+ * @param live borrowed during the call; NULL = fully resident.
+ * @return as kvt_generate_ex; kvt_residency_create's errors. */
+KVT_API int kvt_generate_live(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,
+                              int64_t steps, int32_t block_tokens, const kvt_generate_replay *rp,
+                              const kvt_residency_options *live, FILE *out, kvt_generate_stats *stats);
 
 #ifdef __cplusplus
 }

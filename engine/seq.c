@@ -13,6 +13,8 @@
  */
 #include "seq.h"
 
+#include "kvtier/residency.h"
+
 #include "util.h"
 
 #include <string.h>
@@ -33,6 +35,7 @@ struct kvt_seq {
     const kvt_tokenizer *stop_tok; /* borrowed, NULL = no newline stop */
     kvt_admission *adm;
     kvt_state state;               /* the live caches */
+    kvt_residency *live;           /* bounded residency of the live caches, NULL = fully resident */
     int keeps;                     /* the service keeps what this request publishes */
     int64_t stride;                /* tokens between prefill checkpoints, 0 = none */
     enum seq_phase phase;
@@ -110,8 +113,19 @@ static int64_t checkpoint_stride(const kvt_seq *s, int64_t asked)
     return 256;
 }
 
+/* Detaches the live caches from their residency (they go on to the service
+ * or are freed; blocks already paged stay readable). */
+static void live_detach(kvt_seq *s)
+{
+    for (int32_t l = 0; s->live && l < s->state.n_layers; l++)
+        if (s->state.caches && s->state.caches[l] && !strcmp(kvt_cache_kind(s->state.caches[l]), "kv"))
+            (void)kvt_kv_set_residency(s->state.caches[l], NULL, 0);
+}
+
 static void seq_free(kvt_seq *s)
 {
+    live_detach(s);
+    kvt_residency_release(s->live);
     kvt_state_clear(&s->state);
     kvt__free(s->all);
     kvt__free(s->reply);
@@ -142,8 +156,21 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
                    .n_prompt = n_prompt, .max_tokens = max_tokens, .tok = -1, .t0 = t0};
     kvt_request req = {.prompt = prompt, .n_prompt = n_prompt, .max_tokens = max_tokens, .ns = o->ns,
                        .session = o->session};
-    int rc = kvt_service_admit_wait(svc, &req, o->admit_timeout_ms, &s->adm);
+    int rc = 0;
+    if (o->live_cache_blocks > 0 || o->live_cache_bytes > 0) {
+        kvt_residency_options ro = {.max_blocks = o->live_cache_blocks, .max_bytes = o->live_cache_bytes,
+                                    .dir = o->live_cache_dir};
+        if ((rc = kvt_residency_create(&ro, &s->live)) != 0) {
+            kvt__free(s);
+            return rc;
+        }
+        /* admission charges the bound, not the whole context */
+        req.live_blocks = o->live_cache_blocks;
+        req.live_bytes = o->live_cache_bytes;
+    }
+    rc = kvt_service_admit_wait(svc, &req, o->admit_timeout_ms, &s->adm);
     if (rc) {
+        kvt_residency_release(s->live);
         kvt__free(s);
         return rc;
     }
@@ -163,6 +190,13 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
     if (rc)
         goto fail;
     memcpy(s->all, prompt, (size_t)n_prompt * sizeof *s->all);
+    /* under a bound, each kv layer's cache is attached in layer order (the
+     * order attention reads them: read-ahead follows it) */
+    for (int32_t l = 0; s->live && rc == 0 && l < s->state.n_layers; l++)
+        if (!strcmp(kvt_cache_kind(s->state.caches[l]), "kv"))
+            rc = kvt_kv_set_residency(s->state.caches[l], s->live, l);
+    if (rc)
+        goto fail;
     s->reused = s->done = s->state.reused_tokens;
     s->ckpt_every = o->request_id ? kvt_service_checkpoint_every(svc) : 0;
     if (ck.generated_tokens > 0) {
@@ -407,6 +441,14 @@ KVT_API int kvt_seq_finish(kvt_seq *s, int completed, kvt_turn_stats *st)
         return 0;
     int failed = s->phase == SEQ_FAILED;
     int64_t n = s->done + s->fed;
+    kvt_residency_stats rs = {0};
+    if (s->live) {
+        for (int32_t l = 0; l < s->state.n_layers; l++) /* the last writes complete: final counters */
+            if (!strcmp(kvt_cache_kind(s->state.caches[l]), "kv"))
+                (void)kvt_kv_residency_settle(s->state.caches[l]);
+        (void)kvt_residency_stats_get(s->live, &rs);
+        live_detach(s);
+    }
     /* What the caches hold and no entry holds yet: prompt + fed reply, or
      * the prompt prefilled so far when cancelled during prefill. */
     if (!failed && s->keeps && n > s->reused && n != s->published) {
@@ -423,6 +465,13 @@ KVT_API int kvt_seq_finish(kvt_seq *s, int completed, kvt_turn_stats *st)
         st->ttft_ms = s->ttft_ms;
         st->prefill_ms = s->prefill_ms;
         st->total_ms = ms_since(s->t0);
+        st->paged_out_blocks = rs.blocks_out;
+        st->paged_out_bytes = rs.bytes_out;
+        st->paged_in_blocks = rs.blocks_in;
+        st->paged_in_bytes = rs.bytes_in;
+        st->page_stall_ms = (double)rs.stall_ns / 1e6;
+        st->live_peak_bytes = rs.peak_resident_bytes;
+        st->page_write_failures = rs.write_failures;
     }
     seq_free(s);
     return 0;

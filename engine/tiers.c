@@ -271,9 +271,11 @@ KVT_API int kvt_ssd_level_open(const kvt_model *m, const kvt_chat_identity *iden
     /* the store waits for a lock another process holds at most
      * lock_wait_ms, on this thread, and never blocks in flock */
     uint64_t wait_ms = o->lock_wait_ms ? o->lock_wait_ms : 1000;
-    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io, .lock_wait_ms = wait_ms};
+    kvt_store_options so = {.max_bytes = o->max_bytes, .verify = o->verify, .io = o->io, .lock_wait_ms = wait_ms,
+                            .pool = o->pool};
     rc = kvt_store_open(root, &id, &so, &d->store);
-    if (rc == KVT_EINVAL || rc == KVT_ENOMEM) { /* the flags, not the disk */
+    if (rc == KVT_EINVAL || rc == KVT_ENOMEM || /* the flags, not the disk; or the pool's refusal */
+        (o->pool && (rc == KVT_EAGAIN || rc == KVT_ELIMIT))) {
         char err[512];
         snprintf(err, sizeof err, "%s", kvt_last_error());
         kvt_ssd_level_close(d, NULL);
@@ -407,7 +409,7 @@ static kvt_store *ssd_store_fn(void *self) { return kvt_ssd_level_store(self); }
 static int open_ssd(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity *id, const kvt_tiers_opts *o)
 {
     kvt_ssd_level_opts so = {.max_bytes = o->ssd_max_bytes, .verify = o->ssd_verify,
-                             .lock_wait_ms = o->ssd_lock_wait_ms, .io = o->ssd_io};
+                             .lock_wait_ms = o->ssd_lock_wait_ms, .io = o->ssd_io, .pool = o->ssd_pool};
     kvt_ssd_level *d = NULL;
     int rc = kvt_ssd_level_open(m, id, o->ssd_dir, &so, &d);
     if (rc)

@@ -95,6 +95,9 @@ typedef struct kvt_ssd_level_opts {
                                 (the store's kvt_store_options.lock_wait_ms: on
                                 the caller's thread, never blocking in flock) */
     const kvt_store_io *io;  /* write layer (tests inject ENOSPC); NULL = real */
+    struct kvt_pool *pool;   /* the process-wide pool the root joins (its budget
+                                charged on the disk axis: kvt_store_options.pool);
+                                NULL = none. A refusal fails the open, as a bad flag does */
 } kvt_ssd_level_opts;
 
 typedef struct kvt_ssd_level kvt_ssd_level;
@@ -159,6 +162,7 @@ typedef struct kvt_tiers_opts {
     int ssd_verify;               /* --ssd-cache-verify: SHA-256 on every restore */
     uint64_t ssd_lock_wait_ms;    /* as kvt_ssd_level_opts.lock_wait_ms */
     const kvt_store_io *ssd_io;   /* as kvt_ssd_level_opts.io (tests) */
+    struct kvt_pool *ssd_pool;    /* as kvt_ssd_level_opts.pool */
     /* shared remote tier (below the SSD tier) */
     const char *redis_url;        /* --redis redis://[user:password@]host:port[/db]
                                      (kvtier/remote.h); NULL = none. Every kept

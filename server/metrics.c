@@ -370,10 +370,11 @@ int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs)
     /* every remote counter, from its one list */
 #define KVT__REMOTE_PROM(field, kind, help)                                                        \
     {                                                                                              \
-        size_t len = strlen(#field);                                                               \
-        int ms = len > 3 && !strcmp(#field + len - 3, "_ms");                                      \
+        const char *fname = #field;                                                                \
+        size_t len = strlen(fname);                                                                \
+        int ms = len > 3 && !strcmp(fname + len - 3, "_ms");                                       \
         int ctr = !strcmp(#kind, "counter");                                                       \
-        snprintf(name, sizeof name, "remote_%.*s%s", (int)(ms ? len - 3 : len), #field,            \
+        snprintf(name, sizeof name, "remote_%.*s%s", (int)(ms ? len - 3 : len), fname,             \
                  ms ? "_seconds_total" : ctr ? "_total" : "");                                     \
         head(&b, name, #kind, "Remote tier: " help ".");                                           \
         if (ms)                                                                                    \

@@ -19,6 +19,7 @@
 #include "scheduler.h"
 
 #include "chat.h"
+#include "kvtier/pool.h"
 #include "tiers.h"
 #include "util.h"
 
@@ -36,9 +37,28 @@
 #include <time.h>
 #include <unistd.h>
 
+/* One served model: its engine, tokenizer, tier stack, cache service and
+ * engine thread. Set by load; read-only afterwards (tiers_st under tiers_mu). */
+typedef struct srv_model {
+    char *model_path, *tok_path, *name_opt; /* owned copies of the options */
+    kvt_model *m;
+    kvt_tokenizer *tok;
+    kvt_tiers *tiers;            /* the tier stack under the prompt cache (SSD, ...) */
+    kvt_store *store;            /* its SSD level's store, NULL without one (or while off) */
+    kvt_tiers_status tiers_st;   /* the levels' state at the last kvt_server_poll_tiers */
+    kvt_cold_tier tier;
+    kvt_service *svc;
+    kvt_srv_sched *sched;
+    char model_name[64];
+    int32_t seq_len, vocab;
+} srv_model;
+
 struct kvt_server {
     kvt_server_opts o;           /* strings below are owned copies */
-    char *host, *model_path, *tok_path, *model_name_opt, *ssd_dir, *api_key, *redis_url;
+    char *host, *ssd_dir, *api_key, *redis_url;
+    srv_model md[KVT_SERVER_MAX_MODELS]; /* (n_md) the served models, the default first */
+    int n_md;
+    kvt_pool *pool;              /* shared by every model's service and the SSD root; NULL = none */
     char *pub_dirs[8];           /* copies of o.prompt_cache_dirs */
     struct MHD_Daemon *d;
     int port;
@@ -47,17 +67,7 @@ struct kvt_server {
     atomic_int ready;            /* 1 once load finished: the fields below are set */
     atomic_int stopping;         /* stop began: new generation requests get 503 */
     atomic_long active;          /* requests between their first handler call and completion */
-    kvt_model *m;
-    kvt_tokenizer *tok;
-    kvt_tiers *tiers;            /* the tier stack under the prompt cache (SSD, ...) */
-    kvt_store *store;            /* its SSD level's store, NULL without one (or while off) */
-    pthread_mutex_t tiers_mu;    /* guards tiers_st */
-    kvt_tiers_status tiers_st;   /* the levels' state at the last kvt_server_poll_tiers */
-    kvt_cold_tier tier;
-    kvt_service *svc;
-    kvt_srv_sched *sched;
-    char model_name[64];
-    int32_t seq_len, vocab;
+    pthread_mutex_t tiers_mu;    /* guards each model's tiers_st */
     int64_t created;             /* Unix seconds at load, for /v1/models */
     atomic_ullong next_id;
     int stopped;
@@ -68,6 +78,30 @@ struct kvt_server {
 static char *xstrdup(const char *s) { return s ? strdup(s) : NULL; }
 
 static int64_t unix_s(void) { return (int64_t)time(NULL); }
+
+/* The model a request names: the first when name is NULL; NULL when no
+ * served model has that id. */
+static srv_model *find_model(kvt_server *s, const char *name)
+{
+    if (!name)
+        return &s->md[0];
+    for (int i = 0; i < s->n_md; i++)
+        if (!strcmp(s->md[i].model_name, name))
+            return &s->md[i];
+    return NULL;
+}
+
+/* The 404 of a request naming a model that is not served: the message
+ * lists the ids that are. */
+static int unknown_model(kvt_server *s, const char *name, kvt_oai_error *e)
+{
+    char ids[KVT_SERVER_MAX_MODELS * 70] = "";
+    size_t n = 0;
+    for (int i = 0; i < s->n_md && n < sizeof ids; i++)
+        n += (size_t)snprintf(ids + n, sizeof ids - n, "%s'%s'", i ? ", " : "", s->md[i].model_name);
+    return kvt_oai_error_set(e, 404, "invalid_request_error", "model", "model_not_found",
+                             "the model '%.200s' does not exist (this server serves %s)", name, ids);
+}
 
 /* Declared in server.h (the dashboard's event streams use it too). */
 int kvt__srv_peer_gone(int fd)
@@ -211,7 +245,7 @@ static int authorized(kvt_server *s, struct MHD_Connection *c)
 
 /* The prompt of a parsed request as token ids (BOS first for text).
  * @return 0, or the HTTP status with e filled. */
-static int prompt_tokens(kvt_server *s, const kvt_oai_request *r, int bos, int32_t **ids, int64_t *n,
+static int prompt_tokens(const srv_model *s, const kvt_oai_request *r, int bos, int32_t **ids, int64_t *n,
                          kvt_oai_error *e)
 {
     *ids = NULL;
@@ -269,6 +303,7 @@ static int prompt_tokens(kvt_server *s, const kvt_oai_request *r, int bos, int32
 
 typedef struct {
     kvt_server *s;
+    const srv_model *md;         /* the model it runs on */
     kvt_srv_job *job;
     struct MHD_Connection *conn;
     int fd;
@@ -338,7 +373,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     stream_ctx *st = cls;
     kvt_srv_job *j = st->job;
-    const char *model = st->s->model_name;
+    const char *model = st->md->model_name;
     for (;;) {
         if (st->out_off < st->out_len) {
             size_t n = st->out_len - st->out_off;
@@ -421,29 +456,29 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     if (kvt_oai_parse(kind, rq->body, rq->len, &r, &e))
         return send_error(s, c, rq->ep, &e);
     enum MHD_Result ret;
-    if (r.model && strcmp(r.model, s->model_name)) {
-        kvt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
-                          "the model '%s' does not exist (this server serves '%s')", r.model, s->model_name);
+    srv_model *md = find_model(s, r.model);
+    if (!md) {
+        unknown_model(s, r.model, &e);
         ret = send_error(s, c, rq->ep, &e);
         goto out;
     }
     int32_t *ids = NULL;
     int64_t n = 0;
-    if (prompt_tokens(s, &r, 1, &ids, &n, &e)) {
+    if (prompt_tokens(md, &r, 1, &ids, &n, &e)) {
         ret = send_error(s, c, rq->ep, &e);
         goto out;
     }
-    int64_t left = s->seq_len - n;
+    int64_t left = md->seq_len - n;
     if (left < 1 || (r.max_tokens > 0 && r.max_tokens > left)) {
         free(ids);
         if (left < 1)
             kvt_oai_error_set(&e, 400, "invalid_request_error", "messages", "context_length_exceeded",
                               "this model's context is %d tokens; the prompt has %lld tokens, leaving no room "
-                              "for a reply", s->seq_len, (long long)n);
+                              "for a reply", md->seq_len, (long long)n);
         else
             kvt_oai_error_set(&e, 400, "invalid_request_error", "max_tokens", "context_length_exceeded",
                               "this model's context is %d tokens; the prompt has %lld tokens and max_tokens "
-                              "asks for %lld (%lld in all)", s->seq_len, (long long)n, (long long)r.max_tokens,
+                              "asks for %lld (%lld in all)", md->seq_len, (long long)n, (long long)r.max_tokens,
                               (long long)(n + r.max_tokens));
         ret = send_error(s, c, rq->ep, &e);
         goto out;
@@ -452,7 +487,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     if (max_tokens > left)
         max_tokens = left;
     kvt_request kr = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens};
-    int fit = kvt_service_fits(s->svc, &kr);
+    int fit = kvt_service_fits(md->svc, &kr);
     if (fit < 0) {
         free(ids);
         kvt_oai_error_set(&e, fit == KVT_ECLOSED ? 503 : 400, "invalid_request_error", "max_tokens",
@@ -485,7 +520,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     r.session = NULL;
     j->seed_explicit = r.has_seed;
     /* a replayable request: checkpointed, and a repeat with the same key resumes */
-    const char *key = kvt_service_checkpoint_every(s->svc) > 0
+    const char *key = kvt_service_checkpoint_every(md->svc) > 0
                           ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Idempotency-Key") : NULL;
     if (key && *key) {
         int ok = strlen(key) <= KVT_REQUEST_ID_MAX;
@@ -505,9 +540,9 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
             goto out;
         }
     }
-    snprintf(j->model, sizeof j->model, "%s", s->model_name);
+    snprintf(j->model, sizeof j->model, "%s", md->model_name);
     j->arrival_ns = kvt_now_ns();
-    int rc = atomic_load(&s->stopping) ? KVT_ECLOSED : kvt_srv_sched_submit(s->sched, j);
+    int rc = atomic_load(&s->stopping) ? KVT_ECLOSED : kvt_srv_sched_submit(md->sched, j);
     if (rc) {
         kvt_srv_job_release(j);
         if (rc == KVT_EAGAIN) {
@@ -539,6 +574,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
             goto out;
         }
         st->s = s;
+        st->md = md;
         st->job = j;
         st->conn = c;
         st->fd = fd;
@@ -577,7 +613,7 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
         ret = send_error(s, c, rq->ep, &e);
     } else
         ret = send_body(s, c, rq->ep, 200,
-                        kvt_oai_response_json(kind, id, unix_s(), s->model_name, j->text, j->text_len,
+                        kvt_oai_response_json(kind, id, unix_s(), md->model_name, j->text, j->text_len,
                                               j->finish_reason, &j->usage),
                         "application/json", NULL, NULL);
     kvt_srv_job_release(j);
@@ -623,9 +659,15 @@ static enum MHD_Result do_tokenize(kvt_server *s, struct MHD_Connection *c, req_
     kvt_oai_request r;
     if (kvt_oai_parse(kind, rq->body, rq->len, &r, &e))
         return send_error(s, c, rq->ep, &e);
+    srv_model *md = find_model(s, r.model);
+    if (!md) {
+        unknown_model(s, r.model, &e);
+        kvt_oai_request_clear(&r);
+        return send_error(s, c, rq->ep, &e);
+    }
     int32_t *ids = NULL;
     int64_t n = 0;
-    if (prompt_tokens(s, &r, bos, &ids, &n, &e)) {
+    if (prompt_tokens(md, &r, bos, &ids, &n, &e)) {
         kvt_oai_request_clear(&r);
         return send_error(s, c, rq->ep, &e);
     }
@@ -635,7 +677,7 @@ static enum MHD_Result do_tokenize(kvt_server *s, struct MHD_Connection *c, req_
         json_array_append_new(arr, json_integer(ids[i]));
     free(ids);
     return send_json(s, c, rq->ep, 200,
-                     arr ? json_pack("{s:I, s:i, s:o}", "count", (json_int_t)n, "max_model_len", s->seq_len,
+                     arr ? json_pack("{s:I, s:i, s:o}", "count", (json_int_t)n, "max_model_len", md->seq_len,
                                      "tokens", arr)
                          : NULL);
 }
@@ -646,6 +688,17 @@ static enum MHD_Result do_detokenize(kvt_server *s, struct MHD_Connection *c, re
     json_t *doc = body_object(rq, &e);
     if (!doc)
         return send_error(s, c, rq->ep, &e);
+    json_t *mname = json_object_get(doc, "model");
+    if (mname && !json_is_string(mname)) {
+        json_decref(doc);
+        return fail(s, c, rq->ep, 400, "invalid_request_error", "model", NULL, "'model' must be a string");
+    }
+    srv_model *md = find_model(s, mname ? json_string_value(mname) : NULL);
+    if (!md) {
+        unknown_model(s, json_string_value(mname), &e);
+        json_decref(doc);
+        return send_error(s, c, rq->ep, &e);
+    }
     json_t *toks = json_object_get(doc, "tokens");
     if (!json_is_array(toks)) {
         json_decref(doc);
@@ -658,15 +711,15 @@ static enum MHD_Result do_detokenize(kvt_server *s, struct MHD_Connection *c, re
     size_t i;
     json_t *v;
     json_array_foreach(toks, i, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= s->vocab) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= md->vocab) {
             free(raw);
             json_decref(doc);
             kvt_oai_error_set(&e, 400, "invalid_request_error", "tokens", NULL,
-                              "'tokens[%zu]' must be a token id in [0, %d)", i, s->vocab);
+                              "'tokens[%zu]' must be a token id in [0, %d)", i, md->vocab);
             return send_error(s, c, rq->ep, &e);
         }
         int32_t t = (int32_t)json_integer_value(v);
-        const char *piece = (t == KVT_TOKEN_BOS || t == KVT_TOKEN_EOS) ? "" : kvt_tokenizer_decode(s->tok, prev, t);
+        const char *piece = (t == KVT_TOKEN_BOS || t == KVT_TOKEN_EOS) ? "" : kvt_tokenizer_decode(md->tok, prev, t);
         size_t pn = piece ? strlen(piece) : 0;
         if (raw_len + pn + 1 > raw_cap) {
             size_t nc = raw_cap ? raw_cap * 2 : 256;
@@ -699,8 +752,12 @@ static void gauges(kvt_server *s, kvt_srv_gauges *g)
 {
     memset(g, 0, sizeof *g);
     g->ready = atomic_load(&s->ready);
-    if (g->ready)
-        kvt_srv_sched_gauges(s->sched, &g->queue_depth, &g->running);
+    for (int i = 0; g->ready && i < s->n_md; i++) { /* every model's engine thread */
+        int64_t q = 0, r = 0;
+        kvt_srv_sched_gauges(s->md[i].sched, &q, &r);
+        g->queue_depth += q;
+        g->running += r;
+    }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
     g->connections = di ? (int64_t)di->num_connections : 0;
 }
@@ -715,38 +772,13 @@ static json_t *store_json(const kvt_store_stats *ss)
                      "restore_ns_last", (json_int_t)ss->restore_ns_last);
 }
 
-/* The /stats document with the last `recent` finished requests; NULL when out of memory. */
-static json_t *stats_doc(kvt_server *s, size_t recent)
+/* Each tier level's health of one model ("ssd_cache": mode read-write /
+ * read-only / off, the cause) into doc. */
+static void levels_json(kvt_server *s, const srv_model *md, json_t *doc)
 {
-    kvt_srv_gauges g;
-    gauges(s, &g);
-    json_t *doc = NULL;
-    if (g.ready) {
-        char *rep = NULL;
-        if (kvt_service_stats_json(s->svc, &rep) == 0)
-            doc = json_loads(rep, 0, NULL);
-        kvt_string_free(rep);
-    }
-    if (!doc)
-        doc = json_object();
-    if (!doc)
-        return NULL;
-    if (g.ready && s->store) {
-        kvt_store_stats ss;
-        kvt_store_get_stats(s->store, &ss);
-        json_object_set_new(doc, "ssd", store_json(&ss));
-    } else
-        json_object_set_new(doc, "ssd", json_null());
-    kvt_remote_stats rs;
-    kvt_remote *remote = g.ready ? kvt_tiers_remote(s->tiers) : NULL;
-    char *rjs = NULL;
-    if (remote && kvt_remote_stats_get(remote, &rs) == 0 && kvt_remote_stats_json(&rs, &rjs) == 0)
-        json_object_set_new(doc, "remote", json_loads(rjs, 0, NULL));
-    kvt_string_free(rjs);
-    /* each tier level's health ("ssd_cache": mode read-write / read-only / off, the cause) */
     pthread_mutex_lock(&s->tiers_mu);
-    for (int32_t i = 0; i < s->tiers_st.n_levels; i++) {
-        const kvt_level_status *l = &s->tiers_st.level[i];
+    for (int32_t i = 0; i < md->tiers_st.n_levels; i++) {
+        const kvt_level_status *l = &md->tiers_st.level[i];
         char key[40];
         snprintf(key, sizeof key, "%s_cache", l->name);
         json_object_set_new(doc, key,
@@ -756,8 +788,71 @@ static json_t *stats_doc(kvt_server *s, size_t recent)
                                       "writes_skipped", (json_int_t)l->writes_skipped));
     }
     pthread_mutex_unlock(&s->tiers_mu);
+}
+
+/* One model's part of /stats: its service report (kvt_service_stats_json)
+ * with "ssd", "remote" and its tier levels' health; an empty object before
+ * load. NULL when out of memory. */
+static json_t *model_stats(kvt_server *s, const srv_model *md, int ready)
+{
+    json_t *doc = NULL;
+    if (ready) {
+        char *rep = NULL;
+        if (kvt_service_stats_json(md->svc, &rep) == 0)
+            doc = json_loads(rep, 0, NULL);
+        kvt_string_free(rep);
+    }
+    if (!doc)
+        doc = json_object();
+    if (!doc)
+        return NULL;
+    if (ready && md->store) {
+        kvt_store_stats ss;
+        kvt_store_get_stats(md->store, &ss);
+        json_object_set_new(doc, "ssd", store_json(&ss));
+    } else
+        json_object_set_new(doc, "ssd", json_null());
+    kvt_remote_stats rs;
+    kvt_remote *remote = ready ? kvt_tiers_remote(md->tiers) : NULL;
+    char *rjs = NULL;
+    if (remote && kvt_remote_stats_get(remote, &rs) == 0 && kvt_remote_stats_json(&rs, &rjs) == 0)
+        json_object_set_new(doc, "remote", json_loads(rjs, 0, NULL));
+    kvt_string_free(rjs);
+    levels_json(s, md, doc);
+    return doc;
+}
+
+/* The /stats document with the last `recent` finished requests; NULL when
+ * out of memory. The first model's report is the top level (as with one
+ * model); "models" lists every model's (id, max_model_len, report); "pool"
+ * is the process-wide pool's whole report (kvt_pool_report_json: every
+ * member), null without a pool. */
+static json_t *stats_doc(kvt_server *s, size_t recent)
+{
+    kvt_srv_gauges g;
+    gauges(s, &g);
+    json_t *doc = model_stats(s, &s->md[0], g.ready);
+    if (!doc)
+        return NULL;
     json_object_set_new(doc, "server", kvt_srv_metrics_json(s->metrics, &g, recent));
-    json_object_set_new(doc, "model", json_pack("{s:s, s:i}", "id", s->model_name, "max_model_len", s->seq_len));
+    json_object_set_new(doc, "model", json_pack("{s:s, s:i}", "id", s->md[0].model_name, "max_model_len",
+                                                s->md[0].seq_len));
+    json_t *models = json_array();
+    for (int i = 0; models && i < s->n_md; i++) {
+        json_t *one = json_pack("{s:s, s:i, s:o*}", "id", s->md[i].model_name, "max_model_len", s->md[i].seq_len,
+                                "report", model_stats(s, &s->md[i], g.ready));
+        if (json_array_append_new(models, one)) {
+            json_decref(models);
+            models = NULL;
+        }
+    }
+    json_object_set_new(doc, "models", models ? models : json_null());
+    char *pjs = NULL;
+    json_t *pool = NULL;
+    if (s->pool && kvt_pool_report_json(s->pool, &pjs) == 0)
+        pool = json_loads(pjs, 0, NULL);
+    kvt_string_free(pjs);
+    json_object_set_new(doc, "pool", pool ? pool : json_null());
     return doc;
 }
 
@@ -774,27 +869,38 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
 {
     kvt_srv_gauges g;
     gauges(s, &g);
+    /* the service and tier lines are the first model's (with several
+     * models, the pool lines give each service's RAM and KV bytes) */
+    const srv_model *md = &s->md[0];
     kvt_service_stats rep;
     kvt_store_stats ss;
-    int have_rep = g.ready && kvt_service_get_stats(s->svc, &rep) == 0;
-    for (int32_t i = 0; have_rep && i < kvt_service_tier_count(s->svc) && i < KVT_TIER_CHAIN_MAX; i++)
-        if (kvt_service_tier_stats(s->svc, i, &g.tiers[g.n_tiers].st) == 0) {
-            snprintf(g.tiers[g.n_tiers].name, sizeof g.tiers[0].name, "%s", kvt_service_tier_name(s->svc, i));
+    int have_rep = g.ready && kvt_service_get_stats(md->svc, &rep) == 0;
+    for (int32_t i = 0; have_rep && i < kvt_service_tier_count(md->svc) && i < KVT_TIER_CHAIN_MAX; i++)
+        if (kvt_service_tier_stats(md->svc, i, &g.tiers[g.n_tiers].st) == 0) {
+            snprintf(g.tiers[g.n_tiers].name, sizeof g.tiers[0].name, "%s", kvt_service_tier_name(md->svc, i));
             g.n_tiers++;
         }
-    if (g.ready && s->store)
-        kvt_store_get_stats(s->store, &ss);
+    if (g.ready && md->store)
+        kvt_store_get_stats(md->store, &ss);
     char *text = NULL;
     /* this scrape counts itself */
     kvt_srv_metrics_request(s->metrics, rq->ep, 200);
-    if (kvt_srv_metrics_prometheus(s->metrics, &g, have_rep ? &rep : NULL, g.ready && s->store ? &ss : NULL, &text))
+    if (kvt_srv_metrics_prometheus(s->metrics, &g, have_rep ? &rep : NULL, g.ready && md->store ? &ss : NULL, &text))
         return MHD_NO;
     kvt_remote_stats rs;
-    kvt_remote *remote = g.ready ? kvt_tiers_remote(s->tiers) : NULL;
+    kvt_remote *remote = g.ready ? kvt_tiers_remote(md->tiers) : NULL;
     if (remote && kvt_remote_stats_get(remote, &rs) == 0 && kvt_srv_metrics_prometheus_remote(&text, &rs)) {
         free(text);
         return MHD_NO;
     }
+    char *pool_text = NULL;
+    if (kvt_srv_metrics_pool_prometheus(s->pool, &pool_text) ||
+        !(text = cat3(text, pool_text, NULL))) {
+        free(pool_text);
+        free(text);
+        return MHD_NO;
+    }
+    free(pool_text);
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(text);
@@ -806,21 +912,30 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
     return ret;
 }
 
+static json_t *model_json(const kvt_server *s, const srv_model *md)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", md->model_name, "object", "model", "created",
+                     (json_int_t)s->created, "owned_by", "kvtier", "max_model_len", md->seq_len);
+}
+
 static enum MHD_Result do_models(kvt_server *s, struct MHD_Connection *c, req_ctx *rq, const char *url)
 {
-    json_t *model = json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->model_name, "object", "model", "created",
-                              (json_int_t)s->created, "owned_by", "kvtier", "max_model_len", s->seq_len);
     if (!strncmp(url, "/v1/models/", 11)) {
-        if (strcmp(url + 11, s->model_name)) {
-            json_decref(model);
+        srv_model *md = find_model(s, url + 11);
+        if (!md) {
             kvt_oai_error e;
-            kvt_oai_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
-                              "the model '%s' does not exist (this server serves '%s')", url + 11, s->model_name);
+            unknown_model(s, url + 11, &e);
             return send_error(s, c, rq->ep, &e);
         }
-        return send_json(s, c, rq->ep, 200, model);
+        return send_json(s, c, rq->ep, 200, model_json(s, md));
     }
-    return send_json(s, c, rq->ep, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model));
+    json_t *data = json_array();
+    for (int i = 0; data && i < s->n_md; i++)
+        if (json_array_append_new(data, model_json(s, &s->md[i]))) {
+            json_decref(data);
+            data = NULL;
+        }
+    return send_json(s, c, rq->ep, 200, data ? json_pack("{s:s, s:o}", "object", "list", "data", data) : NULL);
 }
 
 /* ---- the access handler ---------------------------------------------------------------------------- */
@@ -944,6 +1059,13 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     if ((o->model_path != NULL) != (o->tok_path != NULL))
         return kvt__fail(KVT_EINVAL, "%s given without %s", o->model_path ? "--model" : "--tokenizer",
                          o->model_path ? "--tokenizer" : "--model");
+    if (o->n_models < 0 || o->n_models > KVT_SERVER_MAX_MODELS || (o->n_models && !o->models))
+        return kvt__fail(KVT_EINVAL, "%d models: 0 to %d", o->n_models, KVT_SERVER_MAX_MODELS);
+    if (o->n_models && (o->model_path || o->tok_path || o->model_name))
+        return kvt__fail(KVT_EINVAL, "give the models either in models[] or in model_path/tok_path, not both");
+    for (int i = 0; i < o->n_models; i++)
+        if (!o->models[i].model_path || !o->models[i].tok_path)
+            return kvt__fail(KVT_EINVAL, "model %d: --model and --tokenizer are both required", i + 1);
     if (o->port < 0 || o->port > 65535)
         return kvt__fail(KVT_EINVAL, "port %d is not in [0, 65535]", o->port);
     if (o->n_prompt_cache_dirs < 0 || o->n_prompt_cache_dirs > 7 || (o->n_prompt_cache_dirs && !o->prompt_cache_dirs))
@@ -954,9 +1076,19 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->o = *o;
     pthread_mutex_init(&s->tiers_mu, NULL);
     s->host = xstrdup(!o->host || !strcmp(o->host, "localhost") ? "127.0.0.1" : o->host);
-    s->model_path = xstrdup(o->model_path);
-    s->tok_path = xstrdup(o->tok_path);
-    s->model_name_opt = xstrdup(o->model_name);
+    int names_ok = 1;
+    s->n_md = o->n_models ? o->n_models : 1;
+    for (int i = 0; i < s->n_md; i++) {
+        const kvt_server_model *want = o->n_models ? &o->models[i] : NULL;
+        const char *mp = want ? want->model_path : o->model_path, *tp = want ? want->tok_path : o->tok_path;
+        const char *nm = want ? want->model_name : o->model_name;
+        s->md[i].model_path = xstrdup(mp);
+        s->md[i].tok_path = xstrdup(tp);
+        s->md[i].name_opt = xstrdup(nm);
+        names_ok &= (!mp || s->md[i].model_path) && (!tp || s->md[i].tok_path) && (!nm || s->md[i].name_opt);
+    }
+    s->o.models = NULL;
+    s->o.model_path = s->o.tok_path = s->o.model_name = NULL;
     s->ssd_dir = xstrdup(o->ssd_dir);
     s->redis_url = xstrdup(o->redis_url);
     s->api_key = xstrdup(o->api_key);
@@ -964,9 +1096,6 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
         s->pub_dirs[i] = xstrdup(o->prompt_cache_dirs[i]);
     s->o.prompt_cache_dirs = (const char *const *)s->pub_dirs;
     s->o.host = s->host;
-    s->o.model_path = s->model_path;
-    s->o.tok_path = s->tok_path;
-    s->o.model_name = s->model_name_opt;
     s->o.ssd_dir = s->ssd_dir;
     s->o.redis_url = s->redis_url;
     s->o.api_key = s->api_key;
@@ -983,7 +1112,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     atomic_init(&s->next_id, ((unsigned long long)time(NULL) << 20) ^ (unsigned long long)getpid());
     s->metrics = kvt_srv_metrics_create();
     kvt_dash_opts dopt = {.metrics = s->metrics, .snapshot = dash_snapshot, .ctx = s};
-    if (!s->metrics || !s->host || kvt_dash_create(&dopt, &s->dash)) {
+    if (!s->metrics || !s->host || !names_ok || kvt_dash_create(&dopt, &s->dash)) {
         kvt_server_destroy(s);
         return kvt__fail(KVT_ENOMEM, "out of memory");
     }
@@ -1024,17 +1153,24 @@ int kvt_server_port(const kvt_server *s) { return s ? s->port : 0; }
 
 int kvt_server_poll_tiers(kvt_server *s)
 {
-    if (!s || !s->tiers || s->stopped)
+    if (!s || s->stopped || !atomic_load(&s->ready))
         return 0;
-    kvt_tiers_status st;
-    kvt_tiers_poll(s->tiers, &st);
-    pthread_mutex_lock(&s->tiers_mu);
-    s->tiers_st = st;
-    pthread_mutex_unlock(&s->tiers_mu);
-    return kvt_tiers_say(&st, "kvtier serve", "/stats counts it", stderr);
+    int n = 0;
+    for (int i = 0; i < s->n_md; i++) {
+        srv_model *md = &s->md[i];
+        if (!md->tiers)
+            continue;
+        kvt_tiers_status st;
+        kvt_tiers_poll(md->tiers, &st);
+        pthread_mutex_lock(&s->tiers_mu);
+        md->tiers_st = st;
+        pthread_mutex_unlock(&s->tiers_mu);
+        n += kvt_tiers_say(&st, "kvtier serve", "/stats counts it", stderr);
+    }
+    return n;
 }
 
-const char *kvt_server_model_name(const kvt_server *s) { return s ? s->model_name : ""; }
+const char *kvt_server_model_name(const kvt_server *s) { return s ? s->md[0].model_name : ""; }
 
 /* The KVTIER_TEST_LOAD_GATE test hook (server.h): waits until the named
  * file exists, for at most 60 s. */
@@ -1045,58 +1181,94 @@ static void load_gate(void)
         usleep(10000);
 }
 
-int kvt_server_load(kvt_server *s)
+int kvt_server_model_count(const kvt_server *s) { return s ? s->n_md : 0; }
+
+const char *kvt_server_model_id(const kvt_server *s, int i)
 {
+    return s && i >= 0 && i < s->n_md ? s->md[i].model_name : "";
+}
+
+/* Loads model i: engine, tokenizer, tier stack, service (joined to the
+ * pool as "service:<id>"), engine thread. */
+static int load_model(kvt_server *s, int i)
+{
+    srv_model *md = &s->md[i];
     static char used_model[4096], used_tok[4096];
-    load_gate();
-    int rc = kvt_chat_load_paths(s->model_path, s->tok_path, &s->m, &s->tok, used_model, used_tok, sizeof used_model);
+    int rc = kvt_chat_load_paths(md->model_path, md->tok_path, &md->m, &md->tok, used_model, used_tok,
+                                 sizeof used_model);
     if (rc)
         return rc;
-    kvt_model_set_kv_scheme(s->m, (kvt_kv_scheme)s->o.kv_scheme); /* before any cache (and the SSD identity) is made */
-    if (s->o.threads && (rc = kvt_model_set_threads(s->m, s->o.threads)))
+    kvt_model_set_kv_scheme(md->m, (kvt_kv_scheme)s->o.kv_scheme); /* before any cache (and the SSD identity) is made */
+    if (s->o.threads && (rc = kvt_model_set_threads(md->m, s->o.threads)))
         return rc;
-    const kvt_model_config *cfg = kvt_model_get_config(s->m);
-    s->seq_len = cfg->seq_len;
-    s->vocab = cfg->vocab_size;
-    if (s->model_name_opt)
-        snprintf(s->model_name, sizeof s->model_name, "%s", s->model_name_opt);
+    const kvt_model_config *cfg = kvt_model_get_config(md->m);
+    md->seq_len = cfg->seq_len;
+    md->vocab = cfg->vocab_size;
+    if (md->name_opt)
+        snprintf(md->model_name, sizeof md->model_name, "%s", md->name_opt);
     else {
         const char *b = strrchr(used_model, '/');
         b = b ? b + 1 : used_model;
-        snprintf(s->model_name, sizeof s->model_name, "%.63s", b);
-        char *dot = strrchr(s->model_name, '.');
-        if (dot && dot != s->model_name)
+        snprintf(md->model_name, sizeof md->model_name, "%.63s", b);
+        char *dot = strrchr(md->model_name, '.');
+        if (dot && dot != md->model_name)
             *dot = '\0';
     }
+    for (int k = 0; k < i; k++)
+        if (!strcmp(s->md[k].model_name, md->model_name))
+            return kvt__fail(KVT_EINVAL, "models %d and %d both have the id '%s': give one a --model-name", k + 1,
+                             i + 1, md->model_name);
+    char member[80];
+    snprintf(member, sizeof member, "service:%s", md->model_name);
     kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
-                                .demote_idle_ms = s->o.demote_idle_ms};
+                                .demote_idle_ms = s->o.demote_idle_ms, .pool = s->pool, .pool_name = member};
     kvt_chat_identity ident;
     int levels = s->ssd_dir || s->redis_url || s->o.n_prompt_cache_dirs;
-    if (levels && (rc = kvt_chat_identity_compute(s->m, used_tok, &ident)))
+    if (levels && (rc = kvt_chat_identity_compute(md->m, used_tok, &ident)))
         return rc;
     /* a disk that cannot be written degrades the tier (read-only or off,
-     * warned by kvt_server_poll_tiers), never the server */
+     * warned by kvt_server_poll_tiers), never the server. The models share
+     * the SSD root, whose budget is over the whole root: the first model's
+     * store charges it to the pool, once */
     kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify,
+                         .ssd_pool = i == 0 ? s->pool : NULL,
                          .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs,
                          .redis_url = s->redis_url, .redis_cluster = s->o.redis_cluster,
                          .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s,
                          .redis_restore_timeout_ms = s->o.redis_restore_timeout_ms};
-    if ((rc = kvt_tiers_open(s->m, levels ? &ident : NULL, &to, &s->tiers)))
+    if ((rc = kvt_tiers_open(md->m, levels ? &ident : NULL, &to, &md->tiers)))
         return rc;
-    s->store = kvt_tiers_store(s->tiers);
-    if (kvt_tiers_cold_tier(s->tiers, &s->tier) == 0) {
-        so.cold = &s->tier;
-        so.chain = kvt_tiers_chain(s->tiers);
+    md->store = kvt_tiers_store(md->tiers);
+    if (kvt_tiers_cold_tier(md->tiers, &md->tier) == 0) {
+        so.cold = &md->tier;
+        so.chain = kvt_tiers_chain(md->tiers);
     }
-    if (s->o.checkpoint_every > 0 && s->store) { /* no store (SSD off): nothing is checkpointed */
-        so.checkpoint_store = s->store;
+    if (s->o.checkpoint_every > 0 && md->store) { /* no store (SSD off): nothing is checkpointed */
+        so.checkpoint_store = md->store;
         so.checkpoint_every = s->o.checkpoint_every;
     }
-    if ((rc = kvt_chat_service_create(s->m, &so, &s->svc)))
+    if ((rc = kvt_chat_service_create(md->m, &so, &md->svc)))
         return rc;
     kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running};
-    if ((rc = kvt_srv_sched_create(s->m, s->tok, s->svc, s->metrics, &sco, &s->sched)))
-        return kvt__fail(rc, "cannot start the engine thread");
+    if ((rc = kvt_srv_sched_create(md->m, md->tok, md->svc, s->metrics, &sco, &md->sched)))
+        return kvt__fail(rc, "cannot start the engine thread of model '%s'", md->model_name);
+    return 0;
+}
+
+int kvt_server_load(kvt_server *s)
+{
+    load_gate();
+    if (s->n_md > 1 || s->o.pool_ram_bytes || s->o.pool_kv_bytes || s->o.pool_disk_bytes) {
+        kvt_pool_limits pl = {{s->o.pool_ram_bytes, s->o.pool_kv_bytes, s->o.pool_disk_bytes, 0}};
+        int rc = kvt_pool_create(&pl, &s->pool);
+        if (rc)
+            return rc;
+    }
+    for (int i = 0; i < s->n_md; i++) {
+        int rc = load_model(s, i);
+        if (rc)
+            return rc;
+    }
     s->created = unix_s();
     atomic_store(&s->ready, 1);
     return 0;
@@ -1114,8 +1286,13 @@ int kvt_server_stop(kvt_server *s, int64_t timeout_ms)
         if (lfd != MHD_INVALID_SOCKET)
             close(lfd);
     }
-    if (s->sched)
-        kvt_srv_sched_drain(s->sched, timeout_ms);
+    /* every engine thread drains within the one timeout */
+    int64_t t0 = (int64_t)(kvt_now_ns() / 1000000);
+    for (int i = 0; i < s->n_md; i++) {
+        int64_t left = timeout_ms - ((int64_t)(kvt_now_ns() / 1000000) - t0);
+        if (s->md[i].sched)
+            kvt_srv_sched_drain(s->md[i].sched, left > 0 ? left : 0);
+    }
     /* let finished requests hand their last bytes to their clients */
     for (int i = 0; i < 200 && atomic_load(&s->active) > 0; i++)
         usleep(5000);
@@ -1123,22 +1300,27 @@ int kvt_server_stop(kvt_server *s, int64_t timeout_ms)
         MHD_stop_daemon(s->d);
         s->d = NULL;
     }
-    kvt_srv_sched_destroy(s->sched);
-    s->sched = NULL;
     int rc = 0;
-    if (s->svc) {
-        rc = kvt_service_close(s->svc);
-        kvt_service_destroy(s->svc);
-        s->svc = NULL;
-    }
-    if (s->tiers) {
-        kvt_tiers_status st;
-        s->store = NULL;
-        int rc2 = kvt_tiers_close(s->tiers, &st);
-        s->tiers = NULL;
-        kvt_tiers_say(&st, "kvtier serve", "/stats counts it", stderr);
-        if (!rc)
-            rc = rc2;
+    for (int i = 0; i < s->n_md; i++) {
+        srv_model *md = &s->md[i];
+        kvt_srv_sched_destroy(md->sched);
+        md->sched = NULL;
+        if (md->svc) {
+            int rc1 = kvt_service_close(md->svc);
+            kvt_service_destroy(md->svc);
+            md->svc = NULL;
+            if (!rc)
+                rc = rc1;
+        }
+        if (md->tiers) {
+            kvt_tiers_status st;
+            md->store = NULL;
+            int rc2 = kvt_tiers_close(md->tiers, &st);
+            md->tiers = NULL;
+            kvt_tiers_say(&st, "kvtier serve", "/stats counts it", stderr);
+            if (!rc)
+                rc = rc2;
+        }
     }
     return rc;
 }
@@ -1148,14 +1330,17 @@ void kvt_server_destroy(kvt_server *s)
     if (!s)
         return;
     kvt_server_stop(s, 0);
-    kvt_tokenizer_free(s->tok);
-    kvt_model_free(s->m);
+    for (int i = 0; i < s->n_md; i++) {
+        kvt_tokenizer_free(s->md[i].tok);
+        kvt_model_free(s->md[i].m);
+        free(s->md[i].model_path);
+        free(s->md[i].tok_path);
+        free(s->md[i].name_opt);
+    }
+    kvt_pool_destroy(s->pool); /* every member has left */
     kvt_dash_destroy(s->dash);
     kvt_srv_metrics_destroy(s->metrics);
     free(s->host);
-    free(s->model_path);
-    free(s->tok_path);
-    free(s->model_name_opt);
     free(s->ssd_dir);
     if (s->redis_url) /* it may hold a password */
         memset(s->redis_url, 0, strlen(s->redis_url));

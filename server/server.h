@@ -28,6 +28,17 @@ extern "C" {
 
 typedef struct kvt_server kvt_server;
 
+/** Models one server serves at most. */
+#define KVT_SERVER_MAX_MODELS 8
+
+/** One model of a multi-model server (strings copied by kvt_server_start). */
+typedef struct kvt_server_model {
+    const char *model_path;      /* llama2.c checkpoint (required) */
+    const char *tok_path;        /* its tokenizer.bin (required) */
+    const char *model_name;      /* id in /v1/models and the requests' "model";
+                                    NULL = the file's name without extension */
+} kvt_server_model;
+
 /** Settings of a server. Zero-initialise, then set; zero means the default. */
 typedef struct kvt_server_opts {
     const char *host;            /* address to bind (IPv4 or IPv6 literal, or "localhost"); NULL = "127.0.0.1" */
@@ -35,6 +46,18 @@ typedef struct kvt_server_opts {
     const char *model_path;      /* llama2.c checkpoint; NULL (with tok_path NULL) = built-in default model */
     const char *tok_path;        /* its tokenizer.bin */
     const char *model_name;      /* id in /v1/models; NULL = the model file's name without extension */
+    const kvt_server_model *models; /* (n_models) several models in one process, each with its
+                                    own cache service and engine thread, all under one pool;
+                                    a request picks one by its "model" field (none: the first;
+                                    an unknown id: 404). The model_path/tok_path/model_name
+                                    above must then be NULL. Copied */
+    int n_models;                /* 0 = the one model above; at most KVT_SERVER_MAX_MODELS */
+    uint64_t pool_ram_bytes;     /* --pool-ram: RAM of every model's prompt cache together; 0 = not limited */
+    uint64_t pool_kv_bytes;      /* --pool-kv: projected KV bytes of every admitted request together */
+    uint64_t pool_disk_bytes;    /* --pool-disk: disk budget of the SSD root; needs ssd_max_bytes.
+                                    A process-wide pool (kvtier/pool.h) is made when there are
+                                    several models or any of these three is set; each service
+                                    joins it as "service:<id>", the SSD root as "ssd:<dir>" */
     uint64_t prompt_cache_bytes; /* RAM prompt cache budget; 0 keeps nothing (cache off) */
     uint64_t kv_budget_bytes;    /* admission budget of projected KV bytes; 0 = unlimited */
     const char *ssd_dir;         /* SSD tier directory, NULL = none */
@@ -73,19 +96,30 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out);
 /** The TCP port the server listens on (the chosen one when port was 0). */
 int kvt_server_port(const kvt_server *s);
 
-/** The model id the server answers to (valid after kvt_server_load). */
+/** The model id the server answers to by default: the first model's
+ * (valid after kvt_server_load). */
 const char *kvt_server_model_name(const kvt_server *s);
 
-/** Loads the model and tokenizer, opens the tier stack (kvt_tiers_open: an
+/** Models served (1 for a single-model server). */
+int kvt_server_model_count(const kvt_server *s);
+
+/** The id of model i (0-based; "" outside 0..count-1), valid after load. */
+const char *kvt_server_model_id(const kvt_server *s, int i);
+
+/** Creates the pool (see pool_*_bytes), then for each model in turn loads
+ * the model and tokenizer, opens the tier stack (kvt_tiers_open: an
  * SSD directory that cannot be written makes the tier read-only or off, not
- * an error; kvt_server_poll_tiers says so), creates the cache service and
- * starts the engine thread; then /health answers 200.
+ * an error; kvt_server_poll_tiers says so; the SSD root is shared by the
+ * models and charged to the pool once, by the first), creates the cache
+ * service and starts the engine thread; then /health answers 200.
  * Test hook: with the environment variable KVTIER_TEST_LOAD_GATE=PATH set,
  * the load first waits (before it reads anything) until PATH exists, for at
  * most 60 s, so a test can hold the server in its loading window (503 on
  * /health and every model endpoint) for as long as it checks it.
  * @return 0, or the loader's / tier stack's / service's error (kvt_last_error
- *   names the file or setting). */
+ *   names the file or setting); KVT_EINVAL when two models have one id; the
+ *   pool's refusal (KVT_ELIMIT naming the axis) when the SSD budget is over
+ *   pool_disk_bytes. */
 int kvt_server_load(kvt_server *s);
 
 /** Says, on stderr, each degradation of a tier level the first time it is

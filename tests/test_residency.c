@@ -25,7 +25,9 @@
 #include "io_shim.h"
 #include "kvtier/cache.h"
 #include "kvtier/residency.h"
+#include "chat.h"
 #include "model.h"
+#include "sampler.h"
 #include "test_seed.h"
 
 #include <dirent.h>
@@ -401,6 +403,62 @@ static void test_batched_decode_identical(void **state)
     free(lb);
 }
 
+/* ---- through the service: kvt_seq / kvt_chat_generate and admission ------------------------ */
+
+static void test_service_bounded(void **state)
+{
+    (void)state;
+    kvt_model *m = model();
+    int V = kvt_model_get_config(m)->vocab_size;
+    size_t row = kvt_model_kv_row_bytes(m), blk = row * BLOCK; /* one layer's block */
+    int32_t prompt[PROMPT], ra[GEN], rb[GEN];
+    uint64_t s = 17;
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    /* a budget the whole context (324 tokens, 3 layers, whole blocks) does not fit in,
+     * but a bound of 2 blocks (plus the 3 tails) does */
+    kvt_service *svc = NULL;
+    uint64_t whole = 3 * 21 * blk, bounded = (2 + 3) * blk;
+    kvt_chat_service_opts so = {.prompt_cache_bytes = 64 << 20, .block_tokens = BLOCK, .kv_budget_bytes = bounded};
+    assert_int_equal(kvt_chat_service_create(m, &so, &svc), 0);
+    assert_int_equal(kvt_service_project_bytes(svc, PROMPT + GEN), whole);
+    assert_int_equal(kvt_service_project_live_bytes(svc, PROMPT + GEN, 2, 0), bounded);
+    assert_int_equal(kvt_service_project_live_bytes(svc, PROMPT + GEN, 0, blk + 1), blk + 1 + 3 * blk);
+    assert_int_equal(kvt_service_project_live_bytes(svc, PROMPT + GEN, 1000, 0), whole); /* never more */
+    assert_int_equal(kvt_service_project_live_bytes(svc, PROMPT + GEN, 0, 0), whole);
+    kvt_sampler *sa = NULL;
+    assert_int_equal(kvt_sampler_create(V, 0.0f, 0.9f, 1, &sa), 0);
+    kvt_gen_opts o = {.max_tokens = GEN, .admit_timeout_ms = 0, .prefill_checkpoint_stride = -1};
+    int64_t na = 0, nb = 0;
+    kvt_turn_stats ta, tb;
+    /* fully resident: can never fit the budget */
+    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, ra, GEN, &na, &ta), KVT_ELIMIT);
+    o.live_cache_blocks = 2;
+    o.live_cache_dir = g_dir;
+    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, rb, GEN, &nb, &tb), 0);
+    assert_int_equal(nb, GEN);
+    assert_true(tb.paged_out_blocks > 0);
+    assert_true(tb.paged_in_blocks > 0);
+    assert_true(tb.live_peak_bytes <= (2 + 3 * 4) * blk);
+    kvt_service_destroy(svc);
+    /* the same reply as fully resident without a budget (the service keeps state:
+     * the bounded caches were published and detached) */
+    so.kv_budget_bytes = 0;
+    assert_int_equal(kvt_chat_service_create(m, &so, &svc), 0);
+    o.live_cache_blocks = 0;
+    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, ra, GEN, &na, &ta), 0);
+    assert_int_equal(na, nb);
+    assert_memory_equal(ra, rb, (size_t)na * sizeof *ra);
+    assert_int_equal(ta.paged_out_blocks, 0);
+    /* a bounded repeat reuses the kept prefix and still gives the same reply */
+    o.live_cache_blocks = 1;
+    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, rb, GEN, &nb, &tb), 0);
+    assert_true(tb.reused_tokens > 0);
+    assert_memory_equal(ra, rb, (size_t)na * sizeof *ra);
+    kvt_service_destroy(svc);
+    kvt_sampler_free(sa);
+}
+
 /* ---- faults -------------------------------------------------------------------------------- */
 
 static void test_enospc_keeps_blocks(void **state)
@@ -563,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_shared_blocks_stay),
         cmocka_unit_test(test_engine_identical),
         cmocka_unit_test(test_batched_decode_identical),
+        cmocka_unit_test(test_service_bounded),
         cmocka_unit_test(test_enospc_keeps_blocks),
         cmocka_unit_test(test_eio_fails_request),
         cmocka_unit_test(test_corrupt_page_refused),

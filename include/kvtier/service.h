@@ -214,6 +214,12 @@ typedef struct kvt_request {
     const char *session;     /* session id for affinity, NULL = none */
     int no_reuse;            /* 1: takes fresh state and its state is never kept
                                 (a prefix without identity) */
+    int64_t live_blocks;     /* with live_bytes, both 0: admission charges the whole context */
+    uint64_t live_bytes;     /* else the request keeps at most live_blocks (> 0) full kv blocks
+                                (over all its layers) and at most live_bytes (> 0) bytes of them
+                                in RAM and pages the rest (a residency bound,
+                                kvtier/residency.h): it is charged
+                                kvt_service_project_live_bytes instead */
 } kvt_request;
 
 /** Projected KV bytes of `n_tokens` tokens of one sequence under this
@@ -221,6 +227,16 @@ typedef struct kvt_request {
  * whole blocks), window layers stop at W tokens, fixed layers count their
  * fixed bytes. Thread-safe. */
 KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tokens);
+
+/** Projected RAM bytes of `n_tokens` tokens of one sequence whose full kv
+ * blocks in RAM are bounded (a residency bound): to live_blocks blocks (each
+ * the size of the first per-token layer's block) when > 0, and to live_bytes
+ * bytes when > 0 (the smaller bound wins). The per-token layers are charged
+ * at most that plus one block each (the mutable tails), window and fixed
+ * layers as kvt_service_project_bytes; never more than
+ * kvt_service_project_bytes, which both 0 give. Thread-safe. */
+KVT_API uint64_t kvt_service_project_live_bytes(const kvt_service *svc, int64_t n_tokens, int64_t live_blocks,
+                                                uint64_t live_bytes);
 
 /** Admits a request beside the ones already holding state.
  *

@@ -397,6 +397,31 @@ KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tok
     return total;
 }
 
+KVT_API uint64_t kvt_service_project_live_bytes(const kvt_service *svc, int64_t n_tokens, int64_t live_blocks,
+                                                uint64_t live_bytes)
+{
+    uint64_t all = kvt_service_project_bytes(svc, n_tokens);
+    if (!svc || (live_blocks <= 0 && !live_bytes))
+        return all;
+    /* the per-token layers' share of `all`, one block of each (the tails), one block of the first */
+    uint64_t per_token = 0, tails = 0, block = 0;
+    for (int32_t i = 0; i < svc->n_layers; i++) {
+        const kvt_service_layer *l = &svc->layers[i];
+        if (l->growth != KVT_GROWTH_PER_TOKEN)
+            continue;
+        uint64_t n = (uint64_t)n_tokens, b = l->block_tokens > 0 ? (uint64_t)l->block_tokens : 1;
+        per_token = sat_add(per_token, sat_mul((n + b - 1) / b * b, l->bytes_per_token));
+        tails = sat_add(tails, sat_mul(b, l->bytes_per_token));
+        if (!block)
+            block = sat_mul(b, l->bytes_per_token);
+    }
+    uint64_t bound = live_blocks > 0 ? sat_mul((uint64_t)live_blocks, block) : UINT64_MAX;
+    if (live_bytes && live_bytes < bound)
+        bound = live_bytes;
+    bound = sat_add(bound, tails);
+    return bound < per_token ? all - per_token + bound : all;
+}
+
 static int check_request(const kvt_request *req)
 {
     if (!req || !req->prompt)
@@ -425,7 +450,7 @@ static int fits_locked(kvt_service *s, const kvt_request *req, uint64_t *need_ou
                          (long long)req->n_prompt, (long long)req->max_tokens, (long long)want,
                          (long long)s->max_positions);
     }
-    uint64_t need = kvt_service_project_bytes(s, want);
+    uint64_t need = kvt_service_project_live_bytes(s, want, req->live_blocks, req->live_bytes); /* a bounded request: its bound */
     *need_out = need;
     if (!s->kv_budget)
         return 1;

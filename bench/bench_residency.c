@@ -1,0 +1,321 @@
+/*
+ * bench_residency.c: `kvtier bench residency`: what bounded live-cache
+ * residency (kvtier/residency.h) costs prefill and decode, measured in one
+ * run against the fully resident baseline. The same greedy generation (a
+ * prompt of --prompt-tokens seeded token ids, then --gen decoded tokens) runs
+ * with the request's full kv blocks bounded to 1/1 (fully resident: no
+ * residency at all, the baseline), 1/2, 1/4 and 1/8 of its KV bytes. By
+ * default the page file's pages are dropped from the OS page cache after
+ * every write and read (fdatasync + posix_fadvise DONTNEED), so every page-in
+ * reads the disk. Prints per bound: prefill and decode tok/s, decode as a
+ * share of fully resident, disk bytes read per decoded token, read stall,
+ * peak full-block bytes in RAM; and the raw sequential read rate of the same
+ * directory (O_DIRECT-free: a file written, synced and dropped, read back in
+ * block-sized preads). Checks that every bound decoded the same tokens.
+ * Default model: a synthetic shape (dim 512, 4 layers, 8 heads sharing one
+ * kv head, seq-len 4096) written to the temporary directory; --model for
+ * another. Owns its temporary directory and removes it.
+ */
+#include "args.h"
+#include "bench_util.h"
+#include "cli.h"
+#include "model.h"
+
+#include "kvtier/residency.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define RAW_BYTES ((uint64_t)256 << 20) /* bytes of the raw read measurement */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvtier bench residency [--model M.bin] [--prompt-tokens N] [--gen N] [--block-tokens B]\n"
+            "                              [--dir DIR] [--runs N] [--threads N] [--keep-page-cache]\n"
+            "\n"
+            "Prefill and decode tokens/s of one greedy generation with the request's full kv blocks\n"
+            "bounded to 1/1 (fully resident), 1/2, 1/4 and 1/8 of its KV bytes, the page file in DIR\n"
+            "(default $TMPDIR, else /var/tmp); its pages are dropped from the OS page cache after each\n"
+            "write and read (unless --keep-page-cache), so page-ins read the disk. Prints decode as a\n"
+            "share of fully resident (the goal at 1/8: >= 50%%) and the disk bytes read per decoded\n"
+            "token next to the raw read rate of DIR. Default model: synthetic (dim 512, hidden 1376,\n"
+            "4 layers, 8 heads, 1 kv head, vocab 512, seq-len 4096), --prompt-tokens 3968, --gen 64,\n"
+            "--block-tokens 256, --runs 1 (medians when more).\n");
+}
+
+static int fail(const char *what, int rc)
+{
+    fprintf(stderr, "kvtier bench residency: %s: %s (%s)\n", what, kvt_strerror(rc), kvt_last_error());
+    return 1;
+}
+
+static int argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b])
+            b = i;
+    return b;
+}
+
+typedef struct run_result {
+    double prefill_tok_s, decode_tok_s;
+    uint64_t decode_bytes_in; /* page-ins during decode */
+    double stall_ms;
+    uint64_t peak_resident;
+    int32_t *toks; /* (gen) decoded tokens */
+} run_result;
+
+/* One generation with full blocks bounded to bound_bytes (0: no residency). */
+static int one_run(kvt_model *m, const int32_t *prompt, int64_t n_prompt, int64_t gen, int32_t block,
+                   uint64_t bound_bytes, const char *dir, int drop, run_result *out)
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size, rc = 0;
+    kvt_cache **caches = calloc((size_t)L, sizeof *caches);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    kvt_residency *r = NULL;
+    if (!caches || !logits) {
+        rc = kvt_set_error(KVT_ENOMEM, "bench residency: out of memory");
+        goto done;
+    }
+    if ((rc = kvt_model_new_caches(m, block, caches)))
+        goto done;
+    if (bound_bytes) {
+        kvt_residency_options o = {.max_bytes = bound_bytes, .dir = dir, .drop_page_cache = drop};
+        if ((rc = kvt_residency_create(&o, &r)))
+            goto done;
+        for (int l = 0; l < L && rc == 0; l++)
+            if (!strcmp(kvt_cache_kind(caches[l]), "kv"))
+                rc = kvt_kv_set_residency(caches[l], r, l);
+        if (rc)
+            goto done;
+    }
+    uint64_t t0 = kvt_now_ns();
+    if ((rc = kvt_model_prefill(m, caches, prompt, n_prompt, logits)))
+        goto done;
+    uint64_t t1 = kvt_now_ns();
+    kvt_residency_stats s0 = {0}, s1 = {0};
+    if (r)
+        (void)kvt_residency_stats_get(r, &s0);
+    for (int64_t g = 0; g < gen; g++) {
+        int32_t tok = argmax(logits, V);
+        out->toks[g] = tok;
+        if (g + 1 < gen && (rc = kvt_model_decode(m, caches, tok, logits)))
+            goto done;
+    }
+    uint64_t t2 = kvt_now_ns();
+    if (r)
+        (void)kvt_residency_stats_get(r, &s1);
+    out->prefill_tok_s = (double)n_prompt / ((double)(t1 - t0) / 1e9);
+    out->decode_tok_s = gen > 1 ? (double)(gen - 1) / ((double)(t2 - t1) / 1e9) : 0;
+    out->decode_bytes_in = s1.bytes_in - s0.bytes_in;
+    out->stall_ms = (double)s1.stall_ns / 1e6;
+    out->peak_resident = s1.peak_resident_bytes;
+done:
+    if (caches && caches[0])
+        kvt_caches_destroy(caches, L);
+    kvt_residency_release(r);
+    free(caches);
+    free(logits);
+    return rc;
+}
+
+/* Raw sequential read rate of dir in GB/s: `bytes` written, synced, dropped
+ * from the page cache, read back in `chunk`-byte preads. */
+static int raw_read_rate(const char dir[4096], uint64_t bytes, size_t chunk, double *gbs)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/raw-read.bin", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return kvt_set_error(-errno, "bench residency: %s: %s", path, strerror(errno));
+    unlink(path);
+    char *buf = malloc(chunk);
+    int rc = 0;
+    if (!buf) {
+        close(fd);
+        return kvt_set_error(KVT_ENOMEM, "bench residency: out of memory");
+    }
+    uint64_t s = 1;
+    for (size_t i = 0; i < chunk; i++)
+        buf[i] = (char)kvt_bench_util_rnd32(&s);
+    for (uint64_t off = 0; off < bytes && rc == 0; off += chunk)
+        if (pwrite(fd, buf, chunk, (off_t)off) != (ssize_t)chunk)
+            rc = kvt_set_error(-errno, "bench residency: writing %s failed", path);
+    if (rc == 0 && fdatasync(fd) != 0)
+        rc = kvt_set_error(-errno, "bench residency: fdatasync %s failed", path);
+    (void)posix_fadvise(fd, 0, (off_t)bytes, POSIX_FADV_DONTNEED);
+    uint64_t t0 = kvt_now_ns();
+    for (uint64_t off = 0; off < bytes && rc == 0; off += chunk)
+        if (pread(fd, buf, chunk, (off_t)off) != (ssize_t)chunk)
+            rc = kvt_set_error(-errno, "bench residency: reading %s failed", path);
+    double sec = (double)(kvt_now_ns() - t0) / 1e9;
+    *gbs = sec > 0 ? (double)bytes / sec / 1e9 : 0;
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+int kvt_bench_residency(int argc, char **argv)
+{
+    const char *model_path = NULL, *dir_arg = NULL;
+    long long n_prompt = 3968, gen = 64, block = 256, runs = 1, threads = 0;
+    int drop = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--keep-page-cache")) {
+            drop = 0;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvtier bench residency: %s needs a value (or is unknown)\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long long *dst = !strcmp(a, "--prompt-tokens") ? &n_prompt : !strcmp(a, "--gen") ? &gen
+                         : !strcmp(a, "--block-tokens") ? &block : !strcmp(a, "--runs") ? &runs
+                         : !strcmp(a, "--threads") ? &threads : NULL;
+        if (!strcmp(a, "--model"))
+            model_path = v;
+        else if (!strcmp(a, "--dir"))
+            dir_arg = v;
+        else if (!dst) {
+            fprintf(stderr, "kvtier bench residency: unknown flag '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else if (kvt_cli_int(v, 1, 1 << 24, dst)) {
+            fprintf(stderr, "kvtier bench residency: %s: need an integer in [1, %d], got '%s'\n", a, 1 << 24, v);
+            return 2;
+        }
+    }
+    const char *tmp = dir_arg ? dir_arg : getenv("TMPDIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/kvtier-bench-residency-XXXXXX", tmp && *tmp ? tmp : "/var/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "kvtier bench residency: cannot make a directory under %s: %s\n", tmp ? tmp : "/var/tmp",
+                strerror(errno));
+        return 1;
+    }
+    int status = 1, rc;
+    char synth[4200];
+    kvt_model *m = NULL;
+    int32_t *prompt = NULL;
+    run_result res[4][16];
+    memset(res, 0, sizeof res);
+    if (runs > 16)
+        runs = 16;
+    if (!model_path) {
+        kvt_synth_params p;
+        memset(&p, 0, sizeof p);
+        p.dim = 512, p.hidden_dim = 1376, p.n_layers = 4, p.n_heads = 8, p.n_kv_heads = 1, p.vocab_size = 512;
+        p.seq_len = 4096, p.seed = 20261201;
+        snprintf(synth, sizeof synth, "%s/model.bin", dir);
+        if ((rc = kvt_model_synth(&p, synth))) {
+            status = fail("cannot write the synthetic model", rc);
+            goto done;
+        }
+        model_path = synth;
+    }
+    if ((rc = kvt_model_load(model_path, &m))) {
+        status = fail("cannot load the model", rc);
+        goto done;
+    }
+    if (threads && (rc = kvt_model_set_threads(m, (int)threads))) {
+        status = fail("cannot start the engine threads", rc);
+        goto done;
+    }
+    const kvt_model_config *c = kvt_model_get_config(m);
+    if (n_prompt + gen > c->seq_len) {
+        fprintf(stderr, "kvtier bench residency: --prompt-tokens %lld + --gen %lld exceeds the model's seq_len %d\n",
+                n_prompt, gen, c->seq_len);
+        status = 2;
+        goto done;
+    }
+    prompt = malloc((size_t)n_prompt * sizeof *prompt);
+    if (!prompt) {
+        status = fail("out of memory", KVT_ENOMEM);
+        goto done;
+    }
+    uint64_t s = 42;
+    for (long long i = 0; i < n_prompt; i++)
+        prompt[i] = (int32_t)(kvt_bench_util_rnd32(&s) % (uint32_t)c->vocab_size);
+    /* the request's KV: every attention layer's rows in whole blocks */
+    int64_t tokens = n_prompt + gen - 1;
+    uint64_t kv = (uint64_t)((tokens + block - 1) / block * block) * kvt_model_kv_bytes_per_token(m);
+    static const int den[4] = {1, 2, 4, 8};
+    for (long long k = 0; k < runs; k++)
+        for (int b = 0; b < 4; b++) { /* bounds alternate so all see the same machine */
+            run_result *r = &res[b][k];
+            r->toks = calloc((size_t)gen, sizeof *r->toks);
+            if (!r->toks) {
+                status = fail("out of memory", KVT_ENOMEM);
+                goto done;
+            }
+            if ((rc = one_run(m, prompt, n_prompt, gen, (int32_t)block, b ? kv / (uint64_t)den[b] : 0, dir, drop,
+                              r))) {
+                status = fail("generation failed", rc);
+                goto done;
+            }
+            if (memcmp(r->toks, res[0][0].toks, (size_t)gen * sizeof *r->toks)) {
+                fprintf(stderr, "kvtier bench residency: bound 1/%d decoded other tokens than fully resident\n",
+                        den[b]);
+                goto done;
+            }
+        }
+    double raw = 0;
+    size_t blk_bytes = (size_t)block * kvt_model_kv_row_bytes(m);
+    if ((rc = raw_read_rate(dir, RAW_BYTES, blk_bytes, &raw))) {
+        status = fail("raw read", rc);
+        goto done;
+    }
+    printf("model %s: dim %d, %d layers, kv_dim %d; prompt %lld + %lld decoded tokens; KV %.1f MB in blocks of %lld "
+           "tokens (%.0f KB per layer); page cache %s\n",
+           model_path == synth ? "synthetic" : model_path, c->dim, c->n_layers, c->kv_dim, n_prompt, gen, kv / 1e6,
+           block, blk_bytes / 1e3, drop ? "dropped after every page write and read" : "kept");
+    printf("raw read of %s: %.2f GB/s (%.0f MB in %zu-byte preads, page cache dropped)\n", dir, raw,
+           RAW_BYTES / 1e6, blk_bytes);
+    printf("%6s %10s %12s %12s %9s %14s %12s %10s %12s\n", "bound", "RAM bound", "prefill/s", "decode/s", "of 1/1",
+           "disk B/token", "raw ms/token", "stall ms", "peak MB");
+    double base = 0;
+    for (int b = 0; b < 4; b++) {
+        double pf[16], dc[16], bt[16], st[16], pk[16];
+        for (long long k = 0; k < runs; k++) {
+            pf[k] = res[b][k].prefill_tok_s;
+            dc[k] = res[b][k].decode_tok_s;
+            bt[k] = gen > 1 ? (double)res[b][k].decode_bytes_in / (double)(gen - 1) : 0;
+            st[k] = res[b][k].stall_ms;
+            pk[k] = (double)res[b][k].peak_resident;
+        }
+        double dmed = kvt_bench_util_median(dc, runs), bmed = kvt_bench_util_median(bt, runs);
+        if (b == 0)
+            base = dmed;
+        char bound[32];
+        snprintf(bound, sizeof bound, "%.1f MB", (b ? kv / (uint64_t)den[b] : kv) / 1e6);
+        printf("%4s%-2d %10s %12.1f %12.2f %8.0f%% %14.0f %12.2f %10.1f %12.1f\n", "1/", den[b], bound,
+               kvt_bench_util_median(pf, runs), dmed, base > 0 ? 100 * dmed / base : 0, bmed,
+               raw > 0 ? bmed / (raw * 1e9) * 1e3 : 0, kvt_bench_util_median(st, runs),
+               b ? kvt_bench_util_median(pk, runs) / 1e6 : kv / 1e6);
+    }
+    printf("goal: decode at 1/8 >= 50%% of fully resident; every bound decoded the same %lld tokens\n", gen);
+    status = 0;
+done:
+    for (int b = 0; b < 4; b++)
+        for (int k = 0; k < 16; k++)
+            free(res[b][k].toks);
+    free(prompt);
+    kvt_model_free(m);
+    if (model_path == synth)
+        unlink(synth);
+    rmdir(dir);
+    return status;
+}

@@ -1,0 +1,351 @@
+/*
+ * test_serve_models.c: a multi-model kvtier serve (kvt_server_opts.models)
+ * in process over loopback: stories260K and a small synthetic hybrid model
+ * (made here) served by one server under one pool. Requests for both
+ * models, sent from two threads at once, get replies identical to two
+ * separate single-model servers; a request without "model" gets the first
+ * model, an unknown one 404 naming the served ids; /v1/models lists both;
+ * /stats carries each model's report and the pool's (both services as
+ * members, RAM and KV charged, high-water marks); /metrics carries the pool
+ * lines (and passes promtool check metrics when promtool is installed).
+ * Skipped with a message when KVT_SHARED_DIR lacks stories260K.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "server.h"
+#include "serve_util.h"
+#include "synth_util.h"
+#include "tokenizer.h"
+
+#define N_PROMPTS 6
+#define MAX_TOKENS 12
+
+static char stories[1024], stories_tok[1024], dir[256], synth[300], synth_tok[300];
+static int have_model;
+
+static const char *const prompts[N_PROMPTS] = {
+    "Once upon a time", "Once upon a time there was", "The cat sat", "Lily liked the sun",
+    "Once upon a time there was a little", "The dog ran to the park",
+};
+
+/* replies[model][prompt] of the single-model servers */
+static char *expected[2][N_PROMPTS];
+
+static kvt_server *start(const kvt_server_opts *o)
+{
+    kvt_server *s = NULL;
+    assert_int_equal(kvt_server_start(o, &s), 0);
+    if (kvt_server_load(s) != 0) {
+        fprintf(stderr, "load: %s\n", kvt_last_error());
+        fail();
+    }
+    return s;
+}
+
+/* POST /v1/completions (greedy); returns the reply text (malloc'd), or
+ * NULL with *status the HTTP status when it is not 200. */
+static char *complete(int port, const char *model, const char *prompt, int *status, char **body_out)
+{
+    char body[1024];
+    if (model)
+        snprintf(body, sizeof body,
+                 "{\"model\": \"%s\", \"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0}", model, prompt,
+                 MAX_TOKENS);
+    else
+        snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0}", prompt,
+                 MAX_TOKENS);
+    kvt_ts_resp r;
+    *status = kvt_ts_http(port, "POST", "/v1/completions", NULL, body, 60, &r);
+    char *text = NULL;
+    if (*status == 200) {
+        json_t *doc = json_loads(r.body, 0, NULL);
+        json_t *t = json_object_get(json_array_get(json_object_get(doc, "choices"), 0), "text");
+        if (json_is_string(t))
+            text = strdup(json_string_value(t));
+        json_decref(doc);
+    }
+    if (body_out)
+        *body_out = strdup(r.body ? r.body : "");
+    kvt_ts_resp_free(&r);
+    return text;
+}
+
+static json_t *get_json(int port, const char *path)
+{
+    kvt_ts_resp r;
+    assert_int_equal(kvt_ts_http(port, "GET", path, NULL, NULL, 30, &r), 200);
+    json_t *doc = json_loads(r.body, 0, NULL);
+    kvt_ts_resp_free(&r);
+    assert_non_null(doc);
+    return doc;
+}
+
+static void single_model_replies(int which, const char *path, const char *tok, const char *name)
+{
+    kvt_server_opts o = {.model_path = path, .tok_path = tok, .model_name = name, .prompt_cache_bytes = 16u << 20};
+    kvt_server *s = start(&o);
+    for (int i = 0; i < N_PROMPTS; i++) {
+        int st;
+        expected[which][i] = complete(kvt_server_port(s), NULL, prompts[i], &st, NULL);
+        assert_int_equal(st, 200);
+        assert_non_null(expected[which][i]);
+    }
+    assert_int_equal(kvt_server_stop(s, 5000), 0);
+    kvt_server_destroy(s);
+}
+
+typedef struct client {
+    int port;
+    const char *model;
+    int which;
+    int mismatches, failures;
+} client;
+
+static void *client_main(void *arg)
+{
+    client *c = arg;
+    for (int round = 0; round < 2; round++) /* the second round reuses the prefixes */
+        for (int i = 0; i < N_PROMPTS; i++) {
+            int st;
+            char *text = complete(c->port, c->model, prompts[i], &st, NULL);
+            if (st != 200 || !text)
+                c->failures++;
+            else if (strcmp(text, expected[c->which][i])) {
+                fprintf(stderr, "%s prompt %d: '%s' != '%s'\n", c->model, i, text, expected[c->which][i]);
+                c->mismatches++;
+            }
+            free(text);
+        }
+    return NULL;
+}
+
+static json_t *member(json_t *pool, const char *name)
+{
+    size_t i;
+    json_t *m;
+    json_array_foreach(json_object_get(pool, "member_list"), i, m)
+    {
+        if (!strcmp(json_string_value(json_object_get(m, "name")), name))
+            return m;
+    }
+    return NULL;
+}
+
+static uint64_t axis_field(json_t *axes, const char *axis, const char *field)
+{
+    return (uint64_t)json_integer_value(json_object_get(json_object_get(axes, axis), field));
+}
+
+static void test_two_models(void **state)
+{
+    (void)state;
+    if (!have_model)
+        skip();
+    single_model_replies(0, stories, stories_tok, NULL);
+    single_model_replies(1, synth, synth_tok, "tiny");
+    /* the synthetic model answers differently from stories260K: a mix-up would show */
+    assert_string_not_equal(expected[0][0], expected[1][0]);
+
+    kvt_server_model models[2] = {{.model_path = stories, .tok_path = stories_tok},
+                                  {.model_path = synth, .tok_path = synth_tok, .model_name = "tiny"}};
+    kvt_server_opts o = {.models = models, .n_models = 2, .prompt_cache_bytes = 16u << 20,
+                         .pool_ram_bytes = 24u << 20, .pool_kv_bytes = 64u << 20};
+    kvt_server *s = start(&o);
+    int port = kvt_server_port(s);
+    assert_int_equal(kvt_server_model_count(s), 2);
+    assert_string_equal(kvt_server_model_id(s, 0), "stories260K");
+    assert_string_equal(kvt_server_model_id(s, 1), "tiny");
+
+    /* /v1/models lists both; each answers by id */
+    json_t *doc = get_json(port, "/v1/models");
+    json_t *data = json_object_get(doc, "data");
+    assert_int_equal(json_array_size(data), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(data, 0), "id")), "stories260K");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(data, 1), "id")), "tiny");
+    json_decref(doc);
+    doc = get_json(port, "/v1/models/tiny");
+    assert_string_equal(json_string_value(json_object_get(doc, "id")), "tiny");
+    json_decref(doc);
+
+    /* both models at once, from two threads: replies as from their own servers */
+    client c[2] = {{.port = port, .model = "stories260K", .which = 0}, {.port = port, .model = "tiny", .which = 1}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, client_main, &c[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(c[i].failures, 0);
+        assert_int_equal(c[i].mismatches, 0);
+    }
+    /* and interleaved one by one */
+    for (int i = 0; i < N_PROMPTS; i++)
+        for (int m = 0; m < 2; m++) {
+            int st;
+            char *text = complete(port, m ? "tiny" : "stories260K", prompts[i], &st, NULL);
+            assert_int_equal(st, 200);
+            assert_string_equal(text, expected[m][i]);
+            free(text);
+        }
+    /* no "model": the first one; an unknown one: 404 naming what is served */
+    int st;
+    char *text = complete(port, NULL, prompts[2], &st, NULL);
+    assert_int_equal(st, 200);
+    assert_string_equal(text, expected[0][2]);
+    free(text);
+    char *body = NULL;
+    assert_null(complete(port, "nope", prompts[0], &st, &body));
+    assert_int_equal(st, 404);
+    assert_non_null(strstr(body, "model_not_found"));
+    assert_non_null(strstr(body, "'stories260K', 'tiny'"));
+    free(body);
+    kvt_ts_resp r;
+    assert_int_equal(kvt_ts_http(port, "GET", "/v1/models/nope", NULL, NULL, 30, &r), 404);
+    kvt_ts_resp_free(&r);
+    /* /tokenize and /detokenize pick the model too */
+    assert_int_equal(kvt_ts_http(port, "POST", "/tokenize", NULL, "{\"model\": \"tiny\", \"prompt\": \"ab\"}", 30, &r),
+                     200);
+    assert_non_null(strstr(r.body, "\"max_model_len\":256"));
+    kvt_ts_resp_free(&r);
+    assert_int_equal(kvt_ts_http(port, "POST", "/detokenize", NULL, "{\"model\": \"x\", \"tokens\": [1]}", 30, &r), 404);
+    kvt_ts_resp_free(&r);
+
+    /* /stats: each model's report and the pool's */
+    doc = get_json(port, "/stats");
+    json_t *list = json_object_get(doc, "models");
+    assert_int_equal(json_array_size(list), 2);
+    for (int m = 0; m < 2; m++) {
+        json_t *rep = json_object_get(json_array_get(list, (size_t)m), "report");
+        uint64_t acquires = (uint64_t)json_integer_value(json_object_get(json_object_get(rep, "requests"), "acquires"));
+        /* 2 rounds + the interleaved ones (+ the default-model one for the first) */
+        assert_int_equal(acquires, (uint64_t)(3 * N_PROMPTS + (m == 0)));
+        json_t *sp = json_object_get(rep, "pool");
+        assert_string_equal(json_string_value(json_object_get(sp, "member")), m ? "service:tiny" : "service:stories260K");
+    }
+    json_t *pool = json_object_get(doc, "pool");
+    assert_int_equal(json_integer_value(json_object_get(pool, "members")), 2);
+    json_t *axes = json_object_get(pool, "axes");
+    assert_int_equal(axis_field(axes, "ram", "limit"), 24u << 20);
+    assert_int_equal(axis_field(axes, "kv", "limit"), 64u << 20);
+    assert_int_equal(axis_field(axes, "kv", "used"), 0); /* nothing admitted now */
+    assert_true(axis_field(axes, "kv", "high_water") > 0);
+    assert_true(axis_field(axes, "ram", "used") > 0);
+    assert_true(axis_field(axes, "ram", "high_water") >= axis_field(axes, "ram", "used"));
+    uint64_t ram_sum = 0;
+    for (int m = 0; m < 2; m++) {
+        json_t *mm = member(pool, m ? "service:tiny" : "service:stories260K");
+        assert_non_null(mm);
+        uint64_t pub = axis_field(json_object_get(mm, "axes"), "ram", "published");
+        /* each service is charged what its prompt cache holds */
+        json_t *rep = json_object_get(json_array_get(list, (size_t)m), "report");
+        uint64_t held = (uint64_t)json_integer_value(json_object_get(json_object_get(rep, "prefixes"), "bytes"));
+        assert_true(held > 0);
+        assert_int_equal(pub, held);
+        ram_sum += pub;
+    }
+    assert_int_equal(axis_field(axes, "ram", "used"), ram_sum);
+    json_decref(doc);
+
+    /* /metrics carries the pool lines */
+    assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+    assert_non_null(strstr(r.body, "kvtier_pool_members 2"));
+    assert_non_null(strstr(r.body, "kvtier_pool_limit_bytes{axis=\"ram\"} 25165824"));
+    assert_non_null(strstr(r.body, "kvtier_pool_member_published_bytes{member=\"service:tiny\",axis=\"ram\"}"));
+    assert_non_null(strstr(r.body, "kvtier_pool_refusals_total{axis=\"kv\"}"));
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        char path[300];
+        snprintf(path, sizeof path, "%s/metrics.txt", dir);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(r.body, f);
+        fclose(f);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+        assert_int_equal(system(cmd), 0);
+        unlink(path);
+    }
+    kvt_ts_resp_free(&r);
+    assert_int_equal(kvt_server_stop(s, 5000), 0);
+    kvt_server_destroy(s);
+}
+
+/* two models with one id, and bad model lists, are refused */
+static void test_bad_model_lists(void **state)
+{
+    (void)state;
+    if (!have_model)
+        skip();
+    kvt_server_model models[2] = {{.model_path = stories, .tok_path = stories_tok},
+                                  {.model_path = stories, .tok_path = stories_tok}};
+    kvt_server_opts o = {.models = models, .n_models = 2, .prompt_cache_bytes = 1u << 20};
+    kvt_server *s = NULL;
+    assert_int_equal(kvt_server_start(&o, &s), 0);
+    assert_int_equal(kvt_server_load(s), KVT_EINVAL);
+    assert_non_null(strstr(kvt_last_error(), "both have the id 'stories260K'"));
+    kvt_server_destroy(s);
+    o.n_models = KVT_SERVER_MAX_MODELS + 1;
+    assert_int_equal(kvt_server_start(&o, &s), KVT_EINVAL);
+    o.n_models = 2;
+    o.model_path = stories;
+    o.tok_path = stories_tok;
+    assert_int_equal(kvt_server_start(&o, &s), KVT_EINVAL);
+    o.model_path = o.tok_path = NULL;
+    models[1].tok_path = NULL;
+    assert_int_equal(kvt_server_start(&o, &s), KVT_EINVAL);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *shared = getenv("KVT_SHARED_DIR");
+    snprintf(stories, sizeof stories, "%s/data/models/stories260K.bin", shared ? shared : "../shared");
+    snprintf(stories_tok, sizeof stories_tok, "%s/data/models/tok512.bin", shared ? shared : "../shared");
+    have_model = access(stories, R_OK) == 0 && access(stories_tok, R_OK) == 0;
+    if (!have_model) {
+        printf("test_serve_models: skipped: needs %s with tok512.bin (set KVT_SHARED_DIR)\n", stories);
+        return 0;
+    }
+    snprintf(dir, sizeof dir, "/tmp/kvt_test_serve_models_XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(synth, sizeof synth, "%s/synth.bin", dir);
+    snprintf(synth_tok, sizeof synth_tok, "%s/synth_tok.bin", dir);
+    if (kvt_tokenizer_write_default(synth_tok, 259))
+        return -1;
+    su_synth(SU_HYBRID, synth, 259, 256, 31, 32);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int m = 0; m < 2; m++)
+        for (int i = 0; i < N_PROMPTS; i++)
+            free(expected[m][i]);
+    if (have_model) {
+        unlink(synth);
+        unlink(synth_tok);
+        rmdir(dir);
+    }
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_two_models),
+        cmocka_unit_test(test_bad_model_lists),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
