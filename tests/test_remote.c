@@ -30,6 +30,8 @@
 #include "tier_suite.h"
 
 static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
+static const store_cfg HY = {.n_kv = 1, .kv_dim = 8, .block = 4, .recurrent = 40}; /* untrimmable */
+static const store_cfg KV8 = {.n_kv = 2, .kv_dim = 8, .block = 8};
 static const kvt_store_identity ID_A = {"remote-test", "cfg", "tok"};
 static const kvt_store_identity ID_B = {"remote-test-other-model", "cfg", "tok"};
 
@@ -281,6 +283,50 @@ static void f_pause_during_restore(void **state)
     print_message("CLIENT PAUSE 300 ms during a restore: it succeeded after %.1f ms (restore timeout 2000 ms)\n",
                   took);
     assert_true(took >= 250);
+    kvt_remote_close(r);
+}
+
+/* untrimmable state: a checkpoint ending inside a block hangs off the node
+ * of its last whole block; a longer entry's blocks take the prompt's run
+ * deeper than that node, and the checkpoint is still found and restored */
+static void f_untrimmable_shallow(void **state)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
+    int32_t p[20], q[20];
+    seq(p, 20, 700);
+    put(r, &HY, p, 10); /* blocks 0-1, a 2-token tail: off node 2 */
+    put(r, &HY, p, 16); /* blocks 0-3 */
+    memcpy(q, p, sizeof q);
+    for (int i = 12; i < 20; i++)
+        q[i] = 9000 + i; /* q's blocks 0-2 are p's: the run reaches node 3 */
+    kvt_cold_hit h;
+    assert_int_equal(find_len(r, q, 20, &h), 10);
+    assert_int_equal(restore_rc(r, h.handle, &HY, p, 10), 0);
+    assert_int_equal(find_len(r, p, 20, &h), 16); /* the longer one still wins where it serves */
+    kvt_remote_close(r);
+}
+
+/* an entry record naming fewer chained blocks than its whole blocks (here
+ * none: it was stored with 8-token blocks under an identity whose layout
+ * says 4, so it carries all its state) while the prompt's 4-token blocks
+ * are in Redis: find_exact takes the blocks the entry names (none), the
+ * restore gives the entry exactly, and no valid record is called bad */
+static void f_entry_short_chain(void **state)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
+    int32_t p[20];
+    seq(p, 20, 800);
+    put(r, &KV, p, 16);  /* the layout (4-token blocks) and blocks 0-3 */
+    put(r, &KV8, p, 16); /* the same entry key: replaces the entry record, no block chained */
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    kvt_cold_hit h;
+    assert_int_equal(t.find_exact(t.self, p, 16, "", &h), 0);
+    assert_int_equal(h.prefix_len, 16);
+    assert_int_equal(restore_rc(r, h.handle, &KV8, p, 16), 0);
+    assert_int_equal(find_len(r, p, 20, &h), 16); /* find: the standalone blocks serve, as stored */
+    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
+    assert_int_equal(stats(r).bad_records, 0);
     kvt_remote_close(r);
 }
 
@@ -571,6 +617,8 @@ int main(void)
         cmocka_unit_test(f_down_at_start),
         cmocka_unit_test_setup(f_client_pause, fx_flush),
         cmocka_unit_test_setup(f_pause_during_restore, fx_flush),
+        cmocka_unit_test_setup(f_untrimmable_shallow, fx_flush),
+        cmocka_unit_test_setup(f_entry_short_chain, fx_flush),
         cmocka_unit_test_setup(f_setrange, fx_flush),
         cmocka_unit_test_setup(f_foreign_record, fx_flush),
         cmocka_unit_test_setup(f_gone_before_restore, fx_flush),

@@ -36,6 +36,64 @@ static void best_set(best *b, int64_t prefix, kvt__rhandle *h)
     memset(h, 0, sizeof *h);
 }
 
+#define KID_NODES 64 /* children hashes one lookup reads at most */
+
+/* Weighs one children field (fk: 'b' or 'e' then the key; fv: flags, 3
+ * zero bytes, tokens) of node j (keys[0..j), its first token at base)
+ * against the prompt; when it would serve more than `beat` tokens, *kb
+ * becomes it. @return 1 taken, 0 not, or KVT_ENOMEM (< 0). */
+static int kid_candidate(const redisReply *fk, const redisReply *fv, const int32_t *prompt, int64_t n, const char *ns,
+                         const kvt__key *keys, int64_t j, int64_t base, int32_t B, int known, int standalone,
+                         int64_t beat, best *kb)
+{
+    kvt__key k;
+    memcpy(&k.lo, fk->str + 1, 8);
+    memcpy(&k.hi, fk->str + 9, 8);
+    uint8_t flags = (uint8_t)fv->str[0];
+    int64_t T = (int64_t)(fv->len - 4) / 4;
+    int32_t *tt = kvt__malloc(sizeof *tt * (size_t)(T ? T : 1));
+    if (!tt)
+        return kvt__fail(KVT_ENOMEM, "remote find: out of memory");
+    memcpy(tt, fv->str + 4, sizeof *tt * (size_t)T);
+    int64_t avail = n - base, q = common(tt, prompt + base, KVT__MIN(T, avail)), cand = 0;
+    kvt__rhandle h;
+    int rc = 0;
+    if (fk->str[0] == 'b' && standalone && (flags & KVT__REC_STANDALONE) && known && T == B && q > 0) {
+        cand = KVT__MIN(base + q, n - 1);
+        if (cand > beat) {
+            kvt__key *k2 = kvt__malloc(sizeof *k2 * (size_t)(j + 1));
+            if (!k2 || (rc = kvt__remote_hslot_make(&h, ns, prompt, base, tt, T, NULL, 0, 0, KVT__KEY_ZERO))) {
+                kvt__free(k2);
+                kvt__free(tt);
+                return rc ? rc : kvt__fail(KVT_ENOMEM, "remote find: out of memory");
+            }
+            if (j)
+                memcpy(k2, keys, sizeof *k2 * (size_t)j);
+            k2[j] = k;
+            kvt__free(h.keys);
+            h.keys = k2;
+            h.n_keys = (int32_t)j + 1;
+            best_set(kb, cand, &h);
+            rc = 1;
+        }
+    } else if (fk->str[0] == 'e') {
+        if (q == T && base + T <= n - 1)
+            cand = base + T;
+        else if (flags & KVT__REC_TRIMMABLE)
+            cand = KVT__MIN(base + q, n - 1);
+        if (cand > beat && cand > 0) {
+            if ((rc = kvt__remote_hslot_make(&h, ns, prompt, base, tt, T, keys, (int32_t)j, 1, k))) {
+                kvt__free(tt);
+                return rc;
+            }
+            best_set(kb, cand, &h);
+            rc = 1;
+        }
+    }
+    kvt__free(tt);
+    return rc;
+}
+
 /* Runs p, every socket operation and the whole of it ending by deadline. */
 static int exec_by(kvt_remote *r, kvt__rpipe *p, int64_t deadline)
 {
@@ -61,6 +119,7 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
     kvt__key *keys = kvt__malloc(sizeof *keys * (size_t)(nb ? nb : 1));
     char (*names)[KVT__REMOTE_KEY_MAX] = kvt__malloc(KVT__REMOTE_KEY_MAX * (size_t)(2 * nb + 2));
     size_t *lens = kvt__malloc(sizeof *lens * (size_t)(2 * nb + 2));
+    char kns[KID_NODES][KVT__REMOTE_KEY_MAX]; /* round trip 2's node names */
     kvt__rpipe p = {0};
     best bst = {0}, kb = {0};
     int rc = 0;
@@ -113,9 +172,10 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
     if (exact) {
         redisReply *e = p.cmds[i_exact].reply;
         int have_e = e && e->type == REDIS_REPLY_INTEGER && e->integer == 1;
-        int64_t need = known ? n / B : 0;
-        if (have_e && run >= need) {
-            if ((rc = kvt__remote_hslot_make(&h, ns, prompt, n, NULL, 0, keys, (int32_t)need, 1,
+        /* the entry names its chained blocks: at most its whole blocks, the
+         * run of them found here (restore takes the ones it names) */
+        if (have_e) {
+            if ((rc = kvt__remote_hslot_make(&h, ns, prompt, n, NULL, 0, keys, (int32_t)run, 1,
                                              kvt__entry_key(r->seed, ns, prompt, n))))
                 goto out;
             best_set(&bst, n, &h);
@@ -145,70 +205,43 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
     kvt__rpipe_clear(&p);
 
     /* round trip 2: the children of the node reached, for a longer match
-     * inside the next block (a partial block, an entry's tail) */
-    int64_t base = run * (known ? B : 0);
-    char kn[KVT__REMOTE_KEY_MAX], kb_field[17];
-    size_t kl = 0;
-    if (base < n - 1 && !failed && kvt__remote_now_ms() < deadline) {
-        kl = kvt__remote_key_name(r, 'k', kvt__remote_node_key(r, ns, keys, (int32_t)run), kn);
-        const char *av[2] = {"HGETALL", kn};
-        size_t al[2] = {7, kl};
-        if ((rc = kvt__rpipe_add(&p, 1, 2, av, al)))
-            goto out;
-        redisReply *kids = NULL;
-        if (exec_by(r, &p, deadline) == 0)
-            kids = p.cmds[0].reply;
-        for (size_t f = 0; kids && kids->type == REDIS_REPLY_ARRAY && f + 1 < kids->elements; f += 2) {
-            redisReply *fk = kids->element[f], *fv = kids->element[f + 1];
-            if (fk->type != REDIS_REPLY_STRING || fk->len != 17 || fv->type != REDIS_REPLY_STRING || fv->len < 4 ||
-                (fv->len - 4) % 4)
-                continue;
-            kvt__key k;
-            memcpy(&k.lo, fk->str + 1, 8);
-            memcpy(&k.hi, fk->str + 9, 8);
-            uint8_t flags = (uint8_t)fv->str[0];
-            int64_t T = (int64_t)(fv->len - 4) / 4;
-            int32_t *tt = kvt__malloc(sizeof *tt * (size_t)(T ? T : 1));
-            if (!tt) {
-                rc = kvt__fail(KVT_ENOMEM, "remote find: out of memory");
+     * inside the next block (a partial block, an entry's tail). When blocks
+     * alone rebuild nothing (untrimmable state), an entry hanging off a
+     * shallower node of the run is usable too (the prompt extends it), so
+     * the children of the nodes from the best boundary entry down to the
+     * deepest are read in the same round trip (at most KID_NODES of them). */
+    int64_t j_hi = run, j_lo = run;
+    if (known && !standalone && !exact)
+        j_lo = KVT__MAX(KVT__MAX(bst.have ? bst.prefix / B : 0, run - (KID_NODES - 1)), 0);
+    char kb_field[17];
+    int64_t kb_j = -1;
+    if (j_lo * (known ? B : 0) < n - 1 && !failed && kvt__remote_now_ms() < deadline) {
+        for (int64_t j = j_lo; j <= j_hi; j++) {
+            char *kn = kns[j - j_lo];
+            size_t kl = kvt__remote_key_name(r, 'k', kvt__remote_node_key(r, ns, keys, (int32_t)j), kn);
+            const char *av[2] = {"HGETALL", kn};
+            size_t al[2] = {7, kl};
+            if ((rc = kvt__rpipe_add(&p, 1, 2, av, al)))
                 goto out;
-            }
-            memcpy(tt, fv->str + 4, sizeof *tt * (size_t)T);
-            int64_t avail = n - base, q = common(tt, prompt + base, KVT__MIN(T, avail)), cand = 0;
-            if (fk->str[0] == 'b' && standalone && (flags & KVT__REC_STANDALONE) && known && T == B && q > 0) {
-                cand = KVT__MIN(base + q, n - 1);
-                if (cand > KVT__MAX(bst.prefix, kb.prefix)) {
-                    kvt__key *k2 = kvt__malloc(sizeof *k2 * (size_t)(run + 1));
-                    if (!k2 || (rc = kvt__remote_hslot_make(&h, ns, prompt, base, tt, T, NULL, 0, 0, KVT__KEY_ZERO))) {
-                        kvt__free(k2);
-                        kvt__free(tt);
-                        rc = rc ? rc : kvt__fail(KVT_ENOMEM, "remote find: out of memory");
-                        goto out;
-                    }
-                    if (run)
-                        memcpy(k2, keys, sizeof *k2 * (size_t)run);
-                    k2[run] = k;
-                    kvt__free(h.keys);
-                    h.keys = k2;
-                    h.n_keys = (int32_t)run + 1;
-                    best_set(&kb, cand, &h);
+        }
+        exec_by(r, &p, deadline); /* a node without a reply has no children here */
+        for (int64_t j = j_lo; j <= j_hi; j++) {
+            redisReply *kids = p.cmds[j - j_lo].reply;
+            int64_t base = j * (known ? B : 0);
+            for (size_t f = 0; kids && kids->type == REDIS_REPLY_ARRAY && f + 1 < kids->elements; f += 2) {
+                redisReply *fk = kids->element[f], *fv = kids->element[f + 1];
+                if (fk->type != REDIS_REPLY_STRING || fk->len != 17 || fv->type != REDIS_REPLY_STRING ||
+                    fv->len < 4 || (fv->len - 4) % 4)
+                    continue;
+                if ((rc = kid_candidate(fk, fv, prompt, n, ns, keys, j, base, B, known, standalone,
+                                        KVT__MAX(bst.prefix, kb.prefix), &kb)) < 0)
+                    goto out;
+                if (rc) {
                     memcpy(kb_field, fk->str, 17);
+                    kb_j = j;
                 }
-            } else if (fk->str[0] == 'e') {
-                if (q == T && base + T <= n - 1)
-                    cand = base + T;
-                else if (flags & KVT__REC_TRIMMABLE)
-                    cand = KVT__MIN(base + q, n - 1);
-                if (cand > KVT__MAX(bst.prefix, kb.prefix) && cand > 0) {
-                    if ((rc = kvt__remote_hslot_make(&h, ns, prompt, base, tt, T, keys, (int32_t)run, 1, k))) {
-                        kvt__free(tt);
-                        goto out;
-                    }
-                    best_set(&kb, cand, &h);
-                    memcpy(kb_field, fk->str, 17);
-                }
+                rc = 0;
             }
-            kvt__free(tt);
         }
     }
     kvt__rpipe_clear(&p);
@@ -227,6 +260,8 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
             best_set(&bst, kb.prefix, &kb.h);
         } else if (v && v->type == REDIS_REPLY_INTEGER) {
             kvt__rpipe_clear(&p);
+            char kn[KVT__REMOTE_KEY_MAX];
+            size_t kl = kvt__remote_key_name(r, 'k', kvt__remote_node_key(r, ns, keys, (int32_t)kb_j), kn);
             const char *dv[3] = {"HDEL", kn, kb_field};
             size_t dl[3] = {4, kl, 17};
             if (kvt__rpipe_add(&p, 1, 3, dv, dl) == 0)

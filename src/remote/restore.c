@@ -191,8 +191,11 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
         hs[i]->rep = rep;
         p.cmds[i].reply = NULL;
     }
-    /* validate every record before using any */
+    /* validate every record before using any. An entry names its own chained
+     * blocks: the first `nuse` of the blocks fetched, which the lookup took
+     * from the prompt's chain (it may have fetched more than the entry uses) */
     int64_t at = 0;
+    int32_t nuse = nk, short_chain = 0;
     for (int32_t i = 0; i < nrec && !rc; i++) {
         rc = kvt__rec_parse(hs[i]->rep->str, hs[i]->rep->len, &recs[i]);
         if (!rc && i < nk) {
@@ -200,10 +203,12 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
             at += recs[i].n_tokens;
         } else if (!rc) {
             rc = entry_ok(r, &recs[i], &h);
-            if (!rc && recs[i].n_blocks != nk)
-                rc = kvt__fail(KVT_EFORMAT, "remote restore: the entry names %d blocks, the lookup %d",
-                               (int)recs[i].n_blocks, (int)nk);
-            for (int32_t j = 0; !rc && j < nk; j++)
+            if (!rc && recs[i].n_blocks > nk) {
+                short_chain = 1; /* its blocks past the lookup's run were not seen: a miss, not a bad record */
+                break;
+            }
+            nuse = recs[i].n_blocks;
+            for (int32_t j = 0; !rc && j < nuse; j++)
                 if (!kvt__key_eq(kvt__rec_block_key(&recs[i], j), h.keys[j]))
                     rc = kvt__fail(KVT_EFORMAT, "remote restore: the entry names other blocks");
         }
@@ -215,7 +220,13 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
     if (!rc && !h.is_entry && at != h.n_tokens)
         rc = kvt__fail(KVT_EFORMAT, "remote restore: blocks hold %lld tokens, the lookup %lld", (long long)at,
                        (long long)h.n_tokens);
-    if (!rc && h.is_entry && nk && recs[nk].n_layers != recs[0].n_layers)
+    if (short_chain) {
+        KVT__REMOTE_BUMP(r, restore_partial, 1);
+        rc = kvt__fail(KVT_ENOTFOUND, "remote restore: the entry names %d blocks, the lookup found %d",
+                       (int)recs[nk].n_blocks, (int)nk);
+        goto out;
+    }
+    if (!rc && h.is_entry && nuse && recs[nk].n_layers != recs[0].n_layers)
         rc = kvt__fail(KVT_EFORMAT, "remote restore: the entry and its blocks disagree on the layer count");
     if (rc) {
         KVT__REMOTE_BUMP(r, bad_records, 1);
@@ -235,8 +246,8 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
                 d.offset = h.n_tokens;
                 d.min_offset = 0;
             }
-            rc = build_layer(recs, hs, nk, &d, h.is_entry ? &recs[nk].layers[l] : NULL, h.is_entry ? hs[nk] : NULL, l,
-                             &out->caches[l]);
+            rc = build_layer(recs, hs, nuse, &d, h.is_entry ? &recs[nk].layers[l] : NULL, h.is_entry ? hs[nk] : NULL,
+                             l, &out->caches[l]);
         }
         for (int32_t a = 0; a < A && !rc; a++)
             rc = kvt_attachment_blob(recs[nk].atts[a].name, recs[nk].atts[a].data, recs[nk].atts[a].bytes,
@@ -246,7 +257,7 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
             if (rc == KVT_EFORMAT || rc == KVT_EUNSUPPORTED) {
                 KVT__REMOTE_BUMP(r, bad_records, 1);
                 for (int32_t i = 0; i < nrec; i++)
-                    bad[i] = 1;
+                    bad[i] = i < nuse || i == nk;
                 delete_bad(r, names, lens, bad, nrec);
                 rc = KVT_ECORRUPT;
             }
