@@ -91,7 +91,9 @@ typedef struct kvt_ssd_level_opts {
     uint64_t max_bytes;      /* budget over the root (0 = unlimited) */
     int verify;              /* strict restores (SHA-256 too) */
     uint64_t lock_wait_ms;   /* how long open may wait for a lock another
-                                process holds on the directory; 0 = 1000 ms */
+                                process holds on the directory; 0 = 1000 ms
+                                (the store's kvt_store_options.lock_wait_ms: on
+                                the caller's thread, never blocking in flock) */
     const kvt_store_io *io;  /* write layer (tests inject ENOSPC); NULL = real */
     struct kvt_pool *pool;   /* the process-wide pool the root joins (its budget
                                 charged on the disk axis: kvt_store_options.pool);
@@ -105,8 +107,11 @@ typedef struct kvt_ssd_level kvt_ssd_level;
  * directory cannot be created, opened or locked for writing (another user's
  * files, a read-only mount, a lock another process holds for longer than
  * lock_wait_ms) it is opened read-only (the store's read_only option: what
- * it holds is found and restored, nothing is written) and the level starts
- * READ_ONLY, or OFF when even that fails, with the cause; when a write fails
+ * it holds is found and restored, nothing is written; its table says
+ * KVT_TIER_READ_ONLY, so a chain writes to the next level) and the level
+ * starts READ_ONLY, or OFF when even that fails, with the cause. Open returns
+ * within about lock_wait_ms (the read-only open does not wait) and leaves
+ * no thread behind. When a write fails
  * later (a full disk, the directory deleted, a directory where a shard file
  * should be) it turns READ_ONLY: later writes are skipped (counted), lookups
  * and restores go on (a failing restore is a miss, the prefix is recomputed).
@@ -219,7 +224,11 @@ KVT_API int kvt_tiers_cold_tier(kvt_tiers *t, kvt_cold_tier *out);
 KVT_API int32_t kvt_tiers_levels(const kvt_tiers *t);
 
 /** The chain composing the levels (borrowed; NULL when empty), for its
- * per-level counters (kvt_tier_chain_level_stats). Thread-safe. */
+ * per-level counters and names (kvt_tier_chain_level_stats,
+ * kvt_tier_chain_level_name: "ssd", "redis", "published", or "published:N"
+ * with several published directories, N counted from 1). The SSD level's
+ * budget evictions are demoted into the next writable level (Redis), unless
+ * that level holds them already. Thread-safe. */
 KVT_API kvt_tier_chain *kvt_tiers_chain(kvt_tiers *t);
 
 /** The SSD level's store (borrowed; NULL without an SSD level or while it

@@ -213,12 +213,146 @@ static void test_read_only_level(void **state)
     fx_done(&f);
 }
 
+/* A store whose byte budget holds about one entry of 16 tokens (1.5 times
+ * what one takes on disk, measured in a scratch store), in f's root. */
+static kvt_store *open_small(fx *f)
+{
+    char scratch[512];
+    store_tmpdir(scratch, sizeof scratch, "tier-store-scratch");
+    kvt_store *s = NULL;
+    assert_int_equal(kvt_store_open(scratch, &f->id, NULL, &s), 0);
+    kvt_cold_tier t;
+    kvt_store_cold_tier(s, &t);
+    int32_t p[16];
+    pcu_seq(p, 16, 1);
+    put(&t, p, 16);
+    kvt_tier_stats st;
+    assert_int_equal(t.stats(t.self, &st), 0);
+    assert_int_equal(kvt_store_close(s), 0);
+    store_rmtree(scratch);
+    kvt_store_options o = {.max_bytes = st.bytes * 3 / 2};
+    assert_int_equal(kvt_store_open(f->root, &f->id, &o, &s), 0);
+    return s;
+}
+
+static kvt_tier_stats level_stats(kvt_tier_chain *c, int lvl)
+{
+    kvt_tier_stats s;
+    assert_int_equal(kvt_tier_chain_level_stats(c, lvl, &s), 0);
+    return s;
+}
+
+/* the store's budget evictions are demoted into the writable level below
+ * (the in-memory tier), written behind by the chain: the evicted entry is
+ * found there, whole, through the chain; counted on both levels */
+static void test_store_demotes(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f);
+    kvt_store *s = open_small(&f);
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_tier_level lv[2] = {{.name = "ssd"}, {.tier = *mem_tier_iface(mt), .name = "memory"}};
+    kvt_store_cold_tier(s, &lv[0].tier);
+    kvt_tier_chain_config cc = {.levels = lv, .n_levels = 2};
+    kvt_tier_chain *c;
+    assert_int_equal(kvt_tier_chain_create(&cc, &c), 0);
+    kvt_cold_tier t;
+    kvt_tier_chain_cold_tier(c, &t);
+    int32_t a[20], b[20];
+    pcu_seq(a, 20, 300);
+    pcu_seq(b, 20, 400);
+    put(&t, a, 16); /* into the store, the first writable level */
+    assert_false(mem_tier_has(mt, "", a, 16));
+    put(&t, b, 16); /* the store's budget evicts a */
+    assert_int_equal(t.flush(t.self), 0);
+    assert_int_equal(kvt_store_contains(s, a, 16, ""), 0);
+    assert_true(mem_tier_has(mt, "", a, 16));
+    kvt_tier_stats s0 = level_stats(c, 0), s1 = level_stats(c, 1);
+    print_message("ssd: %llu evictions, %llu demotions; memory: %llu stores\n", (unsigned long long)s0.evictions,
+                  (unsigned long long)s0.demotions, (unsigned long long)s1.stores);
+    assert_int_equal(s0.evictions, 1);
+    assert_int_equal(s0.demotions, 1);
+    assert_int_equal(s0.demotions_dropped, 0);
+    assert_int_equal(s1.stores, 1);
+    kvt_cold_hit h;
+    assert_int_equal(t.find(t.self, a, 20, "", &h), 0);
+    assert_int_equal(h.prefix_len, 16);
+    assert_int_equal(h.handle >> 60, 1); /* from the level below now */
+    expect_restore(&t, h.handle, a, 16); /* and promotes it into the store */
+    /* upper level first: the promoted copy holds a share of the memory
+     * tier's release hook until the store has written it */
+    kvt_tier_chain_destroy(c);
+    assert_int_equal(kvt_store_close(s), 0);
+    mem_tier_destroy(mt);
+    fx_done(&f);
+}
+
+/* a write-behind level below the store (KVT_LEVEL_WRITE_BEHIND, e.g. a
+ * shared Redis) got every kept prefix when it was put: the store's
+ * eviction of it is not written into it a second time (demotions_skipped);
+ * an entry it lacks (removed from it meanwhile) is demoted once */
+static void test_demotion_beside_write_behind(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f);
+    kvt_store *s = open_small(&f);
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    kvt_tier_level lv[2] = {{.name = "ssd"},
+                            {.tier = *mem_tier_iface(mt), .name = "redis", .flags = KVT_LEVEL_WRITE_BEHIND}};
+    kvt_store_cold_tier(s, &lv[0].tier);
+    kvt_tier_chain_config cc = {.levels = lv, .n_levels = 2};
+    kvt_tier_chain *c;
+    assert_int_equal(kvt_tier_chain_create(&cc, &c), 0);
+    kvt_cold_tier t;
+    kvt_tier_chain_cold_tier(c, &t);
+    int32_t a[20], b[20], d[20];
+    pcu_seq(a, 20, 500);
+    pcu_seq(b, 20, 600);
+    pcu_seq(d, 20, 700);
+    put(&t, a, 16); /* the store, and a copy written behind below */
+    assert_int_equal(t.flush(t.self), 0);
+    assert_true(mem_tier_has(mt, "", a, 16));
+    int64_t writes = mem_tier_counts_get(mt).writes;
+    put(&t, b, 16); /* b written behind too; the store evicts a, which is below already */
+    assert_int_equal(t.flush(t.self), 0);
+    assert_int_equal(kvt_store_contains(s, a, 16, ""), 0);
+    kvt_tier_stats s0 = level_stats(c, 0);
+    print_message("write-behind below: %lld writes before, %lld after; ssd: %llu evictions, %llu demotions, "
+                  "%llu skipped\n",
+                  (long long)writes, (long long)mem_tier_counts_get(mt).writes, (unsigned long long)s0.evictions,
+                  (unsigned long long)s0.demotions, (unsigned long long)s0.demotions_skipped);
+    assert_int_equal(mem_tier_counts_get(mt).writes, writes + 1); /* b only: a is not sent again */
+    assert_int_equal(s0.evictions, 1);
+    assert_int_equal(s0.demotions_skipped, 1);
+    assert_int_equal(s0.demotions, 0);
+    /* b leaves the level below (say its own eviction), then the store evicts it: demoted once */
+    mem_tier_clear(mt);
+    put(&t, d, 16);
+    assert_int_equal(t.flush(t.self), 0);
+    s0 = level_stats(c, 0);
+    assert_int_equal(s0.evictions, 2);
+    assert_int_equal(s0.demotions, 1);
+    assert_int_equal(s0.demotions_skipped, 1);
+    assert_true(mem_tier_has(mt, "", b, 16));
+    assert_true(mem_tier_has(mt, "", d, 16));
+    kvt_tier_chain_destroy(c);
+    assert_int_equal(kvt_store_close(s), 0);
+    mem_tier_destroy(mt);
+    fx_done(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lock_held),
         cmocka_unit_test(test_lock_released),
         cmocka_unit_test(test_read_only_level),
+        cmocka_unit_test(test_store_demotes),
+        cmocka_unit_test(test_demotion_beside_write_behind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 
 #include "chat.h"
 #include "cli_run.h"
+#include "redis_util.h"
 #include "store_util.h"
 #include "tiers.h"
 
@@ -40,7 +41,7 @@ static int have_inputs(void) { return cli_inputs(model, sizeof model, tok, sizeo
  * report after it closed (its "tiers" from `chain`), freed by the caller
  * with kvt_string_free. */
 static void run_chat_report(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier *cold, kvt_tier_chain *chain,
-                            char out[3][512], int64_t *reused_first, char **report)
+                            const char *const *script, char out[3][512], int64_t *reused_first, char **report)
 {
     kvt_chat_service_opts svo = {.prompt_cache_bytes = cold ? 200000 : 0, .cold = cold, .chain = chain};
     kvt_service *svc = NULL;
@@ -51,7 +52,7 @@ static void run_chat_report(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier 
     for (int i = 0; i < 3; i++) {
         const char *reply;
         kvt_turn_stats st;
-        assert_int_equal(kvt_chat_turn(chat, lines[i], &reply, NULL, NULL, &st), 0);
+        assert_int_equal(kvt_chat_turn(chat, script[i], &reply, NULL, NULL, &st), 0);
         snprintf(out[i], 512, "%s", reply);
         if (i == 0 && reused_first)
             *reused_first = st.reused_tokens;
@@ -66,7 +67,7 @@ static void run_chat_report(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier 
 static void run_chat(kvt_model *m, kvt_tokenizer *t, const kvt_cold_tier *cold, char out[3][512],
                      int64_t *reused_first)
 {
-    run_chat_report(m, t, cold, NULL, out, reused_first, NULL);
+    run_chat_report(m, t, cold, NULL, lines, out, reused_first, NULL);
 }
 
 /* Loads stories260K and its identity. */
@@ -320,7 +321,7 @@ static void test_ssd_report_failures(void **state)
     kvt_cold_tier ct;
     assert_int_equal(kvt_tiers_cold_tier(tiers, &ct), 0);
     char *report = NULL;
-    run_chat_report(m, t, &ct, kvt_tiers_chain(tiers), got, NULL, &report);
+    run_chat_report(m, t, &ct, kvt_tiers_chain(tiers), lines, got, NULL, &report);
     json_t *doc = json_loads(report, 0, NULL);
     assert_non_null(doc);
     json_t *tiers_a = json_object_get(doc, "tiers");
@@ -342,6 +343,75 @@ static void test_ssd_report_failures(void **state)
     assert_string_equal(kvt_tier_chain_level_name(kvt_tiers_chain(tiers), 0), "ssd");
     assert_null(kvt_tier_chain_level_name(kvt_tiers_chain(tiers), 1));
     assert_int_equal(kvt_tiers_close(tiers, NULL), 0);
+    kvt_tokenizer_free(t);
+    kvt_model_free(m);
+}
+
+/* The stack's SSD level demotes its budget evictions into the Redis level
+ * below it (a real redis-server): while Redis holds every kept prefix (the
+ * stack writes each behind into it) an eviction is not sent again
+ * (demotions_skipped); once Redis lost them (FLUSHALL), the evicted entries
+ * are demoted into it and found there. */
+static void test_ssd_demotes_into_redis(void **state)
+{
+    (void)state;
+    if (!have_inputs() || !redis_available("test_ssd_demotes_into_redis"))
+        skip();
+    kvt_model *m = NULL;
+    kvt_tokenizer *t = NULL;
+    kvt_chat_identity id;
+    load(&m, &t, &id);
+    static const char *const other[] = {"The dog ran to the park with a red ball.", "Who did the dog meet there?",
+                                        "What happened when it rained?"};
+    char got[3][512], root[400];
+    /* the bytes one conversation takes on disk */
+    snprintf(root, sizeof root, "%s/measure", dir);
+    kvt_tiers_opts o = {.ssd_dir = root};
+    kvt_tiers *tiers = NULL;
+    kvt_cold_tier ct;
+    assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), 0);
+    assert_int_equal(kvt_tiers_cold_tier(tiers, &ct), 0);
+    run_chat(m, t, &ct, got, NULL);
+    assert_int_equal(ct.flush(ct.self), 0);
+    kvt_store_stats ss;
+    kvt_store_get_stats(kvt_tiers_store(tiers), &ss);
+    assert_int_equal(kvt_tiers_close(tiers, NULL), 0);
+    redis_srv rs;
+    assert_int_equal(redis_start(&rs, 64, NULL), 0);
+    snprintf(root, sizeof root, "%s/small", dir);
+    o = (kvt_tiers_opts){.ssd_dir = root, .ssd_max_bytes = ss.bytes * 3 / 2, .redis_url = rs.url};
+    assert_int_equal(kvt_tiers_open(m, &id, &o, &tiers), 0);
+    assert_int_equal(kvt_tiers_levels(tiers), 2);
+    assert_int_equal(kvt_tiers_cold_tier(tiers, &ct), 0);
+    kvt_tier_chain *c = kvt_tiers_chain(tiers);
+    assert_string_equal(kvt_tier_chain_level_name(c, 1), "redis");
+    run_chat_report(m, t, &ct, c, lines, got, NULL, NULL);
+    run_chat_report(m, t, &ct, c, other, got, NULL, NULL); /* the SSD budget evicts the first conversation */
+    assert_int_equal(ct.flush(ct.self), 0);
+    kvt_tier_stats s0, s1;
+    assert_int_equal(kvt_tier_chain_level_stats(c, 0, &s0), 0);
+    print_message("redis held everything: ssd %llu evictions, %llu demotions, %llu skipped\n",
+                  (unsigned long long)s0.evictions, (unsigned long long)s0.demotions,
+                  (unsigned long long)s0.demotions_skipped);
+    assert_true(s0.evictions >= 1);
+    assert_int_equal(s0.demotions, 0);
+    assert_int_equal(s0.demotions_skipped, s0.evictions);
+    assert_int_equal(redis_cmd(rs.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    uint64_t evicted = s0.evictions;
+    run_chat_report(m, t, &ct, c, lines, got, NULL, NULL); /* evicts the second one, which Redis lost */
+    assert_int_equal(ct.flush(ct.self), 0);
+    assert_int_equal(kvt_tier_chain_level_stats(c, 0, &s0), 0);
+    assert_int_equal(kvt_tier_chain_level_stats(c, 1, &s1), 0);
+    print_message("after FLUSHALL: ssd %llu evictions, %llu demotions, %llu skipped; redis %llu stores, "
+                  "%lld keys\n",
+                  (unsigned long long)s0.evictions, (unsigned long long)s0.demotions,
+                  (unsigned long long)s0.demotions_skipped, (unsigned long long)s1.stores,
+                  redis_count_keys(rs.port, "*"));
+    assert_true(s0.evictions > evicted);
+    assert_true(s0.demotions >= 1);
+    assert_int_equal(s0.demotions + s0.demotions_skipped + s0.demotions_dropped, s0.evictions);
+    assert_int_equal(kvt_tiers_close(tiers, NULL), 0);
+    redis_stop(&rs);
     kvt_tokenizer_free(t);
     kvt_model_free(m);
 }
@@ -369,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_ssd_stack_disk_full),
         cmocka_unit_test(test_ssd_lock_held),
         cmocka_unit_test(test_ssd_report_failures),
+        cmocka_unit_test(test_ssd_demotes_into_redis),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
