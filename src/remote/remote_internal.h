@@ -243,7 +243,8 @@ struct kvt_remote {
     /* write-behind */
     pthread_mutex_t q_mu;
     pthread_cond_t q_cv, idle_cv;
-    kvt__rjob *q_head, *q_tail, *inflight;
+    kvt__rjob *q_head, *q_tail, *inflight; /* inflight: the job being written (NULL once written) */
+    int releasing;                          /* the written job's entry is being released */
     int32_t q_n;
     uint64_t q_bytes;
     int closing;

@@ -44,10 +44,16 @@ void *kvt__remote_writer_main(void *arg)
         } else if ((rc = kvt__remote_store(r, &j->e))) {
             KVT__REMOTE_COUNT(r, behind_failed);
         }
+        /* readers (stats, pending) see inflight under q_mu: it leaves before
+         * the job is freed; flush waits for `releasing` to drop as well */
+        pthread_mutex_lock(&r->q_mu);
+        r->inflight = NULL;
+        r->releasing = 1;
+        pthread_mutex_unlock(&r->q_mu);
         kvt_entry_clear(&j->e);
         kvt__free(j);
         pthread_mutex_lock(&r->q_mu);
-        r->inflight = NULL;
+        r->releasing = 0;
         if (rc && !r->flush_rc)
             r->flush_rc = rc;
         pthread_cond_broadcast(&r->idle_cv);
@@ -138,7 +144,7 @@ int kvt__remote_flush(void *self)
 {
     kvt_remote *r = self;
     pthread_mutex_lock(&r->q_mu);
-    while (r->q_head || r->inflight)
+    while (r->q_head || r->inflight || r->releasing)
         pthread_cond_wait(&r->idle_cv, &r->q_mu);
     int rc = r->flush_rc;
     r->flush_rc = 0;
