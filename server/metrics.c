@@ -307,6 +307,36 @@ static void sb_label(sbuf *b, const char *v)
     }
 }
 
+int kvt_srv_metrics_layers_prometheus(const kvt_layer_stats *g, int n, char **out)
+{
+    *out = NULL;
+    sbuf b = {0};
+    sb_printf(&b, "%s", "");
+    /* one family per field of the one list, labelled by layer (at most
+     * KVT_LAYER_REPORT_LIMIT + 1 values: the overflow group is one) */
+#define KVT__LAYER_PROM(name, kind, help)                                                          \
+    if (n > 0) {                                                                                   \
+        const char *fam = !strcmp(#kind, "counter") ? "layer_" #name "_total" : "layer_" #name;   \
+        head(&b, fam, #kind, "Per-layer residency: " help ".");                                   \
+        for (int i = 0; i < n; i++) {                                                              \
+            if (g[i].first_layer == g[i].last_layer)                                               \
+                sb_printf(&b, "kvtier_%s{layer=\"%d\"} %llu\n", fam, (int)g[i].first_layer,         \
+                          (unsigned long long)g[i].name);                                          \
+            else                                                                                   \
+                sb_printf(&b, "kvtier_%s{layer=\"%d-%d\"} %llu\n", fam, (int)g[i].first_layer,      \
+                          (int)g[i].last_layer, (unsigned long long)g[i].name);                    \
+        }                                                                                          \
+    }
+    KVT_LAYER_COUNTERS(KVT__LAYER_PROM)
+#undef KVT__LAYER_PROM
+    if (b.oom) {
+        free(b.p);
+        return -1;
+    }
+    *out = b.p;
+    return 0;
+}
+
 int kvt_srv_metrics_pool_prometheus(kvt_pool *pool, char **out)
 {
     *out = NULL;

@@ -152,6 +152,14 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
  * @param out receives malloc'd text (free()). @return 0, -1 out of memory. */
 int kvt_srv_metrics_pool_prometheus(kvt_pool *pool, char **out);
 
+/** The per-layer telemetry's Prometheus lines (kvt_service_layer_stats):
+ * one family per KVT_LAYER_COUNTERS field, kvtier_layer_NAME for a gauge
+ * and kvtier_layer_NAME_total for a counter, labelled `layer` ("0", ...,
+ * "64-99" for the overflow group: at most KVT_LAYER_REPORT_LIMIT + 1 values).
+ * @param g (n) groups; n 0 gives an empty text.
+ * @param out receives malloc'd text (free()). @return 0, -1 out of memory. */
+int kvt_srv_metrics_layers_prometheus(const kvt_layer_stats *g, int n, char **out);
+
 /** Appends the remote tier's counters `rs` (kvt_remote_stats_get) to the
  * Prometheus text *text (from kvt_srv_metrics_prometheus): one family per
  * KVT_REMOTE_COUNTERS entry, kvtier_remote_NAME_total for a counter and

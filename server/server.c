@@ -893,14 +893,19 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
         free(text);
         return MHD_NO;
     }
-    char *pool_text = NULL;
+    char *pool_text = NULL, *layer_text = NULL;
+    kvt_layer_stats layers[KVT_LAYER_REPORT_LIMIT + 1];
+    int n_layers = g.ready ? kvt_service_layer_stats(md->svc, layers, KVT_LAYER_REPORT_LIMIT + 1) : 0;
     if (kvt_srv_metrics_pool_prometheus(s->pool, &pool_text) ||
-        !(text = cat3(text, pool_text, NULL))) {
+        kvt_srv_metrics_layers_prometheus(layers, n_layers > 0 ? n_layers : 0, &layer_text) ||
+        !(text = cat3(text, pool_text, layer_text))) {
         free(pool_text);
+        free(layer_text);
         free(text);
         return MHD_NO;
     }
     free(pool_text);
+    free(layer_text);
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(text);

@@ -78,17 +78,7 @@ static void chat_scheme(const char *pub, const char *scheme, cli_result *r)
     run(a, r);
 }
 
-static void chat(const char *pub, cli_result *r)
-{
-    char script[600];
-    snprintf(script, sizeof script, "%s/script.txt", dir);
-    char text[200];
-    snprintf(text, sizeof text, "%s\n", USER);
-    write_text(script, text);
-    const char *a[] = {"chat", "--model", model, "--tokenizer", tok, "--script", script, "--max-tokens", "24",
-                       pub ? "--prompt-cache-dir" : NULL, pub, NULL};
-    run(a, r);
-}
+static void chat(const char *pub, cli_result *r) { chat_scheme(pub, NULL, r); }
 
 static void t_cache_cli(void **state)
 {

@@ -233,6 +233,20 @@ static void test_two_models(void **state)
         json_t *sp = json_object_get(rep, "pool");
         assert_string_equal(json_string_value(json_object_get(sp, "member")), m ? "service:tiny" : "service:stories260K");
     }
+    /* per-layer residency of each model: its own layer count, RAM bytes adding up */
+    for (int m = 0; m < 2; m++) {
+        json_t *rep = json_object_get(json_array_get(list, (size_t)m), "report");
+        json_t *layers = json_object_get(rep, "layers");
+        assert_int_equal(json_array_size(layers), m ? 3 : 5);
+        uint64_t sum = 0;
+        size_t li;
+        json_t *l;
+        json_array_foreach(layers, li, l)
+        {
+            sum += (uint64_t)json_integer_value(json_object_get(l, "ram_bytes"));
+        }
+        assert_int_equal(sum, (uint64_t)json_integer_value(json_object_get(json_object_get(rep, "prefixes"), "bytes")));
+    }
     json_t *pool = json_object_get(doc, "pool");
     assert_int_equal(json_integer_value(json_object_get(pool, "members")), 2);
     json_t *axes = json_object_get(pool, "axes");
@@ -263,6 +277,9 @@ static void test_two_models(void **state)
     assert_non_null(strstr(r.body, "kvtier_pool_limit_bytes{axis=\"ram\"} 25165824"));
     assert_non_null(strstr(r.body, "kvtier_pool_member_published_bytes{member=\"service:tiny\",axis=\"ram\"}"));
     assert_non_null(strstr(r.body, "kvtier_pool_refusals_total{axis=\"kv\"}"));
+    assert_non_null(strstr(r.body, "kvtier_layer_ram_bytes{layer=\"0\"}"));
+    assert_non_null(strstr(r.body, "kvtier_layer_evictions_total{layer=\"4\"}"));
+    assert_null(strstr(r.body, "{layer=\"5\"}")); /* stories260K has 5 layers */
     if (system("command -v promtool >/dev/null 2>&1") == 0) {
         char path[300];
         snprintf(path, sizeof path, "%s/metrics.txt", dir);

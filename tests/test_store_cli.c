@@ -150,6 +150,17 @@ static void store_cli_symlink(void **state)
     store_rmtree(root);
 }
 
+/* Runs the shell command cmd, its stdout and stderr into out (cap bytes,
+ * NUL-terminated). @return its wait status. */
+static int run_cmd(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    return pclose(p);
+}
+
 /* `kvtier bench ssd` on 16 MB: one row of figures, writes as well as reads
  * the best of --reads runs (a single write sample swung store/raw between 27 %
  * and 282 % on a shared disk), its directory removed. Not a timing test. */
@@ -165,11 +176,7 @@ static void bench_ssd_smoke(void **state)
     assert_true(base[0] != '\0');
     char cmd[1024], out[4096];
     snprintf(cmd, sizeof cmd, "'%s' bench ssd --sizes 16M --reads 2 --dir '%s' 2>&1", getenv("KVT_BIN"), base);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
+    int st = run_cmd(cmd, out, sizeof out);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         fail_msg("bench ssd failed: %s", out);
     assert_non_null(strstr(out, "      16MB "));
@@ -195,11 +202,7 @@ static void bench_ssd_kv_dtype(void **state)
     char cmd[1024], out[4096];
     snprintf(cmd, sizeof cmd, "'%s' bench ssd --sizes 16M --reads 1 --kv-dtype f16,q8 --dir '%s' 2>&1",
              getenv("KVT_BIN"), base);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
+    int st = run_cmd(cmd, out, sizeof out);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         fail_msg("bench ssd failed: %s", out);
     assert_non_null(strstr(out, "  f16        8MB "));
@@ -210,11 +213,7 @@ static void bench_ssd_kv_dtype(void **state)
     assert_null(strstr(out, "  f32 "));
     assert_int_equal(store_count_files(base, ""), 0);
     snprintf(cmd, sizeof cmd, "'%s' bench ssd --kv-dtype f16,i4 --dir '%s' 2>&1", getenv("KVT_BIN"), base);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    st = pclose(p);
+    st = run_cmd(cmd, out, sizeof out);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 2);
     assert_non_null(strstr(out, "--kv-dtype 'f16,i4'"));

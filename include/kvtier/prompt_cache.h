@@ -479,6 +479,19 @@ KVT_API void kvt_prompt_cache_clear(kvt_prompt_cache *pc);
     X(size_t, max_bytes, gauge, "The RAM byte budget")                                                    \
     X(uint64_t, epoch, counter, "Clears so far (the epoch a clear advances)")
 
+/** Residency by layer: bytes[i] receives the bytes layer i's state holds
+ * in RAM over every resident entry (each buffer counted once, as the budget
+ * counts it, plus the layer's private bytes), shared[i] how many of those
+ * buffers more than one resident entry holds (blocks shared between
+ * entries). Layers past an entry's own count add nothing; an entry's layers
+ * past n_layers are not counted. A walk of every resident entry under the
+ * cache's lock: for reports, not for a hot path.
+ * @param bytes, shared (n_layers) each, written whole.
+ * @return 0; KVT_EINVAL (NULL argument, n_layers < 0); KVT_ENOMEM (the
+ *   arrays are then partial). Thread-safe. */
+KVT_API int kvt_prompt_cache_layer_usage(kvt_prompt_cache *pc, int32_t n_layers, uint64_t *bytes,
+                                         uint64_t *shared);
+
 /** Counters and occupancy (see KVT_PROMPT_CACHE_COUNTERS). A consistent
  * snapshot. */
 typedef struct kvt_prompt_cache_stats {

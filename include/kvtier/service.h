@@ -585,6 +585,46 @@ typedef struct kvt_service_stats {
 /** Fills `out` with a snapshot of the counters. @return 0, KVT_EINVAL. Thread-safe. */
 KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out);
 
+/* ---- per-layer residency telemetry ------------------------------------------------ */
+
+/** Layers the telemetry names one by one; the rest are one overflow group. */
+#define KVT_LAYER_REPORT_LIMIT 64
+
+/** The per-layer telemetry, one list: X(name, kind, help). Every entry the
+ * service keeps holds every layer, so an entry's promotion, demotion or
+ * eviction counts for each of its layers; bytes are the layer's own. For the
+ * overflow group each field is the sum over its layers. */
+#define KVT_LAYER_COUNTERS(X)                                                                          \
+    X(ram_bytes, gauge, "RAM bytes of the layer's state in the prompt cache, shared blocks counted once") \
+    X(ram_shared_blocks, gauge, "Buffers (blocks) of the layer held by more than one RAM entry")        \
+    X(restores, counter, "Cold-tier restores that brought the layer's state")                          \
+    X(restored_bytes, counter, "Bytes of the layer's state those restores read")                       \
+    X(written, counter, "States of the layer handed to the cold tier (write-behind and spills)")      \
+    X(written_bytes, counter, "Bytes of the layer's state handed to the cold tier")                    \
+    X(promotions, counter, "Restored prefixes put into RAM (each holds the layer)")                    \
+    X(demotions, counter, "Entries released from RAM by relieve, demote_idle and reclaim")            \
+    X(evictions, counter, "Entries evicted for the RAM budget (each holds the layer)")
+
+/** One layer's telemetry, or the overflow group's (see KVT_LAYER_COUNTERS). */
+typedef struct kvt_layer_stats {
+    int32_t first_layer, last_layer; /* equal for a layer named alone */
+#define KVT__LAYER_FIELD(name, kind, help) uint64_t name;
+    KVT_LAYER_COUNTERS(KVT__LAYER_FIELD)
+#undef KVT__LAYER_FIELD
+} kvt_layer_stats;
+
+/** Groups the telemetry reports: min(n_layers, KVT_LAYER_REPORT_LIMIT),
+ * plus one overflow group past that many layers (0 for NULL). Thread-safe. */
+KVT_API int32_t kvt_service_layer_groups(const kvt_service *svc);
+
+/** Fills out[0..groups) (layer 0 first; the overflow group last). RAM bytes
+ * come from a walk of the prompt cache (kvt_prompt_cache_layer_usage), the
+ * cold-tier bytes from what passed between the prompt cache and its cold
+ * tier. @param cap out's length, at least kvt_service_layer_groups.
+ * @return the groups filled; KVT_EINVAL (NULL argument, cap too small);
+ *   KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_service_layer_stats(kvt_service *svc, kvt_layer_stats *out, int32_t cap);
+
 /** How many cold tiers the report lists: the levels of the config's chain,
  * else 1 for a cold tier with a stats operation, else 0 (NULL: 0).
  * Thread-safe. */
@@ -610,6 +650,8 @@ KVT_API const char *kvt_service_tier_name(kvt_service *svc, int32_t level);
  *    "kv": {"projected_bytes", "budget_bytes" (null when unlimited)},
  *    "tiers": [{"level": 0, "name": "ssd", every KVT_TIER_COUNTERS name: n},
  *              ...],
+ *    "layers": [{"layer": "0" (or "64-99", the overflow group), every
+ *                KVT_LAYER_COUNTERS name: n}, ...] (kvt_service_layer_stats),
  *    "pool": null, or {"member": name, "members": n,
  *             "axes": {"ram"|"kv"|"disk"|"remote": {"limit" (null when not
  *                      limited), "reserved", "published", "used",

@@ -250,6 +250,27 @@
       w.append(n);
     }
 
+    // per-layer residency (the report's "layers": 64 layers named, the rest one group)
+    const layers = Array.isArray(s.layers) ? s.layers : [];
+    const lt = $('layer-table');
+    lt.hidden = layers.length === 0;
+    $('layers-note').textContent = layers.length ? 'RAM bytes per layer (shared blocks counted once), with what restores brought up and write-behind handed down, of model ' + (s.model ? s.model.id : '') + '.' : 'No layer is reported yet.';
+    const maxRam = Math.max(1, ...layers.map((l) => l.ram_bytes || 0));
+    lt.tBodies[0].replaceChildren(...layers.map((l) => {
+      const tr = document.createElement('tr');
+      tr.dataset.layer = l.layer;
+      const bar = td('', 'layer-ram');
+      const fill = document.createElement('span');
+      fill.className = 'layer-bar';
+      fill.style.width = (100 * (l.ram_bytes || 0) / maxRam).toFixed(1) + '%';
+      const lab = document.createElement('span');
+      lab.textContent = bytes(l.ram_bytes || 0);
+      bar.append(fill, lab);
+      tr.append(td(l.layer), bar, td(num(l.ram_shared_blocks), 'num'), td(num(l.restores), 'num'),
+        td(bytes(l.restored_bytes || 0), 'num'), td(num(l.written), 'num'), td(bytes(l.written_bytes || 0), 'num'));
+      return tr;
+    }));
+
     // charts
     state.samples.push({ t, prompt: c.prompt_tokens || 0, ram: c.cached_tokens_ram || 0, ssd: c.cached_tokens_ssd || 0 });
     while (state.samples.length > 2 && t - state.samples[1].t >= WINDOW_MS) state.samples.shift();

@@ -16,6 +16,7 @@
 
 #include "checkpoint.h"
 #include "service_pool.h"
+#include "telemetry.h"
 #include "internal.h"
 
 #include <errno.h>
@@ -69,6 +70,7 @@ struct kvt_service {
     pthread_cond_t stop;         /* signalled by close to end the demoter */
     uint64_t acquires, reused_tokens, publishes, rejected, waited;
     kvt__svc_pool pool;          /* membership of the config's pool (service_pool.h) */
+    kvt__telemetry *telem;       /* per-layer telemetry; the prompt cache's cold tier goes through it */
 };
 
 /* ---- creation ----------------------------------------------------------------- */
@@ -219,6 +221,9 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
     rc = kvt__svc_pool_init(&s->pool, cfg->pool, cfg->pool_name, cfg->prompt_cache_bytes);
     if (rc)
         goto fail;
+    rc = kvt__telemetry_create(cfg->n_layers, cfg->cold, &s->telem);
+    if (rc)
+        goto fail;
     if (cfg->prompt_cache_bytes > 0) {
         /* with a cold tier: restores are promoted into RAM at once, and an
          * entry whose write is still pending is never evicted */
@@ -226,7 +231,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
             /* with a pool the budget grows from 0 as the pool grants it */
             .max_bytes = cfg->pool ? 0 : (size_t)cfg->prompt_cache_bytes,
             .block_tokens = cfg->block_tokens,
-            .cold = cfg->cold,
+            .cold = kvt__telemetry_cold(s->telem), /* cfg->cold, counted by layer */
             .flags = cfg->cold ? (KVT_PC_PROMOTE_RESTORES | KVT_PC_EVICT_ONLY_DURABLE) : 0,
         };
         rc = kvt_prompt_cache_create(&pcc, &s->pc);
@@ -278,6 +283,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
 fail:
     kvt__ckpt_destroy(s->ckpt);
     kvt_prompt_cache_destroy(s->pc);
+    kvt__telemetry_destroy(s->telem);
     kvt__svc_pool_fini(&s->pool);
     kvt__free(s->layers);
     kvt__free(s);
@@ -310,6 +316,7 @@ KVT_API void kvt_service_destroy(kvt_service *svc)
     }
     kvt__ckpt_destroy(svc->ckpt);
     kvt_prompt_cache_destroy(svc->pc);
+    kvt__telemetry_destroy(svc->telem);
     kvt__svc_pool_fini(&svc->pool);
     pthread_cond_destroy(&svc->stop);
     pthread_cond_destroy(&svc->released);
@@ -958,6 +965,20 @@ KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out)
     return 0;
 }
 
+KVT_API int32_t kvt_service_layer_groups(const kvt_service *svc)
+{
+    return svc ? kvt__telemetry_groups(svc->n_layers) : 0;
+}
+
+KVT_API int kvt_service_layer_stats(kvt_service *svc, kvt_layer_stats *out, int32_t cap)
+{
+    kvt_service_stats ps;
+    int rc = kvt_service_get_stats(svc, &ps);
+    if (rc)
+        return rc;
+    return kvt__telemetry_get(svc->telem, svc->pc, &ps, out, cap);
+}
+
 KVT_API int32_t kvt_service_tier_count(kvt_service *svc)
 {
     if (!svc || !svc->has_cold)
@@ -1039,8 +1060,9 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
     json_t *root = json_object(), *prefixes = json_object(), *requests = json_object(), *kv = json_object();
     json_t *tiers = tiers_json(svc);
     json_t *pool = kvt__svc_pool_json(&svc->pool);
+    json_t *layers = kvt__telemetry_json(svc->telem, svc->pc, &r);
     char *text = NULL;
-    int bad = !root || !prefixes || !requests || !kv || !tiers || !pool;
+    int bad = !root || !prefixes || !requests || !kv || !tiers || !pool || !layers;
     if (!bad) {
 #define KVT__PC_JSON(type, name, kind, help) bad |= set_u64(prefixes, #name, r.name);
         KVT_PROMPT_CACHE_COUNTERS(KVT__PC_JSON)
@@ -1050,7 +1072,7 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
 #undef KVT__SVC_JSON
         bad |= json_object_set(root, "prefixes", prefixes) | json_object_set(root, "requests", requests) |
                json_object_set(root, "kv", kv) | json_object_set(root, "tiers", tiers) |
-               json_object_set(root, "pool", pool);
+               json_object_set(root, "layers", layers) | json_object_set(root, "pool", pool);
     }
     if (!bad)
         text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -1059,6 +1081,7 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
     json_decref(kv);
     json_decref(tiers);
     json_decref(pool);
+    json_decref(layers);
     json_decref(root);
     if (!text)
         return kvt__fail(KVT_ENOMEM, "report: cannot build the JSON document");

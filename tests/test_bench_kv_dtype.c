@@ -1,0 +1,86 @@
+/*
+ * test_bench_kv_dtype.c: `kvtier bench kv-dtype` on stories260K, small (4
+ * prompts of 24 tokens, 24 greedy tokens) as a child process: KV bytes per
+ * token per scheme (f32 1280, f16/bf16 640, q8 480 with an f32 scale per 8
+ * floats), the f32* noise-floor row agreeing on every prompt, the near-tie
+ * density counted over every one of f32's greedy steps, and for each scheme
+ * one first-divergence gap per disagreeing prompt (the near-tie line's count
+ * equals prompts minus agreeing prompts). Not a quality test: the figures of
+ * a 4-prompt run are not the goals'. Skips without KVT_BIN or the model.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "cli_run.h"
+#include "store_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void expect_in(const char *hay, const char *needle)
+{
+    if (!strstr(hay, needle))
+        fprintf(stderr, "expected \"%s\" in:\n%s\n", needle, hay);
+    assert_non_null(strstr(hay, needle));
+}
+
+/* The agreeing prompts of a scheme's row ("  f16  ...  A/4 ..."), and the
+ * disagreements its near-tie line counts (0 when it has none). */
+static void row_counts(const char *out, const char *scheme, int *agree, int *disagree)
+{
+    char key[32];
+    snprintf(key, sizeof key, "\n  %-6s ", scheme);
+    const char *row = strstr(out, key);
+    assert_non_null(row);
+    const char *slash = strstr(row, "/4 ");
+    assert_non_null(slash);
+    const char *a = slash;
+    while (a > row && a[-1] >= '0' && a[-1] <= '9')
+        a--;
+    *agree = atoi(a);
+    const char *line = strstr(slash, key); /* the near-tie line comes after the rows */
+    *disagree = line ? atoi(line + strlen(key)) : 0;
+}
+
+static void t_bench_kv_dtype(void **state)
+{
+    (void)state;
+    char model[1024], tok[1024], dir[512];
+    if (!cli_inputs(model, sizeof model, tok, sizeof tok))
+        skip();
+    store_tmpdir(dir, sizeof dir, "bench-kvd");
+    const char *args[] = {"bench", "kv-dtype", "--model", model, "--tokenizer", tok, "--no-default", "--prompts", "4",
+                          "--prompt-tokens", "24", "--gen-tokens", "24", NULL};
+    cli_child c;
+    cli_result r;
+    assert_int_equal(cli_start(&c, dir, args, NULL, 0, 0), 0);
+    assert_int_equal(cli_finish(&c, 300, &r), 0);
+    printf("%s", r.out);
+    assert_false(r.timed_out);
+    assert_int_equal(r.status, 0);
+    expect_in(r.out, "  f32          1280 ");
+    expect_in(r.out, "  f16           640 ");
+    expect_in(r.out, "  bf16          640 ");
+    expect_in(r.out, "  q8            480 ");
+    expect_in(r.out, "4/4 100.0%"); /* f32*: the order of arithmetic alone */
+    expect_in(r.out, "of its 96 greedy steps");
+    static const char *const schemes[] = {"f16", "bf16", "q8", "f32*"};
+    for (int i = 0; i < 4; i++) {
+        int agree = -1, disagree = -1;
+        row_counts(r.out, schemes[i], &agree, &disagree);
+        printf("%s: %d agree, %d first divergences\n", schemes[i], agree, disagree);
+        assert_true(agree >= 0 && agree <= 4);
+        assert_int_equal(disagree, 4 - agree);
+    }
+    store_rmtree(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_bench_kv_dtype)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
