@@ -508,7 +508,8 @@ static int open_redis(kvt_tiers *t, const kvt_model *m, const kvt_chat_identity 
     memset(&u, 0, sizeof u);
     kvt_remote_options ro = {.cluster = o->redis_cluster, .lookup_timeout_ms = o->redis_timeout_ms,
                              .restore_timeout_ms = o->redis_restore_timeout_ms,
-                             .ttl_s = o->redis_ttl_s, .quiet = 1};
+                             .ttl_s = o->redis_ttl_s, .quiet = 1, .pool = o->redis_pool,
+                             .pool_name = o->redis_pool_name};
     if ((rc = kvt_remote_open(o->redis_url, &sid, &ro, &l->r))) {
         free(l);
         return rc;

@@ -158,6 +158,9 @@ typedef struct kvt_tiers_opts {
     uint64_t ssd_lock_wait_ms;    /* as kvt_ssd_level_opts.lock_wait_ms */
     const kvt_store_io *ssd_io;   /* as kvt_ssd_level_opts.io (tests) */
     struct kvt_pool *ssd_pool;    /* as kvt_ssd_level_opts.pool */
+    struct kvt_pool *redis_pool;  /* the pool the remote tier's writes in flight join
+                                     (kvt_remote_options.pool), as redis_pool_name */
+    const char *redis_pool_name;
     /* shared remote tier (below the SSD tier) */
     const char *redis_url;        /* --redis redis://[user:password@]host:port[/db]
                                      (kvtier/remote.h); NULL = none. Every kept

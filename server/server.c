@@ -1223,8 +1223,9 @@ static int load_model(kvt_server *s, int i)
         if (!strcmp(s->md[k].model_name, md->model_name))
             return kvt__fail(KVT_EINVAL, "models %d and %d both have the id '%s': give one a --model-name", k + 1,
                              i + 1, md->model_name);
-    char member[80];
+    char member[80], rmember[80];
     snprintf(member, sizeof member, "service:%s", md->model_name);
+    snprintf(rmember, sizeof rmember, "remote:%s", md->model_name);
     kvt_chat_service_opts so = {.prompt_cache_bytes = s->o.prompt_cache_bytes, .kv_budget_bytes = s->o.kv_budget_bytes,
                                 .demote_idle_ms = s->o.demote_idle_ms, .pool = s->pool, .pool_name = member};
     kvt_chat_identity ident;
@@ -1236,7 +1237,7 @@ static int load_model(kvt_server *s, int i)
      * the SSD root, whose budget is over the whole root: the first model's
      * store charges it to the pool, once */
     kvt_tiers_opts to = {.ssd_dir = s->ssd_dir, .ssd_max_bytes = s->o.ssd_max_bytes, .ssd_verify = s->o.ssd_verify,
-                         .ssd_pool = i == 0 ? s->pool : NULL,
+                         .ssd_pool = i == 0 ? s->pool : NULL, .redis_pool = s->pool, .redis_pool_name = rmember,
                          .prompt_cache_dirs = s->o.prompt_cache_dirs, .n_prompt_cache_dirs = s->o.n_prompt_cache_dirs,
                          .redis_url = s->redis_url, .redis_cluster = s->o.redis_cluster,
                          .redis_timeout_ms = s->o.redis_timeout_ms, .redis_ttl_s = s->o.redis_ttl_s,

@@ -25,9 +25,11 @@
 #include <unistd.h>
 
 #include "kvtier/pool.h"
+#include "kvtier/remote.h"
 #include "kvtier/service.h"
 #include "kvtier/store.h"
 #include "oom_alloc.h"
+#include "redis_util.h"
 #include "store_util.h"
 #include "test_seed.h"
 
@@ -643,6 +645,105 @@ static void test_alloc_failures(void **state)
     kvt_pool_destroy(p);
 }
 
+/* ---- remote: write bytes in flight on the remote axis --------------------------- */
+
+static uint64_t entry_write_bytes(const kvt_entry *e)
+{
+    uint64_t b = (uint64_t)e->n_tokens * 4;
+    for (int32_t l = 0; l < e->n_caches; l++)
+        b += kvt_cache_bytes(e->caches[l]);
+    return b;
+}
+
+static void test_remote_in_flight(void **state)
+{
+    (void)state;
+    if (!redis_available("test_pool_service remote"))
+        skip();
+    redis_srv srv;
+    assert_int_equal(redis_start(&srv, 64, NULL), 0);
+    static const store_cfg cfg = {.n_kv = 1, .kv_dim = D, .block = B};
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    kvt_store_identity id;
+    store_identity(&cfg, "model-pool-remote", fp, &id);
+    int32_t t[64];
+    for (int i = 0; i < 64; i++)
+        t[i] = 900 + i;
+    kvt_entry small;
+    assert_int_equal(store_make_entry(&cfg, "", t, 16, &small), 0);
+    uint64_t one = entry_write_bytes(&small);
+    kvt_entry_clear(&small);
+    kvt_pool *p = NULL;
+    kvt_pool_limits lim = {{0, 0, 0, 3 * one}};
+    assert_int_equal(kvt_pool_create(&lim, &p), 0);
+    kvt_remote_options o = {.pool = p, .quiet = 1};
+    kvt_remote *r = NULL;
+    assert_int_equal(kvt_remote_open(srv.url, &id, &o, &r), 0);
+    char name[128];
+    snprintf(name, sizeof name, "remote:127.0.0.1:%d", srv.port);
+    kvt_cold_tier tier;
+    kvt_remote_cold_tier(r, &tier);
+    /* an entry of 64 tokens is more than the whole axis: refused, named */
+    kvt_entry big;
+    assert_int_equal(store_make_entry(&cfg, "", t, 64, &big), 0);
+    assert_true(entry_write_bytes(&big) > 3 * one);
+    assert_int_equal(tier.store(tier.self, &big), KVT_ELIMIT);
+    assert_non_null(strstr(kvt_last_error(), "pool axis remote"));
+    assert_int_equal(tier.spill(tier.self, &big), KVT_EAGAIN); /* write-behind: a drop, still ours */
+    assert_non_null(big.caches);
+    kvt_entry_clear(&big);
+    /* a burst of small write-behinds under a sampling eye: never over the limit */
+    burst b;
+    memset(&b, 0, sizeof b);
+    b.pool = p;
+    b.limit[KVT_POOL_REMOTE] = 3 * one;
+    pthread_t smp;
+    assert_int_equal(pthread_create(&smp, NULL, sampler, &b), 0);
+    while (!__atomic_load_n(&b.started, __ATOMIC_ACQUIRE))
+        sched_yield();
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 40; i++) {
+        int32_t u[16];
+        for (int k = 0; k < 16; k++)
+            u[k] = 5000 + i * 16 + k;
+        kvt_entry e;
+        assert_int_equal(store_make_entry(&cfg, "", u, 16, &e), 0);
+        if (tier.spill(tier.self, &e) == 0) {
+            accepted++;
+        } else {
+            assert_non_null(strstr(kvt_last_error(), "pool axis remote"));
+            refused++;
+            kvt_entry_clear(&e);
+            usleep(500); /* the writer drains meanwhile: later ones fit again */
+        }
+    }
+    assert_int_equal(tier.flush(tier.self), 0);
+    b.stop = 1;
+    pthread_join(smp, NULL);
+    kvt_pool_usage u = axis_of(p, KVT_POOL_REMOTE);
+    printf("remote: %d write-behinds accepted, %d refused by the %llu-byte axis; high water %llu, %llu samples\n",
+           accepted, refused, (unsigned long long)(3 * one), (unsigned long long)u.high_water,
+           (unsigned long long)b.samples);
+    assert_int_equal(b.over, 0);
+    assert_true(accepted >= 3);
+    assert_int_equal(u.used, 0); /* every write ended: nothing in flight */
+    assert_true(u.high_water >= one && u.high_water <= 3 * one);
+    assert_int_equal(u.refusals, (uint64_t)refused + 2);
+    assert_int_equal(member_axis(p, name, KVT_POOL_REMOTE).used, 0);
+    /* a synchronous store holds its bytes only while it is sent */
+    kvt_entry e;
+    assert_int_equal(store_make_entry(&cfg, "", t, 16, &e), 0);
+    assert_int_equal(tier.store(tier.self, &e), 0);
+    kvt_entry_clear(&e);
+    assert_int_equal(axis_of(p, KVT_POOL_REMOTE).used, 0);
+    assert_int_equal(kvt_remote_close(r), 0);
+    kvt_pool_report rep;
+    kvt_pool_report_get(p, &rep);
+    assert_int_equal(rep.members, 0);
+    kvt_pool_destroy(p);
+    redis_stop(&srv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -652,6 +753,7 @@ int main(void)
         cmocka_unit_test(test_burst_sampled),
         cmocka_unit_test(test_acquire_failure_drops),
         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_remote_in_flight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

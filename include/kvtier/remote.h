@@ -100,6 +100,16 @@ typedef struct kvt_remote_options {
     int32_t queue_max_entries;
     /** Non-zero: do not print the startup warning when Redis is down. */
     int quiet;
+    /** Optional process-wide pool (kvtier/pool.h; borrowed, must outlive
+     * the tier) the tier joins as `pool_name` (NULL: "remote:HOST:PORT";
+     * borrowed for the call). Every write in flight (queued write-behind,
+     * the one being sent, a synchronous store) holds its entry's bytes on
+     * the pool's remote axis from the moment it is accepted until it ends;
+     * a write that does not fit is refused (write-behind: a counted drop,
+     * KVT_EAGAIN; store: the pool's KVT_EAGAIN or KVT_ELIMIT), the message
+     * naming the axis "remote", the bytes asked and free. NULL: no pool. */
+    struct kvt_pool *pool;
+    const char *pool_name;
     /** Bound on a whole restore, in ms, from its start to its last byte
      * (every round trip, connect and read of it, whatever io_timeout_ms
      * allows each one); 0 = 1000. A restore that cannot finish in time fails

@@ -253,7 +253,15 @@ int kvt__remote_hslot_make(kvt__rhandle *h, const char *ns, const int32_t *a, in
 
 /* ---- the tier table ------------------------------------------------------------- */
 
-static int t_store(void *self, const kvt_entry *e) { return kvt__remote_store(self, e); }
+static int t_store(void *self, const kvt_entry *e)
+{
+    struct kvt_pool_reservation *res = NULL; /* in flight on the pool's remote axis while it is sent */
+    int rc = e ? kvt__remote_pool_reserve(self, kvt__remote_entry_bytes(e), &res) : 0;
+    if (!rc)
+        rc = kvt__remote_store(self, e);
+    kvt__remote_pool_drop(res);
+    return rc;
+}
 
 static int t_stats(void *self, kvt_tier_stats *out)
 {
@@ -345,7 +353,9 @@ KVT_API int kvt_remote_open(const char *url, const kvt_store_identity *identity,
     pthread_mutex_init(&r->q_mu, NULL);
     pthread_cond_init(&r->q_cv, NULL);
     pthread_cond_init(&r->idle_cv, NULL);
-    rc = kvt__rconn_create(&cfg, &r->conn);
+    rc = kvt__remote_pool_join(r, &o);
+    if (!rc)
+        rc = kvt__rconn_create(&cfg, &r->conn);
     memset(&cfg, 0, sizeof cfg); /* the password copy */
     if (rc) {
         kvt_remote_close(r);
@@ -397,8 +407,10 @@ KVT_API int kvt_remote_close(kvt_remote *r)
     for (kvt__rjob *j = r->q_head, *nx; j; j = nx) {
         nx = j->next;
         kvt_entry_clear(&j->e);
+        kvt__remote_pool_drop(j->res);
         kvt__free(j);
     }
+    kvt__remote_pool_leave(r);
     kvt__rconn_destroy(r->conn);
     for (int i = 0; i < KVT__REMOTE_HANDLES; i++)
         kvt__remote_hslot_clear(&r->ring[i]);

@@ -215,11 +215,13 @@ typedef struct kvt__rhandle {
 typedef struct kvt__rjob {
     kvt_entry e;
     uint64_t bytes;
+    struct kvt_pool_reservation *res; /* its bytes on the pool's remote axis, NULL = no pool */
     struct kvt__rjob *next;
 } kvt__rjob;
 
 /** The tier. mu guards layout, handles and stats; q_mu the write-behind queue. */
 struct kvt_remote {
+    struct kvt_pool_member *pool_member; /* remote_pool.c; NULL = no pool */
     kvt__rconn *conn;
     kvt__key seed;
     char prefix[48];
@@ -316,5 +318,15 @@ int kvt__remote_withdraw(void *self, const int32_t *tokens, int64_t n, const cha
 int kvt__remote_flush(void *self);
 /** The write-behind thread (arg: the kvt_remote); returns when closing and the queue is empty. */
 void *kvt__remote_writer_main(void *arg);
+
+/* remote_pool.c: the tier's membership of kvt_remote_options.pool. Join:
+ * 0 without a pool; kvt_pool_join's error. Reserve: 0 with *res NULL
+ * without a pool; the pool's refusal naming the axis. Drop: NULL is a no-op. */
+int kvt__remote_pool_join(kvt_remote *r, const kvt_remote_options *o);
+void kvt__remote_pool_leave(kvt_remote *r);
+int kvt__remote_pool_reserve(kvt_remote *r, uint64_t bytes, struct kvt_pool_reservation **res);
+void kvt__remote_pool_drop(struct kvt_pool_reservation *res);
+/* The bytes an entry's write holds (tokens, caches, attachments). */
+uint64_t kvt__remote_entry_bytes(const kvt_entry *e);
 
 #endif

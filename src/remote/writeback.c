@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-static uint64_t entry_bytes(const kvt_entry *e)
+uint64_t kvt__remote_entry_bytes(const kvt_entry *e)
 {
     uint64_t b = (uint64_t)e->n_tokens * 4;
     for (int32_t l = 0; l < e->n_caches; l++)
@@ -51,6 +51,7 @@ void *kvt__remote_writer_main(void *arg)
         r->releasing = 1;
         pthread_mutex_unlock(&r->q_mu);
         kvt_entry_clear(&j->e);
+        kvt__remote_pool_drop(j->res); /* no longer in flight */
         kvt__free(j);
         pthread_mutex_lock(&r->q_mu);
         r->releasing = 0;
@@ -71,13 +72,21 @@ int kvt__remote_spill(void *self, kvt_entry *e)
         KVT__REMOTE_BUMP(r, dropped, 1);
         return kvt__fail(KVT_EAGAIN, "remote spill: redis %s is unreachable", r->host);
     }
-    uint64_t b = entry_bytes(e);
+    uint64_t b = kvt__remote_entry_bytes(e);
     kvt__rjob *j = kvt__calloc(1, sizeof *j);
     if (!j)
         return kvt__fail(KVT_ENOMEM, "remote spill: out of memory");
+    /* charged on the pool's remote axis before it is queued, until it is written */
+    int prc = kvt__remote_pool_reserve(r, b, &j->res);
+    if (prc) {
+        kvt__free(j);
+        KVT__REMOTE_BUMP(r, dropped, 1);
+        return prc == KVT_ENOMEM ? prc : KVT_EAGAIN;
+    }
     pthread_mutex_lock(&r->q_mu);
     if (r->closing || r->q_n >= r->queue_max_entries || r->q_bytes + b > r->queue_max_bytes) {
         pthread_mutex_unlock(&r->q_mu);
+        kvt__remote_pool_drop(j->res);
         kvt__free(j);
         KVT__REMOTE_BUMP(r, dropped, 1);
         return kvt__fail(KVT_EAGAIN, "remote spill: the write-behind queue is full");
@@ -136,6 +145,7 @@ int kvt__remote_withdraw(void *self, const int32_t *tokens, int64_t n, const cha
     if (!hit)
         return KVT_ENOTFOUND;
     kvt_entry_clear(&hit->e);
+    kvt__remote_pool_drop(hit->res);
     kvt__free(hit);
     return 0;
 }
