@@ -38,6 +38,7 @@ static void usage(FILE *f)
             "                    [--demote-idle MS]] [--prompt-cache-dir DIR ...] [--transcript FILE]\n"
             "                   [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]\n"
             "                   [--redis-restore-timeout MS]]\n"
+            "                   [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
@@ -73,6 +74,10 @@ static void usage(FILE *f)
             "                        reuses it (default: the kv block size; 0 = off)\n"
             "  --adapter NAME --adapter-version V  state namespace \"NAME@V\" (default: base model)\n"
             "  --multiline           let replies run past a newline (default: stop at '\\n')\n"
+            "  --live-cache-blocks N, --live-cache-bytes B  keep at most N full kv blocks (B bytes)\n"
+            "                        of each turn in RAM, page the rest to a file under\n"
+            "                        --live-cache-dir DIR (default $TMPDIR, else /tmp) and back;\n"
+            "                        replies unchanged (docs/residency.md)\n"
             "  --stats               print the model identity and what hashing it cost at startup,\n"
             "                        and the service report (JSON) at the end, on stderr\n"
             "  --ssd-cache DIR       SSD tier under the prompt cache: every kept prefix is queued there\n"
@@ -391,7 +396,9 @@ int kvt_cmd_chat(int argc, char **argv)
     const char *model_path = NULL, *tok_path = NULL, *script = NULL, *session = "chat";
     const char *adapter = NULL, *adapter_version = NULL;
     uint64_t pc_bytes = 1ull << 30, kv_budget = 0;
-    long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1, threads = 0; /* -1: not given */
+    long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1, threads = 0, live_blocks = 0; /* -1: not given */
+    uint64_t live_bytes = 0;
+    const char *live_dir = NULL;
     float temperature = 0.0f, topp = 0.9f;
     int multiline = 0, stats = 0, ssd_verify = 0;
     const char *ssd_dir = NULL, *transcript = NULL, *redis_url = NULL;
@@ -432,7 +439,8 @@ int kvt_cmd_chat(int argc, char **argv)
                                                  "--prefill-checkpoint-stride", "--threads",
                                                  "--prompt-cache-dir", "--kv-dtype", "--redis",
                                                  "--redis-timeout", "--redis-ttl",
-                                                 "--redis-restore-timeout", NULL};
+                                                 "--redis-restore-timeout", "--live-cache-blocks",
+                                                 "--live-cache-bytes", "--live-cache-dir", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -494,6 +502,14 @@ int kvt_cmd_chat(int argc, char **argv)
             rc = parse_i64(a, v, 0, 1 << 20, &ckpt_stride);
         else if (!strcmp(a, "--threads"))
             rc = parse_i64(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
+        else if (!strcmp(a, "--live-cache-blocks"))
+            rc = parse_i64(a, v, 0, LLONG_MAX, &live_blocks);
+        else if (!strcmp(a, "--live-cache-dir"))
+            live_dir = v;
+        else if (!strcmp(a, "--live-cache-bytes") && kvt_chat_parse_bytes(a, v, &live_bytes)) {
+            fprintf(stderr, "kvtier chat: %s\n", kvt_last_error());
+            return 2;
+        }
         else if (!strcmp(a, "--kv-dtype") && kvt_cli_kv_scheme(v, &kv_scheme))
             return usage_error("--kv-dtype wants f32, f16, bf16 or q8, got", v);
         if (rc)
@@ -595,7 +611,8 @@ int kvt_cmd_chat(int argc, char **argv)
     }
     kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = temperature,
                         .topp = topp, .seed = (uint64_t)seed, .multiline = multiline,
-                        .prefill_checkpoint_stride = ckpt_stride < 0 ? block : ckpt_stride == 0 ? -1 : ckpt_stride};
+                        .prefill_checkpoint_stride = ckpt_stride < 0 ? block : ckpt_stride == 0 ? -1 : ckpt_stride,
+                        .live_cache_blocks = live_blocks, .live_cache_bytes = live_bytes, .live_cache_dir = live_dir};
     if ((rc = kvt_chat_create(m, tok, svc, &co, &chat))) {
         status = fail("cannot start the chat", rc);
         goto done;
@@ -659,6 +676,10 @@ int kvt_cmd_chat(int argc, char **argv)
         }
         fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", before + turn,
                 (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
+        if (live_blocks || live_bytes)
+            fprintf(stderr, "turn %d: live cache paged out %llu blocks, in %llu blocks (%.1f MB), stall %.1f ms\n",
+                    before + turn, (unsigned long long)st.paged_out_blocks, (unsigned long long)st.paged_in_blocks,
+                    st.paged_in_bytes / 1e6, st.page_stall_ms);
         fflush(stderr);
         tiers_warn(tiers);
     }

@@ -562,7 +562,9 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
         goto fail;
     kvt_gen_opts g = {.max_tokens = c->o.max_tokens, .ns = c->ns, .session = c->session,
                       .admit_timeout_ms = -1, .stop_tok = c->o.multiline ? NULL : c->tok,
-                      .prefill_checkpoint_stride = c->o.prefill_checkpoint_stride};
+                      .prefill_checkpoint_stride = c->o.prefill_checkpoint_stride,
+                      .live_cache_blocks = c->o.live_cache_blocks, .live_cache_bytes = c->o.live_cache_bytes,
+                      .live_cache_dir = c->o.live_cache_dir};
     rc = kvt_chat_generate(c->m, c->svc, c->sampler, c->prompt, c->n_prompt, &g, c->out, c->o.max_tokens,
                            &c->n_out, st);
     if (rc)

@@ -218,6 +218,9 @@ typedef struct kvt_chat_opts {
     uint64_t seed;            /* sampler seed, 0 = 42 */
     int multiline;            /* 1: replies may span lines (default: stop at '\n') */
     int64_t prefill_checkpoint_stride; /* as kvt_gen_opts: 0 = the kv block size, < 0 = none */
+    int64_t live_cache_blocks; /* as kvt_gen_opts: bounded live-cache residency of each turn */
+    uint64_t live_cache_bytes;
+    const char *live_cache_dir; /* borrowed: must outlive the chat */
 } kvt_chat_opts;
 
 /** Creates a conversation over a model, its tokenizer and a service.

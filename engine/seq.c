@@ -446,7 +446,8 @@ KVT_API int kvt_seq_finish(kvt_seq *s, int completed, kvt_turn_stats *st)
         for (int32_t l = 0; l < s->state.n_layers; l++) /* the last writes complete: final counters */
             if (!strcmp(kvt_cache_kind(s->state.caches[l]), "kv"))
                 (void)kvt_kv_residency_settle(s->state.caches[l]);
-        (void)kvt_residency_stats_get(s->live, &rs);
+        if (kvt_residency_stats_get(s->live, &rs) == 0)
+            kvt_service_count_residency(s->svc, &rs); /* the report's live_* counters */
         live_detach(s);
     }
     /* What the caches hold and no entry holds yet: prompt + fed reply, or

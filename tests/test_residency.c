@@ -440,6 +440,15 @@ static void test_service_bounded(void **state)
     assert_true(tb.paged_out_blocks > 0);
     assert_true(tb.paged_in_blocks > 0);
     assert_true(tb.live_peak_bytes <= (2 + 3 * 4) * blk);
+    kvt_service_stats rep;
+    assert_int_equal(kvt_service_get_stats(svc, &rep), 0); /* the report counts what the request paged */
+    assert_int_equal(rep.live_paged_out_blocks, tb.paged_out_blocks);
+    assert_int_equal(rep.live_paged_in_bytes, tb.paged_in_bytes);
+    assert_int_equal(rep.live_page_failures, 0);
+    char *json = NULL;
+    assert_int_equal(kvt_service_stats_json(svc, &json), 0);
+    assert_non_null(strstr(json, "\"live_paged_in_blocks\""));
+    kvt_string_free(json);
     kvt_service_destroy(svc);
     /* the same reply as fully resident without a budget (the service keeps state:
      * the bounded caches were published and detached) */

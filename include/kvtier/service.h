@@ -35,6 +35,7 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/common.h"
+#include "kvtier/residency.h"
 #include "kvtier/prompt_cache.h"
 #include "kvtier/tier.h"
 #include "kvtier/tier_chain.h"
@@ -568,7 +569,14 @@ KVT_API int kvt_service_checkpoint_stats(kvt_service *svc, kvt_checkpoint_stats 
     X(kv_projected_bytes, kv, projected_bytes, gauge, "Projected KV bytes of the admitted requests")   \
     X(kv_budget_bytes, kv, budget_bytes, limit, "KV byte budget requests are admitted under")          \
     X(rejected, requests, rejected, counter, "Requests refused because they can never fit (KVT_ELIMIT)") \
-    X(waited, requests, waited, counter, "Admissions answered KVT_EAGAIN (wait for room)")
+    X(waited, requests, waited, counter, "Admissions answered KVT_EAGAIN (wait for room)")                 \
+    X(live_paged_out_blocks, kv, live_paged_out_blocks, counter,                                       \
+      "Full kv blocks bounded requests wrote to their page files (kvtier/residency.h)")                \
+    X(live_paged_out_bytes, kv, live_paged_out_bytes, counter, "Their bytes")                           \
+    X(live_paged_in_blocks, kv, live_paged_in_blocks, counter, "Blocks bounded requests read back")     \
+    X(live_paged_in_bytes, kv, live_paged_in_bytes, counter, "Their bytes")                             \
+    X(live_page_stall_ms, kv, live_page_stall_ms, counter, "ms attention waited for blocks being read") \
+    X(live_page_failures, kv, live_page_failures, counter, "Page writes failed (blocks kept in RAM) and reads failed")
 
 /** What the service holds, as it reports itself (/stats): every counter of
  * its prompt cache (KVT_PROMPT_CACHE_COUNTERS, each as uint64; all 0 without
@@ -584,6 +592,11 @@ typedef struct kvt_service_stats {
 
 /** Fills `out` with a snapshot of the counters. @return 0, KVT_EINVAL. Thread-safe. */
 KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out);
+
+/** Adds what one bounded request paged (kvt_residency_stats_get at its
+ * end) to the service's live_* counters. NULL arguments are a no-op.
+ * Thread-safe. */
+KVT_API void kvt_service_count_residency(kvt_service *svc, const kvt_residency_stats *st);
 
 /* ---- per-layer residency telemetry ------------------------------------------------ */
 

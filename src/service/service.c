@@ -69,6 +69,8 @@ struct kvt_service {
     int demoter_running;
     pthread_cond_t stop;         /* signalled by close to end the demoter */
     uint64_t acquires, reused_tokens, publishes, rejected, waited;
+    uint64_t live_paged_out_blocks, live_paged_out_bytes, live_paged_in_blocks, live_paged_in_bytes;
+    uint64_t live_page_stall_ms, live_page_failures;
     kvt__svc_pool pool;          /* membership of the config's pool (service_pool.h) */
     kvt__telemetry *telem;       /* per-layer telemetry; the prompt cache's cold tier goes through it */
 };
@@ -961,8 +963,28 @@ KVT_API int kvt_service_get_stats(kvt_service *svc, kvt_service_stats *out)
     out->kv_budget_bytes = svc->kv_budget;
     out->rejected = svc->rejected;
     out->waited = svc->waited;
+    out->live_paged_out_blocks = svc->live_paged_out_blocks;
+    out->live_paged_out_bytes = svc->live_paged_out_bytes;
+    out->live_paged_in_blocks = svc->live_paged_in_blocks;
+    out->live_paged_in_bytes = svc->live_paged_in_bytes;
+    out->live_page_stall_ms = svc->live_page_stall_ms;
+    out->live_page_failures = svc->live_page_failures;
     pthread_mutex_unlock(&svc->mu);
     return 0;
+}
+
+KVT_API void kvt_service_count_residency(kvt_service *svc, const kvt_residency_stats *st)
+{
+    if (!svc || !st)
+        return;
+    pthread_mutex_lock(&svc->mu);
+    svc->live_paged_out_blocks += st->blocks_out;
+    svc->live_paged_out_bytes += st->bytes_out;
+    svc->live_paged_in_blocks += st->blocks_in;
+    svc->live_paged_in_bytes += st->bytes_in;
+    svc->live_page_stall_ms += st->stall_ns / 1000000;
+    svc->live_page_failures += st->write_failures + st->read_failures;
+    pthread_mutex_unlock(&svc->mu);
 }
 
 KVT_API int32_t kvt_service_layer_groups(const kvt_service *svc)
