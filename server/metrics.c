@@ -425,6 +425,35 @@ int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs)
     return 0;
 }
 
+/* ---- the I/O worker's counters -------------------------------------------------------- */
+
+int kvt_srv_metrics_prometheus_io(char **text, const kvt_io_stats *io)
+{
+    size_t n = *text ? strlen(*text) : 0;
+    sbuf b = {.p = *text, .n = n, .cap = *text ? n + 1 : 0};
+    /* one family per KVT_IO_KIND_COUNTERS entry, labelled by kind */
+#define KVT__IO_PROM(field, kind, help)                                                            \
+    {                                                                                              \
+        int ctr = !strcmp(#kind, "counter");                                                       \
+        char name[64];                                                                             \
+        snprintf(name, sizeof name, "io_%s%s", #field, ctr ? "_total" : "");                      \
+        head(&b, name, #kind, "I/O worker: " help ", by kind.");                                   \
+        for (int k = 0; k < KVT_IO_KINDS; k++)                                                     \
+            sb_printf(&b, "kvtier_%s{kind=\"%s\"} %llu\n", name, kvt_io_kind_name((kvt_io_kind)k),   \
+                      (unsigned long long)io->by_kind[k].field);                                   \
+    }
+    KVT_IO_KIND_COUNTERS(KVT__IO_PROM)
+#undef KVT__IO_PROM
+    if (b.oom) {
+        if (b.p)
+            b.p[n] = '\0';
+        *text = b.p;
+        return -1;
+    }
+    *text = b.p;
+    return 0;
+}
+
 /* ---- JSON ------------------------------------------------------------------------------ */
 
 static const char *ep_name(kvt_srv_endpoint e) { return (unsigned)e < KVT_EP_COUNT ? ep_path[e] : "other"; }

@@ -16,6 +16,7 @@
 
 #include <jansson.h>
 
+#include "kvtier/io.h"
 #include "kvtier/pool.h"
 #include "kvtier/remote.h"
 #include "kvtier/service.h"
@@ -169,6 +170,13 @@ int kvt_srv_metrics_layers_prometheus(const kvt_layer_stats *g, int n, char **ou
  *        one (caller frees with free()); on error it is left as it was.
  * @return 0, or -1 when out of memory. */
 int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs);
+
+/** Appends the I/O worker's counters `io` (kvt_io_default_stats_get) to the
+ * Prometheus text *text: one family per KVT_IO_KIND_COUNTERS entry,
+ * kvtier_io_NAME_total{kind="..."} for a counter, kvtier_io_NAME{kind="..."}
+ * for a gauge, one series per kind. *text as kvt_srv_metrics_prometheus_remote.
+ * @return 0, or -1 when out of memory. */
+int kvt_srv_metrics_prometheus_io(char **text, const kvt_io_stats *io);
 
 /** The server's part of /stats: {"requests_total": n, "requests": {path:
  * {status: n}}, "counters": {every KVT_SRV_COUNTERS name: n}, "queue_depth",

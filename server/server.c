@@ -893,6 +893,11 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
         free(text);
         return MHD_NO;
     }
+    kvt_io_stats ios; /* the process's I/O worker, when a tier uses it */
+    if (kvt_io_default_stats_get(&ios) == 0 && kvt_srv_metrics_prometheus_io(&text, &ios)) {
+        free(text);
+        return MHD_NO;
+    }
     char *pool_text = NULL, *layer_text = NULL;
     kvt_layer_stats layers[KVT_LAYER_REPORT_LIMIT + 1];
     int n_layers = g.ready ? kvt_service_layer_stats(md->svc, layers, KVT_LAYER_REPORT_LIMIT + 1) : 0;

@@ -117,15 +117,24 @@ typedef struct kvt_io_options {
     int max_background; /**< background operations running at once, 1..threads (default threads - 1, at least 1) */
 } kvt_io_options;
 
-/** Counters of one kind of operation (since creation, except the gauges). */
+/** The per-kind counters, one list: X(name, kind, help) with kind counter
+ * or gauge; kvt_io_kind_stats, kvt_io_stats_json and the server's /metrics
+ * (kvtier_io_*{kind="..."}) are generated from it. */
+#define KVT_IO_KIND_COUNTERS(X)                                                            \
+    X(submitted, counter, "accepted submissions, coalesced ones included")                \
+    X(coalesced, counter, "submissions that joined an identical queued or running operation") \
+    X(refused, counter, "submissions refused because the queue was full")                 \
+    X(ran, counter, "operations run")                                                      \
+    X(failed, counter, "operations whose run returned an error")                          \
+    X(queued_ops, gauge, "operations queued or running")                                  \
+    X(queued_bytes, gauge, "bytes of the operations queued or running")
+
+/** Counters of one kind of operation (since creation, except the gauges),
+ * as KVT_IO_KIND_COUNTERS lists them. */
 typedef struct kvt_io_kind_stats {
-    uint64_t submitted;    /**< accepted submissions of this kind, coalesced ones included */
-    uint64_t coalesced;    /**< joined an identical queued or running operation */
-    uint64_t refused;      /**< refused with KVT_EAGAIN (queue full) */
-    uint64_t ran;          /**< operations run */
-    uint64_t failed;       /**< operations whose run returned an error */
-    uint64_t queued_ops;   /**< gauge: queued or running */
-    uint64_t queued_bytes; /**< gauge: bytes of queued and running operations */
+#define KVT__IO_FIELD(name, kind, help) uint64_t name;
+    KVT_IO_KIND_COUNTERS(KVT__IO_FIELD)
+#undef KVT__IO_FIELD
 } kvt_io_kind_stats;
 
 /** Counters of a worker (since creation, except the gauges). */
@@ -272,6 +281,24 @@ KVT_API int kvt_io_default_acquire(kvt_io **out);
  * release. NULL, or a worker that is not the default, is a no-op.
  * Thread-safe; never from a worker thread of that worker. */
 KVT_API void kvt_io_default_release(kvt_io *io);
+
+/** A snapshot of the process default worker's counters (no reference is
+ * taken). @return 0; KVT_ENOTFOUND when no default worker exists now;
+ * KVT_EINVAL (out NULL). Thread-safe. */
+KVT_API int kvt_io_default_stats_get(kvt_io_stats *out);
+
+/** The io report as one JSON object: {"threads", "max_ops", "max_bytes",
+ * "queued_ops", "running_ops", "queued_bytes", "max_queued_ops",
+ * "submitted", "coalesced", "refused", "ran", "failed", "discarded",
+ * "results_discarded", "by_kind": {"<kind>": {KVT_IO_KIND_COUNTERS...}}}.
+ * @param opt the worker's options for the bounds (NULL: omitted).
+ * @param out receives a string the caller frees with kvt_free.
+ * @return 0; KVT_EINVAL; KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_io_stats_json(const kvt_io_stats *s, const kvt_io_options *opt, char **out);
+
+/** The options a worker runs with (defaults filled in).
+ * @return 0; KVT_EINVAL when an argument is NULL. Thread-safe. */
+KVT_API int kvt_io_options_get(kvt_io *io, kvt_io_options *out);
 
 /** A snapshot of the worker's counters.
  * @return 0; KVT_EINVAL when an argument is NULL. Thread-safe. */

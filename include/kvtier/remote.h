@@ -120,6 +120,11 @@ typedef struct kvt_remote_options {
      * prefilling 1,400 tokens of that model takes about 40 s on the CPU
      * engine; raise it for larger states or slower links. */
     int32_t restore_timeout_ms;
+    /** The I/O worker (kvtier/io.h) that runs the write-behind sets and the
+     * asynchronous restores (restore_async of the cold-tier table, e.g. a
+     * prefetch); borrowed: it must outlive the tier. NULL: the process's
+     * default worker, a reference taken at open and dropped at close. */
+    struct kvt_io *worker;
 } kvt_remote_options;
 
 /** The remote tier's counters, one list: X(name, kind, help). */

@@ -20,8 +20,10 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { OP_QUEUED, OP_RUNNING, OP_DONE };
@@ -721,4 +723,68 @@ void kvt_io_default_release(kvt_io *io)
         kvt_io_flush(last, UINT64_MAX);
         kvt_io_destroy(last);
     }
+}
+
+int kvt_io_default_stats_get(kvt_io_stats *out)
+{
+    if (!out)
+        return kvt__fail(KVT_EINVAL, "kvt_io_default_stats_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&default_mu);
+    int rc = default_io ? kvt_io_stats_get(default_io, out) : KVT_ENOTFOUND;
+    pthread_mutex_unlock(&default_mu);
+    return rc == KVT_ENOTFOUND ? kvt__fail(rc, "kvt_io_default_stats_get: no default I/O worker exists") : rc;
+}
+
+int kvt_io_options_get(kvt_io *io, kvt_io_options *out)
+{
+    if (!io || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_io_options_get: io and out must not be NULL");
+    *out = io->opt;
+    return 0;
+}
+
+/* ---- the io report ------------------------------------------------------------------ */
+
+static int put_u64(json_t *o, const char *k, uint64_t v)
+{
+    return json_object_set_new(o, k, json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v));
+}
+
+int kvt_io_stats_json(const kvt_io_stats *s, const kvt_io_options *opt, char **out)
+{
+    if (out)
+        *out = NULL;
+    if (!s || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_io_stats_json: s and out must not be NULL");
+    json_t *o = json_object(), *by = json_object();
+    int bad = !o || !by;
+    if (!bad && opt)
+        bad |= put_u64(o, "threads", (uint64_t)opt->threads) | put_u64(o, "max_ops", opt->max_ops) |
+               put_u64(o, "max_bytes", opt->max_bytes) | put_u64(o, "max_background", (uint64_t)opt->max_background);
+    if (!bad)
+        bad |= put_u64(o, "queued_ops", s->queued_ops) | put_u64(o, "running_ops", s->running_ops) |
+               put_u64(o, "queued_bytes", s->queued_bytes) | put_u64(o, "max_queued_ops", s->max_queued_ops) |
+               put_u64(o, "submitted", s->submitted) | put_u64(o, "coalesced", s->coalesced) |
+               put_u64(o, "refused", s->refused) | put_u64(o, "ran", s->ran) | put_u64(o, "failed", s->failed) |
+               put_u64(o, "discarded", s->discarded) | put_u64(o, "results_discarded", s->results_discarded);
+    for (int k = 0; !bad && k < KVT_IO_KINDS; k++) {
+        json_t *ko = json_object();
+        const kvt_io_kind_stats *ks = &s->by_kind[k];
+        bad |= !ko;
+#define KVT__IO_JSON(name, kind, help) bad |= ko ? put_u64(ko, #name, ks->name) : 0;
+        KVT_IO_KIND_COUNTERS(KVT__IO_JSON)
+#undef KVT__IO_JSON
+        bad |= ko ? json_object_set_new(by, kind_names[k], ko) : 0;
+    }
+    if (!bad)
+        bad |= json_object_set(o, "by_kind", by);
+    char *text = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(by);
+    json_decref(o);
+    if (!text)
+        return kvt__fail(KVT_ENOMEM, "kvt_io_stats_json: cannot build the JSON document");
+    *out = kvt__strdup(text);
+    free(text);
+    return *out ? 0 : kvt__fail(KVT_ENOMEM, "kvt_io_stats_json: out of memory");
 }

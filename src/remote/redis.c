@@ -6,7 +6,7 @@
  * prompt's block keys, then the children of the last node reached), restore.c
  * (pipelined GETs, every record validated before a byte is used), store.c
  * (blocks Redis holds already are not sent again) and writeback.c (the bounded
- * write-behind queue and its writer thread).
+ * write-behind queue on the I/O worker; io_ops.c the asynchronous restore).
  * The tier must never serve a record it has not validated, never hand out a
  * shortened entry for a handle, and never wait on Redis longer than the
  * call's timeout.
@@ -83,8 +83,8 @@ KVT_API int kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *out)
     out->nodes = (uint64_t)kvt__rconn_nodes(r->conn);
     out->healthy = kvt__rconn_down(r->conn) == 0;
     pthread_mutex_lock(&r->q_mu);
-    out->queued_entries = (uint64_t)r->q_n + (r->inflight != NULL);
-    out->queued_bytes = r->q_bytes + (r->inflight ? r->inflight->bytes : 0);
+    out->queued_entries = (uint64_t)r->q_n;
+    out->queued_bytes = r->q_bytes;
     pthread_mutex_unlock(&r->q_mu);
     return 0;
 }
@@ -289,6 +289,7 @@ KVT_API void kvt_remote_cold_tier(kvt_remote *r, kvt_cold_tier *out)
     out->find = kvt__remote_find;
     out->find_exact = kvt__remote_find_exact;
     out->restore = kvt__remote_restore;
+    out->restore_async = kvt__remote_restore_async;
     out->store = t_store;
     out->spill = kvt__remote_spill;
     out->pending = kvt__remote_pending;
@@ -351,7 +352,6 @@ KVT_API int kvt_remote_open(const char *url, const kvt_store_identity *identity,
     r->queue_max_entries = o.queue_max_entries ? o.queue_max_entries : 1024;
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->q_mu, NULL);
-    pthread_cond_init(&r->q_cv, NULL);
     pthread_cond_init(&r->idle_cv, NULL);
     rc = kvt__remote_pool_join(r, &o);
     if (!rc)
@@ -361,11 +361,10 @@ KVT_API int kvt_remote_open(const char *url, const kvt_store_identity *identity,
         kvt_remote_close(r);
         return rc;
     }
-    if ((rc = pthread_create(&r->writer, NULL, kvt__remote_writer_main, r))) {
+    if ((rc = kvt__remote_worker_open(r, o.worker))) {
         kvt_remote_close(r);
-        return kvt__fail(-rc, "kvt_remote_open: cannot start the writer thread");
+        return rc;
     }
-    r->writer_started = 1;
     /* first contact: the slot map of a cluster, else a PING */
     kvt__rfail f = KVT__RF_NONE;
     int up;
@@ -395,28 +394,13 @@ KVT_API int kvt_remote_close(kvt_remote *r)
 {
     if (!r)
         return 0;
-    int rc = 0;
-    if (r->writer_started) {
-        pthread_mutex_lock(&r->q_mu);
-        r->closing = 1;
-        pthread_cond_broadcast(&r->q_cv);
-        pthread_mutex_unlock(&r->q_mu);
-        pthread_join(r->writer, NULL);
-        rc = r->flush_rc;
-    }
-    for (kvt__rjob *j = r->q_head, *nx; j; j = nx) {
-        nx = j->next;
-        kvt_entry_clear(&j->e);
-        kvt__remote_pool_drop(j->res);
-        kvt__free(j);
-    }
+    int rc = kvt__remote_worker_close(r); /* every queued write runs first */
     kvt__remote_pool_leave(r);
     kvt__rconn_destroy(r->conn);
     for (int i = 0; i < KVT__REMOTE_HANDLES; i++)
         kvt__remote_hslot_clear(&r->ring[i]);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->q_mu);
-    pthread_cond_destroy(&r->q_cv);
     pthread_cond_destroy(&r->idle_cv);
     kvt__free(r);
     return rc;

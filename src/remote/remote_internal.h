@@ -10,6 +10,7 @@
 #include "internal.h"
 #include "key.h"
 #include "kvtier/cache.h"
+#include "kvtier/io.h"
 #include "kvtier/remote.h"
 
 #include <pthread.h>
@@ -211,13 +212,24 @@ typedef struct kvt__rhandle {
     kvt__key ekey;
 } kvt__rhandle;
 
-/** One queued write-behind entry (owned by the queue). */
+/** One write-behind entry: the task of one write operation of the I/O
+ * worker; in the live list (q_head) while queued or being written. */
 typedef struct kvt__rjob {
     kvt_entry e;
     uint64_t bytes;
     struct kvt_pool_reservation *res; /* its bytes on the pool's remote axis, NULL = no pool */
-    struct kvt__rjob *next;
+    struct kvt_remote *r;
+    int state; /* KVT__RJOB_* (under q_mu once queued) */
+    struct kvt__rjob *next, *prev;
 } kvt__rjob;
+
+enum {
+    KVT__RJOB_SUBMITTING = 0, /* inside kvt_io_submit (its caller holds q_mu) */
+    KVT__RJOB_COALESCED = 1,  /* joined an identical queued or running write */
+    KVT__RJOB_QUEUED = 2,
+    KVT__RJOB_RUNNING = 3,
+    KVT__RJOB_WITHDRAWN = 4   /* taken back while queued: its operation is a no-op */
+};
 
 /** The tier. mu guards layout, handles and stats; q_mu the write-behind queue. */
 struct kvt_remote {
@@ -242,17 +254,19 @@ struct kvt_remote {
     uint64_t entries, bytes; /* new entries and record bytes this tier wrote */
     uint64_t behind_failed, behind_dropped; /* queued writes that failed / were dropped unsent; under mu */
 
-    /* write-behind */
+    /* write-behind and asynchronous restores, on the I/O worker (q_mu) */
+    kvt_io *worker;         /* opts.worker, or a reference on the process default */
+    int worker_default;
+    kvt__key io_seed;       /* mixed into operation keys: only this tier's operations coalesce */
     pthread_mutex_t q_mu;
-    pthread_cond_t q_cv, idle_cv;
-    kvt__rjob *q_head, *q_tail, *inflight; /* inflight: the job being written (NULL once written) */
-    int releasing;                          /* the written job's entry is being released */
-    int32_t q_n;
-    uint64_t q_bytes;
+    pthread_cond_t idle_cv; /* a job or a restore waiter ended */
+    kvt__rjob *q_head, *q_tail; /* live jobs: queued or being written */
+    int32_t q_n;            /* live jobs */
+    uint64_t q_bytes;       /* their bytes */
+    uint64_t ops_live;      /* jobs the worker still holds (withdrawn ones too) */
+    uint64_t restores_live; /* asynchronous restore waiters not yet told */
     int closing;
     int flush_rc;
-    pthread_t writer;
-    int writer_started;
 };
 
 /** Adds n to the stats field of r under r->mu. */
@@ -316,8 +330,13 @@ int kvt__remote_spill(void *self, kvt_entry *e);
 int kvt__remote_pending(void *self, const int32_t *tokens, int64_t n, const char *ns);
 int kvt__remote_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns);
 int kvt__remote_flush(void *self);
-/** The write-behind thread (arg: the kvt_remote); returns when closing and the queue is empty. */
-void *kvt__remote_writer_main(void *arg);
+/** kvt_cold_tier.restore_async: a coalesced foreground operation of the I/O worker (io_ops.c). */
+int kvt__remote_restore_async(void *self, uint64_t handle, kvt_restore_done_fn done, void *arg);
+/** Takes the tier's I/O worker at open (worker, else a reference on the default). @return 0 or an error. */
+int kvt__remote_worker_open(kvt_remote *r, kvt_io *worker);
+/** At close: refuses new work, waits until the worker holds no job or restore waiter of the tier,
+ * drops the default's reference. @return the first write-behind failure not yet reported. */
+int kvt__remote_worker_close(kvt_remote *r);
 
 /* remote_pool.c: the tier's membership of kvt_remote_options.pool. Join:
  * 0 without a pool; kvt_pool_join's error. Reserve: 0 with *res NULL

@@ -12,6 +12,7 @@
  * reuses nothing, swallow an error of close, or block while holding its mutex
  * (admit_wait sleeps on a condition variable that releases it).
  */
+#include "kvtier/io.h"
 #include "kvtier/service.h"
 
 #include "checkpoint.h"
@@ -1096,6 +1097,14 @@ KVT_API int kvt_service_stats_json(kvt_service *svc, char **out)
                json_object_set(root, "kv", kv) | json_object_set(root, "tiers", tiers) |
                json_object_set(root, "layers", layers) | json_object_set(root, "pool", pool);
     }
+    kvt_io_stats ios; /* the process's I/O worker (the tiers' writes and restores), when one runs */
+    char *io_text = NULL;
+    if (!bad && kvt_io_default_stats_get(&ios) == 0 && kvt_io_stats_json(&ios, NULL, &io_text) == 0) {
+        json_t *io = json_loads(io_text, 0, NULL);
+        bad |= !io || json_object_set_new(root, "io", io);
+    }
+    kvt_free(io_text);
+    kvt__clear_error();
     if (!bad)
         text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(prefixes);

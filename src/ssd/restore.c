@@ -10,6 +10,7 @@
 #include "codec.h"
 #include "hmap.h"
 #include "internal.h"
+#include "io_entry.h"
 #include "store_internal.h"
 
 #include <errno.h>
@@ -312,18 +313,6 @@ static void forget_corrupt(kvt_store *s, const char *shard)
     }
 }
 
-
-int kvt__entry_share(const kvt_entry *e, kvt_entry *out)
-{
-    int rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
-    for (int32_t l = 0; !rc && l < e->n_caches; l++)
-        rc = kvt_cache_clone(e->caches[l], &out->caches[l]);
-    for (int32_t a = 0; !rc && a < e->n_attachments; a++)
-        rc = e->attachments[a] ? kvt_attachment_clone(e->attachments[a], &out->attachments[a]) : 0;
-    if (rc)
-        kvt_entry_clear(out);
-    return rc;
-}
 
 /* Restores a handle whose write-behind is still queued or in flight from the
  * job's own caches: zero-copy clones, the hook holding a reference on the

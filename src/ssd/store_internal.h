@@ -314,10 +314,7 @@ void kvt__store_job_release(wjob *j);
 void kvt__store_job_hook(void *ctx);
 
 /* restore.c */
-/** A zero-copy clone of e into out (kvt_entry_init, every cache cloned,
- * every attachment cloned; hook empty). On error out is cleared.
- * @return 0 or the clone's error (KVT_ENOMEM). */
-int kvt__entry_share(const kvt_entry *e, kvt_entry *out);
+
 /** Opens, validates and reads a block shard (checked payload). */
 int kvt__store_load_block(int dirfd, const char *dir, const char *name, const char *identity, int strict,
                           kvt__rshard *out, kvt__pblock *pb, int *reason);

@@ -1,0 +1,20 @@
+/*
+ * io_entry.c: one coalesced restore, many waiters: each gets a zero-copy
+ * clone of the shared result (io_entry.h).
+ */
+#include "io_entry.h"
+
+#include "internal.h"
+#include "kvtier/cache.h"
+
+int kvt__entry_share(const kvt_entry *e, kvt_entry *out)
+{
+    int rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
+    for (int32_t l = 0; !rc && l < e->n_caches; l++)
+        rc = kvt_cache_clone(e->caches[l], &out->caches[l]);
+    for (int32_t a = 0; !rc && a < e->n_attachments; a++)
+        rc = e->attachments[a] ? kvt_attachment_clone(e->attachments[a], &out->attachments[a]) : 0;
+    if (rc)
+        kvt_entry_clear(out);
+    return rc;
+}

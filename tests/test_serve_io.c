@@ -1,0 +1,120 @@
+/*
+ * test_serve_io.c: the I/O worker's report in a running `kvtier serve
+ * --ssd-cache` (stories260K): after a completion, /stats holds an "io"
+ * object whose write-behind counters show the SSD write ran on the worker
+ * and nothing is left queued, and /metrics has the kvtier_io_* families,
+ * one series per kind, and passes `promtool check metrics`.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "serve_util.h"
+
+static json_t *get_json(int port, const char *path)
+{
+    kvt_ts_resp r;
+    assert_int_equal(kvt_ts_http(port, "GET", path, NULL, NULL, 30, &r), 200);
+    json_error_t err;
+    json_t *doc = json_loads(r.body, 0, &err);
+    kvt_ts_resp_free(&r);
+    assert_non_null(doc);
+    return doc;
+}
+
+static json_int_t io_field(json_t *stats, const char *kind, const char *name)
+{
+    json_t *io = json_object_get(stats, "io");
+    assert_non_null(io);
+    json_t *k = json_object_get(json_object_get(io, "by_kind"), kind);
+    assert_non_null(k);
+    json_t *v = json_object_get(k, name);
+    assert_true(json_is_integer(v));
+    return json_integer_value(v);
+}
+
+static void io_report(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVT_BIN");
+    const char *shared = getenv("KVT_SHARED_DIR");
+    char model[1024], tok[1024];
+    snprintf(model, sizeof model, "%s/data/models/stories260K.bin", shared ? shared : "../shared");
+    snprintf(tok, sizeof tok, "%s/data/models/tok512.bin", shared ? shared : "../shared");
+    if (!bin || access(model, R_OK) || access(tok, R_OK)) {
+        printf("test_serve_io: skipped: needs KVT_BIN and %s with tok512.bin (set KVT_SHARED_DIR)\n", model);
+        return;
+    }
+    char dir[] = "/tmp/kvt_serve_io_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char ssd[300], log[300];
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    snprintf(log, sizeof log, "%s/serve.log", dir);
+    const char *args[] = {"--model", model, "--tokenizer", tok, "--ssd-cache", ssd, NULL};
+    kvt_ts_server sv;
+    assert_int_equal(kvt_ts_server_start(&sv, bin, log, args), 0);
+    kvt_ts_resp r;
+    const char *body = "{\"prompt\": \"Once upon a time, there was a little girl named Lily.\", \"max_tokens\": 8, "
+                       "\"temperature\": 0}";
+    assert_int_equal(kvt_ts_http(sv.port, "POST", "/v1/completions", NULL, body, 60, &r), 200);
+    kvt_ts_resp_free(&r);
+    /* write-behind is queued when the entry is put: wait for it to run */
+    json_t *st = NULL;
+    for (int i = 0; i < 200; i++) {
+        st = get_json(sv.port, "/stats");
+        if (io_field(st, "write", "ran") >= 1 && io_field(st, "write", "queued_ops") == 0)
+            break;
+        json_decref(st);
+        st = NULL;
+        struct timespec ts = {0, 50 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_non_null(st);
+    assert_true(io_field(st, "write", "submitted") >= 1);
+    assert_int_equal(io_field(st, "write", "failed"), 0);
+    assert_int_equal(io_field(st, "write", "refused"), 0);
+    assert_int_equal(io_field(st, "write", "queued_bytes"), 0);
+    assert_int_equal(io_field(st, "restore", "queued_ops"), 0);
+    json_t *io = json_object_get(st, "io");
+    assert_int_equal(json_integer_value(json_object_get(io, "queued_ops")), 0);
+    assert_true(json_integer_value(json_object_get(io, "submitted")) >= 1);
+    json_decref(st);
+
+    assert_int_equal(kvt_ts_http(sv.port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+    assert_non_null(strstr(r.body, "# TYPE kvtier_io_submitted_total counter"));
+    assert_non_null(strstr(r.body, "kvtier_io_ran_total{kind=\"write\"} "));
+    assert_non_null(strstr(r.body, "kvtier_io_coalesced_total{kind=\"restore\"} "));
+    assert_non_null(strstr(r.body, "kvtier_io_queued_bytes{kind=\"remote-set\"} 0"));
+    char path[400], cmd[900];
+    snprintf(path, sizeof path, "%s/metrics.txt", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fwrite(r.body, 1, r.len, f);
+    fclose(f);
+    kvt_ts_resp_free(&r);
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+        assert_int_equal(system(cmd), 0);
+    } else {
+        printf("test_serve_io: promtool is not installed (Debian package prometheus): lint skipped\n");
+    }
+    assert_int_equal(kvt_ts_server_stop(&sv), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "cannot remove %s\n", dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(io_report)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
