@@ -138,7 +138,7 @@ static void gate(call *c, kvt__io_op op, int fd, int dirfd, const char *name)
     if ((fail_at > 0 && k == fail_at) || (has[0] && strstr(c->path, has))) {
         atomic_fetch_add(&g_failures, 1);
         c->fail = err;
-        c->short_write = shrt && (op == KVT_IO_WRITE || op == KVT_IO_PWRITE);
+        c->short_write = shrt && (op == KVT_IO_WRITE || op == KVT_IO_PWRITE || op == KVT_IO_SEND);
     }
 }
 
@@ -176,6 +176,15 @@ static int fail_with(int err)
 {
     errno = err;
     return -1;
+}
+
+int kvt__io_net_gate(kvt__io_op op, const char *peer, int *short_write)
+{
+    call c;
+    gate(&c, op, -1, AT_FDCWD, peer ? peer : "");
+    if (short_write)
+        *short_write = c.short_write;
+    return c.fail;
 }
 
 int kvt__io_open(const char *path, int flags, mode_t mode) { return kvt__io_openat(AT_FDCWD, path, flags, mode); }

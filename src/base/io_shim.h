@@ -4,6 +4,11 @@
  * signature and the errno contract of the system call it wraps and, when no
  * fault is armed, is that call plus one relaxed atomic load.
  *
+ * Network calls made inside a library (the remote tier's hiredis
+ * connections, src/remote/conn.c) go through kvt__io_net_gate: the caller
+ * asks before each connect, send and receive whether the shim fails it, and
+ * fails it the way the library reports a socket error.
+ *
  * A test arms a fault (kvt__io_arm): fail the N-th counted call from now
  * with a chosen errno (ENOSPC, EIO, EINTR, ...), or, for write and pwrite,
  * make it a short write (half the bytes written and reported); or fail every
@@ -39,17 +44,24 @@ typedef enum kvt__io_op {
     KVT_IO_MMAP,     /* mmap */
     KVT_IO_FTRUNCATE,
     KVT_IO_CLOSE,    /* close (a failed close still releases the fd, as Linux does) */
+    KVT_IO_CONNECT,  /* network: a new connection (connect, and the handshake the caller makes) */
+    KVT_IO_SEND,     /* network: sending what is buffered (one or more commands) */
+    KVT_IO_RECV,     /* network: reading one reply */
     KVT_IO_N_OPS
 } kvt__io_op;
 
 #define KVT_IO_ALL_OPS ((1u << KVT_IO_N_OPS) - 1u)
+/** The network calls (kvt__io_net_gate), and every other call. */
+#define KVT_IO_NET_OPS ((1u << KVT_IO_CONNECT) | (1u << KVT_IO_SEND) | (1u << KVT_IO_RECV))
+#define KVT_IO_FILE_OPS (KVT_IO_ALL_OPS & ~KVT_IO_NET_OPS)
 
 /** A fault to inject. Zero-initialise, then set. */
 typedef struct kvt__io_fault {
     uint32_t ops;         /* calls counted (bit per kvt__io_op); 0 = all */
     int64_t fail_at;      /* > 0: the fail_at-th counted call from kvt__io_arm fails (1 = the next) */
     int err;              /* errno it fails with (0 = EIO) */
-    int short_write;      /* 1: a failing write/pwrite of n > 1 bytes writes n / 2 and returns that */
+    int short_write;      /* 1: a failing write/pwrite of n > 1 bytes writes n / 2 and returns that;
+                             a failing SEND sends half of what is buffered, then fails */
     const char *path_has; /* non-NULL: every counted call whose path contains this fails (copied) */
     int record;           /* 1: record the durability events (kvt__io_events) */
 } kvt__io_fault;
@@ -77,6 +89,14 @@ typedef struct kvt__io_event {
 /** Copies up to cap recorded events (in call order) into out. @return how
  * many were recorded (may exceed cap; at most 4096 are kept). */
 int kvt__io_events(kvt__io_event *out, int cap);
+
+/** Asks whether the network call `op` (KVT_IO_CONNECT, SEND or RECV) to
+ * `peer` ("host:port", matched by path_has) fails: counts it like any
+ * wrapped call and returns the errno to fail it with, or 0 to make it.
+ * *short_write (may be NULL) is set to 1 when a failing SEND is armed as a
+ * short write (the caller sends half of its buffer, then fails). No I/O.
+ * Thread-safe. */
+int kvt__io_net_gate(kvt__io_op op, const char *peer, int *short_write);
 
 int kvt__io_open(const char *path, int flags, mode_t mode);
 int kvt__io_openat(int dirfd, const char *path, int flags, mode_t mode);

@@ -12,13 +12,17 @@
  */
 #include "remote_internal.h"
 
+#include "io_shim.h"
+
 #include <errno.h>
 #include <hiredis.h>
+#include <sds.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_NODES 64
 #define POOL 8
@@ -138,6 +142,78 @@ static kvt__rfail classify(const redisContext *ctx, int saved_errno)
     return KVT__RF_CONN;
 }
 
+/* ---- network calls: every connect, send and receive of a hiredis context goes
+ * through these, so the I/O shim (io_shim.h) can fail it as a socket error ---- */
+
+/* Fails the context's call as hiredis reports a socket error. */
+static int net_fail(redisContext *ctx, int err)
+{
+    ctx->err = REDIS_ERR_IO;
+    snprintf(ctx->errstr, sizeof ctx->errstr, "%s", strerror(err));
+    errno = err;
+    return REDIS_ERR;
+}
+
+static void net_peer(const redisContext *ctx, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s:%d", ctx->tcp.host ? ctx->tcp.host : "", ctx->tcp.port);
+}
+
+static redisContext *net_connect(const char *host, int port, struct timeval tv)
+{
+    char peer[300];
+    snprintf(peer, sizeof peer, "%s:%d", host, port);
+    int e = kvt__io_net_gate(KVT_IO_CONNECT, peer, NULL);
+    if (e) {
+        errno = e;
+        return NULL;
+    }
+    return redisConnectWithTimeout(host, port, tv);
+}
+
+/* The shim's verdict on sending what ctx has buffered: 0, or REDIS_ERR
+ * (after sending half of it when the fault is a short write). */
+static int net_send_gate(redisContext *ctx)
+{
+    if (!ctx->obuf || !sdslen(ctx->obuf))
+        return 0;
+    char peer[300];
+    net_peer(ctx, peer, sizeof peer);
+    int half = 0, e = kvt__io_net_gate(KVT_IO_SEND, peer, &half);
+    if (!e)
+        return 0;
+    if (half && sdslen(ctx->obuf) / 2 && write(ctx->fd, ctx->obuf, sdslen(ctx->obuf) / 2) < 0)
+        e = errno;
+    return net_fail(ctx, e);
+}
+
+static int net_buffer_write(redisContext *ctx, int *done)
+{
+    if (net_send_gate(ctx))
+        return REDIS_ERR;
+    return redisBufferWrite(ctx, done);
+}
+
+/* The shim's verdict on one reply: sending what is buffered, then reading
+ * the reply. 0, or REDIS_ERR with the call failed. */
+static int net_reply_gate(redisContext *ctx)
+{
+    if (net_send_gate(ctx))
+        return REDIS_ERR;
+    char peer[300];
+    net_peer(ctx, peer, sizeof peer);
+    int e = kvt__io_net_gate(KVT_IO_RECV, peer, NULL);
+    return e ? net_fail(ctx, e) : 0;
+}
+
+/* One reply (a blocking context sends what is buffered first). */
+static int net_get_reply(redisContext *ctx, void **reply)
+{
+    if (net_reply_gate(ctx))
+        return REDIS_ERR;
+    return redisGetReply(ctx, reply);
+}
+
 static void count_fail(kvt__rconn *c, kvt__rfail f)
 {
     if (f == KVT__RF_TIMEOUT)
@@ -174,14 +250,17 @@ static void node_result(kvt__rconn *c, rnode *n, kvt__rfail f)
 /* Runs one command on a fresh or pooled context synchronously. */
 static redisReply *ctx_cmd(redisContext *ctx, int argc, const char **argv, const size_t *len)
 {
-    return redisCommandArgv(ctx, argc, argv, len);
+    if (redisAppendCommandArgv(ctx, argc, argv, len) != REDIS_OK)
+        return NULL;
+    void *r = NULL;
+    return net_get_reply(ctx, &r) == REDIS_OK ? r : NULL;
 }
 
 /* A new connection to n: connect, AUTH, SELECT. NULL on failure (*f why). */
 static redisContext *node_connect(kvt__rconn *c, rnode *n, int32_t timeout_ms, kvt__rfail *f)
 {
     int32_t ct = KVT__MIN(c->cfg.connect_timeout_ms, timeout_ms > 0 ? timeout_ms : c->cfg.connect_timeout_ms);
-    redisContext *ctx = redisConnectWithTimeout(n->host, n->port, tv_of(ct > 0 ? ct : 1));
+    redisContext *ctx = net_connect(n->host, n->port, tv_of(ct > 0 ? ct : 1));
     if (!ctx || ctx->err) {
         *f = ctx && ctx->err == REDIS_ERR_IO && errno == ETIMEDOUT ? KVT__RF_TIMEOUT : KVT__RF_CONN;
         if (ctx)
@@ -578,13 +657,16 @@ static int deadline_passed(redisContext *ctx)
     return REDIS_ERR;
 }
 
-/* redisGetReply under p's deadline: writes what is buffered, then reads
- * until a reply is whole, shrinking the socket timeout to what is left of
- * the deadline before each operation. */
+/* redisGetReply under p's deadline (past the shim's gates, as
+ * net_get_reply): writes what is buffered, then reads until a reply is
+ * whole, shrinking the socket timeout to what is left of the deadline
+ * before each operation. */
 static int get_reply(redisContext *ctx, void **r, const kvt__rpipe *p, int32_t timeout_ms)
 {
     if (!p->deadline_ms)
-        return redisGetReply(ctx, r);
+        return net_get_reply(ctx, r);
+    if (net_reply_gate(ctx))
+        return REDIS_ERR;
     *r = NULL;
     if (redisGetReplyFromReader(ctx, r) != REDIS_OK)
         return REDIS_ERR;
@@ -716,7 +798,7 @@ static int run_grouped(kvt__rconn *c, kvt__rpipe *p, const int32_t *todo, int32_
         }
         int done = 0;
         while (!done)
-            if (redisBufferWrite(pe[ni].ctx, &done) != REDIS_OK)
+            if (net_buffer_write(pe[ni].ctx, &done) != REDIS_OK)
                 break;
         atomic_fetch_add(&c->ct.round_trips, 1);
         p->round_trips++;

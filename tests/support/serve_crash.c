@@ -1,4 +1,5 @@
-/* serve_crash.c: SIGKILL crash trials of `kvtier serve --ssd-cache` (serve_crash.h). */
+/* serve_crash.c: SIGKILL crash trials of `kvtier serve --ssd-cache`, alone
+ * or sharing a Redis with a survivor (serve_crash.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 
 #include "test_seed.h"
 
+#include "redis_util.h"
 #include "serve_util.h"
 
 #include <jansson.h>
@@ -95,7 +97,7 @@ static int ask(int port, int conv, int turn, char **reply, int64_t *ssd)
 
 typedef struct client {
     pthread_t th;
-    int id, port;
+    int id, port, survivor;
     uint64_t rng;
     atomic_int *stop;
     int64_t replies, wrong, errors, dropped, ssd_tokens;
@@ -129,9 +131,13 @@ static void *client_main(void *arg)
         } else if (st == -2) {
             c->replies++;
             c->wrong++;
-        } else if (st < 0) {
+        } else if (st < 0 && !c->survivor) {
             c->dropped++;
             break; /* the server is gone */
+        } else if (st < 0) {
+            c->errors++; /* the survivor must not drop requests: counted, and its replies still compared */
+            fprintf(stderr, "serve_crash: the survivor failed a request (%d)\n", st);
+            usleep(20000);
         } else {
             c->errors++;
             usleep(20000);
@@ -161,9 +167,39 @@ static int store_verify(const char *bin, const char *dir, const char *log)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Turn `turn` of the probe on port: counts the reply; 1 when it reused
+ * cached tokens, 0 when not, -1 when it was not answered. */
+static int probe(int port, int turn, serve_crash_report *out, const char *when, int trial)
+{
+    char *reply;
+    int64_t s1 = 0;
+    int st = ask(port, PROBE, turn, &reply, &s1);
+    if (st != 200) {
+        out->errors++;
+        fprintf(stderr, "serve_crash: %s %d: the probe got status %d\n", when, trial, st);
+        return -1;
+    }
+    out->replies++;
+    if (strcmp(reply, g_ref[PROBE][turn])) {
+        out->wrong++;
+        fprintf(stderr, "serve_crash: WRONG probe reply %s %d\n", when, trial);
+    }
+    free(reply);
+    out->ssd_tokens += s1;
+    return s1 > 0;
+}
+
 int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_report *out)
 {
+    return serve_crash_trials_opts(trials, seed, verbose, NULL, out);
+}
+
+int serve_crash_trials_opts(int trials, uint64_t seed, int verbose, const serve_crash_opts *o, serve_crash_report *out)
+{
     memset(out, 0, sizeof *out);
+    int with_redis = o && o->redis;
+    if (with_redis && !redis_available("serve_crash"))
+        return 77;
     const char *bin = getenv("KVT_BIN"), *shared = getenv("KVT_SHARED_DIR");
     char model[1024], tok[1024];
     snprintf(model, sizeof model, "%s/data/models/stories260K.bin", shared ? shared : "../shared");
@@ -175,10 +211,15 @@ int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_repor
     char tmp[64] = "/tmp/kvt_serve_crash_XXXXXX";
     if (!mkdtemp(tmp))
         return -1;
-    char ssd[128], log[160], vlog[160];
+    char ssd[128], ssd_b[128], log[160], vlog[160];
     snprintf(ssd, sizeof ssd, "%s/ssd", tmp);
+    snprintf(ssd_b, sizeof ssd_b, "%s/ssd-survivor", tmp);
     snprintf(vlog, sizeof vlog, "%s/verify.log", tmp);
     int rc = -1;
+    redis_srv rs = {0};
+    kvt_ts_server surv = {0};
+    if (with_redis && redis_start(&rs, 64, NULL))
+        goto out;
 
     /* the cache-off reference, turn by turn (each turn's history holds the
      * reference replies before it) */
@@ -199,52 +240,53 @@ int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_repor
     kvt_ts_server_stop(&ref);
 
     /* a small RAM cache so the SSD tier serves, write-behind and idle demotion */
+    /* a small RAM cache so the SSD tier serves, write-behind and idle
+     * demotion; with Redis, the remote tier below it */
     const char *args[] = {"--model", model, "--tokenizer", tok, "--ssd-cache", ssd, "--ssd-cache-max", "48M",
-                          "--prompt-cache", "4M", "--demote-idle", "100", NULL};
+                          "--prompt-cache", "4M", "--demote-idle", "100", with_redis ? "--redis" : NULL, rs.url, NULL};
+    const char *args_b[] = {"--model", model, "--tokenizer", tok, "--ssd-cache", ssd_b, "--ssd-cache-max", "48M",
+                            "--prompt-cache", "4M", "--demote-idle", "100", "--redis", rs.url, NULL};
+    if (with_redis) {
+        snprintf(log, sizeof log, "%s/survivor.log", tmp);
+        if (kvt_ts_server_start(&surv, bin, log, args_b))
+            goto out;
+    }
     uint64_t rng = seed ? seed : 1;
     for (int trial = 0; trial < trials; trial++) {
         kvt_ts_server sv;
+        /* with Redis, every third restart is on an empty SSD directory:
+         * only Redis can serve the probe */
+        int wiped = with_redis && trial > 0 && trial % 3 == 0;
+        if (wiped) {
+            char cmd[300];
+            snprintf(cmd, sizeof cmd, "rm -rf '%s'", ssd);
+            if (system(cmd) != 0)
+                goto out;
+            out->redis_wipes++;
+        }
         snprintf(log, sizeof log, "%s/serve-%d.log", tmp, trial % 2);
         if (kvt_ts_server_start(&sv, bin, log, args))
             goto out;
         int probe_hit = 0;
         if (trial == 0) {
-            /* the probe's first turn, until it is on the SSD tier */
-            char *reply;
-            int64_t s0;
-            if (ask(sv.port, PROBE, 0, &reply, &s0) == 200) {
-                out->replies++;
-                if (strcmp(reply, g_ref[PROBE][0]))
-                    out->wrong++;
-                free(reply);
-            }
+            /* the probe's first turn, until it is on the SSD tier (and in Redis) */
+            probe(sv.port, 0, out, "trial", trial);
             for (int i = 0; i < 500 && stats_written(sv.port) <= 0; i++)
                 usleep(20000);
+            for (int i = 0; with_redis && i < 500 && redis_count_keys(rs.port, "kvt:*") <= 0; i++)
+                usleep(20000);
         } else {
-            char *reply;
-            int64_t s1 = 0;
-            int st = ask(sv.port, PROBE, 1, &reply, &s1);
-            if (st == 200) {
-                out->replies++;
-                if (strcmp(reply, g_ref[PROBE][1])) {
-                    out->wrong++;
-                    fprintf(stderr, "serve_crash: WRONG probe reply after restart %d\n", trial);
-                }
-                free(reply);
-                probe_hit = s1 > 0;
-                out->probe_ssd_hits += probe_hit;
-                out->ssd_tokens += s1;
-            } else {
-                out->errors++;
-                fprintf(stderr, "serve_crash: trial %d: the probe got status %d\n", trial, st);
-            }
+            probe_hit = probe(sv.port, 1, out, "restart", trial) == 1;
+            out->probe_ssd_hits += probe_hit;
+            out->redis_probe_hits += wiped && probe_hit;
         }
         atomic_int stop = 0;
         client cl[N_CLIENTS];
         for (int i = 0; i < N_CLIENTS; i++) {
             memset(&cl[i], 0, sizeof cl[i]);
             cl[i].id = i;
-            cl[i].port = sv.port;
+            cl[i].survivor = with_redis && i >= N_CLIENTS / 2; /* half the load on the survivor */
+            cl[i].port = cl[i].survivor ? surv.port : sv.port;
             cl[i].rng = next_rand(&rng) | 1;
             cl[i].stop = &stop;
             pthread_create(&cl[i].th, NULL, client_main, &cl[i]);
@@ -257,6 +299,8 @@ int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_repor
         int64_t rep = 0, wr = 0, dr = 0;
         for (int i = 0; i < N_CLIENTS; i++) {
             pthread_join(cl[i].th, NULL);
+            if (cl[i].survivor)
+                out->survivor_replies += cl[i].replies;
             rep += cl[i].replies;
             wr += cl[i].wrong;
             dr += cl[i].dropped;
@@ -281,9 +325,9 @@ int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_repor
         out->trials++;
         if (verbose)
             printf("  trial %3d: killed after %4u ms, %3lld replies (%lld wrong), %lld cut, verify %d, probe from "
-                   "ssd %s\n",
+                   "a cold tier %s%s\n",
                    trial, (unsigned)(wait_us / 1000), (long long)rep, (long long)wr, (long long)dr, v,
-                   trial ? (probe_hit ? "yes" : "no") : "-");
+                   trial ? (probe_hit ? "yes" : "no") : "-", wiped ? " (SSD wiped: Redis)" : "");
     }
     /* a last restart, stopped cleanly */
     {
@@ -291,21 +335,25 @@ int serve_crash_trials(int trials, uint64_t seed, int verbose, serve_crash_repor
         snprintf(log, sizeof log, "%s/serve-last.log", tmp);
         if (kvt_ts_server_start(&sv, bin, log, args))
             goto out;
-        char *reply;
-        int64_t s1 = 0;
-        if (ask(sv.port, PROBE, 1, &reply, &s1) == 200) {
-            out->replies++;
-            out->wrong += strcmp(reply, g_ref[PROBE][1]) != 0;
-            out->probe_ssd_hits += s1 > 0;
-            out->ssd_tokens += s1;
-            free(reply);
-        }
+        out->probe_ssd_hits += probe(sv.port, 1, out, "last restart", trials) == 1;
         out->final_stop_rc = kvt_ts_server_stop(&sv);
         if (store_verify(bin, ssd, vlog) != 0)
             out->unclean++;
     }
+    if (with_redis) {
+        int src = kvt_ts_server_stop(&surv);
+        surv.pid = 0;
+        if (src != 0)
+            out->final_stop_rc = src;
+        if (store_verify(bin, ssd_b, vlog) != 0)
+            out->unclean++;
+    }
     rc = 0;
 out:
+    if (surv.pid > 0)
+        kvt_ts_server_kill(&surv);
+    if (rs.pid > 0)
+        redis_stop(&rs);
     for (int c = 0; c <= N_CONV; c++)
         for (int t = 0; t < N_TURNS; t++) {
             free(g_ref[c][t]);
@@ -322,11 +370,13 @@ out:
     return rc;
 }
 
-void serve_crash_run(const char *name, int trials)
+void serve_crash_run(const char *name, int trials) { serve_crash_run_opts(name, trials, NULL); }
+
+void serve_crash_run_opts(const char *name, int trials, const serve_crash_opts *o)
 {
     uint64_t seed = test_seed(name);
     serve_crash_report r;
-    int rc = serve_crash_trials(trials, seed, getenv("KVT_TEST_VERBOSE") != NULL, &r);
+    int rc = serve_crash_trials_opts(trials, seed, getenv("KVT_TEST_VERBOSE") != NULL, o, &r);
     if (rc == 77) {
         skip();
         return;
@@ -344,4 +394,11 @@ void serve_crash_run(const char *name, int trials)
     assert_int_equal(r.probe_ssd_hits, trials); /* every restart (trials - 1) and the last one */
     assert_true(r.ssd_tokens > 0);
     assert_int_equal(r.final_stop_rc, 0);
+    if (o && o->redis) {
+        printf("  with Redis: the survivor answered %lld requests; %d restarts on a wiped SSD directory, %d probes "
+               "served through Redis\n",
+               (long long)r.survivor_replies, r.redis_wipes, r.redis_probe_hits);
+        assert_true(r.survivor_replies > 0);
+        assert_int_equal(r.redis_probe_hits, r.redis_wipes);
+    }
 }
