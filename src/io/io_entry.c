@@ -7,6 +7,8 @@
 #include "internal.h"
 #include "kvtier/cache.h"
 
+#include <string.h>
+
 int kvt__entry_share(const kvt_entry *e, kvt_entry *out)
 {
     int rc = kvt_entry_init(out, e->ns, e->tokens, e->n_tokens, e->n_caches, e->n_attachments);
@@ -17,4 +19,12 @@ int kvt__entry_share(const kvt_entry *e, kvt_entry *out)
     if (rc)
         kvt_entry_clear(out);
     return rc;
+}
+
+int kvt__entry_from_result(int status, kvt_io_disposition d, const void *result, kvt_entry *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!status && (d != KVT_IO_PUBLISH || !result))
+        status = KVT_ECANCELED;
+    return status ? status : kvt__entry_share(result, out);
 }

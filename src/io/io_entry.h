@@ -5,6 +5,7 @@
 #ifndef KVTIER_IO_ENTRY_H
 #define KVTIER_IO_ENTRY_H
 
+#include "kvtier/io.h"
 #include "kvtier/tier.h"
 
 /** A zero-copy clone of e into out (kvt_entry_init, every cache cloned with
@@ -12,5 +13,13 @@
  * empty), so each waiter of one read owns an independent entry. On error
  * out is cleared. @return 0 or the clone's error (KVT_ENOMEM). */
 int kvt__entry_share(const kvt_entry *e, kvt_entry *out);
+
+/** One waiter's entry from a coalesced restore's completion (status,
+ * disposition and the shared result as kvt_io_notify_fn gives them): a
+ * successful, published result is cloned into *out (kvt__entry_share); a
+ * discarded one, or one without a result, is KVT_ECANCELED. *out is zeroed
+ * first and holds an entry only when 0 is returned.
+ * @return 0; the operation's status; KVT_ECANCELED; the clone's error. */
+int kvt__entry_from_result(int status, kvt_io_disposition d, const void *result, kvt_entry *out);
 
 #endif

@@ -55,11 +55,7 @@ static void rwait_tell(void *arg, int status, kvt_io_disposition d, void *result
     rwait w = *(rwait *)arg;
     kvt__free(arg);
     kvt_entry mine;
-    memset(&mine, 0, sizeof mine);
-    if (!status && (d != KVT_IO_PUBLISH || !result))
-        status = KVT_ECANCELED;
-    if (!status)
-        status = kvt__entry_share(result, &mine);
+    status = kvt__entry_from_result(status, d, result, &mine);
     w.done(w.arg, status, status ? NULL : &mine);
     waiter_gone(w.r);
 }
