@@ -175,6 +175,10 @@ typedef struct kvt_srv_sched_opts {
     int64_t max_running;        /* jobs admitted at once at most (>= 1) */
     int64_t prefill_chunk;      /* prompt tokens one engine step runs at most, over all
                                    prefilling jobs (1..KVT_MODEL_CHUNK; 0 = KVT_MODEL_CHUNK) */
+    int64_t live_cache_blocks;  /* bounded live-cache residency of every job, as
+                                   kvt_gen_opts.live_cache_*; 0 and 0 = fully resident */
+    uint64_t live_cache_bytes;
+    const char *live_cache_dir; /* borrowed: must outlive the scheduler; NULL = $TMPDIR or /tmp */
 } kvt_srv_sched_opts;
 
 /** Starts the engine thread over a loaded model, its tokenizer and service
