@@ -995,6 +995,11 @@ static int forward_rows(kvt_model *m, int n, kvt_cache **const *caches, const in
             snprintf(why, sizeof why, "%s", kvt_last_error());
             return n == 1 ? rc : kvt__fail(rc, "batched decode, sequence %d: %s", i, why);
         }
+        int64_t seal = k > 1 ? sealing_block(m, caches[i]) : 0;
+        if (seal && m->dec_pos[i] % seal + k > seal) /* its earlier rows would read a sealed block */
+            return kvt__fail(KVT_EINVAL, "%s: batched pass, sequence %d: %d tokens from position %lld cross a "
+                             "block boundary of its 8-bit cache (at most %lld: kvt_model_pass_rows)", m->path, i,
+                             (int)k, (long long)m->dec_pos[i], (long long)(seal - m->dec_pos[i] % seal));
         memcpy(m->dec_ptrs + (size_t)i * L, caches[i], L * sizeof(void *));
         at += k;
     }
@@ -1030,6 +1035,16 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
     if (n < 1)
         return kvt__fail(KVT_EINVAL, "%s: batched decode of %d sequences; need at least 1", m->path, n);
     return forward_rows(m, n, caches, NULL, tokens, logits);
+}
+
+KVT_API int64_t kvt_model_pass_rows(const kvt_model *m, kvt_cache **caches)
+{
+    if (!m || !caches || !caches[0])
+        return 0;
+    int64_t seal = sealing_block(m, caches), rows = KVT_MODEL_CHUNK;
+    if (seal)
+        rows = KVT__MIN(rows, seal - kvt_cache_offset(caches[0]) % seal);
+    return rows;
 }
 
 KVT_API int kvt_model_forward_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,

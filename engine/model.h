@@ -305,12 +305,21 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
  * @param logits  (n, vocab_size) floats: row i receives the logits after
  *                sequence i's last token.
  * @return as kvt_model_decode_batch; KVT_EINVAL also for a count out of
- *   range and KVT_ELIMIT when a sequence's tokens would pass seq_len
+ *   range or past kvt_model_pass_rows (a block boundary of 8-bit K/V), and
+ *   KVT_ELIMIT when a sequence's tokens would pass seq_len
  *   (nothing is modified on either).
  * Not thread-safe for one model.
  */
 KVT_API int kvt_model_forward_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,
                                     const int32_t *tokens, float *logits);
+
+/** Tokens a sequence whose caches are `caches` may feed in one
+ * kvt_model_forward_batch pass from where it is: KVT_MODEL_CHUNK, or less
+ * when an attention layer stores 8-bit K/V ("qkvc", KVT_KV_Q8), whose
+ * block is sealed (quantized) when the next one starts: rows of one pass
+ * stay inside the open block, so each row reads the block as its own decode
+ * did. 0 for NULL arguments. Thread-safe for caches no one modifies. */
+KVT_API int64_t kvt_model_pass_rows(const kvt_model *m, kvt_cache **caches);
 
 /** Most threads kvt_model_set_threads() accepts. */
 #define KVT_MODEL_MAX_THREADS 64

@@ -354,7 +354,8 @@ KVT_API int64_t kvt_seq_prefill_next(const kvt_seq *s, int64_t max_tokens, const
     if (!s || !tokens || max_tokens < 1 || s->phase != SEQ_PREFILL)
         return 0;
     *tokens = s->all + s->done;
-    return KVT__MIN(next_stop(s) - s->done, max_tokens);
+    int64_t n = KVT__MIN(next_stop(s) - s->done, max_tokens);
+    return KVT__MIN(n, kvt_model_pass_rows(s->m, s->state.caches));
 }
 
 KVT_API int kvt_seq_after_prefill(kvt_seq *s, int64_t n, int *prompt_done)

@@ -135,6 +135,8 @@ static void feed(const eng *e, kvt_cache **c, const int32_t *tok, int from, int 
         int k = max_chunk ? max_chunk : rnd(rs, 1, 37);
         if (k > n - at)
             k = n - at;
+        if (k > kvt_model_pass_rows(e->m, c)) /* 8-bit K/V: a pass stays in the open block */
+            k = (int)kvt_model_pass_rows(e->m, c);
         kvt_cache **cs[3];
         int32_t counts[3];
         int ns = 0, rows = 0, me = rnd(rs, 0, others); /* where the sequence sits in the batch */
@@ -147,7 +149,7 @@ static void feed(const eng *e, kvt_cache **c, const int32_t *tok, int from, int 
             }
             if (o < others) { /* another sequence: a decode row or a few prompt rows */
                 int ko = rnd(rs, 1, 3);
-                if (kvt_cache_offset(oc[o][0]) + ko >= 500)
+                if (kvt_cache_offset(oc[o][0]) + ko >= 500 || ko > kvt_model_pass_rows(e->m, oc[o]))
                     ko = 1;
                 cs[ns] = oc[o];
                 counts[ns++] = ko;
