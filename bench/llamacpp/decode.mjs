@@ -46,7 +46,7 @@ for (let run = 0; run < runs; run++) {
         const ctx = await model.createContext({
             contextSize: size, threads, batchSize: 512, flashAttention: c.flash === "on",
             experimentalKvCacheKeyType: kvType(c.kv), experimentalKvCacheValueType: kvType(c.kv),
-        });
+        }).catch((e) => fail(`llama.cpp cannot create a ${size}-token context with KV ${c.kv}, flash attention ${c.flash}: ${e.message}`));
         seqs.push({ ctx, seq: ctx.getSequence(), next: 0 });
     }
     let at = 0;
