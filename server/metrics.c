@@ -261,6 +261,14 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
         one(&b, "kv_budget_bytes", "gauge", "KV byte budget requests are admitted under (0: unlimited).",
             rep->kv_budget_bytes);
         one(&b, "admission_rejected_total", "counter", "Requests that can never fit the limits.", rep->rejected);
+        /* the bounded live-cache counters (docs/residency.md), from the service's one list */
+#define KVT__LIVE_PROM(name, group, key, kind, help)                                               \
+    if (!strncmp(#name, "live_", 5) && strcmp(#name, "live_page_stall_ms"))                        \
+        one(&b, #name "_total", "counter", help ".", rep->name);
+        KVT_SERVICE_COUNTERS(KVT__LIVE_PROM)
+#undef KVT__LIVE_PROM
+        head(&b, "live_page_stall_seconds_total", "counter", "Time attention waited for live-cache blocks being read.");
+        sb_printf(&b, "kvtier_live_page_stall_seconds_total %.3f\n", (double)rep->live_page_stall_ms / 1000.0);
     }
     /* each cold tier level's counters, from the tiers' one list, labelled
      * by level and name */
