@@ -28,13 +28,14 @@
  * every input row passes over it. */
 #define TILE_ROWS 4
 /* While the AVX kernels multiply a tile of rows they prefetch the lines of
- * the tile PF_TILES ahead (one line per row per 16 floats, into L1), so the
+ * the tile PF_TILES ahead (one line per row per 16 floats, into L2: a tile
+ * of long rows would push the current one out of L1), so the
  * stream of weights from memory overlaps the arithmetic instead of following
  * it: with several input rows per tile (batched decode) the arithmetic takes
  * long enough that the hardware prefetcher alone falls behind. Prefetches
  * change no result. */
 #define PF_TILES 1
-#define PF_HINT _MM_HINT_T0
+#define PF_HINT _MM_HINT_T1
 
 /* ---- plain C (8 lanes) ------------------------------------------------------ */
 
