@@ -6,7 +6,7 @@
  * the OS has not scheduled (a loaded machine) delays a run by at most the
  * part it already holds: the caller takes the rest itself and never waits for
  * a worker to wake up. Between runs a worker spins (with a pause) for up to
- * KVT_THREADS_SPIN_NS before it sleeps on a condition variable, and the
+ * KVT_THREADS_SPIN checks before it sleeps on a condition variable, and the
  * caller spins as long for the last parts before it sleeps: a decode step
  * runs dozens of products back to back with little serial work between them,
  * so a run normally starts and ends without a system call. It owns its
@@ -21,7 +21,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -31,9 +30,12 @@
 #define cpu_relax() ((void)0)
 #endif
 
-/* How long a worker waits for the next run, and the caller for the last
- * parts of a run, spinning before it sleeps (ns). */
-#define KVT_THREADS_SPIN_NS 200000
+/* How many checks (each followed by a pause instruction) a worker makes
+ * for the next run, and the caller for the last parts of a run, before it
+ * sleeps: about 0.2 ms of spinning at 13 ns per pause. Counted in checks, not
+ * in time, so a spinning thread the OS preempts (a loaded machine) still
+ * spins its share when it runs again instead of going to sleep at once. */
+#define KVT_THREADS_SPIN 16384
 
 struct kvt_threads {
     int n_workers; /* threads besides the caller */
@@ -61,13 +63,6 @@ typedef struct {
     int index; /* 1..n_workers */
 } worker_arg;
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Claims and runs parts of run `gen` until none is left; returns how many
  * it ran. */
 static int run_parts(kvt_threads *p, uint64_t gen, kvt_threads_fn fn, void *ctx, int n)
@@ -92,26 +87,18 @@ static int run_parts(kvt_threads *p, uint64_t gen, kvt_threads_fn fn, void *ctx,
 }
 
 /* The run after `seen` (an even seq value) once it is published: spins for
- * up to KVT_THREADS_SPIN_NS, then sleeps until kvt_threads_run publishes one.
+ * up to KVT_THREADS_SPIN checks, then sleeps until kvt_threads_run publishes one.
  * Returns its seq value (even), or 0 when the set is stopping. */
 static uint64_t wait_run(kvt_threads *p, uint64_t seen)
 {
     for (;;) {
-        uint64_t t0 = 0;
-        for (int spin = 0;; spin++) {
+        for (int spin = 0; spin < KVT_THREADS_SPIN; spin++) {
             if (atomic_load(&p->stop))
                 return 0;
             uint64_t s = atomic_load_explicit(&p->seq, memory_order_acquire);
             if (s != seen && !(s & 1))
                 return s;
             cpu_relax();
-            if ((spin & 63) != 63)
-                continue;
-            uint64_t t = mono_ns();
-            if (!t0)
-                t0 = t;
-            else if (t - t0 >= KVT_THREADS_SPIN_NS)
-                break;
         }
         if (atomic_load(&p->seq) != seen) { /* a run being written by a caller the OS paused */
             sched_yield();
@@ -220,15 +207,9 @@ void kvt_threads_run(kvt_threads *p, kvt_threads_fn fn, void *ctx, int n_parts)
         pthread_mutex_unlock(&p->mu);
     }
     run_parts(p, gen, fn, ctx, n_parts);
-    uint64_t t0 = 0;
     for (int spin = 0; atomic_load_explicit(&p->parts_done, memory_order_acquire) < n_parts; spin++) {
         cpu_relax();
-        if ((spin & 63) != 63)
-            continue;
-        uint64_t t = mono_ns();
-        if (!t0) {
-            t0 = t;
-        } else if (t - t0 >= KVT_THREADS_SPIN_NS) {
+        if (spin >= KVT_THREADS_SPIN) {
             pthread_mutex_lock(&p->mu);
             atomic_store(&p->caller_waiting, 1); /* seq_cst: the last part's worker sees it or we see its count */
             while (atomic_load(&p->parts_done) < n_parts)
