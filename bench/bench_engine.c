@@ -35,6 +35,7 @@ static const int k_batch_n[N_BATCH] = {1, 2, 4, 8};
 typedef struct {
     int runs, slow_runs, prompt, decode, batch_steps, ctx_runs, threads;
     int context_only; /* --context-only: the decode at context (default model) alone */
+    int decode_only;  /* --decode-only: greedy decode vs run.c and batched decode alone */
     int llamacpp;     /* 1: llama.cpp's decode at context beside the engine's (--no-llamacpp: 0) */
     const char *tok_path; /* the default model's tokenizer (for the GGUF export) */
 } bench_opts;
@@ -333,12 +334,12 @@ static int bench_model(const char *name, const char *path, int is_default, const
     int slow_runs = is_default ? o->slow_runs : 3, base_runs = is_default ? (o->runs < 3 ? o->runs : 3) : o->runs;
     fprintf(stderr, "%s: %d layers, dim %d, seq_len %d, %d threads; prefill %d tokens, decode %d tokens from BOS, "
             "%d runs\n", name, c->n_layers, c->dim, c->seq_len, o->threads, prompt, steps, o->runs);
-    rc = o->context_only ? 0 : bench_prefill(m, tok, prompt, o, slow_runs, r);
+    rc = o->context_only || o->decode_only ? 0 : bench_prefill(m, tok, prompt, o, slow_runs, r);
     if (rc == 0 && !o->context_only)
         rc = bench_decode(m, path, steps, o, base_runs, r);
     if (rc == 0 && !o->context_only)
         rc = bench_batch(m, tok, o, base_runs, r);
-    if (rc == 0 && is_default)
+    if (rc == 0 && is_default && !o->decode_only)
         rc = bench_context_vs_llamacpp(m, tok, n_tok, o, r);
     if (rc != 0)
         fprintf(stderr, "kvtier bench engine: %s: %s (%s)\n", name, kvt_last_error(), kvt_strerror(rc));
@@ -353,12 +354,15 @@ static void print_tables(const char *const *names, const bench_result *rs, const
 {
     if (o->context_only)
         goto context;
-    printf("prefill (tokens/s)\n%-12s %6s %10s %10s %8s\n", "model", "prompt", "prefill", "1-by-1", "batched");
-    for (int i = 0; i < 2; i++)
-        if (have[i])
-            printf("%-12s %6d %10.1f %10.1f %7.1fx\n", names[i], rs[i].prompt, rs[i].prefill_tps, rs[i].single_tps,
-                   rs[i].prefill_tps / rs[i].single_tps);
-    printf("\ngreedy decode from BOS (tokens/s) vs llama2.c run.c's loop (-Ofast -march=native)\n"
+    if (!o->decode_only) {
+        printf("prefill (tokens/s)\n%-12s %6s %10s %10s %8s\n", "model", "prompt", "prefill", "1-by-1", "batched");
+        for (int i = 0; i < 2; i++)
+            if (have[i])
+                printf("%-12s %6d %10.1f %10.1f %7.1fx\n", names[i], rs[i].prompt, rs[i].prefill_tps,
+                       rs[i].single_tps, rs[i].prefill_tps / rs[i].single_tps);
+        printf("\n");
+    }
+    printf("greedy decode from BOS (tokens/s) vs llama2.c run.c's loop (-Ofast -march=native)\n"
            "%-12s %6s %9s %9s %7s %10s %7s %s\n", "model", "steps", "kvtier", "run.c", "ratio", "run.c-omp", "ratio",
            "same ids");
     for (int i = 0; i < 2; i++) {
@@ -387,7 +391,7 @@ static void print_tables(const char *const *names, const bench_result *rs, const
         printf(" %8.2fx %s\n", rs[i].batch_tps[N_BATCH - 1] / rs[i].batch_tps[0], yes_no(rs[i].batch_same));
     }
 context:
-    if (have[1]) {
+    if (have[1] && !o->decode_only) {
         const bench_result *r = &rs[1];
         printf("\ndecode at context (default model, tokens/s, %d steps after a prefill to C tokens; K/V stored\n"
                "in each scheme, the schemes taking turns token by token; ratio to f32 in brackets)\n  %-6s", o->batch_steps, "scheme");
@@ -434,7 +438,7 @@ context:
 
 int kvt_bench_engine(int argc, char **argv)
 {
-    bench_opts o = {5, 1, 1024, 64, 32, 1, 0, 0, 1, NULL};
+    bench_opts o = {5, 1, 1024, 64, 32, 1, 0, 0, 0, 1, NULL};
     const char *model = NULL;
     int skip_default = 0;
     for (int i = 1; i < argc; i++) {
@@ -457,6 +461,8 @@ int kvt_bench_engine(int argc, char **argv)
             skip_default = 1;
         else if (!strcmp(a, "--context-only"))
             o.context_only = 1;
+        else if (!strcmp(a, "--decode-only"))
+            o.decode_only = 1;
         else if (!strcmp(a, "--no-llamacpp"))
             o.llamacpp = 0;
         else {
@@ -467,6 +473,7 @@ int kvt_bench_engine(int argc, char **argv)
                     "       [--batch-steps N (32, steps of the batched and at-context decode)]\n"
                     "       [--context-runs N (1, runs of the decode at 1k/2k/4k context)] [--no-default]\n"
                     "       [--context-only (only the decode at 1k/2k/4k context per KV scheme, default model)]\n"
+                    "       [--decode-only (only greedy decode vs run.c and batched decode)]\n"
                     "       [--no-llamacpp (no llama.cpp beside the decode at context; it runs when `make\n"
                     "       bench-deps` installed it: the default model exported as GGUF to a temporary directory)]\n");
             return strcmp(a, "--help") ? 2 : 0;
