@@ -31,6 +31,7 @@ static void usage(FILE *f)
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
             "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
             "                    [--kv-dtype f32|f16|bf16|q8]\n"
+            "                    [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
             "\n"
             "An OpenAI-compatible HTTP server over the reference engine and the prompt cache:\n"
             "multi-turn traffic re-sends the conversation, and only its new tokens are prefilled.\n"
@@ -116,6 +117,16 @@ static void usage(FILE *f)
             "                        most 8); replies do not depend on it\n"
             KVT_CLI_KV_DTYPE_HELP
             "                        (default f32)\n"
+            "  --live-cache-blocks N, --live-cache-bytes B  each request keeps at most N full kv\n"
+            "                        blocks (B bytes; the smaller wins) of its context in RAM; the\n"
+            "                        others are written once to a page file and read back,\n"
+            "                        checksummed, when attention needs them (docs/residency.md).\n"
+            "                        Replies are the same as fully resident. Admission (--kv-budget,\n"
+            "                        --pool-kv) charges the bound, not the context, so more long\n"
+            "                        requests fit. Not with --kv-dtype q8 (q8 K/V is never paged).\n"
+            "                        /stats kv.live_* and /metrics kvtier_live_* count the paging\n"
+            "  --live-cache-dir DIR  where each request's page file is made (unlinked at once;\n"
+            "                        default $TMPDIR, else /tmp: a disk, not a tmpfs)\n"
             "\n"
             "Sampling follows the request (OpenAI defaults: temperature 1, top_p 1; \"seed\" makes\n"
             "it repeatable; temperature 0 is greedy). Chat replies end before a newline, like\n"
@@ -143,7 +154,7 @@ int kvt_cmd_serve(int argc, char **argv)
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
     long long redis_timeout = 0, redis_ttl = 0, redis_restore = 0;
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
-              max_conn = 256, threads = 0, ckpt_every = 0;
+              max_conn = 256, threads = 0, ckpt_every = 0, live_blocks = 0;
     uint64_t max_body = 1 << 20;
     const char *pub_dirs[7];
     int n_pub = 0;
@@ -169,7 +180,8 @@ int kvt_cmd_serve(int argc, char **argv)
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
             "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", "--checkpoint-every",
-            "--redis-restore-timeout", "--pool-ram", "--pool-kv", "--pool-disk", NULL};
+            "--redis-restore-timeout", "--pool-ram", "--pool-kv", "--pool-disk", "--live-cache-blocks",
+            "--live-cache-bytes", "--live-cache-dir", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
             known |= !strcmp(a, with_value[k]);
@@ -238,6 +250,13 @@ int kvt_cmd_serve(int argc, char **argv)
             rc = parse_int(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
         else if (!strcmp(a, "--checkpoint-every"))
             rc = parse_int(a, v, 1, INT32_MAX, &ckpt_every);
+        else if (!strcmp(a, "--live-cache-blocks"))
+            rc = parse_int(a, v, 1, LLONG_MAX, &live_blocks);
+        else if (!strcmp(a, "--live-cache-dir")) {
+            if (!*v)
+                return usage_error("--live-cache-dir wants a directory", NULL);
+            o.live_cache_dir = v;
+        }
         else if (!strcmp(a, "--kv-dtype")) {
             kvt_kv_scheme ks;
             if (kvt_cli_kv_scheme(v, &ks))
@@ -251,6 +270,7 @@ int kvt_cmd_serve(int argc, char **argv)
                             : !strcmp(a, "--pool-ram")   ? &o.pool_ram_bytes
                             : !strcmp(a, "--pool-kv")    ? &o.pool_kv_bytes
                             : !strcmp(a, "--pool-disk")  ? &o.pool_disk_bytes
+                            : !strcmp(a, "--live-cache-bytes") ? &o.live_cache_bytes
                                                          : &o.ssd_max_bytes;
             if (kvt_chat_parse_bytes(a, v, dst)) {
                 fprintf(stderr, "kvtier serve: %s\n", kvt_last_error());
@@ -282,6 +302,12 @@ int kvt_cmd_serve(int argc, char **argv)
         return usage_error("--ssd-cache-max, --ssd-cache-verify, --demote-idle and --checkpoint-every need "
                            "--ssd-cache DIR", NULL);
     o.checkpoint_every = ckpt_every;
+    o.live_cache_blocks = live_blocks;
+    if (o.live_cache_dir && !live_blocks && !o.live_cache_bytes)
+        return usage_error("--live-cache-dir needs --live-cache-blocks N or --live-cache-bytes B", NULL);
+    if ((live_blocks || o.live_cache_bytes) && o.kv_scheme == KVT_KV_Q8)
+        return usage_error("--live-cache-* with --kv-dtype q8: q8 K/V is never paged, so the bound would not "
+                           "hold; bound f32, f16 or bf16, or serve q8 fully resident", NULL);
     if (o.ssd_dir && o.prompt_cache_bytes == 0)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     if (n_pub && o.prompt_cache_bytes == 0)

@@ -304,6 +304,17 @@ static void model_lines(sbuf *b, const kvt_srv_model_figures *mf, int n)
                  offsetof(kvt_srv_model_figures, rep.kv_budget_bytes), 0);
     model_family(b, mf, n, PART_REP, "admission_rejected_total", "counter", "Requests that can never fit the limits.",
                  offsetof(kvt_srv_model_figures, rep.rejected), 0);
+    /* the bounded live-cache counters (docs/residency.md), from the service's
+     * one list; a counter of milliseconds in seconds */
+#define KVT__LIVE_PROM(name, group, key, kind, help)                                               \
+    if (!strncmp(#name, "live_", 5)) {                                                             \
+        int ms = !strcmp(#name, "live_page_stall_ms");                                             \
+        model_family(b, mf, n, PART_REP, ms ? "live_page_stall_seconds_total" : #name "_total", "counter", \
+                     ms ? "Time attention waited for live-cache blocks being read." : help ".",    \
+                     offsetof(kvt_srv_model_figures, rep.name), ms);                               \
+    }
+    KVT_SERVICE_COUNTERS(KVT__LIVE_PROM)
+#undef KVT__LIVE_PROM
     /* each cold tier level's counters, from the tiers' one list, labelled
      * by model, level and name */
     int any_tiers = 0;

@@ -94,6 +94,10 @@ typedef struct kvt_srv_sched kvt_srv_sched;
 typedef struct kvt_srv_sched_opts {
     int64_t max_queue;          /* jobs waiting for admission at most (>= 0) */
     int64_t max_running;        /* jobs admitted at once at most (>= 1) */
+    int64_t live_cache_blocks;  /* bounded live-cache residency of every job, as
+                                   kvt_gen_opts.live_cache_*; 0 and 0 = fully resident */
+    uint64_t live_cache_bytes;
+    const char *live_cache_dir; /* borrowed: must outlive the scheduler; NULL = $TMPDIR or /tmp */
 } kvt_srv_sched_opts;
 
 /** Starts the engine thread over a loaded model, its tokenizer and service

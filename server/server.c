@@ -55,7 +55,7 @@ typedef struct srv_model {
 
 struct kvt_server {
     kvt_server_opts o;           /* strings below are owned copies */
-    char *host, *ssd_dir, *api_key, *redis_url;
+    char *host, *ssd_dir, *api_key, *redis_url, *live_dir;
     srv_model md[KVT_SERVER_MAX_MODELS]; /* (n_md) the served models, the default first */
     int n_md;
     kvt_pool *pool;              /* shared by every model's service and the SSD root; NULL = none */
@@ -486,7 +486,8 @@ static enum MHD_Result do_generate(kvt_server *s, struct MHD_Connection *c, req_
     int64_t max_tokens = r.max_tokens > 0 ? r.max_tokens : (kind == KVT_OAI_CHAT ? 256 : 16);
     if (max_tokens > left)
         max_tokens = left;
-    kvt_request kr = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens};
+    kvt_request kr = {.prompt = ids, .n_prompt = n, .max_tokens = max_tokens,
+                      .live_blocks = s->o.live_cache_blocks, .live_bytes = s->o.live_cache_bytes};
     int fit = kvt_service_fits(md->svc, &kr);
     if (fit < 0) {
         free(ids);
@@ -1097,6 +1098,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->ssd_dir = xstrdup(o->ssd_dir);
     s->redis_url = xstrdup(o->redis_url);
     s->api_key = xstrdup(o->api_key);
+    s->live_dir = xstrdup(o->live_cache_dir);
     for (int i = 0; i < o->n_prompt_cache_dirs; i++)
         s->pub_dirs[i] = xstrdup(o->prompt_cache_dirs[i]);
     s->o.prompt_cache_dirs = (const char *const *)s->pub_dirs;
@@ -1104,6 +1106,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     s->o.ssd_dir = s->ssd_dir;
     s->o.redis_url = s->redis_url;
     s->o.api_key = s->api_key;
+    s->o.live_cache_dir = s->live_dir;
     if (s->o.max_queue < 0)
         s->o.max_queue = 0;
     if (!s->o.max_running)
@@ -1117,7 +1120,7 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
     atomic_init(&s->next_id, ((unsigned long long)time(NULL) << 20) ^ (unsigned long long)getpid());
     s->metrics = kvt_srv_metrics_create();
     kvt_dash_opts dopt = {.metrics = s->metrics, .snapshot = dash_snapshot, .ctx = s};
-    if (!s->metrics || !s->host || !names_ok || kvt_dash_create(&dopt, &s->dash)) {
+    if (!s->metrics || !s->host || !names_ok || (o->live_cache_dir && !s->live_dir) || kvt_dash_create(&dopt, &s->dash)) {
         kvt_server_destroy(s);
         return kvt__fail(KVT_ENOMEM, "out of memory");
     }
@@ -1255,7 +1258,9 @@ static int load_model(kvt_server *s, int i)
     }
     if ((rc = kvt_chat_service_create(md->m, &so, &md->svc)))
         return rc;
-    kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running};
+    kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running,
+                              .live_cache_blocks = s->o.live_cache_blocks, .live_cache_bytes = s->o.live_cache_bytes,
+                              .live_cache_dir = s->o.live_cache_dir};
     if ((rc = kvt_srv_sched_create(md->m, md->tok, md->svc, s->metrics, &sco, &md->sched)))
         return kvt__fail(rc, "cannot start the engine thread of model '%s'", md->model_name);
     return 0;
@@ -1352,6 +1357,7 @@ void kvt_server_destroy(kvt_server *s)
         memset(s->redis_url, 0, strlen(s->redis_url));
     free(s->redis_url);
     free(s->api_key);
+    free(s->live_dir);
     for (int i = 0; i < 8; i++)
         free(s->pub_dirs[i]);
     pthread_mutex_destroy(&s->tiers_mu);

@@ -83,6 +83,11 @@ typedef struct kvt_server_opts {
     int64_t checkpoint_every;    /* with ssd_dir: a request with an Idempotency-Key header is
                                     checkpointed every this many generated tokens and resumed
                                     by a repeat after a restart (docs/checkpoints.md); 0 = off */
+    int64_t live_cache_blocks;   /* > 0: each request keeps at most this many full kv blocks in
+                                    RAM and pages the rest to a page file (kvt_gen_opts.live_cache_*,
+                                    docs/residency.md); admission charges the bound; 0 = no bound */
+    uint64_t live_cache_bytes;   /* > 0: the same bound in bytes (the smaller wins) */
+    const char *live_cache_dir;  /* page-file directory, NULL = $TMPDIR or /tmp; copied */
 } kvt_server_opts;
 
 /** Binds and starts answering HTTP (every generation request gets 503 until
