@@ -6,6 +6,9 @@
 # printed (base64), and reproduced by
 #   build-fuzz/fuzz/fuzz_<input> OUT/artifacts/fuzz_<input>-crash-<sha1>
 # (or the gcc-built build/fuzz/fuzz_<input>_replay on the same file).
+# At the end a table gives, per target, the executions, wall time, exec/s,
+# coverage (cov: edges, ft: features) and corpus size of libFuzzer's last
+# status line, and whether it passed.
 # usage: fuzz/run.sh BUILD_DIR/fuzz SECONDS [OUT [TARGET...]]
 set -uo pipefail
 bin=${1:?usage: fuzz/run.sh BUILD_DIR/fuzz SECONDS [OUT [TARGET...]]}
@@ -22,6 +25,7 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 mkdir -p "$out/artifacts"
 failed=()
+summary=()
 for t in "${targets[@]}"; do
   corpus="$src/corpus/$t"
   scratch="$out/corpus/$t"
@@ -35,8 +39,16 @@ for t in "${targets[@]}"; do
   esac
   log="$out/$t.log"
   echo "== $t: ${secs}s"
+  t0=$(date +%s)
   "$bin/$t" "${args[@]}" "$scratch" "$corpus" >"$log" 2>&1
   rc=$?
+  el=$(( $(date +%s) - t0 ))
+  # the last status line: "#N DONE cov: C ft: F corp: K/SIZE ... exec/s: E"
+  last=$(grep -E "^#[0-9]+" "$log" | tail -n 1)
+  summary+=("$(printf '%-24s %12s %6s %8s %6s %6s %10s %s' "$t" "$(sed -nE 's/^#([0-9]+).*/\1/p' <<<"$last")" "${el}s" \
+    "$(sed -nE 's/.*exec\/s: ([0-9]+).*/\1/p' <<<"$last")" "$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<<"$last")" \
+    "$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<<"$last")" "$(sed -nE 's/.* corp: ([0-9]+\/[0-9A-Za-z]+).*/\1/p' <<<"$last")" \
+    "$([ $rc -eq 0 ] && echo ok || echo FAILED)")")
   grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|^#[0-9]+.*DONE" "$log" | tr '\n' ' '
   echo
   if [ $rc -ne 0 ]; then
@@ -50,6 +62,8 @@ for t in "${targets[@]}"; do
     done
   fi
 done
+printf '%-24s %12s %6s %8s %6s %6s %10s %s\n' target executions time exec/s cov ft corpus result
+printf '%s\n' "${summary[@]}"
 if [ ${#failed[@]} -ne 0 ]; then
   echo "fuzz: ${#failed[@]} target(s) failed: ${failed[*]}"
   exit 1

@@ -425,6 +425,10 @@ char *kvt_oai_response_json(kvt_oai_kind kind, const char *id, int64_t created, 
                             const char *text, size_t text_len, const char *finish_reason,
                             const kvt_oai_usage *u)
 {
+    if (!text) { /* an empty reply (the first token chosen was a stop) has no buffer */
+        text = "";
+        text_len = 0;
+    }
     json_t *choice;
     if (kind == KVT_OAI_CHAT)
         choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content",

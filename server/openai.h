@@ -128,7 +128,8 @@ json_t *kvt_oai_usage_json(const kvt_oai_usage *u);
  * message is {"role": "assistant", "content": text}, or "text_completion"
  * with one choice {"text"}; finish_reason "stop" or "length".
  * @param id "chatcmpl-..." / "cmpl-..."; created in Unix seconds.
- * @param text reply bytes (valid UTF-8), text_len bytes.
+ * @param text reply bytes (valid UTF-8), text_len bytes; NULL (with text_len
+ *   0) is the empty reply "".
  * @return a JSON document, caller frees with free(); NULL when out of memory. */
 char *kvt_oai_response_json(kvt_oai_kind kind, const char *id, int64_t created, const char *model,
                             const char *text, size_t text_len, const char *finish_reason,
