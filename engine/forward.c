@@ -361,6 +361,146 @@ static int kv_segs(const kvt_model *m, const kvt_cache *cache, int64_t ctx, kvt_
     return 0;
 }
 
+/* Attention over a kv cache with paged-out blocks through a window of its
+ * blocks (kvt_kv_window_*): for each group of heads, a pass over the K
+ * blocks (the scores), the softmax of every score row over the whole
+ * context, a pass over the V blocks (the values), a few blocks at a time.
+ * Per head these are the operations of attn_part (T > 1) and decode_head
+ * (T = 1) over resident blocks, in the same order on the same bytes, so the
+ * result is the same bit for bit; only the window's blocks are in RAM. */
+typedef struct {
+    kvt_model *m;
+    const kvt_kv_rows *segs; /* the chunk: blocks first .. first + n_segs - 1 */
+    int n_segs;
+    int64_t first;
+    int32_t B;
+    int64_t p0, ctx;
+    int T, h0, h1; /* the head group */
+    int pass;      /* WIN_SCORES, WIN_SOFTMAX or WIN_VALUES */
+    const float *q;
+    float *out;
+    size_t stride;      /* floats of scores per head */
+    size_t conv_stride; /* floats of m->conv per part (0: every block is F32) */
+} win_job;
+
+enum { WIN_SCORES, WIN_SOFTMAX, WIN_VALUES };
+
+static void win_part(void *vj, int part, int n_parts)
+{
+    const win_job *j = vj;
+    const kvt_model_config *c = &j->m->cfg;
+    int hs = c->head_size, d = c->dim, kv = c->kv_dim, kv_mul = c->n_heads / c->n_kv_heads, G = j->h1 - j->h0;
+    int a = j->h0 + G * part / n_parts, b = j->h0 + G * (part + 1) / n_parts, ctx = (int)j->ctx;
+    float scale = 1.0f / sqrtf((float)hs);
+    float *conv = j->conv_stride ? j->m->conv + (size_t)part * j->conv_stride : NULL;
+    for (int h = a; h < b; h++) {
+        size_t koff = (size_t)(h / kv_mul) * hs;
+        const float *qh = j->q + (size_t)h * hs;
+        float *oh = j->out + (size_t)h * hs;
+        float *S = j->m->s.scores + (size_t)(h - j->h0) * j->stride; /* (T, ctx) */
+        if (j->pass == WIN_SOFTMAX) {
+            if (j->T == 1)
+                kvt__softmax(S, ctx);
+            for (int t = 0; j->T > 1 && t < j->T; t++) {
+                float *row = S + (size_t)t * ctx;
+                int n = (int)(j->p0 + t + 1);
+                kvt__softmax(row, n);
+                if (n < ctx)
+                    memset(row + n, 0, (size_t)(ctx - n) * sizeof(float));
+            }
+            continue;
+        }
+        for (int s = 0; s < j->n_segs; s++) {
+            const kvt_kv_rows *g = &j->segs[s];
+            int64_t blk = j->first + s;
+            int base = (int)(blk * j->B), ld;
+            if (j->T == 1) {
+                if (j->pass == WIN_SCORES)
+                    kvt__attn_scores_rows(S + base, qh, g, koff, (size_t)kv, hs, scale);
+                else
+                    kvt__attn_values_rows(oh, S + base, g, koff, (size_t)kv, hs, blk > 0);
+                continue;
+            }
+            int t0 = base > j->p0 ? (int)(base - j->p0) : 0;
+            if (t0 >= j->T)
+                continue;
+            if (j->pass == WIN_SCORES) {
+                const float *K = seg_f32(g, 0, koff, (size_t)kv, hs, conv, &ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T - t0, g->n, hs, scale, qh + (size_t)t0 * d,
+                            d, K, ld, 0.0f, S + (size_t)t0 * ctx + base, ctx);
+            } else {
+                const float *V = seg_f32(g, 1, koff, (size_t)kv, hs, conv, &ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->T - t0, hs, g->n, 1.0f,
+                            S + (size_t)t0 * ctx + base, ctx, V, ld, blk ? 1.0f : 0.0f, oh + (size_t)t0 * d, d);
+            }
+        }
+    }
+}
+
+/* Scores of this many floats (16 MB) at most are held for one group of
+ * heads (but never fewer heads than the parts the threads run); a larger
+ * T x ctx x heads is split into groups of heads, each walking the blocks
+ * again. */
+#define WIN_SCORES_MAX ((size_t)4 << 20)
+
+/* @return 1 (attended through a window), 0 (no block is paged out: nothing
+ * done, attend the resident blocks), or an error. */
+static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, const float *q, float *out)
+{
+    const kvt_model_config *c = &m->cfg;
+    int64_t ctx = p0 + T;
+    int32_t B = kvt_kv_block_tokens(cache);
+    int64_t nb = (ctx + B - 1) / B;
+    int H = c->n_heads;
+    int parts = 2.0 * T * (double)ctx * c->dim >= PAR_MIN_MACS ? kvt_threads_size(m->threads) : 1;
+    size_t stride = (size_t)T * (size_t)ctx;
+    int G = H; /* heads per group */
+    while (G > KVT__MAX(parts, 1) && (size_t)G * stride > WIN_SCORES_MAX)
+        G = (G + 1) / 2;
+    parts = KVT__MIN(parts, G);
+    int groups = (H + G - 1) / G;
+    /* the walk: per group of heads, K blocks then V blocks */
+    int window = kvt_kv_window_open(cache, ctx, 2 * groups);
+    if (window <= 0)
+        return window;
+    int chunk = KVT__MAX(window / 2, 1); /* the rest of the window reads ahead */
+    size_t conv_stride = T > 1 && kvt_kv_dtype(cache) != KVT_DTYPE_F32 ? (size_t)B * (size_t)c->head_size : 0;
+    void *a = m->segs;
+    int rc = ensure_array(m, &a, &m->segs_cap, (size_t)chunk, sizeof(kvt_kv_rows), "block pointers");
+    m->segs = a;
+    if (rc == 0)
+        rc = ensure_scores(m, stride * (size_t)G);
+    if (rc == 0 && conv_stride) {
+        a = m->conv;
+        rc = ensure_array(m, &a, &m->conv_cap, conv_stride * (size_t)parts, sizeof(float), "converted K/V");
+        m->conv = a;
+    }
+    for (int h0 = 0; h0 < H && rc == 0; h0 += G) {
+        win_job j = {m, m->segs, 0, 0, B, p0, ctx, T, h0, KVT__MIN(h0 + G, H), WIN_SCORES, q, out, stride, conv_stride};
+        for (int pass = WIN_SCORES; pass <= WIN_VALUES && rc == 0; pass++) {
+            j.pass = pass;
+            if (pass == WIN_SOFTMAX) {
+                kvt_threads_run(m->threads, win_part, &j, parts);
+                continue;
+            }
+            for (int64_t b0 = 0; b0 < nb && rc == 0; b0 += chunk) {
+                int n = (int)KVT__MIN((int64_t)chunk, nb - b0), got = 0;
+                while (got < n && (rc = kvt_kv_window_get(cache, b0 + got, &m->segs[got])) == 0)
+                    got++;
+                if (rc == 0) {
+                    j.first = b0;
+                    j.n_segs = n;
+                    kvt_threads_run(m->threads, win_part, &j, parts);
+                }
+                for (int i = 0; i < got; i++)
+                    kvt_kv_window_put(cache, b0 + i);
+            }
+        }
+    }
+    kvt_kv_window_close(cache);
+    return rc ? rc : 1;
+}
+
 /* Causal attention of T queries at positions p0.. over a kv cache that
  * already holds p0 + T tokens (the chunk's K/V appended). Writes s.att. */
 static int attn_kv(kvt_model *m, kvt_cache *cache, int64_t p0, int T)
@@ -373,10 +513,11 @@ static int attn_kv(kvt_model *m, kvt_cache *cache, int64_t p0, int T)
     m->segs = a;
     if (rc != 0)
         return rc;
-    /* blocks paged out under a residency bound are read in for this layer only */
-    if ((rc = kvt_kv_pin(cache, ctx)) == 0 && (rc = kv_segs(m, cache, ctx, m->segs)) == 0)
+    /* blocks paged out under a residency bound are read through a window */
+    if ((rc = attn_windowed(m, cache, p0, T, m->s.q, m->s.att)) != 0)
+        return rc < 0 ? rc : 0;
+    if ((rc = kv_segs(m, cache, ctx, m->segs)) == 0)
         rc = run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, m->s.q, m->s.att);
-    kvt_kv_unpin(cache);
     return rc;
 }
 
@@ -605,6 +746,8 @@ static void dec_attn_part(void *vj, int part, int n_parts)
     for (int idx = j0; idx < j1; idx++) {
         int i = idx / H, h = idx % H;
         size_t row = (size_t)i * c->dim + (size_t)h * hs;
+        if (j->ctx[i] == 0) /* attended through a window already */
+            continue;
         decode_head(c, j->m->segs + j->seg0[i], j->seg0[i + 1] - j->seg0[i], (int)j->ctx[i], j->m->s.q + row,
                     (size_t)(h / kv_mul) * hs, S, j->m->s.att + row);
     }
@@ -632,11 +775,22 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
     m->segs = a;
     if (rc != 0)
         return rc;
+    /* a sequence with paged-out blocks attends alone, through a window (the
+     * same operations per head as the batch's decode_head) */
+    int windowed[KVT_MODEL_CHUNK] = {0};
+    for (int i = 0; !window && i < n; i++) {
+        rc = attn_windowed(m, caches[i][l], pos[i], 1, m->s.q + (size_t)i * c->dim, m->s.att + (size_t)i * c->dim);
+        if (rc < 0)
+            return rc;
+        windowed[i] = rc;
+    }
     int32_t k = 0;
     for (int i = 0; i < n; i++) {
         kvt_cache *cache = caches[i][l];
         m->dec_seg0[i] = k;
-        if (window) {
+        if (windowed[i]) {
+            m->dec_ctx[i] = 0;
+        } else if (window) {
             kvt_kv_rows *g = &m->segs[k++];
             if ((rc = kvt_rotating_rows(cache, g)) != 0)
                 return rc;

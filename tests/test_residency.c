@@ -7,9 +7,12 @@
  *    reads them back bit for bit, an unpin releases them without rewriting;
  *    blocks shared with a clone stay shared (never paged); clones and encode
  *    read paged blocks; a trim into a paged block makes it the RAM tail;
+ *  - attention through a window: two passes over the blocks stage at most
+ *    the window, read ahead in the walk's order, blocks read back exact;
  *  - the engine: greedy decode and its logits under a bound of 1 block, and
  *    a byte bound, are bit-identical to fully resident, for prefill, decode
- *    and batched decode, with read-ahead counted;
+ *    and batched decode (and with 32 heads walked in groups), with
+ *    read-ahead counted and no more than the window staged;
  *  - faults through the io shim: ENOSPC on page writes keeps the blocks in
  *    RAM (counted, output unchanged); EIO on page reads fails the forward
  *    pass with KVT_EIO naming the block; a corrupted page file fails it with
@@ -214,6 +217,66 @@ static void test_kv_paging(void **state)
     kvt_cache_destroy(k2);
 }
 
+/* Attention through a window: two passes over the blocks (K, then V) hold
+ * at most the window's blocks staged, read ahead in the walk's order, and
+ * every block taken is the one written. */
+static void test_window_walk(void **state)
+{
+    (void)state;
+    uint64_t s = g_seed ^ 7;
+    const size_t bb = 2 * B * D * sizeof(float);
+    kvt_residency_options o = {.max_blocks = 2, .dir = g_dir, .window = 4};
+    kvt_residency *r = NULL;
+    assert_int_equal(kvt_residency_create(&o, &r), 0);
+    kvt_cache *c = NULL, *plain = NULL;
+    assert_int_equal(kvt_kv_create(D, B, &c), 0);
+    assert_int_equal(kvt_kv_create(D, B, &plain), 0);
+    assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+    float ref[42 * 2 * D], ref2[42 * 2 * D];
+    append_rows(c, 42, &s, ref); /* 8 of the 10 full blocks paged out, 2 in RAM, a tail of 2 */
+    append_rows(plain, 42, &s, ref2);
+    assert_int_equal(kvt_kv_residency_settle(c), 0);
+    assert_int_equal(kvt_kv_window_open(plain, 42, 2), 0); /* nothing paged: no window */
+    kvt_kv_rows rows;
+    assert_int_equal(kvt_kv_window_get(plain, 0, &rows), KVT_EINVAL); /* none open */
+    assert_int_equal(kvt_kv_window_open(c, 43, 2), KVT_ERANGE);
+    assert_int_equal(kvt_kv_window_open(c, 42, 0), KVT_EINVAL);
+    assert_int_equal(kvt_kv_window_open(c, 42, 2), 4);
+    assert_int_equal(kvt_kv_window_open(c, 42, 2), KVT_EINVAL); /* one at a time */
+    kvt_residency_stats st;
+    for (int pass = 0; pass < 2; pass++)
+        for (int b = 0; b < 11; b++) {
+            if (b == 3)
+                assert_int_equal(kvt_kv_window_get(c, 5, &rows), KVT_EINVAL); /* out of order */
+            assert_int_equal(kvt_kv_window_get(c, b, &rows), 0);
+            for (int t = 0; t < rows.n; t++) {
+                const float *k = (const float *)rows.k + (size_t)t * D, *v = (const float *)rows.v + (size_t)t * D;
+                assert_memory_equal(k, ref + (size_t)(b * B + t) * 2 * D, D * sizeof(float));
+                assert_memory_equal(v, ref + (size_t)(b * B + t) * 2 * D + D, D * sizeof(float));
+            }
+            assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+            assert_true(st.staged_bytes <= 4 * bb);
+            kvt_kv_window_put(c, b);
+        }
+    assert_int_equal(kvt_kv_window_get(c, 0, &rows), KVT_EINVAL); /* the walk is over */
+    kvt_kv_window_close(c);
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    printf("window 4 over 8 paged blocks, 2 passes: in %llu blocks, read-ahead hits %llu, peak staged %llu B\n",
+           (unsigned long long)st.blocks_in, (unsigned long long)st.readahead_hits,
+           (unsigned long long)st.peak_staged_bytes);
+    assert_true(st.peak_staged_bytes <= 4 * bb); /* a pin would stage all 8 */
+    assert_true(st.blocks_in >= 16);             /* each pass reads them: 8 blocks do not fit in 4 */
+    assert_true(st.readahead_hits >= 12);
+    assert_int_equal(st.read_failures, 0);
+    for (int i = 0; i < 8; i++) /* nothing was rewritten: still durable (or read ahead for the next walk) */
+        assert_true(state_of(c, i) == KVT_BLOCK_DURABLE || state_of(c, i) == KVT_BLOCK_RESTORING);
+    assert_int_equal(st.blocks_out, 8);
+    check_rows(c, 42, ref); /* a pin after the walk takes what was read ahead */
+    kvt_cache_destroy(c);
+    kvt_cache_destroy(plain);
+    kvt_residency_release(r);
+}
+
 static void test_shared_blocks_stay(void **state)
 {
     (void)state;
@@ -351,10 +414,68 @@ static void test_engine_identical(void **state)
         assert_true(st.peak_resident_bytes <= (uint64_t)(keep + 3 * 4) * bb);
         assert_int_equal(st.write_failures, 0);
         assert_int_equal(st.read_failures, 0);
+        /* attention walked each layer through the window (8 blocks), not the whole layer (19) */
+        printf("peak staged %llu B (window %zu B)\n", (unsigned long long)st.peak_staged_bytes, 8 * bb);
+        assert_true(st.peak_staged_bytes > 0);
+        assert_true(st.peak_staged_bytes <= 8 * bb);
         kvt_residency_release(r);
     }
     free(full);
     free(bound);
+}
+
+/* A model with 32 heads: a prefill chunk's scores (256 x ctx x 32 floats)
+ * pass the window path's scores limit, so the heads go in groups, each
+ * walking the blocks again: still bit-identical, still within the window. */
+static void test_window_head_groups(void **state)
+{
+    (void)state;
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 64, p.hidden_dim = 64, p.n_layers = 2, p.n_heads = 32, p.n_kv_heads = 8, p.vocab_size = 97;
+    p.seq_len = 1024, p.seed = 78;
+    char path[512];
+    snprintf(path, sizeof path, "%s/heads.bin", g_dir);
+    assert_int_equal(kvt_model_synth(&p, path), 0);
+    kvt_model *m = NULL;
+    assert_int_equal(kvt_model_load(path, &m), 0);
+    enum { N = 1000, STEPS = 4 };
+    int V = p.vocab_size;
+    static int32_t prompt[N];
+    uint64_t s = g_seed ^ 3;
+    for (int i = 0; i < N; i++)
+        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    float *lg[2];
+    kvt_residency_stats st;
+    size_t bb = kvt_model_kv_bytes_per_token(m) / 2 * BLOCK;
+    for (int k = 0; k < 2; k++) {
+        lg[k] = malloc((size_t)(STEPS + 1) * V * sizeof(float));
+        assert_non_null(lg[k]);
+        kvt_cache *caches[2];
+        assert_int_equal(kvt_model_new_caches(m, BLOCK, caches), 0);
+        kvt_residency *r = k ? residency(1, 0) : NULL;
+        for (int l = 0; r && l < 2; l++)
+            assert_int_equal(kvt_kv_set_residency(caches[l], r, l), 0);
+        assert_int_equal(kvt_model_prefill(m, caches, prompt, N, lg[k]), 0);
+        for (int g = 0; g < STEPS; g++)
+            assert_int_equal(
+                kvt_model_decode(m, caches, argmax(lg[k] + (size_t)g * V, V), lg[k] + (size_t)(g + 1) * V), 0);
+        for (int l = 0; r && l < 2; l++)
+            assert_int_equal(kvt_kv_residency_settle(caches[l]), 0);
+        if (r)
+            assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+        kvt_caches_destroy(caches, 2);
+        kvt_residency_release(r);
+    }
+    printf("32 heads: paged out %llu blocks, in %llu, peak staged %llu B (window %zu B)\n",
+           (unsigned long long)st.blocks_out, (unsigned long long)st.blocks_in,
+           (unsigned long long)st.peak_staged_bytes, 8 * bb);
+    assert_memory_equal(lg[0], lg[1], (size_t)(STEPS + 1) * V * sizeof(float));
+    assert_true(st.blocks_out > 0);
+    assert_true(st.peak_staged_bytes <= 8 * bb);
+    free(lg[0]);
+    free(lg[1]);
+    kvt_model_free(m);
 }
 
 static void test_batched_decode_identical(void **state)
@@ -394,6 +515,7 @@ static void test_batched_decode_identical(void **state)
     kvt_residency_stats st;
     assert_int_equal(kvt_residency_stats_get(r, &st), 0);
     assert_true(st.blocks_in > 0);
+    assert_true(st.peak_staged_bytes <= 8 * (kvt_model_kv_bytes_per_token(m) / (size_t)L * BLOCK)); /* the window */
     kvt_caches_destroy(a, L);
     kvt_caches_destroy(b, L);
     kvt_caches_destroy(solo, L);
@@ -670,9 +792,11 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test(test_kv_paging),
+        cmocka_unit_test(test_window_walk),
         cmocka_unit_test(test_shared_blocks_stay),
         cmocka_unit_test(test_engine_identical),
         cmocka_unit_test(test_batched_decode_identical),
+        cmocka_unit_test(test_window_head_groups),
         cmocka_unit_test(test_service_bounded),
         cmocka_unit_test(test_q8_bound_refused),
         cmocka_unit_test(test_enospc_keeps_blocks),

@@ -11,10 +11,12 @@
  * are written to the page file through a kvt_io worker and their RAM
  * released once the write completed (a block being written stays readable
  * from RAM: a pending write is not a copy). The mutable tail block is never
- * paged. Attention makes a cache's blocks readable with kvt_kv_pin (waiting
- * for the reads it needs, counting the stall, and starting the reads of the
- * next layer's blocks: read-ahead in attention order) and gives the staged
- * copies back with kvt_kv_unpin.
+ * paged. Attention walks a cache's blocks through a window
+ * (kvt_kv_window_open/get/put/close: a bounded number of blocks staged at a
+ * time, read ahead in the walk's order and into the next layer), or makes
+ * all of them readable at once with kvt_kv_pin (waiting for the reads it
+ * needs, counting the stall, and starting the reads of the next layer's
+ * blocks) and gives the staged copies back with kvt_kv_unpin.
  *
  * Each block of an attached (or cloned) cache follows one state machine,
  * kvt_block_transition (docs/residency.md draws it):
@@ -104,7 +106,10 @@ typedef struct kvt_residency_options {
     const char *dir;     /**< directory of the page file (copied); NULL: $TMPDIR, else /tmp */
     kvt_io *io;          /**< borrowed worker the page reads and writes run on, must outlive the
                               residency; NULL: the process's default worker (kvt_io_default_acquire) */
-    int32_t read_ahead;  /**< blocks of the next layer read while a layer attends (default 32; < 0: none) */
+    int32_t read_ahead;  /**< blocks of the next layer read while a layer attends (default 32; < 0: none);
+                              through a window at most `window` of them */
+    int32_t window;      /**< blocks of one cache an attention window (kvt_kv_window_open) holds in
+                              RAM at most, staged and being read ahead together (default 8; at least 2) */
     int drop_page_cache; /**< 1: drop the page file's pages from the OS page cache after each write
                               (after an fdatasync) and each read (posix_fadvise DONTNEED), so every
                               page-in reads the disk (benchmarks) */
@@ -141,7 +146,7 @@ typedef struct kvt_residency kvt_residency;
  * @param opt NULL or the options (borrowed during the call).
  * @param out receives the residency (one reference); released by
  *   kvt_residency_release. NULL on error.
- * @return 0; KVT_EINVAL (out NULL, max_blocks < 0); KVT_ENOMEM; -errno when
+ * @return 0; KVT_EINVAL (out NULL, max_blocks or window < 0); KVT_ENOMEM; -errno when
  *   the page file cannot be created (the message names the directory). */
 KVT_API int kvt_residency_create(const kvt_residency_options *opt, kvt_residency **out);
 
@@ -199,6 +204,43 @@ KVT_API int kvt_kv_pin(kvt_cache *c, int64_t n_tokens);
  * nothing is written). No-op for a cache of another kind, one without
  * residency, or NULL. */
 KVT_API void kvt_kv_unpin(kvt_cache *c);
+
+/** Opens attention through a window over blocks [0, nb) of a kv cache,
+ * nb = ceil(n_tokens / B): the caller walks them `passes` times in block
+ * order (e.g. the K blocks for the scores, then the V blocks for the values)
+ * taking each with kvt_kv_window_get and giving it back with
+ * kvt_kv_window_put, then calls kvt_kv_window_close. A paged-out block is
+ * read (checksummed) when taken unless read ahead; read-ahead follows the
+ * walk (into the next pass), and this cache's staged blocks and reads in
+ * flight are never more than the window (kvt_residency_options.window), so
+ * attention over a paged cache holds the bound plus one window, not a
+ * layer's share of the context.
+ * @return the window (> 0 blocks): a window is open; 0 when blocks [0, nb)
+ *   are all in RAM (no window: read them with kvt_kv_block_rows; also for a
+ *   cache of another kind); KVT_EINVAL (c NULL, passes < 1, a window already
+ *   open on c); KVT_ERANGE (n_tokens outside [0, offset]). */
+KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes);
+
+/** Takes block `index` of an open window: the next block of the walk
+ * (block position % nb). Waits for its read ahead or reads it now (the wait
+ * is stall time), starts the reads of the next positions of the walk while
+ * the window has room, and fills `out` as kvt_kv_block_rows does.
+ * @return 0; KVT_EINVAL (no window open, out NULL, index not the next of the
+ *   walk, or the walk is over); KVT_EIO (a read failed: the message names the
+ *   block and the errno); KVT_ECORRUPT (checksum mismatch); KVT_ENOMEM. After
+ *   an error, close the window. */
+KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out);
+
+/** Gives back block `index` taken by kvt_kv_window_get (its rows must not
+ * be used afterwards): a paged-in copy is released unless the read-ahead
+ * already passed its next use in the walk. No-op without an open window. */
+KVT_API void kvt_kv_window_put(kvt_cache *c, int64_t index);
+
+/** Closes the window: releases every staged block of the cache, then starts
+ * the reads of the next attached layer's first paged blocks (at most
+ * min(read_ahead, window)), so they load while this layer's other work runs.
+ * No-op without an open window or for NULL. */
+KVT_API void kvt_kv_window_close(kvt_cache *c);
 
 /** The state of block `index` of a kv cache (KVT_BLOCK_RESIDENT for a
  * cache without residency). @return 0, KVT_EINVAL, KVT_ERANGE. */

@@ -109,6 +109,12 @@ typedef struct kvt__blocks_res {
     int32_t layer;     /* with r: the attention layer it was attached as */
     uint64_t charged;  /* with r: bytes of full blocks it charges to r's resident gauge */
     size_t charged_bb; /* with r: its block bytes */
+    int64_t held;      /* blocks staged or being read (RESTORING) */
+    /* an open attention window (kvt_kv_window_open): positions 0 .. win_total - 1
+     * walk blocks 0 .. win_nb - 1 passes times; win_cursor is the next position
+     * kvt_kv_window_get takes, win_ahead the next one read-ahead looks at */
+    int64_t win_nb, win_total, win_cursor, win_ahead;
+    int32_t win_size; /* > 0 while a window is open: blocks held at most */
 } kvt__blocks_res;
 
 /** Block table: v[0..n) hold the blocks of ceil(offset / B) tokens. */

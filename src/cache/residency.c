@@ -83,12 +83,14 @@ static int step(kvt__blk *b, kvt_block_event ev)
  * flight before appends wait for a write to complete. */
 #define WRITE_SLACK 4
 #define DEFAULT_READ_AHEAD 32
+#define DEFAULT_WINDOW 8
 
 struct kvt_residency {
     _Atomic int64_t refs;
     int64_t max_blocks;
     uint64_t max_bytes;
     int32_t read_ahead;
+    int32_t window;
     int drop;
     kvt_io *io;
     int own_io; /* io is a reference on the process's default worker */
@@ -174,8 +176,9 @@ KVT_API int kvt_residency_create(const kvt_residency_options *opt, kvt_residency
         return kvt__fail(KVT_EINVAL, "kvt_residency_create: out is NULL");
     *out = NULL;
     kvt_residency_options o = opt ? *opt : (kvt_residency_options){0};
-    if (o.max_blocks < 0)
-        return kvt__fail(KVT_EINVAL, "kvt_residency_create: max_blocks %lld is negative", (long long)o.max_blocks);
+    if (o.max_blocks < 0 || o.window < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_residency_create: %s %lld is negative", o.window < 0 ? "window" : "max_blocks",
+                         o.window < 0 ? (long long)o.window : (long long)o.max_blocks);
     kvt_residency *r = kvt__calloc(1, sizeof *r);
     if (!r)
         return kvt__fail(KVT_ENOMEM, "kvt_residency_create: out of memory");
@@ -184,6 +187,7 @@ KVT_API int kvt_residency_create(const kvt_residency_options *opt, kvt_residency
     r->max_blocks = o.max_blocks;
     r->max_bytes = o.max_bytes;
     r->read_ahead = o.read_ahead == 0 ? DEFAULT_READ_AHEAD : o.read_ahead < 0 ? 0 : o.read_ahead;
+    r->window = o.window > 0 ? KVT__MAX(o.window, 2) : DEFAULT_WINDOW;
     r->drop = o.drop_page_cache != 0;
     r->id = (uint64_t)(uintptr_t)r ^ kvt_now_ns() ^ ((uint64_t)getpid() << 40);
     pthread_mutex_init(&r->mu, NULL);
@@ -398,11 +402,14 @@ int kvt__blocks_ensure_res(kvt__blocks *t)
                                      (long long)t->cap);
 }
 
+/* A staged or RESTORING block i of t lets go of its staging (the gauge and t's count). */
 static void staged_sub(const kvt__blocks *t, int64_t i)
 {
     kvt__page *p = page_of(t, i);
     if (p)
         gauge_add(&p->r->staged_bytes, NULL, -(int64_t)p->bytes);
+    if (t->res)
+        t->res->held--;
 }
 
 void kvt__blk_release(kvt__blocks *t, int64_t i)
@@ -506,6 +513,7 @@ static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio)
     if (rc)
         return rc;
     gauge_add(&r->staged_bytes, &r->peak_staged_bytes, (int64_t)p->bytes);
+    t->res->held++;
     rd_task *task = kvt__malloc(sizeof *task);
     if (task) {
         *task = (rd_task){page_retain(p), kvt_buf_retain(buf)};
@@ -523,7 +531,7 @@ static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio)
     rc = page_pread(p, kvt_buf_data(buf));
     if (rc != 0) {
         kvt_buf_release(buf);
-        gauge_add(&r->staged_bytes, NULL, -(int64_t)p->bytes);
+        staged_sub(t, i);
         (void)step(k, KVT_BLOCK_EV_READ_FAILED);
         return read_error(p, i, rc);
     }
@@ -793,6 +801,19 @@ KVT_API int kvt_kv_pin(kvt_cache *c, int64_t n_tokens)
     return 0;
 }
 
+/* Releases the staged copy of block i (it is durable: nothing is written). */
+static void unstage(kvt__blocks *t, int64_t i)
+{
+    kvt__blk *k = &t->v[i];
+    if (!k->staged)
+        return;
+    staged_sub(t, i);
+    kvt_buf_release(k->buf);
+    k->buf = NULL;
+    k->staged = false;
+    (void)step(k, KVT_BLOCK_EV_EVICT);
+}
+
 KVT_API void kvt_kv_unpin(kvt_cache *c)
 {
     int32_t B;
@@ -801,15 +822,132 @@ KVT_API void kvt_kv_unpin(kvt_cache *c)
     kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
     if (!t || !TX(t))
         return;
-    for (int64_t i = 0; i < t->n; i++) {
-        kvt__blk *k = &t->v[i];
-        if (!k->staged)
+    for (int64_t i = 0; i < t->n; i++)
+        unstage(t, i);
+}
+
+/* ---- attention through a window ------------------------------------------------------ */
+
+/* Starts reads of the paged blocks at positions win_ahead.. of t's open
+ * window while t holds fewer than its window. Read-ahead is a hint: a read
+ * that cannot start is left to kvt_kv_window_get. */
+static void window_read_ahead(kvt__blocks *t)
+{
+    kvt__blocks_res *w = t->res;
+    for (; w->win_ahead < w->win_total && w->held < w->win_size; w->win_ahead++) {
+        int64_t i = w->win_ahead % w->win_nb;
+        if (t->v[i].state == KVT_BLOCK_DURABLE && start_read(t, i, KVT_IO_BACKGROUND) != 0)
+            break;
+    }
+}
+
+KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes)
+{
+    int32_t B;
+    size_t bb;
+    int64_t off;
+    kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
+    if (!t) /* another kind (qkv, rotating) is always resident */
+        return c ? 0 : kvt__fail(KVT_EINVAL, "kvt_kv_window_open: cache is NULL");
+    if (n_tokens < 0 || n_tokens > off || passes < 1)
+        return kvt__fail(n_tokens < 0 || n_tokens > off ? KVT_ERANGE : KVT_EINVAL,
+                         "kvt_kv_window_open: %lld tokens of a cache holding %lld, %d passes (>= 1)",
+                         (long long)n_tokens, (long long)off, (int)passes);
+    if (!TX(t)) /* never paged */
+        return 0;
+    int64_t nb = (n_tokens + B - 1) / B, paged = 0;
+    for (int64_t i = 0; i < nb && !paged; i++)
+        paged = t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING;
+    if (!paged)
+        return 0;
+    kvt__blocks_res *w = t->res;
+    if (w->win_size > 0)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_window_open: a window is already open on this cache");
+    kvt_residency *r = TR(t);
+    w->win_size = r ? r->window : DEFAULT_WINDOW;
+    w->win_nb = nb;
+    w->win_total = nb * passes;
+    w->win_cursor = w->win_ahead = 0;
+    window_read_ahead(t);
+    return w->win_size;
+}
+
+KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out)
+{
+    int32_t B;
+    size_t bb;
+    int64_t off;
+    kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
+    if (!t || !out || !t->res || t->res->win_size <= 0)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_window_get: %s", !t ? "not a kv cache" : !out ? "out is NULL"
+                                                                                           : "no window is open");
+    kvt__blocks_res *w = t->res;
+    if (w->win_cursor >= w->win_total || index != w->win_cursor % w->win_nb)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_window_get: block %lld out of order (position %lld of %lld walks "
+                         "block %lld)", (long long)index, (long long)w->win_cursor, (long long)w->win_total,
+                         (long long)(w->win_cursor % w->win_nb));
+    w->win_cursor++;
+    w->win_ahead = KVT__MAX(w->win_ahead, w->win_cursor);
+    int rc = 0;
+    kvt__blk *k = &t->v[index];
+    if (k->state == KVT_BLOCK_DURABLE || TX(t)[index].rd) {
+        uint64_t t0 = kvt_now_ns();
+        kvt_residency *sr = TX(t)[index].page->r;
+        if (k->state == KVT_BLOCK_DURABLE) /* not read ahead: read it now */
+            rc = start_read(t, index, KVT_IO_FOREGROUND);
+        else
+            atomic_fetch_add(&sr->readahead_hits, 1);
+        if (rc == 0 && TX(t)[index].rd)
+            rc = finish_read(t, index);
+        atomic_fetch_add(&sr->stall_ns, kvt_now_ns() - t0);
+    }
+    if (rc == 0)
+        window_read_ahead(t);
+    return rc ? rc : kvt_kv_block_rows(c, index, out);
+}
+
+KVT_API void kvt_kv_window_put(kvt_cache *c, int64_t index)
+{
+    int32_t B;
+    size_t bb;
+    int64_t off;
+    kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
+    if (!t || !t->res || t->res->win_size <= 0 || index < 0 || index >= t->n)
+        return;
+    kvt__blocks_res *w = t->res;
+    /* the block's next use in the walk: kept when read-ahead already went past it */
+    int64_t pos = w->win_cursor - 1 - (w->win_cursor - 1) % w->win_nb + index;
+    if (pos + w->win_nb < w->win_ahead)
+        return;
+    unstage(t, index);
+    window_read_ahead(t);
+}
+
+KVT_API void kvt_kv_window_close(kvt_cache *c)
+{
+    int32_t B;
+    size_t bb;
+    int64_t off;
+    kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
+    if (!t || !t->res || t->res->win_size <= 0)
+        return;
+    int32_t size = t->res->win_size;
+    t->res->win_size = 0;
+    for (int64_t i = 0; TX(t) && i < t->n; i++)
+        unstage(t, i);
+    /* read-ahead: the first paged blocks of the next layer in attention order,
+     * within the window, so they load while the rest of this layer computes */
+    kvt_residency *r = TR(t);
+    kvt__blocks *nx = r && r->read_ahead > 0 ? next_layer(r, t->res->layer) : NULL;
+    if (!nx || !TX(nx))
+        return;
+    int64_t want = KVT__MIN(r->read_ahead, size) - nx->res->held;
+    for (int64_t i = 0; i < nx->n && want > 0; i++) {
+        if (nx->v[i].state != KVT_BLOCK_DURABLE)
             continue;
-        staged_sub(t, i);
-        kvt_buf_release(k->buf);
-        k->buf = NULL;
-        k->staged = false;
-        (void)step(k, KVT_BLOCK_EV_EVICT);
+        if (start_read(nx, i, KVT_IO_BACKGROUND) != 0)
+            break;
+        want--;
     }
 }
 
