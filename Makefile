@@ -4,12 +4,16 @@ JOBS      ?= $(shell nproc)
 CMAKE_ARGS ?=
 MAKEFLAGS += --no-print-directory
 
-.PHONY: all deps build demo test test-asan test-tsan test-long fuzz fuzz-run mutate clean
+.PHONY: all deps bench-deps build demo test test-asan test-tsan test-long fuzz fuzz-run mutate clean
 
 all: build
 
 deps:
 	@./scripts/install-deps.sh
+
+# the llama.cpp baseline of `bench engine --context-only` (npm ci in bench/llamacpp)
+bench-deps:
+	@./scripts/install-bench-deps.sh
 
 build: deps
 	cmake -S . -B $(BUILD) $(CMAKE_ARGS) >/dev/null

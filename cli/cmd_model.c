@@ -1,14 +1,16 @@
 /*
  * cmd_model.c: `kvtier model synth` (write a deterministic synthetic
- * checkpoint), `kvtier model info` (print a checkpoint's shape) and `kvtier
+ * checkpoint), `kvtier model info` (print a checkpoint's shape), `kvtier
  * model default` (print, creating on first use, the built-in default model's
- * paths). Parses arguments only; the work is in
- * engine/synth.c and engine/default_model.c. Never writes anything but the
+ * paths) and `kvtier model export-gguf` (write a checkpoint as GGUF for
+ * llama.cpp). Parses arguments only; the work is in engine/synth.c,
+ * engine/default_model.c and engine/gguf.c. Never writes anything but the
  * requested file.
  */
 #include "args.h"
 #include "cli.h"
 #include "chat.h"
+#include "gguf.h"
 #include "model.h"
 
 #include <errno.h>
@@ -25,6 +27,10 @@ static void usage(FILE *f)
             "       kvtier model info FILE    (shape, layer kinds, fingerprint, KV bytes per token, and the\n"
             "                                 identity of the SSD tier: XXH3-128 of every byte, and its cost)\n"
             "       kvtier model default      (prints the built-in model and tokenizer paths)\n"
+            "       kvtier model export-gguf [--model M --tokenizer T] --out F.gguf [--dtype f32|f16]\n"
+            "                                 (writes M as GGUF v3, architecture \"llama\", for llama.cpp; without\n"
+            "                                 --model the built-in default model and its tokenizer; --dtype of the\n"
+            "                                 weight matrices, f32 by default, norms stay f32)\n"
             "LIST is comma-separated layer indices, e.g. 1,3. Identical arguments give identical files.\n"
             "Tokenizer: with --vocab 259 chat and generate take the built-in byte-level tokenizer\n"
             "(its path: kvtier model default); another vocab needs a tokenizer.bin of that size.\n");
@@ -198,6 +204,57 @@ static int cmd_info(const char *path)
     return 0;
 }
 
+static int cmd_export_gguf(int argc, char **argv)
+{
+    const char *model = NULL, *tok = NULL, *out = NULL, *dtype = "f32";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **dst = !strcmp(a, "--model") ? &model : !strcmp(a, "--tokenizer") ? &tok
+                         : !strcmp(a, "--out") ? &out : !strcmp(a, "--dtype") ? &dtype : NULL;
+        if (!dst) {
+            fprintf(stderr, "kvtier model export-gguf: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "kvtier model export-gguf: %s needs a value\n", a);
+            return 2;
+        }
+        *dst = argv[++i];
+    }
+    kvt_gguf_dtype dt;
+    if (kvt_gguf_dtype_parse(dtype, &dt) != 0) {
+        fprintf(stderr, "kvtier model export-gguf: --dtype: %s\n", kvt_last_error());
+        return 2;
+    }
+    if (!out || (model && !tok) || (!model && tok)) {
+        fprintf(stderr, "kvtier model export-gguf: --out is required, and --model and --tokenizer go together\n");
+        usage(stderr);
+        return 2;
+    }
+    char mp[4096], tp[4096];
+    int rc = 0;
+    if (!model) {
+        if ((rc = kvt_default_model(mp, sizeof mp, tp, sizeof tp)) != 0) {
+            fprintf(stderr, "kvtier model export-gguf: default model: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
+            return 1;
+        }
+        model = mp, tok = tp;
+    }
+    kvt_model *m = NULL;
+    kvt_tokenizer *t = NULL;
+    if ((rc = kvt_model_load(model, &m)) == 0 &&
+        (rc = kvt_tokenizer_load(tok, kvt_model_get_config(m)->vocab_size, &t)) == 0) {
+        const char *base = strrchr(model, '/');
+        rc = kvt_gguf_export(m, t, dt, base ? base + 1 : model, out);
+    }
+    if (rc != 0)
+        fprintf(stderr, "kvtier model export-gguf: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
+    kvt_tokenizer_free(t);
+    kvt_model_free(m);
+    return rc == 0 ? 0 : rc == KVT_EINVAL || rc == KVT_EUNSUPPORTED ? 2 : 1;
+}
+
 int kvt_cmd_model(int argc, char **argv)
 {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
@@ -220,6 +277,8 @@ int kvt_cmd_model(int argc, char **argv)
     }
     if (!strcmp(argv[1], "default"))
         return cmd_default();
+    if (!strcmp(argv[1], "export-gguf"))
+        return cmd_export_gguf(argc - 1, argv + 1);
     fprintf(stderr, "kvtier model: unknown subcommand '%s'\n", argv[1]);
     usage(stderr);
     return 2;
