@@ -66,7 +66,9 @@ static void usage(FILE *f)
             "  --live-cache-bytes B  the same bound in bytes (suffixes K, M, G; the smaller wins).\n"
             "                      Paging counters go to stderr.\n"
             "  --live-cache-dir DIR  where the page file is made (unlinked at once; default\n"
-            "                      $TMPDIR, else /tmp). Not with --request-id.\n"
+            "                      $TMPDIR, else /tmp). With --request-id the checkpoints of\n"
+            "                      a bounded run hold every block (paged ones are read back to\n"
+            "                      be written), and a resumed run is bounded again at once.\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n"
             "\n"
@@ -206,10 +208,6 @@ int kvt_cmd_generate(int argc, char **argv)
         fprintf(stderr, "kvtier generate: %s\n", request_id ? "--request-id needs --ssd-cache DIR (where the checkpoints are kept)"
                         : ssd_dir ? "--ssd-cache needs --request-id ID (generate keeps only checkpoints there)"
                                   : "--checkpoint-every needs --request-id ID and --ssd-cache DIR");
-        return 2;
-    }
-    if (request_id && (live_blocks || live_bytes || live_dir)) {
-        fprintf(stderr, "kvtier generate: --live-cache-* is not for a replayable run (--request-id)\n");
         return 2;
     }
     if (live_dir && !live_blocks && !live_bytes) {

@@ -121,6 +121,13 @@ int kvt_generate_live(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampl
          * last one is never fed, so the caches hold at most `steps` tokens */
         int64_t max_tokens = steps - n_prompt + 1;
         kvt_request req = {.prompt = toks, .n_prompt = n_prompt, .max_tokens = max_tokens - 1};
+        if (live && (live->max_blocks > 0 || live->max_bytes > 0)) {
+            /* admission charges the bound, not the whole context */
+            req.live_blocks = live->max_blocks;
+            req.live_bytes = live->max_bytes;
+            if ((rc = kvt_residency_create(live, &res)))
+                goto done;
+        }
         all = kvt__malloc((size_t)(n_prompt + max_tokens) * sizeof *all);
         if (!all) {
             rc = kvt__fail(KVT_ENOMEM, "generate: no memory for %lld tokens", (long long)(n_prompt + max_tokens));
@@ -139,6 +146,11 @@ int kvt_generate_live(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampl
             goto done;
         }
         memcpy(caches, state.caches, (size_t)cfg->n_layers * sizeof *caches);
+        /* bounded: the caches the service gave (a resumed checkpoint's or
+         * fresh ones) are attached in attention order; a checkpoint clones
+         * them, sharing their page-file copies, and its encode reads those */
+        if (res && (rc = kvt_seq_live_attach(caches, cfg->n_layers, res)))
+            goto done;
         every = kvt_service_checkpoint_every(rp->svc);
         if (ck.generated_tokens > 0) {
             generated = ck.generated_tokens;

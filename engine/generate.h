@@ -112,8 +112,10 @@ KVT_API int kvt_generate_ex(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler 
  * resident (same arithmetic), and stats gets the paging counters. A page
  * read that fails or does not match its checksum ends the run with that
  * error (KVT_EIO, KVT_ECORRUPT); a failed page write keeps the block in RAM.
- * With rp the service makes the caches and live is ignored (a replayable
- * run is fully resident).
+ * With rp the bound applies to the caches the service makes (fresh, or
+ * restored from a checkpoint: then the bound is enforced at once), the
+ * admission charges the bound, and each checkpoint (a clone sharing the
+ * page-file copies) reads the paged blocks back when it is encoded.
  * @param live borrowed during the call; NULL = fully resident.
  * @return as kvt_generate_ex; kvt_residency_create's errors. */
 KVT_API int kvt_generate_live(kvt_model *m, const kvt_tokenizer *tok, kvt_sampler *sampler, const char *prompt,

@@ -70,12 +70,27 @@ static int point_range_at(const kvt_model_config *c, int64_t n)
     return 0;
 }
 
-/* Publishes a zero-copy clone of the live caches as the entry tokens[0..n).
+/* Under a bound, makes the kv caches of a state that goes to the service
+ * resident (paged blocks read back): a published entry holds RAM the RAM
+ * tier's budget charges, never a reference on the request's page file
+ * (which then goes with the request). */
+static int live_materialize(const kvt_seq *s, kvt_state *st)
+{
+    int rc = 0;
+    for (int32_t l = 0; s->live && rc == 0 && l < st->n_layers; l++)
+        rc = kvt_kv_make_resident(st->caches[l]);
+    return rc;
+}
+
+/* Publishes a zero-copy clone of the live caches as the entry tokens[0..n)
+ * (under a bound its paged blocks are read back into the clone).
  * A refused publish is not the generation's error: the state is not kept. */
 static int publish_snapshot(kvt_seq *s, int64_t n)
 {
     kvt_state snap; /* arrays from kvtier: publish (or dispose) frees them */
     int rc = kvt_state_clone(&s->state, &snap);
+    if (!rc)
+        rc = live_materialize(s, &snap);
     if (!rc)
         rc = kvt_service_publish(s->svc, s->adm, s->all, n, &snap);
     kvt_state_clear(&snap);
@@ -470,7 +485,7 @@ KVT_API int kvt_seq_finish(kvt_seq *s, int completed, kvt_turn_stats *st)
     /* What the caches hold and no entry holds yet: prompt + fed reply, or
      * the prompt prefilled so far when cancelled during prefill. */
     if (!failed && s->keeps && n > s->reused && n != s->published) {
-        if (kvt_service_publish(s->svc, s->adm, s->all, n, &s->state) == 0)
+        if (live_materialize(s, &s->state) == 0 && kvt_service_publish(s->svc, s->adm, s->all, n, &s->state) == 0)
             memset(&s->state, 0, sizeof s->state);
     }
     kvt_service_release(s->svc, s->adm, completed && !failed);

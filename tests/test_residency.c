@@ -527,6 +527,26 @@ static void test_batched_decode_identical(void **state)
 
 /* ---- through the service: kvt_seq / kvt_chat_generate and admission ------------------------ */
 
+/* Open page files of this process (unlinked live-cache files still open). */
+static int open_page_files(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char link[300], target[1024];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        if (k > 0) {
+            target[k] = '\0';
+            n += strstr(target, "kvtier-live-") != NULL;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
 static void test_service_bounded(void **state)
 {
     (void)state;
@@ -557,9 +577,17 @@ static void test_service_bounded(void **state)
     assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, ra, GEN, &na, &ta), KVT_ELIMIT);
     o.live_cache_blocks = 2;
     o.live_cache_dir = g_dir;
+    assert_int_equal(open_page_files(), 0);
     assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, rb, GEN, &nb, &tb), 0);
     assert_int_equal(nb, GEN);
     assert_true(tb.paged_out_blocks > 0);
+    /* the published entries (prompt boundary, prompt + reply) are resident:
+     * the page file went with the request, not with the kept state */
+    assert_int_equal(open_page_files(), 0);
+    kvt_service_stats kept;
+    assert_int_equal(kvt_service_get_stats(svc, &kept), 0);
+    assert_true(kept.entries > 0);
+    assert_true(kept.bytes >= (uint64_t)(PROMPT / BLOCK) * 3 * blk); /* charged their whole RAM */
     assert_true(tb.paged_in_blocks > 0);
     assert_true(tb.live_peak_bytes <= (2 + 3 * 4) * blk);
     kvt_service_stats rep;

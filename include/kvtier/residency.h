@@ -242,6 +242,18 @@ KVT_API void kvt_kv_window_put(kvt_cache *c, int64_t index);
  * No-op without an open window or for NULL. */
 KVT_API void kvt_kv_window_close(kvt_cache *c);
 
+/** Makes every block of a kv cache a RAM block of its own again and lets
+ * go of its page-file copies: paged-out blocks are read back (checksummed),
+ * staged and written ones keep their RAM copy, and the cache is detached
+ * from its residency. Afterwards the cache holds no reference on any page
+ * file, so a cache that outlives its request (a published entry) does not
+ * keep the request's page file, and its RAM is all in kvt_cache_bytes (the
+ * RAM tier's budget charges it). A cache of another kind returns 0.
+ * @return 0; KVT_EINVAL (c NULL, a window open on c); KVT_EIO, KVT_ECORRUPT
+ *   (a read back failed: the blocks read so far are resident, the others
+ *   still paged); KVT_ENOMEM. */
+KVT_API int kvt_kv_make_resident(kvt_cache *c);
+
 /** The state of block `index` of a kv cache (KVT_BLOCK_RESIDENT for a
  * cache without residency). @return 0, KVT_EINVAL, KVT_ERANGE. */
 KVT_API int kvt_kv_block_state(const kvt_cache *c, int64_t index, kvt_block_state *out);

@@ -951,6 +951,34 @@ KVT_API void kvt_kv_window_close(kvt_cache *c)
     }
 }
 
+KVT_API int kvt_kv_make_resident(kvt_cache *c)
+{
+    int32_t B;
+    size_t bb;
+    int64_t off;
+    kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
+    if (!t) /* another kind is always resident */
+        return c ? 0 : kvt__fail(KVT_EINVAL, "kvt_kv_make_resident: cache is NULL");
+    if (t->res && t->res->win_size > 0)
+        return kvt__fail(KVT_EINVAL, "kvt_kv_make_resident: an attention window is open on this cache");
+    kvt__blocks_detach(t);
+    for (int64_t i = 0; TX(t) && i < t->n; i++) {
+        if (TX(t)[i].rd) { /* a read ahead in flight: take it, then it is a RAM copy like the others */
+            int rc = finish_read(t, i);
+            if (rc)
+                return rc;
+        }
+        if (t->v[i].staged) {
+            staged_sub(t, i);
+            t->v[i].staged = false;
+        }
+        int rc = kvt__blk_make_private(t, i, bb);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 KVT_API int kvt_kv_block_state(const kvt_cache *c, int64_t index, kvt_block_state *out)
 {
     int32_t B;
