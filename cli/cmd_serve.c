@@ -149,6 +149,18 @@ static int parse_int(const char *flag, const char *v, long long lo, long long hi
     return 2;
 }
 
+/* The thread that waits for SIGINT/SIGTERM (set before the handler is installed). */
+static pthread_t g_main_thread;
+
+/* SIGINT/SIGTERM delivered to a thread that does not block them: sent on to
+ * the main thread, which blocks them and takes them with sigtimedwait.
+ * pthread_kill is async-signal-safe. */
+static void forward_to_main(int sig)
+{
+    if (!pthread_equal(pthread_self(), g_main_thread))
+        pthread_kill(g_main_thread, sig);
+}
+
 int kvt_cmd_serve(int argc, char **argv)
 {
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
@@ -336,12 +348,22 @@ int kvt_cmd_serve(int argc, char **argv)
     o.threads = (int)threads;
 
     /* every thread the server starts inherits this mask; the main thread
-     * takes SIGINT/SIGTERM with sigwait */
+     * takes SIGINT/SIGTERM with sigwait. Threads started before this point
+     * (OpenBLAS starts its pool when the library loads) do not block them:
+     * a SIGTERM the kernel gives one of those would end the process without
+     * the graceful stop, so the handler hands it to the main thread */
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+    g_main_thread = pthread_self();
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = forward_to_main;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     kvt_server *s = NULL;

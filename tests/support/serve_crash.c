@@ -159,6 +159,21 @@ static int64_t stats_written(int port)
     return w;
 }
 
+/* The remote tier's counters in /stats (for a probe that missed), into buf. */
+static void stats_remote(int port, char *buf, size_t cap)
+{
+    kvt_ts_resp r;
+    snprintf(buf, cap, "(no /stats)");
+    if (kvt_ts_http(port, "GET", "/stats", NULL, NULL, 10, &r) == 200) {
+        json_t *doc = json_loads(r.body, 0, NULL);
+        char *s = json_dumps(json_object_get(doc, "remote"), JSON_COMPACT);
+        snprintf(buf, cap, "%s", s ? s : "(no remote object)");
+        free(s);
+        json_decref(doc);
+    }
+    kvt_ts_resp_free(&r);
+}
+
 static int store_verify(const char *bin, const char *dir, const char *log)
 {
     char cmd[2000];
@@ -277,6 +292,12 @@ int serve_crash_trials_opts(int trials, uint64_t seed, int verbose, const serve_
                 usleep(20000);
         } else {
             probe_hit = probe(sv.port, 1, out, "restart", trial) == 1;
+            if (!probe_hit) {
+                char rem[1500];
+                stats_remote(sv.port, rem, sizeof rem);
+                fprintf(stderr, "serve_crash: trial %d: the probe reused nothing%s; the remote tier: %s\n", trial,
+                        wiped ? " (SSD wiped)" : "", with_redis ? rem : "(none)");
+            }
             out->probe_ssd_hits += probe_hit;
             out->redis_probe_hits += wiped && probe_hit;
         }
