@@ -68,9 +68,15 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         case KVT_LAYER_ATTN:
             layers[l] = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN, .bytes_per_token = per_token,
                                             .block_tokens = B};
+            if (kvt_model_kv_scheme(m) == KVT_KV_Q8) { /* qkvc: codes, per-block scales, the f32 open block */
+                size_t kv = (size_t)c->kv_dim;
+                layers[l].bytes_per_token = 2 * kv + (16 * kv + (size_t)B - 1) / (size_t)B;
+                layers[l].fixed_bytes = 8 * kv * (size_t)B;
+            }
             break;
         case KVT_LAYER_WINDOW:
-            layers[l] = (kvt_service_layer){.growth = KVT_GROWTH_WINDOW, .bytes_per_token = per_token,
+            layers[l] = (kvt_service_layer){.growth = KVT_GROWTH_WINDOW,
+                                            .bytes_per_token = kvt_model_window_row_bytes(m),
                                             .window = c->sliding_window};
             break;
         case KVT_LAYER_RECURRENT:

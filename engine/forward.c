@@ -647,7 +647,7 @@ static int check_args(const kvt_model *m, kvt_cache **caches, const int32_t *tok
     for (int32_t l = 0; l < c->n_layers; l++) {
         static const char *want[3] = {"kv", "rotating", "recurrent"};
         const char *k = caches[l] ? kvt_cache_kind(caches[l]) : NULL;
-        int q8 = k && c->layer_kind[l] == KVT_LAYER_ATTN && !strcmp(k, "qkv"); /* int8 K/V of attention */
+        int q8 = k && c->layer_kind[l] == KVT_LAYER_ATTN && (!strcmp(k, "qkv") || !strcmp(k, "qkvc")); /* 8-bit K/V */
         if (!k || (!q8 && strcmp(k, want[c->layer_kind[l]]) != 0))
             return kvt__fail(KVT_EINVAL, "%s: layer %d needs a \"%s\" cache, got %s%s%s", m->path, l,
                              want[c->layer_kind[l]], k ? "\"" : "", k ? k : "none", k ? "\"" : "");
@@ -673,6 +673,16 @@ static int check_args(const kvt_model *m, kvt_cache **caches, const int32_t *tok
     return 0;
 }
 
+/* Block tokens of the first attention cache that seals blocks ("qkvc": its
+ * open block is f32 until a token of the next block arrives), 0 when none. */
+static int64_t sealing_block(const kvt_model *m, kvt_cache **caches)
+{
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        if (m->cfg.layer_kind[l] == KVT_LAYER_ATTN && !strcmp(kvt_cache_kind(caches[l]), "qkvc"))
+            return kvt_kv_block_tokens(caches[l]);
+    return 0;
+}
+
 KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *tokens, int64_t n_tokens,
                               float *logits)
 {
@@ -685,12 +695,15 @@ KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *t
     if (n_tokens == 1 && logits) /* one token: exactly what kvt_model_decode computes */
         return kvt_model_decode(m, caches, tokens[0], logits);
     int last = 0;
-    for (int64_t i = 0; i < n_tokens; i += KVT_MODEL_CHUNK) {
-        int T = (int)KVT__MIN((int64_t)KVT_MODEL_CHUNK, n_tokens - i);
-        rc = forward_chunk(m, caches, tokens + i, T, p0 + i);
+    int64_t seal_block = sealing_block(m, caches);
+    for (int64_t i = 0, T; i < n_tokens; i += T) {
+        T = KVT__MIN((int64_t)KVT_MODEL_CHUNK, n_tokens - i);
+        if (seal_block) /* never across a block boundary: the open block must still be f32 for its own queries */
+            T = KVT__MIN(T, seal_block - (p0 + i) % seal_block);
+        rc = forward_chunk(m, caches, tokens + i, (int)T, p0 + i);
         if (rc != 0)
             return rc;
-        last = T - 1;
+        last = (int)T - 1;
     }
     if (logits) {
         rmsnorm(m->s.xb, m->s.x + (size_t)last * m->cfg.dim, m->w.rms_final, m->cfg.dim);

@@ -5,8 +5,9 @@
  * is picked once per process, so every forward pass of a process sums in the
  * same order. The AVX sets are compiled with target attributes and called
  * only after the CPU reported the feature, so the build needs no -march.
- * Attention over K/V stored as F16, BF16 or I8 converts each element on the
- * fly (F16C / vcvtph2ps, a shift, or code * scale) inside the same loops,
+ * Attention over K/V stored as F16, BF16, I8 or U8 converts each element on
+ * the fly (F16C / vcvtph2ps, a shift, code * scale, or fma(code, step, min)
+ * per channel) inside the same loops,
  * in 16 lanes in the AVX-512 set and 8 in the AVX2 set (kernels.h).
  * This file owns no memory and no state beyond the chosen set.
  */
@@ -130,6 +131,8 @@ static inline float row_elem(const kvt_kv_rows *r, int v, size_t t, size_t e, si
         size_t gs = (size_t)r->group_size;
         return (float)((const int8_t *)base)[i] * sc[t * (ld / gs) + e / gs];
     }
+    case KVT_DTYPE_U8:
+        return fmaf((float)((const uint8_t *)base)[i], (v ? r->v_scale : r->k_scale)[e], (v ? r->v_min : r->k_min)[e]);
     default:
         return ((const float *)base)[i];
     }
@@ -576,9 +579,15 @@ static inline __attribute__((always_inline)) AVX2C __m256 plan_scale(const q8_pl
                      : _mm256_i32gather_ps(srow, _mm256_loadu_si256((const __m256i *)(const void *)p->g[c]), 4);
 }
 
-/* Elements [e, e + 8) of a row of dtype dt as floats (I8: times sv). */
-static inline __attribute__((always_inline)) AVX2C __m256 cvt8(const int dt, const void *row, size_t e, __m256 sv)
+/* Elements [e, e + 8) of a row of dtype dt as floats (I8: times sv; U8:
+ * fma(code, sv, mv), sv and mv the channels' steps and minima). */
+static inline __attribute__((always_inline)) AVX2C __m256 cvt8(const int dt, const void *row, size_t e, __m256 sv,
+                                                                __m256 mv)
 {
+    if (dt == KVT_DTYPE_U8)
+        return _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)((const uint8_t *)row + e)))),
+            sv, mv);
     if (dt == KVT_DTYPE_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)row + e)));
     if (dt == KVT_DTYPE_BF16)
@@ -590,6 +599,12 @@ static inline __attribute__((always_inline)) AVX2C __m256 cvt8(const int dt, con
             sv);
     return _mm256_loadu_ps((const float *)row + e);
 }
+
+/* The step (U8: channels [e, e + 8) of sc; I8: the planned scales of row
+ * srow; else 1) and the minimum (U8: of mn; else 0) cvt8 takes. */
+#define SV8(dt, p, srow, c, sc, e) \
+    ((dt) == KVT_DTYPE_I8 ? plan_scale(p, srow, c) : (dt) == KVT_DTYPE_U8 ? _mm256_loadu_ps((sc) + (e)) : one)
+#define MV8(dt, mn, e) ((dt) == KVT_DTYPE_U8 ? _mm256_loadu_ps((mn) + (e)) : _mm256_setzero_ps())
 
 /* The last, partial chunk: `left` (< 8) elements of row t from e, the rest 0. */
 static inline __attribute__((always_inline)) AVX2C __m256 tail8(const kvt_kv_rows *r, int v, size_t t, size_t e,
@@ -605,7 +620,8 @@ static inline __attribute__((always_inline)) AVX2C void scores_dt(const int dt, 
                                                                    const kvt_kv_rows *r, size_t off, size_t ld, int hs,
                                                                    float scale, const q8_plan *p)
 {
-    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const size_t es = dt == KVT_DTYPE_I8 || dt == KVT_DTYPE_U8 ? 1 : 2,
+                 G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
     const int full = hs / 8, left = hs % 8, n = r->n;
     const char *K = r->k;
     __m256 qt = left ? _mm256_maskload_ps(q + 8 * full, tail_mask256(left)) : _mm256_setzero_ps();
@@ -617,9 +633,9 @@ static inline __attribute__((always_inline)) AVX2C void scores_dt(const int dt, 
             __m256 qv = _mm256_loadu_ps(q + 8 * c);
 #pragma GCC unroll 4
             for (int a = 0; a < 4; a++) {
-                size_t row = (size_t)(t + a);
-                __m256 sv = dt == KVT_DTYPE_I8 ? plan_scale(p, r->k_scale + row * G, c) : one;
-                acc[a] = _mm256_fmadd_ps(cvt8(dt, K + row * ld * es, off + (size_t)(8 * c), sv), qv, acc[a]);
+                size_t row = (size_t)(t + a), e = off + (size_t)(8 * c);
+                __m256 sv = SV8(dt, p, r->k_scale + row * G, c, r->k_scale, e);
+                acc[a] = _mm256_fmadd_ps(cvt8(dt, K + row * ld * es, e, sv, MV8(dt, r->k_min, e)), qv, acc[a]);
             }
         }
         if (left)
@@ -631,9 +647,10 @@ static inline __attribute__((always_inline)) AVX2C void scores_dt(const int dt, 
     for (; t < n; t++) {
         __m256 acc = _mm256_setzero_ps();
         for (int c = 0; c < full; c++) {
-            __m256 sv = dt == KVT_DTYPE_I8 ? plan_scale(p, r->k_scale + (size_t)t * G, c) : one;
-            acc = _mm256_fmadd_ps(cvt8(dt, K + (size_t)t * ld * es, off + (size_t)(8 * c), sv), _mm256_loadu_ps(q + 8 * c),
-                                  acc);
+            size_t e = off + (size_t)(8 * c);
+            __m256 sv = SV8(dt, p, r->k_scale + (size_t)t * G, c, r->k_scale, e);
+            acc = _mm256_fmadd_ps(cvt8(dt, K + (size_t)t * ld * es, e, sv, MV8(dt, r->k_min, e)),
+                                  _mm256_loadu_ps(q + 8 * c), acc);
         }
         if (left)
             acc = _mm256_fmadd_ps(tail8(r, 0, (size_t)t, off + (size_t)(8 * full), ld, left), qt, acc);
@@ -658,6 +675,7 @@ static AVX2C void avx2_scores_rows(float *S, const float *q, const kvt_kv_rows *
         plan_scales(&p, off, hs, r->group_size);
         scores_dt(KVT_DTYPE_I8, S, q, r, off, ld, hs, scale, &p);
         break;
+    case KVT_DTYPE_U8: scores_dt(KVT_DTYPE_U8, S, q, r, off, ld, hs, scale, NULL); break;
     default: avx2_scores(S, q, (const float *)r->k + off, ld, r->n, hs, scale); break;
     }
 }
@@ -666,7 +684,8 @@ static inline __attribute__((always_inline)) AVX2C void values_dt(const int dt, 
                                                                    const kvt_kv_rows *r, size_t off, size_t ld, int hs,
                                                                    int accumulate, const q8_plan *p)
 {
-    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const size_t es = dt == KVT_DTYPE_I8 || dt == KVT_DTYPE_U8 ? 1 : 2,
+                 G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
     const char *V = r->v;
     __m256 one = _mm256_set1_ps(1.0f);
     for (int i0 = 0; i0 < hs; i0 += 64) { /* 64 output floats (8 registers) at a time, as avx2_values */
@@ -690,7 +709,8 @@ static inline __attribute__((always_inline)) AVX2C void values_dt(const int dt, 
                 if (v == nv - 1 && left)
                     x = tail8(r, 1, (size_t)t, e, ld, left);
                 else
-                    x = cvt8(dt, row, e, dt == KVT_DTYPE_I8 ? plan_scale(p, r->v_scale + (size_t)t * G, i0 / 8 + v) : one);
+                    x = cvt8(dt, row, e, SV8(dt, p, r->v_scale + (size_t)t * G, i0 / 8 + v, r->v_scale, e),
+                             MV8(dt, r->v_min, e));
                 acc[v] = _mm256_fmadd_ps(a, x, acc[v]);
             }
         }
@@ -718,6 +738,7 @@ static AVX2C void avx2_values_rows(float *out, const float *S, const kvt_kv_rows
         plan_scales(&p, off, hs, r->group_size);
         values_dt(KVT_DTYPE_I8, out, S, r, off, ld, hs, accumulate, &p);
         break;
+    case KVT_DTYPE_U8: values_dt(KVT_DTYPE_U8, out, S, r, off, ld, hs, accumulate, NULL); break;
     default: avx2_values(out, S, (const float *)r->v + off, ld, r->n, hs, accumulate); break;
     }
 }
@@ -726,17 +747,19 @@ static inline __attribute__((always_inline)) AVX2C void to_f32_dt(const int dt, 
                                                                    int v, size_t off, size_t ld, int hs,
                                                                    const q8_plan *p)
 {
-    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const size_t es = dt == KVT_DTYPE_I8 || dt == KVT_DTYPE_U8 ? 1 : 2,
+                 G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
     const char *base = v ? r->v : r->k;
-    const float *sc = v ? r->v_scale : r->k_scale;
+    const float *sc = v ? r->v_scale : r->k_scale, *mn = v ? r->v_min : r->k_min;
     const int full = hs / 8, left = hs % 8;
     __m256 one = _mm256_set1_ps(1.0f);
     for (int t = 0; t < r->n; t++) {
         float *d = dst + (size_t)t * (size_t)hs;
         const char *row = base + (size_t)t * ld * es;
-        for (int c = 0; c < full; c++)
-            _mm256_storeu_ps(d + 8 * c, cvt8(dt, row, off + (size_t)(8 * c),
-                                             dt == KVT_DTYPE_I8 ? plan_scale(p, sc + (size_t)t * G, c) : one));
+        for (int c = 0; c < full; c++) {
+            size_t e = off + (size_t)(8 * c);
+            _mm256_storeu_ps(d + 8 * c, cvt8(dt, row, e, SV8(dt, p, sc + (size_t)t * G, c, sc, e), MV8(dt, mn, e)));
+        }
         for (int l = 0; l < left; l++)
             d[8 * full + l] = row_elem(r, v, (size_t)t, off + (size_t)(8 * full + l), ld);
     }
@@ -756,6 +779,7 @@ static AVX2C void avx2_rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size
         plan_scales(&p, off, hs, r->group_size);
         to_f32_dt(KVT_DTYPE_I8, dst, r, v, off, ld, hs, &p);
         break;
+    case KVT_DTYPE_U8: to_f32_dt(KVT_DTYPE_U8, dst, r, v, off, ld, hs, NULL); break;
     default: c_rows_to_f32(dst, r, v, off, ld, hs); break;
     }
 }
@@ -793,12 +817,20 @@ static inline __attribute__((always_inline)) AVX512 __m512 plan_scale16(const q8
 
 #define AVX512C __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 
+/* cvt16's step and minimum, as SV8 / MV8 (masked loads: nothing past the head). */
+#define SV16(dt, p, srow, c, sc, e, k) \
+    ((dt) == KVT_DTYPE_I8 ? plan_scale16(p, srow, c) : (dt) == KVT_DTYPE_U8 ? _mm512_maskz_loadu_ps(k, (sc) + (e)) : one)
+#define MV16(dt, mn, e, k) ((dt) == KVT_DTYPE_U8 ? _mm512_maskz_loadu_ps(k, (mn) + (e)) : _mm512_setzero_ps())
+
 /* Elements [e, e + 16) of a row of dtype dt as floats (I8: times sv); the
  * lanes of k that are off read nothing and give +0 (as the F32 kernels'
  * zero-masked loads do). */
 static inline __attribute__((always_inline)) AVX512C __m512 cvt16(const int dt, const void *row, size_t e, __m512 sv,
-                                                                   __mmask16 k)
+                                                                   __m512 mv, __mmask16 k)
 {
+    if (dt == KVT_DTYPE_U8) /* fma(code, step, min); lanes off give +0 */
+        return _mm512_maskz_fmadd_ps(k, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, (const uint8_t *)row + e))),
+                                     sv, mv);
     if (dt == KVT_DTYPE_F16)
         return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, (const uint16_t *)row + e));
     if (dt == KVT_DTYPE_BF16)
@@ -815,7 +847,8 @@ static inline __attribute__((always_inline)) AVX512C void scores16_dt(const int 
                                                                        const kvt_kv_rows *r, size_t off, size_t ld,
                                                                        int hs, float scale, const q8_plan16 *p)
 {
-    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const size_t es = dt == KVT_DTYPE_I8 || dt == KVT_DTYPE_U8 ? 1 : 2,
+                 G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
     const int nc = (hs + 15) / 16, left = hs % 16, n = r->n;
     const __mmask16 tail = (__mmask16)(left ? (1u << left) - 1 : 0xffffu);
     const char *K = r->k;
@@ -828,9 +861,9 @@ static inline __attribute__((always_inline)) AVX512C void scores16_dt(const int 
             __m512 qv = _mm512_maskz_loadu_ps(k, q + 16 * c);
 #pragma GCC unroll 4
             for (int a = 0; a < 4; a++) {
-                size_t row = (size_t)(t + a);
-                __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, r->k_scale + row * G, c) : one;
-                acc[a] = _mm512_fmadd_ps(cvt16(dt, K + row * ld * es, off + (size_t)(16 * c), sv, k), qv, acc[a]);
+                size_t row = (size_t)(t + a), e = off + (size_t)(16 * c);
+                __m512 sv = SV16(dt, p, r->k_scale + row * G, c, r->k_scale, e, k);
+                acc[a] = _mm512_fmadd_ps(cvt16(dt, K + row * ld * es, e, sv, MV16(dt, r->k_min, e, k), k), qv, acc[a]);
             }
         }
         for (int a = 0; a < 4; a++)
@@ -840,8 +873,9 @@ static inline __attribute__((always_inline)) AVX512C void scores16_dt(const int 
         __m512 acc = _mm512_setzero_ps();
         for (int c = 0; c < nc; c++) {
             __mmask16 k = c == nc - 1 ? tail : (__mmask16)0xffffu;
-            __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, r->k_scale + (size_t)t * G, c) : one;
-            acc = _mm512_fmadd_ps(cvt16(dt, K + (size_t)t * ld * es, off + (size_t)(16 * c), sv, k),
+            size_t e = off + (size_t)(16 * c);
+            __m512 sv = SV16(dt, p, r->k_scale + (size_t)t * G, c, r->k_scale, e, k);
+            acc = _mm512_fmadd_ps(cvt16(dt, K + (size_t)t * ld * es, e, sv, MV16(dt, r->k_min, e, k), k),
                                   _mm512_maskz_loadu_ps(k, q + 16 * c), acc);
         }
         S[t] = _mm512_reduce_add_ps(acc);
@@ -857,6 +891,7 @@ static AVX512C void avx512_scores_conv(float *S, const float *q, const kvt_kv_ro
     switch (r->dtype) {
     case KVT_DTYPE_F16: scores16_dt(KVT_DTYPE_F16, S, q, r, off, ld, hs, scale, NULL); break;
     case KVT_DTYPE_BF16: scores16_dt(KVT_DTYPE_BF16, S, q, r, off, ld, hs, scale, NULL); break;
+    case KVT_DTYPE_U8: scores16_dt(KVT_DTYPE_U8, S, q, r, off, ld, hs, scale, NULL); break;
     default:
         if (hs > 16 * PLAN16_CHUNKS) {
             c_scores_rows(S, q, r, off, ld, hs, scale);
@@ -874,7 +909,8 @@ static inline __attribute__((always_inline)) AVX512C void values16_dt(const int 
                                                                        const kvt_kv_rows *r, size_t off, size_t ld,
                                                                        int hs, int accumulate, const q8_plan16 *p)
 {
-    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const size_t es = dt == KVT_DTYPE_I8 || dt == KVT_DTYPE_U8 ? 1 : 2,
+                 G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
     const char *V = r->v;
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int i0 = 0; i0 < hs; i0 += 128) {
@@ -894,8 +930,9 @@ static inline __attribute__((always_inline)) AVX512C void values16_dt(const int 
                 if (v >= nv)
                     break;
                 __mmask16 k = v < nv - 1 ? (__mmask16)0xffffu : last;
-                __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, r->v_scale + (size_t)t * G, i0 / 16 + v) : one;
-                acc[v] = _mm512_fmadd_ps(a, cvt16(dt, row, off + (size_t)(i0 + 16 * v), sv, k), acc[v]);
+                size_t e = off + (size_t)(i0 + 16 * v);
+                __m512 sv = SV16(dt, p, r->v_scale + (size_t)t * G, i0 / 16 + v, r->v_scale, e, k);
+                acc[v] = _mm512_fmadd_ps(a, cvt16(dt, row, e, sv, MV16(dt, r->v_min, e, k), k), acc[v]);
             }
         }
         for (int v = 0; v < nv; v++)
@@ -910,6 +947,7 @@ static AVX512C void avx512_values_conv(float *out, const float *S, const kvt_kv_
     switch (r->dtype) {
     case KVT_DTYPE_F16: values16_dt(KVT_DTYPE_F16, out, S, r, off, ld, hs, accumulate, NULL); break;
     case KVT_DTYPE_BF16: values16_dt(KVT_DTYPE_BF16, out, S, r, off, ld, hs, accumulate, NULL); break;
+    case KVT_DTYPE_U8: values16_dt(KVT_DTYPE_U8, out, S, r, off, ld, hs, accumulate, NULL); break;
     default:
         if (hs > 16 * PLAN16_CHUNKS) {
             c_values_rows(out, S, r, off, ld, hs, accumulate);
@@ -925,9 +963,10 @@ static inline __attribute__((always_inline)) AVX512C void to_f32_16_dt(const int
                                                                         int v, size_t off, size_t ld, int hs,
                                                                         const q8_plan16 *p)
 {
-    const size_t es = dt == KVT_DTYPE_I8 ? 1 : 2, G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
+    const size_t es = dt == KVT_DTYPE_I8 || dt == KVT_DTYPE_U8 ? 1 : 2,
+                 G = dt == KVT_DTYPE_I8 ? ld / (size_t)r->group_size : 0;
     const char *base = v ? r->v : r->k;
-    const float *sc = v ? r->v_scale : r->k_scale;
+    const float *sc = v ? r->v_scale : r->k_scale, *mn = v ? r->v_min : r->k_min;
     const int nc = (hs + 15) / 16, left = hs % 16;
     const __mmask16 tail = (__mmask16)(left ? (1u << left) - 1 : 0xffffu);
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -936,8 +975,9 @@ static inline __attribute__((always_inline)) AVX512C void to_f32_16_dt(const int
         const char *row = base + (size_t)t * ld * es;
         for (int c = 0; c < nc; c++) {
             __mmask16 k = c == nc - 1 ? tail : (__mmask16)0xffffu;
-            __m512 sv = dt == KVT_DTYPE_I8 ? plan_scale16(p, sc + (size_t)t * G, c) : one;
-            _mm512_mask_storeu_ps(d + 16 * c, k, cvt16(dt, row, off + (size_t)(16 * c), sv, k));
+            size_t e = off + (size_t)(16 * c);
+            __m512 sv = SV16(dt, p, sc + (size_t)t * G, c, sc, e, k);
+            _mm512_mask_storeu_ps(d + 16 * c, k, cvt16(dt, row, e, sv, MV16(dt, mn, e, k), k));
         }
     }
 }
@@ -948,6 +988,7 @@ static AVX512C void avx512_rows_to_f32_conv(float *dst, const kvt_kv_rows *r, in
     switch (r->dtype) {
     case KVT_DTYPE_F16: to_f32_16_dt(KVT_DTYPE_F16, dst, r, v, off, ld, hs, NULL); break;
     case KVT_DTYPE_BF16: to_f32_16_dt(KVT_DTYPE_BF16, dst, r, v, off, ld, hs, NULL); break;
+    case KVT_DTYPE_U8: to_f32_16_dt(KVT_DTYPE_U8, dst, r, v, off, ld, hs, NULL); break;
     default:
         if (hs > 16 * PLAN16_CHUNKS) {
             c_rows_to_f32(dst, r, v, off, ld, hs);

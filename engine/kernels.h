@@ -49,10 +49,11 @@ void kvt__softmax(float *x, int n);
 void kvt__attn_values(float *out, const float *S, const float *V, size_t ldv, int n, int hs, int accumulate);
 
 /* ---- attention over K/V in a storage scheme (kvt_kv_rows) -------------------
- * Rows r hold K and V as F32, F16, BF16 or I8 with per-group scales; a head
- * reads elements [off, off + hs) of each row, rows ld elements apart (ld =
- * kv_dim). Each element is converted to float as kvt_kv_rows states (exact
- * for F16/BF16; code * scale for I8) on the fly, and used in the same order
+ * Rows r hold K and V as F32, F16, BF16, I8 with per-group scales or U8
+ * with per-channel steps and minima; a head reads elements [off, off + hs)
+ * of each row, rows ld elements apart (ld = kv_dim). Each element is
+ * converted to float as kvt_kv_rows states (exact for F16/BF16; code * scale
+ * for I8; fmaf(code, step, min) for U8) on the fly, and used in the same order
  * as the F32 kernels use theirs. For F32 rows these are kvt__attn_scores /
  * kvt__attn_values exactly. For the other dtypes every set gives bit for
  * bit what its own F32 kernels give on the converted rows: "avx512" in 16

@@ -329,7 +329,7 @@ static kvt_dtype scheme_dtype(kvt_kv_scheme s)
     return dt[s];
 }
 
-KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m)
+KVT_API size_t kvt_model_window_row_bytes(const kvt_model *m)
 {
     if (!m)
         return 0;
@@ -337,6 +337,16 @@ KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m)
     if (m->kv_scheme == KVT_KV_Q8)
         return 2 * (kv + kv / (size_t)kvt_model_q8_group_size(m) * sizeof(float));
     return 2 * kv * kvt_dtype_size(scheme_dtype(m->kv_scheme));
+}
+
+KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m)
+{
+    if (!m)
+        return 0;
+    size_t kv = (size_t)m->cfg.kv_dim;
+    if (m->kv_scheme == KVT_KV_Q8) /* codes, plus a block's 16 * kv_dim bytes of scales over its 256 tokens */
+        return 2 * kv + (16 * kv + KVT_MODEL_Q8_BLOCK - 1) / KVT_MODEL_Q8_BLOCK;
+    return kvt_model_window_row_bytes(m);
 }
 
 KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_cache **caches)
@@ -362,7 +372,7 @@ KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_c
             rc = kvt_recurrent_create((size_t)c->dim * sizeof(float), &caches[l]);
             break;
         default:
-            rc = dt == KVT_DTYPE_I8 ? kvt_qkv_create(c->kv_dim, gs, block_tokens, &caches[l])
+            rc = dt == KVT_DTYPE_I8 ? kvt_qkvc_create(c->kv_dim, block_tokens, &caches[l])
                                     : kvt_kv_create_dtype(c->kv_dim, block_tokens, dt, &caches[l]);
             break;
         }
@@ -391,7 +401,9 @@ KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m)
     size_t n = 0;
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
         if (m->cfg.layer_kind[l] == KVT_LAYER_WINDOW)
-            n += (size_t)m->cfg.sliding_window * kvt_model_kv_row_bytes(m);
+            n += (size_t)m->cfg.sliding_window * kvt_model_window_row_bytes(m);
+        else if (m->cfg.layer_kind[l] == KVT_LAYER_ATTN && m->kv_scheme == KVT_KV_Q8) /* the f32 open block */
+            n += 2 * sizeof(float) * (size_t)m->cfg.kv_dim * (size_t)KVT__MIN(KVT_MODEL_Q8_BLOCK, m->cfg.seq_len);
         else if (m->cfg.layer_kind[l] == KVT_LAYER_RECURRENT)
             n += (size_t)m->cfg.dim * sizeof(float);
     }

@@ -103,9 +103,11 @@ typedef struct kvt_model_config {
  *   KVT_KV_F32   float32, 4 bytes per element (llama2.c's own; the default)
  *   KVT_KV_F16   IEEE binary16, 2 bytes, rounded to nearest even
  *   KVT_KV_BF16  bfloat16, 2 bytes, rounded to nearest even
- *   KVT_KV_Q8    int8 codes with one f32 scale per group of
- *                kvt_model_q8_group_size() elements (the "qkv" kind for
- *                attention layers, an I8 ring for window layers)
+ *   KVT_KV_Q8    attention layers: 8-bit codes with a per-channel step and
+ *                minimum over each block, the open block in f32 until the
+ *                next block starts (the "qkvc" kind, kvt_qkvc_create);
+ *                window layers: an I8 ring with one f32 scale per group of
+ *                kvt_model_q8_group_size() elements
  * Recurrent state stays f32 in every scheme. */
 typedef enum kvt_kv_scheme { KVT_KV_F32 = 0, KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8, KVT_KV_SCHEME_COUNT } kvt_kv_scheme;
 
@@ -152,7 +154,7 @@ KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m);
 /** Creates one empty cache per layer, of the kind the layer needs, in the
  * model's storage scheme (kvt_model_set_kv_scheme):
  * kvt_kv_create_dtype(kv_dim, block_tokens, dtype) for ATTN (Q8:
- * kvt_qkv_create(kv_dim, kvt_model_q8_group_size, block_tokens)),
+ * kvt_qkvc_create(kv_dim, block_tokens)),
  * kvt_rotating_create_dtype(kv_dim, W, 0, dtype, group size) for WINDOW,
  * kvt_recurrent_create(dim * 4 bytes) for RECURRENT.
  * @param block_tokens tokens per kv block (>= 1; 256 is the default; more
@@ -178,14 +180,26 @@ KVT_API int kvt_model_set_kv_scheme(kvt_model *m, kvt_kv_scheme s);
 /** The model's storage scheme (KVT_KV_F32 for NULL). */
 KVT_API kvt_kv_scheme kvt_model_kv_scheme(const kvt_model *m);
 
-/** Elements per f32 scale of KVT_KV_Q8: the largest of 32, 16, 8, 4, 2, 1
- * that divides head_size (so a group never spans two heads). */
+/** Elements per f32 scale of the I8 rings of window layers under
+ * KVT_KV_Q8: the largest of 32, 16, 8, 4, 2, 1 that divides head_size (so a
+ * group never spans two heads). */
 KVT_API int32_t kvt_model_q8_group_size(const kvt_model *m);
 
-/** Bytes of K and V of one token in one attention (or window) layer in the
- * model's scheme: 2 * kv_dim * 4 (F32), 2 * kv_dim * 2 (F16, BF16),
- * 2 * (kv_dim + kv_dim / group_size * 4) (Q8); 0 for NULL. */
+/** Block tokens kvt_model_kv_row_bytes and kvt_model_fixed_state_bytes
+ * assume for KVT_KV_Q8 (the default block). */
+#define KVT_MODEL_Q8_BLOCK 256
+
+/** Bytes of K and V of one token in one attention layer in the model's
+ * scheme: 2 * kv_dim * 4 (F32), 2 * kv_dim * 2 (F16, BF16), 2 * kv_dim +
+ * ceil(16 * kv_dim / 256) (Q8: the codes and a share of the per-channel
+ * scales of a 256-token block); 0 for NULL. */
 KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m);
+
+/** Bytes of K and V of one slot of a window layer's ring in the model's
+ * scheme: kvt_model_kv_row_bytes except under Q8, where the ring holds int8
+ * codes with one f32 scale per kvt_model_q8_group_size() elements: 2 *
+ * (kv_dim + kv_dim / group_size * 4); 0 for NULL. */
+KVT_API size_t kvt_model_window_row_bytes(const kvt_model *m);
 
 /** Bytes of cache state that grow with each token, summed over all ATTN
  * layers: n_attn_layers * kvt_model_kv_row_bytes (the model's scheme).
@@ -194,8 +208,9 @@ KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m);
 KVT_API size_t kvt_model_kv_bytes_per_token(const kvt_model *m);
 
 /** Bytes of fixed-size cache state per sequence (rings of window layers at
- * full size in the model's scheme + f32 recurrent states), independent of
- * length. */
+ * full size in the model's scheme (Q8: 2 * (kv_dim + kv_dim / group_size *
+ * 4) a slot) + f32 recurrent states + under Q8 the f32 open block of each
+ * attention layer, 8 * kv_dim * min(256, seq_len)), independent of length. */
 KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m);
 
 /** Prefill: runs n_tokens tokens through the model as one batch (GEMM,

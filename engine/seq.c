@@ -242,7 +242,7 @@ KVT_API int kvt_seq_live_attach(kvt_cache *const *caches, int32_t n_layers, kvt_
         int rc = 0;
         if (!strcmp(kind, "kv"))
             rc = kvt_kv_set_residency(caches[l], res, l);
-        else if (!strcmp(kind, "qkv"))
+        else if (!strcmp(kind, "qkv") || !strcmp(kind, "qkvc"))
             rc = kvt__fail(KVT_EINVAL,
                            "live-cache bound: layer %d stores its KV as q8, which is never paged; bound the f32, "
                            "f16 or bf16 schemes, or run q8 fully resident",

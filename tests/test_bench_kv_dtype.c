@@ -1,8 +1,8 @@
 /*
  * test_bench_kv_dtype.c: `kvtier bench kv-dtype` on stories260K, small (4
  * prompts of 24 tokens, 24 greedy tokens) as a child process: KV bytes per
- * token per scheme (f32 1280, f16/bf16 640, q8 480 with an f32 scale per 8
- * floats), the f32* noise-floor row agreeing on every prompt, the near-tie
+ * token per scheme (f32 1280, f16/bf16 640, q8 330: 8-bit codes with per-channel
+ * scales per 256-token block), the f32* noise-floor row agreeing on every prompt, the near-tie
  * density counted over every one of f32's greedy steps, and for each scheme
  * one first-divergence gap per disagreeing prompt (the near-tie line's count
  * equals prompts minus agreeing prompts). Not a quality test: the figures of
@@ -65,7 +65,7 @@ static void t_bench_kv_dtype(void **state)
     expect_in(r.out, "  f32          1280 ");
     expect_in(r.out, "  f16           640 ");
     expect_in(r.out, "  bf16          640 ");
-    expect_in(r.out, "  q8            480 ");
+    expect_in(r.out, "  q8            330 ");
     expect_in(r.out, "4/4 100.0%"); /* f32*: the order of arithmetic alone */
     expect_in(r.out, "of its 96 greedy steps");
     static const char *const schemes[] = {"f16", "bf16", "q8", "f32*"};

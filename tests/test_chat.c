@@ -155,6 +155,18 @@ static void unload(loaded *l)
     kvt_model_free(l->m);
 }
 
+/* Bytes the chat service projects for `tokens` tokens of one attention
+ * layer in blocks of B: whole blocks of the scheme's row bytes, or under q8
+ * (the qkvc kind) whole blocks of codes with 16 * kv_dim bytes of scales
+ * each, plus the f32 open block. */
+static uint64_t attn_projection(const kvt_model *m, int64_t tokens, int32_t B)
+{
+    uint64_t t = (uint64_t)((tokens + B - 1) / B * B), kv = (uint64_t)kvt_model_get_config(m)->kv_dim;
+    if (kvt_model_kv_scheme(m) == KVT_KV_Q8)
+        return t * (2 * kv + (16 * kv + (uint64_t)B - 1) / (uint64_t)B) + 8 * kv * (uint64_t)B;
+    return t * kvt_model_kv_row_bytes(m);
+}
+
 static kvt_service *service(const loaded *l, uint64_t pc_bytes, int32_t block)
 {
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .block_tokens = block};
@@ -325,7 +337,10 @@ static void test_block_tokens_capped(void **state)
     kvt_caches_destroy(caches, c->n_layers);
     kvt_service *svc = service(&l, 1 << 20, 1 << 20);
     assert_int_equal(kvt_service_project_bytes(svc, 10),
-                     (uint64_t)c->seq_len * kvt_model_kv_bytes_per_token(l.m)); /* one whole block */
+                     (uint64_t)c->n_layers * attn_projection(l.m, 10, c->seq_len)); /* one whole block */
+    if (kvt_model_kv_scheme(l.m) != KVT_KV_Q8)
+        assert_int_equal(attn_projection(l.m, 10, c->seq_len) * c->n_layers,
+                         (uint64_t)c->seq_len * kvt_model_kv_bytes_per_token(l.m));
     kvt_service_destroy(svc);
     unload(&l);
 }
@@ -417,7 +432,7 @@ static void test_evicted_conversation(void **state)
         run_result *off_a = run_chat(&l, script5, 4, 0, 16);
         run_result *off_b = run_chat(&l, script_b, 4, 0, 16);
         /* A budget that holds about one conversation: A and B evict each other. */
-        uint64_t budget = 3 * kvt_model_kv_row_bytes(l.m) * 112; /* 112 tokens of kv on 3 layers (f32: 2 * 16 * 4 bytes a row) */
+        uint64_t budget = 3 * attn_projection(l.m, 112, 16); /* 112 tokens of kv on 3 layers (f32: 2 * 16 * 4 bytes a row) */
         kvt_service *svc = service(&l, budget, 16);
         kvt_chat_opts oa = {.max_tokens = MAX_REPLY, .session = "a"};
         kvt_chat_opts ob = {.max_tokens = MAX_REPLY, .session = "b"};
@@ -514,7 +529,7 @@ static void test_admission_errors(void **state)
      * in f32 (6144), 3 * 16 * the row bytes of the scheme under test */
     assert_int_equal(kvt_chat_generate(l.m, svc, s, prompt, 8, &o, r, 4, &n, NULL), KVT_ELIMIT);
     char needs[64];
-    snprintf(needs, sizeof needs, "needs %zu bytes", 3 * 16 * kvt_model_kv_row_bytes(l.m));
+    snprintf(needs, sizeof needs, "needs %llu bytes", (unsigned long long)(3 * attn_projection(l.m, 12, 16)));
     if (!*test_scheme())
         assert_string_equal(needs, "needs 6144 bytes");
     assert_non_null(strstr(kvt_last_error(), needs));

@@ -5,8 +5,8 @@
  * whatever rows it is computed with (the summation-order rule); scores,
  * softmax (vectorised exp) and silu against double references, silu finite
  * at +-90; the weighted sum of values split over segments equal bit for bit
- * to one call. Attention over K/V stored as F16, BF16 and I8 (kvt_kv_rows,
- * from real kv and qkv caches): scores, values and the conversion for
+ * to one call. Attention over K/V stored as F16, BF16, I8 and U8 (kvt_kv_rows,
+ * from real kv, qkv and qkvc caches): scores, values and the conversion for
  * prefill equal bit for bit the F32 kernels over the converted rows, for
  * every head size tail (16- and 8-lane), head offset and group size, each
  * set against its own F32 kernels (an I8 head wider than 512 against the C
@@ -151,20 +151,30 @@ static void test_attention_pieces(void **state)
 static void stored_rows(kvt_dtype dt, int n, int ld, int gs, uint64_t *s, kvt_cache **c, kvt_kv_rows *rows,
                         float *deq_k, float *deq_v)
 {
-    float *k = rand_floats((size_t)n * ld, s), *v = rand_floats((size_t)n * ld, s);
+    /* U8: one more row, so the first block of n is sealed */
+    float *k = rand_floats((size_t)(n + 1) * ld, s), *v = rand_floats((size_t)(n + 1) * ld, s);
     for (int i = 0; i < n * ld; i += 7)
         k[i] *= 40.0f, v[i] *= 1e-3f; /* uneven magnitudes within a group */
     if (dt == KVT_DTYPE_I8)
         assert_int_equal(kvt_qkv_create(ld, gs, n, c), 0);
+    else if (dt == KVT_DTYPE_U8)
+        assert_int_equal(kvt_qkvc_create(ld, n, c), 0);
     else
         assert_int_equal(kvt_kv_create_dtype(ld, n, dt, c), 0);
     const void *in[2] = {k, v};
-    assert_int_equal(kvt_cache_append(*c, n, in), 0);
+    assert_int_equal(kvt_cache_append(*c, n + (dt == KVT_DTYPE_U8), in), 0);
     assert_int_equal(kvt_kv_block_rows(*c, 0, rows), 0);
     assert_int_equal(rows->n, n);
     assert_int_equal(rows->dtype, dt);
     if (dt == KVT_DTYPE_I8) {
         assert_int_equal(kvt_qkv_read_block(*c, 0, deq_k, deq_v, NULL), 0);
+    } else if (dt == KVT_DTYPE_U8) { /* per channel: fmaf(code, step, min) */
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < ld; i++) {
+                size_t e = (size_t)t * ld + (size_t)i;
+                deq_k[e] = fmaf((float)((const uint8_t *)rows->k)[e], rows->k_scale[i], rows->k_min[i]);
+                deq_v[e] = fmaf((float)((const uint8_t *)rows->v)[e], rows->v_scale[i], rows->v_min[i]);
+            }
     } else {
         assert_int_equal(kvt_dtype_to_f32(dt, rows->k, deq_k, (size_t)n * ld), 0);
         assert_int_equal(kvt_dtype_to_f32(dt, rows->v, deq_v, (size_t)n * ld), 0);
@@ -177,7 +187,7 @@ static void test_rows_kernels(void **state)
     (void)state;
     char best[16];
     snprintf(best, sizeof best, "%s", kvt__kernels_isa());
-    static const kvt_dtype dts[] = {KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_I8};
+    static const kvt_dtype dts[] = {KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_I8, KVT_DTYPE_U8};
     static const int hs_list[] = {8, 13, 16, 24, 64, 130, 200, 520};
     static const int gs_list[] = {8, 4, 32, 2, 16};
     int checked = 0;
@@ -185,7 +195,7 @@ static void test_rows_kernels(void **state)
         if (kvt__kernels_select(k_sets[k]) != 0)
             continue;
         uint64_t s = g_seed ^ 0x5851f42d4c957f2dULL;
-        for (size_t d = 0; d < 3; d++)
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
             for (size_t h = 0; h < sizeof hs_list / sizeof hs_list[0]; h++)
                 for (size_t g = 0; g < (dts[d] == KVT_DTYPE_I8 ? sizeof gs_list / sizeof gs_list[0] : 1u); g++) {
                     int hs = hs_list[h], gs = gs_list[g], n = 37, ld = 2 * hs + 2 * gs * 8;
@@ -212,7 +222,7 @@ static void test_rows_kernels(void **state)
                         head.n = 11;
                         tail.n = n - 11;
                         tail.v = (const char *)rows.v + (size_t)11 * ld * kvt_dtype_size(rows.dtype);
-                        if (rows.v_scale)
+                        if (rows.dtype == KVT_DTYPE_I8) /* U8's steps and minima are per channel */
                             tail.v_scale = rows.v_scale + (size_t)11 * (ld / gs);
                         kvt__attn_values_rows(b, P, &head, off, (size_t)ld, hs, 0);
                         kvt__attn_values_rows(b, P + 11, &tail, off, (size_t)ld, hs, 1);
@@ -234,7 +244,7 @@ static void test_rows_kernels(void **state)
                     kvt_cache_destroy(c);
                     free(dk), free(dv), free(q), free(a), free(b), free(conv);
                 }
-        print_message("  [%s] F16/BF16/I8 scores, values, conversion: bit-identical to F32 on converted rows\n",
+        print_message("  [%s] F16/BF16/I8/U8 scores, values, conversion: bit-identical to F32 on converted rows\n",
                       k_sets[k]);
     }
     assert_true(checked > 0);

@@ -376,8 +376,12 @@ static void test_engine_schemes(void **state)
     assert_int_equal(kvt_model_kv_scheme(m), KVT_KV_F32);
     assert_int_equal(kvt_model_q8_group_size(m), 16); /* head_size 16 */
     const size_t kv = 32; /* n_kv_heads * head_size */
-    static const kvt_dtype want[4] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_I8};
-    static const size_t row[4] = {2 * 32 * 4, 2 * 32 * 2, 2 * 32 * 2, 2 * (32 + 32 / 16 * 4)};
+    static const kvt_dtype want[4] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_U8};
+    static const kvt_dtype want_ring[4] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_I8};
+    /* q8: codes + a 256-token block's per-channel scales (16 * 32 bytes) per token; its ring per-group scales */
+    static const size_t row[4] = {2 * 32 * 4, 2 * 32 * 2, 2 * 32 * 2, 2 * 32 + (16 * 32 + 255) / 256};
+    static const size_t ring[4] = {2 * 32 * 4, 2 * 32 * 2, 2 * 32 * 2, 2 * (32 + 32 / 16 * 4)};
+    static const size_t open_block[4] = {0, 0, 0, 2 * 4 * 32 * 64}; /* q8: f32 K and V of min(256, seq_len) tokens */
     char fp[4][KVT_STORE_FINGERPRINT_LEN];
     for (int s = 0; s < KVT_KV_SCHEME_COUNT; s++) {
         kvt_kv_scheme k;
@@ -386,20 +390,21 @@ static void test_engine_schemes(void **state)
         assert_int_equal(kvt_model_set_kv_scheme(m, k), 0);
         assert_int_equal(kvt_model_kv_row_bytes(m), row[s]);
         assert_int_equal(kvt_model_kv_bytes_per_token(m), row[s]); /* one attention layer */
-        assert_int_equal(kvt_model_fixed_state_bytes(m), 6 * row[s] + 64 * 4);
+        assert_int_equal(kvt_model_window_row_bytes(m), ring[s]);
+        assert_int_equal(kvt_model_fixed_state_bytes(m), 6 * ring[s] + 64 * 4 + open_block[s]);
         kvt_cache *c[3] = {NULL, NULL, NULL};
         assert_int_equal(kvt_model_new_caches(m, 8, c), 0);
-        assert_string_equal(kvt_cache_kind(c[0]), s == KVT_KV_Q8 ? "qkv" : "kv");
+        assert_string_equal(kvt_cache_kind(c[0]), s == KVT_KV_Q8 ? "qkvc" : "kv");
         assert_string_equal(kvt_cache_kind(c[1]), "rotating");
         assert_string_equal(kvt_cache_kind(c[2]), "recurrent"); /* f32 state in every scheme */
         assert_int_equal(kvt_kv_dtype(c[0]), want[s]);
-        assert_int_equal(kvt_kv_dtype(c[1]), want[s]);
+        assert_int_equal(kvt_kv_dtype(c[1]), want_ring[s]);
         int32_t tok[5] = {1, 2, 3, 4, 5};
         float logits[50];
         assert_int_equal(kvt_model_prefill(m, c, tok, 5, logits), 0);
         kvt_kv_rows r;
         assert_int_equal(kvt_kv_block_rows(c[0], 0, &r), 0);
-        assert_int_equal(r.dtype, want[s]);
+        assert_int_equal(r.dtype, want[s] == KVT_DTYPE_U8 ? KVT_DTYPE_F32 : want[s]); /* q8: the open block is f32 */
         assert_int_equal(kvt_store_config_fingerprint(c, 3, fp[s]), 0);
         for (int o = 0; o < s; o++)
             assert_string_not_equal(fp[o], fp[s]); /* a directory of its own per scheme */
@@ -407,7 +412,7 @@ static void test_engine_schemes(void **state)
     }
     /* f16 and bf16: half of f32; q8: a quarter plus the scales */
     assert_int_equal(2 * row[1], row[0]);
-    assert_int_equal(row[3], row[0] / 4 + 2 * kv / 16 * sizeof(float));
+    assert_int_equal(row[3], row[0] / 4 + (16 * kv + 255) / 256);
     kvt_kv_scheme k = KVT_KV_F16;
     assert_int_equal(kvt_kv_scheme_parse("fp16", &k), KVT_EINVAL);
     assert_int_equal(k, KVT_KV_F16);

@@ -10,6 +10,8 @@
  *              the ring wraps, [offset, offset] after
  *   recurrent  fixed-size state (SSM / linear attention)    [offset, offset]
  *   qkv        int8 codes + one f32 scale per group          [0, offset]
+ *   qkvc       8-bit codes, per-channel scales per block     [sealed, offset]
+ *              (the open block kept in f32)
  * kv and rotating hold K/V in a storage dtype (F32, F16, BF16; rotating also
  * I8 with per-group scales) recorded in their encoded params and on every
  * tensor; kvt_kv_block_rows / kvt_rotating_rows lend the rows in that dtype.
@@ -256,20 +258,24 @@ KVT_API int kvt_kv_create_dtype(int32_t kv_dim, int32_t block_tokens, kvt_dtype 
  * kvt_rotating_rows). Element i of row t of K is
  *   F32/F16/BF16: ((const T *)k)[t * kv_dim + i] converted to float
  *   I8:           ((const int8_t *)k)[t * kv_dim + i] * k_scale[t * (kv_dim / group_size) + i / group_size]
- * (one float multiply: exactly what kvt_qkv_read_block returns); V alike.
- * Valid until the cache is next modified or destroyed. */
+ *                 (one float multiply: exactly what kvt_qkv_read_block returns)
+ *   U8:           fmaf(((const uint8_t *)k)[t * kv_dim + i], k_scale[i], k_min[i])
+ *                 (per channel: one step and one minimum per element index, for all n rows)
+ * V alike. Valid until the cache is next modified or destroyed. */
 typedef struct kvt_kv_rows {
-    kvt_dtype dtype;                /* KVT_DTYPE_F32, F16, BF16 or I8 */
+    kvt_dtype dtype;                /* KVT_DTYPE_F32, F16, BF16, I8 or U8 */
     const void *k, *v;              /* (n, kv_dim) elements of dtype, rows kv_dim elements apart */
-    const float *k_scale, *v_scale; /* I8: (n, kv_dim / group_size) scales; NULL otherwise */
+    const float *k_scale, *v_scale; /* I8: (n, kv_dim / group_size) scales; U8: (kv_dim) steps; NULL otherwise */
+    const float *k_min, *v_min;     /* U8: (kv_dim) minima; NULL otherwise */
     int32_t group_size;             /* I8: elements per scale; 0 otherwise */
     int32_t n;                      /* rows */
 } kvt_kv_rows;
 
-/** Rows of block `index` of a kv or qkv cache (see kvt_kv_rows); out->n is
- * block_tokens except for the tail. Thread-safe with other readers.
- * @return 0; KVT_EINVAL (NULL out, or not a kv/qkv cache); KVT_ERANGE (no
- * such block). */
+/** Rows of block `index` of a kv, qkv or qkvc cache (see kvt_kv_rows);
+ * out->n is block_tokens except for the tail (qkvc: U8 rows for a sealed
+ * block, F32 rows for the open one). Thread-safe with other readers.
+ * @return 0; KVT_EINVAL (NULL out, or not a kv/qkv/qkvc cache); KVT_ERANGE
+ * (no such block). */
 KVT_API int kvt_kv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
 
 /** Storage dtype of the K/V of a kv, rotating or qkv cache (KVT_DTYPE_F32,
@@ -374,6 +380,33 @@ KVT_API int kvt_qkv_create(int32_t kv_dim, int32_t group_size, int32_t block_tok
  * @return 0, KVT_EINVAL (not qkv), KVT_ERANGE (no such block). */
 KVT_API int kvt_qkv_read_block(const kvt_cache *c, int64_t index, float *k_out, float *v_out,
                                int32_t *n_tokens);
+
+/* ---- kind "qkvc": 8-bit kv quantized per channel ------------------------------ */
+
+/** Creates an empty kv cache that stores K and V as 8-bit codes quantized per
+ * channel over each block of block_tokens tokens (KIVI's scheme for K, here
+ * for V too; asymmetric): in a sealed block, channel c of K has min[c] and
+ * step[c] = (max - min) / 255 over the block's tokens, and element c of
+ * token t is stored as round((x - min[c]) / step[c]) in [0, 255] and read as
+ * fmaf(code, step[c], min[c]) (kvt_kv_rows, dtype U8); V alike.
+ * A channel's scale depends on all of its block's tokens, so the open block
+ * (the tail, up to block_tokens tokens) is kept in f32 and sealed only when a
+ * token of the next block is appended: attention of a token reads its own
+ * block in f32 and every earlier block quantized. Range: [sealed tokens,
+ * offset] (a cut into a sealed block would need the f32 rows that sealing
+ * dropped). append inputs: as kv (f32 K and V); on an error the cache is
+ * unchanged. RAM: each sealed block 2 * block_tokens * kv_dim + 16 * kv_dim
+ * bytes; the tail 8 * block_tokens * kv_dim bytes.
+ * encode: params {kv_dim, block_tokens, layout} (layout 1 is this byte
+ * layout; decode refuses another with KVT_EFORMAT); min_offset = sealed
+ * tokens; per sealed block i tensors "blk<i>.q" U8 (2, B, kv_dim) (K codes
+ * then V codes) and "blk<i>.s" F32 (4, kv_dim) (K min, K step, V min, V
+ * step), both with the block's token range; then, when the open block holds
+ * tokens, "tail" F32 (2, rows, kv_dim) with no token range. decode adopts a
+ * tensor that covers its own buffer without copying (zero-copy restore) and
+ * refuses a min or step that is not finite or a negative step.
+ * @return 0; KVT_EINVAL (a dimension outside [1, 2^20] or NULL out); KVT_ENOMEM. */
+KVT_API int kvt_qkvc_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out);
 
 /* ---- attachments: opaque method state -------------------------------------- */
 

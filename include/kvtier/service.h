@@ -69,13 +69,17 @@ typedef struct kvt_service_layer {
     int32_t block_tokens;   /* PER_TOKEN: storage is whole blocks of this many
                                tokens (rounded up); 0 = no rounding */
     int32_t window;         /* WINDOW: W tokens (>= 1) */
-    size_t fixed_bytes;     /* FIXED: bytes of state */
+    size_t fixed_bytes;     /* FIXED: bytes of state; PER_TOKEN: bytes on top of the per-token
+                               ones once the sequence holds a token (0 for plain kv) */
 } kvt_service_layer;
 
 /** How one layer of the built-in kinds grows, read off a cache of it:
  * "kv" PER_TOKEN (2 * kv_dim * 4 bytes per token, its block_tokens),
  * "qkv" PER_TOKEN (2 * kv_dim int8 codes + 2 * kv_dim / group_size f32
- * scales per token, its block_tokens), "rotating" WINDOW (2 * kv_dim * 4
+ * scales per token, its block_tokens), "qkvc" PER_TOKEN (2 * kv_dim codes +
+ * ceil(16 * kv_dim / block_tokens) bytes of scales per token, its
+ * block_tokens, plus fixed_bytes 8 * kv_dim * block_tokens: the f32 open
+ * block), "rotating" WINDOW (2 * kv_dim * 4
  * bytes per token, its window), "recurrent" FIXED (its state bytes).
  * @param c any cache of the layer (only its kind and parameters are read).
  * @return 0; KVT_EINVAL (NULL argument); KVT_EUNSUPPORTED (a backend kind:

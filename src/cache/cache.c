@@ -206,6 +206,7 @@ static const kvt_cache_ops *const kvt__builtin_kinds[] = {
     &kvt__rotating_ops,
     &kvt__recurrent_ops,
     &kvt__qkv_ops,
+    &kvt__qkvc_ops,
 };
 #define KVT__N_BUILTIN ((int)(sizeof kvt__builtin_kinds / sizeof kvt__builtin_kinds[0]))
 

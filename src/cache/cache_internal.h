@@ -17,6 +17,7 @@ extern const kvt_cache_ops kvt__kv_ops;
 extern const kvt_cache_ops kvt__rotating_ops;
 extern const kvt_cache_ops kvt__recurrent_ops;
 extern const kvt_cache_ops kvt__qkv_ops;
+extern const kvt_cache_ops kvt__qkvc_ops;
 
 /** kv_dim of a rotating cache (c must be one). */
 int32_t kvt__rotating_kv_dim(const kvt_cache *c);
@@ -25,6 +26,11 @@ int32_t kvt__qkv_kv_dim(const kvt_cache *c);
 int32_t kvt__qkv_block_tokens(const kvt_cache *c);
 /** kvt_kv_block_rows of a qkv cache (c must be one; out not NULL). */
 int kvt__qkv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
+/** kv_dim, block_tokens and kvt_kv_block_rows of a qkvc cache (c must be
+ * one; out not NULL). */
+int32_t kvt__qkvc_kv_dim(const kvt_cache *c);
+int32_t kvt__qkvc_block_tokens(const kvt_cache *c);
+int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
 /** kvt_kv_dtype of a rotating cache (c must be one). */
 kvt_dtype kvt__rotating_dtype(const kvt_cache *c);
 

@@ -431,6 +431,8 @@ KVT_API int kvt_kv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *ou
         return kvt__fail(KVT_EINVAL, "kvt_kv_block_rows: out is NULL");
     if (c && c->ops == &kvt__qkv_ops)
         return kvt__qkv_block_rows(c, index, out);
+    if (c && c->ops == &kvt__qkvc_ops)
+        return kvt__qkvc_block_rows(c, index, out);
     if (!c || c->ops != &kvt__kv_ops)
         return kvt__fail(KVT_EINVAL, "kvt_kv_block_rows: not a kv or qkv cache");
     const kv_cache *kv = (const kv_cache *)c;
@@ -453,6 +455,8 @@ KVT_API kvt_dtype kvt_kv_dtype(const kvt_cache *c)
         return ((const kv_cache *)c)->dtype;
     if (c && c->ops == &kvt__qkv_ops)
         return KVT_DTYPE_I8;
+    if (c && c->ops == &kvt__qkvc_ops)
+        return KVT_DTYPE_U8;
     if (c && c->ops == &kvt__rotating_ops)
         return kvt__rotating_dtype(c);
     return KVT_DTYPE_COUNT;
@@ -472,6 +476,8 @@ KVT_API int32_t kvt_kv_block_tokens(const kvt_cache *c)
         return ((const kv_cache *)c)->block_tokens;
     if (c && c->ops == &kvt__qkv_ops)
         return kvt__qkv_block_tokens(c);
+    if (c && c->ops == &kvt__qkvc_ops)
+        return kvt__qkvc_block_tokens(c);
     return 0;
 }
 
@@ -483,6 +489,8 @@ KVT_API int32_t kvt_kv_dim(const kvt_cache *c)
         return kvt__rotating_kv_dim(c);
     if (c && c->ops == &kvt__qkv_ops)
         return kvt__qkv_kv_dim(c);
+    if (c && c->ops == &kvt__qkvc_ops)
+        return kvt__qkvc_kv_dim(c);
     return 0;
 }
 

@@ -135,6 +135,11 @@ KVT_API int kvt_service_layer_of(const kvt_cache *c, kvt_service_layer *out)
         *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN,
                                    .bytes_per_token = 2 * (size_t)p[0] + 2 * (size_t)(p[0] / p[2]) * 4,
                                    .block_tokens = (int32_t)p[1]};
+    } else if (!strcmp(st.kind, "qkvc") && st.n_params >= 2 && p[1] > 0) {
+        /* codes and each block's per-channel scales; the f32 open block is fixed */
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN,
+                                   .bytes_per_token = 2 * (size_t)p[0] + (16 * (size_t)p[0] + (size_t)p[1] - 1) / (size_t)p[1],
+                                   .block_tokens = (int32_t)p[1], .fixed_bytes = 8 * (size_t)p[0] * (size_t)p[1]};
     } else if (!strcmp(st.kind, "rotating") && st.n_params >= 2) {
         *out = (kvt_service_layer){.growth = KVT_GROWTH_WINDOW, .bytes_per_token = 2 * (size_t)p[0] * 4,
                                    .window = (int32_t)p[1]};
@@ -393,6 +398,8 @@ KVT_API uint64_t kvt_service_project_bytes(const kvt_service *svc, int64_t n_tok
                 t = (n + b - 1) / b * b;
             }
             total = sat_add(total, sat_mul(t, l->bytes_per_token));
+            if (n) /* a fixed part on top (qkvc: its f32 open block) */
+                total = sat_add(total, l->fixed_bytes);
             break;
         }
         case KVT_GROWTH_WINDOW:

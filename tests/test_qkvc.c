@@ -1,0 +1,406 @@
+/*
+ * test_qkvc.c: the "qkvc" kind (8-bit K/V quantized per channel over each
+ * block, the open block in f32; kvtier/cache.h) and the q8 scheme of the
+ * engine that stores attention K/V in it:
+ *  - the seal rule: a full block stays f32 until a token of the next block
+ *    comes; sealed values are within half a step of the input, each
+ *    channel's minimum exact; the range is [sealed tokens, offset];
+ *  - the same rows appended in any pieces give the same bytes;
+ *  - clones share and copy the open block on write;
+ *  - encode / decode: round trip, zero-copy for sealed blocks that cover
+ *    their buffers, a decoded cache continues exactly as the original;
+ *  - refusals: another byte layout (named in the error), non-finite or
+ *    negative scales, an inconsistent offset; an old q8 state (the per-token
+ *    "qkv" kind) lives under another config fingerprint, so it is never served
+ *    to a q8 model;
+ *  - the engine: a q8 prefill in one call equals the same prompt prefilled
+ *    block by block, bit for bit (a chunk never crosses a block boundary, so
+ *    queries read their own block in f32 however the prompt was split).
+ * Randomized: prints and accepts its seed (KVT_TEST_SEED).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "kvtier/cache.h"
+#include "kvtier/common.h"
+#include "kvtier/store.h"
+#include "model.h"
+#include "test_seed.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint64_t g_seed;
+
+static float rnd(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+#define D 6
+#define B 4
+#define N 11
+
+/* N rows of K and of V (N, D): channel c scaled by (c + 1)^2 so the
+ * channels' ranges differ as K's do. */
+static void rows(uint64_t seed, float *k, float *v)
+{
+    uint64_t s = seed;
+    for (int t = 0; t < N; t++)
+        for (int c = 0; c < D; c++) {
+            k[t * D + c] = rnd(&s) * (float)((c + 1) * (c + 1));
+            v[t * D + c] = rnd(&s) + (float)c;
+        }
+}
+
+static void append(kvt_cache *c, const float *k, const float *v, int t0, int n)
+{
+    const void *in[2] = {k + (size_t)t0 * D, v + (size_t)t0 * D};
+    assert_int_equal(kvt_cache_append(c, n, in), 0);
+}
+
+static void range_is(const kvt_cache *c, int64_t lo, int64_t hi)
+{
+    int64_t a = -1, b = -1;
+    kvt_cache_range(c, &a, &b);
+    assert_int_equal(a, lo);
+    assert_int_equal(b, hi);
+}
+
+/* Block `blk` of c holds rows [blk * B, ..) of k / v: f32 exactly when open,
+ * within half a step (and each channel's minimum exactly) when sealed. */
+static void check_block(const kvt_cache *c, int blk, const float *k, const float *v, int sealed)
+{
+    kvt_kv_rows r;
+    assert_int_equal(kvt_kv_block_rows(c, blk, &r), 0);
+    assert_int_equal(r.dtype, sealed ? KVT_DTYPE_U8 : KVT_DTYPE_F32);
+    for (int h = 0; h < 2; h++) {
+        const float *x = (h ? v : k) + (size_t)blk * B * D;
+        if (!sealed) {
+            assert_memory_equal(h ? r.v : r.k, x, sizeof(float) * (size_t)r.n * D);
+            continue;
+        }
+        assert_int_equal(r.n, B);
+        const uint8_t *q = h ? r.v : r.k;
+        const float *mn = h ? r.v_min : r.k_min, *st = h ? r.v_scale : r.k_scale;
+        for (int ch = 0; ch < D; ch++) {
+            float lo = INFINITY, hi = -INFINITY;
+            for (int t = 0; t < B; t++)
+                lo = fminf(lo, x[t * D + ch]), hi = fmaxf(hi, x[t * D + ch]);
+            assert_true(mn[ch] == lo);
+            assert_true(st[ch] == (hi - lo) / 255.0f);
+            for (int t = 0; t < B; t++) {
+                float got = fmaf((float)q[t * D + ch], st[ch], mn[ch]), want = x[t * D + ch];
+                if (!(fabsf(got - want) <= 0.5f * st[ch] * 1.001f + 1e-6f * fabsf(want) + 1e-7f))
+                    fail_msg("block %d %s row %d channel %d: %g for %g (step %g)", blk, h ? "V" : "K", t, ch, got,
+                             want, st[ch]);
+                if (want == lo)
+                    assert_true(got == lo);
+            }
+        }
+    }
+}
+
+static void test_seal_rule(void **state)
+{
+    (void)state;
+    float k[N * D], v[N * D];
+    rows(g_seed, k, v);
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_qkvc_create(0, B, &c), KVT_EINVAL);
+    assert_int_equal(kvt_qkvc_create(D, 0, &c), KVT_EINVAL);
+    assert_int_equal(kvt_qkvc_create(D, B, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_qkvc_create(D, B, &c), 0);
+    assert_string_equal(kvt_cache_kind(c), "qkvc");
+    assert_int_equal(kvt_kv_dtype(c), KVT_DTYPE_U8);
+    assert_int_equal(kvt_kv_dim(c), D);
+    assert_int_equal(kvt_kv_block_tokens(c), B);
+    append(c, k, v, 0, B); /* a full block, still open */
+    range_is(c, 0, B);
+    assert_int_equal(kvt_kv_block_count(c), 1);
+    check_block(c, 0, k, v, 0);
+    append(c, k, v, B, 1); /* a token of the next block seals it */
+    range_is(c, B, B + 1);
+    assert_int_equal(kvt_kv_block_count(c), 2);
+    check_block(c, 0, k, v, 1);
+    check_block(c, 1, k, v, 0);
+    kvt_kv_rows r;
+    assert_int_equal(kvt_kv_block_rows(c, 2, &r), KVT_ERANGE);
+    assert_int_equal(kvt_cache_trim(c, B - 1), KVT_ERANGE); /* inside a sealed block */
+    assert_non_null(strstr(kvt_last_error(), "range [4, 5]"));
+    assert_int_equal(kvt_cache_trim(c, B), 0); /* the block boundary: the open block is empty */
+    range_is(c, B, B);
+    assert_int_equal(kvt_kv_block_count(c), 1);
+    assert_int_equal(kvt_kv_block_rows(c, 1, &r), KVT_ERANGE);
+    append(c, k, v, B, N - B);
+    range_is(c, 2 * B, N);
+    for (int b = 0; b < 2; b++)
+        check_block(c, b, k, v, 1);
+    check_block(c, 2, k, v, 0);
+    kvt_cache_destroy(c);
+}
+
+/* Every tensor of two states is equal, name, shape and bytes. */
+static void states_equal(const kvt_cache_state *a, const kvt_cache_state *b)
+{
+    assert_string_equal(a->kind, b->kind);
+    assert_int_equal(a->offset, b->offset);
+    assert_int_equal(a->min_offset, b->min_offset);
+    assert_int_equal(a->n_params, b->n_params);
+    assert_memory_equal(a->params, b->params, sizeof(int64_t) * (size_t)a->n_params);
+    assert_int_equal(a->n_tensors, b->n_tensors);
+    for (int32_t i = 0; i < a->n_tensors; i++) {
+        assert_string_equal(a->tensors[i].name, b->tensors[i].name);
+        assert_int_equal(a->tensors[i].dtype, b->tensors[i].dtype);
+        assert_int_equal(a->tensors[i].bytes, b->tensors[i].bytes);
+        assert_int_equal(a->tensors[i].tok_begin, b->tensors[i].tok_begin);
+        assert_memory_equal(a->tensors[i].data, b->tensors[i].data, a->tensors[i].bytes);
+    }
+}
+
+static void test_pieces_equal(void **state)
+{
+    (void)state;
+    float k[N * D], v[N * D];
+    rows(g_seed + 1, k, v);
+    kvt_cache *one = NULL, *each = NULL, *mix = NULL;
+    assert_int_equal(kvt_qkvc_create(D, B, &one), 0);
+    assert_int_equal(kvt_qkvc_create(D, B, &each), 0);
+    assert_int_equal(kvt_qkvc_create(D, B, &mix), 0);
+    append(one, k, v, 0, N);
+    for (int t = 0; t < N; t++)
+        append(each, k, v, t, 1);
+    append(mix, k, v, 0, 3), append(mix, k, v, 3, 5), append(mix, k, v, 8, 3);
+    kvt_cache_state s1, s2, s3;
+    assert_int_equal(kvt_cache_encode(one, &s1), 0);
+    assert_int_equal(kvt_cache_encode(each, &s2), 0);
+    assert_int_equal(kvt_cache_encode(mix, &s3), 0);
+    assert_int_equal(s1.n_tensors, 2 * 2 + 1); /* two sealed blocks, the open one of 3 rows */
+    assert_int_equal(s1.min_offset, 2 * B);
+    states_equal(&s1, &s2);
+    states_equal(&s1, &s3);
+    kvt_cache_state_clear(&s1), kvt_cache_state_clear(&s2), kvt_cache_state_clear(&s3);
+    kvt_cache_destroy(one), kvt_cache_destroy(each), kvt_cache_destroy(mix);
+}
+
+static void test_clone_copy_on_write(void **state)
+{
+    (void)state;
+    float k[N * D], v[N * D];
+    rows(g_seed + 2, k, v);
+    kvt_cache *c = NULL, *x = NULL;
+    assert_int_equal(kvt_qkvc_create(D, B, &c), 0);
+    append(c, k, v, 0, 6);
+    kvt_kv_rows r0;
+    assert_int_equal(kvt_kv_block_rows(c, 0, &r0), 0);
+    assert_int_equal(kvt_cache_clone(c, &x), 0);
+    uint64_t copied = kvt_buf_bytes_copied();
+    append(x, k, v, 6, 3); /* copies the shared open block's 2 rows, then seals it */
+    assert_int_equal(kvt_buf_bytes_copied() - copied, 2 * 2 * D * sizeof(float));
+    range_is(x, 2 * B, 9);
+    range_is(c, B, 6);
+    kvt_kv_rows r1;
+    assert_int_equal(kvt_kv_block_rows(x, 0, &r1), 0);
+    assert_ptr_equal(r1.k, r0.k); /* the sealed block is shared */
+    check_block(c, 1, k, v, 0); /* the original's open block is unchanged */
+    check_block(x, 1, k, v, 1);
+    kvt_cache_destroy(c);
+    check_block(x, 0, k, v, 1);
+    kvt_cache_destroy(x);
+}
+
+static void test_encode_decode(void **state)
+{
+    (void)state;
+    float k[N * D], v[N * D];
+    rows(g_seed + 3, k, v);
+    static const int held[2] = {2 * B, 2 * B + 2}; /* a full open block (not sealed yet), a partial one */
+    for (int h = 0; h < 2; h++) {
+        kvt_cache *c = NULL, *r = NULL;
+        assert_int_equal(kvt_qkvc_create(D, B, &c), 0);
+        append(c, k, v, 0, held[h]);
+        int64_t n = kvt_cache_offset(c);
+        kvt_cache_state st;
+        assert_int_equal(kvt_cache_encode(c, &st), 0);
+        assert_int_equal(st.n_params, 3);
+        assert_int_equal(st.params[2], 1); /* the byte layout */
+        assert_string_equal(st.tensors[0].name, "blk0.q");
+        assert_int_equal(st.tensors[0].dtype, KVT_DTYPE_U8);
+        assert_int_equal(st.tensors[0].tok_begin, 0);
+        assert_int_equal(st.tensors[0].tok_end, B);
+        assert_string_equal(st.tensors[1].name, "blk0.s");
+        assert_int_equal(st.tensors[1].bytes, 4 * D * sizeof(float));
+        const kvt_tensor *tail = &st.tensors[st.n_tensors - 1];
+        assert_string_equal(tail->name, "tail");
+        assert_int_equal(tail->tok_begin, -1);
+        assert_int_equal(tail->shape[1], n - (st.n_tensors / 2) * B);
+        uint64_t copied = kvt_buf_bytes_copied();
+        assert_int_equal(kvt_cache_decode(&st, &r), 0);
+        /* sealed blocks adopted, not copied; a partial open block is copied into a block-sized buffer */
+        assert_int_equal(kvt_buf_bytes_copied() - copied, tail->shape[1] < B ? tail->bytes : 0);
+        kvt_kv_rows a, b;
+        assert_int_equal(kvt_kv_block_rows(r, 0, &a), 0);
+        assert_ptr_equal(a.k, st.tensors[0].data);
+        kvt_cache_state st2;
+        assert_int_equal(kvt_cache_encode(r, &st2), 0);
+        states_equal(&st, &st2);
+        kvt_cache_state_clear(&st2);
+        kvt_cache_state_clear(&st);
+        /* both continue the same way */
+        append(c, k, v, (int)n, N - (int)n);
+        append(r, k, v, (int)n, N - (int)n);
+        assert_int_equal(kvt_cache_encode(c, &st), 0);
+        assert_int_equal(kvt_cache_encode(r, &st2), 0);
+        states_equal(&st, &st2);
+        kvt_cache_state_clear(&st2);
+        kvt_cache_state_clear(&st);
+        assert_int_equal(kvt_kv_block_rows(r, 1, &b), 0);
+        assert_int_equal(b.dtype, KVT_DTYPE_U8);
+        kvt_cache_destroy(c);
+        kvt_cache_destroy(r);
+    }
+}
+
+/* Decodes st after `edit` changed it; expects KVT_EFORMAT naming `what`. */
+static void refused(kvt_cache_state *st, const char *what)
+{
+    kvt_cache *r = NULL;
+    assert_int_equal(kvt_cache_decode(st, &r), KVT_EFORMAT);
+    assert_null(r);
+    if (!strstr(kvt_last_error(), what))
+        fail_msg("error \"%s\" does not name \"%s\"", kvt_last_error(), what);
+}
+
+static void test_refusals(void **state)
+{
+    (void)state;
+    float k[N * D], v[N * D];
+    rows(g_seed + 4, k, v);
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_qkvc_create(D, B, &c), 0);
+    append(c, k, v, 0, N);
+    kvt_cache_state st;
+    assert_int_equal(kvt_cache_encode(c, &st), 0);
+    st.params[2] = 2;
+    refused(&st, "byte layout 2 is not one this build reads (layout 1)");
+    st.params[2] = 1;
+    st.min_offset = 0;
+    refused(&st, "min_offset 0");
+    st.min_offset = 2 * B;
+    st.offset = 3 * B + 1;
+    refused(&st, "offset 13");
+    st.offset = N;
+    float *sc = (float *)(void *)st.tensors[3].data; /* blk1.s: the encoding lends the cache's buffer */
+    float keep = sc[D + 1];
+    sc[D + 1] = -1.0f; /* a K step below 0 */
+    refused(&st, "blk1.s");
+    sc[D + 1] = NAN;
+    refused(&st, "not finite");
+    sc[D + 1] = keep;
+    float keep_min = sc[2 * D];
+    sc[2 * D] = INFINITY; /* a V minimum */
+    refused(&st, "not finite");
+    sc[2 * D] = keep_min;
+    kvt_cache *ok = NULL;
+    assert_int_equal(kvt_cache_decode(&st, &ok), 0);
+    kvt_cache_destroy(ok);
+    kvt_cache_state_clear(&st);
+    kvt_cache_destroy(c);
+    /* an old q8 state (per-token scales, kind "qkv") under the qkvc name is refused */
+    kvt_cache *old = NULL;
+    assert_int_equal(kvt_qkv_create(D, 3, B, &old), 0);
+    append(old, k, v, 0, N);
+    assert_int_equal(kvt_cache_encode(old, &st), 0);
+    snprintf(st.kind, sizeof st.kind, "qkvc");
+    refused(&st, "byte layout 3");
+    kvt_cache_state_clear(&st);
+    kvt_cache_destroy(old);
+}
+
+/* The config fingerprint of old q8 caches (qkv) differs from the q8 caches
+ * the engine makes now (qkvc): their shards sit in another identity
+ * directory and are never served. */
+static void test_old_q8_identity(void **state)
+{
+    (void)state;
+    kvt_cache *a = NULL, *b = NULL;
+    assert_int_equal(kvt_qkv_create(32, 16, 256, &a), 0);
+    assert_int_equal(kvt_qkvc_create(32, 256, &b), 0);
+    char fa[KVT_STORE_FINGERPRINT_LEN], fb[KVT_STORE_FINGERPRINT_LEN];
+    assert_int_equal(kvt_store_config_fingerprint(&a, 1, fa), 0);
+    assert_int_equal(kvt_store_config_fingerprint(&b, 1, fb), 0);
+    assert_string_not_equal(fa, fb);
+    kvt_cache_destroy(a);
+    kvt_cache_destroy(b);
+}
+
+/* A q8 prefill of 40 tokens in one call equals the same tokens prefilled in
+ * pieces that each stay inside one block of 16, bit for bit: logits and
+ * every layer's state. */
+static void test_engine_split_at_blocks(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvt_test_qkvc_XXXXXX", path[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/m.bin", dir);
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 64, p.hidden_dim = 96, p.n_layers = 2, p.n_heads = 4, p.n_kv_heads = 2, p.vocab_size = 50;
+    p.seq_len = 64, p.seed = 9;
+    assert_int_equal(kvt_model_synth(&p, path), 0);
+    kvt_model *m = NULL;
+    assert_int_equal(kvt_model_load(path, &m), 0);
+    assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_Q8), 0);
+    int32_t tok[40];
+    uint64_t s = g_seed;
+    for (int i = 0; i < 40; i++)
+        tok[i] = 1 + (int32_t)((rnd(&s) + 1.0f) * 24.0f) % 49;
+    kvt_cache *one[2], *pieces[2];
+    float l1[50], l2[50];
+    assert_int_equal(kvt_model_new_caches(m, 16, one), 0);
+    assert_int_equal(kvt_model_new_caches(m, 16, pieces), 0);
+    assert_string_equal(kvt_cache_kind(one[0]), "qkvc");
+    assert_int_equal(kvt_model_prefill(m, one, tok, 40, l1), 0);
+    assert_int_equal(kvt_model_prefill(m, pieces, tok, 16, NULL), 0);
+    assert_int_equal(kvt_model_prefill(m, pieces, tok + 16, 16, NULL), 0);
+    assert_int_equal(kvt_model_prefill(m, pieces, tok + 32, 8, l2), 0);
+    assert_memory_equal(l1, l2, sizeof l1);
+    for (int l = 0; l < 2; l++) {
+        kvt_cache_state a, b;
+        assert_int_equal(kvt_cache_encode(one[l], &a), 0);
+        assert_int_equal(kvt_cache_encode(pieces[l], &b), 0);
+        states_equal(&a, &b);
+        kvt_cache_state_clear(&a);
+        kvt_cache_state_clear(&b);
+    }
+    kvt_caches_destroy(one, 2);
+    kvt_caches_destroy(pieces, 2);
+    kvt_model_free(m);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void)
+{
+    g_seed = test_seed("test_qkvc");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_seal_rule),
+        cmocka_unit_test(test_pieces_equal),
+        cmocka_unit_test(test_clone_copy_on_write),
+        cmocka_unit_test(test_encode_decode),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_old_q8_identity),
+        cmocka_unit_test(test_engine_split_at_blocks),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
