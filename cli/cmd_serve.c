@@ -27,7 +27,7 @@ static void usage(FILE *f)
             "                     [--demote-idle MS] [--checkpoint-every N]] [--prompt-cache-dir DIR ...]\n"
             "                    [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]\n"
             "                     [--redis-restore-timeout MS]]\n"
-            "                    [--max-queue N] [--max-running N]\n"
+            "                    [--max-queue N] [--max-running N] [--prefill-chunk N]\n"
             "                    [--max-body BYTES] [--api-key KEY] [--shutdown-timeout MS]\n"
             "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
             "                    [--kv-dtype f32|f16|bf16|q8]\n"
@@ -104,6 +104,10 @@ static void usage(FILE *f)
             "  --max-queue N         requests waiting for admission at most (default 64); then 429\n"
             "                        with Retry-After\n"
             "  --max-running N       requests admitted at once at most (default 64)\n"
+            "  --prefill-chunk N     prompt tokens one engine step runs at most, beside the decode\n"
+            "                        of the running streams (1 to 256, default 256): a smaller\n"
+            "                        bound shortens the stall a long prompt puts on them; replies\n"
+            "                        do not depend on it\n"
             "  --max-body BYTES      request body size limit (default 1M); larger gets 413\n"
             "  --api-key KEY         require 'Authorization: Bearer KEY' on every endpoint but\n"
             "                        /health and the /dashboard page's own files (401 otherwise);\n"
@@ -166,7 +170,7 @@ int kvt_cmd_serve(int argc, char **argv)
     kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
     long long redis_timeout = 0, redis_ttl = 0, redis_restore = 0;
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
-              max_conn = 256, threads = 0, ckpt_every = 0, live_blocks = 0;
+              max_conn = 256, threads = 0, ckpt_every = 0, live_blocks = 0, prefill_chunk = 0;
     uint64_t max_body = 1 << 20;
     const char *pub_dirs[7];
     int n_pub = 0;
@@ -189,7 +193,7 @@ int kvt_cmd_serve(int argc, char **argv)
         }
         static const char *const with_value[] = {
             "--model", "--tokenizer", "--model-name", "--host", "--port", "--prompt-cache", "--kv-budget",
-            "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--max-body",
+            "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--prefill-chunk", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
             "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", "--checkpoint-every",
             "--redis-restore-timeout", "--pool-ram", "--pool-kv", "--pool-disk", "--live-cache-blocks",
@@ -250,6 +254,8 @@ int kvt_cmd_serve(int argc, char **argv)
             rc = parse_int(a, v, 0, 1 << 20, &max_queue);
         else if (!strcmp(a, "--max-running"))
             rc = parse_int(a, v, 1, 4096, &max_running);
+        else if (!strcmp(a, "--prefill-chunk"))
+            rc = parse_int(a, v, 1, 256, &prefill_chunk);
         else if (!strcmp(a, "--shutdown-timeout"))
             rc = parse_int(a, v, 0, LLONG_MAX / 2, &shutdown_ms);
         else if (!strcmp(a, "--demote-idle"))
@@ -341,6 +347,7 @@ int kvt_cmd_serve(int argc, char **argv)
     o.port = (int)port;
     o.max_queue = max_queue;
     o.max_running = max_running;
+    o.prefill_chunk = prefill_chunk;
     o.max_body = max_body;
     o.demote_idle_ms = (uint64_t)demote;
     o.conn_timeout_s = (unsigned)conn_timeout;

@@ -208,7 +208,7 @@ static void rope_apply(float *vec, int n, int hs, const float *fcos, const float
 /* ---- attention ---------------------------------------------------------- */
 
 /* One query head of a decode token (the one query at the end of its context)
- * over ctx keys held in n_segs segments (K/V in the cache's storage scheme,
+ * over the first ctx keys held in n_segs segments (K/V in the cache's storage scheme,
  * converted on the fly by the kernels): scores into S (ctx floats), softmax,
  * then the weighted sum of the values into out (head_size floats). koff is
  * the head's kv head offset within a kv row. Used by decode and by prefill's
@@ -219,16 +219,23 @@ static void decode_head(const kvt_model_config *c, const kvt_kv_rows *segs, int 
     int hs = c->head_size;
     size_t kv = (size_t)c->kv_dim;
     float scale = 1.0f / sqrtf((float)hs);
+    /* the first ctx rows of the segments: a prompt row of a batched pass
+     * reads the same keys its decode would, though later rows are in the
+     * cache already */
     int base = 0;
-    for (int s = 0; s < n_segs; s++) {
-        kvt__attn_scores_rows(S + base, q, &segs[s], koff, kv, hs, scale);
-        base += segs[s].n;
+    for (int s = 0; s < n_segs && base < ctx; s++) {
+        kvt_kv_rows g = segs[s];
+        g.n = KVT__MIN(g.n, ctx - base);
+        kvt__attn_scores_rows(S + base, q, &g, koff, kv, hs, scale);
+        base += g.n;
     }
     kvt__softmax(S, ctx);
     base = 0;
-    for (int s = 0; s < n_segs; s++) {
-        kvt__attn_values_rows(out, S + base, &segs[s], koff, kv, hs, s > 0);
-        base += segs[s].n;
+    for (int s = 0; s < n_segs && base < ctx; s++) {
+        kvt_kv_rows g = segs[s];
+        g.n = KVT__MIN(g.n, ctx - base);
+        kvt__attn_values_rows(out, S + base, &g, koff, kv, hs, s > 0);
+        base += g.n;
     }
 }
 
@@ -414,11 +421,15 @@ static void win_part(void *vj, int part, int n_parts)
             const kvt_kv_rows *g = &j->segs[s];
             int64_t blk = j->first + s;
             int base = (int)(blk * j->B), ld;
-            if (j->T == 1) {
+            if (j->T == 1) { /* the first ctx keys (a prompt row of a batched pass sees no later row) */
+                kvt_kv_rows gt = *g;
+                gt.n = (int32_t)KVT__MIN((int64_t)gt.n, j->ctx - base);
+                if (gt.n <= 0)
+                    continue;
                 if (j->pass == WIN_SCORES)
-                    kvt__attn_scores_rows(S + base, qh, g, koff, (size_t)kv, hs, scale);
+                    kvt__attn_scores_rows(S + base, qh, &gt, koff, (size_t)kv, hs, scale);
                 else
-                    kvt__attn_values_rows(oh, S + base, g, koff, (size_t)kv, hs, blk > 0);
+                    kvt__attn_values_rows(oh, S + base, &gt, koff, (size_t)kv, hs, blk > 0);
                 continue;
             }
             int t0 = base > j->p0 ? (int)(base - j->p0) : 0;
@@ -712,15 +723,15 @@ KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *t
     return 0;
 }
 
-/* ---- decode: one token for each of n sequences ------------------------------ */
+/* ---- batched passes: decode rows and prompt rows of several sequences ---------- */
 
-/* Grows the per-sequence arrays of a batched decode to n sequences. */
+/* Grows the per-sequence arrays of a batched pass to n sequences. */
 static int ensure_decode(kvt_model *m, size_t n)
 {
     if (n <= m->dec_cap)
         return 0;
-    size_t L = (size_t)m->cfg.n_layers;
-    size_t bytes = n * (2 * sizeof(int64_t) + sizeof(int32_t) + L * sizeof(void *)) + sizeof(int32_t);
+    size_t L = (size_t)m->cfg.n_layers, R = KVT_MODEL_CHUNK;
+    size_t bytes = n * (L * sizeof(void *) + sizeof(int64_t)) + R * (sizeof(int64_t) + 3 * sizeof(int32_t));
     void *p = kvt__malloc(bytes);
     if (!p)
         return kvt__fail(KVT_ENOMEM, "%s: out of memory for %zu bytes of batched-decode scratch", m->path, bytes);
@@ -729,7 +740,9 @@ static int ensure_decode(kvt_model *m, size_t n)
     m->dec_ptrs = p;
     m->dec_pos = (int64_t *)(void *)(m->dec_ptrs + n * L);
     m->dec_ctx = m->dec_pos + n;
-    m->dec_seg0 = (int32_t *)(void *)(m->dec_ctx + n);
+    m->dec_seg0 = (int32_t *)(void *)(m->dec_ctx + R);
+    m->dec_nseg = m->dec_seg0 + R;
+    m->dec_row = m->dec_nseg + R;
     m->dec_cap = n;
     return 0;
 }
@@ -740,168 +753,276 @@ static int cmp_ptr(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Attention of the n decode tokens, one job per (sequence, head). */
+/* Attention of n_rows rows, one job per (row, head): row r reads query row
+ * dec_row[r] of s.q over the first dec_ctx[r] keys of segments
+ * segs[dec_seg0[r] .. + dec_nseg[r]) and writes that row of s.att. */
 typedef struct {
     kvt_model *m;
-    int n;
-    const int32_t *seg0;  /* sequence i reads m->segs[seg0[i] .. seg0[i + 1]) */
-    const int64_t *ctx;   /* (n) keys each sequence attends to */
-    size_t stride;        /* floats of scores per part */
+    int n_rows;
+    size_t stride; /* floats of scores per part */
 } dec_attn_job;
 
 static void dec_attn_part(void *vj, int part, int n_parts)
 {
     const dec_attn_job *j = vj;
-    const kvt_model_config *c = &j->m->cfg;
+    kvt_model *m = j->m;
+    const kvt_model_config *c = &m->cfg;
     int H = c->n_heads, hs = c->head_size, kv_mul = c->n_heads / c->n_kv_heads;
-    int jobs = j->n * H, j0 = (int)((int64_t)jobs * part / n_parts), j1 = (int)((int64_t)jobs * (part + 1) / n_parts);
-    float *S = j->m->s.scores + (size_t)part * j->stride;
+    int jobs = j->n_rows * H, j0 = (int)((int64_t)jobs * part / n_parts),
+        j1 = (int)((int64_t)jobs * (part + 1) / n_parts);
+    float *S = m->s.scores + (size_t)part * j->stride;
     for (int idx = j0; idx < j1; idx++) {
-        int i = idx / H, h = idx % H;
-        size_t row = (size_t)i * c->dim + (size_t)h * hs;
-        if (j->ctx[i] == 0) /* attended through a window already */
-            continue;
-        decode_head(c, j->m->segs + j->seg0[i], j->seg0[i + 1] - j->seg0[i], (int)j->ctx[i], j->m->s.q + row,
-                    (size_t)(h / kv_mul) * hs, S, j->m->s.att + row);
+        int r = idx / H, h = idx % H;
+        size_t row = (size_t)m->dec_row[r] * c->dim + (size_t)h * hs;
+        decode_head(c, m->segs + m->dec_seg0[r], m->dec_nseg[r], (int)m->dec_ctx[r], m->s.q + row,
+                    (size_t)(h / kv_mul) * hs, S, m->s.att + row);
     }
 }
 
-/* Appends the n new K/V rows (s.k, s.v) to layer l of every sequence and
- * attends: s.att (n, dim) from s.q (n, dim). */
-static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t *pos, int l, int n)
+static int run_rows_attention(kvt_model *m, int n_rows)
 {
     const kvt_model_config *c = &m->cfg;
-    int rc, window = c->layer_kind[l] == KVT_LAYER_WINDOW;
-    size_t total = 0;
+    double macs = 0;
     int64_t max_ctx = 0;
+    for (int r = 0; r < n_rows; r++) {
+        macs += 2.0 * (double)m->dec_ctx[r] * c->dim;
+        max_ctx = KVT__MAX(max_ctx, m->dec_ctx[r]);
+    }
+    int parts = macs >= PAR_MIN_MACS ? PARTS_PER_THREAD * kvt_threads_size(m->threads) : 1;
+    if (parts > n_rows * c->n_heads)
+        parts = n_rows * c->n_heads;
+    int rc = ensure_scores(m, (size_t)max_ctx * (size_t)parts);
+    if (rc != 0)
+        return rc;
+    dec_attn_job j = {m, n_rows, (size_t)max_ctx};
+    kvt_threads_run(m->threads, dec_attn_part, &j, parts);
+    return 0;
+}
+
+/* Rows of the n sequences of a pass: sequence i has cnt(i) rows from row
+ * row0[i], at positions pos[i] ... */
+#define CNT(counts, i) ((counts) ? (counts)[i] : 1)
+
+/* Appends the new K/V rows (s.k, s.v) of layer l to every sequence and
+ * attends: s.att (rows, dim) from s.q (rows, dim). Every row attends to the
+ * keys up to and including its own, as its decode would. A window layer's
+ * ring is written and read one row of each sequence at a time (its slots
+ * are reused), a kv layer's rows are appended at once. */
+static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t *pos, const int32_t *counts,
+                         const int32_t *row0, int l, int n)
+{
+    const kvt_model_config *c = &m->cfg;
+    size_t kvd = (size_t)c->kv_dim;
+    int rc, window = c->layer_kind[l] == KVT_LAYER_WINDOW;
+    void *a = m->segs;
+    if (window) {
+        rc = ensure_array(m, &a, &m->segs_cap, (size_t)n, sizeof(kvt_kv_rows), "block pointers");
+        m->segs = a;
+        int waves = 0;
+        for (int i = 0; i < n; i++)
+            waves = KVT__MAX(waves, CNT(counts, i));
+        for (int w = 0; rc == 0 && w < waves; w++) {
+            int nr = 0;
+            for (int i = 0; rc == 0 && i < n; i++) {
+                if (CNT(counts, i) <= w)
+                    continue;
+                int r = row0[i] + w;
+                const void *in[2] = {m->s.k + (size_t)r * kvd, m->s.v + (size_t)r * kvd};
+                if ((rc = kvt_cache_append(caches[i][l], 1, in)) != 0 ||
+                    (rc = kvt_rotating_rows(caches[i][l], &m->segs[nr])) != 0)
+                    break;
+                m->dec_row[nr] = r;
+                m->dec_seg0[nr] = nr;
+                m->dec_nseg[nr] = 1;
+                m->dec_ctx[nr] = m->segs[nr].n;
+                nr++;
+            }
+            if (rc == 0)
+                rc = run_rows_attention(m, nr);
+        }
+        return rc;
+    }
+    size_t total = 0;
     for (int i = 0; i < n; i++) {
         kvt_cache *cache = caches[i][l];
-        const void *in[2] = {m->s.k + (size_t)i * c->kv_dim, m->s.v + (size_t)i * c->kv_dim};
-        if ((rc = kvt_cache_append(cache, 1, in)) != 0)
+        const void *in[2] = {m->s.k + (size_t)row0[i] * kvd, m->s.v + (size_t)row0[i] * kvd};
+        if ((rc = kvt_cache_append(cache, CNT(counts, i), in)) != 0)
             return rc;
-        int32_t B = window ? 1 : kvt_kv_block_tokens(cache);
-        int64_t ctx = pos[i] + 1;
-        total += window ? 1 : (size_t)((ctx + B - 1) / B);
+        int32_t B = kvt_kv_block_tokens(cache);
+        int64_t ctx = pos[i] + CNT(counts, i);
+        total += (size_t)((ctx + B - 1) / B);
     }
-    void *a = m->segs;
     rc = ensure_array(m, &a, &m->segs_cap, total, sizeof(kvt_kv_rows), "block pointers");
     m->segs = a;
     if (rc != 0)
         return rc;
-    /* a sequence with paged-out blocks attends alone, through a window (the
-     * same operations per head as the batch's decode_head) */
-    int windowed[KVT_MODEL_CHUNK] = {0};
-    for (int i = 0; !window && i < n; i++) {
-        rc = attn_windowed(m, caches[i][l], pos[i], 1, m->s.q + (size_t)i * c->dim, m->s.att + (size_t)i * c->dim);
-        if (rc < 0)
-            return rc;
-        windowed[i] = rc;
-    }
-    int32_t k = 0;
-    for (int i = 0; i < n; i++) {
-        kvt_cache *cache = caches[i][l];
-        m->dec_seg0[i] = k;
-        if (windowed[i]) {
-            m->dec_ctx[i] = 0;
-        } else if (window) {
-            kvt_kv_rows *g = &m->segs[k++];
-            if ((rc = kvt_rotating_rows(cache, g)) != 0)
+    /* a sequence with paged-out blocks attends alone, row by row, through a
+     * window (the same operations per head as the batch's decode_head) */
+    int windowed[KVT_MODEL_CHUNK] = {0}, pinned[KVT_MODEL_CHUNK] = {0};
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < CNT(counts, i); t++) {
+            size_t r = (size_t)(row0[i] + t);
+            rc = attn_windowed(m, caches[i][l], pos[i] + t, 1, m->s.q + r * c->dim, m->s.att + r * c->dim);
+            if (rc < 0)
                 return rc;
-            m->dec_ctx[i] = g->n;
-        } else {
-            int64_t ctx = pos[i] + 1;
-            int32_t B = kvt_kv_block_tokens(cache);
-            if ((rc = kvt_kv_pin(cache, ctx)) != 0 || (rc = kv_segs(m, cache, ctx, m->segs + k)) != 0) {
-                for (int u = 0; u <= i; u++)
-                    kvt_kv_unpin(caches[u][l]);
-                return rc;
-            }
-            k += (int32_t)((ctx + B - 1) / B);
-            m->dec_ctx[i] = ctx;
+            if (rc == 0) /* nothing paged out: it attends in the batch */
+                break;
+            windowed[i] = 1;
         }
-        max_ctx = KVT__MAX(max_ctx, m->dec_ctx[i]);
+    rc = 0;
+    int32_t k = 0;
+    int nr = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (windowed[i])
+            continue;
+        kvt_cache *cache = caches[i][l];
+        int64_t ctx = pos[i] + CNT(counts, i);
+        int32_t B = kvt_kv_block_tokens(cache), nseg = (int32_t)((ctx + B - 1) / B);
+        pinned[i] = 1;
+        if ((rc = kvt_kv_pin(cache, ctx)) != 0 || (rc = kv_segs(m, cache, ctx, m->segs + k)) != 0)
+            break;
+        for (int t = 0; t < CNT(counts, i); t++, nr++) {
+            m->dec_row[nr] = row0[i] + t;
+            m->dec_seg0[nr] = k;
+            m->dec_nseg[nr] = nseg;
+            m->dec_ctx[nr] = pos[i] + t + 1;
+        }
+        k += nseg;
     }
-    m->dec_seg0[n] = k;
-    double macs = 0;
+    if (rc == 0 && nr > 0)
+        rc = run_rows_attention(m, nr);
     for (int i = 0; i < n; i++)
-        macs += 2.0 * (double)m->dec_ctx[i] * c->dim;
-    int parts = macs >= PAR_MIN_MACS ? PARTS_PER_THREAD * kvt_threads_size(m->threads) : 1;
-    if (parts > n * c->n_heads)
-        parts = n * c->n_heads;
-    if ((rc = ensure_scores(m, (size_t)max_ctx * (size_t)parts)) != 0) {
-        for (int i = 0; i < n; i++)
+        if (pinned[i])
             kvt_kv_unpin(caches[i][l]);
-        return rc;
-    }
-    dec_attn_job j = {m, n, m->dec_seg0, m->dec_ctx, (size_t)max_ctx};
-    kvt_threads_run(m->threads, dec_attn_part, &j, parts);
-    for (int i = 0; i < n; i++)
-        kvt_kv_unpin(caches[i][l]);
-    return 0;
+    return rc;
 }
 
-/* Recurrent layer l for the n decode tokens: s.xb (n, dim) in, out (n, dim)
- * through wo left in s.xb. */
-static int dec_recurrent(kvt_model *m, kvt_cache **const *caches, int l, int n)
+/* Recurrent layer l for the rows of the n sequences: s.xb (rows, dim) in,
+ * out (rows, dim) through wo left in s.xb. A sequence's rows run its
+ * recurrence in turn; its cache receives the state after its last row. */
+static int dec_recurrent(kvt_model *m, kvt_cache **const *caches, const int32_t *counts, const int32_t *row0, int l,
+                         int n, int rows)
 {
     int d = m->cfg.dim, rc;
     float *A = m->s.q, *U = m->s.att;
-    matmul_rows(m, A, m->s.xb, m->w.rec_wa[l], n, d, d);
-    matmul_rows(m, U, m->s.xb, m->w.rec_wx[l], n, d, d);
+    matmul_rows(m, A, m->s.xb, m->w.rec_wa[l], rows, d, d);
+    matmul_rows(m, U, m->s.xb, m->w.rec_wx[l], rows, d, d);
     for (int i = 0; i < n; i++) {
         const float *h = kvt_recurrent_state(caches[i][l]);
-        float *a = A + (size_t)i * d;
-        const float *u = U + (size_t)i * d;
-        for (int j = 0; j < d; j++) {
-            float g = 1.0f / (1.0f + expf(-a[j]));
-            a[j] = g * h[j] + (1.0f - g) * u[j];
+        float *a = NULL;
+        for (int t = 0; t < CNT(counts, i); t++) {
+            a = A + (size_t)(row0[i] + t) * d;
+            const float *u = U + (size_t)(row0[i] + t) * d;
+            for (int j = 0; j < d; j++) {
+                float g = 1.0f / (1.0f + expf(-a[j]));
+                a[j] = g * h[j] + (1.0f - g) * u[j];
+            }
+            h = a;
         }
         const void *in[1] = {a};
-        if ((rc = kvt_cache_append(caches[i][l], 1, in)) != 0)
+        if ((rc = kvt_cache_append(caches[i][l], CNT(counts, i), in)) != 0)
             return rc;
     }
-    matmul_rows(m, m->s.xb, A, m->w.wo + (size_t)l * d * d, n, d, d);
+    matmul_rows(m, m->s.xb, A, m->w.wo + (size_t)l * d * d, rows, d, d);
     return 0;
 }
 
-/* n (<= KVT_MODEL_CHUNK) checked sequences at positions pos[0..n)
- * through every layer; logits (n, vocab). Row i's arithmetic depends only on
- * sequence i: every kernel works row by row. */
-static int decode_group(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *tokens, const int64_t *pos,
-                        float *logits)
+/* n checked sequences with cnt(i) new tokens each (all rows <=
+ * KVT_MODEL_CHUNK) at positions pos[i].. through every layer; logits (n,
+ * vocab) of each sequence's last row. Row r's arithmetic depends only on its
+ * own sequence's earlier tokens: every kernel works row by row, and every
+ * row attends to exactly the keys its own decode would. */
+static int decode_group(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,
+                        const int32_t *tokens, const int64_t *pos, float *logits)
 {
     const kvt_model_config *c = &m->cfg;
     const kvt__weights *w = &m->w;
     kvt__scratch *s = &m->s;
     int d = c->dim, kv = c->kv_dim, hs = c->head_size, rc;
     size_t dd = (size_t)d * d, kd = (size_t)kv * d, half = (size_t)hs / 2;
+    int32_t row0[KVT_MODEL_CHUNK + 1];
+    int R = 0;
     for (int i = 0; i < n; i++) {
-        memcpy(s->x + (size_t)i * d, w->token_embedding + (size_t)tokens[i] * d, (size_t)d * sizeof(float));
-        rope_row(hs, pos[i], s->rope_cos + i * half, s->rope_sin + i * half);
+        row0[i] = R;
+        for (int t = 0; t < CNT(counts, i); t++, R++) {
+            memcpy(s->x + (size_t)R * d, w->token_embedding + (size_t)tokens[R] * d, (size_t)d * sizeof(float));
+            rope_row(hs, pos[i] + t, s->rope_cos + R * half, s->rope_sin + R * half);
+        }
     }
     for (int l = 0; l < c->n_layers; l++) {
-        for (int i = 0; i < n; i++)
-            rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)i * d, w->rms_att + (size_t)l * d, d);
+        for (int r = 0; r < R; r++)
+            rmsnorm(s->xb + (size_t)r * d, s->x + (size_t)r * d, w->rms_att + (size_t)l * d, d);
         if (c->layer_kind[l] == KVT_LAYER_RECURRENT) {
-            if ((rc = dec_recurrent(m, caches, l, n)) != 0)
+            if ((rc = dec_recurrent(m, caches, counts, row0, l, n, R)) != 0)
                 return rc;
         } else {
-            matmul_rows(m, s->q, s->xb, w->wq + l * dd, n, d, d);
-            matmul_rows(m, s->k, s->xb, w->wk + l * kd, n, d, kv);
-            matmul_rows(m, s->v, s->xb, w->wv + l * kd, n, d, kv);
-            for (int i = 0; i < n; i++) {
-                rope_apply(s->q + (size_t)i * d, d, hs, s->rope_cos + i * half, s->rope_sin + i * half);
-                rope_apply(s->k + (size_t)i * kv, kv, hs, s->rope_cos + i * half, s->rope_sin + i * half);
+            matmul_rows(m, s->q, s->xb, w->wq + l * dd, R, d, d);
+            matmul_rows(m, s->k, s->xb, w->wk + l * kd, R, d, kv);
+            matmul_rows(m, s->v, s->xb, w->wv + l * kd, R, d, kv);
+            for (int r = 0; r < R; r++) {
+                rope_apply(s->q + (size_t)r * d, d, hs, s->rope_cos + r * half, s->rope_sin + r * half);
+                rope_apply(s->k + (size_t)r * kv, kv, hs, s->rope_cos + r * half, s->rope_sin + r * half);
             }
-            if ((rc = dec_attention(m, caches, pos, l, n)) != 0)
+            if ((rc = dec_attention(m, caches, pos, counts, row0, l, n)) != 0)
                 return rc;
-            matmul_rows(m, s->xb, s->att, w->wo + l * dd, n, d, d);
+            matmul_rows(m, s->xb, s->att, w->wo + l * dd, R, d, d);
         }
-        ffn_residual(m, l, n, 1);
+        ffn_residual(m, l, R, 1);
     }
     for (int i = 0; i < n; i++)
-        rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)i * d, w->rms_final, d);
+        rmsnorm(s->xb + (size_t)i * d, s->x + (size_t)(row0[i] + CNT(counts, i) - 1) * d, w->rms_final, d);
     matmul_rows(m, logits, s->xb, w->wcls, n, d, c->vocab_size);
+    return 0;
+}
+
+/* Checks every sequence, then runs them in groups of at most
+ * KVT_MODEL_CHUNK rows. counts NULL: one token each. */
+static int forward_rows(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,
+                        const int32_t *tokens, float *logits)
+{
+    int rc = ensure_decode(m, (size_t)n);
+    if (rc != 0)
+        return rc;
+    size_t L = (size_t)m->cfg.n_layers;
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        int32_t k = CNT(counts, i);
+        if (k < 1 || k > KVT_MODEL_CHUNK)
+            return kvt__fail(KVT_EINVAL, "%s: batched pass, sequence %d: %d tokens; need 1 to %d", m->path, i,
+                             (int)k, KVT_MODEL_CHUNK);
+        if ((rc = check_args(m, caches[i], tokens + at, k, &m->dec_pos[i])) != 0) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", kvt_last_error());
+            return n == 1 ? rc : kvt__fail(rc, "batched decode, sequence %d: %s", i, why);
+        }
+        int64_t seal = k > 1 ? sealing_block(m, caches[i]) : 0;
+        if (seal && m->dec_pos[i] % seal + k > seal) /* its earlier rows would read a sealed block */
+            return kvt__fail(KVT_EINVAL, "%s: batched pass, sequence %d: %d tokens from position %lld cross a "
+                             "block boundary of its 8-bit cache (at most %lld: kvt_model_pass_rows)", m->path, i,
+                             (int)k, (long long)m->dec_pos[i], (long long)(seal - m->dec_pos[i] % seal));
+        memcpy(m->dec_ptrs + (size_t)i * L, caches[i], L * sizeof(void *));
+        at += k;
+    }
+    if (n > 1) { /* a cache in two sequences would get two tokens */
+        qsort(m->dec_ptrs, (size_t)n * L, sizeof(void *), cmp_ptr);
+        for (size_t i = 1; i < (size_t)n * L; i++)
+            if (m->dec_ptrs[i] == m->dec_ptrs[i - 1])
+                return kvt__fail(KVT_EINVAL, "%s: batched decode: one cache is passed in two sequences", m->path);
+    }
+    size_t V = (size_t)m->cfg.vocab_size;
+    at = 0;
+    for (int i = 0; i < n;) {
+        int g = 0, rows = 0;
+        while (i + g < n && rows + CNT(counts, i + g) <= KVT_MODEL_CHUNK) {
+            rows += CNT(counts, i + g);
+            g++;
+        }
+        if ((rc = decode_group(m, g, caches + i, counts ? counts + i : NULL, tokens + at, m->dec_pos + i,
+                               logits + (size_t)i * V)) != 0)
+            return rc;
+        i += g;
+        at += rows;
+    }
     return 0;
 }
 
@@ -913,31 +1034,28 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
                          !m ? "model" : !caches ? "caches" : !tokens ? "tokens" : "logits");
     if (n < 1)
         return kvt__fail(KVT_EINVAL, "%s: batched decode of %d sequences; need at least 1", m->path, n);
-    int rc = ensure_decode(m, (size_t)n);
-    if (rc != 0)
-        return rc;
-    size_t L = (size_t)m->cfg.n_layers;
-    for (int i = 0; i < n; i++) {
-        if ((rc = check_args(m, caches[i], tokens + i, 1, &m->dec_pos[i])) != 0) {
-            char why[512];
-            snprintf(why, sizeof why, "%s", kvt_last_error());
-            return n == 1 ? rc : kvt__fail(rc, "batched decode, sequence %d: %s", i, why);
-        }
-        memcpy(m->dec_ptrs + (size_t)i * L, caches[i], L * sizeof(void *));
-    }
-    if (n > 1) { /* a cache in two sequences would get two tokens */
-        qsort(m->dec_ptrs, (size_t)n * L, sizeof(void *), cmp_ptr);
-        for (size_t i = 1; i < (size_t)n * L; i++)
-            if (m->dec_ptrs[i] == m->dec_ptrs[i - 1])
-                return kvt__fail(KVT_EINVAL, "%s: batched decode: one cache is passed in two sequences", m->path);
-    }
-    size_t V = (size_t)m->cfg.vocab_size;
-    for (int i = 0; i < n; i += KVT_MODEL_CHUNK) {
-        int g = KVT__MIN(KVT_MODEL_CHUNK, n - i);
-        if ((rc = decode_group(m, g, caches + i, tokens + i, m->dec_pos + i, logits + (size_t)i * V)) != 0)
-            return rc;
-    }
-    return 0;
+    return forward_rows(m, n, caches, NULL, tokens, logits);
+}
+
+KVT_API int64_t kvt_model_pass_rows(const kvt_model *m, kvt_cache **caches)
+{
+    if (!m || !caches || !caches[0])
+        return 0;
+    int64_t seal = sealing_block(m, caches), rows = KVT_MODEL_CHUNK;
+    if (seal)
+        rows = KVT__MIN(rows, seal - kvt_cache_offset(caches[0]) % seal);
+    return rows;
+}
+
+KVT_API int kvt_model_forward_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,
+                                    const int32_t *tokens, float *logits)
+{
+    if (!m || !caches || !counts || !tokens || !logits)
+        return kvt__fail(KVT_EINVAL, "kvt_model_forward_batch: NULL %s",
+                         !m ? "model" : !caches ? "caches" : !counts ? "counts" : !tokens ? "tokens" : "logits");
+    if (n < 1)
+        return kvt__fail(KVT_EINVAL, "%s: batched pass over %d sequences; need at least 1", m->path, n);
+    return forward_rows(m, n, caches, counts, tokens, logits);
 }
 
 KVT_API int kvt_model_decode(kvt_model *m, kvt_cache **caches, int32_t token, float *logits)

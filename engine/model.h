@@ -279,6 +279,48 @@ KVT_API int kvt_model_decode(kvt_model *m, kvt_cache **caches, int32_t token, fl
 KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *tokens,
                                    float *logits);
 
+/** A batched pass of prompt rows and decode rows: sequence i feeds its next
+ * counts[i] tokens (the prompt tokens of a prefill chunk, or 1 pending token
+ * of a decode) in one pass over the weights with every other sequence's, and
+ * receives the logits after its last one. kvt_model_decode_batch is this
+ * call with every count 1.
+ *
+ * Prefill invariance (a rule, tested bit for bit): every row is computed as
+ * kvt_model_decode computes that token alone, on the decode path (the
+ * kernels of kernels.h, row by row; each row attends to exactly the keys up
+ * to its own position). So the logits, and the state appended to the
+ * caches, do not depend on how a prompt is cut into chunks, on what it is
+ * batched with, or on whether its prefix was reused from a cache or
+ * computed here: feeding tokens t0..tk in any split over passes gives
+ * bit-identical logits to decoding them one by one. (kvt_model_prefill's
+ * GEMM path agrees with it within float tolerance only.)
+ *
+ * @param n       sequences, >= 1.
+ * @param caches  n arrays of n_layers caches, as kvt_model_decode_batch
+ *                (each sequence at its own position; no cache in two).
+ * @param counts  n token counts, each 1 to KVT_MODEL_CHUNK; sequences run in
+ *                groups of at most KVT_MODEL_CHUNK rows in turn.
+ * @param tokens  the tokens of sequence 0, then of sequence 1, ... (sum of
+ *                counts), each in [0, vocab_size).
+ * @param logits  (n, vocab_size) floats: row i receives the logits after
+ *                sequence i's last token.
+ * @return as kvt_model_decode_batch; KVT_EINVAL also for a count out of
+ *   range or past kvt_model_pass_rows (a block boundary of 8-bit K/V), and
+ *   KVT_ELIMIT when a sequence's tokens would pass seq_len
+ *   (nothing is modified on either).
+ * Not thread-safe for one model.
+ */
+KVT_API int kvt_model_forward_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,
+                                    const int32_t *tokens, float *logits);
+
+/** Tokens a sequence whose caches are `caches` may feed in one
+ * kvt_model_forward_batch pass from where it is: KVT_MODEL_CHUNK, or less
+ * when an attention layer stores 8-bit K/V ("qkvc", KVT_KV_Q8), whose
+ * block is sealed (quantized) when the next one starts: rows of one pass
+ * stay inside the open block, so each row reads the block as its own decode
+ * did. 0 for NULL arguments. Thread-safe for caches no one modifies. */
+KVT_API int64_t kvt_model_pass_rows(const kvt_model *m, kvt_cache **caches);
+
 /** Most threads kvt_model_set_threads() accepts. */
 #define KVT_MODEL_MAX_THREADS 64
 

@@ -64,12 +64,16 @@ struct kvt_model {
     kvt_kv_scheme kv_scheme; /* storage scheme of the caches kvt_model_new_caches makes */
     struct kvt_threads *threads; /* worker threads of the forward pass */
     int own_gemm;           /* 1: prefill products through kernels.h, not OpenBLAS */
-    /* per-sequence arrays of a batched decode, one allocation (dec_block) */
+    /* arrays of a batched pass (decode rows and prompt rows), one allocation
+     * (dec_block): per sequence (dec_cap of them), and per attention row (at
+     * most KVT_MODEL_CHUNK rows run at once) */
     void *dec_block;
     const void **dec_ptrs; /* (dec_cap * n_layers) caches, sorted to find one passed twice */
-    int64_t *dec_pos;      /* (dec_cap) position of each sequence's new token */
-    int64_t *dec_ctx;      /* (dec_cap) keys each sequence attends to in the current layer */
-    int32_t *dec_seg0;     /* (dec_cap + 1) first segment in segs of each sequence */
+    int64_t *dec_pos;      /* (dec_cap) position of each sequence's first new token */
+    int64_t *dec_ctx;      /* (KVT_MODEL_CHUNK) keys each attention row attends to in the current layer */
+    int32_t *dec_seg0;     /* (KVT_MODEL_CHUNK) first segment in segs of each attention row */
+    int32_t *dec_nseg;     /* (KVT_MODEL_CHUNK) its segments */
+    int32_t *dec_row;      /* (KVT_MODEL_CHUNK) the row of s.q / s.att it reads and writes */
     size_t dec_cap;
 };
 

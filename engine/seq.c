@@ -311,6 +311,27 @@ static int64_t next_stop(const kvt_seq *s)
     return n;
 }
 
+/* Prompt tokens [done, done + n) are in the caches (and, when they end the
+ * prompt, their logits in s->logits): publishes the snapshot due there, or
+ * samples the first reply token and publishes the prompt-boundary snapshot. */
+static void after_piece(kvt_seq *s, int64_t n, int64_t stop)
+{
+    int64_t end = s->done + n;
+    s->done = end;
+    if (end < s->n_prompt) {
+        if (end == stop)
+            (void)publish_snapshot(s, end);
+        return;
+    }
+    s->tok = kvt_sampler_sample(s->sampler, s->logits);
+    s->prev = s->all[s->n_prompt - 1];
+    s->ttft_ms = ms_since(s->t0);
+    /* Prompt-boundary snapshot: the caches hold exactly the prompt now. */
+    if (s->keeps)
+        (void)publish_snapshot(s, s->n_prompt);
+    s->phase = SEQ_CHOSEN;
+}
+
 /* Runs prompt tokens [done, done + n) and publishes the snapshot due there. */
 static int prefill_piece(kvt_seq *s, int64_t n, int64_t stop)
 {
@@ -322,20 +343,49 @@ static int prefill_piece(kvt_seq *s, int64_t n, int64_t stop)
         s->phase = SEQ_FAILED;
         return rc;
     }
-    s->done = end;
-    if (end < s->n_prompt) {
-        if (end == stop)
-            (void)publish_snapshot(s, end);
-        return 0;
-    }
-    s->tok = kvt_sampler_sample(s->sampler, s->logits);
-    s->prev = s->all[s->n_prompt - 1];
-    s->ttft_ms = ms_since(s->t0);
-    /* Prompt-boundary snapshot: the caches hold exactly the prompt now. */
-    if (s->keeps)
-        (void)publish_snapshot(s, s->n_prompt);
-    s->phase = SEQ_CHOSEN;
+    after_piece(s, n, stop);
     return 0;
+}
+
+KVT_API int64_t kvt_seq_prefill_next(const kvt_seq *s, int64_t max_tokens, const int32_t **tokens)
+{
+    if (tokens)
+        *tokens = NULL;
+    if (!s || !tokens || max_tokens < 1 || s->phase != SEQ_PREFILL)
+        return 0;
+    *tokens = s->all + s->done;
+    int64_t n = KVT__MIN(next_stop(s) - s->done, max_tokens);
+    return KVT__MIN(n, kvt_model_pass_rows(s->m, s->state.caches));
+}
+
+KVT_API int kvt_seq_after_prefill(kvt_seq *s, int64_t n, int *prompt_done)
+{
+    if (prompt_done)
+        *prompt_done = 0;
+    if (!s || !prompt_done)
+        return kvt__fail(KVT_EINVAL, "chat after prefill: NULL sequence or prompt_done");
+    if (s->phase != SEQ_PREFILL)
+        return kvt__fail(KVT_EINVAL, "chat after prefill: %s", s->phase == SEQ_FAILED ? "the sequence failed earlier"
+                                                                                      : "the prompt is done already");
+    int64_t stop = next_stop(s);
+    if (n < 1 || n > stop - s->done)
+        return kvt__fail(KVT_EINVAL, "chat after prefill: %lld tokens; the next piece has 1 to %lld", (long long)n,
+                         (long long)(stop - s->done));
+    for (int32_t l = 0; l < s->state.n_layers; l++) {
+        int64_t got = kvt_cache_offset(s->state.caches[l]);
+        if (got != s->done + n)
+            return kvt__fail(KVT_EINVAL, "chat after prefill: layer %d cache holds %lld tokens, %lld expected", l,
+                             (long long)got, (long long)(s->done + n));
+    }
+    after_piece(s, n, stop);
+    *prompt_done = s->phase != SEQ_PREFILL;
+    return 0;
+}
+
+KVT_API void kvt_seq_fail(kvt_seq *s)
+{
+    if (s)
+        s->phase = SEQ_FAILED;
 }
 
 KVT_API int kvt_seq_prefill(kvt_seq *s, int64_t max_tokens, int *prompt_done)

@@ -131,6 +131,36 @@ KVT_API int kvt_replay_checkpoint(kvt_service *svc, kvt_admission *adm, const kv
  *   nothing more. */
 KVT_API int kvt_seq_prefill(kvt_seq *s, int64_t max_tokens, int *prompt_done);
 
+/** The next prompt piece for a prefill driven by the caller (a batched pass,
+ * kvt_model_forward_batch, with other sequences' rows): at most max_tokens
+ * of the prompt tokens not yet in the caches, ending where a snapshot is due
+ * (as kvt_seq_prefill cuts its pieces) and at most kvt_model_pass_rows, so
+ * the caller feeds one piece per pass and then calls kvt_seq_after_prefill.
+ * @param tokens receives a pointer to the piece's tokens (borrowed, valid
+ *   until the next call on s); NULL when there is none.
+ * @return the piece's length (>= 1), or 0 when the prompt is done, the
+ *   sequence failed, or an argument is bad (NULL, max_tokens < 1). */
+KVT_API int64_t kvt_seq_prefill_next(const kvt_seq *s, int64_t max_tokens, const int32_t **tokens);
+
+/** The caller appended the first n tokens of the piece kvt_seq_prefill_next
+ * gave to kvt_seq_caches() and, when they end the prompt, wrote the logits
+ * of the last one to kvt_seq_logits(): records them and does what
+ * kvt_seq_prefill does at that point (the snapshot due there; at the end of
+ * the prompt: the first reply token is sampled, TTFT taken, the
+ * prompt-boundary snapshot published). Time in the caller's pass is not in
+ * the turn's prefill_ms.
+ * @param prompt_done receives 1 once the prompt is done (kvt_seq_next may be
+ *   called), else 0.
+ * @return 0; KVT_EINVAL (NULL arguments, the prompt done or the sequence
+ *   failed, n outside 1 .. the piece's length, or the caches do not hold
+ *   exactly n tokens more: nothing changes). */
+KVT_API int kvt_seq_after_prefill(kvt_seq *s, int64_t n, int *prompt_done);
+
+/** Marks the sequence failed: a batched pass the caller ran over its caches
+ * failed, so they may hold a partial step. Only kvt_seq_finish() remains,
+ * and it publishes nothing more. NULL is a no-op. */
+KVT_API void kvt_seq_fail(kvt_seq *s);
+
 /** Takes the token chosen last (by the prefill that completed the prompt,
  * or by the last decode) and says whether the generation ends with it.
  *

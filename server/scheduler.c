@@ -12,6 +12,7 @@
 #include "scheduler.h"
 
 #include "seq.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -37,9 +38,43 @@ struct kvt_srv_sched {
     /* engine-private scratch of the batched decode, (max_running) each */
     struct running_s **batch;
     kvt_cache ***batch_caches;
-    int32_t *batch_tokens;
+    int32_t *batch_counts;      /* (max_running) rows of each sequence in the pass */
+    int32_t *batch_tokens;      /* (max_running + chunk) the pass's tokens */
     float *batch_logits;        /* (max_running, vocab_size) */
+    int64_t chunk;              /* prompt tokens per step at most */
+    /* figures: st is the engine's own (engine thread only), copied into
+     * shown under st_mu at the end of each step; the SSE figures come
+     * from the connection threads */
+    kvt_srv_sched_stats st, shown;
+    pthread_mutex_t st_mu;
+    kvt_srv_phase phase;        /* the phase the engine thread is in */
+    uint64_t mark_ns;           /* when it entered it */
+    atomic_ullong sse_events, sse_build_ns, sse_lag_ns;
 };
+
+/* Charges the time since the last mark to the current phase and enters
+ * phase p. @return the phase left. Engine thread only. */
+static kvt_srv_phase phase_to(kvt_srv_sched *s, kvt_srv_phase p)
+{
+    uint64_t now = kvt_now_ns();
+    kvt_srv_phase was = s->phase;
+    s->st.phase_ns[was] += now - s->mark_ns;
+    s->mark_ns = now;
+    s->phase = p;
+    return was;
+}
+
+/* Counts a decode step of nb sequences. @return its histogram bucket. */
+static int count_batch(kvt_srv_sched_stats *st, int nb)
+{
+    int i = 0;
+    while (i < KVT_SRV_BATCH_BUCKETS && nb > kvt_srv_batch_bounds[i])
+        i++;
+    st->batch_buckets[i]++;
+    st->batch_sequences += (uint64_t)nb;
+    st->decode_steps++;
+    return i;
+}
 
 /* A condition variable whose timed waits use CLOCK_MONOTONIC (deadline_in). */
 static void cond_init_monotonic(pthread_cond_t *cv)
@@ -184,6 +219,7 @@ static void finish(kvt_srv_sched *s, kvt_srv_job *j, int status, const char *fin
     pthread_mutex_lock(&j->mu);
     if (status == 200)
         commit_raw(j, 1);
+    j->visible_ns = kvt_now_ns();
     j->status = status;
     j->finish_reason = finish_reason;
     if (err)
@@ -224,6 +260,7 @@ typedef struct running_s {
     int prompt_done;
     int32_t prev;               /* the token before the next one, for decoding pieces */
     double engine_ms;           /* prefill calls and decode steps it took part in, ms */
+    int64_t decodes;            /* batched decode steps it took part in */
 } running;
 
 static uint64_t cold_restores(kvt_service *svc)
@@ -238,6 +275,7 @@ static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; 
  * admission, then ends its job. */
 static void end_run(kvt_srv_sched *s, running *r, int status, const char *reason, const char *err)
 {
+    kvt_srv_phase was = phase_to(s, KVT_SRV_PHASE_finish);
     kvt_seq_finish(r->seq, status == 200, NULL);
     pthread_mutex_lock(&r->job->mu);
     r->job->usage.engine_ms = r->engine_ms;
@@ -246,6 +284,7 @@ static void end_run(kvt_srv_sched *s, running *r, int status, const char *reason
     finish(s, r->job, status, reason, err);
     kvt_srv_job_release(r->job);
     memset(r, 0, sizeof *r);
+    phase_to(s, was);
 }
 
 /* Takes the token the sequence chose last. @return 1 when the job ended. */
@@ -260,13 +299,18 @@ static int take_token(kvt_srv_sched *s, running *r)
     }
     int cut = 0;
     if (tok >= 0) {
+        kvt_srv_phase was = phase_to(s, KVT_SRV_PHASE_emit);
         pthread_mutex_lock(&j->mu);
+        size_t seen = j->visible;
         cut = append_token(j, s->tok, r->prev, tok);
         j->usage.completion_tokens++;
+        if (cut >= 0 && j->visible > seen)
+            j->visible_ns = kvt_now_ns();
         if (cut >= 0 && j->visible)
             pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
         r->prev = tok;
+        phase_to(s, was);
     }
     if (cut < 0) {
         end_run(s, r, 500, NULL, "out of memory");
@@ -277,6 +321,18 @@ static int take_token(kvt_srv_sched *s, running *r)
         return 1;
     }
     return 0;
+}
+
+/* The sequence's prompt is in its caches and its first token chosen:
+ * TTFT, and the token goes out. */
+static void prompt_done(kvt_srv_sched *s, running *r)
+{
+    r->prompt_done = 1;
+    pthread_mutex_lock(&r->job->mu);
+    r->job->started = 1;
+    r->job->usage.ttft_ms = ms_since(r->job->arrival_ns);
+    pthread_mutex_unlock(&r->job->mu);
+    take_token(s, r);
 }
 
 static void job_error(kvt_srv_sched *s, kvt_srv_job *j, int rc)
@@ -392,12 +448,17 @@ static int64_t compact(kvt_srv_sched *s, running *run, int64_t n)
 }
 
 /* One engine step over the running sequences: cancellations, admission
- * (first come first served: a head that does not fit waits), one bounded
- * prefill chunk shared by the sequences still prefilling, one decode of
- * every sequence with a pending token.
+ * (first come first served: a head that does not fit waits), then one
+ * batched pass holding a decode row of every sequence with a pending token
+ * and a bounded chunk of prompt rows shared by the sequences still
+ * prefilling (requests admitted in the same step prefill together, beside
+ * the running streams).
  * @return 1 when the queue's head waits for room, else 0. */
 static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
 {
+    s->mark_ns = kvt_now_ns();
+    uint64_t step0 = s->mark_ns;
+    s->phase = KVT_SRV_PHASE_other;
     int64_t n = *n_run;
     for (int64_t i = 0; i < n; i++)
         if (cancel_all || atomic_load(&run[i].job->cancel))
@@ -405,6 +466,7 @@ static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
                     cancel_all ? "the server is shutting down" : "cancelled by the client");
     n = compact(s, run, n);
     int blocked = 0;
+    phase_to(s, KVT_SRV_PHASE_admit);
     for (;;) {
         pthread_mutex_lock(&s->mu);
         int more = s->head != NULL && n < s->o.max_running;
@@ -418,63 +480,110 @@ static int step(kvt_srv_sched *s, running *run, int64_t *n_run, int cancel_all)
         if (run[n].job)
             n++;
     }
-    int64_t budget = KVT_MODEL_CHUNK;
-    for (int64_t i = 0; i < n && budget > 0; i++) {
-        running *r = &run[i];
-        if (r->prompt_done)
-            continue;
-        int64_t before = kvt_seq_cached(r->seq);
-        uint64_t t0 = kvt_now_ns();
-        int rc = kvt_seq_prefill(r->seq, budget, &r->prompt_done);
-        r->engine_ms += ms_since(t0);
-        budget -= kvt_seq_cached(r->seq) - before;
-        if (rc) {
-            end_run(s, r, 500, NULL, kvt_last_error());
-            continue;
-        }
-        if (r->prompt_done) {
-            pthread_mutex_lock(&r->job->mu);
-            r->job->started = 1;
-            r->job->usage.ttft_ms = ms_since(r->job->arrival_ns);
-            pthread_mutex_unlock(&r->job->mu);
-            take_token(s, r);
-        }
-    }
-    /* ONE batched decode over every sequence with a pending token: one GEMM
-     * per weight matrix for all of them, attention per sequence on its own
-     * caches; bit-identical to decoding each alone */
-    int nb = 0;
+    /* ONE batched pass over the weights: a decode row for every sequence
+     * with a pending token, then prompt rows of the sequences still
+     * prefilling, at most prefill_chunk of them (a long prompt never stalls
+     * the running streams for more than that). Every row is computed as its
+     * decode alone would (kvt_model_forward_batch), so a reply depends
+     * neither on what it was batched with nor on how its prompt was cut. */
+    phase_to(s, KVT_SRV_PHASE_other);
+    int nb = 0, n_dec = 0, veterans = 0, bucket = -1;
+    int64_t rows = 0;
     for (int64_t i = 0; i < n; i++) {
         running *r = &run[i];
         if (!r->job || !r->prompt_done || kvt_seq_pending_token(r->seq) < 0)
             continue;
         s->batch[nb] = r;
         s->batch_caches[nb] = kvt_seq_caches(r->seq);
-        s->batch_tokens[nb++] = kvt_seq_pending_token(r->seq);
+        s->batch_counts[nb++] = 1;
+        s->batch_tokens[rows++] = kvt_seq_pending_token(r->seq);
+        veterans += r->decodes > 0;
+    }
+    n_dec = nb;
+    int64_t budget = s->chunk;
+    if (n_dec + budget > KVT_MODEL_CHUNK) /* the pass stays one group of rows */
+        budget = KVT__MAX(KVT_MODEL_CHUNK - n_dec, 16);
+    for (int64_t i = 0; i < n && budget > 0; i++) {
+        running *r = &run[i];
+        if (!r->job || r->prompt_done)
+            continue;
+        const int32_t *toks = NULL;
+        int64_t k = kvt_seq_prefill_next(r->seq, KVT__MIN(budget, (int64_t)KVT_MODEL_CHUNK), &toks);
+        if (k < 1) { /* nothing to prefill: a resumed request's checkpoint holds its prompt */
+            prompt_done(s, r);
+            continue;
+        }
+        s->batch[nb] = r;
+        s->batch_caches[nb] = kvt_seq_caches(r->seq);
+        s->batch_counts[nb++] = (int32_t)k;
+        memcpy(s->batch_tokens + rows, toks, (size_t)k * sizeof *toks);
+        rows += k;
+        budget -= k;
+    }
+    int ran = nb > 0;
+    if (n_dec > 0) {
+        bucket = count_batch(&s->st, n_dec);
+        s->st.mixed_steps += nb > n_dec;
+        for (int b = 0; veterans && b < n_dec; b++)
+            s->st.joined += s->batch[b]->decodes == 0;
+        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_steps), 1);
+        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_batch_sequences), (uint64_t)n_dec);
+    }
+    if (nb > n_dec) {
+        s->st.prefill_passes++;
+        s->st.prefill_tokens += (uint64_t)(rows - n_dec);
     }
     if (nb > 0) {
         int32_t V = kvt_model_get_config(s->m)->vocab_size;
+        phase_to(s, n_dec ? KVT_SRV_PHASE_decode : KVT_SRV_PHASE_prefill);
         uint64_t t0 = kvt_now_ns();
-        int rc = kvt_model_decode_batch(s->m, nb, (kvt_cache **const *)s->batch_caches, s->batch_tokens,
-                                        s->batch_logits);
-        double step_ms = ms_since(t0);
+        int rc = kvt_model_forward_batch(s->m, nb, (kvt_cache **const *)s->batch_caches, s->batch_counts,
+                                         s->batch_tokens, s->batch_logits);
+        double pass_ms = ms_since(t0);
+        char err[512] = "";
+        if (rc)
+            snprintf(err, sizeof err, "%s", kvt_last_error());
+        phase_to(s, KVT_SRV_PHASE_sample);
+        int ended = 0;
         for (int b = 0; b < nb; b++) {
             running *r = s->batch[b];
-            r->engine_ms += step_ms;
-            if (!rc) {
-                memcpy(kvt_seq_logits(r->seq), s->batch_logits + (size_t)b * (size_t)V, (size_t)V * sizeof(float));
-                rc = kvt_seq_after_decode(r->seq);
-                if (!rc) {
-                    take_token(s, r);
+            r->engine_ms += pass_ms;
+            if (rc) { /* the caches may hold a partial step: nothing more is published */
+                kvt_seq_fail(r->seq);
+                end_run(s, r, 500, NULL, err);
+                ended += b < n_dec;
+                continue;
+            }
+            memcpy(kvt_seq_logits(r->seq), s->batch_logits + (size_t)b * (size_t)V, (size_t)V * sizeof(float));
+            int rc2;
+            if (b < n_dec) {
+                r->decodes++;
+                if ((rc2 = kvt_seq_after_decode(r->seq)) == 0) {
+                    ended += take_token(s, r);
                     continue;
                 }
+                ended++;
+            } else if ((rc2 = kvt_seq_after_prefill(r->seq, s->batch_counts[b], &r->prompt_done)) == 0) {
+                if (r->prompt_done)
+                    prompt_done(s, r);
+                continue;
             }
-            end_run(s, r, 500, NULL, kvt_last_error());
+            snprintf(err, sizeof err, "%s", kvt_last_error());
+            kvt_seq_fail(r->seq);
+            end_run(s, r, 500, NULL, err);
         }
-        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_steps), 1);
-        kvt_srv_metrics_add(s->metrics, offsetof(kvt_srv_counters, decode_batch_sequences), (uint64_t)nb);
+        if (ended < n_dec)
+            s->st.left_early += (uint64_t)ended;
     }
     *n_run = compact(s, run, n);
+    phase_to(s, KVT_SRV_PHASE_other);
+    s->st.steps += ran;
+    s->st.step_ns += s->mark_ns - step0;
+    if (bucket >= 0)
+        s->st.batch_step_ns[bucket] += s->mark_ns - step0;
+    pthread_mutex_lock(&s->st_mu);
+    s->shown = s->st;
+    pthread_mutex_unlock(&s->st_mu);
     return blocked;
 }
 
@@ -514,9 +623,11 @@ static void sched_free(kvt_srv_sched *s)
     free(s->batch);
     free(s->batch_caches);
     free(s->batch_tokens);
+    free(s->batch_counts);
     free(s->batch_logits);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->st_mu);
     free(s);
 }
 
@@ -524,7 +635,8 @@ int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *sv
                          const kvt_srv_sched_opts *o, kvt_srv_sched **out)
 {
     *out = NULL;
-    if (!m || !tok || !svc || !metrics || !o || o->max_queue < 0 || o->max_running < 1)
+    if (!m || !tok || !svc || !metrics || !o || o->max_queue < 0 || o->max_running < 1 || o->prefill_chunk < 0 ||
+        o->prefill_chunk > KVT_MODEL_CHUNK)
         return KVT_EINVAL;
     kvt_srv_sched *s = calloc(1, sizeof *s);
     if (!s)
@@ -535,13 +647,19 @@ int kvt_srv_sched_create(kvt_model *m, const kvt_tokenizer *tok, kvt_service *sv
     s->metrics = metrics;
     s->o = *o;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->st_mu, NULL);
     cond_init_monotonic(&s->cv);
+    atomic_init(&s->sse_events, 0);
+    atomic_init(&s->sse_build_ns, 0);
+    atomic_init(&s->sse_lag_ns, 0);
     size_t R = (size_t)o->max_running;
     s->batch = calloc(R, sizeof *s->batch);
     s->batch_caches = calloc(R, sizeof *s->batch_caches);
-    s->batch_tokens = calloc(R, sizeof *s->batch_tokens);
+    s->chunk = o->prefill_chunk ? o->prefill_chunk : KVT_MODEL_CHUNK;
+    s->batch_counts = calloc(R, sizeof *s->batch_counts);
+    s->batch_tokens = calloc(R + (size_t)s->chunk, sizeof *s->batch_tokens);
     s->batch_logits = calloc(R * (size_t)kvt_model_get_config(m)->vocab_size, sizeof *s->batch_logits);
-    int rc = (s->batch && s->batch_caches && s->batch_tokens && s->batch_logits) ? 0 : ENOMEM;
+    int rc = (s->batch && s->batch_caches && s->batch_counts && s->batch_tokens && s->batch_logits) ? 0 : ENOMEM;
     if (!rc)
         rc = pthread_create(&s->thread, NULL, engine_main, s);
     if (rc) {
@@ -577,6 +695,23 @@ int kvt_srv_sched_submit(kvt_srv_sched *s, kvt_srv_job *j)
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return 0;
+}
+
+void kvt_srv_sched_get_stats(kvt_srv_sched *s, kvt_srv_sched_stats *out)
+{
+    pthread_mutex_lock(&s->st_mu);
+    *out = s->shown;
+    pthread_mutex_unlock(&s->st_mu);
+    out->sse_events = atomic_load(&s->sse_events);
+    out->sse_build_ns = atomic_load(&s->sse_build_ns);
+    out->sse_lag_ns = atomic_load(&s->sse_lag_ns);
+}
+
+void kvt_srv_sched_note_sse(kvt_srv_sched *s, uint64_t build_ns, uint64_t lag_ns)
+{
+    atomic_fetch_add(&s->sse_events, 1);
+    atomic_fetch_add(&s->sse_build_ns, build_ns);
+    atomic_fetch_add(&s->sse_lag_ns, lag_ns);
 }
 
 void kvt_srv_sched_gauges(kvt_srv_sched *s, int64_t *queued, int64_t *running)

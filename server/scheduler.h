@@ -61,6 +61,7 @@ typedef struct kvt_srv_job {
     const char *finish_reason;  /* "stop" or "length" when done with 200 */
     kvt_oai_usage usage;        /* final when done; prompt/reuse figures from the first token */
     int started;                /* 1 once the first token is chosen */
+    uint64_t visible_ns;        /* kvt_now_ns() when visible last grew or the job ended */
 
     /* ---- either side ---- */
     atomic_int cancel;          /* set by the connection: stop within one step */
@@ -90,10 +91,90 @@ void kvt_srv_job_wait_locked(kvt_srv_job *j, size_t seen, int64_t timeout_ms);
 
 typedef struct kvt_srv_sched kvt_srv_sched;
 
+/** Upper bounds of the decode batch-size histogram (sequences in one
+ * batched decode step); a last +Inf bucket follows. */
+#define KVT_SRV_BATCH_BUCKETS 14
+extern const int kvt_srv_batch_bounds[KVT_SRV_BATCH_BUCKETS];
+
+/** Where the engine thread's time goes, one entry per phase of a step:
+ * name and help text (the /stats keys and the `phase` label of
+ * kvtier_engine_phase_seconds_total). */
+#define KVT_SRV_PHASES(X)                                                                                    \
+    X(admit, "admitting queued requests: admission, prefix lookup and acquire (kvt_seq_begin)")            \
+    X(prefill, "forward passes over prompt tokens with no decode row in the pass")                          \
+    X(decode, "forward passes with decode rows (prompt rows run in the same pass included)")                \
+    X(sample, "sampling next tokens from the logits, prompt-boundary snapshots")                            \
+    X(emit, "appending chosen tokens to replies and waking their connections")                              \
+    X(finish, "ending requests: publishing what they computed to the cache, releasing admission")          \
+    X(other, "the rest of the engine's steps (cancellation checks, bookkeeping)")
+
+typedef enum kvt_srv_phase {
+#define KVT__PHASE_ENUM(name, help) KVT_SRV_PHASE_##name,
+    KVT_SRV_PHASES(KVT__PHASE_ENUM)
+#undef KVT__PHASE_ENUM
+    KVT_SRV_PHASE_COUNT
+} kvt_srv_phase;
+
+/** What the engine thread did (monotonic totals since the scheduler
+ * started), for /stats and /metrics. */
+typedef struct kvt_srv_sched_stats {
+    uint64_t steps;              /* engine steps that ran at least one forward pass */
+    uint64_t decode_steps;       /* steps with a batched decode */
+    uint64_t mixed_steps;        /* decode steps that also ran prompt tokens (prefill
+                                    in the same step as decode) */
+    uint64_t prefill_passes;     /* forward passes that ran prompt tokens */
+    uint64_t prefill_tokens;     /* prompt tokens those passes ran */
+    uint64_t batch_sequences;    /* decode rows, summed over the decode steps */
+    uint64_t batch_buckets[KVT_SRV_BATCH_BUCKETS + 1]; /* decode steps by batch size:
+                                    bucket i counts sizes in (bound[i-1], bound[i]], the
+                                    last one sizes above every bound (not cumulative) */
+    uint64_t batch_step_ns[KVT_SRV_BATCH_BUCKETS + 1]; /* engine-thread time of those steps
+                                    (whole steps: admission to the last token emitted), ns */
+    uint64_t joined;             /* sequences that started decoding in a step where
+                                    others already decoded (arrived a step apart) */
+    uint64_t left_early;         /* sequences that ended in a step while others kept
+                                    decoding */
+    uint64_t phase_ns[KVT_SRV_PHASE_COUNT]; /* engine-thread time per phase, ns */
+    uint64_t step_ns;            /* engine-thread time inside steps, ns (the phases sum to it) */
+    uint64_t sse_events;         /* streamed events built by the connection threads */
+    uint64_t sse_build_ns;       /* time the connection threads spent building them, ns */
+    uint64_t sse_lag_ns;         /* summed delay from a token becoming sendable to its
+                                    event being handed to the HTTP library, ns */
+} kvt_srv_sched_stats;
+
+/** A snapshot of the scheduler's figures (thread-safe). */
+void kvt_srv_sched_get_stats(kvt_srv_sched *s, kvt_srv_sched_stats *out);
+
+/** Adds b's figures to a (several models' schedulers summed). */
+void kvt_srv_sched_stats_add(kvt_srv_sched_stats *a, const kvt_srv_sched_stats *b);
+
+/** Counts one streamed event built by a connection thread: build_ns spent
+ * building it, lag_ns since its text became sendable (thread-safe). */
+void kvt_srv_sched_note_sse(kvt_srv_sched *s, uint64_t build_ns, uint64_t lag_ns);
+
+/** The figures as the /stats "engine" object: every field above, phase
+ * times in seconds, the histogram as {"le": bound, "count": n, "seconds": s}
+ * (steps and their engine-thread time per bucket), and the mean batch. @return a new reference, NULL when out of memory. */
+json_t *kvt_srv_sched_stats_json(const kvt_srv_sched_stats *st);
+
+/** Appends the figures to the Prometheus text *text: the histogram
+ * kvtier_decode_batch_size, counters kvtier_engine_steps_total,
+ * kvtier_engine_decode_steps_total, kvtier_engine_mixed_steps_total,
+ * kvtier_engine_prefill_passes_total, kvtier_engine_prefill_tokens_total,
+ * kvtier_engine_joined_total, kvtier_engine_left_early_total,
+ * kvtier_engine_phase_seconds_total{phase}, kvtier_engine_step_seconds_total,
+ * kvtier_sse_events_total, kvtier_sse_build_seconds_total,
+ * kvtier_sse_lag_seconds_total. *text is a malloc'd string; on success it is
+ * replaced by a longer one (caller frees), on error left as it was.
+ * @return 0, or -1 when out of memory. */
+int kvt_srv_sched_stats_prometheus(char **text, const kvt_srv_sched_stats *st);
+
 /** Settings of the scheduler. */
 typedef struct kvt_srv_sched_opts {
     int64_t max_queue;          /* jobs waiting for admission at most (>= 0) */
     int64_t max_running;        /* jobs admitted at once at most (>= 1) */
+    int64_t prefill_chunk;      /* prompt tokens one engine step runs at most, over all
+                                   prefilling jobs (1..KVT_MODEL_CHUNK; 0 = KVT_MODEL_CHUNK) */
     int64_t live_cache_blocks;  /* bounded live-cache residency of every job, as
                                    kvt_gen_opts.live_cache_*; 0 and 0 = fully resident */
     uint64_t live_cache_bytes;

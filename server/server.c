@@ -410,16 +410,36 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
                 pthread_mutex_lock(&j->mu);
             }
         }
+        /* what the event needs is copied under the job's lock and the event
+         * built after it, so the engine thread never waits on a build */
+        uint64_t t0 = kvt_now_ns(), lag = t0 > j->visible_ns ? t0 - j->visible_ns : 0;
+        char *piece = NULL, err[sizeof j->error];
+        size_t n_piece = 0;
+        int status = j->status, has_text = j->visible > st->sent;
+        const char *finish_reason = j->finish_reason;
+        kvt_oai_usage usage = j->usage;
+        if (has_text) {
+            n_piece = j->visible - st->sent;
+            piece = malloc(n_piece + 1);
+            if (piece) {
+                memcpy(piece, j->text + st->sent, n_piece);
+                piece[n_piece] = '\0';
+                st->sent = j->visible;
+            }
+        } else if (status != 200)
+            snprintf(err, sizeof err, "%s", j->error);
+        pthread_mutex_unlock(&j->mu);
         char *ev = NULL;
-        if (j->visible > st->sent) {
-            ev = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, j->text + st->sent,
-                                     j->visible - st->sent, NULL, st->include_usage, NULL);
-            st->sent = j->visible;
-        } else if (j->status == 200) {
-            ev = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, NULL, 0, j->finish_reason,
+        if (has_text) {
+            ev = piece ? kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, piece, n_piece, NULL,
+                                             st->include_usage, NULL)
+                       : NULL;
+            free(piece);
+        } else if (status == 200) {
+            ev = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, NULL, 0, finish_reason,
                                      st->include_usage, NULL);
             if (ev && st->include_usage) {
-                char *u = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, NULL, 0, NULL, 1, &j->usage);
+                char *u = kvt_oai_chunk_event(st->kind, st->id, st->created, model, 0, NULL, 0, NULL, 1, &usage);
                 ev = u ? cat3(ev, u, NULL) : (free(ev), NULL);
                 free(u);
             }
@@ -427,14 +447,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             st->phase = 2;
         } else {
             kvt_oai_error e;
-            kvt_oai_error_set(&e, j->status, j->status == 400 || j->status == 422 ? "invalid_request_error" : "server_error", NULL,
-                              NULL, "%s", j->error);
+            kvt_oai_error_set(&e, status, status == 400 || status == 422 ? "invalid_request_error" : "server_error", NULL,
+                              NULL, "%s", err);
             char *body = kvt_oai_error_json(&e);
             ev = body ? cat3(strdup("data: "), body, "\n\ndata: [DONE]\n\n") : NULL;
             free(body);
             st->phase = 2;
         }
-        pthread_mutex_unlock(&j->mu);
+        kvt_srv_sched_note_sse(st->md->sched, kvt_now_ns() - t0, lag);
         if (ev)
             stream_put(st, ev);
         else
@@ -763,6 +783,17 @@ static void gauges(kvt_server *s, kvt_srv_gauges *g)
     g->connections = di ? (int64_t)di->num_connections : 0;
 }
 
+/* The engine threads' figures, summed over the models (zero before load). */
+static void engine_stats(kvt_server *s, int ready, kvt_srv_sched_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    for (int i = 0; ready && i < s->n_md; i++) {
+        kvt_srv_sched_stats one;
+        kvt_srv_sched_get_stats(s->md[i].sched, &one);
+        kvt_srv_sched_stats_add(out, &one);
+    }
+}
+
 static json_t *store_json(const kvt_store_stats *ss)
 {
     return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "entries", (json_int_t)ss->entries,
@@ -836,6 +867,9 @@ static json_t *stats_doc(kvt_server *s, size_t recent)
     if (!doc)
         return NULL;
     json_object_set_new(doc, "server", kvt_srv_metrics_json(s->metrics, &g, recent));
+    kvt_srv_sched_stats es;
+    engine_stats(s, g.ready, &es);
+    json_object_set_new(doc, "engine", kvt_srv_sched_stats_json(&es));
     json_object_set_new(doc, "model", json_pack("{s:s, s:i}", "id", s->md[0].model_name, "max_model_len",
                                                 s->md[0].seq_len));
     json_t *models = json_array();
@@ -907,6 +941,12 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
     free(mf);
     if (rc)
         return MHD_NO;
+    kvt_srv_sched_stats es; /* every model's engine thread, summed */
+    engine_stats(s, g.ready, &es);
+    if (kvt_srv_sched_stats_prometheus(&text, &es)) {
+        free(text);
+        return MHD_NO;
+    }
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(text);
@@ -1111,6 +1151,8 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
         s->o.max_queue = 0;
     if (!s->o.max_running)
         s->o.max_running = 64;
+    if (s->o.prefill_chunk < 0 || s->o.prefill_chunk > KVT_MODEL_CHUNK)
+        s->o.prefill_chunk = s->o.prefill_chunk < 0 ? 1 : KVT_MODEL_CHUNK;
     if (!s->o.max_body)
         s->o.max_body = 1 << 20;
     if (!s->o.conn_timeout_s)
@@ -1259,6 +1301,8 @@ static int load_model(kvt_server *s, int i)
     if ((rc = kvt_chat_service_create(md->m, &so, &md->svc)))
         return rc;
     kvt_srv_sched_opts sco = {.max_queue = s->o.max_queue, .max_running = s->o.max_running,
+                              .prefill_chunk = s->o.prefill_chunk,
+
                               .live_cache_blocks = s->o.live_cache_blocks, .live_cache_bytes = s->o.live_cache_bytes,
                               .live_cache_dir = s->o.live_cache_dir};
     if ((rc = kvt_srv_sched_create(md->m, md->tok, md->svc, s->metrics, &sco, &md->sched)))

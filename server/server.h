@@ -79,6 +79,10 @@ typedef struct kvt_server_opts {
     unsigned conn_timeout_s;     /* idle connection timeout, seconds; 0 = 30 */
     unsigned max_connections;    /* open connections at most; 0 = 256 */
     int threads;                 /* engine threads (kvt_model_set_threads), 1..64; 0 = the model's default */
+    int64_t prefill_chunk;       /* prompt tokens one engine step runs at most (1..256, the
+                                    engine's chunk; 0 = 256): a smaller bound shortens the
+                                    stall a long prompt puts on running streams; values out of
+                                    range are clamped to it) */
     int kv_scheme;               /* storage scheme of the K/V, a kvt_kv_scheme (engine/model.h); 0 = f32 */
     int64_t checkpoint_every;    /* with ssd_dir: a request with an Idempotency-Key header is
                                     checkpointed every this many generated tokens and resumed

@@ -577,13 +577,13 @@ static void test_service_bounded(void **state)
     assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, ra, GEN, &na, &ta), KVT_ELIMIT);
     o.live_cache_blocks = 2;
     o.live_cache_dir = g_dir;
-    assert_int_equal(open_page_files(), 0);
+    int files = open_page_files(); /* 0, unless an earlier test failed half-way */
     assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, rb, GEN, &nb, &tb), 0);
     assert_int_equal(nb, GEN);
     assert_true(tb.paged_out_blocks > 0);
     /* the published entries (prompt boundary, prompt + reply) are resident:
      * the page file went with the request, not with the kept state */
-    assert_int_equal(open_page_files(), 0);
+    assert_int_equal(open_page_files(), files);
     kvt_service_stats kept;
     assert_int_equal(kvt_service_get_stats(svc, &kept), 0);
     assert_true(kept.entries > 0);

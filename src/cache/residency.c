@@ -841,6 +841,33 @@ static void window_read_ahead(kvt__blocks *t)
     }
 }
 
+/* Before block `index` is read for the walk now: when the window is full,
+ * gives back the held block of this pass the walk needs last (one read
+ * ahead before older blocks were paged out, e.g. by the previous layer
+ * ahead of an append that evicted written blocks), finishing its read
+ * first, and lets read-ahead come back to it. Blocks after `index` in this
+ * pass are not in use (the walk takes blocks in order). */
+static int window_make_room(kvt__blocks *t, int64_t index)
+{
+    kvt__blocks_res *w = t->res;
+    if (w->held < w->win_size)
+        return 0;
+    int64_t pass_start = (w->win_cursor - 1) - (w->win_cursor - 1) % w->win_nb;
+    for (int64_t j = w->win_nb - 1; j > index; j--) {
+        if (!t->v[j].staged && !TX(t)[j].rd)
+            continue;
+        if (TX(t)[j].rd) {
+            int rc = finish_read(t, j);
+            if (rc)
+                return rc;
+        }
+        unstage(t, j);
+        w->win_ahead = KVT__MIN(w->win_ahead, pass_start + j);
+        return 0;
+    }
+    return 0;
+}
+
 KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes)
 {
     int32_t B;
@@ -893,7 +920,7 @@ KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out)
     if (k->state == KVT_BLOCK_DURABLE || TX(t)[index].rd) {
         uint64_t t0 = kvt_now_ns();
         kvt_residency *sr = TX(t)[index].page->r;
-        if (k->state == KVT_BLOCK_DURABLE) /* not read ahead: read it now */
+        if (k->state == KVT_BLOCK_DURABLE && (rc = window_make_room(t, index)) == 0) /* not read ahead: now */
             rc = start_read(t, index, KVT_IO_FOREGROUND);
         else
             atomic_fetch_add(&sr->readahead_hits, 1);
