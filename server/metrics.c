@@ -240,10 +240,11 @@ static int any_part(const kvt_srv_model_figures *mf, int n, fig_part p)
 }
 
 /* One family with one series per model that has part p: the uint64 at
- * byte offset `off` of each model's figures (milliseconds given as seconds
- * when ms is set). No lines at all when no model has the part. */
+ * byte offset `off` of each model's figures, divided by `div` when it is
+ * not 0 (milliseconds or nanoseconds given as seconds). No lines at all
+ * when no model has the part. */
 static void model_family(sbuf *b, const kvt_srv_model_figures *mf, int n, fig_part p, const char *fam,
-                         const char *type, const char *help, size_t off, int ms)
+                         const char *type, const char *help, size_t off, double div)
 {
     if (!any_part(mf, n, p))
         return;
@@ -253,8 +254,8 @@ static void model_family(sbuf *b, const kvt_srv_model_figures *mf, int n, fig_pa
             continue;
         uint64_t v = *(const uint64_t *)((const char *)&mf[i] + off);
         series(b, fam, mf[i].id);
-        if (ms)
-            sb_printf(b, "} %.3f\n", (double)v / 1000.0);
+        if (div > 0)
+            sb_printf(b, "} %.9g\n", (double)v / div);
         else
             sb_printf(b, "} %llu\n", (unsigned long long)v);
     }
@@ -311,7 +312,7 @@ static void model_lines(sbuf *b, const kvt_srv_model_figures *mf, int n)
         int ms = !strcmp(#name, "live_page_stall_ms");                                             \
         model_family(b, mf, n, PART_REP, ms ? "live_page_stall_seconds_total" : #name "_total", "counter", \
                      ms ? "Time attention waited for live-cache blocks being read." : help ".",    \
-                     offsetof(kvt_srv_model_figures, rep.name), ms);                               \
+                     offsetof(kvt_srv_model_figures, rep.name), ms ? 1000.0 : 0);                  \
     }
     KVT_SERVICE_COUNTERS(KVT__LIVE_PROM)
 #undef KVT__LIVE_PROM
@@ -335,20 +336,30 @@ static void model_lines(sbuf *b, const kvt_srv_model_figures *mf, int n)
     }
     KVT_TIER_COUNTERS(KVT__TIER_PROM)
 #undef KVT__TIER_PROM
-    model_family(b, mf, n, PART_SSD, "ssd_pending_writes", "gauge", "SSD write-behind jobs queued or being written.",
-                 offsetof(kvt_srv_model_figures, ss.pending), 0);
-    model_family(b, mf, n, PART_SSD, "ssd_pending_write_bytes", "gauge", "Cache bytes the pending SSD writes hold.",
-                 offsetof(kvt_srv_model_figures, ss.pending_bytes), 0);
-    model_family(b, mf, n, PART_SSD, "ssd_failed_writes_total", "counter", "SSD writes that failed.",
-                 offsetof(kvt_srv_model_figures, ss.failed), 0);
-    model_family(b, mf, n, PART_SSD, "ssd_dropped_writes_total", "counter",
-                 "SSD write-behind jobs refused (queue full, closing).", offsetof(kvt_srv_model_figures, ss.dropped), 0);
-    model_family(b, mf, n, PART_SSD, "ssd_written_entries_total", "counter", "Entries made durable on the SSD tier.",
-                 offsetof(kvt_srv_model_figures, ss.written), 0);
-    model_family(b, mf, n, PART_SSD, "ssd_restores_total", "counter", "Successful restores from the SSD tier.",
-                 offsetof(kvt_srv_model_figures, ss.restores), 0);
-    model_family(b, mf, n, PART_SSD, "ssd_restore_bytes_total", "counter", "Shard bytes read by SSD restores.",
-                 offsetof(kvt_srv_model_figures, ss.restore_bytes), 0);
+    /* every SSD store counter, from its one list (kvtier_ssd_<metric>), and
+     * its refusals by reason */
+#define KVT__STORE_PROM(type, name, kind, metric, help)                                            \
+    {                                                                                              \
+        const char *mname = #metric;                                                               \
+        size_t len = strlen(mname);                                                                \
+        int ns = len > 3 && !strcmp(mname + len - 3, "_ns");                                       \
+        char nm[96];                                                                               \
+        snprintf(nm, sizeof nm, "ssd_%.*s%s%s", (int)(ns ? len - 3 : len), mname, ns ? "_seconds" : "", \
+                 !strcmp(#kind, "counter") ? "_total" : "");                                       \
+        model_family(b, mf, n, PART_SSD, nm, #kind, "SSD tier: " help ".",                         \
+                     offsetof(kvt_srv_model_figures, ss.name), ns ? 1e9 : 0);                      \
+    }
+    KVT_STORE_COUNTERS(KVT__STORE_PROM)
+#undef KVT__STORE_PROM
+    if (any_part(mf, n, PART_SSD)) {
+        head(b, "ssd_refused_total", "counter", "SSD tier: shards refused, by reason.");
+        for (int i = 0; i < n; i++)
+            for (int r = 0; mf[i].have_ssd && r < KVT_STORE_REFUSED_COUNT; r++) {
+                series(b, "ssd_refused_total", mf[i].id);
+                sb_printf(b, ",reason=\"%s\"} %llu\n", kvt_store_refusal_name((kvt_store_refusal)r),
+                          (unsigned long long)mf[i].ss.refused[r]);
+            }
+    }
     /* every remote counter, from its one list; a counter of milliseconds
      * (NAME_ms) in seconds, as Prometheus base units want */
 #define KVT__REMOTE_PROM(field, kind, help)                                                        \
@@ -360,7 +371,7 @@ static void model_lines(sbuf *b, const kvt_srv_model_figures *mf, int n)
         snprintf(nm, sizeof nm, "remote_%.*s%s", (int)(ms ? len - 3 : len), fname,                 \
                  ms ? "_seconds_total" : !strcmp(#kind, "counter") ? "_total" : "");               \
         model_family(b, mf, n, PART_REMOTE, nm, #kind, "Remote tier: " help ".",                  \
-                     offsetof(kvt_srv_model_figures, rs.field), ms);                               \
+                     offsetof(kvt_srv_model_figures, rs.field), ms ? 1000.0 : 0);                  \
     }
     KVT_REMOTE_COUNTERS(KVT__REMOTE_PROM)
 #undef KVT__REMOTE_PROM

@@ -794,14 +794,13 @@ static void engine_stats(kvt_server *s, int ready, kvt_srv_sched_stats *out)
     }
 }
 
+/* The store's counters, from their one list (kvt_store_stats_json); NULL when out of memory. */
 static json_t *store_json(const kvt_store_stats *ss)
 {
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "entries", (json_int_t)ss->entries,
-                     "bytes", (json_int_t)ss->bytes, "max_bytes", (json_int_t)ss->max_bytes, "pending",
-                     (json_int_t)ss->pending, "pending_bytes", (json_int_t)ss->pending_bytes, "dropped",
-                     (json_int_t)ss->dropped, "failed", (json_int_t)ss->failed, "written", (json_int_t)ss->written,
-                     "restores", (json_int_t)ss->restores, "restore_bytes", (json_int_t)ss->restore_bytes,
-                     "restore_ns_last", (json_int_t)ss->restore_ns_last);
+    char *js = NULL;
+    json_t *o = kvt_store_stats_json(ss, &js) == 0 ? json_loads(js, 0, NULL) : NULL;
+    kvt_string_free(js);
+    return o;
 }
 
 /* Each tier level's health of one model ("ssd_cache": mode read-write /
@@ -1313,8 +1312,8 @@ static int load_model(kvt_server *s, int i)
 int kvt_server_load(kvt_server *s)
 {
     load_gate();
-    if (s->n_md > 1 || s->o.pool_ram_bytes || s->o.pool_kv_bytes || s->o.pool_disk_bytes) {
-        kvt_pool_limits pl = {{s->o.pool_ram_bytes, s->o.pool_kv_bytes, s->o.pool_disk_bytes, 0}};
+    if (s->n_md > 1 || s->o.pool_ram_bytes || s->o.pool_kv_bytes || s->o.pool_disk_bytes || s->o.pool_remote_bytes) {
+        kvt_pool_limits pl = {{s->o.pool_ram_bytes, s->o.pool_kv_bytes, s->o.pool_disk_bytes, s->o.pool_remote_bytes}};
         int rc = kvt_pool_create(&pl, &s->pool);
         if (rc)
             return rc;

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "redis_util.h"
 #include "server.h"
 #include "serve_util.h"
 #include "synth_util.h"
@@ -445,6 +446,87 @@ static void test_metrics_every_model(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* pool_remote_bytes (--pool-remote) with two models on one Redis: the
+ * pool's remote axis carries the limit, both remote tiers are members,
+ * what was in flight never passed the limit and nothing stays charged; a
+ * limit below one entry's bytes refuses every write-behind (counted as
+ * remote drops and remote-axis refusals), and the replies stay the same. */
+static void test_pool_remote(void **state)
+{
+    (void)state;
+    if (!have_model)
+        skip();
+    if (!redis_available("test_serve_models (pool remote)"))
+        skip();
+    redis_srv rs;
+    assert_int_equal(redis_start(&rs, 64, NULL), 0);
+    const uint64_t limits[2] = {64u << 20, 1024};
+    for (int k = 0; k < 2; k++) {
+        kvt_server_model models[2] = {{.model_path = stories, .tok_path = stories_tok},
+                                      {.model_path = synth, .tok_path = synth_tok, .model_name = "tiny"}};
+        kvt_server_opts o = {.models = models, .n_models = 2, .prompt_cache_bytes = 16u << 20,
+                             .redis_url = rs.url, .pool_remote_bytes = limits[k]};
+        kvt_server *s = start(&o);
+        int port = kvt_server_port(s);
+        for (int i = 0; i < 4; i++) {
+            int st;
+            char *text = complete(port, i % 2 ? "tiny" : "stories260K", prompts[i], &st, NULL);
+            assert_int_equal(st, 200);
+            if (expected[i % 2][i])
+                assert_string_equal(text, expected[i % 2][i]);
+            free(text);
+        }
+        /* the write-behind ends (written or dropped): nothing in flight */
+        json_t *doc = NULL, *axes = NULL;
+        for (int tries = 0; tries < 200; tries++) {
+            json_decref(doc);
+            doc = get_json(port, "/stats");
+            axes = json_object_get(json_object_get(doc, "pool"), "axes");
+            if (axis_field(axes, "remote", "used") == 0 && axis_field(axes, "remote", "high_water") > 0 &&
+                (k == 0 || axis_field(axes, "remote", "refusals") >= 2))
+                break;
+            usleep(50 * 1000);
+        }
+        json_t *pool = json_object_get(doc, "pool");
+        assert_int_equal(axis_field(axes, "remote", "limit"), limits[k]);
+        assert_int_equal(axis_field(axes, "remote", "used"), 0);
+        assert_true(axis_field(axes, "remote", "high_water") <= limits[k]);
+        assert_non_null(member(pool, "remote:stories260K"));
+        assert_non_null(member(pool, "remote:tiny"));
+        json_t *list = json_object_get(doc, "models");
+        uint64_t writes = 0, dropped = 0;
+        for (size_t m = 0; m < 2; m++) {
+            json_t *rep = json_object_get(json_array_get(list, m), "report");
+            writes += jint(rep, "remote", "writes");
+            dropped += jint(rep, "remote", "dropped");
+        }
+        print_message("pool remote limit %llu: high water %llu, refusals %llu, writes %llu, dropped %llu\n",
+                      (unsigned long long)limits[k], (unsigned long long)axis_field(axes, "remote", "high_water"),
+                      (unsigned long long)axis_field(axes, "remote", "refusals"), (unsigned long long)writes,
+                      (unsigned long long)dropped);
+        if (k == 0) {
+            assert_true(axis_field(axes, "remote", "high_water") > 0);
+            assert_true(writes > 0);
+            assert_int_equal(axis_field(axes, "remote", "refusals"), 0);
+        } else { /* every entry is over 1,024 bytes: none fits */
+            assert_int_equal(writes, 0);
+            assert_true(dropped >= 2);
+            assert_true(axis_field(axes, "remote", "refusals") >= 2);
+        }
+        json_decref(doc);
+        kvt_ts_resp r;
+        assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+        char want[96];
+        snprintf(want, sizeof want, "kvtier_pool_limit_bytes{axis=\"remote\"} %llu\n", (unsigned long long)limits[k]);
+        assert_non_null(strstr(r.body, want));
+        kvt_ts_resp_free(&r);
+        assert_int_equal(kvt_server_stop(s, 5000), 0);
+        kvt_server_destroy(s);
+        assert_int_equal(redis_cmd(rs.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    }
+    redis_stop(&rs);
+}
+
 /* two models with one id, and bad model lists, are refused */
 static void test_bad_model_lists(void **state)
 {
@@ -511,6 +593,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_models),
         cmocka_unit_test(test_metrics_every_model),
+        cmocka_unit_test(test_pool_remote),
         cmocka_unit_test(test_bad_model_lists),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

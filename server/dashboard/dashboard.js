@@ -162,7 +162,8 @@
   // report's order (the server's one list), RAM bytes drawn as a bar; bytes
   // fields shown in bytes. Each cell carries its raw value in data-value.
   const LAYER_TITLES = {
-    ram_bytes: 'RAM bytes', ram_shared_blocks: 'Shared blocks', restores: 'Restores', restored_bytes: 'Restored',
+    ram_bytes: 'RAM bytes', ram_shared_blocks: 'Shared blocks', ssd_bytes: 'SSD bytes',
+    remote_written_bytes: 'Sent to Redis', restores: 'Restores', restored_bytes: 'Restored',
     written: 'Written', written_bytes: 'Written bytes', promotions: 'Promotions', demotions: 'Demotions',
     evictions: 'Evictions',
   };
