@@ -11,11 +11,14 @@
  *              sequences at mixed positions vs one sequence;
  *   context    decode tokens/s at 1k, 2k and 4k tokens of context (default
  *              model), for each KV storage scheme (f32 the baseline; the
- *              schemes take turns within each run).
+ *              schemes take turns within each run), next to llama.cpp on
+ *              the same weights (bench_llamacpp.h; its runs alternate with
+ *              the engine's) when `make bench-deps` installed it.
  * Reports medians of runs. Owns nothing beyond the run; never writes files
  * except the default model on first use (kvt_default_model).
  */
 #include "bench_llama2c.h"
+#include "bench_llamacpp.h"
 #include "bench_util.h"
 #include "cli.h"
 #include "model.h"
@@ -32,6 +35,9 @@ static const int k_batch_n[N_BATCH] = {1, 2, 4, 8};
 typedef struct {
     int runs, slow_runs, prompt, decode, batch_steps, ctx_runs, threads;
     int context_only; /* --context-only: the decode at context (default model) alone */
+    int decode_only;  /* --decode-only: greedy decode vs run.c and batched decode alone */
+    int llamacpp;     /* 1: llama.cpp's decode at context beside the engine's (--no-llamacpp: 0) */
+    const char *tok_path; /* the default model's tokenizer (for the GGUF export) */
 } bench_opts;
 
 typedef struct {
@@ -44,6 +50,8 @@ typedef struct {
     int batch_same;                 /* sequence 0 chose the same ids whatever n */
     int ctx[N_CTX];
     double ctx_tps[KVT_KV_SCHEME_COUNT][N_CTX]; /* per scheme; 0: not run */
+    double llama_tps[KVT_LLAMACPP_CONFIGS][N_CTX]; /* llama.cpp per configuration; 0: not run */
+    char llama_info[1024];                         /* "" when llama.cpp did not run */
 } bench_result;
 
 static int argmax(const float *v, int n)
@@ -264,6 +272,46 @@ static int bench_context(kvt_model *m, const int32_t *tok, int n_tok, const benc
     return rc;
 }
 
+/* The decode at context with llama.cpp beside it: run i of the engine
+ * (bench_context, one run) then run i of llama.cpp on a GGUF export of the
+ * same model, so both see the same stretch of load; medians of the runs.
+ * Without the baseline (not installed, --no-llamacpp) bench_context alone. */
+static int bench_context_vs_llamacpp(kvt_model *m, const int32_t *tok, int n_tok, const bench_opts *o, bench_result *r)
+{
+    kvt_llamacpp *lc = NULL;
+    int rc = o->llamacpp && o->tok_path ? kvt_llamacpp_open(m, o->tok_path, tok, n_tok, o->threads, &lc) : 0;
+    if (rc != 0 || !lc)
+        return rc != 0 ? rc : bench_context(m, tok, n_tok, o, r);
+    bench_opts one = *o;
+    one.ctx_runs = 1;
+    double t[KVT_KV_SCHEME_COUNT][N_CTX][64];
+    int ctx[N_CTX], nk = 0;
+    for (int run = 0; run < o->ctx_runs && rc == 0; run++) {
+        if ((rc = bench_context(m, tok, n_tok, &one, r)) != 0)
+            break;
+        for (int sc = 0; sc < KVT_KV_SCHEME_COUNT; sc++)
+            for (int k = 0; k < N_CTX; k++)
+                t[sc][k][run] = r->ctx_tps[sc][k];
+        nk = 0;
+        for (int k = 0; k < N_CTX; k++)
+            if (r->ctx[k])
+                ctx[nk++] = r->ctx[k];
+        fprintf(stderr, "kvtier bench engine: llama.cpp decode at context, run %d of %d\n", run + 1, o->ctx_runs);
+        rc = kvt_llamacpp_run(lc, ctx, nk, o->batch_steps);
+    }
+    for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++)
+        for (int k = 0; k < N_CTX; k++)
+            r->ctx_tps[sc][k] = kvt_bench_util_median(t[sc][k], o->ctx_runs);
+    for (int i = 0; i < KVT_LLAMACPP_CONFIGS && rc == 0; i++)
+        for (int k = 0, j = 0; k < N_CTX; k++)
+            if (r->ctx[k])
+                r->llama_tps[i][k] = kvt_llamacpp_tps(lc, i, j++);
+    if (rc == 0)
+        snprintf(r->llama_info, sizeof r->llama_info, "%s", kvt_llamacpp_info(lc));
+    kvt_llamacpp_close(lc);
+    return rc;
+}
+
 static int bench_model(const char *name, const char *path, int is_default, const bench_opts *o, bench_result *r)
 {
     kvt_model *m = NULL;
@@ -286,13 +334,13 @@ static int bench_model(const char *name, const char *path, int is_default, const
     int slow_runs = is_default ? o->slow_runs : 3, base_runs = is_default ? (o->runs < 3 ? o->runs : 3) : o->runs;
     fprintf(stderr, "%s: %d layers, dim %d, seq_len %d, %d threads; prefill %d tokens, decode %d tokens from BOS, "
             "%d runs\n", name, c->n_layers, c->dim, c->seq_len, o->threads, prompt, steps, o->runs);
-    rc = o->context_only ? 0 : bench_prefill(m, tok, prompt, o, slow_runs, r);
+    rc = o->context_only || o->decode_only ? 0 : bench_prefill(m, tok, prompt, o, slow_runs, r);
     if (rc == 0 && !o->context_only)
         rc = bench_decode(m, path, steps, o, base_runs, r);
     if (rc == 0 && !o->context_only)
         rc = bench_batch(m, tok, o, base_runs, r);
-    if (rc == 0 && is_default)
-        rc = bench_context(m, tok, n_tok, o, r);
+    if (rc == 0 && is_default && !o->decode_only)
+        rc = bench_context_vs_llamacpp(m, tok, n_tok, o, r);
     if (rc != 0)
         fprintf(stderr, "kvtier bench engine: %s: %s (%s)\n", name, kvt_last_error(), kvt_strerror(rc));
     free(tok);
@@ -306,12 +354,15 @@ static void print_tables(const char *const *names, const bench_result *rs, const
 {
     if (o->context_only)
         goto context;
-    printf("prefill (tokens/s)\n%-12s %6s %10s %10s %8s\n", "model", "prompt", "prefill", "1-by-1", "batched");
-    for (int i = 0; i < 2; i++)
-        if (have[i])
-            printf("%-12s %6d %10.1f %10.1f %7.1fx\n", names[i], rs[i].prompt, rs[i].prefill_tps, rs[i].single_tps,
-                   rs[i].prefill_tps / rs[i].single_tps);
-    printf("\ngreedy decode from BOS (tokens/s) vs llama2.c run.c's loop (-Ofast -march=native)\n"
+    if (!o->decode_only) {
+        printf("prefill (tokens/s)\n%-12s %6s %10s %10s %8s\n", "model", "prompt", "prefill", "1-by-1", "batched");
+        for (int i = 0; i < 2; i++)
+            if (have[i])
+                printf("%-12s %6d %10.1f %10.1f %7.1fx\n", names[i], rs[i].prompt, rs[i].prefill_tps,
+                       rs[i].single_tps, rs[i].prefill_tps / rs[i].single_tps);
+        printf("\n");
+    }
+    printf("greedy decode from BOS (tokens/s) vs llama2.c run.c's loop (-Ofast -march=native)\n"
            "%-12s %6s %9s %9s %7s %10s %7s %s\n", "model", "steps", "kvtier", "run.c", "ratio", "run.c-omp", "ratio",
            "same ids");
     for (int i = 0; i < 2; i++) {
@@ -340,7 +391,7 @@ static void print_tables(const char *const *names, const bench_result *rs, const
         printf(" %8.2fx %s\n", rs[i].batch_tps[N_BATCH - 1] / rs[i].batch_tps[0], yes_no(rs[i].batch_same));
     }
 context:
-    if (have[1]) {
+    if (have[1] && !o->decode_only) {
         const bench_result *r = &rs[1];
         printf("\ndecode at context (default model, tokens/s, %d steps after a prefill to C tokens; K/V stored\n"
                "in each scheme, the schemes taking turns token by token; ratio to f32 in brackets)\n  %-6s", o->batch_steps, "scheme");
@@ -356,6 +407,26 @@ context:
             printf("\n");
         }
     }
+    if (have[1] && rs[1].llama_info[0]) {
+        const bench_result *r = &rs[1];
+        printf("\nllama.cpp decode at context (the same weights as GGUF f32, %d threads, the same tokens and steps;\n"
+               "its runs alternate with the engine's; kvtier / llama.cpp for the same KV scheme in brackets)\n"
+               "  %s\n  %-6s %-5s", o->threads, r->llama_info, "KV", "flash");
+        for (int k = 0; k < N_CTX; k++)
+            if (r->ctx[k])
+                printf("  C = %5d     ", r->ctx[k]);
+        printf("\n");
+        for (int i = 0; i < KVT_LLAMACPP_CONFIGS; i++) {
+            printf("  %-6s %-5s", kvt_llamacpp_kv_name(i), kvt_llamacpp_flash(i) ? "on" : "off");
+            for (int k = 0; k < N_CTX; k++)
+                if (r->ctx[k])
+                    printf("  %7.1f (%.2fx)", r->llama_tps[i][k],
+                           r->ctx_tps[kvt_llamacpp_scheme(i)][k] / r->llama_tps[i][k]);
+            printf("\n");
+        }
+        printf("  (q8_0 is llama.cpp's 8-bit KV, next to kvtier's q8; with flash attention on, llama.cpp casts an\n"
+               "  f32 KV cache to f16 before attending)\n");
+    }
     printf("\nAll figures medians of runs. prefill: one batched prefill of `prompt` tokens vs the same tokens fed\n"
            "through decode one at a time. decode: greedy from BOS, the engine vs a copy of llama2.c run.c's forward\n"
            "loop built as `make runfast` builds it (run.c) and as `make runomp` does on %d threads (run.c-omp);\n"
@@ -367,7 +438,7 @@ context:
 
 int kvt_bench_engine(int argc, char **argv)
 {
-    bench_opts o = {5, 1, 1024, 64, 32, 1, 0, 0};
+    bench_opts o = {5, 1, 1024, 64, 32, 1, 0, 0, 0, 1, NULL};
     const char *model = NULL;
     int skip_default = 0;
     for (int i = 1; i < argc; i++) {
@@ -390,6 +461,10 @@ int kvt_bench_engine(int argc, char **argv)
             skip_default = 1;
         else if (!strcmp(a, "--context-only"))
             o.context_only = 1;
+        else if (!strcmp(a, "--decode-only"))
+            o.decode_only = 1;
+        else if (!strcmp(a, "--no-llamacpp"))
+            o.llamacpp = 0;
         else {
             fprintf(a && !strcmp(a, "--help") ? stdout : stderr,
                     "usage: kvtier bench engine [--model stories260K.bin] [--runs N (5)] [--prompt TOKENS (1024)]\n"
@@ -397,7 +472,10 @@ int kvt_bench_engine(int argc, char **argv)
                     "       [--slow-runs N (1, one-at-a-time prefill runs on the default model)]\n"
                     "       [--batch-steps N (32, steps of the batched and at-context decode)]\n"
                     "       [--context-runs N (1, runs of the decode at 1k/2k/4k context)] [--no-default]\n"
-                    "       [--context-only (only the decode at 1k/2k/4k context per KV scheme, default model)]\n");
+                    "       [--context-only (only the decode at 1k/2k/4k context per KV scheme, default model)]\n"
+                    "       [--decode-only (only greedy decode vs run.c and batched decode)]\n"
+                    "       [--no-llamacpp (no llama.cpp beside the decode at context; it runs when `make\n"
+                    "       bench-deps` installed it: the default model exported as GGUF to a temporary directory)]\n");
             return strcmp(a, "--help") ? 2 : 0;
         }
     }
@@ -433,6 +511,7 @@ int kvt_bench_engine(int argc, char **argv)
             fprintf(stderr, "kvtier bench engine: default model: %s (%s)\n", kvt_last_error(), kvt_strerror(rc));
             return 1;
         }
+        o.tok_path = tp;
         int st = bench_model(names[1], mp, 1, &o, &rs[1]);
         status |= st;
         have[1] = !st;

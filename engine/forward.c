@@ -121,40 +121,78 @@ static void rmsnorm(float *o, const float *x, const float *w, int n)
 /* Below this many multiply-adds a product runs on the calling thread only:
  * waking a worker costs more than it saves. */
 #define PAR_MIN_MACS (1 << 17)
+/* The same for the decode kernel's products (all products of one region
+ * together): below about 0.5 M multiply-adds (a few tens of microseconds on
+ * one core, e.g. every product of stories260K even batched 8 wide) the
+ * hand-off to a worker and the wait for its part cost more than it saves. */
+#define MM_PAR_MIN_MACS (1 << 19)
 /* Parts per thread of a threaded product or decode attention: threads claim
  * parts as they come, so one the OS has not scheduled delays a run by at most
  * one part. */
 #define PARTS_PER_THREAD 4
+/* Products in one region of a decode step (Q, K and V read the same input) */
+#define MM_MAX 3
 
 typedef struct {
-    float *out;
-    const float *x, *W;
-    int T, n_in, n_out;
-    int rows; /* 1: kvt__matmul_rows (decode), 0: OpenBLAS sgemm (prefill) */
+    float *out[MM_MAX];
+    const float *W[MM_MAX];
+    int n_out[MM_MAX];
+    int n_mm;      /* products, each out[k] (T, n_out[k]) = x . W[k]^T */
+    const float *x;
+    int T, n_in;
+    int rows;      /* 1: kvt__matmul_rows (decode), 0: OpenBLAS sgemm (prefill; one product) */
+    int silu;      /* 1: then out[0] = silu(out[0]) * out[1] on the part's rows (n_out equal) */
 } mm_job;
+
+/* Rows [*r0, *r1) of n_out for part i of n, split on multiples of 8 rows so
+ * every part's tiles are whole. */
+static void part_rows(int n_out, int i, int n, int *r0, int *r1)
+{
+    *r0 = (int)((int64_t)n_out * i / n) & ~7;
+    *r1 = i == n - 1 ? n_out : (int)((int64_t)n_out * (i + 1) / n) & ~7;
+}
 
 static void mm_part(void *vj, int i, int n)
 {
     const mm_job *j = vj;
-    /* split on multiples of 8 rows, so every part's tiles are whole */
-    int r0 = (int)((int64_t)j->n_out * i / n) & ~7, r1 = i == n - 1 ? j->n_out : (int)((int64_t)j->n_out * (i + 1) / n) & ~7;
-    if (r1 <= r0)
-        return;
-    if (j->rows)
-        kvt__matmul_rows(j->out, (size_t)j->n_out, j->x, j->T, j->W, j->n_in, r0, r1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, r1 - r0, j->n_in, 1.0f, j->x, j->n_in,
-                    j->W + (size_t)r0 * j->n_in, j->n_in, 0.0f, j->out + r0, j->n_out);
+    for (int k = 0; k < j->n_mm; k++) {
+        int r0, r1;
+        part_rows(j->n_out[k], i, n, &r0, &r1);
+        if (r1 <= r0)
+            continue;
+        if (j->rows)
+            kvt__matmul_rows(j->out[k], (size_t)j->n_out[k], j->x, j->T, j->W[k], j->n_in, r0, r1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->T, r1 - r0, j->n_in, 1.0f, j->x, j->n_in,
+                        j->W[k] + (size_t)r0 * j->n_in, j->n_in, 0.0f, j->out[k] + r0, j->n_out[k]);
+    }
+    if (j->silu) {
+        int r0, r1, no = j->n_out[0];
+        part_rows(no, i, n, &r0, &r1);
+        for (int t = 0; t < j->T && r1 > r0; t++)
+            kvt__silu_mul(j->out[0] + (size_t)t * no + r0, j->out[1] + (size_t)t * no + r0, (size_t)(r1 - r0));
+    }
+}
+
+/* Runs the job's products in one threaded region: a few parts per thread,
+ * each part a slice of every product (>= 32 rows of the smallest), or one
+ * part on the calling thread when the region is small. */
+static void run_mm_job(kvt_model *m, mm_job *j)
+{
+    double macs = 0;
+    int min_out = j->n_out[0];
+    for (int k = 0; k < j->n_mm; k++)
+        macs += (double)j->T * j->n_in * j->n_out[k], min_out = KVT__MIN(min_out, j->n_out[k]);
+    int parts = 1;
+    if (macs >= (j->rows ? MM_PAR_MIN_MACS : PAR_MIN_MACS) && min_out >= 64)
+        parts = KVT__MIN(PARTS_PER_THREAD * kvt_threads_size(m->threads), min_out / 32);
+    kvt_threads_run(m->threads, mm_part, j, parts);
 }
 
 static void run_matmul(kvt_model *m, float *out, const float *x, const float *W, int T, int n_in, int n_out, int rows)
 {
-    mm_job j = {out, x, W, T, n_in, n_out, rows};
-    double macs = (double)T * n_in * n_out;
-    int parts = 1;
-    if (macs >= PAR_MIN_MACS && n_out >= 64) /* a few parts per thread, each >= 32 rows */
-        parts = KVT__MIN(PARTS_PER_THREAD * kvt_threads_size(m->threads), n_out / 32);
-    kvt_threads_run(m->threads, mm_part, &j, parts);
+    mm_job j = {{out}, {W}, {n_out}, 1, x, T, n_in, rows, 0};
+    run_mm_job(m, &j);
 }
 
 /* out (T, n_out) = x (T, n_in) . W^T, W (n_out, n_in) row-major; rows of W
@@ -173,6 +211,18 @@ static void matmul(kvt_model *m, float *out, const float *x, const float *W, int
 static void matmul_rows(kvt_model *m, float *out, const float *x, const float *W, int n, int n_in, int n_out)
 {
     run_matmul(m, out, x, W, n, n_in, n_out, 1);
+}
+
+/* Two or three products of the same n input rows through the decode kernel
+ * in one threaded region (decode's Q, K, V; a recurrent layer's two gates):
+ * each element has the bits matmul_rows gives it. */
+static void matmul_rows3(kvt_model *m, const float *x, int n, int n_in, int n_mm, float *const *out,
+                         const float *const *W, const int *n_out)
+{
+    mm_job j = {{NULL}, {NULL}, {0}, n_mm, x, n, n_in, 1, 0};
+    for (int k = 0; k < n_mm; k++)
+        j.out[k] = out[k], j.W[k] = W[k], j.n_out[k] = n_out[k];
+    run_mm_job(m, &j);
 }
 
 /* cos/sin of one position, exactly as llama2.c run.c computes them:
@@ -595,9 +645,14 @@ static void ffn_residual(kvt_model *m, int l, int T, int rows)
         s->x[i] += s->xb[i];
     for (int t = 0; t < T; t++)
         rmsnorm(s->xb + (size_t)t * d, s->x + (size_t)t * d, w->rms_ffn + (size_t)l * d, d);
-    run_matmul(m, s->hb, s->xb, w->w1 + l * hdd, T, d, hd, rows);
-    run_matmul(m, s->hb2, s->xb, w->w3 + l * hdd, T, d, hd, rows);
-    kvt__silu_mul(s->hb, s->hb2, (size_t)T * hd);
+    if (rows) { /* w1, w3 and silu(h) * g in one threaded region, each part on its rows */
+        mm_job j = {{s->hb, s->hb2}, {w->w1 + l * hdd, w->w3 + l * hdd}, {hd, hd}, 2, s->xb, T, d, 1, 1};
+        run_mm_job(m, &j);
+    } else {
+        run_matmul(m, s->hb, s->xb, w->w1 + l * hdd, T, d, hd, rows);
+        run_matmul(m, s->hb2, s->xb, w->w3 + l * hdd, T, d, hd, rows);
+        kvt__silu_mul(s->hb, s->hb2, (size_t)T * hd);
+    }
     run_matmul(m, s->xb, s->hb, w->w2 + l * hdd, T, hd, d, rows);
     for (size_t i = 0; i < (size_t)T * d; i++)
         s->x[i] += s->xb[i];
@@ -905,8 +960,10 @@ static int dec_recurrent(kvt_model *m, kvt_cache **const *caches, const int32_t 
 {
     int d = m->cfg.dim, rc;
     float *A = m->s.q, *U = m->s.att;
-    matmul_rows(m, A, m->s.xb, m->w.rec_wa[l], rows, d, d);
-    matmul_rows(m, U, m->s.xb, m->w.rec_wx[l], rows, d, d);
+    float *au[2] = {A, U};
+    const float *wau[2] = {m->w.rec_wa[l], m->w.rec_wx[l]};
+    const int nau[2] = {d, d};
+    matmul_rows3(m, m->s.xb, rows, d, 2, au, wau, nau);
     for (int i = 0; i < n; i++) {
         const float *h = kvt_recurrent_state(caches[i][l]);
         float *a = NULL;
@@ -956,9 +1013,10 @@ static int decode_group(kvt_model *m, int n, kvt_cache **const *caches, const in
             if ((rc = dec_recurrent(m, caches, counts, row0, l, n, R)) != 0)
                 return rc;
         } else {
-            matmul_rows(m, s->q, s->xb, w->wq + l * dd, R, d, d);
-            matmul_rows(m, s->k, s->xb, w->wk + l * kd, R, d, kv);
-            matmul_rows(m, s->v, s->xb, w->wv + l * kd, R, d, kv);
+            float *qkv[3] = {s->q, s->k, s->v};
+            const float *wqkv[3] = {w->wq + l * dd, w->wk + l * kd, w->wv + l * kd};
+            const int nqkv[3] = {d, kv, kv};
+            matmul_rows3(m, s->xb, R, d, 3, qkv, wqkv, nqkv);
             for (int r = 0; r < R; r++) {
                 rope_apply(s->q + (size_t)r * d, d, hs, s->rope_cos + r * half, s->rope_sin + r * half);
                 rope_apply(s->k + (size_t)r * kv, kv, hs, s->rope_cos + r * half, s->rope_sin + r * half);

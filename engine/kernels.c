@@ -27,6 +27,15 @@
 /* Rows of W per tile: a tile (4 rows, n_in floats) stays in L1/L2 while
  * every input row passes over it. */
 #define TILE_ROWS 4
+/* While the AVX kernels multiply a tile of rows they prefetch the lines of
+ * the tile PF_TILES ahead (one line per row per 16 floats, into L2: a tile
+ * of long rows would push the current one out of L1), so the
+ * stream of weights from memory overlaps the arithmetic instead of following
+ * it: with several input rows per tile (batched decode) the arithmetic takes
+ * long enough that the hardware prefetcher alone falls behind. Prefetches
+ * change no result. */
+#define PF_TILES 1
+#define PF_HINT _MM_HINT_T1
 
 /* ---- plain C (8 lanes) ------------------------------------------------------ */
 
@@ -178,9 +187,9 @@ static void c_rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size_t off, s
 #define AVX512 __attribute__((target("avx512f,fma")))
 
 /* A tile of R rows x S inputs: R * S accumulators held in registers. */
-static inline __attribute__((always_inline)) AVX512 void tile512(float *out, size_t ldo, const float *x, int n_in,
-                                                                  const float *W, size_t ldw, int r, const int R,
-                                                                  const int S)
+static inline __attribute__((always_inline)) AVX512 void tile512_pf(float *out, size_t ldo, const float *x, int n_in,
+                                                                     const float *W, size_t ldw, int r, const int R,
+                                                                     const int S, const float *pf)
 {
     __m512 acc[TILE_ROWS][4];
 #pragma GCC unroll 4
@@ -192,6 +201,11 @@ static inline __attribute__((always_inline)) AVX512 void tile512(float *out, siz
     int j = 0;
     for (; j + 16 <= n_in; j += 16) {
         __m512 xv[4];
+        if (pf) {
+#pragma GCC unroll 4
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)(pf + (size_t)a * ldw + j), PF_HINT);
+        }
 #pragma GCC unroll 4
         for (int b = 0; b < S; b++)
             xv[b] = _mm512_loadu_ps(x + (size_t)b * n_in + j);
@@ -224,25 +238,33 @@ static inline __attribute__((always_inline)) AVX512 void tile512(float *out, siz
             out[(size_t)b * ldo + r + a] = _mm512_reduce_add_ps(acc[a][b]);
 }
 
+static inline __attribute__((always_inline)) AVX512 void tile512(float *out, size_t ldo, const float *x, int n_in,
+                                                                  const float *W, size_t ldw, int r, const int R,
+                                                                  const int S)
+{
+    tile512_pf(out, ldo, x, n_in, W, ldw, r, R, S, NULL);
+}
+
 static AVX512 void avx512_matmul(float *out, size_t ldo, const float *x, int n, const float *W, int n_in, int r0,
                                  int r1)
 {
     int r = r0;
     for (; r + TILE_ROWS <= r1; r += TILE_ROWS) {
+        const float *pf = r + PF_TILES * TILE_ROWS < r1 ? W + (size_t)(r + PF_TILES * TILE_ROWS) * n_in : NULL;
         int i = 0;
-        for (; i + 4 <= n; i += 4)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 4);
-        for (; i + 2 <= n; i += 2)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 2);
-        for (; i < n; i++)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 1);
+        for (; i + 4 <= n; i += 4, pf = NULL)
+            tile512_pf(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 4, pf);
+        for (; i + 2 <= n; i += 2, pf = NULL)
+            tile512_pf(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 2, pf);
+        for (; i < n; i++, pf = NULL)
+            tile512_pf(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 1, pf);
     }
     for (; r < r1; r++) {
         int i = 0;
         for (; i + 4 <= n; i += 4)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 1, 4);
+            tile512_pf(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 1, 4, NULL);
         for (; i < n; i++)
-            tile512(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 1, 1);
+            tile512_pf(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 1, 1, NULL);
     }
 }
 
@@ -387,9 +409,9 @@ static inline __attribute__((always_inline)) AVX2 __m256i tail_mask256(int left)
     return _mm256_loadu_si256((const __m256i *)(const void *)(m + 8 - left));
 }
 
-static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_t ldo, const float *x, int n_in,
-                                                                const float *W, size_t ldw, int r, const int R,
-                                                                const int S)
+static inline __attribute__((always_inline)) AVX2 void tile256_pf(float *out, size_t ldo, const float *x, int n_in,
+                                                                   const float *W, size_t ldw, int r, const int R,
+                                                                   const int S, const float *pf)
 {
     __m256 acc[TILE_ROWS][2];
 #pragma GCC unroll 4
@@ -401,6 +423,11 @@ static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_
     int j = 0;
     for (; j + 8 <= n_in; j += 8) {
         __m256 xv[2];
+        if (pf && !(j & 15)) { /* a line (16 floats) of each row of the tile PF_TILES ahead */
+#pragma GCC unroll 4
+            for (int a = 0; a < R; a++)
+                _mm_prefetch((const char *)(pf + (size_t)a * ldw + j), PF_HINT);
+        }
 #pragma GCC unroll 2
         for (int b = 0; b < S; b++)
             xv[b] = _mm256_loadu_ps(x + (size_t)b * n_in + j);
@@ -433,15 +460,23 @@ static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_
             out[(size_t)b * ldo + r + a] = hsum256(acc[a][b]);
 }
 
+static inline __attribute__((always_inline)) AVX2 void tile256(float *out, size_t ldo, const float *x, int n_in,
+                                                                const float *W, size_t ldw, int r, const int R,
+                                                                const int S)
+{
+    tile256_pf(out, ldo, x, n_in, W, ldw, r, R, S, NULL);
+}
+
 static AVX2 void avx2_matmul(float *out, size_t ldo, const float *x, int n, const float *W, int n_in, int r0, int r1)
 {
     int r = r0;
     for (; r + TILE_ROWS <= r1; r += TILE_ROWS) {
+        const float *pf = r + PF_TILES * TILE_ROWS < r1 ? W + (size_t)(r + PF_TILES * TILE_ROWS) * n_in : NULL;
         int i = 0;
-        for (; i + 2 <= n; i += 2)
-            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 2);
-        for (; i < n; i++)
-            tile256(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 1);
+        for (; i + 2 <= n; i += 2, pf = NULL)
+            tile256_pf(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 2, pf);
+        for (; i < n; i++, pf = NULL)
+            tile256_pf(out + (size_t)i * ldo, ldo, x + (size_t)i * n_in, n_in, W, (size_t)n_in, r, 4, 1, pf);
     }
     for (; r < r1; r++)
         for (int i = 0; i < n; i++)

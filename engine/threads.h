@@ -21,8 +21,11 @@ int kvt_threads_size(const kvt_threads *p);
  * when all are done. Parts are claimed one by one by the calling thread and
  * by the workers that are awake, so which thread runs a part varies (a part
  * must not depend on it) and a worker the OS has not scheduled yet never
- * holds the run up; give a few parts per thread. Not reentrant; one caller at
- * a time. */
+ * holds the run up; give a few parts per thread. After a run the workers
+ * spin (a pause per check) for up to 0.2 ms waiting for the next one, then
+ * sleep; the caller spins as long for parts still running before it sleeps,
+ * so back-to-back runs (a decode step's products) need no system call. Not
+ * reentrant; one caller at a time. */
 void kvt_threads_run(kvt_threads *p, kvt_threads_fn fn, void *ctx, int n_parts);
 /** Stops and joins the workers. NULL is a no-op. */
 void kvt_threads_destroy(kvt_threads *p);

@@ -7,7 +7,8 @@
  * stories260K from BOS must give the reference ids.
  *
  * Batched decode (kvt_model_decode_batch): batch invariance checked bit for
- * bit (memcmp): for n = 1..8 sequences at mixed positions (different prefix
+ * bit (memcmp): for n = 1..9 sequences (every remainder of the
+ * kernels' 4- and 2-input tiles) at mixed positions (different prefix
  * lengths, chosen and ordered at random), for several steps, each sequence's
  * logits equal kvt_model_decode's for it alone; on stories260K and the
  * synthetic shapes above, under every kernel set the CPU has, and on a wider
@@ -461,7 +462,7 @@ static void test_out_of_memory(void **state)
 
 /* ---- batched decode ------------------------------------------------------- */
 
-#define NSEQ 8
+#define NSEQ 9
 
 /* NSEQ sequences with prefixes of different lengths (0 = fresh caches, so
  * a batch mixes a sequence's first token with others deep in context); for
@@ -558,7 +559,7 @@ static void test_batch_stories(void **state)
     kvt_model *m = load_or_skip_stories();
     if (!m)
         skip();
-    const int prefix[NSEQ] = {0, 1, 9, 33, 64, 100, 257, 400};
+    const int prefix[NSEQ] = {0, 1, 9, 33, 64, 100, 257, 400, 31};
     check_all_kernels(m, 16, prefix, 3, 1);
     kvt_model_free(m);
 }
@@ -567,7 +568,7 @@ static void test_batch_synth_plain(void **state)
 {
     (void)state;
     kvt_model *m = synth_model(SHAPE_PLAIN);
-    const int prefix[NSEQ] = {0, 2, 3, 15, 16, 17, 120, 300};
+    const int prefix[NSEQ] = {0, 2, 3, 15, 16, 17, 120, 300, 47};
     check_all_kernels(m, 16, prefix, 3, 2);
     check_batch_invariance(m, 1, prefix, 2, 3); /* one token per block */
     kvt_model_free(m);
@@ -577,7 +578,7 @@ static void test_batch_synth_window(void **state)
 {
     (void)state;
     kvt_model *m = synth_model(SHAPE_WINDOW);
-    const int prefix[NSEQ] = {0, 1, 5, 6, 7, 8, 30, 201}; /* before, at and past the window of 7 */
+    const int prefix[NSEQ] = {0, 1, 5, 6, 7, 8, 30, 201, 2}; /* before, at and past the window of 7 */
     check_all_kernels(m, 8, prefix, 4, 4);
     kvt_model_free(m);
 }
@@ -586,7 +587,7 @@ static void test_batch_synth_recurrent(void **state)
 {
     (void)state;
     kvt_model *m = synth_model(SHAPE_RECURRENT);
-    const int prefix[NSEQ] = {0, 1, 2, 40, 41, 99, 256, 333};
+    const int prefix[NSEQ] = {0, 1, 2, 40, 41, 99, 256, 333, 7};
     check_all_kernels(m, 32, prefix, 3, 5);
     kvt_model_free(m);
 }
@@ -595,7 +596,7 @@ static void test_batch_synth_hybrid(void **state)
 {
     (void)state;
     kvt_model *m = synth_model(SHAPE_HYBRID_SEP);
-    const int prefix[NSEQ] = {0, 4, 5, 6, 50, 51, 170, 390};
+    const int prefix[NSEQ] = {0, 4, 5, 6, 50, 51, 170, 390, 3};
     check_all_kernels(m, 4, prefix, 3, 6);
     kvt_model_free(m);
 }
@@ -604,7 +605,7 @@ static void test_batch_synth_wide_threaded(void **state)
 {
     (void)state;
     kvt_model *m = synth_model(SHAPE_WIDE);
-    const int prefix[NSEQ] = {0, 3, 16, 80, 150, 255, 256, 390};
+    const int prefix[NSEQ] = {0, 3, 16, 80, 150, 255, 256, 390, 33};
     check_batch_invariance(m, 16, prefix, 2, 7);
     kvt_model_free(m);
 }

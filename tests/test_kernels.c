@@ -44,6 +44,41 @@ static float *rand_floats(size_t n, uint64_t *s)
     return v;
 }
 
+/* Every input-row count a tile shape can leave over (1, 3, 7, 8, 9, 17 ...
+ * rows against tiles of 4 and 2 inputs) and row counts with remainders of
+ * the 4-row tiles and tiles ahead to prefetch (5, 37 rows): each input row's
+ * outputs have the bits that row gives alone, whatever rows come with it and
+ * wherever a row range starts. */
+static void matmul_tiles(int n_in, uint64_t *s)
+{
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 17};
+    static const int outs[] = {5, 37};
+    for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++) {
+        int n_out = outs[o], nmax = ns[sizeof ns / sizeof ns[0] - 1];
+        float *W = rand_floats((size_t)n_out * n_in, s), *x = rand_floats((size_t)nmax * n_in, s);
+        float *alone = malloc(sizeof(float) * (size_t)nmax * n_out), *all = malloc(sizeof(float) * (size_t)nmax * n_out);
+        for (int i = 0; i < nmax; i++)
+            kvt__matmul_rows(alone + (size_t)i * n_out, (size_t)n_out, x + (size_t)i * n_in, 1, W, n_in, 0, n_out);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int n = ns[k];
+            for (int first = 0; first + n <= nmax; first += nmax - n > 0 ? nmax - n : 1) {
+                memset(all, 0xff, sizeof(float) * (size_t)n * n_out);
+                int cut = n_out > 8 ? 8 : n_out; /* a row range that starts at a part's boundary */
+                kvt__matmul_rows(all, (size_t)n_out, x + (size_t)first * n_in, n, W, n_in, 0, cut);
+                kvt__matmul_rows(all, (size_t)n_out, x + (size_t)first * n_in, n, W, n_in, cut, n_out);
+                for (int i = 0; i < n; i++)
+                    if (memcmp(all + (size_t)i * n_out, alone + (size_t)(first + i) * n_out,
+                               sizeof(float) * (size_t)n_out) != 0)
+                        fail_msg("[%s] n_in %d n_out %d: input row %d of %d (from %d) differs from it alone",
+                                 kvt__kernels_isa(), n_in, n_out, i, n, first);
+                if (first + n == nmax)
+                    break;
+            }
+        }
+        free(W), free(x), free(alone), free(all);
+    }
+}
+
 static void test_matmul(void **state)
 {
     (void)state;
@@ -55,6 +90,7 @@ static void test_matmul(void **state)
         uint64_t s = g_seed | 1;
         for (int n_in = 1; n_in <= 70; n_in += 3) { /* every tail of 8 and 16 lanes */
             int n_out = 13, n = 9;
+            matmul_tiles(n_in, &s);
             float *W = rand_floats((size_t)n_out * n_in, &s), *x = rand_floats((size_t)n * n_in, &s);
             float *all = malloc(sizeof(float) * n * n_out), *one = malloc(sizeof(float) * n_out);
             kvt__matmul_rows(all, n_out, x, n, W, n_in, 0, n_out);

@@ -7,12 +7,14 @@
  * restarts; a last restart stops cleanly. Then the same with a Redis shared
  * with a survivor server (every third restart on a wiped SSD directory must
  * still reuse tokens, through Redis). Seed printed; KVT_TEST_SEED
- * replays; KVT_TEST_VERBOSE=1 prints each trial. (tests/support/serve_crash.c)
+ * replays; KVT_TEST_VERBOSE=1 prints each trial; KVT_TEST_FILTER=crash_trials_redis
+ * runs one of the two. (tests/support/serve_crash.c)
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <cmocka.h>
 
 #include "serve_crash.h"
@@ -34,6 +36,9 @@ static void crash_trials_redis(void **state)
 
 int main(void)
 {
+    const char *only = getenv("KVT_TEST_FILTER"); /* e.g. crash_trials_redis: run that test alone */
+    if (only && *only)
+        cmocka_set_test_filter(only);
     const struct CMUnitTest tests[] = {cmocka_unit_test(crash_trials), cmocka_unit_test(crash_trials_redis)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

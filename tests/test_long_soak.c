@@ -473,14 +473,15 @@ static void round_chat(uint64_t *rng, const char *mpath, const char *tpath, cons
             if (g_verbose)
                 printf("    fault %s\n", fault_name[f]);
             if (f == F_RESTART) {
+                /* the chats go first (they hold sessions of the service); the
+                 * reference chats hold the same turns and resume them */
+                for (int i = 0; i < nc; i++)
+                    kvt_chat_free(cv[i].c);
                 stack_close(&st);
                 verify_store(cfg.ssd, "after the chat stack closed");
                 stack_open(m, &id, &cfg, &st);
-                for (int i = 0; i < nc; i++) {
-                    kvt_chat *old = cv[i].c;
-                    cv[i].c = chat_resume(m, tok, st.svc, &cv[i].o, old);
-                    kvt_chat_free(old);
-                }
+                for (int i = 0; i < nc; i++)
+                    cv[i].c = chat_resume(m, tok, st.svc, &cv[i].o, cv[i].ref);
             } else {
                 if (f == F_REDIS_DOWN)
                     redis_down();

@@ -497,6 +497,15 @@ static void p_json(const char *dir, const char *gen)
     write_file(p, "{\"format\": \"kvtier-published-cache\", ", 37);
 }
 
+/* a manifest one byte over KVT_PUBLISH_MAX_MANIFEST (sparse: its size is
+ * what is refused, before a byte is read) */
+static void p_manifest_bound(const char *dir, const char *gen)
+{
+    char p[1024];
+    path_of(p, sizeof p, dir, gen, "MANIFEST.json");
+    assert_int_equal(truncate(p, (off_t)KVT_PUBLISH_MAX_MANIFEST + 1), 0);
+}
+
 static void p_unknown_required(const char *dir, const char *gen)
 {
     json_t *m = manifest_load(dir, gen);
@@ -554,6 +563,7 @@ static const plant PLANTS[] = {
     {"partial generation: no manifest", KVT_PUBLISH_REFUSED_PARTIAL, KVT_EFORMAT, p_no_manifest},
     {"partial generation: a listed shard is gone", KVT_PUBLISH_REFUSED_PARTIAL, KVT_EFORMAT, p_missing_shard},
     {"manifest not valid JSON", KVT_PUBLISH_REFUSED_JSON, KVT_EFORMAT, p_json},
+    {"manifest over the fixed maximum", KVT_PUBLISH_REFUSED_HEADER_BOUND, KVT_EFORMAT, p_manifest_bound},
     {"manifest with an unknown required field", KVT_PUBLISH_REFUSED_UNKNOWN_REQUIRED, KVT_EFORMAT,
      p_unknown_required},
     {"manifest of another version", KVT_PUBLISH_REFUSED_MALFORMED, KVT_EFORMAT, p_version},

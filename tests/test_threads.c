@@ -3,8 +3,9 @@
  * every run is run exactly once and is finished when kvt_threads_run returns,
  * over many runs of 1..32 parts back to back (a worker still waking from one
  * run must never take a part of the next), with a part that stalls (the
- * others are taken by the threads that are free), and for a pool of one
- * thread. Run under TSan too (make test-tsan).
+ * others are taken by the threads that are free), with jobs that change
+ * from run to run while workers spin and after they went to sleep, and for
+ * a pool of one thread. Run under TSan too (make test-tsan).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -61,6 +62,47 @@ static void test_every_part_once(void **state)
     kvt_threads_destroy(p);
 }
 
+/* Runs whose job (ctx) and part count change every time, some back to back
+ * (workers still spinning), some after a pause longer than the workers' spin
+ * (workers asleep, woken by the run): every part of every run is run once,
+ * with its own run's ctx, and a set is destroyed with its workers spinning
+ * and with them asleep. */
+static void test_spin_and_sleep(void **state)
+{
+    (void)state;
+    for (int t = 2; t <= 3; t++) {
+        kvt_threads *p = NULL;
+        assert_int_equal(kvt_threads_create(t, &p), 0);
+        job jobs[2];
+        for (int k = 0; k < 2; k++) {
+            for (int i = 0; i < 32; i++)
+                atomic_init(&jobs[k].count[i], 0);
+            jobs[k].stall_part = -1;
+        }
+        for (int r = 0; r < 3000; r++) {
+            job *j = &jobs[r & 1], *other = &jobs[!(r & 1)];
+            int n = 2 + (r * 13) % 31;
+            j->run = r;
+            kvt_threads_run(p, part, j, n);
+            for (int i = 0; i < 32; i++) { /* this run's parts once each, none in the other job */
+                assert_int_equal(atomic_load(&j->count[i]), i < n ? 1 : 0);
+                assert_int_equal(atomic_load(&other->count[i]), 0);
+            }
+            for (int i = 0; i < 32; i++)
+                atomic_store(&j->count[i], 0);
+            if (r % 100 == 99) {
+                struct timespec ts = {0, 1000000}; /* 1 ms: past the spin, the workers sleep */
+                nanosleep(&ts, NULL);
+            }
+        }
+        if (t == 3) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+        kvt_threads_destroy(p); /* t == 2: right after a run; t == 3: asleep */
+    }
+}
+
 static void test_single_thread_and_null(void **state)
 {
     (void)state;
@@ -78,6 +120,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_part_once),
+        cmocka_unit_test(test_spin_and_sleep),
         cmocka_unit_test(test_single_thread_and_null),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,12 +8,27 @@
 #include "kvtier/common.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 
-static atomic_long calls;
+static atomic_long calls, fired, armed;
 static long fail_at;
 
-static int fail_now(void) { return atomic_fetch_add(&calls, 1) + 1 == fail_at; }
+static int fail_now(void)
+{
+    if (atomic_fetch_add(&calls, 1) + 1 != fail_at)
+        return 0;
+    atomic_fetch_add(&fired, 1);
+    return 1;
+}
+
+/* At exit: how many allocations the program's walks failed (one per armed
+ * run whose k-th allocation happened), the figure TESTING.md collects. */
+static void report(void)
+{
+    printf("oom_alloc: %ld allocation(s) failed in turn over %ld armed run(s)\n", atomic_load(&fired),
+           atomic_load(&armed));
+}
 
 static void *oom_malloc(size_t n, void *ctx)
 {
@@ -36,6 +51,8 @@ static void oom_free(void *p, void *ctx)
 void oom_arm(long k)
 {
     static const kvt_allocator failing = {oom_malloc, oom_realloc, oom_free, NULL};
+    if (atomic_fetch_add(&armed, 1) == 0)
+        atexit(report);
     atomic_store(&calls, 0);
     fail_at = k;
     kvt_set_allocator(&failing);

@@ -2,7 +2,9 @@
  * oom_alloc.h: an allocator for out-of-memory tests that fails exactly one
  * allocation (the k-th malloc or realloc after it is armed), so a test can
  * fail each allocation of a call sequence in turn and stop once the sequence
- * made fewer than k allocations.
+ * made fewer than k allocations. A program that armed it prints at exit how
+ * many allocations were failed over how many armed runs (TESTING.md's walk
+ * figures).
  */
 #ifndef KVT_TEST_OOM_ALLOC_H
 #define KVT_TEST_OOM_ALLOC_H

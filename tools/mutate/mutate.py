@@ -12,6 +12,8 @@ usage:
   tools/mutate/mutate.py [--list FILE] [--only ID,...] [--scratch DIR] [--keep]
                           [--jobs N] [--timeout S]
   tools/mutate/mutate.py --check      # every snippet matches exactly once; no build
+  tools/mutate/mutate.py --listed-only --only ID,...   # a quick look at new mutations:
+      no unmutated-suite run and only each mutation's listed tests (not a result)
 
 Exit status: 0 when every mutation was killed or is explained, 1 when an
 unexplained mutation survived (or an explained one was killed: update the
@@ -128,6 +130,15 @@ def run(cmd, cwd, timeout, log):
             return "timeout"
 
 
+def failed_tests(build):
+    """Names of the tests the last ctest run in build failed (ctest's own list)."""
+    try:
+        with open(os.path.join(build, "Testing", "Temporary", "LastTestsFailed.log")) as f:
+            return [ln.strip().split(":", 1)[-1] for ln in f if ln.strip()]
+    except OSError:
+        return []
+
+
 def copy_tree(dst):
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                            stdout=subprocess.PIPE).stdout.split(b"\0")
@@ -154,6 +165,9 @@ def main():
                     help="seconds per run of the listed tests (a hang counts as killed); the rest of the suite "
                          "gets three times the unmutated suite's time, at least this")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--listed-only", action="store_true",
+                    help="run only each mutation's listed tests, without the unmutated suite first: a quick check "
+                         "of new mutations while writing them, never a kill rate")
     a = ap.parse_args()
     muts = parse(a.list)
     if a.only:
@@ -192,11 +206,15 @@ def main():
     # the unmutated suite must pass (a failing tree would "kill" everything);
     # its time bounds each mutated suite run at three times as long
     tb = time.time()
-    if run(["ctest", "--test-dir", build, "-LE", "long", "-j", a.jobs], scratch, 3600, log) != 0:
+    if a.listed_only:
+        suite_timeout = a.timeout
+        print("mutate: --listed-only: the unmutated suite is not run, nor the rest of the suite", flush=True)
+    elif run(["ctest", "--test-dir", build, "-LE", "long", "-j", a.jobs], scratch, 3600, log) != 0:
         print("mutate: the unmutated suite fails; see the log")
         return 2
-    suite_timeout = max(a.timeout, int(3 * (time.time() - tb)))
-    print(f"mutate: the unmutated suite passes in {time.time() - tb:.0f} s", flush=True)
+    else:
+        suite_timeout = max(a.timeout, int(3 * (time.time() - tb)))
+        print(f"mutate: the unmutated suite passes in {time.time() - tb:.0f} s", flush=True)
     t0 = time.time()
     results = []
     for i, m in enumerate(muts, 1):
@@ -223,6 +241,8 @@ def main():
                          "--output-on-failure"], scratch, a.timeout, log)
                 if r != 0:
                     verdict, by = "killed", "listed tests" if r != "timeout" else "listed tests (timeout)"
+            if verdict == "survived" and a.listed_only:
+                verdict, by = "listed", "not killed by its listed tests"
             if verdict == "survived":
                 if run(["cmake", "--build", build, "-j", a.jobs], scratch, 3600, log) != 0:
                     verdict = "nobuild"
@@ -231,16 +251,34 @@ def main():
                 skip = "^mutate_list$" + ("|" + rx if first else "")
                 cmd = ["ctest", "--test-dir", build, "-LE", "long", "--stop-on-failure", "-j", a.jobs,
                        "--output-on-failure", "-E", skip]
-                r = run(cmd, scratch, suite_timeout, log)
-                if r != 0:
-                    verdict, by = "killed", "suite" if r != "timeout" else "suite (timeout)"
+                # a kill by the rest of the suite counts only when the failed
+                # test fails again (a test flaky under load kills nothing); after
+                # a failure that did not repeat the suite runs once more (it had
+                # stopped there)
+                flaky = []
+                for attempt in range(2):
+                    r = run(cmd, scratch, suite_timeout, log)
+                    if r == "timeout":
+                        verdict, by = "killed", "suite (timeout)"
+                        break
+                    if r == 0:
+                        break
+                    failed = failed_tests(build)
+                    again = run(["ctest", "--test-dir", build, "--rerun-failed", "--output-on-failure"],
+                                scratch, suite_timeout, log)
+                    if again != 0:
+                        verdict, by = "killed", "suite"
+                        break
+                    flaky += failed
+                if verdict == "survived" and flaky:
+                    by = "suite failures that did not repeat (flaky: %s)" % ", ".join(flaky)
         finally:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
         dt = time.time() - t1
         note = by
         if verdict == "survived":
-            note = "explained" if m.survives else "NOT EXPLAINED"
+            note = ("explained" if m.survives else "NOT EXPLAINED") + (f"; {by}" if by else "")
         elif verdict == "killed" and m.survives:
             note += "; listed as a survivor: update the list"
         results.append((m, verdict, note))
@@ -249,6 +287,11 @@ def main():
             lf.write(f"== {m.id}: {verdict} {note}\n")
     # the tree as it was, rebuilt, so a kept scratch copy is usable
     run(["cmake", "--build", build, "-j", a.jobs], scratch, 3600, log)
+    if a.listed_only:
+        missed = [r[0].id for r in results if r[1] != "killed"]
+        print(f"\nmutate --listed-only: {len(results) - len(missed)} of {len(results)} killed by their listed tests"
+              + (f"; not: {', '.join(missed)}" if missed else ""))
+        return 0
     killed = [r for r in results if r[1] == "killed"]
     surv = [r for r in results if r[1] == "survived"]
     nob = [r for r in results if r[1] == "nobuild"]
