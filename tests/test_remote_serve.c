@@ -103,12 +103,16 @@ static char *turn_ex(int port, const char *const *users, char *const *replies, i
     return text;
 }
 
-/* The value of the metric line that starts with `name ` in a Prometheus text; -1 if none. */
+/* The value of the metric line that starts with `name{model="stories260K"} `
+ * (the remote tier's series carry the served model's id) in a Prometheus
+ * text; -1 if none. */
 static double metric(const char *text, const char *name)
 {
-    size_t n = strlen(name);
+    char series[160];
+    snprintf(series, sizeof series, "%s{model=\"stories260K\"}", name);
+    size_t n = strlen(series);
     for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (!strncmp(p, name, n) && p[n] == ' ')
+        if (!strncmp(p, series, n) && p[n] == ' ')
             return strtod(p + n + 1, NULL);
     return -1;
 }
