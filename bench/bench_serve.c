@@ -411,6 +411,7 @@ static double engine_rate(kvt_model *m, int n, int steps)
 static json_t *engine_stats(int port)
 {
     reply r;
+    usleep(20000); /* the step that finished the last reply has copied its figures */
     if (http(port, "GET", "/stats", NULL, &r) || r.status != 200) {
         free(r.body);
         free(r.ev);
@@ -425,6 +426,18 @@ static json_t *engine_stats(int port)
 }
 
 static double num(json_t *o, const char *k) { return json_number_value(json_object_get(o, k)); }
+
+/* Tokens per second of the decode steps the engine thread ran between two
+ * /stats "engine" objects: decode rows over the steps' engine-thread time
+ * (the server's own view, without HTTP). 0 when either is missing. */
+static double steps_rate(json_t *a, json_t *b)
+{
+    json_t *ha = json_object_get(a, "batch_size_histogram"), *hb = json_object_get(b, "batch_size_histogram");
+    double sec = 0;
+    for (size_t i = 0; a && b && i < json_array_size(hb); i++)
+        sec += num(json_array_get(hb, i), "seconds") - num(json_array_get(ha, i), "seconds");
+    return sec > 0 ? (num(b, "batch_sequences") - num(a, "batch_sequences")) / sec : 0.0;
+}
 
 /* Prints what the engine did between two /stats "engine" objects. */
 static void print_engine_delta(const char *what, json_t *a, json_t *b)
@@ -560,7 +573,7 @@ int kvt_bench_serve(int argc, char **argv)
     /* per server (cache off 0, on 1) and round: the S-stream and 1-stream
      * figures over HTTP, the engine alone at batch S and 1 */
     decode_fig (*dS)[100] = calloc(2, sizeof *dS), (*d1)[100] = calloc(2, sizeof *d1);
-    double eS[2][100], e1[2][100], ld[2][2];
+    double eS[2][100], e1[2][100], ld[2][2], sS[2][100], s1[2][100];
     json_t *eng0[2] = {NULL, NULL}, *eng1[2] = {NULL, NULL};
     kvt_model *alone = NULL;
     for (int on = 1; on >= 0; on--) {
@@ -606,12 +619,16 @@ int kvt_bench_serve(int argc, char **argv)
                 R, S, S, decode_tokens);
         ld[on][0] = load1();
         for (int r = 0; r < R; r++) {
+            json_t *a1 = engine_stats(port);
             d1[on][r] = decode_rate(port, 1, (int)decode_tokens, &errors);
             json_decref(eng0[on]); /* the last S-stream run's engine figures are printed */
             json_decref(eng1[on]);
             eng0[on] = engine_stats(port);
+            s1[on][r] = steps_rate(a1, eng0[on]);
+            json_decref(a1);
             dS[on][r] = decode_rate(port, S, (int)decode_tokens, &errors);
             eng1[on] = engine_stats(port);
+            sS[on][r] = steps_rate(eng0[on], eng1[on]);
             e1[on][r] = engine_rate(alone, 1, (int)decode_tokens);
             eS[on][r] = engine_rate(alone, S, (int)decode_tokens);
         }
@@ -671,6 +688,7 @@ int kvt_bench_serve(int argc, char **argv)
         }
         double mS = median_of(a, R), m1 = median_of(o1, R), mw = median_of(w, R);
         double mgS = median_of(gS, R), mg1 = median_of(g1, R);
+        double msS = median_of(sS[on], R), ms1 = median_of(s1[on], R);
         met &= m1 > 0 && mS >= 4 * m1;
         printf("decode, cache %s (median of %d rounds, load %.1f -> %.1f): %d streams %.1f tokens/s aggregate while all "
                "%d decode (window %.0f of %.0f ms; %.1f over first first-token to last end), 1 stream %.1f tokens/s: "
@@ -682,6 +700,8 @@ int kvt_bench_serve(int argc, char **argv)
         printf("\n  engine alone (kvt_model_decode_batch) at the same moments: batch %d %.1f tokens/s, batch 1 %.1f "
                "tokens/s: %.2fx; serve reaches %.0f%% of the engine at batch %d, %.0f%% at batch 1\n", S, mgS, mg1,
                mg1 > 0 ? mgS / mg1 : 0.0, mgS > 0 ? 100.0 * mS / mgS : 0.0, S, mg1 > 0 ? 100.0 * m1 / mg1 : 0.0);
+        printf("  server side (the engine thread's decode steps, no HTTP): %d streams %.1f tokens/s, 1 stream %.1f "
+               "tokens/s: %.2fx\n", S, msS, ms1, ms1 > 0 ? msS / ms1 : 0.0);
         if (coal)
             printf("  %lld tokens arrived in one event with another (a connection fell behind)\n", (long long)coal);
         print_engine_delta("the last S-stream run", eng0[on], eng1[on]);

@@ -12,7 +12,8 @@
  * logits of 3 greedy decode steps after it (the state appended to the
  * caches is the same). On stories260K (when ../shared has it) and on
  * synthetic plain, sliding-window (wrapping), recurrent and hybrid models,
- * with K/V stored as f32, f16 and q8. kvt_model_prefill's GEMM path is
+ * with K/V stored as f32, f16 and q8, and with the plain model's caches
+ * paged under a 1-block residency bound. kvt_model_prefill's GEMM path is
  * printed beside it: it agrees within float tolerance only, which is why
  * the server does not prefill through it.
  *
@@ -35,6 +36,7 @@
 
 #include "test_seed.h"
 
+#include "kvtier/residency.h"
 #include "model.h"
 #include "server.h"
 #include "serve_util.h"
@@ -171,8 +173,10 @@ static void feed(const eng *e, kvt_cache **c, const int32_t *tok, int from, int 
     free(toks);
 }
 
-/* Every way of feeding a prompt of n tokens against decoding it token by token. */
-static void check_model(kvt_model *m, const char *name, int n, int32_t block, uint64_t salt)
+/* Every way of feeding a prompt of n tokens against decoding it token by
+ * token. paged: the fed caches (every layer a kv layer) live under a
+ * 1-block residency bound, so prompt rows attend through the paging window. */
+static void check_model(kvt_model *m, const char *name, int n, int32_t block, uint64_t salt, int paged)
 {
     eng e = {m, kvt_model_get_config(m)->n_layers, kvt_model_get_config(m)->vocab_size, block};
     uint64_t rs = g_seed ^ (salt * 0x2545F4914F6CDD1DULL);
@@ -201,8 +205,19 @@ static void check_model(kvt_model *m, const char *name, int n, int32_t block, ui
         {"random chunks beside 2 other sequences", 0, 2, 0},
         {"a reused prefix, then random chunks beside 2", 0, 2, 1},
     };
+    uint64_t paged_out = 0;
+    int ran = 0;
     for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+        if (paged && ways[w].reuse)
+            continue;
         assert_int_equal(kvt_model_new_caches(m, block, c), 0);
+        kvt_residency *res = NULL;
+        if (paged) {
+            kvt_residency_options ro = {.max_blocks = 1, .dir = g_dir};
+            assert_int_equal(kvt_residency_create(&ro, &res), 0);
+            for (int l = 0; l < e.L; l++)
+                assert_int_equal(kvt_kv_set_residency(c[l], res, l), 0);
+        }
         int from = 0;
         if (ways[w].reuse) { /* part of the prompt came from a cache: clone, go on on the clone */
             from = rnd(&rs, 1, n - 1);
@@ -219,7 +234,21 @@ static void check_model(kvt_model *m, const char *name, int n, int32_t block, ui
         continue_greedy(&e, c, lg, next);
         strncat(what, ", then greedy decode", sizeof what - strlen(what) - 1);
         expect_same(next, ref_next, e.V * STEPS, what);
+        if (paged) {
+            kvt_residency_stats st;
+            for (int l = 0; l < e.L; l++)
+                assert_int_equal(kvt_kv_residency_settle(c[l]), 0);
+            assert_int_equal(kvt_residency_stats_get(res, &st), 0);
+            paged_out += st.blocks_out;
+        }
         kvt_caches_destroy(c, e.L);
+        kvt_residency_release(res);
+        ran++;
+    }
+    if (paged) {
+        print_message("  %s n %d under a 1-block residency bound: %llu blocks paged out\n", name, n,
+                      (unsigned long long)paged_out);
+        assert_true(paged_out > 0);
     }
     /* the GEMM prefill, for comparison */
     assert_int_equal(kvt_model_new_caches(m, block, c), 0);
@@ -228,8 +257,8 @@ static void check_model(kvt_model *m, const char *name, int n, int32_t block, ui
     for (size_t i = 0; i < V; i++)
         md = fmax(md, fabs((double)lg[i] - ref[i]));
     kvt_caches_destroy(c, e.L);
-    print_message("  %s %s n %d: 5 ways bit-identical to token-by-token decode; kvt_model_prefill (GEMM) differs "
-                  "by at most %.3g\n", name, kvt_kv_scheme_name(kvt_model_kv_scheme(m)), n, md);
+    print_message("  %s %s n %d: %d ways bit-identical to token-by-token decode; kvt_model_prefill (GEMM) differs "
+                  "by at most %.3g\n", name, kvt_kv_scheme_name(kvt_model_kv_scheme(m)), n, ran, md);
     free(tok);
     free(ref);
     free(ref_next);
@@ -275,7 +304,11 @@ static void test_engine_prefill_invariance(void **state)
         kvt_model *m = synth(shape);
         for (size_t s = 0; s < sizeof schemes / sizeof schemes[0]; s++) {
             assert_int_equal(kvt_model_set_kv_scheme(m, schemes[s]), 0);
-            check_model(m, names[shape], 90, 16, (uint64_t)(shape * 10 + (int)s + 1));
+            check_model(m, names[shape], 90, 16, (uint64_t)(shape * 10 + (int)s + 1), 0);
+        }
+        if (shape == PLAIN) {
+            assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_F32), 0);
+            check_model(m, "plain paged", 90, 16, 7, 1);
         }
         kvt_model_free(m);
     }
@@ -288,7 +321,7 @@ static void test_engine_prefill_invariance(void **state)
     }
     kvt_model *m = NULL;
     assert_int_equal(kvt_model_load(path, &m), 0);
-    check_model(m, "stories260K", 300, 16, 100); /* more than one chunk, many blocks */
+    check_model(m, "stories260K", 300, 16, 100, 0); /* more than one chunk, many blocks */
     kvt_model_free(m);
 }
 
