@@ -439,6 +439,29 @@ static void test_service_layers_from_caches(void **state)
 
     kvt_service_layer l;
     assert_int_equal(kvt_service_layer_of(NULL, &l), KVT_EINVAL);
+    /* the storage scheme sets the bytes a token costs (kv_dim 8: K and V) */
+    const kvt_dtype kv_dt[3] = {KVT_DTYPE_F32, KVT_DTYPE_F16, KVT_DTYPE_BF16};
+    const size_t kv_bpt[3] = {64, 32, 32};
+    for (int i = 0; i < 3; i++) {
+        kvt_cache *c;
+        assert_int_equal(kvt_kv_create_dtype(8, 16, kv_dt[i], &c), 0);
+        assert_int_equal(kvt_service_layer_of(c, &l), 0);
+        assert_int_equal(l.growth, KVT_GROWTH_PER_TOKEN);
+        assert_int_equal(l.bytes_per_token, kv_bpt[i]);
+        assert_int_equal(l.block_tokens, 16);
+        kvt_cache_destroy(c);
+        assert_int_equal(kvt_rotating_create_dtype(8, 4, 0, kv_dt[i], 0, &c), 0);
+        assert_int_equal(kvt_service_layer_of(c, &l), 0);
+        assert_int_equal(l.growth, KVT_GROWTH_WINDOW);
+        assert_int_equal(l.bytes_per_token, kv_bpt[i]);
+        assert_int_equal(l.window, 4);
+        kvt_cache_destroy(c);
+    }
+    kvt_cache *rq;
+    assert_int_equal(kvt_rotating_create_dtype(8, 4, 0, KVT_DTYPE_I8, 4, &rq), 0);
+    assert_int_equal(kvt_service_layer_of(rq, &l), 0);
+    assert_int_equal(l.bytes_per_token, 2 * (8 + 2 * 4)); /* codes + one f32 scale per 4 */
+    kvt_cache_destroy(rq);
     cfg.new_caches = fail_caches;
     assert_int_equal(kvt_service_create(&cfg, &derived), KVT_ENOMEM);
     assert_null(derived);

@@ -74,13 +74,15 @@ typedef struct kvt_service_layer {
 } kvt_service_layer;
 
 /** How one layer of the built-in kinds grows, read off a cache of it:
- * "kv" PER_TOKEN (2 * kv_dim * 4 bytes per token, its block_tokens),
+ * "kv" PER_TOKEN (2 * kv_dim * the element size of its storage scheme per
+ * token: 4 for f32, 2 for f16 and bf16; its block_tokens),
  * "qkv" PER_TOKEN (2 * kv_dim int8 codes + 2 * kv_dim / group_size f32
  * scales per token, its block_tokens), "qkvc" PER_TOKEN (2 * kv_dim codes +
  * ceil(16 * kv_dim / block_tokens) bytes of scales per token, its
  * block_tokens, plus fixed_bytes 8 * kv_dim * block_tokens: the f32 open
- * block), "rotating" WINDOW (2 * kv_dim * 4
- * bytes per token, its window), "recurrent" FIXED (its state bytes).
+ * block), "rotating" WINDOW (2 * kv_dim * 4, 2 for f16/bf16, or for an
+ * int8 ring 2 * (kv_dim + kv_dim / group_size * 4) bytes per token, its
+ * window), "recurrent" FIXED (its state bytes).
  * @param c any cache of the layer (only its kind and parameters are read).
  * @return 0; KVT_EINVAL (NULL argument); KVT_EUNSUPPORTED (a backend kind:
  *   describe that layer yourself); KVT_ENOMEM. Thread-safe. */

@@ -129,7 +129,9 @@ KVT_API int kvt_service_layer_of(const kvt_cache *c, kvt_service_layer *out)
         return rc;
     const int64_t *p = st.params;
     if (!strcmp(st.kind, "kv") && st.n_params >= 2) {
-        *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN, .bytes_per_token = 2 * (size_t)p[0] * 4,
+        /* K and V rows in the cache's storage scheme (f32 without the param) */
+        size_t es = st.n_params >= 3 ? kvt_dtype_size((kvt_dtype)p[2]) : 4;
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN, .bytes_per_token = 2 * (size_t)p[0] * (es ? es : 4),
                                    .block_tokens = (int32_t)p[1]};
     } else if (!strcmp(st.kind, "qkv") && st.n_params >= 3 && p[2] > 0) {
         *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN,
@@ -141,7 +143,15 @@ KVT_API int kvt_service_layer_of(const kvt_cache *c, kvt_service_layer *out)
                                    .bytes_per_token = 2 * (size_t)p[0] + (16 * (size_t)p[0] + (size_t)p[1] - 1) / (size_t)p[1],
                                    .block_tokens = (int32_t)p[1], .fixed_bytes = 8 * (size_t)p[0] * (size_t)p[1]};
     } else if (!strcmp(st.kind, "rotating") && st.n_params >= 2) {
-        *out = (kvt_service_layer){.growth = KVT_GROWTH_WINDOW, .bytes_per_token = 2 * (size_t)p[0] * 4,
+        /* params kv_dim, window, keep, dtype, group_size: an I8 ring holds
+         * one byte per element plus an f32 scale per group, K and V */
+        kvt_dtype dt = st.n_params >= 4 ? (kvt_dtype)p[3] : KVT_DTYPE_F32;
+        size_t row = (size_t)p[0] * 4;
+        if (dt == KVT_DTYPE_I8 && st.n_params >= 5 && p[4] > 0)
+            row = (size_t)p[0] + (size_t)(p[0] / p[4]) * 4;
+        else if (kvt_dtype_size(dt))
+            row = (size_t)p[0] * kvt_dtype_size(dt);
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_WINDOW, .bytes_per_token = 2 * row,
                                    .window = (int32_t)p[1]};
     } else if (!strcmp(st.kind, "recurrent") && st.n_params >= 1) {
         *out = (kvt_service_layer){.growth = KVT_GROWTH_FIXED, .fixed_bytes = (size_t)p[0]};
