@@ -14,7 +14,11 @@
  *   - near-ties: for each prompt that disagrees, f32's top-2 logit gap at
  *     the first step whose greedy token differs (the context still equal):
  *     how many are under 1e-2, and their median; and how often f32's greedy
- *     steps have a gap under 1e-2 at all (the density of near-ties);
+ *     steps have a gap under 1e-2 at all (the density of near-ties); and the
+ *     greedy agreement counted over only the prompts whose f32 continuation
+ *     never passes such a gap;
+ *   - caches in blocks of --block-tokens (default 256; q8 keeps a sequence's
+ *     open block in f32, so smaller blocks quantize more of the context);
  *   - the noise floor the schemes are read against: f32 again with only the
  *     order of its arithmetic changed (each prompt prefilled as T - 1 tokens,
  *     then its last one through decode), row "f32*".
@@ -56,7 +60,7 @@ static const char k_held_text[] =
     "again and again.\n";
 
 typedef struct {
-    int prompts, prompt_tokens, gen_tokens, group;
+    int prompts, prompt_tokens, gen_tokens, group, block_tokens;
 } kvd_opts;
 
 typedef struct {
@@ -68,6 +72,9 @@ typedef struct {
     double *gap[N_ROWS];      /* (prompts) f32's top-2 gap at each disagreeing prompt's first divergence */
     int n_gap[N_ROWS];
     long ref_steps, ref_near; /* f32's greedy steps, and those whose top-2 gap is under NEAR_TIE */
+    unsigned char *tied;      /* (prompts) 1 when f32's continuation passes a gap under NEAR_TIE */
+    int clean;                /* prompts whose f32 continuation never does */
+    int agree_clean[N_ROWS];  /* of those, the ones whose continuation equals f32's */
     int held_tokens;
 } kvd_result;
 
@@ -112,13 +119,14 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Caches for n sequences: cs[i] points at n_layers slots of all[]. */
-static int group_caches(kvt_model *m, int n, kvt_cache **all, kvt_cache ***cs)
+/* Caches for n sequences in blocks of B tokens: cs[i] points at n_layers
+ * slots of all[]. */
+static int group_caches(kvt_model *m, int n, int B, kvt_cache **all, kvt_cache ***cs)
 {
     int L = kvt_model_get_config(m)->n_layers;
     for (int i = 0; i < n; i++) {
         cs[i] = all + (size_t)i * L;
-        int rc = kvt_model_new_caches(m, 256, cs[i]);
+        int rc = kvt_model_new_caches(m, B, cs[i]);
         if (rc) {
             for (int j = 0; j < i; j++)
                 kvt_caches_destroy(cs[j], L);
@@ -143,7 +151,7 @@ static int make_prompts(kvt_model *m, const kvd_opts *o, int32_t *prompts, kvt_c
     for (int g0 = 0; g0 < o->prompts; g0 += o->group) {
         int n = o->prompts - g0 < o->group ? o->prompts - g0 : o->group, rc;
         uint64_t seed[1024];
-        if ((rc = group_caches(m, n, all, cs)))
+        if ((rc = group_caches(m, n, o->block_tokens, all, cs)))
             return rc;
         for (int i = 0; i < n; i++) {
             seed[i] = 1000 + (uint64_t)(g0 + i);
@@ -177,7 +185,7 @@ static int run_scheme(kvt_model *m, int s, const kvd_opts *o, const int32_t *pro
     for (int g0 = 0; g0 < o->prompts; g0 += o->group) {
         int n = o->prompts - g0 < o->group ? o->prompts - g0 : o->group, rc;
         int same[1024];
-        if ((rc = group_caches(m, n, all, cs)))
+        if ((rc = group_caches(m, n, o->block_tokens, all, cs)))
             return rc;
         for (int i = 0; i < n && !rc; i++) {
             float *lg = logits + (size_t)i * V;
@@ -196,7 +204,9 @@ static int run_scheme(kvt_model *m, int s, const kvd_opts *o, const int32_t *pro
                 if (!ref_ids) { /* f32: keep the logits the others compare with */
                     memcpy(last + row * (size_t)V, lg, sizeof(float) * (size_t)V);
                     r->ref_steps++;
-                    r->ref_near += top2_gap(lg, V) < NEAR_TIE;
+                    int near = top2_gap(lg, V) < NEAR_TIE;
+                    r->ref_near += near;
+                    r->tied[g0 + i] |= (unsigned char)near;
                 } else if (same[i]) {
                     const float *ref = ref_last + row * (size_t)V;
                     for (int v = 0; v < V; v++) {
@@ -214,8 +224,13 @@ static int run_scheme(kvt_model *m, int s, const kvd_opts *o, const int32_t *pro
             if (step + 1 < N)
                 rc = kvt_model_decode_batch(m, n, cs, tok, logits);
         }
-        for (int i = 0; i < n && ref_ids; i++)
-            r->agree[s] += !memcmp(ids + (size_t)(g0 + i) * N, ref_ids + (size_t)(g0 + i) * N, sizeof(int32_t) * N);
+        for (int i = 0; i < n && ref_ids; i++) {
+            int same_all = !memcmp(ids + (size_t)(g0 + i) * N, ref_ids + (size_t)(g0 + i) * N, sizeof(int32_t) * N);
+            r->agree[s] += same_all;
+            r->agree_clean[s] += same_all && !r->tied[g0 + i];
+        }
+        for (int i = 0; i < n && !ref_ids; i++)
+            r->clean += !r->tied[g0 + i];
         group_free(m, n, cs);
         if (rc)
             return rc;
@@ -224,13 +239,13 @@ static int run_scheme(kvt_model *m, int s, const kvd_opts *o, const int32_t *pro
 }
 
 /* Perplexity of the held text: exp(mean -log p(token | the text before)). */
-static int perplexity(kvt_model *m, kvt_kv_scheme s, const int32_t *ids, int n, double *out)
+static int perplexity(kvt_model *m, kvt_kv_scheme s, int B, const int32_t *ids, int n, double *out)
 {
     const kvt_model_config *c = kvt_model_get_config(m);
     kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
     float *lg = malloc(sizeof(float) * (size_t)c->vocab_size);
     kvt_model_set_kv_scheme(m, s);
-    int rc = lg ? kvt_model_new_caches(m, 256, caches) : KVT_ENOMEM;
+    int rc = lg ? kvt_model_new_caches(m, B, caches) : KVT_ENOMEM;
     double nll = 0;
     for (int t = 0; t + 1 < n && !rc; t++) {
         if ((rc = kvt_model_decode(m, caches, ids[t], lg)))
@@ -266,9 +281,11 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
     const int P = o.prompts, T = o.prompt_tokens, N = o.gen_tokens, V = c->vocab_size, G = o.group;
     for (int s = 0; s < N_ROWS; s++)
         free(r->gap[s]);
+    free(r->tied);
     memset(r, 0, sizeof *r);
     for (int s = 0; s < N_ROWS; s++)
         r->gap[s] = calloc((size_t)P, sizeof(double));
+    r->tied = calloc((size_t)P, 1);
     int32_t *prompts = malloc(sizeof(int32_t) * (size_t)P * T), *tok = malloc(sizeof(int32_t) * (size_t)G);
     int32_t *ids[N_ROWS] = {0};
     float *ref_last = malloc(sizeof(float) * (size_t)P * N * V), *logits = malloc(sizeof(float) * (size_t)G * V);
@@ -276,10 +293,11 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
     kvt_cache ***cs = calloc((size_t)G, sizeof *cs);
     for (int s = 0; s < N_ROWS; s++)
         ids[s] = malloc(sizeof(int32_t) * (size_t)P * N);
-    rc = prompts && tok && ref_last && logits && all && cs ? 0 : KVT_ENOMEM;
+    rc = prompts && tok && ref_last && logits && all && cs && r->tied ? 0 : KVT_ENOMEM;
     for (int s = 0; s < N_ROWS && !rc; s++)
         rc = ids[s] && r->gap[s] ? 0 : KVT_ENOMEM;
-    fprintf(stderr, "%s: %d prompts of %d tokens, %d greedy tokens each, groups of %d\n", name, P, T, N, G);
+    fprintf(stderr, "%s: %d prompts of %d tokens, %d greedy tokens each, groups of %d, blocks of %d\n", name, P, T,
+            N, G, o.block_tokens);
     if (!rc)
         rc = make_prompts(m, &o, prompts, all, cs, logits, tok);
     for (int s = 0; s < N_ROWS && !rc; s++) {
@@ -296,7 +314,7 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
         if (nh > c->seq_len)
             nh = c->seq_len; /* one window of the model's positions */
         for (int s = 0; s < N_SCHEMES && !rc; s++)
-            rc = perplexity(m, (kvt_kv_scheme)s, held, (int)nh, &r->ppl[s]);
+            rc = perplexity(m, (kvt_kv_scheme)s, o.block_tokens, held, (int)nh, &r->ppl[s]);
         r->held_tokens = (int)nh;
     }
     if (rc)
@@ -311,7 +329,8 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
 
 static void print_result(const char *name, const kvd_opts *o, const kvd_result *r)
 {
-    printf("\n%s (%d prompts; greedy agreement over %d tokens)\n", name, o->prompts, o->gen_tokens);
+    printf("\n%s (%d prompts; greedy agreement over %d tokens; KV blocks of %d tokens)\n", name, o->prompts,
+           o->gen_tokens, o->block_tokens);
     printf("  %-6s %10s %8s %12s %13s %16s %s\n", "scheme", "KV B/tok", "vs f32", "max|dlogit|", "mean|dlogit|",
            "greedy agree", r->ppl[0] > 0 ? "perplexity (held text)" : "");
     for (int s = 0; s < N_ROWS; s++) {
@@ -330,6 +349,11 @@ static void print_result(const char *name, const kvd_opts *o, const kvd_result *
     }
     printf("  near-ties: f32's top-2 logit gap is under %g at %ld of its %ld greedy steps (%.2f%%)\n", NEAR_TIE,
            r->ref_near, r->ref_steps, r->ref_steps ? 100.0 * (double)r->ref_near / (double)r->ref_steps : 0.0);
+    printf("  prompts whose f32 continuation never passes a gap under %g: %d of %d; greedy agreement among them:",
+           NEAR_TIE, r->clean, o->prompts);
+    for (int s = 1; s < N_ROWS; s++)
+        printf(" %s %d/%d%s", s == N_SCHEMES ? "f32*" : kvt_kv_scheme_name((kvt_kv_scheme)s), r->agree_clean[s],
+               r->clean, s + 1 < N_ROWS ? "," : "\n");
     for (int s = 1; s < N_ROWS; s++) {
         if (!r->n_gap[s])
             continue;
@@ -346,7 +370,7 @@ static void print_result(const char *name, const kvd_opts *o, const kvd_result *
 
 int kvt_bench_kv_dtype(int argc, char **argv)
 {
-    kvd_opts o = {64, 256, 128, 64}, od = {64, 256, 128, 8};
+    kvd_opts o = {64, 256, 128, 64, 256}, od = {64, 256, 128, 8, 256};
     const char *model = NULL, *tok_path = NULL;
     int skip_default = 0;
     for (int i = 1; i < argc; i++) {
@@ -364,6 +388,8 @@ int kvt_bench_kv_dtype(int argc, char **argv)
             o.gen_tokens = od.gen_tokens = x, i++;
         else if (!strcmp(a, "--default-prompts") && v && x >= 1 && x <= 4096)
             od.prompts = x, i++;
+        else if (!strcmp(a, "--block-tokens") && v && x >= 1 && x <= 65536)
+            o.block_tokens = od.block_tokens = x, i++;
         else if (!strcmp(a, "--no-default"))
             skip_default = 1;
         else {
@@ -371,7 +397,7 @@ int kvt_bench_kv_dtype(int argc, char **argv)
             fprintf(help ? stdout : stderr,
                     "usage: kvtier bench kv-dtype [--model stories260K.bin --tokenizer tok512.bin] [--prompts N (64)]\n"
                     "       [--prompt-tokens T (256)] [--gen-tokens N (128)] [--default-prompts N (--prompts)]\n"
-                    "       [--no-default]\n"
+                    "       [--block-tokens B (256)] [--no-default]\n"
                     "Quality of each KV storage scheme (f16, bf16, q8) against f32 in the same run: max and mean\n"
                     "|logit difference|, greedy agreement (prompts whose greedy continuation equals f32's),\n"
                     "perplexity of stories260K on a held text, KV bytes per token. Goals: f16 and bf16 agree\n"
@@ -424,5 +450,6 @@ int kvt_bench_kv_dtype(int argc, char **argv)
            "last one through decode): how far float rounding alone moves greedy text (the noise floor).\n");
     for (int s = 0; s < N_ROWS; s++)
         free(r.gap[s]);
+    free(r.tied);
     return status ? 1 : 0;
 }

@@ -155,12 +155,15 @@ static int raw_io(const char *dir, uint64_t bytes, const uint8_t *src, double *w
     return got == bytes ? 0 : -EIO;
 }
 
-/* KV storage schemes a run can store: the cache dtype of each, and for I8
- * its group (the engine's rule: 32 floats per f32 scale). */
+/* KV storage schemes a run can store: the cache dtype of each. q8 is the
+ * engine's (the qkvc kind: per-channel scales per block, the open block f32);
+ * q8-token the int8 layout with one f32 scale per 32 floats of a token row
+ * (the qkv kind, what q8 stored before), for comparison. */
 static const struct {
     const char *name;
     kvt_dtype dtype;
-} k_schemes[] = {{"f32", KVT_DTYPE_F32}, {"f16", KVT_DTYPE_F16}, {"bf16", KVT_DTYPE_BF16}, {"q8", KVT_DTYPE_I8}};
+} k_schemes[] = {{"f32", KVT_DTYPE_F32}, {"f16", KVT_DTYPE_F16}, {"bf16", KVT_DTYPE_BF16}, {"q8", KVT_DTYPE_U8},
+                 {"q8-token", KVT_DTYPE_I8}};
 #define N_SCHEMES (int)(sizeof k_schemes / sizeof k_schemes[0])
 #define Q8_GROUP 32
 
@@ -172,8 +175,10 @@ static int to_scheme(kvt_entry *e, int sc, int32_t kv_dim, int32_t block)
         return 0;
     for (int l = 0; l < e->n_caches; l++) {
         kvt_cache *c = NULL;
-        int rc = k_schemes[sc].dtype == KVT_DTYPE_I8 ? kvt_qkv_create(kv_dim, Q8_GROUP, block, &c)
-                                                     : kvt_kv_create_dtype(kv_dim, block, k_schemes[sc].dtype, &c);
+        kvt_dtype dt = k_schemes[sc].dtype;
+        int rc = dt == KVT_DTYPE_I8   ? kvt_qkv_create(kv_dim, Q8_GROUP, block, &c)
+                 : dt == KVT_DTYPE_U8 ? kvt_qkvc_create(kv_dim, block, &c)
+                                      : kvt_kv_create_dtype(kv_dim, block, dt, &c);
         for (int64_t b = 0; !rc && b < kvt_kv_block_count(e->caches[l]); b++) {
             kvt_kv_rows r;
             if (!(rc = kvt_kv_block_rows(e->caches[l], b, &r))) {
@@ -194,10 +199,12 @@ static int to_scheme(kvt_entry *e, int sc, int32_t kv_dim, int32_t block)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier bench ssd [--dir DIR] [--sizes 64M,256M,1G] [--layers N] [--kv-dim N]\n"
-               "                        [--block-tokens N] [--reads N] [--kv-dtype f32,f16,bf16,q8]\n"
+               "                        [--block-tokens N] [--reads N] [--kv-dtype f32,f16,bf16,q8,q8-token]\n"
                "  store/restore GB/s of SIZE bytes of f32 kv state vs raw write+fsync / read of DIR;\n"
                "  --kv-dtype (default f32): the same tokens stored in each KV storage scheme\n"
-               "  (q8: int8 with an f32 scale per 32 floats); \"tok/s\" is the checked restore's\n"
+               "  (q8: 8-bit codes with per-channel scales per block, the open block in f32, as\n"
+               "  the engine stores it; q8-token: int8 with an f32 scale per 32 floats of a token,\n"
+               "  the layout q8 had before); \"tok/s\" is the checked restore's\n"
                "  tokens per second, \"f32-eq\" the same tokens per second as GB/s of f32 state;\n"
                "  every figure is the best of N runs (default 3), writes on fresh directories,\n"
                "  reads each after dropping the page cache\n");
@@ -238,7 +245,7 @@ int kvt_bench_ssd(int argc, char **argv)
                     if (strlen(k_schemes[k].name) == len && !strncmp(q, k_schemes[k].name, len))
                         found = k;
                 if (found < 0 || n_schemes == N_SCHEMES) {
-                    fprintf(stderr, "bench ssd: --kv-dtype '%s': a list of f32, f16, bf16, q8\n", v);
+                    fprintf(stderr, "bench ssd: --kv-dtype '%s': a list of f32, f16, bf16, q8, q8-token\n", v);
                     return 2;
                 }
                 schemes[n_schemes++] = found;

@@ -21,7 +21,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvtier serve [--model M.bin --tokenizer T.bin [--model-name NAME]] ...\n"
-            "                    [--pool-ram BYTES] [--pool-kv BYTES] [--pool-disk BYTES]\n"
+            "                    [--pool-ram BYTES] [--pool-kv BYTES] [--pool-disk BYTES] [--pool-remote BYTES]\n"
             "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
             "                     [--demote-idle MS] [--checkpoint-every N]] [--prompt-cache-dir DIR ...]\n"
@@ -62,8 +62,12 @@ static void usage(FILE *f)
             "  --pool-kv BYTES       projected KV bytes of every model's admitted requests together;\n"
             "                        a request that does not fit now waits (0: not limited)\n"
             "  --pool-disk BYTES     disk bytes of the SSD directory (its --ssd-cache-max must fit)\n"
-            "                        (0: not limited). /stats \"pool\" and /metrics kvtier_pool_* give\n"
-            "                        occupancy and high-water marks by axis and by member\n"
+            "                        (0: not limited)\n"
+            "  --pool-remote BYTES   bytes of every model's Redis writes in flight together (queued\n"
+            "                        write-behind and the write being sent; needs --redis); a write\n"
+            "                        that does not fit is dropped and counted (0: not limited).\n"
+            "                        /stats \"pool\" and /metrics kvtier_pool_* give occupancy and\n"
+            "                        high-water marks by axis and by member\n"
             "  --host ADDR           IPv4/IPv6 address to bind, or localhost (default 127.0.0.1:\n"
             "                        loopback only; 0.0.0.0 or :: listen on every interface)\n"
             "  --port N              TCP port (default 8080; 0 picks a free one, printed at start)\n"
@@ -196,7 +200,7 @@ int kvt_cmd_serve(int argc, char **argv)
             "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--max-queue", "--max-running", "--prefill-chunk", "--max-body",
             "--api-key", "--shutdown-timeout", "--conn-timeout", "--max-connections", "--threads",
             "--prompt-cache-dir", "--kv-dtype", "--redis", "--redis-timeout", "--redis-ttl", "--checkpoint-every",
-            "--redis-restore-timeout", "--pool-ram", "--pool-kv", "--pool-disk", "--live-cache-blocks",
+            "--redis-restore-timeout", "--pool-ram", "--pool-kv", "--pool-disk", "--pool-remote", "--live-cache-blocks",
             "--live-cache-bytes", "--live-cache-dir", NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++)
@@ -288,6 +292,7 @@ int kvt_cmd_serve(int argc, char **argv)
                             : !strcmp(a, "--pool-ram")   ? &o.pool_ram_bytes
                             : !strcmp(a, "--pool-kv")    ? &o.pool_kv_bytes
                             : !strcmp(a, "--pool-disk")  ? &o.pool_disk_bytes
+                            : !strcmp(a, "--pool-remote") ? &o.pool_remote_bytes
                             : !strcmp(a, "--live-cache-bytes") ? &o.live_cache_bytes
                                                          : &o.ssd_max_bytes;
             if (kvt_chat_parse_bytes(a, v, dst)) {
@@ -311,6 +316,8 @@ int kvt_cmd_serve(int argc, char **argv)
         o.models = models;
         o.n_models = n_model;
     }
+    if (o.pool_remote_bytes && !o.redis_url)
+        return usage_error("--pool-remote needs --redis URL (the writes it bounds)", NULL);
     if (o.pool_disk_bytes && (!o.ssd_dir || !o.ssd_max_bytes))
         return usage_error("--pool-disk needs --ssd-cache DIR with --ssd-cache-max BYTES (the budget it charges)",
                            NULL);

@@ -517,7 +517,7 @@ static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, cons
     size_t stride = (size_t)T * (size_t)ctx;
     int G = H; /* heads per group */
     while (G > KVT__MAX(parts, 1) && (size_t)G * stride > WIN_SCORES_MAX)
-        G = (G + 1) / 2;
+        G = KVT__MAX((G + 1) / 2, parts); /* never fewer heads than the threads run */
     parts = KVT__MIN(parts, G);
     int groups = (H + G - 1) / G;
     /* the walk: per group of heads, K blocks then V blocks */

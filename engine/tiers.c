@@ -213,6 +213,14 @@ static int ssd_stats(void *self, kvt_tier_stats *out)
     return d->store ? d->inner.stats(d->inner.self, out) : 0;
 }
 
+/* The store's per-layer residency (0 for every layer while it is off). */
+static int ssd_layer_bytes(void *self, int32_t n_layers, uint64_t *bytes)
+{
+    kvt_ssd_level *d = self;
+    return d->store && d->inner.layer_bytes ? d->inner.layer_bytes(d->inner.self, n_layers, bytes)
+                                            : KVT_LAYER_BYTES_RESIDENT;
+}
+
 /* The store's budget evictions go to fn (a chain demotes them into the level
  * below). Only while the store is open: close removes nothing (the chain
  * removes its hook before the level closes). */
@@ -238,6 +246,7 @@ KVT_API void kvt_ssd_level_tier(kvt_ssd_level *d, kvt_cold_tier *tier)
                             .flush = ssd_flush,
                             .stats = ssd_stats,
                             .set_evict = ssd_set_evict,
+                            .layer_bytes = ssd_layer_bytes,
                             /* the store's (read-only when it was opened so);
                              * read-only while OFF: a chain writes elsewhere */
                             .flags = d && d->store ? d->inner.flags : KVT_TIER_READ_ONLY};

@@ -6,6 +6,7 @@
 #include "metrics.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,8 +201,269 @@ static void hist(sbuf *b, const char *name, const char *help, const histogram *h
     sb_printf(b, "kvtier_%s_sum %.6f\nkvtier_%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
-int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_stats *rep,
-                               const kvt_store_stats *ss, char **out)
+/* A Prometheus label value: backslash, quote and newline escaped. */
+static void sb_label(sbuf *b, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            sb_printf(b, "\\%c", *v);
+        else if (*v == '\n')
+            sb_printf(b, "\\n");
+        else
+            sb_printf(b, "%c", *v);
+    }
+}
+
+/* The start of one model's series: kvtier_FAM{model="ID" (the caller adds
+ * its other labels, the closing brace and the value). */
+static void series(sbuf *b, const char *fam, const char *model)
+{
+    sb_printf(b, "kvtier_%s{model=\"", fam);
+    sb_label(b, model);
+    sb_printf(b, "\"");
+}
+
+/* Which part of a model's figures a family reads. */
+typedef enum { PART_REP, PART_SSD, PART_REMOTE } fig_part;
+
+static int has_part(const kvt_srv_model_figures *f, fig_part p)
+{
+    return p == PART_REP ? f->have_rep : p == PART_SSD ? f->have_ssd : f->have_remote;
+}
+
+static int any_part(const kvt_srv_model_figures *mf, int n, fig_part p)
+{
+    for (int i = 0; i < n; i++)
+        if (has_part(&mf[i], p))
+            return 1;
+    return 0;
+}
+
+/* One family with one series per model that has part p: the uint64 at
+ * byte offset `off` of each model's figures, divided by `div` when it is
+ * not 0 (milliseconds or nanoseconds given as seconds). No lines at all
+ * when no model has the part. */
+static void model_family(sbuf *b, const kvt_srv_model_figures *mf, int n, fig_part p, const char *fam,
+                         const char *type, const char *help, size_t off, double div)
+{
+    if (!any_part(mf, n, p))
+        return;
+    head(b, fam, type, help);
+    for (int i = 0; i < n; i++) {
+        if (!has_part(&mf[i], p))
+            continue;
+        uint64_t v = *(const uint64_t *)((const char *)&mf[i] + off);
+        series(b, fam, mf[i].id);
+        if (div > 0)
+            sb_printf(b, "} %.9g\n", (double)v / div);
+        else
+            sb_printf(b, "} %llu\n", (unsigned long long)v);
+    }
+}
+
+/* The tier_* gauges: RAM from the report, SSD from the store. */
+static void tier_family(sbuf *b, const kvt_srv_model_figures *mf, int n, const char *fam, const char *help,
+                        size_t rep_off, size_t ss_off)
+{
+    head(b, fam, "gauge", help);
+    for (int i = 0; i < n; i++) {
+        const kvt_srv_model_figures *f = &mf[i];
+        if (!f->have_rep)
+            continue;
+        series(b, fam, f->id);
+        sb_printf(b, ",tier=\"ram\"} %llu\n", (unsigned long long)*(const uint64_t *)((const char *)f + rep_off));
+        if (f->have_ssd) {
+            series(b, fam, f->id);
+            sb_printf(b, ",tier=\"ssd\"} %llu\n", (unsigned long long)*(const uint64_t *)((const char *)f + ss_off));
+        }
+    }
+}
+
+/* Every model's service, tier, SSD, remote and per-layer families, each
+ * series labelled by model. */
+static void model_lines(sbuf *b, const kvt_srv_model_figures *mf, int n)
+{
+    if (any_part(mf, n, PART_REP)) {
+        tier_family(b, mf, n, "tier_bytes", "Bytes a tier holds.", offsetof(kvt_srv_model_figures, rep.bytes),
+                    offsetof(kvt_srv_model_figures, ss.bytes));
+        tier_family(b, mf, n, "tier_max_bytes", "A tier's byte budget (0: unlimited).",
+                    offsetof(kvt_srv_model_figures, rep.max_bytes), offsetof(kvt_srv_model_figures, ss.max_bytes));
+        tier_family(b, mf, n, "tier_entries", "Entries (prefix states) a tier holds.",
+                    offsetof(kvt_srv_model_figures, rep.entries), offsetof(kvt_srv_model_figures, ss.entries));
+    }
+    /* every prompt cache counter, from its one list (its gauges are the tier_* lines) */
+#define KVT__PC_PROM(type, name, kind, help)                                                       \
+    if (!strcmp(#kind, "counter"))                                                                 \
+        model_family(b, mf, n, PART_REP, "prompt_cache_" #name "_total", "counter", help ".",          \
+                     offsetof(kvt_srv_model_figures, rep.name), 0);
+    KVT_PROMPT_CACHE_COUNTERS(KVT__PC_PROM)
+#undef KVT__PC_PROM
+    model_family(b, mf, n, PART_REP, "kv_projected_bytes", "gauge", "Projected KV bytes of the admitted requests.",
+                 offsetof(kvt_srv_model_figures, rep.kv_projected_bytes), 0);
+    model_family(b, mf, n, PART_REP, "kv_budget_bytes", "gauge",
+                 "KV byte budget requests are admitted under (0: unlimited).",
+                 offsetof(kvt_srv_model_figures, rep.kv_budget_bytes), 0);
+    model_family(b, mf, n, PART_REP, "admission_rejected_total", "counter", "Requests that can never fit the limits.",
+                 offsetof(kvt_srv_model_figures, rep.rejected), 0);
+    /* the bounded live-cache counters (docs/residency.md), from the service's
+     * one list; a counter of milliseconds in seconds */
+#define KVT__LIVE_PROM(name, group, key, kind, help)                                               \
+    if (!strncmp(#name, "live_", 5)) {                                                             \
+        int ms = !strcmp(#name, "live_page_stall_ms");                                             \
+        model_family(b, mf, n, PART_REP, ms ? "live_page_stall_seconds_total" : #name "_total", "counter", \
+                     ms ? "Time attention waited for live-cache blocks being read." : help ".",    \
+                     offsetof(kvt_srv_model_figures, rep.name), ms ? 1000.0 : 0);                  \
+    }
+    KVT_SERVICE_COUNTERS(KVT__LIVE_PROM)
+#undef KVT__LIVE_PROM
+    /* each cold tier level's counters, from the tiers' one list, labelled
+     * by model, level and name */
+    int any_tiers = 0;
+    for (int i = 0; i < n; i++)
+        any_tiers |= mf[i].n_tiers > 0;
+#define KVT__TIER_PROM(fld, kind, help)                                                           \
+    if (any_tiers) {                                                                               \
+        int counter = !strcmp(#kind, "counter");                                                   \
+        char nm[64];                                                                               \
+        snprintf(nm, sizeof nm, "tier_level_%s%s", #fld, counter ? "_total" : "");                \
+        head(b, nm, #kind, "Tier level: " help ".");                                               \
+        for (int i = 0; i < n; i++)                                                                \
+            for (int32_t l = 0; l < mf[i].n_tiers && l < KVT_TIER_CHAIN_MAX; l++) {                \
+                series(b, nm, mf[i].id);                                                           \
+                sb_printf(b, ",level=\"%d\",tier=\"%s\"} %llu\n", (int)l, mf[i].tiers[l].name,        \
+                          (unsigned long long)mf[i].tiers[l].st.fld);                              \
+            }                                                                                      \
+    }
+    KVT_TIER_COUNTERS(KVT__TIER_PROM)
+#undef KVT__TIER_PROM
+    /* every SSD store counter, from its one list (kvtier_ssd_<metric>), and
+     * its refusals by reason */
+#define KVT__STORE_PROM(type, name, kind, metric, help)                                            \
+    {                                                                                              \
+        const char *mname = #metric;                                                               \
+        size_t len = strlen(mname);                                                                \
+        int ns = len > 3 && !strcmp(mname + len - 3, "_ns");                                       \
+        char nm[96];                                                                               \
+        snprintf(nm, sizeof nm, "ssd_%.*s%s%s", (int)(ns ? len - 3 : len), mname, ns ? "_seconds" : "", \
+                 !strcmp(#kind, "counter") ? "_total" : "");                                       \
+        model_family(b, mf, n, PART_SSD, nm, #kind, "SSD tier: " help ".",                         \
+                     offsetof(kvt_srv_model_figures, ss.name), ns ? 1e9 : 0);                      \
+    }
+    KVT_STORE_COUNTERS(KVT__STORE_PROM)
+#undef KVT__STORE_PROM
+    if (any_part(mf, n, PART_SSD)) {
+        head(b, "ssd_refused_total", "counter", "SSD tier: shards refused, by reason.");
+        for (int i = 0; i < n; i++)
+            for (int r = 0; mf[i].have_ssd && r < KVT_STORE_REFUSED_COUNT; r++) {
+                series(b, "ssd_refused_total", mf[i].id);
+                sb_printf(b, ",reason=\"%s\"} %llu\n", kvt_store_refusal_name((kvt_store_refusal)r),
+                          (unsigned long long)mf[i].ss.refused[r]);
+            }
+    }
+    /* every remote counter, from its one list; a counter of milliseconds
+     * (NAME_ms) in seconds, as Prometheus base units want */
+#define KVT__REMOTE_PROM(field, kind, help)                                                        \
+    {                                                                                              \
+        const char *fname = #field;                                                                \
+        size_t len = strlen(fname);                                                                \
+        int ms = len > 3 && !strcmp(fname + len - 3, "_ms");                                       \
+        char nm[96];                                                                               \
+        snprintf(nm, sizeof nm, "remote_%.*s%s", (int)(ms ? len - 3 : len), fname,                 \
+                 ms ? "_seconds_total" : !strcmp(#kind, "counter") ? "_total" : "");               \
+        model_family(b, mf, n, PART_REMOTE, nm, #kind, "Remote tier: " help ".",                  \
+                     offsetof(kvt_srv_model_figures, rs.field), ms ? 1000.0 : 0);                  \
+    }
+    KVT_REMOTE_COUNTERS(KVT__REMOTE_PROM)
+#undef KVT__REMOTE_PROM
+    /* one family per field of the per-layer list, labelled by model and
+     * layer (at most KVT_LAYER_REPORT_LIMIT + 1 layer values a model: the
+     * overflow group is one) */
+    int any_layers = 0;
+    for (int i = 0; i < n; i++)
+        any_layers |= mf[i].n_layers > 0;
+#define KVT__LAYER_PROM(name, kind, help)                                                          \
+    if (any_layers) {                                                                              \
+        const char *fam = !strcmp(#kind, "counter") ? "layer_" #name "_total" : "layer_" #name;   \
+        head(b, fam, #kind, "Per-layer residency: " help ".");                                    \
+        for (int i = 0; i < n; i++)                                                                \
+            for (int32_t l = 0; l < mf[i].n_layers && l <= KVT_LAYER_REPORT_LIMIT; l++) {          \
+                const kvt_layer_stats *g = &mf[i].layers[l];                                       \
+                series(b, fam, mf[i].id);                                                          \
+                if (g->first_layer == g->last_layer)                                               \
+                    sb_printf(b, ",layer=\"%d\"} %llu\n", (int)g->first_layer,                     \
+                              (unsigned long long)g->name);                                        \
+                else                                                                               \
+                    sb_printf(b, ",layer=\"%d-%d\"} %llu\n", (int)g->first_layer, (int)g->last_layer, \
+                              (unsigned long long)g->name);                                        \
+            }                                                                                      \
+    }
+    KVT_LAYER_COUNTERS(KVT__LAYER_PROM)
+#undef KVT__LAYER_PROM
+}
+
+/* The process-wide pool's lines: members, and for every field of the one
+ * list a family by axis for the whole pool and one by member and axis. */
+static void pool_lines(sbuf *b, kvt_pool *pool)
+{
+    kvt_pool_report r;
+    char *js = NULL;
+    json_t *doc = NULL;
+    if (pool && kvt_pool_report_get(pool, &r) == 0 && kvt_pool_report_json(pool, &js) == 0)
+        doc = json_loads(js, 0, NULL);
+    kvt_string_free(js);
+    if (!doc)
+        return;
+    one(b, "pool_members", "gauge", "Managers joined to the process-wide pool.", r.members);
+    json_t *members = json_object_get(doc, "member_list");
+    /* members are the process's services and roots: bounded by its configuration */
+#define KVT__POOL_PROM(name, kind, help)                                                               \
+    head(b, !strcmp(#kind, "counter") ? "pool_" #name "_total" : "pool_" #name "_bytes", #kind,         \
+         "Process-wide pool: " help ".");                                                              \
+    for (int a = 0; a < KVT_POOL_AXES; a++)                                                            \
+        sb_printf(b, "kvtier_pool_%s{axis=\"%s\"} %llu\n",                                              \
+                  !strcmp(#kind, "counter") ? #name "_total" : #name "_bytes",                         \
+                  kvt_pool_axis_name((kvt_pool_axis)a), (unsigned long long)r.axis[a].name);           \
+    if (strcmp(#name, "limit")) {                                                                      \
+        head(b, !strcmp(#kind, "counter") ? "pool_member_" #name "_total" : "pool_member_" #name "_bytes", \
+             #kind, "One pool member: " help ".");                                                     \
+        size_t i;                                                                                      \
+        json_t *m;                                                                                     \
+        json_array_foreach(members, i, m)                                                              \
+        {                                                                                              \
+            for (int a = 0; a < KVT_POOL_AXES; a++) {                                                  \
+                const char *ax = kvt_pool_axis_name((kvt_pool_axis)a);                                 \
+                json_t *x = json_object_get(json_object_get(json_object_get(m, "axes"), ax), #name);    \
+                sb_printf(b, "kvtier_pool_member_%s{member=\"",                                         \
+                          !strcmp(#kind, "counter") ? #name "_total" : #name "_bytes");                \
+                sb_label(b, json_string_value(json_object_get(m, "name")));                             \
+                sb_printf(b, "\",axis=\"%s\"} %llu\n", ax, (unsigned long long)json_integer_value(x));    \
+            }                                                                                          \
+        }                                                                                              \
+    }
+    KVT_POOL_USAGE_FIELDS(KVT__POOL_PROM)
+#undef KVT__POOL_PROM
+    json_decref(doc);
+}
+
+/* The I/O worker's families: one per KVT_IO_KIND_COUNTERS entry, by kind. */
+static void io_lines(sbuf *b, const kvt_io_stats *io)
+{
+#define KVT__IO_PROM(field, kind, help)                                                            \
+    {                                                                                              \
+        int ctr = !strcmp(#kind, "counter");                                                       \
+        char name[64];                                                                             \
+        snprintf(name, sizeof name, "io_%s%s", #field, ctr ? "_total" : "");                      \
+        head(b, name, #kind, "I/O worker: " help ", by kind.");                                    \
+        for (int k = 0; k < KVT_IO_KINDS; k++)                                                     \
+            sb_printf(b, "kvtier_%s{kind=\"%s\"} %llu\n", name, kvt_io_kind_name((kvt_io_kind)k),    \
+                      (unsigned long long)io->by_kind[k].field);                                   \
+    }
+    KVT_IO_KIND_COUNTERS(KVT__IO_PROM)
+#undef KVT__IO_PROM
+}
+
+int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_srv_model_figures *models,
+                               int n_models, kvt_pool *pool, const kvt_io_stats *io, char **out)
 {
     *out = NULL;
     pthread_mutex_lock(&m->mu);
@@ -238,227 +500,16 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
     one(&b, "running_requests", "gauge", "Requests admitted: prefilling or decoding.", pos(g->running));
     one(&b, "open_connections", "gauge", "Open HTTP connections.", pos(g->connections));
     one(&b, "ready", "gauge", "1 once the model is loaded and requests are served.", (uint64_t)g->ready);
-    if (rep) {
-        head(&b, "tier_bytes", "gauge", "Bytes a tier holds.");
-        sb_printf(&b, "kvtier_tier_bytes{tier=\"ram\"} %llu\n", (unsigned long long)rep->bytes);
-        if (ss)
-            sb_printf(&b, "kvtier_tier_bytes{tier=\"ssd\"} %llu\n", (unsigned long long)ss->bytes);
-        head(&b, "tier_max_bytes", "gauge", "A tier's byte budget (0: unlimited).");
-        sb_printf(&b, "kvtier_tier_max_bytes{tier=\"ram\"} %llu\n", (unsigned long long)rep->max_bytes);
-        if (ss)
-            sb_printf(&b, "kvtier_tier_max_bytes{tier=\"ssd\"} %llu\n", (unsigned long long)ss->max_bytes);
-        head(&b, "tier_entries", "gauge", "Entries (prefix states) a tier holds.");
-        sb_printf(&b, "kvtier_tier_entries{tier=\"ram\"} %llu\n", (unsigned long long)rep->entries);
-        if (ss)
-            sb_printf(&b, "kvtier_tier_entries{tier=\"ssd\"} %llu\n", (unsigned long long)ss->entries);
-        /* every prompt cache counter, from its one list (its gauges are the tier_* lines) */
-#define KVT__PC_PROM(type, name, kind, help)                                                       \
-    if (!strcmp(#kind, "counter"))                                                                 \
-        one(&b, "prompt_cache_" #name "_total", "counter", help ".", rep->name);
-        KVT_PROMPT_CACHE_COUNTERS(KVT__PC_PROM)
-#undef KVT__PC_PROM
-        one(&b, "kv_projected_bytes", "gauge", "Projected KV bytes of the admitted requests.", rep->kv_projected_bytes);
-        one(&b, "kv_budget_bytes", "gauge", "KV byte budget requests are admitted under (0: unlimited).",
-            rep->kv_budget_bytes);
-        one(&b, "admission_rejected_total", "counter", "Requests that can never fit the limits.", rep->rejected);
-        /* the bounded live-cache counters (docs/residency.md), from the service's one list */
-#define KVT__LIVE_PROM(name, group, key, kind, help)                                               \
-    if (!strncmp(#name, "live_", 5) && strcmp(#name, "live_page_stall_ms"))                        \
-        one(&b, #name "_total", "counter", help ".", rep->name);
-        KVT_SERVICE_COUNTERS(KVT__LIVE_PROM)
-#undef KVT__LIVE_PROM
-        head(&b, "live_page_stall_seconds_total", "counter", "Time attention waited for live-cache blocks being read.");
-        sb_printf(&b, "kvtier_live_page_stall_seconds_total %.3f\n", (double)rep->live_page_stall_ms / 1000.0);
-    }
-    /* each cold tier level's counters, from the tiers' one list, labelled
-     * by level and name */
-#define KVT__TIER_PROM(fld, kind, help)                                                           \
-    if (g->n_tiers > 0) {                                                                          \
-        int counter = !strcmp(#kind, "counter");                                                   \
-        char nm[64];                                                                               \
-        snprintf(nm, sizeof nm, "tier_level_%s%s", #fld, counter ? "_total" : "");                \
-        head(&b, nm, #kind, "Tier level: " help ".");                                              \
-        for (int32_t i = 0; i < g->n_tiers && i < KVT_TIER_CHAIN_MAX; i++)                         \
-            sb_printf(&b, "kvtier_%s{level=\"%d\",tier=\"%s\"} %llu\n", nm, (int)i, g->tiers[i].name, \
-                      (unsigned long long)g->tiers[i].st.fld);                                    \
-    }
-    KVT_TIER_COUNTERS(KVT__TIER_PROM)
-#undef KVT__TIER_PROM
-    if (ss) {
-        one(&b, "ssd_pending_writes", "gauge", "SSD write-behind jobs queued or being written.", ss->pending);
-        one(&b, "ssd_pending_write_bytes", "gauge", "Cache bytes the pending SSD writes hold.", ss->pending_bytes);
-        one(&b, "ssd_failed_writes_total", "counter", "SSD writes that failed.", ss->failed);
-        one(&b, "ssd_dropped_writes_total", "counter", "SSD write-behind jobs refused (queue full, closing).",
-            ss->dropped);
-        one(&b, "ssd_written_entries_total", "counter", "Entries made durable on the SSD tier.", ss->written);
-        one(&b, "ssd_restores_total", "counter", "Successful restores from the SSD tier.", ss->restores);
-        one(&b, "ssd_restore_bytes_total", "counter", "Shard bytes read by SSD restores.", ss->restore_bytes);
-    }
-    if (b.oom) {
+    if (models && n_models > 0)
+        model_lines(&b, models, n_models);
+    if (io)
+        io_lines(&b, io);
+    pool_lines(&b, pool);
+    if (b.oom || !b.p) {
         free(b.p);
         return -1;
     }
     *out = b.p;
-    return 0;
-}
-
-/* A Prometheus label value: backslash, quote and newline escaped. */
-static void sb_label(sbuf *b, const char *v)
-{
-    for (; *v; v++) {
-        if (*v == '\\' || *v == '"')
-            sb_printf(b, "\\%c", *v);
-        else if (*v == '\n')
-            sb_printf(b, "\\n");
-        else
-            sb_printf(b, "%c", *v);
-    }
-}
-
-int kvt_srv_metrics_layers_prometheus(const kvt_layer_stats *g, int n, char **out)
-{
-    *out = NULL;
-    sbuf b = {0};
-    sb_printf(&b, "%s", "");
-    /* one family per field of the one list, labelled by layer (at most
-     * KVT_LAYER_REPORT_LIMIT + 1 values: the overflow group is one) */
-#define KVT__LAYER_PROM(name, kind, help)                                                          \
-    if (n > 0) {                                                                                   \
-        const char *fam = !strcmp(#kind, "counter") ? "layer_" #name "_total" : "layer_" #name;   \
-        head(&b, fam, #kind, "Per-layer residency: " help ".");                                   \
-        for (int i = 0; i < n; i++) {                                                              \
-            if (g[i].first_layer == g[i].last_layer)                                               \
-                sb_printf(&b, "kvtier_%s{layer=\"%d\"} %llu\n", fam, (int)g[i].first_layer,         \
-                          (unsigned long long)g[i].name);                                          \
-            else                                                                                   \
-                sb_printf(&b, "kvtier_%s{layer=\"%d-%d\"} %llu\n", fam, (int)g[i].first_layer,      \
-                          (int)g[i].last_layer, (unsigned long long)g[i].name);                    \
-        }                                                                                          \
-    }
-    KVT_LAYER_COUNTERS(KVT__LAYER_PROM)
-#undef KVT__LAYER_PROM
-    if (b.oom) {
-        free(b.p);
-        return -1;
-    }
-    *out = b.p;
-    return 0;
-}
-
-int kvt_srv_metrics_pool_prometheus(kvt_pool *pool, char **out)
-{
-    *out = NULL;
-    sbuf b = {0};
-    sb_printf(&b, "%s", ""); /* an empty text for no pool, never NULL */
-    kvt_pool_report r;
-    char *js = NULL;
-    json_t *doc = NULL;
-    if (pool && kvt_pool_report_get(pool, &r) == 0 && kvt_pool_report_json(pool, &js) == 0)
-        doc = json_loads(js, 0, NULL);
-    kvt_string_free(js);
-    if (doc) {
-        one(&b, "pool_members", "gauge", "Managers joined to the process-wide pool.", r.members);
-        json_t *members = json_object_get(doc, "member_list");
-        /* one family per field of the one list: the whole pool by axis, then
-         * each member by axis (members are the process's services and roots:
-         * bounded by its configuration) */
-#define KVT__POOL_PROM(name, kind, help)                                                               \
-    head(&b, !strcmp(#kind, "counter") ? "pool_" #name "_total" : "pool_" #name "_bytes", #kind,        \
-         "Process-wide pool: " help ".");                                                              \
-    for (int a = 0; a < KVT_POOL_AXES; a++)                                                            \
-        sb_printf(&b, "kvtier_pool_%s{axis=\"%s\"} %llu\n",                                             \
-                  !strcmp(#kind, "counter") ? #name "_total" : #name "_bytes",                         \
-                  kvt_pool_axis_name((kvt_pool_axis)a), (unsigned long long)r.axis[a].name);           \
-    if (strcmp(#name, "limit")) {                                                                      \
-        head(&b, !strcmp(#kind, "counter") ? "pool_member_" #name "_total" : "pool_member_" #name "_bytes", \
-             #kind, "One pool member: " help ".");                                                     \
-        size_t i;                                                                                      \
-        json_t *m;                                                                                     \
-        json_array_foreach(members, i, m)                                                              \
-        {                                                                                              \
-            for (int a = 0; a < KVT_POOL_AXES; a++) {                                                  \
-                const char *ax = kvt_pool_axis_name((kvt_pool_axis)a);                                 \
-                json_t *x = json_object_get(json_object_get(json_object_get(m, "axes"), ax), #name);    \
-                sb_printf(&b, "kvtier_pool_member_%s{member=\"",                                        \
-                          !strcmp(#kind, "counter") ? #name "_total" : #name "_bytes");                \
-                sb_label(&b, json_string_value(json_object_get(m, "name")));                            \
-                sb_printf(&b, "\",axis=\"%s\"} %llu\n", ax, (unsigned long long)json_integer_value(x));   \
-            }                                                                                          \
-        }                                                                                              \
-    }
-        KVT_POOL_USAGE_FIELDS(KVT__POOL_PROM)
-#undef KVT__POOL_PROM
-        json_decref(doc);
-    }
-    if (b.oom) {
-        free(b.p);
-        return -1;
-    }
-    *out = b.p;
-    return 0;
-}
-
-/* ---- the remote tier's counters ------------------------------------------------------- */
-
-int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs)
-{
-    size_t n = *text ? strlen(*text) : 0;
-    sbuf b = {.p = *text, .n = n, .cap = *text ? n + 1 : 0};
-    char name[96];
-    /* every remote counter, from its one list */
-#define KVT__REMOTE_PROM(field, kind, help)                                                        \
-    {                                                                                              \
-        const char *fname = #field;                                                                \
-        size_t len = strlen(fname);                                                                \
-        int ms = len > 3 && !strcmp(fname + len - 3, "_ms");                                       \
-        int ctr = !strcmp(#kind, "counter");                                                       \
-        snprintf(name, sizeof name, "remote_%.*s%s", (int)(ms ? len - 3 : len), fname,             \
-                 ms ? "_seconds_total" : ctr ? "_total" : "");                                     \
-        head(&b, name, #kind, "Remote tier: " help ".");                                           \
-        if (ms)                                                                                    \
-            sb_printf(&b, "kvtier_%s %.3f\n", name, (double)rs->field / 1000.0);                   \
-        else                                                                                       \
-            sb_printf(&b, "kvtier_%s %llu\n", name, (unsigned long long)rs->field);                \
-    }
-    KVT_REMOTE_COUNTERS(KVT__REMOTE_PROM)
-#undef KVT__REMOTE_PROM
-    if (b.oom) {
-        /* sb_printf's realloc failed: b.p is still a valid buffer holding the old text */
-        if (b.p)
-            b.p[n] = '\0';
-        *text = b.p;
-        return -1;
-    }
-    *text = b.p;
-    return 0;
-}
-
-/* ---- the I/O worker's counters -------------------------------------------------------- */
-
-int kvt_srv_metrics_prometheus_io(char **text, const kvt_io_stats *io)
-{
-    size_t n = *text ? strlen(*text) : 0;
-    sbuf b = {.p = *text, .n = n, .cap = *text ? n + 1 : 0};
-    /* one family per KVT_IO_KIND_COUNTERS entry, labelled by kind */
-#define KVT__IO_PROM(field, kind, help)                                                            \
-    {                                                                                              \
-        int ctr = !strcmp(#kind, "counter");                                                       \
-        char name[64];                                                                             \
-        snprintf(name, sizeof name, "io_%s%s", #field, ctr ? "_total" : "");                      \
-        head(&b, name, #kind, "I/O worker: " help ", by kind.");                                   \
-        for (int k = 0; k < KVT_IO_KINDS; k++)                                                     \
-            sb_printf(&b, "kvtier_%s{kind=\"%s\"} %llu\n", name, kvt_io_kind_name((kvt_io_kind)k),   \
-                      (unsigned long long)io->by_kind[k].field);                                   \
-    }
-    KVT_IO_KIND_COUNTERS(KVT__IO_PROM)
-#undef KVT__IO_PROM
-    if (b.oom) {
-        if (b.p)
-            b.p[n] = '\0';
-        *text = b.p;
-        return -1;
-    }
-    *text = b.p;
     return 0;
 }
 

@@ -120,63 +120,65 @@ size_t kvt_srv_metrics_records(kvt_srv_metrics *m, uint64_t after_seq, kvt_srv_r
 
 /** Gauges the server reads when it is asked (not counters). */
 typedef struct kvt_srv_gauges {
-    int64_t queue_depth;      /* requests waiting for admission */
-    int64_t running;          /* requests admitted (prefilling or decoding) */
+    int64_t queue_depth;      /* requests waiting for admission, every model's */
+    int64_t running;          /* requests admitted (prefilling or decoding), every model's */
     int64_t connections;      /* open HTTP connections */
-    int ready;                /* 1 once the model is loaded */
-    int32_t n_tiers;          /* cold tier levels the report lists (kvt_service_tier_count);
-                                 filled for /metrics only */
+    int ready;                /* 1 once the models are loaded */
+} kvt_srv_gauges;
+
+/** One served model's figures for /metrics, read by the server when it is
+ * scraped; every series made from them carries the label model="id". */
+typedef struct kvt_srv_model_figures {
+    char id[64];              /* the model's id (/v1/models) */
+    int have_rep;             /* rep is filled (0 before the model is loaded) */
+    kvt_service_stats rep;    /* kvt_service_get_stats */
+    int have_ssd;             /* ss is filled: the model has an SSD tier */
+    kvt_store_stats ss;       /* kvt_store_get_stats */
+    int have_remote;          /* rs is filled: the model has a remote tier */
+    kvt_remote_stats rs;      /* kvt_remote_stats_get */
+    int32_t n_tiers;          /* cold tier levels the report lists (kvt_service_tier_count) */
     struct {
         char name[KVT_TIER_NAME_MAX];  /* kvt_service_tier_name */
         kvt_tier_stats st;             /* kvt_service_tier_stats */
     } tiers[KVT_TIER_CHAIN_MAX];
-} kvt_srv_gauges;
+    int32_t n_layers;         /* groups filled in layers (kvt_service_layer_stats), 0 for none */
+    kvt_layer_stats layers[KVT_LAYER_REPORT_LIMIT + 1];
+} kvt_srv_model_figures;
 
 /** The Prometheus text exposition (version 0.0.4) of every counter,
- * histogram and gauge: kvtier_ names, HELP and TYPE lines, requests by
- * endpoint and status, the service report `rep` (RAM tier, admission; NULL
- * before the model is loaded) and the SSD tier's figures `ss` (NULL without
- * one): bytes and entries against their budgets, pending and failed writes;
- * and every KVT_TIER_COUNTERS value of each cold tier level in g->tiers as
- * kvtier_tier_level_<name>[_total]{level="0",tier="ssd"}.
+ * histogram and gauge, kvtier_ names, one HELP and TYPE line per family:
+ * - the server's own (requests by endpoint and status, tokens, the TTFT
+ *   and end-to-end histograms, the gauges `g`), unlabelled: they count
+ *   every model's requests together;
+ * - for each model of `models` (n_models of them), series labelled
+ *   model="id": the RAM tier and the SSD tier (kvtier_tier_bytes,
+ *   _max_bytes, _entries{model,tier}), every prompt cache counter
+ *   (kvtier_prompt_cache_NAME_total), admission (kvtier_kv_projected_bytes,
+ *   kv_budget_bytes, admission_rejected_total), every KVT_TIER_COUNTERS
+ *   value of each cold tier level (kvtier_tier_level_NAME[_total]{model,
+ *   level="0",tier="ssd"}), the SSD write-behind and restores
+ *   (kvtier_ssd_*), every KVT_REMOTE_COUNTERS entry (kvtier_remote_NAME_total
+ *   for a counter, kvtier_remote_NAME for a gauge, a counter of
+ *   milliseconds NAME_ms as kvtier_remote_NAME_seconds_total), and every
+ *   KVT_LAYER_COUNTERS field by layer (kvtier_layer_NAME[_total]{model,
+ *   layer="0"}, "64-99" for the overflow group: at most
+ *   KVT_LAYER_REPORT_LIMIT + 1 layer values a model). A family no model has
+ *   (no SSD tier, say) is left out;
+ * - the I/O worker `io` (NULL: none): one family per KVT_IO_KIND_COUNTERS
+ *   entry, kvtier_io_NAME[_total]{kind="..."};
+ * - the process-wide pool (NULL: none): kvtier_pool_members, and for every
+ *   field of KVT_POOL_USAGE_FIELDS one family by `axis` for the whole pool
+ *   (kvtier_pool_<field>_bytes, refusals as kvtier_pool_refusals_total) and
+ *   one by `member` and `axis` (kvtier_pool_member_<field>_..., the limit
+ *   excepted).
+ * Label values are escaped (backslash, quote, newline). Cardinality is
+ * bounded by the configuration: at most KVT_SERVER_MAX_MODELS models, their
+ * tier levels and layer groups, the pool's members.
+ * @param models (n_models) borrowed for the call; NULL with 0 for none.
  * @param out receives a NUL-terminated string, caller frees with free().
- * @return 0, or -1 when out of memory. */
-int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_service_stats *rep,
-                               const kvt_store_stats *ss, char **out);
-
-/** The process-wide pool's Prometheus lines (kvtier/pool.h): members, and
- * for every field of KVT_POOL_USAGE_FIELDS one family by `axis` for the
- * whole pool (kvtier_pool_<field>_bytes, refusals as
- * kvtier_pool_refusals_total) and one by `member` and `axis`
- * (kvtier_pool_member_<field>_..., the limit excepted). An empty text when
- * pool is NULL.
- * @param out receives malloc'd text (free()). @return 0, -1 out of memory. */
-int kvt_srv_metrics_pool_prometheus(kvt_pool *pool, char **out);
-
-/** The per-layer telemetry's Prometheus lines (kvt_service_layer_stats):
- * one family per KVT_LAYER_COUNTERS field, kvtier_layer_NAME for a gauge
- * and kvtier_layer_NAME_total for a counter, labelled `layer` ("0", ...,
- * "64-99" for the overflow group: at most KVT_LAYER_REPORT_LIMIT + 1 values).
- * @param g (n) groups; n 0 gives an empty text.
- * @param out receives malloc'd text (free()). @return 0, -1 out of memory. */
-int kvt_srv_metrics_layers_prometheus(const kvt_layer_stats *g, int n, char **out);
-
-/** Appends the remote tier's counters `rs` (kvt_remote_stats_get) to the
- * Prometheus text *text (from kvt_srv_metrics_prometheus): one family per
- * KVT_REMOTE_COUNTERS entry, kvtier_remote_NAME_total for a counter and
- * kvtier_remote_NAME for a gauge; a counter of milliseconds (NAME_ms) is
- * given in seconds, as Prometheus base units want (kvtier_remote_NAME_seconds_total).
- * @param text a string from malloc; on success it is replaced by a longer
- *        one (caller frees with free()); on error it is left as it was.
- * @return 0, or -1 when out of memory. */
-int kvt_srv_metrics_prometheus_remote(char **text, const kvt_remote_stats *rs);
-
-/** Appends the I/O worker's counters `io` (kvt_io_default_stats_get) to the
- * Prometheus text *text: one family per KVT_IO_KIND_COUNTERS entry,
- * kvtier_io_NAME_total{kind="..."} for a counter, kvtier_io_NAME{kind="..."}
- * for a gauge, one series per kind. *text as kvt_srv_metrics_prometheus_remote.
- * @return 0, or -1 when out of memory. */
-int kvt_srv_metrics_prometheus_io(char **text, const kvt_io_stats *io);
+ * @return 0, or -1 when out of memory (*out NULL). */
+int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_srv_model_figures *models,
+                               int n_models, kvt_pool *pool, const kvt_io_stats *io, char **out);
 
 /** The server's part of /stats: {"requests_total": n, "requests": {path:
  * {status: n}}, "counters": {every KVT_SRV_COUNTERS name: n}, "queue_depth",

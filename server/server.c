@@ -794,14 +794,13 @@ static void engine_stats(kvt_server *s, int ready, kvt_srv_sched_stats *out)
     }
 }
 
+/* The store's counters, from their one list (kvt_store_stats_json); NULL when out of memory. */
 static json_t *store_json(const kvt_store_stats *ss)
 {
-    return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "entries", (json_int_t)ss->entries,
-                     "bytes", (json_int_t)ss->bytes, "max_bytes", (json_int_t)ss->max_bytes, "pending",
-                     (json_int_t)ss->pending, "pending_bytes", (json_int_t)ss->pending_bytes, "dropped",
-                     (json_int_t)ss->dropped, "failed", (json_int_t)ss->failed, "written", (json_int_t)ss->written,
-                     "restores", (json_int_t)ss->restores, "restore_bytes", (json_int_t)ss->restore_bytes,
-                     "restore_ns_last", (json_int_t)ss->restore_ns_last);
+    char *js = NULL;
+    json_t *o = kvt_store_stats_json(ss, &js) == 0 ? json_loads(js, 0, NULL) : NULL;
+    kvt_string_free(js);
+    return o;
 }
 
 /* Each tier level's health of one model ("ssd_cache": mode read-write /
@@ -900,58 +899,53 @@ static enum MHD_Result do_stats(kvt_server *s, struct MHD_Connection *c, req_ctx
     return doc ? send_json(s, c, rq->ep, 200, doc) : MHD_NO;
 }
 
+/* One model's figures for /metrics (nothing but the id before load). */
+static void model_figures(const srv_model *md, int ready, kvt_srv_model_figures *f)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->id, sizeof f->id, "%s", md->model_name);
+    f->have_rep = ready && kvt_service_get_stats(md->svc, &f->rep) == 0;
+    if (!f->have_rep)
+        return;
+    for (int32_t i = 0; i < kvt_service_tier_count(md->svc) && f->n_tiers < KVT_TIER_CHAIN_MAX; i++)
+        if (kvt_service_tier_stats(md->svc, i, &f->tiers[f->n_tiers].st) == 0) {
+            snprintf(f->tiers[f->n_tiers].name, sizeof f->tiers[0].name, "%s", kvt_service_tier_name(md->svc, i));
+            f->n_tiers++;
+        }
+    if (md->store) {
+        kvt_store_get_stats(md->store, &f->ss);
+        f->have_ssd = 1;
+    }
+    kvt_remote *remote = kvt_tiers_remote(md->tiers);
+    f->have_remote = remote && kvt_remote_stats_get(remote, &f->rs) == 0;
+    int n = kvt_service_layer_stats(md->svc, f->layers, KVT_LAYER_REPORT_LIMIT + 1);
+    f->n_layers = n > 0 ? n : 0;
+}
+
 static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_ctx *rq)
 {
     kvt_srv_gauges g;
     gauges(s, &g);
-    /* the service and tier lines are the first model's (with several
-     * models, the pool lines give each service's RAM and KV bytes) */
-    const srv_model *md = &s->md[0];
-    kvt_service_stats rep;
-    kvt_store_stats ss;
-    int have_rep = g.ready && kvt_service_get_stats(md->svc, &rep) == 0;
-    for (int32_t i = 0; have_rep && i < kvt_service_tier_count(md->svc) && i < KVT_TIER_CHAIN_MAX; i++)
-        if (kvt_service_tier_stats(md->svc, i, &g.tiers[g.n_tiers].st) == 0) {
-            snprintf(g.tiers[g.n_tiers].name, sizeof g.tiers[0].name, "%s", kvt_service_tier_name(md->svc, i));
-            g.n_tiers++;
-        }
-    if (g.ready && md->store)
-        kvt_store_get_stats(md->store, &ss);
+    kvt_srv_model_figures *mf = calloc((size_t)s->n_md, sizeof *mf);
+    if (!mf)
+        return MHD_NO;
+    for (int i = 0; i < s->n_md; i++) /* every model's series, labelled by its id */
+        model_figures(&s->md[i], g.ready, &mf[i]);
+    kvt_io_stats ios; /* the process's I/O worker, when a tier uses it */
+    int have_io = kvt_io_default_stats_get(&ios) == 0;
     char *text = NULL;
     /* this scrape counts itself */
     kvt_srv_metrics_request(s->metrics, rq->ep, 200);
-    if (kvt_srv_metrics_prometheus(s->metrics, &g, have_rep ? &rep : NULL, g.ready && md->store ? &ss : NULL, &text))
+    int rc = kvt_srv_metrics_prometheus(s->metrics, &g, mf, s->n_md, s->pool, have_io ? &ios : NULL, &text);
+    free(mf);
+    if (rc)
         return MHD_NO;
-    kvt_remote_stats rs;
-    kvt_remote *remote = g.ready ? kvt_tiers_remote(md->tiers) : NULL;
-    if (remote && kvt_remote_stats_get(remote, &rs) == 0 && kvt_srv_metrics_prometheus_remote(&text, &rs)) {
-        free(text);
-        return MHD_NO;
-    }
-    kvt_io_stats ios; /* the process's I/O worker, when a tier uses it */
-    if (kvt_io_default_stats_get(&ios) == 0 && kvt_srv_metrics_prometheus_io(&text, &ios)) {
-        free(text);
-        return MHD_NO;
-    }
     kvt_srv_sched_stats es; /* every model's engine thread, summed */
     engine_stats(s, g.ready, &es);
     if (kvt_srv_sched_stats_prometheus(&text, &es)) {
         free(text);
         return MHD_NO;
     }
-    char *pool_text = NULL, *layer_text = NULL;
-    kvt_layer_stats layers[KVT_LAYER_REPORT_LIMIT + 1];
-    int n_layers = g.ready ? kvt_service_layer_stats(md->svc, layers, KVT_LAYER_REPORT_LIMIT + 1) : 0;
-    if (kvt_srv_metrics_pool_prometheus(s->pool, &pool_text) ||
-        kvt_srv_metrics_layers_prometheus(layers, n_layers > 0 ? n_layers : 0, &layer_text) ||
-        !(text = cat3(text, pool_text, layer_text))) {
-        free(pool_text);
-        free(layer_text);
-        free(text);
-        return MHD_NO;
-    }
-    free(pool_text);
-    free(layer_text);
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(text);
@@ -1318,8 +1312,8 @@ static int load_model(kvt_server *s, int i)
 int kvt_server_load(kvt_server *s)
 {
     load_gate();
-    if (s->n_md > 1 || s->o.pool_ram_bytes || s->o.pool_kv_bytes || s->o.pool_disk_bytes) {
-        kvt_pool_limits pl = {{s->o.pool_ram_bytes, s->o.pool_kv_bytes, s->o.pool_disk_bytes, 0}};
+    if (s->n_md > 1 || s->o.pool_ram_bytes || s->o.pool_kv_bytes || s->o.pool_disk_bytes || s->o.pool_remote_bytes) {
+        kvt_pool_limits pl = {{s->o.pool_ram_bytes, s->o.pool_kv_bytes, s->o.pool_disk_bytes, s->o.pool_remote_bytes}};
         int rc = kvt_pool_create(&pl, &s->pool);
         if (rc)
             return rc;

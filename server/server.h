@@ -56,8 +56,13 @@ typedef struct kvt_server_opts {
     uint64_t pool_kv_bytes;      /* --pool-kv: projected KV bytes of every admitted request together */
     uint64_t pool_disk_bytes;    /* --pool-disk: disk budget of the SSD root; needs ssd_max_bytes.
                                     A process-wide pool (kvtier/pool.h) is made when there are
-                                    several models or any of these three is set; each service
+                                    several models or any of these four is set; each service
                                     joins it as "service:<id>", the SSD root as "ssd:<dir>" */
+    uint64_t pool_remote_bytes;  /* --pool-remote: bytes of every model's remote writes in flight
+                                    together (queued write-behind, the write being sent, a
+                                    synchronous store); a write that does not fit is refused
+                                    (write-behind: a counted drop); needs redis_url. Each
+                                    model's remote tier joins as "remote:<id>" */
     uint64_t prompt_cache_bytes; /* RAM prompt cache budget; 0 keeps nothing (cache off) */
     uint64_t kv_budget_bytes;    /* admission budget of projected KV bytes; 0 = unlimited */
     const char *ssd_dir;         /* SSD tier directory, NULL = none */

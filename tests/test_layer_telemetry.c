@@ -6,7 +6,10 @@
  * only), write-behind to the cold tier and restores from it are counted per
  * layer in that layer's bytes, the entry counters (promotions, evictions)
  * reach every layer, and a 70-layer model reports 64 layers one by one and
- * one overflow group "64-69".
+ * one overflow group "64-69". Over an SSD store, each layer's ssd_bytes is
+ * what the store's index holds of it (a shared block file once), down when
+ * an entry leaves the index, and the same figures come back from the
+ * startup scan of a reopened store.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +22,11 @@
 #include <string.h>
 
 #include "kvtier/service.h"
+#include "kvtier/store.h"
 #include "mem_tier.h"
+
+#include <stdlib.h>
+#include <unistd.h>
 
 #define D 4
 #define W 8
@@ -152,6 +159,88 @@ static void test_layers_ram_and_cold(void **state)
     mem_tier_destroy(mt);
 }
 
+/* The SSD tier's per-layer residency through the service's telemetry. */
+static void test_layers_ssd_resident(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 64; i++)
+        toks[i] = 300 + i;
+    char root[] = "/tmp/kvt_test_layer_ssd_XXXXXX";
+    assert_non_null(mkdtemp(root));
+    kvt_store_identity id = {"layer-telemetry", "cfg", "tok"};
+    kvt_store *st = NULL;
+    assert_int_equal(kvt_store_open(root, &id, NULL, &st), 0);
+    kvt_cold_tier cold;
+    kvt_store_cold_tier(st, &cold);
+    assert_non_null(cold.layer_bytes);
+    kvt_service_config cfg = {.n_layers = 3, .max_positions = 1000, .new_caches = new_caches,
+                              .prompt_cache_bytes = 1 << 20, .block_tokens = B, .cold = &cold};
+    kvt_service *s = NULL;
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    kvt_layer_stats g[3];
+    assert_int_equal(kvt_service_layer_stats(s, g, 3), 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(g[i].ssd_bytes, 0);
+    /* 40 tokens, then 48 over the same start (both kept: the recurrent
+     * layer is untrimmable); write-behind makes both durable */
+    run(s, 40);
+    run(s, 48);
+    assert_int_equal(kvt_service_flush(s), 0);
+    assert_int_equal(kvt_service_layer_stats(s, g, 3), 3);
+    uint64_t lb[3];
+    assert_int_equal(kvt_store_layer_bytes(st, 3, lb), 0);
+    kvt_store_stats ss;
+    kvt_store_get_stats(st, &ss);
+    printf("ssd per layer: %llu %llu %llu of %llu file bytes, %llu entries %llu blocks\n",
+           (unsigned long long)lb[0], (unsigned long long)lb[1], (unsigned long long)lb[2],
+           (unsigned long long)ss.bytes, (unsigned long long)ss.entries, (unsigned long long)ss.blocks);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(g[i].ssd_bytes, lb[i]);
+        assert_int_equal(g[i].remote_written_bytes, 0); /* no remote tier */
+        assert_true(lb[i] > 0);
+    }
+    assert_int_equal(ss.entries, 2);
+    assert_int_equal(ss.blocks, 48 / B);
+    /* kv: three 16-token blocks, each file once though both entries use the
+     * first two, and the 40-token entry's 8-token tail: K and V, D floats */
+    const uint64_t per_token = 2 * D * 4;
+    assert_int_equal(lb[0], 48 * per_token + 8 * per_token);
+    assert_int_equal(lb[2], 2 * REC); /* one recurrent state per entry */
+    assert_true(lb[0] + lb[1] + lb[2] < ss.bytes); /* headers belong to no layer */
+    kvt_service_close(s);
+    kvt_service_destroy(s);
+
+    /* the 40-token entry leaves the index: its tail and states go, the
+     * blocks the 48-token entry uses stay */
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(st, toks, 40, "", &hit), 0);
+    assert_int_equal(kvt_store_remove(st, hit.handle), 0);
+    uint64_t lb2[3];
+    assert_int_equal(kvt_store_layer_bytes(st, 3, lb2), 0);
+    assert_int_equal(lb2[0], 48 * per_token);
+    assert_int_equal(lb2[2], REC);
+    assert_true(lb2[1] > 0 && lb2[1] < lb[1]);
+    uint64_t via[3] = {0, 0, 0};
+    assert_int_equal(cold.layer_bytes(cold.self, 3, via), KVT_LAYER_BYTES_RESIDENT);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(via[i], lb2[i]);
+    /* the startup scan of the same files gives the same figures */
+    assert_int_equal(kvt_store_close(st), 0);
+    assert_int_equal(kvt_store_open(root, &id, NULL, &st), 0);
+    uint64_t lb3[4] = {9, 9, 9, 9};
+    assert_int_equal(kvt_store_layer_bytes(st, 4, lb3), 0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(lb3[i], lb2[i]);
+    assert_int_equal(lb3[3], 0); /* past the layers the files hold */
+    assert_int_equal(kvt_store_layer_bytes(NULL, 3, lb3), KVT_EINVAL);
+    assert_int_equal(kvt_store_layer_bytes(st, -1, lb3), KVT_EINVAL);
+    assert_int_equal(kvt_store_layer_bytes(st, 3, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_store_close(st), 0);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* 70 layers: 64 named, then one overflow group summing the rest */
 #define MANY 70
 
@@ -222,6 +311,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layers_ram_and_cold),
+        cmocka_unit_test(test_layers_ssd_resident),
         cmocka_unit_test(test_overflow_group),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,8 +7,11 @@
  * axis, with exact high-water marks) and the RAM axis (a prompt cache grows
  * only as the pool grants, gives its share back, and never holds more than
  * it is charged); a sampling thread never sees an axis over its limit while
- * 8 threads run requests on both services; reservations are dropped on every
- * error path, with every allocation of a request's life failed in turn.
+ * 8 threads run requests on both services; with write-behind held pending
+ * (an in-memory cold tier that writes only when flushed) and the RAM axis
+ * tight, a sampling thread never sees a prompt cache hold more than it is
+ * charged; reservations are dropped on every error path, with every
+ * allocation of a request's life failed in turn.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +31,7 @@
 #include "kvtier/remote.h"
 #include "kvtier/service.h"
 #include "kvtier/store.h"
+#include "mem_tier.h"
 #include "oom_alloc.h"
 #include "redis_util.h"
 #include "store_util.h"
@@ -509,6 +513,134 @@ static void test_burst_sampled(void **state)
     kvt_pool_destroy(b.pool);
 }
 
+/* ---- RAM: never held past the charge while writes are pending --------------- */
+
+typedef struct pending_run {
+    kvt_pool *pool;
+    kvt_service *svc[2];
+    volatile int stop, started;
+    uint64_t samples, over, worst;
+} pending_run;
+
+static const char *const svc_name[2] = {"service:a", "service:b"};
+
+static void *held_sampler(void *arg)
+{
+    pending_run *p = arg;
+    while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < 2; i++) {
+            /* the charge read before and after: it grows before the bytes
+             * do and shrinks after them, so held <= either read when the
+             * cache is never over its charge */
+            uint64_t c1 = member_axis(p->pool, svc_name[i], KVT_POOL_RAM).published;
+            uint64_t h = pc_bytes_of(p->svc[i]);
+            uint64_t c2 = member_axis(p->pool, svc_name[i], KVT_POOL_RAM).published;
+            uint64_t c = c1 > c2 ? c1 : c2;
+            if (h > c) {
+                p->over++;
+                if (h - c > p->worst)
+                    p->worst = h - c;
+            }
+        }
+        p->samples++;
+        __atomic_store_n(&p->started, 1, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+typedef struct pending_worker {
+    pending_run *p;
+    int id;
+} pending_worker;
+
+static void *pending_main(void *arg)
+{
+    pending_worker *w = arg;
+    kvt_service *s = w->p->svc[w->id];
+    int32_t prompt[10];
+    for (int round = 0; round < 24; round++) {
+        for (int i = 0; i < 10; i++)
+            prompt[i] = 10000 * (w->id + 1) + 100 * round + i; /* a new prefix each time: every put adds */
+        kvt_request r = {.prompt = prompt, .n_prompt = 10, .max_tokens = 6};
+        kvt_admission *a = NULL;
+        if (kvt_service_admit(s, &r, &a))
+            continue;
+        kvt_state st;
+        if (kvt_service_acquire(s, a, &st) == 0) {
+            run_tokens(st.caches[0], st.reused_tokens, 10);
+            (void)kvt_service_publish(s, a, prompt, 10, &st);
+            kvt_state_clear(&st);
+        }
+        kvt_service_release(s, a, 1);
+    }
+    return NULL;
+}
+
+static void test_ram_pending_sampled(void **state)
+{
+    (void)state;
+    /* one entry's bytes, measured */
+    kvt_pool *probe = new_pool(0, 0, 0);
+    kvt_service *one = NULL;
+    assert_int_equal(make_service(probe, "probe", 1 << 20, NULL, &one), 0);
+    fill_tokens(7000);
+    assert_int_equal(run_request(one, toks, 10), 0);
+    uint64_t e = pc_bytes_of(one);
+    kvt_service_destroy(one);
+    kvt_pool_destroy(probe);
+
+    pending_run p;
+    memset(&p, 0, sizeof p);
+    p.pool = new_pool(5 * e, 0, 0); /* five entries over both services */
+    mem_tier *mt[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(mem_tier_create(&mt[i]), 0);
+        mem_tier_manual_spills(mt[i], 1); /* write-behind stays pending until a flush */
+        assert_int_equal(make_service(p.pool, svc_name[i], 1 << 20, mem_tier_iface(mt[i]), &p.svc[i]), 0);
+    }
+    pthread_t smp, th[2];
+    pending_worker w[2];
+    assert_int_equal(pthread_create(&smp, NULL, held_sampler, &p), 0);
+    while (!__atomic_load_n(&p.started, __ATOMIC_ACQUIRE))
+        sched_yield();
+    for (int i = 0; i < 2; i++) {
+        w[i] = (pending_worker){&p, i};
+        assert_int_equal(pthread_create(&th[i], NULL, pending_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    __atomic_store_n(&p.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(smp, NULL);
+    kvt_pool_report r;
+    kvt_pool_report_get(p.pool, &r);
+    kvt_service_stats st[2];
+    mem_tier_counts mc[2];
+    for (int i = 0; i < 2; i++) {
+        kvt_service_get_stats(p.svc[i], &st[i]);
+        mc[i] = mem_tier_counts_get(mt[i]);
+    }
+    printf("pending write-behind: %llu samples, %llu over the charge (worst %llu bytes); ram high water %llu of "
+           "%llu; evictions %llu + %llu, tier writes %lld + %lld\n",
+           (unsigned long long)p.samples, (unsigned long long)p.over, (unsigned long long)p.worst,
+           (unsigned long long)r.axis[KVT_POOL_RAM].high_water, (unsigned long long)(5 * e),
+           (unsigned long long)st[0].evictions, (unsigned long long)st[1].evictions, (long long)mc[0].writes,
+           (long long)mc[1].writes);
+    assert_true(p.samples > 0);
+    assert_int_equal(p.over, 0); /* never held past the charge */
+    assert_true(r.axis[KVT_POOL_RAM].high_water <= 5 * e);
+    assert_true(st[0].evictions + st[1].evictions > 0); /* the axis was tight: entries left */
+    assert_true(mc[0].writes + mc[1].writes > 0);         /* made durable to be evicted */
+    for (int i = 0; i < 2; i++) {
+        assert_true(pc_bytes_of(p.svc[i]) <= member_axis(p.pool, svc_name[i], KVT_POOL_RAM).published);
+        assert_int_equal(kvt_service_close(p.svc[i]), 0);
+        kvt_service_destroy(p.svc[i]);
+        mem_tier_destroy(mt[i]);
+    }
+    kvt_pool_report_get(p.pool, &r);
+    assert_int_equal(r.axis[KVT_POOL_RAM].used, 0);
+    kvt_pool_destroy(p.pool);
+}
+
 /* ---- error paths --------------------------------------------------------------- */
 
 static void assert_nothing_charged_but_ram(kvt_pool *p, kvt_service *s, const char *name)
@@ -751,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_kv_burst_two_services),
         cmocka_unit_test(test_ram_shared),
         cmocka_unit_test(test_burst_sampled),
+        cmocka_unit_test(test_ram_pending_sampled),
         cmocka_unit_test(test_acquire_failure_drops),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_remote_in_flight),

@@ -5,7 +5,10 @@
  * queued write can be withdrawn (it never reaches Redis), a full worker
  * queue is a counted drop with the entry left to the caller; eight
  * asynchronous restores of one handle make one read, each waiter with its
- * own exact entry; close waits for what is queued.
+ * own exact entry; so do sixteen threads calling the synchronous restore at
+ * once, and four synchronous stores of one entry are one write; the bytes
+ * written per layer count only the records sent (blocks Redis held are
+ * skipped); close waits for what is queued.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "io_shim.h"
 #include "redis_util.h"
 #include "store_util.h"
 
@@ -20,8 +24,11 @@
 #include "kvtier/remote.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
 static redis_srv g_srv;
@@ -230,6 +237,199 @@ static void restores_coalesce(void **state)
     assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
 }
 
+/* ---- synchronous restores and stores from many threads ---------------------------- */
+
+typedef struct sync_fx {
+    kvt_cold_tier t;
+    kvt_io *io;
+    kvt_io_kind kind;      /* what the held call waits for: this kind's coalesced count */
+    uint64_t want;         /* ... reaching this */
+    uint64_t handle;
+    const kvt_entry *store; /* NULL: restore */
+    pthread_barrier_t start;
+    atomic_int held;
+    kvt_entry e[16];
+    int status[16];
+} sync_fx;
+
+typedef struct sync_arg {
+    sync_fx *fx;
+    int i;
+} sync_arg;
+
+/* The shim's hook: the first network send (of the one thread doing the
+ * I/O) waits until the other callers have joined its operation (at most 20 s). */
+static void hold_send(void *ctx, kvt__io_op op)
+{
+    sync_fx *fx = ctx;
+    if (op != KVT_IO_SEND || atomic_exchange(&fx->held, 1))
+        return;
+    for (int i = 0; i < 20000; i++) {
+        kvt_io_stats ios;
+        if (kvt_io_stats_get(fx->io, &ios) == 0 && ios.by_kind[fx->kind].coalesced >= fx->want)
+            return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void *sync_main(void *p)
+{
+    sync_arg *a = p;
+    sync_fx *fx = a->fx;
+    pthread_barrier_wait(&fx->start);
+    fx->status[a->i] = fx->store ? fx->t.store(fx->t.self, fx->store) : fx->t.restore(fx->t.self, fx->handle, &fx->e[a->i]);
+    return NULL;
+}
+
+/* Runs n threads at once (restores of fx->handle, or stores of fx->store)
+ * with the first network send held; returns the sends counted. */
+static int64_t run_held(sync_fx *fx, int n)
+{
+    assert_int_equal(pthread_barrier_init(&fx->start, NULL, (unsigned)n), 0);
+    atomic_store(&fx->held, 0);
+    kvt__io_fault hold = {.ops = 1u << KVT_IO_SEND, .before = hold_send, .before_ctx = fx};
+    kvt__io_arm(&hold);
+    pthread_t th[16];
+    sync_arg args[16];
+    for (int i = 0; i < n; i++) {
+        args[i] = (sync_arg){fx, i};
+        assert_int_equal(pthread_create(&th[i], NULL, sync_main, &args[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    int64_t sends = kvt__io_calls();
+    kvt__io_disarm();
+    pthread_barrier_destroy(&fx->start);
+    assert_int_equal(atomic_load(&fx->held), 1);
+    return sends;
+}
+
+/* 16 threads restore one handle through the synchronous restore: one read
+ * (one pipeline of GETs, the remote tier counts one restore), each caller
+ * its own exact entry; 4 threads store one entry: one write. */
+static void sync_calls_coalesce(void **state)
+{
+    (void)state;
+    kvt_io_options io_o = {.threads = 1};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    kvt_store_identity id;
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    kvt_remote *r = open_tier(io, &id, fp);
+    sync_fx *fx = calloc(1, sizeof *fx);
+    assert_non_null(fx);
+    kvt_remote_cold_tier(r, &fx->t);
+    fx->io = io;
+    int32_t a[24];
+    seq(a, 24, 70);
+    kvt_entry e, want;
+    assert_int_equal(store_make_entry(&KV, "", a, 22, &e), 0);
+    /* four stores of one entry at once: one write (the others join it) */
+    fx->kind = KVT_IO_KIND_REMOTE_SET;
+    fx->want = 3;
+    fx->store = &e;
+    uint64_t writes0 = stats(r).writes;
+    run_held(fx, 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(fx->status[i], 0);
+    assert_int_equal(stats(r).writes - writes0, 1);
+    kvt_entry_clear(&e);
+    kvt_cold_hit h;
+    assert_int_equal(fx->t.find(fx->t.self, a, 24, "", &h), 0);
+    assert_int_equal(h.prefix_len, 22);
+    /* the sends of one restore, alone */
+    kvt__io_fault count = {.ops = 1u << KVT_IO_SEND};
+    kvt__io_arm(&count);
+    kvt_entry one;
+    assert_int_equal(fx->t.restore(fx->t.self, h.handle, &one), 0);
+    int64_t sends_one = kvt__io_calls();
+    kvt__io_disarm();
+    kvt_entry_clear(&one);
+    assert_true(sends_one >= 1);
+    kvt_io_stats io0;
+    assert_int_equal(kvt_io_stats_get(io, &io0), 0);
+    uint64_t restores0 = stats(r).restores;
+    fx->kind = KVT_IO_KIND_REMOTE_GET;
+    fx->want = io0.by_kind[KVT_IO_KIND_REMOTE_GET].coalesced + 15;
+    fx->store = NULL;
+    fx->handle = h.handle;
+    int64_t sends = run_held(fx, 16);
+    kvt_io_stats ios;
+    assert_int_equal(kvt_io_stats_get(io, &ios), 0);
+    print_message("16 synchronous restores: %lld sends (one restore alone: %lld)\n", (long long)sends,
+                  (long long)sends_one);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_GET].submitted - io0.by_kind[KVT_IO_KIND_REMOTE_GET].submitted, 16);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_GET].coalesced - io0.by_kind[KVT_IO_KIND_REMOTE_GET].coalesced, 15);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_GET].ran - io0.by_kind[KVT_IO_KIND_REMOTE_GET].ran, 1);
+    assert_int_equal(sends, sends_one);
+    assert_int_equal(stats(r).restores - restores0, 1);
+    assert_int_equal(store_make_entry(&KV, "", a, 22, &want), 0);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(fx->status[i], 0);
+        assert_int_equal(store_entry_diff(&fx->e[i], &want), 0);
+        for (int j = 0; j < i; j++)
+            assert_ptr_not_equal(fx->e[i].caches[0], fx->e[j].caches[0]);
+    }
+    for (int i = 0; i < 16; i++)
+        kvt_entry_clear(&fx->e[i]);
+    kvt_entry_clear(&want);
+    /* a stale handle fails cleanly through the same path */
+    assert_int_equal(fx->t.restore(fx->t.self, 987654321, &one), KVT_ENOTFOUND);
+    free(fx);
+    assert_int_equal(kvt_remote_close(r), 0);
+    kvt_io_destroy(io);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+}
+
+/* Bytes written per layer: the tensors of the records sent, so a block
+ * Redis already holds adds nothing; the table's layer_bytes says they are
+ * bytes written (Redis evicts on its own), with the same figures. */
+static void layer_written_bytes(void **state)
+{
+    (void)state;
+    kvt_store_identity id;
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    kvt_remote *r = open_tier(NULL, &id, fp);
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    assert_non_null(t.layer_bytes);
+    uint64_t w[3] = {7, 7, 7};
+    assert_int_equal(kvt_remote_layer_written_bytes(r, 3, w), 0);
+    assert_int_equal(w[0] + w[1] + w[2], 0);
+    int32_t a[30];
+    seq(a, 30, 300);
+    kvt_entry e;
+    /* 22 tokens: blocks [0,20) of 4 tokens and the entry record's tail [20,22) */
+    assert_int_equal(store_make_entry(&KV, "", a, 22, &e), 0);
+    assert_int_equal(t.store(t.self, &e), 0);
+    kvt_entry_clear(&e);
+    assert_int_equal(kvt_remote_layer_written_bytes(r, 3, w), 0);
+    assert_true(w[0] > 0);
+    assert_int_equal(w[0] % 22, 0);
+    uint64_t per_token = w[0] / 22; /* every token's K and V of one layer */
+    assert_int_equal(w[1], w[0]); /* both kv layers alike */
+    assert_int_equal(w[2], 0);    /* no third layer */
+    /* 30 tokens over the same start: blocks [0,20) are in Redis (skipped);
+     * blocks [20,28) and the tail [28,30) are sent: 10 tokens */
+    assert_int_equal(store_make_entry(&KV, "", a, 30, &e), 0);
+    assert_int_equal(t.store(t.self, &e), 0);
+    kvt_entry_clear(&e);
+    uint64_t w2[2];
+    assert_int_equal(kvt_remote_layer_written_bytes(r, 2, w2), 0);
+    assert_int_equal(w2[0] - w[0], 10 * per_token);
+    assert_int_equal(w2[1] - w[1], 10 * per_token);
+    assert_true(stats(r).writes_skipped >= 5);
+    uint64_t via[2] = {0, 0};
+    assert_int_equal(t.layer_bytes(t.self, 2, via), KVT_LAYER_BYTES_WRITTEN);
+    assert_int_equal(via[0], w2[0]);
+    assert_int_equal(via[1], w2[1]);
+    assert_int_equal(kvt_remote_layer_written_bytes(NULL, 2, w2), KVT_EINVAL);
+    assert_int_equal(kvt_remote_layer_written_bytes(r, 2, NULL), KVT_EINVAL);
+    assert_int_equal(kvt_remote_close(r), 0);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+}
+
 int main(void)
 {
     if (!redis_available("test_remote_io"))
@@ -241,6 +441,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spills_on_the_worker),
         cmocka_unit_test(restores_coalesce),
+        cmocka_unit_test(sync_calls_coalesce),
+        cmocka_unit_test(layer_written_bytes),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     redis_stop(&g_srv);

@@ -263,11 +263,14 @@ static void test_concurrent_identical(void **state)
 
 /* ---- counters ------------------------------------------------------------------------------- */
 
-/* The value of the unlabelled Prometheus sample `name`, -1 when absent. */
+/* The value of the Prometheus sample `name{model="stories260K"}` (the
+ * served model's series), -1 when absent. */
 static double metric(const char *text, const char *name)
 {
-    size_t n = strlen(name);
-    for (const char *p = text; (p = strstr(p, name)) != NULL; p += n)
+    char series[160];
+    snprintf(series, sizeof series, "%s{model=\"stories260K\"}", name);
+    size_t n = strlen(series);
+    for (const char *p = text; (p = strstr(p, series)) != NULL; p += n)
         if ((p == text || p[-1] == '\n') && p[n] == ' ')
             return strtod(p + n + 1, NULL);
     return -1;

@@ -773,7 +773,7 @@ static void test_metrics_promtool(void **state)
     assert_non_null(strstr(r.body, "kvtier_cached_tokens_total{tier=\"ram\"} "));
     assert_non_null(strstr(r.body, "kvtier_time_to_first_token_seconds_bucket{le=\"0.001\"} "));
     assert_non_null(strstr(r.body, "kvtier_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"} "));
-    assert_non_null(strstr(r.body, "kvtier_tier_max_bytes{tier=\"ram\"} 1073741824"));
+    assert_non_null(strstr(r.body, "kvtier_tier_max_bytes{model=\"stories260K\",tier=\"ram\"} 1073741824"));
     char path[400], cmd[800];
     snprintf(path, sizeof path, "%s/metrics.txt", tmpdir);
     FILE *f = fopen(path, "w");

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "redis_util.h"
 #include "server.h"
 #include "serve_util.h"
 #include "synth_util.h"
@@ -277,9 +278,9 @@ static void test_two_models(void **state)
     assert_non_null(strstr(r.body, "kvtier_pool_limit_bytes{axis=\"ram\"} 25165824"));
     assert_non_null(strstr(r.body, "kvtier_pool_member_published_bytes{member=\"service:tiny\",axis=\"ram\"}"));
     assert_non_null(strstr(r.body, "kvtier_pool_refusals_total{axis=\"kv\"}"));
-    assert_non_null(strstr(r.body, "kvtier_layer_ram_bytes{layer=\"0\"}"));
-    assert_non_null(strstr(r.body, "kvtier_layer_evictions_total{layer=\"4\"}"));
-    assert_null(strstr(r.body, "{layer=\"5\"}")); /* stories260K has 5 layers */
+    assert_non_null(strstr(r.body, "kvtier_layer_ram_bytes{model=\"stories260K\",layer=\"0\"}"));
+    assert_non_null(strstr(r.body, "kvtier_layer_evictions_total{model=\"stories260K\",layer=\"4\"}"));
+    assert_null(strstr(r.body, "stories260K\",layer=\"5\"}")); /* stories260K has 5 layers */
     if (system("command -v promtool >/dev/null 2>&1") == 0) {
         char path[300];
         snprintf(path, sizeof path, "%s/metrics.txt", dir);
@@ -295,6 +296,235 @@ static void test_two_models(void **state)
     kvt_ts_resp_free(&r);
     assert_int_equal(kvt_server_stop(s, 5000), 0);
     kvt_server_destroy(s);
+}
+
+/* The value of the series `series` (name and labels, exactly) in a
+ * Prometheus text; -1 when it is not there. */
+static double series_value(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+/* How many times `needle` occurs in `text`. */
+static int occurrences(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+static uint64_t jint(json_t *o, const char *a, const char *b)
+{
+    return (uint64_t)json_integer_value(json_object_get(json_object_get(o, a), b));
+}
+
+/* Two models with an SSD tier: /metrics gives every model's service, tier,
+ * SSD and per-layer series, told apart by model="id", each equal to that
+ * model's report in /stats, with one HELP and TYPE per family; /stats
+ * "models" has each model's whole report (SSD and tier levels included);
+ * promtool accepts the text. */
+static void test_metrics_every_model(void **state)
+{
+    (void)state;
+    if (!have_model)
+        skip();
+    char ssd[300];
+    snprintf(ssd, sizeof ssd, "%s/ssd", dir);
+    kvt_server_model models[2] = {{.model_path = stories, .tok_path = stories_tok},
+                                  {.model_path = synth, .tok_path = synth_tok, .model_name = "tiny"}};
+    kvt_server_opts o = {.models = models, .n_models = 2, .prompt_cache_bytes = 16u << 20, .ssd_dir = ssd};
+    kvt_server *s = start(&o);
+    int port = kvt_server_port(s);
+    /* two prompts to the first model, three to the second: their counters differ */
+    for (int i = 0; i < 5; i++) {
+        int st;
+        char *text = complete(port, i < 2 ? "stories260K" : "tiny", prompts[i], &st, NULL);
+        assert_int_equal(st, 200);
+        free(text);
+    }
+    kvt_server_poll_tiers(s); /* each model's tier levels' health, as the CLI polls it */
+    /* the write-behind lands: nothing changes between /stats and /metrics then */
+    json_t *doc = NULL;
+    for (int tries = 0; tries < 200; tries++) {
+        json_decref(doc);
+        doc = get_json(port, "/stats");
+        json_t *list = json_object_get(doc, "models");
+        uint64_t pending = 0, written = 1;
+        for (size_t m = 0; m < 2; m++) {
+            json_t *rep = json_object_get(json_array_get(list, m), "report");
+            pending += jint(rep, "ssd", "pending");
+            written = written && jint(rep, "ssd", "written") > 0;
+        }
+        if (!pending && written)
+            break;
+        usleep(50 * 1000);
+    }
+    kvt_ts_resp r;
+    assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+    const char *ids[2] = {"stories260K", "tiny"};
+    const int n_layers[2] = {5, 3};
+    json_t *list = json_object_get(doc, "models");
+    assert_int_equal(json_array_size(list), 2);
+    for (int m = 0; m < 2; m++) {
+        json_t *rep = json_object_get(json_array_get(list, (size_t)m), "report");
+        /* each model's /stats report is whole: its SSD tier and its tier levels */
+        assert_true(json_is_object(json_object_get(rep, "ssd")));
+        assert_true(json_is_object(json_object_get(rep, "ssd_cache")));
+        assert_int_equal(json_array_size(json_object_get(rep, "tiers")), 1);
+        assert_int_equal(json_array_size(json_object_get(rep, "layers")), (size_t)n_layers[m]);
+        char ser[200];
+        snprintf(ser, sizeof ser, "kvtier_tier_bytes{model=\"%s\",tier=\"ram\"}", ids[m]);
+        assert_int_equal((uint64_t)series_value(r.body, ser), jint(rep, "prefixes", "bytes"));
+        assert_true(jint(rep, "prefixes", "bytes") > 0);
+        snprintf(ser, sizeof ser, "kvtier_tier_entries{model=\"%s\",tier=\"ssd\"}", ids[m]);
+        assert_int_equal((uint64_t)series_value(r.body, ser), jint(rep, "ssd", "entries"));
+        snprintf(ser, sizeof ser, "kvtier_ssd_written_entries_total{model=\"%s\"}", ids[m]);
+        assert_int_equal((uint64_t)series_value(r.body, ser), jint(rep, "ssd", "written"));
+        snprintf(ser, sizeof ser, "kvtier_prompt_cache_misses_total{model=\"%s\"}", ids[m]);
+        assert_int_equal((uint64_t)series_value(r.body, ser), jint(rep, "prefixes", "misses"));
+        snprintf(ser, sizeof ser, "kvtier_tier_level_stores_total{model=\"%s\",level=\"0\",tier=\"ssd\"}", ids[m]);
+        json_t *lvl = json_array_get(json_object_get(rep, "tiers"), 0);
+        assert_int_equal((uint64_t)series_value(r.body, ser),
+                         (uint64_t)json_integer_value(json_object_get(lvl, "stores")));
+        /* each layer's series equal the model's own "layers" */
+        size_t li;
+        json_t *l;
+        json_array_foreach(json_object_get(rep, "layers"), li, l)
+        {
+            snprintf(ser, sizeof ser, "kvtier_layer_ram_bytes{model=\"%s\",layer=\"%s\"}", ids[m],
+                     json_string_value(json_object_get(l, "layer")));
+            assert_int_equal((uint64_t)series_value(r.body, ser),
+                             (uint64_t)json_integer_value(json_object_get(l, "ram_bytes")));
+            snprintf(ser, sizeof ser, "kvtier_layer_written_total{model=\"%s\",layer=\"%s\"}", ids[m],
+                     json_string_value(json_object_get(l, "layer")));
+            assert_int_equal((uint64_t)series_value(r.body, ser),
+                             (uint64_t)json_integer_value(json_object_get(l, "written")));
+        }
+        snprintf(ser, sizeof ser, "kvtier_layer_ram_bytes{model=\"%s\",layer=\"%d\"}", ids[m], n_layers[m]);
+        assert_null(strstr(r.body, ser)); /* no layer past the model's own */
+    }
+    /* the two models' figures differ (2 and 3 requests): a mix-up would show */
+    assert_int_equal(series_value(r.body, "kvtier_prompt_cache_misses_total{model=\"stories260K\"}") +
+                         series_value(r.body, "kvtier_prompt_cache_hits_total{model=\"stories260K\"}"),
+                     2);
+    assert_int_equal(series_value(r.body, "kvtier_prompt_cache_misses_total{model=\"tiny\"}") +
+                         series_value(r.body, "kvtier_prompt_cache_hits_total{model=\"tiny\"}"),
+                     3);
+    /* one HELP and one TYPE per family, whatever the number of models */
+    const char *fams[] = {"tier_bytes", "prompt_cache_hits_total", "ssd_written_entries_total",
+                          "tier_level_stores_total", "layer_ram_bytes", "kv_budget_bytes"};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
+        char h[120];
+        snprintf(h, sizeof h, "# TYPE kvtier_%s ", fams[i]);
+        assert_int_equal(occurrences(r.body, h), 1);
+        snprintf(h, sizeof h, "# HELP kvtier_%s ", fams[i]);
+        assert_int_equal(occurrences(r.body, h), 1);
+    }
+    if (system("command -v promtool >/dev/null 2>&1") == 0) {
+        char path[300];
+        snprintf(path, sizeof path, "%s/metrics2.txt", dir);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(r.body, f);
+        fclose(f);
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s", path);
+        assert_int_equal(system(cmd), 0);
+        unlink(path);
+    }
+    kvt_ts_resp_free(&r);
+    json_decref(doc);
+    assert_int_equal(kvt_server_stop(s, 5000), 0);
+    kvt_server_destroy(s);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ssd);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* pool_remote_bytes (--pool-remote) with two models on one Redis: the
+ * pool's remote axis carries the limit, both remote tiers are members,
+ * what was in flight never passed the limit and nothing stays charged; a
+ * limit below one entry's bytes refuses every write-behind (counted as
+ * remote drops and remote-axis refusals), and the replies stay the same. */
+static void test_pool_remote(void **state)
+{
+    (void)state;
+    if (!have_model)
+        skip();
+    if (!redis_available("test_serve_models (pool remote)"))
+        skip();
+    redis_srv rs;
+    assert_int_equal(redis_start(&rs, 64, NULL), 0);
+    const uint64_t limits[2] = {64u << 20, 1024};
+    for (int k = 0; k < 2; k++) {
+        kvt_server_model models[2] = {{.model_path = stories, .tok_path = stories_tok},
+                                      {.model_path = synth, .tok_path = synth_tok, .model_name = "tiny"}};
+        kvt_server_opts o = {.models = models, .n_models = 2, .prompt_cache_bytes = 16u << 20,
+                             .redis_url = rs.url, .pool_remote_bytes = limits[k]};
+        kvt_server *s = start(&o);
+        int port = kvt_server_port(s);
+        for (int i = 0; i < 4; i++) {
+            int st;
+            char *text = complete(port, i % 2 ? "tiny" : "stories260K", prompts[i], &st, NULL);
+            assert_int_equal(st, 200);
+            if (expected[i % 2][i])
+                assert_string_equal(text, expected[i % 2][i]);
+            free(text);
+        }
+        /* the write-behind ends (written or dropped): nothing in flight */
+        json_t *doc = NULL, *axes = NULL;
+        for (int tries = 0; tries < 200; tries++) {
+            json_decref(doc);
+            doc = get_json(port, "/stats");
+            axes = json_object_get(json_object_get(doc, "pool"), "axes");
+            if (axis_field(axes, "remote", "used") == 0 && axis_field(axes, "remote", "high_water") > 0 &&
+                (k == 0 || axis_field(axes, "remote", "refusals") >= 2))
+                break;
+            usleep(50 * 1000);
+        }
+        json_t *pool = json_object_get(doc, "pool");
+        assert_int_equal(axis_field(axes, "remote", "limit"), limits[k]);
+        assert_int_equal(axis_field(axes, "remote", "used"), 0);
+        assert_true(axis_field(axes, "remote", "high_water") <= limits[k]);
+        assert_non_null(member(pool, "remote:stories260K"));
+        assert_non_null(member(pool, "remote:tiny"));
+        json_t *list = json_object_get(doc, "models");
+        uint64_t writes = 0, dropped = 0;
+        for (size_t m = 0; m < 2; m++) {
+            json_t *rep = json_object_get(json_array_get(list, m), "report");
+            writes += jint(rep, "remote", "writes");
+            dropped += jint(rep, "remote", "dropped");
+        }
+        print_message("pool remote limit %llu: high water %llu, refusals %llu, writes %llu, dropped %llu\n",
+                      (unsigned long long)limits[k], (unsigned long long)axis_field(axes, "remote", "high_water"),
+                      (unsigned long long)axis_field(axes, "remote", "refusals"), (unsigned long long)writes,
+                      (unsigned long long)dropped);
+        if (k == 0) {
+            assert_true(axis_field(axes, "remote", "high_water") > 0);
+            assert_true(writes > 0);
+            assert_int_equal(axis_field(axes, "remote", "refusals"), 0);
+        } else { /* every entry is over 1,024 bytes: none fits */
+            assert_int_equal(writes, 0);
+            assert_true(dropped >= 2);
+            assert_true(axis_field(axes, "remote", "refusals") >= 2);
+        }
+        json_decref(doc);
+        kvt_ts_resp r;
+        assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+        char want[96];
+        snprintf(want, sizeof want, "kvtier_pool_limit_bytes{axis=\"remote\"} %llu\n", (unsigned long long)limits[k]);
+        assert_non_null(strstr(r.body, want));
+        kvt_ts_resp_free(&r);
+        assert_int_equal(kvt_server_stop(s, 5000), 0);
+        kvt_server_destroy(s);
+        assert_int_equal(redis_cmd(rs.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    }
+    redis_stop(&rs);
 }
 
 /* two models with one id, and bad model lists, are refused */
@@ -362,6 +592,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_models),
+        cmocka_unit_test(test_metrics_every_model),
+        cmocka_unit_test(test_pool_remote),
         cmocka_unit_test(test_bad_model_lists),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -602,8 +602,7 @@ static void async_restore(void **state)
     (void)state;
     fx f;
     fx_init(&f, &CFG_ALL, "async");
-    kvt_store_options o = {.restore_threads = 2};
-    kvt_store *s = fx_open(&f, &o);
+    kvt_store *s = fx_open(&f, NULL);
     int32_t t[21];
     pcu_seq(t, 21, 9);
     put_tokens(s, &f.cfg, "", t, 21);
@@ -1289,7 +1288,7 @@ static void bad_arguments(void **state)
     longroot[sizeof longroot - 1] = '\0';
     assert_int_equal(kvt_store_open(longroot, &id, NULL, &s), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "root path is over 3000 bytes"));
-    kvt_store_options o = {.restore_threads = 99};
+    kvt_store_options o = {.lock_wait_ms = 86400001u};
     assert_int_equal(kvt_store_open("/tmp", &id, &o, &s), KVT_EINVAL);
     assert_int_equal(kvt_store_close(NULL), 0);
     kvt_store_identity bad_id = {"m\xc3", "c", "t"};

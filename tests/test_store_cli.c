@@ -185,10 +185,11 @@ static void bench_ssd_smoke(void **state)
     store_rmtree(base);
 }
 
-/* `kvtier bench ssd --kv-dtype f16,q8`: one row per scheme holding the same
- * tokens in its own bytes (f16: half of the 16 MB of f32; q8: a quarter plus
- * one f32 scale per 32 floats, about 4.5 MB), and an unknown scheme is a usage
- * error (exit 2). Not a timing test. */
+/* `kvtier bench ssd --kv-dtype f16,q8,q8-token`: one row per scheme holding
+ * the same tokens in its own bytes (f16: half of the 16 MB of f32; q8-token:
+ * a quarter plus one f32 scale per 32 floats, about 4.5 MB; q8: 16 MB, as the
+ * 256 tokens are one block of 256, still open, so f32), and an unknown scheme
+ * is a usage error (exit 2). Not a timing test. */
 static void bench_ssd_kv_dtype(void **state)
 {
     (void)state;
@@ -200,16 +201,18 @@ static void bench_ssd_kv_dtype(void **state)
     store_tmpdir(base, sizeof base, "bench");
     assert_true(base[0] != '\0');
     char cmd[1024], out[4096];
-    snprintf(cmd, sizeof cmd, "'%s' bench ssd --sizes 16M --reads 1 --kv-dtype f16,q8 --dir '%s' 2>&1",
+    snprintf(cmd, sizeof cmd, "'%s' bench ssd --sizes 16M --reads 1 --kv-dtype f16,q8,q8-token --dir '%s' 2>&1",
              getenv("KVT_BIN"), base);
     int st = run_cmd(cmd, out, sizeof out);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         fail_msg("bench ssd failed: %s", out);
     assert_non_null(strstr(out, "  f16        8MB "));
-    const char *q8 = strstr(out, "\n   q8 ");
+    const char *q8 = strstr(out, "\nq8-token "), *q8c = strstr(out, "\n   q8 ");
     assert_non_null(q8);
-    double q8_mb = atof(q8 + 6); /* the q8 row's state column */
+    double q8_mb = atof(q8 + 10); /* the q8-token row's state column */
     assert_true(q8_mb >= 4.0 && q8_mb <= 5.0);
+    assert_non_null(q8c);
+    assert_true(atof(q8c + 6) == 16.0);
     assert_null(strstr(out, "  f32 "));
     assert_int_equal(store_count_files(base, ""), 0);
     snprintf(cmd, sizeof cmd, "'%s' bench ssd --kv-dtype f16,i4 --dir '%s' 2>&1", getenv("KVT_BIN"), base);

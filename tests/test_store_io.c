@@ -1,7 +1,8 @@
 /*
  * test_store_io.c: the SSD tier on the I/O worker (kvtier/io.h). Sixteen
  * asynchronous restores of one handle make one read (fifteen waiters
- * coalesced, each with its own exact entry); an asynchronous restore queued
+ * coalesced, each with its own exact entry), and so do sixteen threads
+ * calling the synchronous kvt_store_restore at once; an asynchronous restore queued
  * behind write-behind still runs first (foreground priority); a full worker
  * queue is a counted write-behind drop with the entry left to the caller;
  * an identical write-behind joins the queued one; a large shard's hash is a
@@ -15,6 +16,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "io_shim.h"
 #include "pc_util.h"
 #include "store_util.h"
 
@@ -25,7 +27,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const store_cfg CFG = {.n_kv = 2, .kv_dim = 8, .block = 4};
 
@@ -204,6 +208,131 @@ static void sixteen_restores_one_read(void **state)
     kvt_entry_clear(&b.e);
     kvt_store_get_stats(s, &st);
     assert_int_equal(st.restores - st0.restores, 2);
+    fx_close(&f);
+    kvt_io_destroy(io);
+}
+
+/* ---- sixteen synchronous restores ----------------------------------------------- */
+
+typedef struct sync_fx {
+    kvt_store *s;
+    kvt_io *io;
+    uint64_t handle;
+    pthread_barrier_t start;
+    atomic_int held;   /* the read was held at its first file call */
+    kvt_entry e[16];
+    int status[16];
+} sync_fx;
+
+typedef struct sync_arg {
+    sync_fx *fx;
+    int i;
+} sync_arg;
+
+/* The shim's hook on the reading thread: its first file call waits until
+ * the other fifteen restores have joined the read (at most 20 s). */
+static void hold_read(void *ctx, kvt__io_op op)
+{
+    (void)op;
+    sync_fx *fx = ctx;
+    if (atomic_exchange(&fx->held, 1))
+        return;
+    for (int i = 0; i < 20000; i++) {
+        kvt_io_stats ios;
+        if (kvt_io_stats_get(fx->io, &ios) == 0 && ios.by_kind[KVT_IO_KIND_RESTORE].coalesced >= 15)
+            return;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void *sync_main(void *p)
+{
+    sync_arg *a = p;
+    pthread_barrier_wait(&a->fx->start);
+    a->fx->status[a->i] = kvt_store_restore(a->fx->s, a->fx->handle, NULL, 0, &a->fx->e[a->i]);
+    return NULL;
+}
+
+/* 16 threads call kvt_store_restore on one handle at once: the read is
+ * one operation of the worker (run by one of the callers), the other 15
+ * join it, each caller gets its own exact entry; the shards are opened once
+ * (the I/O shim counts the file calls) and the store counts one restore. */
+static void sixteen_sync_restores_one_read(void **state)
+{
+    (void)state;
+    kvt_io_options io_o = {.threads = 1};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    fx f;
+    kvt_store *s = fx_open(&f, "io-sync16", &CFG, io);
+    int32_t t[21];
+    pcu_seq(t, 21, 5);
+    put_tokens(s, &CFG, t, 21);
+    kvt_cold_hit hit;
+    assert_int_equal(kvt_store_find_exact(s, t, 21, "", &hit), 0);
+    /* the file calls of one restore, alone */
+    kvt__io_fault count = {.ops = 1u << KVT_IO_OPEN};
+    kvt__io_arm(&count);
+    kvt_entry one;
+    assert_int_equal(kvt_store_restore(s, hit.handle, t, 21, &one), 0);
+    int64_t opens_one = kvt__io_calls();
+    kvt__io_disarm();
+    kvt_entry_clear(&one);
+    assert_true(opens_one >= 2); /* the entry shard and its blocks */
+    kvt_store_stats st0;
+    kvt_store_get_stats(s, &st0);
+    kvt_io_stats io0;
+    assert_int_equal(kvt_io_stats_get(io, &io0), 0);
+
+    sync_fx *sf = calloc(1, sizeof *sf);
+    assert_non_null(sf);
+    sf->s = s;
+    sf->io = io;
+    sf->handle = hit.handle;
+    assert_int_equal(pthread_barrier_init(&sf->start, NULL, 16), 0);
+    kvt__io_fault hold = {.ops = 1u << KVT_IO_OPEN, .before = hold_read, .before_ctx = sf};
+    kvt__io_arm(&hold);
+    pthread_t th[16];
+    sync_arg args[16];
+    for (int i = 0; i < 16; i++) {
+        args[i] = (sync_arg){sf, i};
+        assert_int_equal(pthread_create(&th[i], NULL, sync_main, &args[i]), 0);
+    }
+    for (int i = 0; i < 16; i++)
+        pthread_join(th[i], NULL);
+    int64_t opens = kvt__io_calls();
+    kvt__io_disarm();
+    kvt_io_stats ios;
+    assert_int_equal(kvt_io_stats_get(io, &ios), 0);
+    print_message("16 synchronous restores: %lld file opens (one restore alone: %lld), %llu coalesced\n",
+                  (long long)opens, (long long)opens_one,
+                  (unsigned long long)(ios.by_kind[KVT_IO_KIND_RESTORE].coalesced -
+                                       io0.by_kind[KVT_IO_KIND_RESTORE].coalesced));
+    assert_int_equal(atomic_load(&sf->held), 1);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].submitted - io0.by_kind[KVT_IO_KIND_RESTORE].submitted, 16);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].coalesced - io0.by_kind[KVT_IO_KIND_RESTORE].coalesced, 15);
+    assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].ran - io0.by_kind[KVT_IO_KIND_RESTORE].ran, 1);
+    assert_int_equal(opens, opens_one); /* one read */
+    kvt_store_stats st;
+    kvt_store_get_stats(s, &st);
+    assert_int_equal(st.restores - st0.restores, 1);
+    kvt_entry want;
+    assert_int_equal(store_make_entry(&CFG, "", t, 21, &want), 0);
+    for (int i = 0; i < 16; i++) {
+        assert_int_equal(sf->status[i], 0);
+        assert_int_equal(store_entry_diff(&sf->e[i], &want), 0);
+        for (int j = 0; j < i; j++)
+            assert_ptr_not_equal(sf->e[i].caches[0], sf->e[j].caches[0]); /* each its own clone */
+    }
+    for (int i = 0; i < 16; i++)
+        kvt_entry_clear(&sf->e[i]);
+    kvt_entry_clear(&want);
+    /* a stale handle still fails cleanly through the same path */
+    kvt_entry none;
+    assert_int_equal(kvt_store_restore(s, hit.handle + 1000, NULL, 0, &none), KVT_ENOTFOUND);
+    pthread_barrier_destroy(&sf->start);
+    free(sf);
     fx_close(&f);
     kvt_io_destroy(io);
 }
@@ -388,6 +517,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sixteen_restores_one_read),
+        cmocka_unit_test(sixteen_sync_restores_one_read),
         cmocka_unit_test(restore_before_write_behind),
         cmocka_unit_test(full_queue_drops_and_identical_joins),
         cmocka_unit_test(hash_on_the_worker),

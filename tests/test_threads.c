@@ -4,8 +4,9 @@
  * over many runs of 1..32 parts back to back (a worker still waking from one
  * run must never take a part of the next), with a part that stalls (the
  * others are taken by the threads that are free), with jobs that change
- * from run to run while workers spin and after they went to sleep, and for
- * a pool of one thread. Run under TSan too (make test-tsan).
+ * from run to run while workers spin and after they went to sleep, a
+ * sleeping worker woken by the next run (it takes parts of it), and for a
+ * pool of one thread. Run under TSan too (make test-tsan).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 
 #include "threads.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
@@ -103,6 +105,45 @@ static void test_spin_and_sleep(void **state)
     }
 }
 
+typedef struct {
+    pthread_t caller;
+    atomic_int by_worker; /* parts a worker (not the caller) ran */
+} who_job;
+
+static void who_part(void *ctx, int i, int n)
+{
+    (void)i, (void)n;
+    who_job *j = ctx;
+    struct timespec ts = {0, 500000}; /* 0.5 ms: long enough for a woken worker to claim a part */
+    nanosleep(&ts, NULL);
+    if (!pthread_equal(pthread_self(), j->caller))
+        atomic_fetch_add(&j->by_worker, 1);
+}
+
+/* A worker asleep (past its spin) is woken by the next run and takes parts
+ * of it: without the wake-up the caller would run every part alone and the
+ * results would still be right, so this is checked by who ran them. Up to
+ * 50 tries of 16 parts after a 2 ms pause each, so a loaded machine that
+ * runs the woken worker late fails no try by itself. */
+static void test_sleeping_worker_wakes(void **state)
+{
+    (void)state;
+    kvt_threads *p = NULL;
+    assert_int_equal(kvt_threads_create(2, &p), 0);
+    who_job j;
+    j.caller = pthread_self();
+    atomic_init(&j.by_worker, 0);
+    int tries = 0;
+    while (atomic_load(&j.by_worker) == 0 && tries++ < 50) {
+        struct timespec ts = {0, 2000000}; /* past the spin: the worker sleeps */
+        nanosleep(&ts, NULL);
+        kvt_threads_run(p, who_part, &j, 16);
+    }
+    print_message("  a woken worker ran %d parts (try %d)\n", atomic_load(&j.by_worker), tries);
+    assert_true(atomic_load(&j.by_worker) > 0);
+    kvt_threads_destroy(p);
+}
+
 static void test_single_thread_and_null(void **state)
 {
     (void)state;
@@ -121,6 +162,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_part_once),
         cmocka_unit_test(test_spin_and_sleep),
+        cmocka_unit_test(test_sleeping_worker_wakes),
         cmocka_unit_test(test_single_thread_and_null),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

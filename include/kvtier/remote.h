@@ -203,6 +203,19 @@ KVT_API void kvt_remote_cold_tier(kvt_remote *r, kvt_cold_tier *out);
  * @return 0; KVT_EINVAL (NULL argument). Thread-safe. */
 KVT_API int kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *out);
 
+/** Bytes by layer this tier wrote to Redis: bytes[i] receives the tensor
+ * bytes of layer i in every record a SET of this process wrote and Redis
+ * accepted since the tier opened (blocks Redis already held are not sent,
+ * so not counted). This is not what Redis holds: Redis is the eviction
+ * authority (maxmemory, TTL) and evicts without telling any host, and other
+ * hosts write too, so per-layer residency in Redis cannot be known here.
+ * The cold-tier table's layer_bytes gives the same figures as
+ * KVT_LAYER_BYTES_WRITTEN. Never blocks on I/O.
+ * @param bytes (n_layers) written whole (0 past the layers written).
+ * @return 0; KVT_EINVAL (r NULL, n_layers < 0, bytes NULL with n_layers > 0).
+ * Thread-safe. */
+KVT_API int kvt_remote_layer_written_bytes(kvt_remote *r, int32_t n_layers, uint64_t *bytes);
+
 /** The counters *s (from kvt_remote_stats_get) as one JSON object, {every
  * KVT_REMOTE_COUNTERS name: n}, compact, keys in list order.
  * @param out receives the string; caller frees with kvt_string_free.

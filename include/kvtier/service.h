@@ -614,6 +614,10 @@ KVT_API void kvt_service_count_residency(kvt_service *svc, const kvt_residency_s
 #define KVT_LAYER_COUNTERS(X)                                                                          \
     X(ram_bytes, gauge, "RAM bytes of the layer's state in the prompt cache, shared blocks counted once") \
     X(ram_shared_blocks, gauge, "Buffers (blocks) of the layer held by more than one RAM entry")        \
+    X(ssd_bytes, gauge, "Bytes of the layer's state the SSD tier's index holds, a shared block file once") \
+    X(remote_written_bytes, counter,                                                                   \
+      "Bytes of the layer's state this host wrote to the remote tier (not residency: Redis evicts "     \
+      "without telling)")                                                                              \
     X(restores, counter, "Cold-tier restores that brought the layer's state")                          \
     X(restored_bytes, counter, "Bytes of the layer's state those restores read")                       \
     X(written, counter, "States of the layer handed to the cold tier (write-behind and spills)")      \
@@ -635,9 +639,13 @@ typedef struct kvt_layer_stats {
 KVT_API int32_t kvt_service_layer_groups(const kvt_service *svc);
 
 /** Fills out[0..groups) (layer 0 first; the overflow group last). RAM bytes
- * come from a walk of the prompt cache (kvt_prompt_cache_layer_usage), the
- * cold-tier bytes from what passed between the prompt cache and its cold
- * tier. @param cap out's length, at least kvt_service_layer_groups.
+ * come from a walk of the prompt cache (kvt_prompt_cache_layer_usage);
+ * ssd_bytes from the layer_bytes of every cold tier level that reports
+ * residency (KVT_LAYER_BYTES_RESIDENT: the SSD tier's index, e.g.
+ * kvt_store_layer_bytes); remote_written_bytes from the levels that can only
+ * say what this host wrote (KVT_LAYER_BYTES_WRITTEN: the remote tier,
+ * kvt_remote_layer_written_bytes); restores and written from what passed
+ * between the prompt cache and its cold tier. @param cap out's length, at least kvt_service_layer_groups.
  * @return the groups filled; KVT_EINVAL (NULL argument, cap too small);
  *   KVT_ENOMEM. Thread-safe. */
 KVT_API int kvt_service_layer_stats(kvt_service *svc, kvt_layer_stats *out, int32_t cap);

@@ -120,10 +120,10 @@ typedef struct kvt_store_options {
      * shard read is checked as well as its XXH3-128 (which every restore
      * checks, always); a mismatch is a miss, counted. */
     int verify;
-    /** Accepted for compatibility (0..16, else KVT_EINVAL) and ignored:
-     * asynchronous restores, write-behind and shard hashing run on the I/O
-     * worker (`worker`), whose threads every store of the process shares. */
-    int restore_threads;
+    /* (There is no restore_threads option any more: it sized nothing once
+     * restores, write-behind and shard hashing ran on the I/O worker
+     * (`worker`), whose threads every store of the process shares; size
+     * those with kvt_io_options.threads of a worker given here.) */
     /** Fault-injection write layer (borrowed for the life of the store);
      * NULL = pwrite(2)/fsync(2). */
     const kvt_store_io *io;
@@ -192,38 +192,57 @@ typedef enum kvt_store_refusal {
  * "symlink"); static. */
 KVT_API const char *kvt_store_refusal_name(kvt_store_refusal r);
 
-/** Counters of one open store. A snapshot; fields are independent reads. */
+/** Counters of one open store, one list: X(type, name, kind, metric, help).
+ * It makes the struct, kvt_store_stats_json (/stats "ssd", by name) and the
+ * server's /metrics families kvtier_ssd_<metric> (a counter with "_total";
+ * a name ending _ns, nanoseconds, as <metric>_seconds), so a counter added
+ * here appears in all three. The refusals by reason are the array after. */
+#define KVT_STORE_COUNTERS(X)                                                                           \
+    X(uint64_t, entries, gauge, entries, "indexed (durable) entries")                                  \
+    X(uint64_t, blocks, gauge, blocks, "indexed block shards")                                         \
+    X(uint64_t, bytes, gauge, bytes, "bytes of this identity's directory (files)")                     \
+    X(uint64_t, root_bytes, gauge, root_bytes, "bytes of the whole root, as last measured")            \
+    X(uint64_t, max_bytes, gauge, max_bytes, "the byte budget over the root (0 = unlimited)")          \
+    X(uint64_t, pending, gauge, pending_writes, "write-behind jobs queued or being written")            \
+    X(uint64_t, pending_bytes, gauge, pending_write_bytes, "cache bytes the pending writes hold")       \
+    X(uint64_t, dropped, counter, dropped_writes, "write-behind refused: queue full or store closing") \
+    X(uint64_t, failed, counter, failed_writes, "writes that failed (I/O, ENOSPC, bad state)")         \
+    X(uint64_t, written, counter, written_entries, "entries made durable")                             \
+    X(uint64_t, skipped, counter, skipped_writes, "puts of an entry already durable (no write)")       \
+    X(uint64_t, blocks_written, counter, blocks_written, "block shards written")                       \
+    X(uint64_t, blocks_shared, counter, blocks_shared, "block references satisfied by an existing shard") \
+    X(uint64_t, bytes_written, counter, written_bytes, "shard bytes written")                          \
+    X(uint64_t, superseded, counter, superseded_entries,                                               \
+      "entries removed because a longer trimmable one serves them")                                    \
+    X(uint64_t, evicted, counter, evicted_entries, "entries evicted by the byte budget")               \
+    X(uint64_t, evicted_foreign_files, counter, evicted_foreign_files,                                 \
+      "files of other identities' idle directories evicted")                                           \
+    X(uint64_t, restores, counter, restores, "successful restores")                                    \
+    X(uint64_t, restore_misses, counter, restore_misses, "restores that found the entry unusable or gone") \
+    X(uint64_t, restore_bytes, counter, restore_bytes, "shard bytes read by restores")                 \
+    X(uint64_t, restore_ns_last, gauge, last_restore_ns, "duration of the last successful restore, ns") \
+    X(uint64_t, temp_removed, counter, temp_files_removed, "leftover temporary files removed")         \
+    X(uint64_t, other_config_shards, gauge, other_config_shards,                                       \
+      "shards found at open under the same model id with another config fingerprint or tokenizer "    \
+      "(their own directories): never served")                                                         \
+    X(int64_t, longest_prefix_tokens, gauge, longest_prefix_tokens, "tokens of the longest indexed entry") \
+    X(uint64_t, write_refused, counter, write_refused, "puts refused because the store is read-only")  \
+    X(uint64_t, pending_hits, counter, pending_hits, "restores served from the write-behind queue")
+
+/** Counters of one open store (see KVT_STORE_COUNTERS). A snapshot; fields
+ * are independent reads. */
 typedef struct kvt_store_stats {
-    uint64_t entries;          /* indexed (durable) entries */
-    uint64_t blocks;           /* indexed block shards */
-    uint64_t bytes;            /* bytes of this identity's directory (files) */
-    uint64_t root_bytes;       /* bytes of the whole root, as last measured */
-    uint64_t max_bytes;        /* the budget (0 = unlimited) */
-    uint64_t pending;          /* write-behind jobs queued or being written */
-    uint64_t pending_bytes;    /* cache bytes those jobs hold */
-    uint64_t dropped;          /* write-behind refused: queue full or store closing */
-    uint64_t failed;           /* writes that failed (I/O, ENOSPC, bad state) */
-    uint64_t written;          /* entries made durable */
-    uint64_t skipped;          /* puts of an entry already durable (no write) */
-    uint64_t blocks_written;   /* block shards written */
-    uint64_t blocks_shared;    /* block references satisfied by an existing shard */
-    uint64_t bytes_written;    /* shard bytes written */
-    uint64_t superseded;       /* entries removed because a longer trimmable one serves them */
-    uint64_t evicted;          /* entries evicted by the byte budget */
-    uint64_t evicted_foreign_files; /* files of other identities' idle directories evicted */
-    uint64_t restores;         /* successful restores */
-    uint64_t restore_misses;   /* restores that found the entry unusable or gone */
-    uint64_t restore_bytes;    /* shard bytes read by restores */
-    uint64_t restore_ns_last;  /* duration of the last successful restore, ns */
-    uint64_t temp_removed;     /* leftover temporary files removed */
-    uint64_t refused[KVT_STORE_REFUSED_COUNT]; /* refusals per reason, since open */
-    uint64_t other_config_shards; /* shards found at open under the same model id
-                                     with another config fingerprint or tokenizer
-                                     (their own directories): never served */
-    int64_t longest_prefix_tokens; /* tokens of the longest indexed entry */
-    uint64_t write_refused;    /* puts refused because the store is read-only */
-    uint64_t pending_hits;     /* restores served from the write-behind queue */
+#define KVT__STORE_FIELD(type, name, kind, metric, help) type name;
+    KVT_STORE_COUNTERS(KVT__STORE_FIELD)
+#undef KVT__STORE_FIELD
+    uint64_t refused[KVT_STORE_REFUSED_COUNT]; /* refusals per reason (kvt_store_refusal_name), since open */
 } kvt_store_stats;
+
+/** The counters *st as one JSON object: {every KVT_STORE_COUNTERS name: n,
+ * "refused": {every kvt_store_refusal_name: n}}, compact, keys in list order.
+ * @param out receives the string; caller frees with kvt_string_free.
+ * @return 0; KVT_EINVAL (NULL argument); KVT_ENOMEM. Thread-safe. */
+KVT_API int kvt_store_stats_json(const kvt_store_stats *st, char **out);
 
 /** Computes a config fingerprint from a model's (empty) per-layer caches: the
  * layer count and, per layer, the kind and its parameters (which fix shapes
@@ -250,8 +269,8 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
  * Creates root and root/<identity dir>/ (mode 0755), writes IDENTITY, scans
  * the directory's shard headers (no tensor bytes) to rebuild the index,
  * removes temporary files left by dead writers, counts refused shards, then
- * measures the root and applies the budget. Starts the writer thread and
- * the restore threads. Holds a shared flock on <dir>/.lock until close: a
+ * measures the root and applies the budget. Takes the I/O worker (opts->worker,
+ * else a reference on the process default) its writes and restores run on. Holds a shared flock on <dir>/.lock until close: a
  * directory nobody holds is idle, and only idle directories of other
  * identities are ever evicted by another store or by kvt_store_gc.
  * @param root     directory path, borrowed for the call.
@@ -260,7 +279,7 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
  *                 borrowed for the life of the store).
  * @param out      receives the store; close it with kvt_store_close().
  * @return 0; KVT_EINVAL (NULL argument, root empty or over 3000 bytes, an
- * identity string over 1024 bytes or not UTF-8, restore_threads or lock_wait_ms out of range);
+ * identity string over 1024 bytes or not UTF-8, lock_wait_ms out of range);
  * KVT_EUNSUPPORTED (the identity directory is a symbolic link: refused, not
  * followed); KVT_EBUSY (another process held <dir>/.lock exclusively for
  * the whole of opts->lock_wait_ms: nothing is left open; also a pool member
@@ -323,7 +342,13 @@ KVT_API int kvt_store_find_exact(kvt_store *s, const int32_t *tokens, int64_t n_
  * entry: zero-copy clones of its caches and attachments; out->hook then
  * holds the queued entry (its own hook runs after the writer is done and
  * every clone's hook has run); once the write is durable the same handle
- * restores from disk.
+ * restores from disk. A durable entry is read as a foreground operation of
+ * the store's I/O worker (kind restore, keyed by the handle) that the call
+ * waits for: identical restores at the same time, by this call or
+ * kvt_store_restore_async, are one read, each caller getting its own
+ * zero-copy clone; still queued when asked, the read runs on the calling
+ * thread. When the worker refuses it (queue full, shutting down) the call
+ * reads on its own thread as well.
  * @param handle from kvt_store_find / kvt_store_find_exact.
  * @param prompt (n_prompt) the tokens the caller will use, borrowed; may be
  *        NULL with n_prompt 0.
@@ -456,6 +481,20 @@ KVT_API int kvt_store_remove(kvt_store *s, uint64_t handle);
 /** Fills *out with the current counters (a NULL store or out is a no-op).
  * Thread-safe. */
 KVT_API void kvt_store_get_stats(kvt_store *s, kvt_store_stats *out);
+
+/** Per-layer residency of the store: bytes[i] receives the tensor bytes of
+ * layer i over every file the index holds now (each block file once, however
+ * many entries share it), kept up to date as files are indexed (put, the
+ * startup scan) and leave the index (budget eviction, gc, supersede, remove,
+ * a refused shard); no disk access. Headers and metadata belong to no layer,
+ * so the sum is a little below kvt_store_stats.bytes. Files other processes
+ * wrote into a shared root since this store opened are not in its index, so
+ * not counted. The cold-tier table's layer_bytes (kvt_store_cold_tier) gives
+ * the same figures as KVT_LAYER_BYTES_RESIDENT.
+ * @param bytes (n_layers) written whole (0 past the layers the files hold).
+ * @return 0; KVT_EINVAL (s NULL, n_layers < 0, bytes NULL with n_layers > 0).
+ * Thread-safe. */
+KVT_API int kvt_store_layer_bytes(kvt_store *s, int32_t n_layers, uint64_t *bytes);
 
 /** The identity directory's path (borrowed, valid until kvt_store_close;
  * NULL for a NULL store). Thread-safe. */

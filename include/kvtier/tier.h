@@ -162,6 +162,10 @@ typedef struct kvt_tier_stats {
  * spill are NULL or refuse with KVT_EREADONLY, and no chain writes into it. */
 #define KVT_TIER_READ_ONLY 1u
 
+/** kvt_cold_tier.layer_bytes results: what the figures mean. */
+#define KVT_LAYER_BYTES_RESIDENT 1
+#define KVT_LAYER_BYTES_WRITTEN 2
+
 /** A tier's eviction hook: the tier hands `e`, a kvtier-allocated entry it is about to
  * drop, to the tier below (demotion). Ownership passes to the hook on 0 (the
  * hook writes it behind and releases it with kvt_entry_clear); on error it
@@ -257,6 +261,18 @@ typedef struct kvt_cold_tier {
      * Once set_evict returns, the previous hook is never called again (calls
      * in flight have returned). Optional (NULL: evictions are deleted). */
     void (*set_evict)(void *self, kvt_tier_evict_fn fn, void *arg);
+
+    /** Adds to bytes[i], for each layer i < n_layers, the bytes of layer i's
+     * state the tier accounts for (tensor bytes; headers and metadata
+     * belong to no layer; layers past the tier's own add nothing). Never
+     * blocks on I/O (an index or counters, no disk or network access).
+     * @return KVT_LAYER_BYTES_RESIDENT: what the tier holds now (its index:
+     *   every removal is subtracted, a shared block counted once);
+     *   KVT_LAYER_BYTES_WRITTEN: bytes this process wrote into the tier since
+     *   it opened, which the tier may have evicted since without saying so
+     *   (a remote tier whose server evicts on its own): not residency.
+     * Optional (NULL: no per-layer figures). */
+    int (*layer_bytes)(void *self, int32_t n_layers, uint64_t *bytes);
 
     /** KVT_TIER_READ_ONLY or 0. */
     uint32_t flags;

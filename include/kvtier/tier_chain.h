@@ -162,6 +162,14 @@ KVT_API const char *kvt_tier_chain_level_name(const kvt_tier_chain *c, int32_t l
  * Thread-safe. */
 KVT_API int kvt_tier_chain_level_stats(kvt_tier_chain *c, int32_t level, kvt_tier_stats *out);
 
+/** The level's per-layer figures: its table's layer_bytes (see
+ * kvt_cold_tier.layer_bytes), added to bytes[0..n_layers).
+ * @return KVT_LAYER_BYTES_RESIDENT or KVT_LAYER_BYTES_WRITTEN (what they
+ *   mean); 0 when the level has no layer_bytes (nothing added); KVT_EINVAL
+ *   (c NULL, bytes NULL with n_layers > 0, level outside 0..n_levels-1).
+ * Thread-safe. */
+KVT_API int kvt_tier_chain_level_layer_bytes(kvt_tier_chain *c, int32_t level, int32_t n_layers, uint64_t *bytes);
+
 /** Waits until every promotion and demotion queued so far is written (or
  * has failed). Does not flush the levels (the table's flush does both).
  * @return 0; KVT_EINVAL (c NULL). Thread-safe. */

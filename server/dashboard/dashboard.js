@@ -157,6 +157,94 @@
       p50: percentile(all, 50), n: all.length, nw: w.length };
   }
 
+  // ---- per-layer residency ------------------------------------------------------------------
+  // Columns of the per-layer tables: every field of a layer object, in the
+  // report's order (the server's one list), RAM bytes drawn as a bar; bytes
+  // fields shown in bytes. Each cell carries its raw value in data-value.
+  const LAYER_TITLES = {
+    ram_bytes: 'RAM bytes', ram_shared_blocks: 'Shared blocks', ssd_bytes: 'SSD bytes',
+    remote_written_bytes: 'Sent to Redis', restores: 'Restores', restored_bytes: 'Restored',
+    written: 'Written', written_bytes: 'Written bytes', promotions: 'Promotions', demotions: 'Demotions',
+    evictions: 'Evictions',
+  };
+  const layerTitle = (k) => LAYER_TITLES[k] || k.replace(/_/g, ' ').replace(/^./, (c) => c.toUpperCase());
+  // Every served model's id, context and report: the "models" list, else the one top-level model.
+  function modelsOf(s) {
+    if (Array.isArray(s.models) && s.models.length)
+      return s.models.map((m) => ({ id: m.id, max_model_len: m.max_model_len, report: m.report || {} }));
+    return s.model ? [{ id: s.model.id, max_model_len: s.model.max_model_len, report: s }] : [];
+  }
+  function layerTable(model, layers) {
+    const wrap = document.createElement('div');
+    wrap.className = 'layer-model';
+    wrap.dataset.model = model.id;
+    const h = document.createElement('h3');
+    h.textContent = 'model ' + model.id + ' · ' + layers.length + (layers.length === 1 ? ' layer group' : ' layer groups');
+    wrap.append(h);
+    if (!layers.length) {
+      const n = document.createElement('p');
+      n.className = 'note';
+      n.textContent = 'No layer is reported yet.';
+      wrap.append(n);
+      return wrap;
+    }
+    const keys = Object.keys(layers[0]).filter((k) => k !== 'layer');
+    const tw = document.createElement('div');
+    tw.className = 'tablewrap';
+    const table = document.createElement('table');
+    table.className = 'layer-table';
+    table.dataset.model = model.id;
+    const hr = document.createElement('tr');
+    const th0 = document.createElement('th');
+    th0.textContent = 'Layer';
+    hr.append(th0);
+    for (const k of keys) {
+      const th = document.createElement('th');
+      th.textContent = layerTitle(k);
+      th.dataset.key = k;
+      if (k !== 'ram_bytes') th.className = 'num';
+      hr.append(th);
+    }
+    table.createTHead().append(hr);
+    const maxRam = Math.max(1, ...layers.map((l) => l.ram_bytes || 0));
+    const body = table.createTBody();
+    for (const l of layers) {
+      const tr = document.createElement('tr');
+      tr.dataset.layer = l.layer;
+      tr.append(td(l.layer, 'layer'));
+      for (const k of keys) {
+        const v = l[k] || 0;
+        let cell;
+        if (k === 'ram_bytes') {
+          cell = td('', 'layer-ram');
+          const fill = document.createElement('span');
+          fill.className = 'layer-bar';
+          fill.style.width = (100 * v / maxRam).toFixed(1) + '%';
+          const lab = document.createElement('span');
+          lab.textContent = bytes(v);
+          cell.append(fill, lab);
+        } else {
+          cell = td(/bytes$/.test(k) ? bytes(v) : num(v), 'num');
+        }
+        cell.dataset.key = k;
+        cell.dataset.value = String(v);
+        tr.append(cell);
+      }
+      body.append(tr);
+    }
+    tw.append(table);
+    wrap.append(tw);
+    return wrap;
+  }
+  function renderLayers(s) {
+    const models = modelsOf(s);
+    const all = models.map((m) => ({ m, layers: Array.isArray(m.report.layers) ? m.report.layers : [] }));
+    $('layer-tables').replaceChildren(...all.map((x) => layerTable(x.m, x.layers)));
+    $('layers-note').textContent = all.some((x) => x.layers.length)
+      ? 'Per layer of each model: RAM bytes (shared blocks counted once), what the cold tiers hold and what restores brought up and write-behind handed down.'
+      : 'No layer is reported yet.';
+  }
+
   // ---- snapshots ---------------------------------------------------------------------------
   function tierBlock(name, color, bytesNow, maxBytes, entries, idBase) {
     const div = document.createElement('div');
@@ -196,7 +284,9 @@
     const t = s.time_ms || Date.now();
     state.snapshots++;
     document.body.dataset.snapshots = String(state.snapshots);
-    if (s.model) $('model').textContent = 'model ' + s.model.id + ' · context ' + num(s.model.max_model_len) + ' tokens';
+    const models = modelsOf(s);
+    if (models.length > 1) $('model').textContent = 'models ' + models.map((m) => m.id).join(', ');
+    else if (s.model) $('model').textContent = 'model ' + s.model.id + ' · context ' + num(s.model.max_model_len) + ' tokens';
     $('updated').textContent = 'updated ' + clock(t);
 
     setFig('kpi-requests', num(c.completions), c.completions);
@@ -213,8 +303,14 @@
 
     // tiers
     const tiers = $('tiers');
-    const blocks = [tierBlock('RAM tier (prompt cache)', 'var(--ram)', p.bytes || 0, p.max_bytes || 0, p.entries || 0, 'tier-ram')];
-    if (ssd) blocks.push(tierBlock('SSD tier', 'var(--ssd)', ssd.bytes, ssd.max_bytes, ssd.entries, 'tier-ssd'));
+    // each model's RAM and SSD tiers (the first model's keep the plain ids)
+    const blocks = [];
+    (models.length ? models : [{ id: '', report: s }]).forEach((m, i) => {
+      const mp = m.report.prefixes || {}, ms = m.report.ssd, sfx = i ? '-' + i : '';
+      const of = models.length > 1 ? ' · model ' + m.id : '';
+      blocks.push(tierBlock('RAM tier (prompt cache)' + of, 'var(--ram)', mp.bytes || 0, mp.max_bytes || 0, mp.entries || 0, 'tier-ram' + sfx));
+      if (ms) blocks.push(tierBlock('SSD tier' + of, 'var(--ssd)', ms.bytes, ms.max_bytes, ms.entries, 'tier-ssd' + sfx));
+    });
     const kv = s.kv || {};
     if (kv.budget_bytes) blocks.push(tierBlock('KV admission (projected)', '#7b61c9', kv.projected_bytes || 0, kv.budget_bytes, srv.running || 0, 'tier-kv'));
     tiers.replaceChildren(...blocks);
@@ -250,26 +346,8 @@
       w.append(n);
     }
 
-    // per-layer residency (the report's "layers": 64 layers named, the rest one group)
-    const layers = Array.isArray(s.layers) ? s.layers : [];
-    const lt = $('layer-table');
-    lt.hidden = layers.length === 0;
-    $('layers-note').textContent = layers.length ? 'RAM bytes per layer (shared blocks counted once), with what restores brought up and write-behind handed down, of model ' + (s.model ? s.model.id : '') + '.' : 'No layer is reported yet.';
-    const maxRam = Math.max(1, ...layers.map((l) => l.ram_bytes || 0));
-    lt.tBodies[0].replaceChildren(...layers.map((l) => {
-      const tr = document.createElement('tr');
-      tr.dataset.layer = l.layer;
-      const bar = td('', 'layer-ram');
-      const fill = document.createElement('span');
-      fill.className = 'layer-bar';
-      fill.style.width = (100 * (l.ram_bytes || 0) / maxRam).toFixed(1) + '%';
-      const lab = document.createElement('span');
-      lab.textContent = bytes(l.ram_bytes || 0);
-      bar.append(fill, lab);
-      tr.append(td(l.layer), bar, td(num(l.ram_shared_blocks), 'num'), td(num(l.restores), 'num'),
-        td(bytes(l.restored_bytes || 0), 'num'), td(num(l.written), 'num'), td(bytes(l.written_bytes || 0), 'num'));
-      return tr;
-    }));
+    // per-layer residency of every model (each report's "layers": 64 layers named, the rest one group)
+    renderLayers(s);
 
     // charts
     state.samples.push({ t, prompt: c.prompt_tokens || 0, ram: c.cached_tokens_ram || 0, ssd: c.cached_tokens_ssd || 0 });

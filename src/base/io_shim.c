@@ -24,6 +24,8 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t g_ops;
 static int64_t g_fail_at;
 static int g_err, g_short, g_record;
+static void (*g_before)(void *, kvt__io_op);
+static void *g_before_ctx;
 static char g_path_has[512];
 static atomic_llong g_calls, g_failures;
 static kvt__io_event *g_ev; /* (MAX_EVENTS) while recording */
@@ -42,6 +44,8 @@ void kvt__io_arm(const kvt__io_fault *f)
     g_short = f ? f->short_write : 0;
     snprintf(g_path_has, sizeof g_path_has, "%s", f && f->path_has ? f->path_has : "");
     g_record = f ? f->record : 0;
+    g_before = f ? f->before : NULL;
+    g_before_ctx = f ? f->before_ctx : NULL;
     if (g_record && !g_ev && !(g_ev = kvt__calloc(MAX_EVENTS, sizeof *g_ev)))
         g_record = 0; /* out of memory: nothing recorded (kvt__io_events says 0) */
     atomic_store(&g_armed, f != NULL);
@@ -124,9 +128,13 @@ static void gate(call *c, kvt__io_op op, int fd, int dirfd, const char *name)
     char has[512];
     snprintf(has, sizeof has, "%s", g_path_has);
     c->need_path = armed && (has[0] || g_record);
+    void (*before)(void *, kvt__io_op) = g_before;
+    void *before_ctx = g_before_ctx;
     pthread_mutex_unlock(&g_mu);
     if (!armed)
         return;
+    if (before)
+        before(before_ctx, op);
     c->counted = 1;
     if (c->need_path) {
         if (fd >= 0)

@@ -64,6 +64,11 @@ typedef struct kvt__io_fault {
                              a failing SEND sends half of what is buffered, then fails */
     const char *path_has; /* non-NULL: every counted call whose path contains this fails (copied) */
     int record;           /* 1: record the durability events (kvt__io_events) */
+    /* non-NULL: called as before(before_ctx, op) at the start of every counted
+     * call, on the calling thread, with no lock of the shim held (a test
+     * holds a call there, e.g. a read, until other threads have caught up) */
+    void (*before)(void *ctx, kvt__io_op op);
+    void *before_ctx;
 } kvt__io_fault;
 
 /** Arms `f` (NULL: count and record nothing, inject nothing) and resets the

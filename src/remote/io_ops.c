@@ -1,9 +1,11 @@
 /*
- * io_ops.c: the remote tier's asynchronous restore (kvt_cold_tier's
- * restore_async, e.g. a prompt cache's prefetch) as a foreground operation
- * of the I/O worker (kvtier/io.h), keyed by the handle: identical restores
- * make one pipeline of GETs and each waiter gets its own zero-copy clone.
- * Every waiter is told exactly once; close waits until all were told.
+ * io_ops.c: the remote tier's restores (kvt_cold_tier's restore and
+ * restore_async, e.g. a prompt cache's prefetch) as foreground operations
+ * of the I/O worker (kvtier/io.h), keyed by the handle: identical restores,
+ * synchronous or not, make one pipeline of GETs and each waiter gets its
+ * own zero-copy clone; and its synchronous store, keyed by the entry's
+ * content: identical stores at the same time are one write. Every
+ * asynchronous waiter is told exactly once; close waits until all were told.
  */
 #include "io_entry.h"
 #include "remote_internal.h"
@@ -27,7 +29,7 @@ typedef struct rwait {
 static int rtask_run(void *task, void **result)
 {
     rtask *t = task;
-    int rc = kvt__remote_restore(t->r, t->handle, &t->e);
+    int rc = kvt__remote_restore_direct(t->r, t->handle, &t->e);
     if (!rc)
         *result = &t->e;
     return rc;
@@ -39,6 +41,123 @@ static void rtask_free(void *task, void *result)
     rtask *t = task;
     kvt_entry_clear(&t->e);
     kvt__free(t);
+}
+
+/* The key of the restore of `handle`: the synchronous and the asynchronous
+ * restore of one handle are one operation. */
+static kvt_io_key restore_key(const kvt_remote *r, uint64_t handle)
+{
+    return (kvt_io_key){handle ^ r->io_seed.lo, 0x6e7 ^ r->io_seed.hi};
+}
+
+/* Waits for a submitted operation (running it here while still queued) and
+ * ends the ticket; *res, valid until then, is handed to take(). */
+static int wait_here(kvt_io_ticket *tk, int *here, kvt_io_disposition *d, void **res)
+{
+    *here = kvt_io_run_here(tk) == 1;
+    return kvt_io_wait(tk, UINT64_MAX, d, res);
+}
+
+int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
+{
+    kvt_remote *r = self;
+    memset(out, 0, sizeof *out);
+    rtask *t = kvt__calloc(1, sizeof *t);
+    if (!t)
+        return kvt__fail(KVT_ENOMEM, "remote restore: out of memory");
+    t->r = r;
+    t->handle = handle;
+    kvt_io_op op = {.kind = KVT_IO_KIND_REMOTE_GET,
+                    .key = restore_key(r, handle),
+                    .priority = KVT_IO_FOREGROUND,
+                    .run = rtask_run,
+                    .free_fn = rtask_free,
+                    .task = t};
+    kvt_io_ticket *tk = NULL;
+    int rc = kvt_io_submit(r->worker, &op, &tk);
+    if (rc) { /* queue full or shutting down: this thread reads */
+        kvt__free(t);
+        return kvt__remote_restore_direct(r, handle, out);
+    }
+    int here;
+    kvt_io_disposition d = KVT_IO_DISCARD;
+    void *res = NULL;
+    rc = wait_here(tk, &here, &d, &res);
+    rc = kvt__entry_from_result(rc, d, res, out);
+    kvt_io_ticket_release(tk);
+    if (rc == KVT_ECLOSED) /* the worker shut down before it ran */
+        return kvt__remote_restore_direct(r, handle, out);
+    if (rc && !here) /* the message was set on the thread that read */
+        kvt__fail(rc, "remote restore: handle %llu: %s (read by another restore of it)", (unsigned long long)handle,
+                  kvt_strerror(rc));
+    return rc;
+}
+
+/* One synchronous store: the caller's entry, borrowed while it waits, and
+ * its bytes' reservation on the pool's remote axis (NULL: no pool), held
+ * while the write is in flight and dropped by the free function (at once
+ * for a store that joined an identical one: that one's reservation counts). */
+typedef struct stask {
+    kvt_remote *r;
+    const kvt_entry *e;
+    struct kvt_pool_reservation *res;
+} stask;
+
+static int stask_run(void *task, void **result)
+{
+    stask *t = task;
+    *result = task;
+    return kvt__remote_store(t->r, t->e);
+}
+
+static void stask_free(void *task, void *result)
+{
+    (void)result;
+    stask *t = task;
+    kvt__remote_pool_drop(t->res);
+    kvt__free(t);
+}
+
+int kvt__remote_store_sync(void *self, const kvt_entry *e)
+{
+    kvt_remote *r = self;
+    if (!e)
+        return kvt__remote_store_now(r, e);
+    stask *t = kvt__calloc(1, sizeof *t);
+    if (!t)
+        return kvt__fail(KVT_ENOMEM, "remote store: out of memory");
+    *t = (stask){r, e, NULL};
+    /* in flight from here: a refusal names the axis on this thread */
+    int rc = kvt__remote_pool_reserve(r, kvt__remote_entry_bytes(e), &t->res);
+    if (rc) {
+        kvt__free(t);
+        return rc;
+    }
+    /* keyed by content, apart from write-behind's keys (a queued write-behind
+     * may be withdrawn: a store must not count on it) */
+    kvt__key ek = kvt__entry_key(r->seed, e->ns ? e->ns : "", e->tokens, e->n_tokens);
+    kvt_io_op op = {.kind = KVT_IO_KIND_REMOTE_SET,
+                    .key = {ek.lo ^ r->io_seed.lo ^ 0x5c5c5c5c5c5c5c5cull, ek.hi ^ r->io_seed.hi},
+                    .priority = KVT_IO_FOREGROUND,
+                    .run = stask_run,
+                    .free_fn = stask_free,
+                    .task = t};
+    kvt_io_ticket *tk = NULL;
+    rc = kvt_io_submit(r->worker, &op, &tk);
+    if (rc) { /* the worker cannot take it: written on this thread */
+        stask_free(t, NULL);
+        return kvt__remote_store_now(r, e);
+    }
+    int here;
+    kvt_io_disposition d = KVT_IO_DISCARD;
+    void *res = NULL;
+    rc = wait_here(tk, &here, &d, &res);
+    kvt_io_ticket_release(tk);
+    if (rc == KVT_ECLOSED)
+        return kvt__remote_store_now(r, e);
+    if (rc && !here)
+        kvt__fail(rc, "remote store: %s (written by another store of the same entry)", kvt_strerror(rc));
+    return rc;
 }
 
 static void waiter_gone(kvt_remote *r)
@@ -85,7 +204,7 @@ int kvt__remote_restore_async(void *self, uint64_t handle, kvt_restore_done_fn d
     r->restores_live++;
     pthread_mutex_unlock(&r->q_mu);
     kvt_io_op op = {.kind = KVT_IO_KIND_REMOTE_GET,
-                    .key = {handle ^ r->io_seed.lo, 0x6e7 ^ r->io_seed.hi},
+                    .key = restore_key(r, handle),
                     .priority = KVT_IO_FOREGROUND,
                     .run = rtask_run,
                     .free_fn = rtask_free,

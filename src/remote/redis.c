@@ -253,12 +253,12 @@ int kvt__remote_hslot_make(kvt__rhandle *h, const char *ns, const int32_t *a, in
 
 /* ---- the tier table ------------------------------------------------------------- */
 
-static int t_store(void *self, const kvt_entry *e)
+int kvt__remote_store_now(kvt_remote *r, const kvt_entry *e)
 {
     struct kvt_pool_reservation *res = NULL; /* in flight on the pool's remote axis while it is sent */
-    int rc = e ? kvt__remote_pool_reserve(self, kvt__remote_entry_bytes(e), &res) : 0;
+    int rc = e ? kvt__remote_pool_reserve(r, kvt__remote_entry_bytes(e), &res) : 0;
     if (!rc)
-        rc = kvt__remote_store(self, e);
+        rc = kvt__remote_store(r, e);
     kvt__remote_pool_drop(res);
     return rc;
 }
@@ -282,6 +282,44 @@ static int t_stats(void *self, kvt_tier_stats *out)
     return 0;
 }
 
+void kvt__remote_layers_add(kvt_remote *r, const uint64_t *v, int32_t n)
+{
+    if (!v || n <= 0)
+        return;
+    if (n > r->n_layer_written) {
+        uint64_t *x = kvt__realloc(r->layer_written, sizeof *x * (size_t)n);
+        if (x) {
+            memset(x + r->n_layer_written, 0, sizeof *x * (size_t)(n - r->n_layer_written));
+            r->layer_written = x;
+            r->n_layer_written = n;
+        }
+    }
+    for (int32_t i = 0; i < n && i < r->n_layer_written; i++)
+        r->layer_written[i] += v[i];
+}
+
+KVT_API int kvt_remote_layer_written_bytes(kvt_remote *r, int32_t n_layers, uint64_t *bytes)
+{
+    if (!r || n_layers < 0 || (n_layers > 0 && !bytes))
+        return kvt__fail(KVT_EINVAL, "kvt_remote_layer_written_bytes: %s",
+                         !r ? "remote is NULL" : n_layers < 0 ? "n_layers < 0" : "bytes is NULL");
+    pthread_mutex_lock(&r->mu);
+    for (int32_t i = 0; i < n_layers; i++)
+        bytes[i] = i < r->n_layer_written ? r->layer_written[i] : 0;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+static int t_layer_bytes(void *self, int32_t n_layers, uint64_t *bytes)
+{
+    kvt_remote *r = self;
+    pthread_mutex_lock(&r->mu);
+    for (int32_t i = 0; i < n_layers && i < r->n_layer_written; i++)
+        bytes[i] += r->layer_written[i];
+    pthread_mutex_unlock(&r->mu);
+    return KVT_LAYER_BYTES_WRITTEN;
+}
+
 KVT_API void kvt_remote_cold_tier(kvt_remote *r, kvt_cold_tier *out)
 {
     memset(out, 0, sizeof *out);
@@ -290,12 +328,13 @@ KVT_API void kvt_remote_cold_tier(kvt_remote *r, kvt_cold_tier *out)
     out->find_exact = kvt__remote_find_exact;
     out->restore = kvt__remote_restore;
     out->restore_async = kvt__remote_restore_async;
-    out->store = t_store;
+    out->store = kvt__remote_store_sync;
     out->spill = kvt__remote_spill;
     out->pending = kvt__remote_pending;
     out->flush = kvt__remote_flush;
     out->withdraw = kvt__remote_withdraw;
     out->stats = t_stats;
+    out->layer_bytes = t_layer_bytes;
 }
 
 /* ---- open / close ------------------------------------------------------------------- */
@@ -402,6 +441,7 @@ KVT_API int kvt_remote_close(kvt_remote *r)
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->q_mu);
     pthread_cond_destroy(&r->idle_cv);
+    kvt__free(r->layer_written);
     kvt__free(r);
     return rc;
 }

@@ -253,6 +253,9 @@ struct kvt_remote {
     kvt_remote_stats st;
     uint64_t entries, bytes; /* new entries and record bytes this tier wrote */
     uint64_t behind_failed, behind_dropped; /* queued writes that failed / were dropped unsent; under mu */
+    uint64_t *layer_written; /* (n_layer_written) tensor bytes of each layer in the records this
+                                tier wrote that Redis accepted; under mu */
+    int32_t n_layer_written;
 
     /* write-behind and asynchronous restores, on the I/O worker (q_mu) */
     kvt_io *worker;         /* opts.worker, or a reference on the process default */
@@ -323,9 +326,24 @@ int kvt__remote_hslot_make(kvt__rhandle *h, const char *ns, const int32_t *a, in
 /* The kvt_cold_tier operations (kvtier/tier.h gives their contracts); self is a kvt_remote. */
 int kvt__remote_find(void *self, const int32_t *prompt, int64_t n, const char *ns, kvt_cold_hit *out);
 int kvt__remote_find_exact(void *self, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out);
+/** kvt_cold_tier.restore: a coalesced foreground operation of the I/O
+ * worker, waited for (io_ops.c); kvt__remote_restore_direct on the calling
+ * thread when the worker refuses it. */
 int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out);
+/** The restore itself (one pipeline of GETs) on the calling thread (restore.c). */
+int kvt__remote_restore_direct(void *self, uint64_t handle, kvt_entry *out);
+/** kvt_cold_tier.store: the write as a foreground operation of the I/O
+ * worker, waited for (io_ops.c): identical synchronous stores at the same
+ * time are one write; on the calling thread when the worker refuses it. */
+int kvt__remote_store_sync(void *self, const kvt_entry *e);
+/** Writes an entry now, holding its bytes on the pool's remote axis while
+ * it is sent (redis.c). */
+int kvt__remote_store_now(kvt_remote *r, const kvt_entry *e);
 /** Writes an entry now (blocks Redis holds already are skipped), bounded by io_ms per socket op. */
 int kvt__remote_store(kvt_remote *r, const kvt_entry *e);
+/** Adds v[0..n) to r->layer_written (r->mu held; growing it, a failed
+ * allocation leaves the layers past the old length uncounted). */
+void kvt__remote_layers_add(kvt_remote *r, const uint64_t *v, int32_t n);
 int kvt__remote_spill(void *self, kvt_entry *e);
 int kvt__remote_pending(void *self, const int32_t *tokens, int64_t n, const char *ns);
 int kvt__remote_withdraw(void *self, const int32_t *tokens, int64_t n, const char *ns);

@@ -124,7 +124,7 @@ static int build_layer(const kvt__rec *blocks, held **bh, int32_t nb, const kvt_
     return rc;
 }
 
-int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
+int kvt__remote_restore_direct(void *self, uint64_t handle, kvt_entry *out)
 {
     kvt_remote *r = self;
     memset(out, 0, sizeof *out);

@@ -68,6 +68,9 @@ typedef struct wpipe {
     void **bufs;      /* (n) per record: its value, then its names (freed after exec) */
     int32_t n, cap;
     uint64_t bytes, records;
+    uint64_t *lpend, *ldone; /* (nl) tensor bytes per layer of the records queued, and of those
+                                Redis accepted (may be NULL: not counted) */
+    int32_t nl;
 } wpipe;
 
 static void wpipe_reset(wpipe *w)
@@ -78,13 +81,25 @@ static void wpipe_reset(wpipe *w)
     w->n = 0;
     w->bytes = 0;
     w->records = 0;
+    if (w->lpend)
+        memset(w->lpend, 0, sizeof *w->lpend * (size_t)w->nl);
 }
 
 static void wpipe_free(wpipe *w)
 {
     wpipe_reset(w);
     kvt__free(w->bufs);
+    kvt__free(w->lpend);
+    kvt__free(w->ldone);
     memset(w, 0, sizeof *w);
+}
+
+/* The record about to be queued carries the tensors of ly[0..L): counted per layer. */
+static void wpipe_count_layers(wpipe *w, const kvt__rec_layer *ly, int32_t L)
+{
+    for (int32_t l = 0; w->lpend && l < L && l < w->nl; l++)
+        for (int32_t t = 0; t < ly[l].n_tensors; t++)
+            w->lpend[l] += (uint64_t)ly[l].tensors[t].bytes;
 }
 
 /* Keeps buf until the pipeline has run (freed on error too). */
@@ -151,6 +166,8 @@ static int wpipe_exec(kvt_remote *r, wpipe *w, uint64_t *records, uint64_t *byte
     if (!rc) {
         *records += w->records;
         *bytes += w->bytes;
+        for (int32_t l = 0; w->lpend && l < w->nl; l++)
+            w->ldone[l] += w->lpend[l];
     }
     wpipe_reset(w);
     return rc;
@@ -233,7 +250,10 @@ int kvt__remote_store(kvt_remote *r, const kvt_entry *e)
     char (*names)[KVT__REMOTE_KEY_MAX] = NULL;
     int rc = 0;
     uint64_t records = 0, bytes = 0, skipped = 0;
-    if (!st || !layers || !atts) {
+    w.lpend = kvt__calloc((size_t)(L ? L : 1), sizeof *w.lpend);
+    w.ldone = kvt__calloc((size_t)(L ? L : 1), sizeof *w.ldone);
+    w.nl = L;
+    if (!st || !layers || !atts || !w.lpend || !w.ldone) {
         rc = kvt__fail(KVT_ENOMEM, "remote store: out of memory");
         goto out;
     }
@@ -360,6 +380,8 @@ int kvt__remote_store(kvt_remote *r, const kvt_entry *e)
         void *val = NULL;
         size_t vb = 0, kb = 0;
         const void *kid = NULL;
+        if (!rc)
+            wpipe_count_layers(&w, layers, L); /* before encode_record frees the tensor lists */
         if ((rc = encode_record(&rec, rc, rec.tokens, B, &val, &vb, &kid, &kb)))
             goto out;
         if ((rc = wpipe_add(r, &w, 'b', keys[c], val, vb, c ? keys[c - 1] : kvt__remote_node_key(r, ns, keys, 0), kid,
@@ -398,6 +420,8 @@ int kvt__remote_store(kvt_remote *r, const kvt_entry *e)
         void *val = NULL;
         size_t vb = 0, kb = 0;
         const void *kid = NULL;
+        if (!rc)
+            wpipe_count_layers(&w, layers, L);
         rc = encode_record(&rec, rc, e->tokens + tail_at, n - tail_at, &val, &vb, &kid, &kb);
         kvt__free(bk);
         if (rc)
@@ -430,6 +454,7 @@ out:
     r->st.write_records += records;
     r->st.write_bytes += bytes;
     r->st.writes_skipped += skipped;
+    kvt__remote_layers_add(r, w.ldone, w.ldone ? w.nl : 0);
     if (rc) {
         r->st.write_failures++;
     } else if (records) {

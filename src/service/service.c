@@ -229,7 +229,7 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
     rc = kvt__svc_pool_init(&s->pool, cfg->pool, cfg->pool_name, cfg->prompt_cache_bytes);
     if (rc)
         goto fail;
-    rc = kvt__telemetry_create(cfg->n_layers, cfg->cold, &s->telem);
+    rc = kvt__telemetry_create(cfg->n_layers, cfg->cold, cfg->cold ? cfg->chain : NULL, &s->telem);
     if (rc)
         goto fail;
     if (cfg->prompt_cache_bytes > 0) {
@@ -764,9 +764,9 @@ static int put_state(kvt_service *s, const kvt_admission *adm, const int32_t *to
         bytes += kvt_cache_bytes(st->caches[i]);
     for (int32_t i = 0; i < st->n_attachments; i++)
         bytes += kvt_attachment_bytes(st->attachments[i]);
-    kvt__svc_pool_put_begin(&s->pool, s->pc, bytes);
+    kvt__svc_pool_put_begin(&s->pool, s->pc, bytes, s->has_cold ? &s->cold : NULL);
     int rc = kvt_prompt_cache_put(s->pc, &e, adm->session);
-    kvt__svc_pool_put_end(&s->pool, s->pc);
+    kvt__svc_pool_put_end(&s->pool, s->pc, s->has_cold ? &s->cold : NULL);
     if (rc)
         return rc;
     st->hook = (kvt_hook){0}; /* adopted (put emptied its copy) */
@@ -934,7 +934,7 @@ KVT_API int kvt_service_flush(kvt_service *svc)
         return kvt__fail(KVT_EINVAL, "flush: NULL service");
     int rc = kvt__ckpt_flush(svc->ckpt);
     int cold_rc = flush_cold(svc);
-    kvt__svc_pool_settle(&svc->pool, svc->pc); /* what waited on a write is evictable now */
+    kvt__svc_pool_settle(&svc->pool, svc->pc, svc->has_cold ? &svc->cold : NULL); /* what waited on a write is evictable now */
     return rc ? rc : cold_rc;
 }
 

@@ -52,32 +52,51 @@ static uint64_t ram_grow(kvt__svc_pool *sp, uint64_t want)
     return got;
 }
 
-void kvt__svc_pool_put_begin(kvt__svc_pool *sp, kvt_prompt_cache *pc, uint64_t entry_bytes)
+/* Makes every kept entry evictable (its write-behind durable) and evicts
+ * down to `bytes`; then the budget is the charge (sp->mu held). */
+static void evict_to(kvt__svc_pool *sp, kvt_prompt_cache *pc, const kvt_cold_tier *cold, uint64_t bytes)
+{
+    if (cold && cold->flush)
+        (void)cold->flush(cold->self); /* a failed write keeps its entry: counted by the tier */
+    (void)kvt_prompt_cache_set_max_bytes(pc, (size_t)bytes);
+    (void)kvt_prompt_cache_set_max_bytes(pc, (size_t)sp->ram_charged);
+}
+
+static uint64_t held_bytes(kvt_prompt_cache *pc)
+{
+    kvt_prompt_cache_stats ps;
+    kvt_prompt_cache_get_stats(pc, &ps);
+    return (uint64_t)ps.bytes;
+}
+
+void kvt__svc_pool_put_begin(kvt__svc_pool *sp, kvt_prompt_cache *pc, uint64_t entry_bytes, const kvt_cold_tier *cold)
 {
     if (!sp->m || !pc)
         return;
     pthread_mutex_lock(&sp->mu);
-    kvt_prompt_cache_stats ps;
-    kvt_prompt_cache_get_stats(pc, &ps);
-    uint64_t held = (uint64_t)ps.bytes;
-    uint64_t want = held > UINT64_MAX - entry_bytes ? UINT64_MAX : held + entry_bytes;
-    if (want > sp->ram_cap)
-        want = sp->ram_cap;
+    uint64_t held = held_bytes(pc);
+    uint64_t need = held > UINT64_MAX - entry_bytes ? UINT64_MAX : held + entry_bytes;
+    uint64_t want = need > sp->ram_cap ? sp->ram_cap : need;
     if (want > sp->ram_charged) {
         /* charged before the budget grows: the bytes the put may add are
          * counted before they exist */
         sp->ram_charged += ram_grow(sp, want - sp->ram_charged);
         (void)kvt_prompt_cache_set_max_bytes(pc, (size_t)sp->ram_charged);
     }
+    /* Not room for the entry: the put would insert it over the charge and
+     * then evict, and an entry whose write-behind is pending is not evicted
+     * (a pending write is not a copy), so it could stay over the charge
+     * until the write lands. Room is made first instead. An entry over the
+     * whole charge is dropped by the put itself: nothing is evicted for it. */
+    if (need > sp->ram_charged && held > 0 && entry_bytes <= sp->ram_charged)
+        evict_to(sp, pc, cold, sp->ram_charged - entry_bytes);
 }
 
-void kvt__svc_pool_put_end(kvt__svc_pool *sp, kvt_prompt_cache *pc)
+void kvt__svc_pool_put_end(kvt__svc_pool *sp, kvt_prompt_cache *pc, const kvt_cold_tier *cold)
 {
     if (!sp->m || !pc)
         return;
-    kvt_prompt_cache_stats ps;
-    kvt_prompt_cache_get_stats(pc, &ps);
-    uint64_t held = (uint64_t)ps.bytes;
+    uint64_t held = held_bytes(pc);
     if (held < sp->ram_charged) {
         /* the budget shrinks first (nothing to evict: it is what is held),
          * then the share it no longer covers goes back to the pool */
@@ -85,24 +104,23 @@ void kvt__svc_pool_put_end(kvt__svc_pool *sp, kvt_prompt_cache *pc)
         (void)kvt_pool_release(sp->m, KVT_POOL_RAM, sp->ram_charged - held);
         sp->ram_charged = held;
     } else if (held > sp->ram_charged) {
-        /* held past the budget: the cache keeps an entry whose write-behind
-         * is pending (a pending write is not a copy). Charge it when the
-         * pool has room, else evict back to the budget what is durable now
-         * (the rest goes at the next put or flush, once written). */
+        /* held past the charge (the entry added more than it was said to,
+         * or a write failed): charge it when the pool has room, else make
+         * every entry durable and evict to the charge now */
         if (held <= sp->ram_cap)
             sp->ram_charged += ram_grow(sp, held - sp->ram_charged);
         if (held > sp->ram_charged)
-            (void)kvt_prompt_cache_set_max_bytes(pc, (size_t)sp->ram_charged);
+            evict_to(sp, pc, cold, sp->ram_charged);
     }
     pthread_mutex_unlock(&sp->mu);
 }
 
-void kvt__svc_pool_settle(kvt__svc_pool *sp, kvt_prompt_cache *pc)
+void kvt__svc_pool_settle(kvt__svc_pool *sp, kvt_prompt_cache *pc, const kvt_cold_tier *cold)
 {
     if (!sp->m || !pc)
         return;
     pthread_mutex_lock(&sp->mu);
-    kvt__svc_pool_put_end(sp, pc);
+    kvt__svc_pool_put_end(sp, pc, cold);
 }
 
 void kvt__svc_pool_ram_clear(kvt__svc_pool *sp, kvt_prompt_cache *pc)

@@ -42,14 +42,20 @@ void kvt__svc_pool_fini(kvt__svc_pool *sp);
 
 /* Brackets one put of an entry of at most entry_bytes: begin grows the
  * prompt cache's budget toward bytes held + entry_bytes (as far as the pool
- * lets it) and holds sp->mu; end shrinks the budget to the bytes held,
- * releases the rest and unlocks. */
-void kvt__svc_pool_put_begin(kvt__svc_pool *sp, kvt_prompt_cache *pc, uint64_t entry_bytes);
-void kvt__svc_pool_put_end(kvt__svc_pool *sp, kvt_prompt_cache *pc);
+ * lets it) and holds sp->mu; when that is not enough room for the entry, it
+ * first flushes `cold` (every queued write-behind made durable, so every
+ * kept entry can be evicted; NULL: no cold tier) and evicts down to the
+ * charge less entry_bytes, so the cache never holds more than it is charged,
+ * not even while the put inserts the entry before it evicts (an entry over
+ * the whole charge is dropped by the put, nothing is evicted for it). end
+ * shrinks the budget to the bytes held, releases the rest and unlocks; were
+ * the cache still over its charge, it flushes and evicts to it at once. */
+void kvt__svc_pool_put_begin(kvt__svc_pool *sp, kvt_prompt_cache *pc, uint64_t entry_bytes, const kvt_cold_tier *cold);
+void kvt__svc_pool_put_end(kvt__svc_pool *sp, kvt_prompt_cache *pc, const kvt_cold_tier *cold);
 
 /* After a flush: the budget is brought back to what is held (entries kept
- * past it while their writes were pending are evicted now, or charged). */
-void kvt__svc_pool_settle(kvt__svc_pool *sp, kvt_prompt_cache *pc);
+ * past it are evicted now, or charged). */
+void kvt__svc_pool_settle(kvt__svc_pool *sp, kvt_prompt_cache *pc, const kvt_cold_tier *cold);
 
 /* The prompt cache was cleared (close): its whole budget goes back. */
 void kvt__svc_pool_ram_clear(kvt__svc_pool *sp, kvt_prompt_cache *pc);

@@ -5,6 +5,8 @@
  * each layer's cache); at report time the prompt cache's RAM residency by
  * layer is walked and its entry counters (promotions, demotions,
  * evictions) are given to every layer, since every entry holds all of them.
+ * The cold tiers' per-layer bytes are asked of each level (layer_bytes: the
+ * SSD tier's index gives residency, the remote tier what this host wrote).
  * Layers past KVT_LAYER_REPORT_LIMIT are one overflow group, so the report
  * (and the /metrics label `layer`) stays bounded whatever the model.
  */
@@ -22,6 +24,7 @@ struct kvt__telemetry {
     uint64_t *restores, *restored_bytes, *written, *written_bytes; /* (n_layers) each */
     kvt_cold_tier real, shim;
     int has_cold;
+    kvt_tier_chain *chain;  /* the chain real is the table of, or NULL */
 };
 
 int32_t kvt__telemetry_groups(int32_t n_layers)
@@ -160,7 +163,28 @@ static void fw_set_evict(void *self, kvt_tier_evict_fn fn, void *arg)
     t->real.set_evict(t->real.self, fn, arg);
 }
 
-int kvt__telemetry_create(int32_t n_layers, const kvt_cold_tier *cold, kvt__telemetry **out)
+static int fw_layer_bytes(void *self, int32_t n_layers, uint64_t *bytes)
+{
+    kvt__telemetry *t = self;
+    return t->real.layer_bytes(t->real.self, n_layers, bytes);
+}
+
+/* Adds the cold tiers' per-layer bytes: residency into disk[], what this
+ * host wrote into written[] (each (n) long; tmp is scratch of n). */
+static void cold_layer_bytes(kvt__telemetry *t, int32_t n, uint64_t *disk, uint64_t *written, uint64_t *tmp)
+{
+    int32_t levels = t->chain ? kvt_tier_chain_levels(t->chain) : t->has_cold && t->real.layer_bytes ? 1 : 0;
+    for (int32_t l = 0; l < levels; l++) {
+        memset(tmp, 0, sizeof *tmp * (size_t)n);
+        int kind = t->chain ? kvt_tier_chain_level_layer_bytes(t->chain, l, n, tmp)
+                            : t->real.layer_bytes(t->real.self, n, tmp);
+        uint64_t *to = kind == KVT_LAYER_BYTES_RESIDENT ? disk : kind == KVT_LAYER_BYTES_WRITTEN ? written : NULL;
+        for (int32_t i = 0; to && i < n; i++)
+            to[i] += tmp[i];
+    }
+}
+
+int kvt__telemetry_create(int32_t n_layers, const kvt_cold_tier *cold, kvt_tier_chain *chain, kvt__telemetry **out)
 {
     *out = NULL;
     kvt__telemetry *t = kvt__calloc(1, sizeof *t);
@@ -183,6 +207,7 @@ int kvt__telemetry_create(int32_t n_layers, const kvt_cold_tier *cold, kvt__tele
         return kvt__fail(KVT_ENOMEM, "service: out of memory for the per-layer telemetry");
     }
     t->n_layers = n_layers;
+    t->chain = chain;
     if (cold) {
         t->real = *cold;
         t->has_cold = 1;
@@ -200,6 +225,7 @@ int kvt__telemetry_create(int32_t n_layers, const kvt_cold_tier *cold, kvt__tele
             .withdraw = cold->withdraw ? fw_withdraw : NULL,
             .stats = cold->stats ? fw_stats : NULL,
             .set_evict = cold->set_evict ? fw_set_evict : NULL,
+            .layer_bytes = cold->layer_bytes ? fw_layer_bytes : NULL,
             .flags = cold->flags,
         };
     }
@@ -231,12 +257,20 @@ int kvt__telemetry_get(kvt__telemetry *t, kvt_prompt_cache *pc, const kvt_servic
         return kvt__fail(KVT_EINVAL, "kvt_service_layer_stats: room for %d groups, %d needed", (int)cap, (int)groups);
     size_t n = (size_t)t->n_layers;
     uint64_t *ram = kvt__calloc(n, sizeof *ram), *shared = kvt__calloc(n, sizeof *shared);
-    int rc = !ram || !shared ? kvt__fail(KVT_ENOMEM, "kvt_service_layer_stats: out of memory") : 0;
+    uint64_t *disk = kvt__calloc(n, sizeof *disk), *written = kvt__calloc(n, sizeof *written);
+    uint64_t *tmp = kvt__calloc(n, sizeof *tmp);
+    int rc = !ram || !shared || !disk || !written || !tmp ? kvt__fail(KVT_ENOMEM, "kvt_service_layer_stats: out of memory")
+                                                          : 0;
     if (!rc && pc)
         rc = kvt_prompt_cache_layer_usage(pc, t->n_layers, ram, shared);
+    if (!rc)
+        cold_layer_bytes(t, t->n_layers, disk, written, tmp);
+    kvt__free(tmp);
     if (rc) {
         kvt__free(ram);
         kvt__free(shared);
+        kvt__free(disk);
+        kvt__free(written);
         return rc;
     }
     memset(out, 0, sizeof *out * (size_t)groups);
@@ -248,6 +282,8 @@ int kvt__telemetry_get(kvt__telemetry *t, kvt_prompt_cache *pc, const kvt_servic
         g->last_layer = i;
         g->ram_bytes += ram[i];
         g->ram_shared_blocks += shared[i];
+        g->ssd_bytes += disk[i];
+        g->remote_written_bytes += written[i];
         g->restores += t->restores[i];
         g->restored_bytes += t->restored_bytes[i];
         g->written += t->written[i];
@@ -259,6 +295,8 @@ int kvt__telemetry_get(kvt__telemetry *t, kvt_prompt_cache *pc, const kvt_servic
     pthread_mutex_unlock(&t->mu);
     kvt__free(ram);
     kvt__free(shared);
+    kvt__free(disk);
+    kvt__free(written);
     return groups;
 }
 

@@ -15,8 +15,10 @@
 typedef struct kvt__telemetry kvt__telemetry;
 
 /* A collector over n_layers layers, forwarding to `cold` (copied; NULL:
- * no cold tier). 0; KVT_ENOMEM. */
-int kvt__telemetry_create(int32_t n_layers, const kvt_cold_tier *cold, kvt__telemetry **out);
+ * no cold tier), the table of `chain` when that is not NULL (borrowed,
+ * outlives the collector: its levels' per-layer bytes are asked at report
+ * time). 0; KVT_ENOMEM. */
+int kvt__telemetry_create(int32_t n_layers, const kvt_cold_tier *cold, kvt_tier_chain *chain, kvt__telemetry **out);
 
 /* The table the prompt cache is given instead of the cold tier (NULL when
  * there is none); valid until destroy. */

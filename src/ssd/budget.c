@@ -692,7 +692,7 @@ static void reclaim_apply(rpass *rp)
                 if ((b = kvt__kmap_ptr(&s->blocks, x->key))) {
                     s->st.blocks--;
                     kvt__kmap_del(&s->blocks, x->key);
-                    kvt__free(b);
+                    kvt__store_block_forget(s, b);
                 }
             }
         }

@@ -128,19 +128,33 @@ static int put_index_block(put_job *p, int32_t c, const char *final, uint64_t fb
 {
     kvt_store *s = p->s;
     kvt__key k = p->enc.keys[c];
+    /* the block's tensors again (outs is free once a shard is begun), for its per-layer bytes */
+    json_t *meta = NULL;
+    int32_t nt = 0;
+    uint64_t *lb = NULL;
+    int32_t nlb = 0;
+    int lrc = kvt__enc_block(&p->enc, c, s->identity, &meta, p->outs, &nt);
+    json_decref(meta);
+    if (!lrc)
+        lrc = kvt__store_lbytes_out(p->outs, nt, &lb, &nlb);
     pthread_mutex_lock(&s->mu);
     kvt__store_orphan_forget(s, final);
     st_block *b = kvt__kmap_ptr(&s->blocks, k);
     if (b) {
         b->refs++;
-    } else if ((b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put_ptr(&s->blocks, k, b)) {
+        kvt__free(lb);
+    } else if (!lrc && (b = kvt__calloc(1, sizeof *b)) && !kvt__kmap_put_ptr(&s->blocks, k, b)) {
         b->key = k;
         b->bytes = fb;
         b->refs = 1;
+        b->lbytes = lb;
+        b->n_lbytes = nlb;
         s->own_bytes += fb;
+        kvt__store_lbytes_account(s, lb, nlb, 1);
         s->st.blocks++;
     } else {
         kvt__free(b);
+        kvt__free(lb);
         pthread_mutex_unlock(&s->mu);
         char name[64];
         kvt__store_file_name('b', k, name);
@@ -234,19 +248,21 @@ static uint64_t put_need(put_job *p, uint64_t fb)
 
 /* Step 5: indexes the entry (file `name`, fb bytes; the pins become its
  * references) and supersedes the prefixes it serves. */
-static int put_index_entry(put_job *p, const char *name, uint64_t fb, uint64_t want_id)
+static int put_index_entry(put_job *p, const char *name, uint64_t fb, uint64_t want_id, int32_t n_outs)
 {
     kvt_store *s = p->s;
     const kvt__enc *enc = &p->enc;
     const kvt_entry *e = p->e;
     int64_t n = e->n_tokens;
     st_entry *en = kvt__calloc(1, sizeof *en);
+    int lrc = 0;
     if (en) {
         en->ns = kvt__strdup(e->ns);
         en->tokens = kvt__malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
         en->blocks = kvt__malloc(sizeof(kvt__key) * (size_t)(enc->n_chain ? enc->n_chain : 1));
+        lrc = kvt__store_lbytes_out(p->outs, n_outs, &en->lbytes, &en->n_lbytes); /* the shard's tensors */
     }
-    if (!en || !en->ns || !en->tokens || !en->blocks) {
+    if (!en || !en->ns || !en->tokens || !en->blocks || lrc) {
         kvt__store_entry_free(en);
         kvt__io_unlinkat(s->dirfd, name, 0);
         return kvt__fail(KVT_ENOMEM, "store put: out of memory");
@@ -310,7 +326,7 @@ static int put_entry(put_job *p, uint64_t want_id)
         kvt__io_unlinkat(s->dirfd, name, 0);
         return rc;
     }
-    return put_index_entry(p, name, fb, want_id);
+    return put_index_entry(p, name, fb, want_id, k);
 }
 
 /* Step 1: encodes the entry and checks it can fit the budget. */

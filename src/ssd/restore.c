@@ -3,8 +3,9 @@
  * or copied into owned buffers and checked before any byte is used, the
  * entry built by the codec (src/tier/codec.h), entries still in the
  * write-behind queue served from the queue, refusals counted and corrupt
- * shards forgotten, and kvt_store_restore_async as coalesced foreground
- * operations of the I/O worker (one read, a zero-copy clone per waiter).
+ * shards forgotten, and kvt_store_restore and kvt_store_restore_async of a
+ * durable entry as coalesced foreground operations of the I/O worker (one
+ * read, a zero-copy clone per waiter).
  * It never hands out a byte whose checksum it has not verified.
  */
 #include "codec.h"
@@ -301,7 +302,7 @@ static void forget_corrupt(kvt_store *s, const char *shard)
         s->own_bytes -= KVT__MIN(s->own_bytes, b->bytes);
         s->st.blocks--;
         kvt__kmap_del(&s->blocks, k);
-        kvt__free(b);
+        kvt__store_block_forget(s, b);
     }
     for (st_entry *e = s->head, *nx; e; e = nx) {
         nx = e->next;
@@ -349,11 +350,11 @@ static int restore_pending(kvt_store *s, uint64_t handle, const int32_t *prompt,
     return 0;
 }
 
-KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
-                              kvt_entry *out)
+/* The restore itself, on the calling thread: the write-behind queue's
+ * entry, else the durable shards (every refusal counted, a bad shard
+ * forgotten). kvt_store_restore's contract. */
+static int restore_direct(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt, kvt_entry *out)
 {
-    if (!s || !out || (n_prompt && !prompt) || n_prompt < 0)
-        return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&s->mu);
     int durable = kvt__kmap_ptr(&s->by_id, kvt__store_id_key(handle)) != NULL;
@@ -417,7 +418,7 @@ typedef struct rwait {
 static int rtask_run(void *task, void **result)
 {
     rtask *t = task;
-    int rc = kvt_store_restore(t->s, t->handle, NULL, 0, &t->e);
+    int rc = restore_direct(t->s, t->handle, NULL, 0, &t->e);
     if (!rc)
         *result = &t->e;
     return rc;
@@ -447,6 +448,74 @@ static void rwait_tell(void *arg, int status, kvt_io_disposition d, void *result
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The key of the restore of `handle`: a synchronous and an asynchronous
+ * restore of one handle are the same operation (one read). */
+static kvt_io_key restore_key(kvt_store *s, uint64_t handle) { return kvt__store_io_key(s, (kvt__key){handle, 0x7e57}); }
+
+/* A durable handle's read as a foreground operation of the I/O worker,
+ * waited for: an identical restore queued or running (synchronous or not)
+ * is joined, so N threads restoring one handle read it once, each getting
+ * its own zero-copy clone. Still queued when submitted, it runs on this
+ * thread (no wait for a free worker thread). @return as restore_direct;
+ * KVT_EAGAIN / KVT_ECLOSED / KVT_ETOOBIG when the worker cannot take it
+ * (nothing was read). */
+static int restore_coalesced(kvt_store *s, uint64_t handle, kvt_entry *out)
+{
+    rtask *t = kvt__calloc(1, sizeof *t);
+    if (!t)
+        return kvt__fail(KVT_ENOMEM, "kvt_store_restore: out of memory");
+    t->s = s;
+    t->handle = handle;
+    kvt_io_op op = {.kind = KVT_IO_KIND_RESTORE,
+                    .key = restore_key(s, handle),
+                    .priority = KVT_IO_FOREGROUND,
+                    .run = rtask_run,
+                    .free_fn = rtask_free,
+                    .task = t};
+    kvt_io_ticket *tk = NULL;
+    int rc = kvt_io_submit(s->worker, &op, &tk);
+    if (rc) {
+        kvt__free(t);
+        return rc;
+    }
+    int here = kvt_io_run_here(tk) == 1;
+    kvt_io_disposition d = KVT_IO_DISCARD;
+    void *res = NULL;
+    rc = kvt_io_wait(tk, UINT64_MAX, &d, &res);
+    rc = kvt__entry_from_result(rc, d, res, out);
+    kvt_io_ticket_release(tk);
+    if (rc && !here) /* the message was set on the thread that read */
+        kvt__fail(rc, "store restore: entry %llu: %s (read by another restore of it)", (unsigned long long)handle,
+                  kvt_strerror(rc));
+    return rc;
+}
+
+KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
+                              kvt_entry *out)
+{
+    if (!s || !out || (n_prompt && !prompt) || n_prompt < 0)
+        return kvt__fail(KVT_EINVAL, "kvt_store_restore: bad arguments");
+    memset(out, 0, sizeof *out);
+    /* a durable entry whose tokens agree with the prompt is read through the
+     * worker (coalesced); the rest on this thread: a pending job is served
+     * from memory (no read to share), and a gone handle or a token mismatch
+     * takes the refusal path */
+    pthread_mutex_lock(&s->mu);
+    st_entry *e = kvt__kmap_ptr(&s->by_id, kvt__store_id_key(handle));
+    int shared = e != NULL;
+    int64_t cmpn = e ? KVT__MIN(n_prompt, e->n_tokens) : 0;
+    if (e && prompt && cmpn && memcmp(prompt, e->tokens, sizeof(int32_t) * (size_t)cmpn))
+        shared = 0;
+    pthread_mutex_unlock(&s->mu);
+    if (shared) {
+        int rc = restore_coalesced(s, handle, out);
+        if (rc != KVT_EAGAIN && rc != KVT_ECLOSED && rc != KVT_ETOOBIG)
+            return rc;
+        /* the worker's queue is full or it is shutting down: read here */
+    }
+    return restore_direct(s, handle, prompt, n_prompt, out);
+}
+
 KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_done_fn done, void *arg)
 {
     if (!s || !done)
@@ -473,7 +542,7 @@ KVT_API int kvt_store_restore_async(kvt_store *s, uint64_t handle, kvt_restore_d
     /* a request waits for it: foreground, before write-behind; the same
      * handle queued or being read is joined (one read, many waiters) */
     kvt_io_op op = {.kind = KVT_IO_KIND_RESTORE,
-                    .key = kvt__store_io_key(s, (kvt__key){handle, 0x7e57}),
+                    .key = restore_key(s, handle),
                     .priority = KVT_IO_FOREGROUND,
                     .run = rtask_run,
                     .free_fn = rtask_free,

@@ -142,12 +142,15 @@ static int scan_block(kvt_store *s, const char *nm, const kvt__shard *sh, const 
         rc = kvt__store_check_name('b', pb.key, nm, reason);
     if (!rc && !kvt__kmap_ptr(&s->blocks, pb.key)) {
         st_block *b = kvt__calloc(1, sizeof *b);
-        if (b && !kvt__kmap_put_ptr(&s->blocks, pb.key, b)) {
+        if (b && !kvt__store_lbytes_shard(sh, &b->lbytes, &b->n_lbytes) && !kvt__kmap_put_ptr(&s->blocks, pb.key, b)) {
             b->key = pb.key;
             b->bytes = (uint64_t)fst->st_size;
             s->own_bytes += b->bytes;
+            kvt__store_lbytes_account(s, b->lbytes, b->n_lbytes, 1);
             s->st.blocks++;
         } else {
+            if (b)
+                kvt__free(b->lbytes);
             kvt__free(b);
             rc = KVT_ENOMEM;
         }
@@ -171,7 +174,7 @@ static int scan_entry(kvt_store *s, const char *nm, const kvt__shard *sh, const 
     st_entry *e = NULL;
     if (!rc && !kvt__kmap_ptr(&s->by_key, pe.key)) {
         e = kvt__calloc(1, sizeof *e);
-        if (!e || !(e->ns = kvt__strdup(pe.ns))) {
+        if (!e || !(e->ns = kvt__strdup(pe.ns)) || kvt__store_lbytes_shard(sh, &e->lbytes, &e->n_lbytes)) {
             kvt__store_entry_free(e);
             rc = KVT_ENOMEM;
         } else {

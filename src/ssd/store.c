@@ -3,9 +3,9 @@
  * identity directory under a root: its index (entries in a radix tree per
  * namespace, content-addressed blocks with reference counts), the startup
  * scan, put (blocks first, then the entry shard, each crash-safe), restore
- * into owned buffers, the write-behind queue and its writer thread, the
- * restore threads, the byte budget over the whole root, and the kvt_cold_tier
- * table the prompt cache tiers over.
+ * into owned buffers, the write-behind queue (on the I/O worker), the per-layer
+ * residency of the index, the byte budget over the whole root, and the
+ * kvt_cold_tier table the prompt cache tiers over.
  * It must never serve bytes it has not validated (identity, tokens, offsets,
  * checksum under verify), never index an entry before it is durable, never
  * delete a block some indexed entry or in-flight put still references, and
@@ -121,7 +121,109 @@ void kvt__store_entry_free(st_entry *e)
     kvt__free(e->ns);
     kvt__free(e->tokens);
     kvt__free(e->blocks);
+    kvt__free(e->lbytes);
     kvt__free(e);
+}
+
+/* ---- per-layer residency ------------------------------------------------------------ */
+
+/* The layer of a tensor named "L<layer>.<name>" (the codec's layer tensors),
+ * -1 for another name or a layer index past KVT__STORE_LAYERS_MAX (names
+ * come from files: never trusted to size anything). */
+static int32_t tensor_layer(const char *name)
+{
+    if (!name || name[0] != 'L' || name[1] < '0' || name[1] > '9')
+        return -1;
+    int64_t v = 0;
+    const char *p = name + 1;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        v = v * 10 + (*p - '0');
+        if (v >= KVT__STORE_LAYERS_MAX)
+            return -1;
+    }
+    return *p == '.' ? (int32_t)v : -1;
+}
+
+/* Adds `bytes` of layer l to the growing vector *v (*n long). */
+static int lbytes_add(uint64_t **v, int32_t *n, int32_t l, uint64_t bytes)
+{
+    if (l < 0)
+        return 0;
+    if (l >= *n) {
+        uint64_t *x = kvt__realloc(*v, sizeof *x * (size_t)(l + 1));
+        if (!x)
+            return KVT_ENOMEM;
+        memset(x + *n, 0, sizeof *x * (size_t)(l + 1 - *n));
+        *v = x;
+        *n = l + 1;
+    }
+    (*v)[l] += bytes;
+    return 0;
+}
+
+int kvt__store_lbytes_out(const kvt__st_out *t, int32_t n, uint64_t **out, int32_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (lbytes_add(out, n_out, tensor_layer(t[i].name), (uint64_t)t[i].bytes)) {
+            kvt__free(*out);
+            *out = NULL;
+            *n_out = 0;
+            return KVT_ENOMEM;
+        }
+    return 0;
+}
+
+int kvt__store_lbytes_shard(const kvt__shard *sh, uint64_t **out, int32_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    for (int32_t i = 0; i < sh->n; i++)
+        if (lbytes_add(out, n_out, tensor_layer(sh->t[i].name), sh->t[i].end - sh->t[i].begin)) {
+            kvt__free(*out);
+            *out = NULL;
+            *n_out = 0;
+            return KVT_ENOMEM;
+        }
+    return 0;
+}
+
+void kvt__store_lbytes_account(kvt_store *s, const uint64_t *v, int32_t n, int sign)
+{
+    if (!v || n <= 0)
+        return;
+    if (sign > 0 && n > s->n_layer_bytes) {
+        uint64_t *x = kvt__realloc(s->layer_bytes, sizeof *x * (size_t)n);
+        if (x) {
+            memset(x + s->n_layer_bytes, 0, sizeof *x * (size_t)(n - s->n_layer_bytes));
+            s->layer_bytes = x;
+            s->n_layer_bytes = n;
+        } /* else the layers past the old length go uncounted (a subtraction clamps at 0) */
+    }
+    for (int32_t i = 0; i < n && i < s->n_layer_bytes; i++)
+        s->layer_bytes[i] = sign > 0 ? s->layer_bytes[i] + v[i] : s->layer_bytes[i] - KVT__MIN(s->layer_bytes[i], v[i]);
+}
+
+void kvt__store_block_forget(kvt_store *s, st_block *b)
+{
+    if (!b)
+        return;
+    kvt__store_lbytes_account(s, b->lbytes, b->n_lbytes, -1);
+    kvt__free(b->lbytes);
+    kvt__free(b);
+}
+
+KVT_API int kvt_store_layer_bytes(kvt_store *s, int32_t n_layers, uint64_t *bytes)
+{
+    if (!s || n_layers < 0 || (n_layers > 0 && !bytes))
+        return kvt__fail(KVT_EINVAL, "kvt_store_layer_bytes: %s", !s ? "store is NULL" : n_layers < 0 ? "n_layers < 0"
+                                                                                                   : "bytes is NULL");
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; i < n_layers; i++)
+        bytes[i] = i < s->n_layer_bytes ? s->layer_bytes[i] : 0;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 void kvt__store_orphan_add(kvt_store *s, const char *name, uint64_t bytes)
@@ -176,6 +278,7 @@ int kvt__store_index_entry(kvt_store *s, st_entry *e)
         s->head->prev = e;
     s->head = e;
     s->own_bytes += e->bytes;
+    kvt__store_lbytes_account(s, e->lbytes, e->n_lbytes, 1);
     s->st.entries++;
     if (e->n_tokens > s->st.longest_prefix_tokens)
         s->st.longest_prefix_tokens = e->n_tokens;
@@ -235,6 +338,7 @@ void kvt__store_drop_entry(kvt_store *s, st_entry *e, int keep_file)
         s->own_bytes -= KVT__MIN(s->own_bytes, e->bytes);
     }
     s->st.entries--;
+    kvt__store_lbytes_account(s, e->lbytes, e->n_lbytes, -1);
     for (int32_t i = 0; i < e->n_blocks; i++)
         kvt__store_block_unref(s, e->blocks[i], 1);
     int longest = e->n_tokens == s->st.longest_prefix_tokens;
@@ -407,7 +511,12 @@ static int take_shared_lock(kvt_store *s)
     }
 }
 
-static void free_block_val(kvt__key k, uint64_t v, void *ctx) { kvt__free((void *)(uintptr_t)v); }
+static void free_block_val(kvt__key k, uint64_t v, void *ctx)
+{
+    st_block *b = (st_block *)(uintptr_t)v;
+    kvt__free(b->lbytes);
+    kvt__free(b);
+}
 
 static void store_free(kvt_store *s)
 {
@@ -424,6 +533,7 @@ static void store_free(kvt_store *s)
     kvt__kmap_free(&s->by_id);
     kvt__kmap_free(&s->pending);
     kvt__kmap_free(&s->pjobs);
+    kvt__free(s->layer_bytes);
     kvt__store_disk_free(s);
     kvt__free(s->free_keys);
     pthread_mutex_destroy(&s->disk_mu);
@@ -461,8 +571,6 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
     if (!kvt__utf8_valid(id->model_id) || !kvt__utf8_valid(id->config_fingerprint) ||
         !kvt__utf8_valid(id->tokenizer_hash))
         return kvt__fail(KVT_EINVAL, "kvt_store_open: an identity string is not valid UTF-8");
-    if (opts && (opts->restore_threads < 0 || opts->restore_threads > 16))
-        return kvt__fail(KVT_EINVAL, "kvt_store_open: restore_threads %d outside 0..16", opts->restore_threads);
     if (opts && opts->lock_wait_ms > 86400000u)
         return kvt__fail(KVT_EINVAL, "kvt_store_open: lock_wait_ms %llu is over 86,400,000 (one day)",
                          (unsigned long long)opts->lock_wait_ms);
@@ -478,8 +586,6 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
         s->opts = *opts;
     if (!s->opts.queue_max_bytes)
         s->opts.queue_max_bytes = KVT__QUEUE_DEFAULT;
-    if (!s->opts.restore_threads)
-        s->opts.restore_threads = 1;
     s->st.max_bytes = s->opts.max_bytes;
     s->root = kvt__strdup(root);
     int rc = s->root ? kvt__store_pool_join(s) : 0; /* refused before anything is created */
@@ -583,6 +689,34 @@ KVT_API void kvt_store_get_stats(kvt_store *s, kvt_store_stats *out)
     pthread_mutex_unlock(&s->mu);
 }
 
+KVT_API int kvt_store_stats_json(const kvt_store_stats *st, char **out)
+{
+    if (out)
+        *out = NULL;
+    if (!st || !out)
+        return kvt__fail(KVT_EINVAL, "kvt_store_stats_json: NULL argument");
+    json_t *o = json_object(), *ref = json_object();
+    int bad = !o || !ref;
+#define KVT__STORE_JSON(type, name, kind, metric, help)                                            \
+    bad = bad || json_object_set_new(o, #name, json_integer((json_int_t)KVT__MIN((uint64_t)st->name, (uint64_t)INT64_MAX)));
+    KVT_STORE_COUNTERS(KVT__STORE_JSON)
+#undef KVT__STORE_JSON
+    for (int r = 0; !bad && r < KVT_STORE_REFUSED_COUNT; r++)
+        bad = json_object_set_new(ref, kvt_store_refusal_name((kvt_store_refusal)r),
+                                  json_integer((json_int_t)KVT__MIN(st->refused[r], (uint64_t)INT64_MAX)));
+    if (bad)
+        json_decref(ref);
+    else
+        bad = json_object_set_new(o, "refused", ref); /* takes ref, on failure too */
+    char *js = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    if (!js)
+        return kvt__fail(KVT_ENOMEM, "kvt_store_stats_json: out of memory");
+    *out = kvt__strdup(js);
+    free(js);
+    return *out ? 0 : kvt__fail(KVT_ENOMEM, "kvt_store_stats_json: out of memory");
+}
+
 KVT_API const char *kvt_store_dir(const kvt_store *s) { return s ? s->dir : NULL; }
 
 /* ---- the cold-tier table ----------------------------------------------------------- */
@@ -647,6 +781,16 @@ static int ct_stats(void *self, kvt_tier_stats *out)
     return 0;
 }
 
+static int ct_layer_bytes(void *self, int32_t n_layers, uint64_t *bytes)
+{
+    kvt_store *s = self;
+    pthread_mutex_lock(&s->mu);
+    for (int32_t i = 0; i < n_layers && i < s->n_layer_bytes; i++)
+        bytes[i] += s->layer_bytes[i];
+    pthread_mutex_unlock(&s->mu);
+    return KVT_LAYER_BYTES_RESIDENT;
+}
+
 static void ct_set_evict(void *self, kvt_tier_evict_fn fn, void *arg)
 {
     kvt_store *s = self;
@@ -671,6 +815,7 @@ KVT_API void kvt_store_cold_tier(kvt_store *s, kvt_cold_tier *tier)
                             .flush = ct_flush,
                             .stats = ct_stats,
                             .set_evict = ct_set_evict,
+                            .layer_bytes = ct_layer_bytes,
                             .flags = s && s->opts.read_only ? KVT_TIER_READ_ONLY : 0};
 }
 

@@ -107,6 +107,8 @@ typedef struct st_block {
     kvt__key key;
     uint64_t bytes;   /* file size */
     int64_t refs;     /* indexed entries + in-flight puts referencing it */
+    uint64_t *lbytes; /* (n_lbytes) tensor bytes of each layer in the file, or NULL */
+    int32_t n_lbytes;
 } st_block;
 
 typedef struct st_entry {
@@ -119,6 +121,8 @@ typedef struct st_entry {
     kvt__key *blocks;    /* (n_blocks) in chain order */
     int32_t n_blocks;
     uint64_t bytes;       /* entry file size */
+    uint64_t *lbytes;     /* (n_lbytes) tensor bytes of each layer in the entry file, or NULL */
+    int32_t n_lbytes;
     int64_t last_use_ms;  /* wall clock; file mtime at scan */
     struct st_entry *next, *prev;
 } st_entry;
@@ -176,6 +180,9 @@ struct kvt_store {
     pthread_mutex_t disk_mu; /* the on-disk entry cache (held by reclaim) */
     kvt__kmap disk;       /* entry key -> dent, entry files reclaim parsed */
     kvt_store_stats st;
+    uint64_t *layer_bytes; /* (n_layer_bytes) tensor bytes of each layer over the indexed
+                              files (each block file once): the per-layer residency */
+    int32_t n_layer_bytes;
     struct kvt_pool_member *pool_member; /* the root's disk-axis membership (store_pool.c), NULL = none */
     uint64_t finds, find_hits; /* kvt_store_find calls, and those that found a prefix */
     uint64_t demoted;     /* budget evictions the eviction hook took */
@@ -247,6 +254,23 @@ void kvt__store_block_unref(kvt_store *s, kvt__key k, int delete_file);
 void kvt__store_drop_entry(kvt_store *s, st_entry *e, int keep_file);
 /** Counts a refusal reason in the stats. */
 void kvt__store_refuse_count(kvt_store *s, int reason);
+
+/* ---- per-layer residency (store.c) ----
+ * Each indexed file keeps the tensor bytes of each layer it holds (from the
+ * tensors it was written with, or its header at scan); the store adds them
+ * to its per-layer totals when the file is indexed and subtracts them when
+ * it leaves the index. Header bytes belong to no layer. */
+#define KVT__STORE_LAYERS_MAX 4096 /* layer indices at or past this are not counted */
+/** Per-layer bytes of tensors t[0..n) ("L<layer>.<name>"; other names count
+ * for no layer): *out a new vector (kvt__free) of *n_out, NULL when no
+ * tensor is a layer's. No lock needed. @return 0, KVT_ENOMEM. */
+int kvt__store_lbytes_out(const kvt__st_out *t, int32_t n, uint64_t **out, int32_t *n_out);
+/** The same from a validated header's tensors. */
+int kvt__store_lbytes_shard(const kvt__shard *sh, uint64_t **out, int32_t *n_out);
+/** Adds (sign > 0) or subtracts a file's vector to the totals (mu held). */
+void kvt__store_lbytes_account(kvt_store *s, const uint64_t *v, int32_t n, int sign);
+/** Subtracts an unindexed block's bytes from the totals and frees it (mu held). */
+void kvt__store_block_forget(kvt_store *s, st_block *b);
 
 /* scan.c: the one directory walker */
 /** A walker's callback: one directory entry (not "." or ".."), its lstat.

@@ -672,6 +672,16 @@ KVT_API int kvt_tier_chain_level_stats(kvt_tier_chain *c, int32_t lvl, kvt_tier_
     return 0;
 }
 
+KVT_API int kvt_tier_chain_level_layer_bytes(kvt_tier_chain *c, int32_t lvl, int32_t n_layers, uint64_t *bytes)
+{
+    if (!c || (n_layers > 0 && !bytes))
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_level_layer_bytes: %s is NULL", c ? "bytes" : "chain");
+    if (lvl < 0 || lvl >= c->n)
+        return kvt__fail(KVT_EINVAL, "kvt_tier_chain_level_layer_bytes: level %d outside 0..%d", (int)lvl, c->n - 1);
+    const kvt_cold_tier *t = &c->lv[lvl].t;
+    return t->layer_bytes && n_layers > 0 ? t->layer_bytes(t->self, n_layers, bytes) : 0;
+}
+
 KVT_API const char *kvt_tier_chain_level_name(const kvt_tier_chain *c, int32_t lvl)
 {
     return c && lvl >= 0 && lvl < c->n ? c->lv[lvl].name : NULL;

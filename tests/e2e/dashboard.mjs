@@ -1,10 +1,13 @@
 // dashboard.mjs: kvtier serve's dashboard end to end in headless Chromium.
-// Starts `kvtier serve` (stories260K, the RAM and SSD tiers) on a free
-// loopback port, opens /dashboard in Debian's chromium driven by
-// playwright-core (never a downloaded browser), runs a multi-turn chat,
-// and checks that the page's figures equal /stats (requests, cached
-// tokens, tier bytes and entries), that its request table lists every turn
-// with its reused tokens, that the event streams are bounded (one over the
+// Starts `kvtier serve` with two models (stories260K, and a small synthetic
+// model made here with `kvtier model synth`, id "tiny"; the RAM and SSD
+// tiers) on a free loopback port, opens /dashboard in Debian's chromium
+// driven by playwright-core (never a downloaded browser), runs a multi-turn
+// chat on the first model and completions on the second, and checks that
+// the page's figures equal /stats (requests, cached tokens, tier bytes and
+// entries), that it shows one per-layer table per model whose rows equal
+// that model's "layers" in /stats (every field of every layer), that its
+// request table lists every turn with its reused tokens, that the event streams are bounded (one over the
 // limit gets 503, a second page then polls /stats and shows the same
 // figures) and released when a client goes away, that without Chart.js the
 // page says so and stays live, and that the browser saw
@@ -15,7 +18,7 @@
 // turns (default 0; a comma-separated list is used in turn); KVT_DASH_SCREENSHOT (default dashboard.png here);
 // KVT_DASH_SERVE_ARGS, more `kvtier serve` flags (space-separated).
 // Exits 77 (skipped) when Chromium is missing.
-import { spawn } from 'node:child_process';
+import { spawn, execFileSync } from 'node:child_process';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -137,12 +140,60 @@ async function waitEqual(page, base, what) {
   assert.fail(`${what}: the page's figures never equalled /stats: ${JSON.stringify(last)}`);
 }
 
+// Each model's per-layer table as the page shows it: {id: [{layer, field: raw value, ...}]}.
+async function pageLayers(page) {
+  return page.evaluate(() => {
+    const out = {};
+    for (const t of document.querySelectorAll('table.layer-table')) {
+      out[t.dataset.model] = [...t.tBodies[0].rows].map((tr) => {
+        const row = { layer: tr.dataset.layer };
+        for (const c of tr.querySelectorAll('td[data-key]')) row[c.dataset.key] = Number(c.dataset.value);
+        return row;
+      });
+    }
+    return out;
+  });
+}
+
+function statsLayers(s) {
+  const out = {};
+  for (const m of s.models) out[m.id] = (m.report.layers || []).map((l) => ({ ...l }));
+  return out;
+}
+
+// Waits until every model's per-layer table equals its "layers" in /stats.
+async function waitLayers(page, base, what) {
+  let last = null;
+  for (let i = 0; i < 60; i++) {
+    const want = statsLayers(await (await fetch(`${base}/stats`)).json());
+    const got = await pageLayers(page);
+    last = { want, got };
+    if (JSON.stringify(got) === JSON.stringify(want)) return last;
+    await sleep(250);
+  }
+  assert.fail(`${what}: the per-layer tables never equalled /stats: ${JSON.stringify(last)}`);
+}
+
+async function complete(base, modelId, prompt) {
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ model: modelId, prompt, temperature: 0, max_tokens: 8 }),
+  });
+  if (r.status !== 200) throw new Error(`${modelId}: HTTP ${r.status}: ${await r.text()}`);
+  return r.json();
+}
+
 function watch(page, errors) {
   page.on('console', (m) => { if (m.type() === 'error') errors.push(`console: ${m.text()}`); });
   page.on('pageerror', (e) => errors.push(`page error: ${e.message}`));
 }
 
-const server = await startServer(['--prompt-cache', '64000000', '--ssd-cache', path.join(tmp, 'ssd'), ...serveArgs]);
+// the second model: 3 layers (stories260K has 5), the same 512-token vocabulary
+const synth = path.join(tmp, 'tiny.bin');
+execFileSync(bin, ['model', 'synth', '--out', synth, '--dim', '32', '--hidden', '64', '--layers', '3', '--heads', '2',
+  '--kv-heads', '2', '--vocab', '512', '--seq-len', '256', '--seed', '7'], { stdio: 'ignore' });
+const server = await startServer(['--model', synth, '--tokenizer', tokenizer, '--model-name', 'tiny',
+  '--prompt-cache', '64000000', '--ssd-cache', path.join(tmp, 'ssd'), ...serveArgs]);
 const base = `http://127.0.0.1:${server.port}`;
 const profile = fs.mkdtempSync(path.join(tmp, 'profile-'));
 let ctx = null;
@@ -173,8 +224,18 @@ try {
 
   const usage = await chat(base, turns);
   assert.ok(usage.slice(1).every((u) => u.prompt_tokens_details.cached_tokens > 0), 'turns 2.. reuse the cache');
-  await page.waitForFunction((n) => Number(document.body.dataset.lastSeq) >= n, turns, { timeout: 15000 });
+  for (const prompt of ['Once upon a time', 'Once upon a time there was']) await complete(base, 'tiny', prompt);
+  await page.waitForFunction((n) => Number(document.body.dataset.lastSeq) >= n, turns + 2, { timeout: 15000 });
   const eq = await waitEqual(page, base, 'live page');
+  // one per-layer table per model, each row equal to that model's report
+  const lay = await waitLayers(page, base, 'live page');
+  assert.deepEqual(Object.keys(lay.got), ['stories260K', 'tiny']);
+  assert.equal(lay.got.stories260K.length, 5);
+  assert.equal(lay.got.tiny.length, 3);
+  for (const id of ['stories260K', 'tiny'])
+    assert.ok(lay.got[id].every((l) => l.ram_bytes > 0), `${id}: every layer holds RAM bytes`);
+  assert.ok(Object.keys(lay.got.tiny[0]).length >= 8, 'every field of the layer list is a column');
+  console.log(`per-layer tables = /stats: ${JSON.stringify(lay.got.tiny[0])} ...`);
   console.log(`page = /stats: ${JSON.stringify(eq.shown)} (mode ${eq.mode}, ${eq.snapshots} snapshots)`);
   assert.ok(eq.shown.cached > 0 && eq.shown.ssd_bytes > 0 && eq.shown.ram_bytes + eq.shown.ssd_bytes > 0);
 
@@ -183,7 +244,7 @@ try {
     seq: Number(tr.dataset.seq), reused: Number(tr.dataset.reused), prompt: Number(tr.dataset.prompt),
     ram: tr.querySelector('.reused-ram').textContent, ssd: tr.querySelector('.reused-ssd').textContent,
     status: tr.querySelector('.status').textContent })));
-  assert.equal(rows.length, turns);
+  assert.equal(rows.length, turns + 2);
   for (let t = 0; t < turns; t++) {
     const row = rows.find((r) => r.seq === t + 1);
     assert.ok(row, `the table lists turn ${t + 1}`);
@@ -228,7 +289,8 @@ try {
   const eq2 = await waitEqual(page2, base, 'polling page');
   console.log(`polling page = /stats (mode ${eq2.mode})`);
   const rows2 = await page2.$$eval('#requests tbody tr', (trs) => trs.length);
-  assert.equal(rows2, turns);
+  assert.equal(rows2, turns + 2);
+  await waitLayers(page2, base, 'polling page');
   // the refused EventSource is the one console error we caused on purpose
   assert.ok(errors2.every((e) => /events|503|EventSource/i.test(e)), `page 2 errors: ${errors2.join('\n')}`);
   await page2.close();

@@ -330,7 +330,7 @@ static int open_store_at(store_tier *t, int fresh)
     if (fresh)
         store_tmpdir(t->root, sizeof t->root, "tiering");
     kvt_store_identity id = {"tiering-test", "any", "tok"};
-    kvt_store_options o = {.io = &t->io, .restore_threads = 4, .queue_max_bytes = t->queue_bytes};
+    kvt_store_options o = {.io = &t->io, .queue_max_bytes = t->queue_bytes};
     int rc = t->root[0] ? kvt_store_open(t->root, &id, &o, &t->store) : KVT_EIO;
     if (!rc)
         kvt_store_cold_tier(t->store, &t->inner);
