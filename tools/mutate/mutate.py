@@ -264,8 +264,11 @@ def main():
                     if r == 0:
                         break
                     failed = failed_tests(build)
-                    again = run(["ctest", "--test-dir", build, "--rerun-failed", "--output-on-failure"],
-                                scratch, suite_timeout, log)
+                    # by name: --rerun-failed takes the numbers of the -E-filtered
+                    # run as numbers of the whole list and reruns other tests
+                    again = run(["ctest", "--test-dir", build, "-R",
+                                 "^(" + "|".join(re.escape(t) for t in failed) + ")$", "--output-on-failure"],
+                                scratch, suite_timeout, log) if failed else 1
                     if again != 0:
                         verdict, by = "killed", "suite"
                         break
