@@ -7,6 +7,7 @@
 #include "internal.h"
 #include "kvtier/cache.h"
 
+#include <stdint.h>
 #include <string.h>
 
 int kvt__entry_share(const kvt_entry *e, kvt_entry *out)
@@ -27,4 +28,15 @@ int kvt__entry_from_result(int status, kvt_io_disposition d, const void *result,
     if (!status && (d != KVT_IO_PUBLISH || !result))
         status = KVT_ECANCELED;
     return status ? status : kvt__entry_share(result, out);
+}
+
+int kvt__entry_wait(kvt_io_ticket *tk, kvt_entry *out, int *here)
+{
+    *here = kvt_io_run_here(tk) == 1;
+    kvt_io_disposition d = KVT_IO_DISCARD;
+    void *res = NULL;
+    int rc = kvt_io_wait(tk, UINT64_MAX, &d, &res);
+    rc = kvt__entry_from_result(rc, d, res, out);
+    kvt_io_ticket_release(tk);
+    return rc;
 }

@@ -80,11 +80,7 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
         return kvt__remote_restore_direct(r, handle, out);
     }
     int here;
-    kvt_io_disposition d = KVT_IO_DISCARD;
-    void *res = NULL;
-    rc = wait_here(tk, &here, &d, &res);
-    rc = kvt__entry_from_result(rc, d, res, out);
-    kvt_io_ticket_release(tk);
+    rc = kvt__entry_wait(tk, out, &here);
     if (rc == KVT_ECLOSED) /* the worker shut down before it ran */
         return kvt__remote_restore_direct(r, handle, out);
     if (rc && !here) /* the message was set on the thread that read */

@@ -478,12 +478,8 @@ static int restore_coalesced(kvt_store *s, uint64_t handle, kvt_entry *out)
         kvt__free(t);
         return rc;
     }
-    int here = kvt_io_run_here(tk) == 1;
-    kvt_io_disposition d = KVT_IO_DISCARD;
-    void *res = NULL;
-    rc = kvt_io_wait(tk, UINT64_MAX, &d, &res);
-    rc = kvt__entry_from_result(rc, d, res, out);
-    kvt_io_ticket_release(tk);
+    int here;
+    rc = kvt__entry_wait(tk, out, &here);
     if (rc && !here) /* the message was set on the thread that read */
         kvt__fail(rc, "store restore: entry %llu: %s (read by another restore of it)", (unsigned long long)handle,
                   kvt_strerror(rc));
