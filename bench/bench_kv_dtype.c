@@ -39,6 +39,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "kvtier/service.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -409,6 +410,26 @@ static const char *alt_isa(const char *best)
     return "";
 }
 
+/* KV bytes a token costs in caches of blocks of B in the model's scheme: the
+ * per-token growth the service projects for admission (kvt_service_layer_of:
+ * K and V, 8-bit codes with their per-block scales), summed over layers. */
+static int kv_bytes_per_token(kvt_model *m, int B, size_t *out)
+{
+    const kvt_model_config *c = kvt_model_get_config(m);
+    kvt_cache *caches[KVT_MODEL_MAX_LAYERS] = {0};
+    int rc = kvt_model_new_caches(m, B, caches);
+    *out = 0;
+    if (rc)
+        return rc;
+    for (int l = 0; l < c->n_layers && !rc; l++) {
+        kvt_service_layer sl;
+        if (!(rc = kvt_service_layer_of(caches[l], &sl)) && sl.growth == KVT_GROWTH_PER_TOKEN)
+            *out += sl.bytes_per_token;
+    }
+    kvt_caches_destroy(caches, c->n_layers);
+    return rc;
+}
+
 static int bench_model(const char *name, const char *path, const char *tok_path, const kvd_opts *o0, kvd_result *r)
 {
     kvt_model *m = NULL;
@@ -455,7 +476,8 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
         if (s && (!o.want[s] || (s == ROW_ISA && !r->alt_isa[0])))
             continue;
         kvt_model_set_kv_scheme(m, row_scheme(s));
-        r->kv_bytes[s] = kvt_model_kv_bytes_per_token(m);
+        if ((rc = kv_bytes_per_token(m, o.block_tokens, &r->kv_bytes[s])))
+            break;
         if (s == ROW_F16_OPEN || s == ROW_BF16_OPEN) /* as stored once sealed (the open block aside) */
             r->kv_bytes[s] /= 2;
         double t0 = now_s();

@@ -10,7 +10,8 @@
  * open-block rows keep in f32: their logits must equal the reference's bit
  * for bit, which holds only if the batched passes the rows prefill with
  * compute what the reference's token-by-token decode does. --rows picks
- * rows; a bad name is a usage error. Not a quality test: the figures of a
+ * rows; a bad name is a usage error. With blocks of 8 those rows seal
+ * blocks and their logits leave f32's. Not a quality test: the figures of a
  * 4-prompt run are not the goals'. Skips without KVT_BIN or the model.
  */
 #include <setjmp.h>
@@ -103,6 +104,17 @@ static void t_bench_kv_dtype(void **state)
     assert_null(strstr(r.out, "  bf16 "));
     assert_null(strstr(r.out, "  q8 "));
     assert_null(strstr(r.out, "  f32*isa "));
+    /* blocks of 8: the open-block rows and q8 seal blocks, so they move off f32 */
+    const char *sealed[] = {"bench", "kv-dtype", "--model", model, "--tokenizer", tok, "--no-default", "--prompts",
+                            "4", "--prompt-tokens", "24", "--gen-tokens", "24", "--block-tokens", "8", "--rows",
+                            "q8,f16+open,bf16+open", NULL};
+    assert_int_equal(cli_start(&c, dir, sealed, NULL, 0, 0), 0);
+    assert_int_equal(cli_finish(&c, 300, &r), 0);
+    assert_int_equal(r.status, 0);
+    expect_in(r.out, "  q8               640   0.500x "); /* 64 codes + 64 bytes of scales per block of 8, 5 layers */
+    expect_in(r.out, "  f16+open         640   0.500x ");
+    expect_in(r.out, "  bf16+open        640   0.500x ");
+    assert_null(strstr(r.out, "x            0 ")); /* no row's max |dlogit| is 0 */
     rows[14] = "f16,f8";
     assert_int_equal(cli_start(&c, dir, rows, NULL, 0, 0), 0);
     assert_int_equal(cli_finish(&c, 300, &r), 0);
