@@ -493,7 +493,12 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
         }
         r->secs[s] = now_s() - t0;
         r->ran[s] = !rc;
-        fprintf(stderr, "%s: %s done in %.1f s\n", name, row_name(s), r->secs[s]);
+        if (s && !rc) /* the row's figures as it ends, so a long run shows them before its table */
+            fprintf(stderr, "%s: %s done in %.1f s: %d/%d agree, max|dlogit| %.3g, mean %.3g\n", name,
+                    row_name(s), r->secs[s], r->agree[s], P, r->max_diff[s],
+                    r->n_diff[s] ? r->sum_diff[s] / (double)r->n_diff[s] : 0.0);
+        else
+            fprintf(stderr, "%s: %s done in %.1f s\n", name, row_name(s), r->secs[s]);
     }
     if (!rc && tok_path && !(rc = kvt_tokenizer_load(tok_path, V, &tk))) {
         int32_t held[4096];
