@@ -10,6 +10,8 @@
  *    (a second entry under a budget that holds one), the store's close and
  *    kvt_store_gc leave their files in place while the request runs, and
  *    its decode stays identical; once the request is gone gc removes them;
+ *  - the same for the request's own blocks once a snapshot of them was
+ *    written to the store (write-behind) and let go;
  *  - a block shard corrupted after the page-out (one flipped byte) fails the
  *    next forward pass with KVT_ECORRUPT naming the SSD-tier copy: an error,
  *    never a wrong token.
@@ -278,6 +280,48 @@ static void test_pinned_against_budget_and_gc(void **state)
     free(out);
 }
 
+/* ---- blocks the request wrote behind ---------------------------------------------------------- */
+
+/* The request's own prefix, published (a snapshot sharing its blocks) and
+ * written to the store: once the snapshot is gone the request holds the
+ * blocks alone, and they are paged out by reference to the shards the put
+ * wrote from these very buffers, not written again. */
+static void test_written_behind_not_rewritten(void **state)
+{
+    (void)state;
+    int V = vocab(), at;
+    char root[300];
+    snprintf(root, sizeof root, "%s/behind", g_dir);
+    kvt_store *s = open_store(root, 0);
+    kvt_cache *c[L];
+    assert_int_equal(kvt_model_new_caches(g_model, BLOCK, c), 0);
+    assert_int_equal(kvt_model_prefill(g_model, c, g_prompt, PRE, NULL), 0);
+    kvt_entry snap;
+    assert_int_equal(kvt_entry_init(&snap, "", g_prompt, PRE, L, 0), 0);
+    for (int l = 0; l < L; l++)
+        assert_int_equal(kvt_cache_clone(c[l], &snap.caches[l]), 0);
+    assert_int_equal(kvt_store_put(s, &snap), 0);
+    kvt_entry_clear(&snap);
+    kvt_residency *res = bounded(c);
+    float *out = calloc((size_t)(GEN + 1) * V, sizeof(float));
+    assert_non_null(out);
+    assert_int_equal(finish(c, PRE, out, &at), 0);
+    kvt_residency_stats st;
+    settle(c, res, &st);
+    int64_t stored = L * (PRE / BLOCK), all_full = L * ((PRE + NEW + GEN) / BLOCK);
+    printf("written behind: by reference %llu blocks, written %llu (page file %lld B)\n",
+           (unsigned long long)st.blocks_ref, (unsigned long long)st.blocks_out, (long long)page_file_bytes());
+    assert_memory_equal(out, g_ref, (size_t)(GEN + 1) * V * sizeof(float));
+    assert_int_equal(st.blocks_ref, stored);
+    assert_int_equal(st.blocks_out, all_full - stored);
+    assert_int_equal(page_file_bytes(), (int64_t)st.bytes_out);
+    assert_int_equal(st.read_failures, 0);
+    kvt_caches_destroy(c, L);
+    kvt_residency_release(res);
+    assert_int_equal(kvt_store_close(s), 0);
+    free(out);
+}
+
 /* ---- a corrupted block shard ------------------------------------------------------------------ */
 
 static void test_corrupt_block_refused(void **state)
@@ -356,6 +400,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restored_prefix_not_rewritten),
         cmocka_unit_test(test_pinned_against_budget_and_gc),
+        cmocka_unit_test(test_written_behind_not_rewritten),
         cmocka_unit_test(test_corrupt_block_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

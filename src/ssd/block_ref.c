@@ -294,3 +294,58 @@ void kvt__store_pins_add_refs(kvt__store_pins *p, void (*fn)(kvt__key k, uint64_
     kvt__kmap_foreach(&p->count, fn, ctx);
     pthread_mutex_unlock(&p->mu);
 }
+
+/* Gives the full kv block buffers of enc->e whose tensors are in block
+ * shard c of the chain (just written by this put: its bytes are theirs) the
+ * origin of that tensor in the file, read from the shard's header. */
+static void tag_written_block(kvt_store *s, const kvt__enc *enc, int32_t c)
+{
+    char name[64];
+    kvt__store_file_name('b', enc->keys[c], name);
+    kvt__shard sh;
+    int fd = -1, reason = -1;
+    if (kvt__shard_open(s->dirfd, s->dir, name, &sh, &fd, &reason)) {
+        kvt__clear_error(); /* untagged: a live cache writes the block to its page file */
+        return;
+    }
+    kvt__io_close(fd);
+    const kvt_entry *e = enc->e;
+    for (int32_t l = 0; l < e->n_caches; l++) {
+        if (!e->caches[l] || strcmp(kvt_cache_kind(e->caches[l]), "kv"))
+            continue;
+        for (int32_t t = 0; t < enc->st[l].n_tensors; t++) {
+            const kvt_tensor *x = &enc->st[l].tensors[t];
+            if (x->tok_begin < 0 || !x->owner || kvt_buf_data(x->owner) != x->data ||
+                kvt_buf_bytes(x->owner) != x->bytes || kvt__buf_origin(x->owner))
+                continue; /* only a tensor that is a whole block buffer */
+            char tn[160];
+            snprintf(tn, sizeof tn, "L%d.%s", (int)l, x->name);
+            for (int32_t i = 0; i < sh.n; i++) {
+                if (strcmp(sh.t[i].name, tn) || sh.t[i].end - sh.t[i].begin != x->bytes)
+                    continue;
+                block_origin *o = kvt__calloc(1, sizeof *o);
+                if (!o)
+                    break;
+                o->base.ops = &block_origin_ops;
+                atomic_init(&o->base.refs, 1);
+                pins_retain(s->pins);
+                o->pins = s->pins;
+                o->key = enc->keys[c];
+                o->off = sh.payload_off + sh.t[i].begin;
+                o->bytes = x->bytes;
+                kvt__buf_set_origin(x->owner, &o->base);
+                break;
+            }
+        }
+    }
+    kvt__shard_free(&sh);
+}
+
+void kvt__store_tag_written(kvt_store *s, const kvt__enc *enc, const int8_t *written)
+{
+    if (!s->pins || s->opts.read_only)
+        return;
+    for (int32_t c = 0; c < enc->n_chain; c++)
+        if (written[c])
+            tag_written_block(s, enc, c);
+}

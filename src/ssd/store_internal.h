@@ -378,6 +378,13 @@ void kvt__store_pins_add_refs(kvt__store_pins *p, void (*fn)(kvt__key k, uint64_
 void kvt__store_tag_blocks(kvt__store_pins *pins, kvt_entry *e, const kvt__rshard *blk, const kvt__key *keys,
                            int32_t n_blocks);
 
+/** After a put made its entry durable: gives the whole kv block buffers
+ * of the entry's caches in the chain blocks it wrote itself (written[c]:
+ * their file bytes are these buffers' bytes; blocks that were there
+ * already may hold other bytes for the same key) the origin of their
+ * tensor (its offset from the shard's header), as a restore does. */
+void kvt__store_tag_written(kvt_store *s, const kvt__enc *enc, const int8_t *written);
+
 /* budget.c */
 /** Frees unreferenced blocks and applies the budget over the root (call
  * without mu); protect: an entry key never evicted by this pass; wait:
