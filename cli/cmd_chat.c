@@ -326,10 +326,23 @@ static int transcript_save(const kvt_chat *chat, const char *path)
  * running turn finishes, the cache is written); a second one kills. */
 static volatile sig_atomic_t stop_requested;
 
+/* Also puts /dev/null under stdin (open, dup2 and close are
+ * async-signal-safe): a signal that lands after the loop checked
+ * stop_requested but before its read() blocks would otherwise leave the
+ * chat waiting on stdin; now that read sees end of input. */
 static void on_stop_signal(int sig)
 {
     (void)sig;
+    int saved = errno;
     stop_requested = 1;
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (fd != STDIN_FILENO) {
+            dup2(fd, STDIN_FILENO);
+            close(fd);
+        }
+    }
+    errno = saved;
 }
 
 /* SA_RESETHAND: the next signal has its default effect; no SA_RESTART: a
