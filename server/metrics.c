@@ -201,16 +201,29 @@ static void hist(sbuf *b, const char *name, const char *help, const histogram *h
     sb_printf(b, "kvtier_%s_sum %.6f\nkvtier_%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
+size_t kvt_srv_prom_escape(const char *v, char *out, size_t cap)
+{
+    size_t used = 0, n = 0;
+    for (; cap >= 3 && v[n] && used + 3 <= cap; n++) {
+        char c = v[n];
+        if (c == '\\' || c == '"' || c == '\n') {
+            out[used++] = '\\';
+            out[used++] = c == '\n' ? 'n' : c;
+        } else
+            out[used++] = c;
+    }
+    if (cap)
+        out[used] = '\0';
+    return n;
+}
+
 /* A Prometheus label value: backslash, quote and newline escaped. */
 static void sb_label(sbuf *b, const char *v)
 {
-    for (; *v; v++) {
-        if (*v == '\\' || *v == '"')
-            sb_printf(b, "\\%c", *v);
-        else if (*v == '\n')
-            sb_printf(b, "\\n");
-        else
-            sb_printf(b, "%c", *v);
+    char esc[128];
+    while (*v) {
+        v += kvt_srv_prom_escape(v, esc, sizeof esc);
+        sb_printf(b, "%s", esc);
     }
 }
 
@@ -481,9 +494,11 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
                 sb_printf(&b, "kvtier_requests_total{endpoint=\"%s\",status=\"%s%d\"} %llu\n", ep_path[e],
                           s == N_STATUS - 1 ? "other" : "", s == N_STATUS - 1 ? 0 : statuses[s],
                           (unsigned long long)req[e][s]);
-    /* every counter but the per-tier pair, which is one labelled family */
+    /* every counter but the per-tier pair, which is one labelled family,
+     * and the decode steps, which are each model's engine thread's (one
+     * series per model: kvt_srv_sched_stats_prometheus) */
 #define KVT__CTR_PROM(name, help)                                                                  \
-    if (strncmp(#name, "cached_tokens_", 14)) {                                                    \
+    if (strncmp(#name, "cached_tokens_", 14) && strncmp(#name, "decode_", 7)) {                    \
         head(&b, #name "_total", "counter", help ".");                                             \
         sb_printf(&b, "kvtier_" #name "_total %llu\n", (unsigned long long)c.name);                \
     }
@@ -496,8 +511,6 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
          kvt_srv_ttft_bounds, KVT_SRV_TTFT_BUCKETS);
     hist(&b, "e2e_request_latency_seconds", "Time from a request's arrival to its end.", &e2e, kvt_srv_e2e_bounds,
          KVT_SRV_E2E_BUCKETS);
-    one(&b, "queue_depth", "gauge", "Requests waiting for admission under the KV budget.", pos(g->queue_depth));
-    one(&b, "running_requests", "gauge", "Requests admitted: prefilling or decoding.", pos(g->running));
     one(&b, "open_connections", "gauge", "Open HTTP connections.", pos(g->connections));
     one(&b, "ready", "gauge", "1 once the model is loaded and requests are served.", (uint64_t)g->ready);
     if (models && n_models > 0)

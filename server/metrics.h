@@ -120,7 +120,8 @@ size_t kvt_srv_metrics_records(kvt_srv_metrics *m, uint64_t after_seq, kvt_srv_r
 
 /** Gauges the server reads when it is asked (not counters). */
 typedef struct kvt_srv_gauges {
-    int64_t queue_depth;      /* requests waiting for admission, every model's */
+    int64_t queue_depth;      /* requests waiting for admission, every model's (/stats;
+                                 /metrics has each model's: kvt_srv_model_engine) */
     int64_t running;          /* requests admitted (prefilling or decoding), every model's */
     int64_t connections;      /* open HTTP connections */
     int ready;                /* 1 once the models are loaded */
@@ -148,8 +149,12 @@ typedef struct kvt_srv_model_figures {
 /** The Prometheus text exposition (version 0.0.4) of every counter,
  * histogram and gauge, kvtier_ names, one HELP and TYPE line per family:
  * - the server's own (requests by endpoint and status, tokens, the TTFT
- *   and end-to-end histograms, the gauges `g`), unlabelled: they count
- *   every model's requests together;
+ *   and end-to-end histograms, the connections and ready gauges of `g`),
+ *   unlabelled: they count every model's requests together. The queue,
+ *   the running requests and the decode steps are each model's engine
+ *   thread's: kvt_srv_sched_stats_prometheus (scheduler.h) appends them,
+ *   labelled by model; the counters decode_steps and decode_batch_sequences
+ *   are left out here;
  * - for each model of `models` (n_models of them), series labelled
  *   model="id": the RAM tier and the SSD tier (kvtier_tier_bytes,
  *   _max_bytes, _entries{model,tier}), every prompt cache counter
@@ -179,6 +184,13 @@ typedef struct kvt_srv_model_figures {
  * @return 0, or -1 when out of memory (*out NULL). */
 int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, const kvt_srv_model_figures *models,
                                int n_models, kvt_pool *pool, const kvt_io_stats *io, char **out);
+
+/** Escapes a Prometheus label value (backslash, quote and newline get a
+ * backslash; a newline is written as \n) into out, NUL-terminated, as much
+ * of v as fits in cap bytes (cap >= 3 writes at least one character of a
+ * non-empty v). @return how many characters of v were written: call again
+ * from v + that until v ends. */
+size_t kvt_srv_prom_escape(const char *v, char *out, size_t cap);
 
 /** The server's part of /stats: {"requests_total": n, "requests": {path:
  * {status: n}}, "counters": {every KVT_SRV_COUNTERS name: n}, "queue_depth",

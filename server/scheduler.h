@@ -157,17 +157,30 @@ void kvt_srv_sched_note_sse(kvt_srv_sched *s, uint64_t build_ns, uint64_t lag_ns
  * (steps and their engine-thread time per bucket), and the mean batch. @return a new reference, NULL when out of memory. */
 json_t *kvt_srv_sched_stats_json(const kvt_srv_sched_stats *st);
 
-/** Appends the figures to the Prometheus text *text: the histogram
- * kvtier_decode_batch_size, counters kvtier_engine_steps_total,
- * kvtier_engine_decode_steps_total, kvtier_engine_mixed_steps_total,
- * kvtier_engine_prefill_passes_total, kvtier_engine_prefill_tokens_total,
- * kvtier_engine_joined_total, kvtier_engine_left_early_total,
- * kvtier_engine_phase_seconds_total{phase}, kvtier_engine_step_seconds_total,
- * kvtier_sse_events_total, kvtier_sse_build_seconds_total,
- * kvtier_sse_lag_seconds_total. *text is a malloc'd string; on success it is
- * replaced by a longer one (caller frees), on error left as it was.
+/** One model's engine thread, as /metrics shows it. */
+typedef struct kvt_srv_model_engine {
+    const char *id;             /* the model's id (/v1/models), borrowed */
+    kvt_srv_sched_stats st;     /* kvt_srv_sched_get_stats (zero before load) */
+    int64_t queue_depth;        /* kvt_srv_sched_gauges: jobs waiting for admission */
+    int64_t running;            /* jobs admitted (prefilling or decoding) */
+} kvt_srv_model_engine;
+
+/** Appends the engine threads' figures to the Prometheus text *text, one
+ * HELP and TYPE line per family and one series per model of `models`
+ * (n of them), labelled model="id" (escaped as metrics.h's label values):
+ * the gauges kvtier_queue_depth and kvtier_running_requests, the histogram
+ * kvtier_decode_batch_size, counters kvtier_decode_steps_total,
+ * kvtier_decode_batch_sequences_total, kvtier_engine_steps_total,
+ * kvtier_engine_mixed_steps_total, kvtier_engine_prefill_passes_total,
+ * kvtier_engine_prefill_tokens_total, kvtier_engine_joined_total,
+ * kvtier_engine_left_early_total, kvtier_engine_phase_seconds_total{model,
+ * phase}, kvtier_engine_step_seconds_total, and the connection threads'
+ * streaming of each model's replies: kvtier_sse_events_total,
+ * kvtier_sse_build_seconds_total, kvtier_sse_lag_seconds_total. Nothing
+ * when n is 0. *text is a malloc'd string; on success it is replaced by a
+ * longer one (caller frees), on error left as it was.
  * @return 0, or -1 when out of memory. */
-int kvt_srv_sched_stats_prometheus(char **text, const kvt_srv_sched_stats *st);
+int kvt_srv_sched_stats_prometheus(char **text, const kvt_srv_model_engine *models, int n);
 
 /** Settings of the scheduler. */
 typedef struct kvt_srv_sched_opts {

@@ -783,14 +783,25 @@ static void gauges(kvt_server *s, kvt_srv_gauges *g)
     g->connections = di ? (int64_t)di->num_connections : 0;
 }
 
+/* One model's engine thread: its figures and gauges (zero before load). */
+static void model_engine(const srv_model *md, int ready, kvt_srv_model_engine *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = md->model_name;
+    if (!ready)
+        return;
+    kvt_srv_sched_get_stats(md->sched, &out->st);
+    kvt_srv_sched_gauges(md->sched, &out->queue_depth, &out->running);
+}
+
 /* The engine threads' figures, summed over the models (zero before load). */
 static void engine_stats(kvt_server *s, int ready, kvt_srv_sched_stats *out)
 {
     memset(out, 0, sizeof *out);
-    for (int i = 0; ready && i < s->n_md; i++) {
-        kvt_srv_sched_stats one;
-        kvt_srv_sched_get_stats(s->md[i].sched, &one);
-        kvt_srv_sched_stats_add(out, &one);
+    for (int i = 0; i < s->n_md; i++) {
+        kvt_srv_model_engine one;
+        model_engine(&s->md[i], ready, &one);
+        kvt_srv_sched_stats_add(out, &one.st);
     }
 }
 
@@ -803,22 +814,40 @@ static json_t *store_json(const kvt_store_stats *ss)
     return o;
 }
 
-/* Each tier level's health of one model ("ssd_cache": mode read-write /
- * read-only / off, the cause) into doc. */
-static void levels_json(kvt_server *s, const srv_model *md, json_t *doc)
+/* Each tier level's health of one model into doc: "KIND_cache" (mode
+ * read-write / read-only / off, the cause) for the first level of each kind
+ * ("ssd_cache", "redis_cache", "published_cache": the form one level of a
+ * kind always had), and "published_caches", every published level in chain
+ * order (several --prompt-cache-dir), each with its "tier" name as the
+ * report's "tiers" list gives it ("published", or "published:N"). */
+static void levels_json(kvt_server *s, const srv_model *md, int ready, json_t *doc)
 {
+    json_t *pubs = NULL;
     pthread_mutex_lock(&s->tiers_mu);
     for (int32_t i = 0; i < md->tiers_st.n_levels; i++) {
         const kvt_level_status *l = &md->tiers_st.level[i];
+        const char *tier = ready ? kvt_service_tier_name(md->svc, i) : NULL;
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s?, s:I, s:I, s:I}", "dir", l->where, "mode",
+                              kvt_level_mode_name(l->mode), "cause", l->cause, "tier", tier, "open_failures",
+                              (json_int_t)l->open_failures, "write_failures", (json_int_t)l->write_failures,
+                              "writes_skipped", (json_int_t)l->writes_skipped);
+        if (!o)
+            continue;
         char key[40];
         snprintf(key, sizeof key, "%s_cache", l->name);
-        json_object_set_new(doc, key,
-                            json_pack("{s:s, s:s, s:s, s:I, s:I, s:I}", "dir", l->where, "mode",
-                                      kvt_level_mode_name(l->mode), "cause", l->cause, "open_failures",
-                                      (json_int_t)l->open_failures, "write_failures", (json_int_t)l->write_failures,
-                                      "writes_skipped", (json_int_t)l->writes_skipped));
+        if (!json_object_get(doc, key))
+            json_object_set(doc, key, o);
+        if (!strcmp(l->name, "published")) {
+            if (!pubs)
+                pubs = json_array();
+            if (pubs)
+                json_array_append(pubs, o);
+        }
+        json_decref(o);
     }
     pthread_mutex_unlock(&s->tiers_mu);
+    if (pubs)
+        json_object_set_new(doc, "published_caches", pubs);
 }
 
 /* One model's part of /stats: its service report (kvt_service_stats_json)
@@ -849,13 +878,15 @@ static json_t *model_stats(kvt_server *s, const srv_model *md, int ready)
     if (remote && kvt_remote_stats_get(remote, &rs) == 0 && kvt_remote_stats_json(&rs, &rjs) == 0)
         json_object_set_new(doc, "remote", json_loads(rjs, 0, NULL));
     kvt_string_free(rjs);
-    levels_json(s, md, doc);
+    levels_json(s, md, ready, doc);
     return doc;
 }
 
 /* The /stats document with the last `recent` finished requests; NULL when
  * out of memory. The first model's report is the top level (as with one
- * model); "models" lists every model's (id, max_model_len, report); "pool"
+ * model), "engine" every model's engine threads summed; "models" lists
+ * every model's (id, max_model_len, report, its own engine thread's
+ * "engine", "queue_depth" and "running"); "pool"
  * is the process-wide pool's whole report (kvt_pool_report_json: every
  * member), null without a pool. */
 static json_t *stats_doc(kvt_server *s, size_t recent)
@@ -873,8 +904,12 @@ static json_t *stats_doc(kvt_server *s, size_t recent)
                                                 s->md[0].seq_len));
     json_t *models = json_array();
     for (int i = 0; models && i < s->n_md; i++) {
-        json_t *one = json_pack("{s:s, s:i, s:o*}", "id", s->md[i].model_name, "max_model_len", s->md[i].seq_len,
-                                "report", model_stats(s, &s->md[i], g.ready));
+        kvt_srv_model_engine me;
+        model_engine(&s->md[i], g.ready, &me);
+        json_t *one = json_pack("{s:s, s:i, s:o*, s:o*, s:I, s:I}", "id", s->md[i].model_name, "max_model_len",
+                                s->md[i].seq_len, "report", model_stats(s, &s->md[i], g.ready), "engine",
+                                kvt_srv_sched_stats_json(&me.st), "queue_depth", (json_int_t)me.queue_depth,
+                                "running", (json_int_t)me.running);
         if (json_array_append_new(models, one)) {
             json_decref(models);
             models = NULL;
@@ -940,9 +975,16 @@ static enum MHD_Result do_metrics(kvt_server *s, struct MHD_Connection *c, req_c
     free(mf);
     if (rc)
         return MHD_NO;
-    kvt_srv_sched_stats es; /* every model's engine thread, summed */
-    engine_stats(s, g.ready, &es);
-    if (kvt_srv_sched_stats_prometheus(&text, &es)) {
+    kvt_srv_model_engine *me = calloc((size_t)s->n_md, sizeof *me); /* each model's engine thread */
+    if (!me) {
+        free(text);
+        return MHD_NO;
+    }
+    for (int i = 0; i < s->n_md; i++)
+        model_engine(&s->md[i], g.ready, &me[i]);
+    rc = kvt_srv_sched_stats_prometheus(&text, me, s->n_md);
+    free(me);
+    if (rc) {
         free(text);
         return MHD_NO;
     }

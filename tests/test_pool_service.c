@@ -9,8 +9,9 @@
  * it is charged); a sampling thread never sees an axis over its limit while
  * 8 threads run requests on both services; with write-behind held pending
  * (an in-memory cold tier that writes only when flushed) and the RAM axis
- * tight, a sampling thread never sees a prompt cache hold more than it is
- * charged; reservations are dropped on every error path, with every
+ * tight, no prompt cache holds more than it is charged, neither at a
+ * sampling thread's moments nor at the moment each put hands its entry to
+ * write-behind (sampled in the tier's spill, every time); reservations are dropped on every error path, with every
  * allocation of a request's life failed in turn.
  */
 #include <setjmp.h>
@@ -548,6 +549,37 @@ static void *held_sampler(void *arg)
     return NULL;
 }
 
+/* Every write-behind the services hand their cold tier is sampled at the
+ * moment it is handed over: the put has inserted its entry and evicted what
+ * it could, and the budget is not yet settled (the put still holds the
+ * member's charge). Where a put inserts over the charge and cannot evict the
+ * pending entries, this sample sees the cache hold more than it is charged,
+ * every time, whatever the threads' timing. */
+typedef struct spill_probe {
+    const kvt_cold_tier *inner; /* the mem_tier's table */
+    pending_run *p;
+    uint64_t samples, over, worst;
+} spill_probe;
+
+static spill_probe probes[2];
+
+static int probe_spill(int i, void *self, kvt_entry *e)
+{
+    spill_probe *q = &probes[i];
+    uint64_t c = member_axis(q->p->pool, svc_name[i], KVT_POOL_RAM).published;
+    uint64_t h = pc_bytes_of(q->p->svc[i]);
+    __atomic_fetch_add(&q->samples, 1, __ATOMIC_RELAXED);
+    if (h > c) {
+        __atomic_fetch_add(&q->over, 1, __ATOMIC_RELAXED);
+        if (h - c > q->worst)
+            q->worst = h - c;
+    }
+    return q->inner->spill(self, e);
+}
+
+static int probe_spill_a(void *self, kvt_entry *e) { return probe_spill(0, self, e); }
+static int probe_spill_b(void *self, kvt_entry *e) { return probe_spill(1, self, e); }
+
 typedef struct pending_worker {
     pending_run *p;
     int id;
@@ -593,10 +625,15 @@ static void test_ram_pending_sampled(void **state)
     memset(&p, 0, sizeof p);
     p.pool = new_pool(5 * e, 0, 0); /* five entries over both services */
     mem_tier *mt[2];
+    kvt_cold_tier probed[2];
     for (int i = 0; i < 2; i++) {
         assert_int_equal(mem_tier_create(&mt[i]), 0);
         mem_tier_manual_spills(mt[i], 1); /* write-behind stays pending until a flush */
-        assert_int_equal(make_service(p.pool, svc_name[i], 1 << 20, mem_tier_iface(mt[i]), &p.svc[i]), 0);
+        probes[i] = (spill_probe){.inner = mem_tier_iface(mt[i]), .p = &p};
+        probed[i] = *mem_tier_iface(mt[i]);
+        probed[i].spill = i ? probe_spill_b : probe_spill_a;
+        /* each service may hold three entries: the two share the five the pool has */
+        assert_int_equal(make_service(p.pool, svc_name[i], 3 * e, &probed[i], &p.svc[i]), 0);
     }
     pthread_t smp, th[2];
     pending_worker w[2];
@@ -625,8 +662,21 @@ static void test_ram_pending_sampled(void **state)
            (unsigned long long)r.axis[KVT_POOL_RAM].high_water, (unsigned long long)(5 * e),
            (unsigned long long)st[0].evictions, (unsigned long long)st[1].evictions, (long long)mc[0].writes,
            (long long)mc[1].writes);
+    printf("sampled at each write-behind hand-over: %llu + %llu samples (spills %lld + %lld), %llu + %llu over the "
+           "charge (worst %llu, %llu bytes)\n",
+           (unsigned long long)probes[0].samples, (unsigned long long)probes[1].samples, (long long)mc[0].spills,
+           (long long)mc[1].spills, (unsigned long long)probes[0].over, (unsigned long long)probes[1].over,
+           (unsigned long long)probes[0].worst, (unsigned long long)probes[1].worst);
     assert_true(p.samples > 0);
     assert_int_equal(p.over, 0); /* never held past the charge */
+    for (int i = 0; i < 2; i++) {
+        /* every spill was sampled, both services kept entries past the
+         * point where the axis is tight, and none was held over its charge */
+        assert_int_equal(probes[i].samples, (uint64_t)mc[i].spills);
+        assert_true(probes[i].samples > 5);
+        assert_int_equal(probes[i].over, 0);
+        assert_true(st[i].evictions > 0);
+    }
     assert_true(r.axis[KVT_POOL_RAM].high_water <= 5 * e);
     assert_true(st[0].evictions + st[1].evictions > 0); /* the axis was tight: entries left */
     assert_true(mc[0].writes + mc[1].writes > 0);         /* made durable to be evicted */
