@@ -285,8 +285,8 @@ static int bench_context_vs_llamacpp(kvt_model *m, const int32_t *tok, int n_tok
     bench_opts one = *o;
     one.ctx_runs = 1;
     double t[KVT_KV_SCHEME_COUNT][N_CTX][64];
-    int ctx[N_CTX], nk = 0;
-    for (int run = 0; run < o->ctx_runs && rc == 0; run++) {
+    int ctx[N_CTX], nk = 0, done = 0, llama_ok = 1;
+    for (int run = 0; run < o->ctx_runs && rc == 0 && llama_ok; run++) {
         uint64_t t0 = kvt_now_ns();
         if ((rc = bench_context(m, tok, n_tok, &one, r)) != 0)
             break;
@@ -294,23 +294,29 @@ static int bench_context_vs_llamacpp(kvt_model *m, const int32_t *tok, int n_tok
         for (int sc = 0; sc < KVT_KV_SCHEME_COUNT; sc++)
             for (int k = 0; k < N_CTX; k++)
                 t[sc][k][run] = r->ctx_tps[sc][k];
+        done++;
         nk = 0;
         for (int k = 0; k < N_CTX; k++)
             if (r->ctx[k])
                 ctx[nk++] = r->ctx[k];
         fprintf(stderr, "kvtier bench engine: llama.cpp decode at context, run %d of %d\n", run + 1, o->ctx_runs);
-        rc = kvt_llamacpp_run(lc, ctx, nk, o->batch_steps);
+        if (kvt_llamacpp_run(lc, ctx, nk, o->batch_steps) != 0) {
+            /* the engine's figures stand without the baseline */
+            fprintf(stderr, "kvtier bench engine: %s; the engine's figures of %d run(s) follow without llama.cpp\n",
+                    kvt_last_error(), done);
+            llama_ok = 0;
+        }
         fprintf(stderr, "kvtier bench engine: run %d took %.0f s (engine) + %.0f s (llama.cpp)\n", run + 1,
                 (double)(t1 - t0) * 1e-9, (double)(kvt_now_ns() - t1) * 1e-9);
     }
     for (int sc = 0; sc < KVT_KV_SCHEME_COUNT && rc == 0; sc++)
         for (int k = 0; k < N_CTX; k++)
-            r->ctx_tps[sc][k] = kvt_bench_util_median(t[sc][k], o->ctx_runs);
-    for (int i = 0; i < KVT_LLAMACPP_CONFIGS && rc == 0; i++)
+            r->ctx_tps[sc][k] = kvt_bench_util_median(t[sc][k], done);
+    for (int i = 0; i < KVT_LLAMACPP_CONFIGS && rc == 0 && llama_ok; i++)
         for (int k = 0, j = 0; k < N_CTX; k++)
             if (r->ctx[k])
                 r->llama_tps[0][i][k] = kvt_llamacpp_tps(lc, i, j, 0), r->llama_tps[1][i][k] = kvt_llamacpp_tps(lc, i, j++, 1);
-    if (rc == 0)
+    if (rc == 0 && llama_ok)
         snprintf(r->llama_info, sizeof r->llama_info, "%s", kvt_llamacpp_info(lc));
     kvt_llamacpp_close(lc);
     return rc;
