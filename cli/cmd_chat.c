@@ -326,10 +326,23 @@ static int transcript_save(const kvt_chat *chat, const char *path)
  * running turn finishes, the cache is written); a second one kills. */
 static volatile sig_atomic_t stop_requested;
 
+/* Also puts /dev/null under stdin (open, dup2 and close are
+ * async-signal-safe): a signal that lands after the loop checked
+ * stop_requested but before its read() blocks would otherwise leave the
+ * chat waiting on stdin; now that read sees end of input. */
 static void on_stop_signal(int sig)
 {
     (void)sig;
+    int saved = errno;
     stop_requested = 1;
+    int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (fd != STDIN_FILENO) {
+            dup2(fd, STDIN_FILENO);
+            close(fd);
+        }
+    }
+    errno = saved;
 }
 
 /* SA_RESETHAND: the next signal has its default effect; no SA_RESTART: a
@@ -364,8 +377,9 @@ static void tiers_warn(kvt_tiers *tiers)
 }
 
 /* --stats: the service report with one object per tier level added
- * ("ssd_cache" for the SSD tier) and, with --redis, the remote tier's
- * counters ("remote", as in serve's /stats). */
+ * ("ssd_cache" for the SSD tier; "published_cache" the first published
+ * directory, "published_caches" every one in order) and, with --redis, the
+ * remote tier's counters ("remote", as in serve's /stats). */
 static void print_report(const char *report, const kvt_tiers_status *st, const kvt_remote_stats *rs)
 {
     json_t *doc = json_loads(report, 0, NULL);
@@ -373,6 +387,7 @@ static void print_report(const char *report, const kvt_tiers_status *st, const k
     if (doc && rs && kvt_remote_stats_json(rs, &rjs) == 0)
         json_object_set_new(doc, "remote", json_loads(rjs, 0, NULL));
     kvt_string_free(rjs);
+    json_t *pubs = NULL; /* borrowed: doc holds it */
     for (int32_t i = 0; doc && st && i < st->n_levels; i++) {
         const kvt_level_status *l = &st->level[i];
         json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "dir", l->where, "mode",
@@ -380,10 +395,21 @@ static void print_report(const char *report, const kvt_tiers_status *st, const k
                               (json_int_t)l->open_failures, "write_failures", (json_int_t)l->write_failures,
                               "writes_skipped", (json_int_t)l->writes_skipped, "entries", (json_int_t)l->entries,
                               "restores", (json_int_t)l->restores);
+        if (!o)
+            continue;
+        /* the first level of a kind under its one-level key; every
+         * published level (several --prompt-cache-dir) in order */
         char key[40];
         snprintf(key, sizeof key, "%s_cache", l->name);
-        if (o)
-            json_object_set_new(doc, key, o);
+        if (!json_object_get(doc, key))
+            json_object_set(doc, key, o);
+        if (!strcmp(l->name, "published")) {
+            if (!pubs && (pubs = json_array()) != NULL)
+                json_object_set_new(doc, "published_caches", pubs);
+            if (pubs)
+                json_array_append(pubs, o);
+        }
+        json_decref(o);
     }
     char *text = doc ? json_dumps(doc, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     fprintf(stderr, "%s\n", text ? text : report);

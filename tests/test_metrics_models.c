@@ -10,7 +10,8 @@
  * one HELP and TYPE line per family; promtool accepts the text. With two
  * published prompt cache directories mounted, /stats lists both in
  * "published_caches" (in order, with their tier names) and keeps
- * "published_cache" as the first one's, the form a single directory has.
+ * "published_cache" as the first one's, the form a single directory has;
+ * `kvtier chat --stats` (a child process) reports them the same way.
  * Skipped with a message when KVT_SHARED_DIR lacks stories260K.
  */
 #include <setjmp.h>
@@ -26,6 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cli_run.h"
 #include "server.h"
 #include "serve_util.h"
 #include "synth_util.h"
@@ -264,6 +266,46 @@ static void test_engine_series_per_model(void **state)
     kvt_server_destroy(s);
 }
 
+/* kvtier chat --stats with two published directories: its report (the
+ * JSON line on stderr) lists both in "published_caches" and keeps the
+ * first under "published_cache". */
+static void test_chat_stats_published(void **state)
+{
+    (void)state;
+    char model[1024], tok[1024];
+    if (!have_model || !cli_inputs(model, sizeof model, tok, sizeof tok))
+        skip();
+    char script[400];
+    snprintf(script, sizeof script, "%s/script.txt", dir);
+    FILE *f = fopen(script, "w");
+    assert_non_null(f);
+    fputs("Hello there\n", f);
+    fclose(f);
+    const char *args[] = {"chat", "--model", model, "--tokenizer", tok, "--script", script, "--max-tokens", "4",
+                          "--stats", "--prompt-cache-dir", pub[0], "--prompt-cache-dir", pub[1], NULL};
+    cli_child c;
+    cli_result r;
+    assert_int_equal(cli_start(&c, dir, args, NULL, 0, 0), 0);
+    assert_int_equal(cli_finish(&c, 120, &r), 0);
+    if (r.status != 0)
+        fprintf(stderr, "%s\n", r.err);
+    assert_int_equal(r.status, 0);
+    /* the report is the last line of stderr that is a JSON object with "published_caches" */
+    json_t *doc = NULL;
+    for (char *line = strtok(r.err, "\n"); line; line = strtok(NULL, "\n"))
+        if (line[0] == '{' && strstr(line, "\"published_caches\"")) {
+            json_decref(doc);
+            doc = json_loads(line, 0, NULL);
+        }
+    assert_non_null(doc);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(doc, "published_cache"), "dir")), pub[0]);
+    json_t *all = json_object_get(doc, "published_caches");
+    assert_int_equal(json_array_size(all), 2);
+    for (size_t i = 0; i < 2; i++)
+        assert_string_equal(json_string_value(json_object_get(json_array_get(all, i), "dir")), pub[i]);
+    json_decref(doc);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -309,6 +351,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_engine_series_per_model),
+        cmocka_unit_test(test_chat_stats_published),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

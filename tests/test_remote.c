@@ -202,9 +202,11 @@ static void f_down_at_start(void **state)
     assert_int_equal(kvt_remote_healthy(r), 0);
     int32_t p[20];
     seq(p, 20, 200);
+    uint64_t skipped = stats(r).lookups_skipped;
     double t0 = now_ms();
     assert_int_equal(find_len(r, p, 20, NULL), 0);
-    assert_true(now_ms() - t0 < 20); /* skipped: no I/O */
+    print_message("redis down at start: the lookup missed after %.1f ms\n", now_ms() - t0);
+    assert_int_equal(stats(r).lookups_skipped, skipped + 1); /* skipped: no I/O */
     kvt_cold_tier t;
     kvt_remote_cold_tier(r, &t);
     kvt_entry e;
@@ -228,18 +230,27 @@ static void f_client_pause(void **state)
     seq(p, 20, 300);
     put(r, &KV, p, 16);
     assert_int_equal(find_len(r, p, 20, NULL), 16);
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 500 ALL"), 0);
-    double t0 = now_ms();
-    assert_int_equal(find_len(r, p, 20, NULL), 0);
-    double took = now_ms() - t0;
-    print_message("CLIENT PAUSE 500 ms: the lookup returned a miss after %.1f ms (timeout 50 ms)\n", took);
+    /* Up to 3 tries: a loaded machine can hold this thread past the 150 ms
+     * for one try; a lookup that waits for the pause or a socket timeout
+     * (500 ms) misses it every time. */
+    double took = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        uint64_t timeouts = stats(r).failures_timeout;
+        assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 500 ALL"), 0);
+        double t0 = now_ms();
+        assert_int_equal(find_len(r, p, 20, NULL), 0);
+        took = now_ms() - t0;
+        print_message("CLIENT PAUSE 500 ms: the lookup returned a miss after %.1f ms (timeout 50 ms)\n", took);
+        assert_true(stats(r).failures_timeout > timeouts);
+        sleep_ms(600);
+        kvt_cold_hit h;
+        assert_int_equal(find_len(r, p, 20, &h), 16); /* the pause is over: a hit again */
+        assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
+        assert_int_equal(stats(r).healthy, 1);
+        if (took < 150)
+            break;
+    }
     assert_true(took < 150);
-    assert_true(stats(r).failures_timeout >= 1);
-    sleep_ms(600);
-    kvt_cold_hit h;
-    assert_int_equal(find_len(r, p, 20, &h), 16);
-    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
-    assert_int_equal(stats(r).healthy, 1);
     kvt_remote_close(r);
 }
 
@@ -258,29 +269,37 @@ static void f_pause_during_restore(void **state)
     put(r, &KV, p, 36); /* 9 blocks of 4 tokens: 9 GETs pipelined */
     kvt_cold_hit h;
     assert_int_equal(find_len(r, p, 40, &h), 36);
-    uint64_t timeouts = stats(r).failures_timeout;
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 1200 ALL"), 0);
-    double t0 = now_ms();
-    assert_int_equal(restore_rc(r, h.handle, &KV, p, 36), KVT_EIO);
-    double took = now_ms() - t0;
-    print_message("CLIENT PAUSE 1200 ms during a restore: it failed after %.1f ms (restore timeout 150 ms, "
-                  "io timeout 1500 ms)\n",
-                  took);
-    assert_true(took >= 140);
+    /* Up to 3 tries, as in f_client_pause: a restore that waits for the
+     * pause or the socket timeout (1500 ms) misses the 400 ms every time. */
+    double took = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        uint64_t timeouts = stats(r).failures_timeout, failures = stats(r).restore_failures;
+        assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 1200 ALL"), 0);
+        double t0 = now_ms();
+        assert_int_equal(restore_rc(r, h.handle, &KV, p, 36), KVT_EIO);
+        took = now_ms() - t0;
+        print_message("CLIENT PAUSE 1200 ms during a restore: it failed after %.1f ms (restore timeout 150 ms, "
+                      "io timeout 1500 ms)\n",
+                      took);
+        assert_true(took >= 140);
+        assert_true(stats(r).failures_timeout > timeouts);
+        assert_int_equal(stats(r).restore_failures, failures + 1);
+        sleep_ms(1300);
+        if (took < 400)
+            break;
+        assert_int_equal(find_len(r, p, 40, &h), 36); /* the pause is over: found again */
+    }
     assert_true(took < 400);
-    assert_true(stats(r).failures_timeout > timeouts);
-    assert_int_equal(stats(r).restore_failures, 1);
-    sleep_ms(1300);
     /* a shorter stall inside a longer deadline: the restore waits it out */
     kvt_remote_close(r);
-    o.restore_timeout_ms = 2000;
+    o.restore_timeout_ms = 10000; /* far longer than the stall, also on a loaded machine */
     assert_int_equal(kvt_remote_open(g_srv.url, &ID_A, &o, &r), 0);
     assert_int_equal(find_len(r, p, 40, &h), 36);
     assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 300 ALL"), 0);
-    t0 = now_ms();
+    double t0 = now_ms();
     assert_int_equal(restore_rc(r, h.handle, &KV, p, 36), 0);
     took = now_ms() - t0;
-    print_message("CLIENT PAUSE 300 ms during a restore: it succeeded after %.1f ms (restore timeout 2000 ms)\n",
+    print_message("CLIENT PAUSE 300 ms during a restore: it succeeded after %.1f ms (restore timeout 10000 ms)\n",
                   took);
     assert_true(took >= 250);
     kvt_remote_close(r);

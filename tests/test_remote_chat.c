@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "child_guard.h"
 #include "cli_run.h"
 #include "redis_util.h"
 #include "store_util.h"
@@ -84,16 +85,18 @@ static void two_hosts(const char *url, int redis_port, redis_srv *kill_before_b,
     const char *off[] = {"--prompt-cache", "0", NULL};
     chat(s4, off, base);
     cli_result ra;
-    /* Both hosts' lookups are bounded by 1000 ms, not the default 50: on a
-     * loaded machine (ASan, a shared CI host) a 50 ms lookup can time out,
-     * which is a counted miss by design and would make B recompute what the
-     * test checks it reuses. The 50 ms bound itself is checked by
-     * test_remote_serve's f_serve_pause. */
-    const char *a[] = {"--transcript", tr, "--ssd-cache", da, "--redis", url, "--redis-timeout", "1000", NULL};
+    /* Both hosts' lookups are bounded by 1000 ms, not the default 50, and
+     * their restores by 10 s, not 1: on a loaded machine (ASan, a shared CI
+     * host) a 50 ms lookup can time out, which is a counted miss by design
+     * and would make B recompute what the test checks it reuses. The 50 ms
+     * bound itself is checked by test_remote_serve's f_serve_pause. */
+    const char *a[] = {"--transcript", tr, "--ssd-cache", da, "--redis", url, "--redis-timeout", "1000",
+                       "--redis-restore-timeout", "10000", NULL};
     chat(s3, a, &ra);
     if (kill_before_b)
         redis_kill(kill_before_b);
-    const char *b[] = {"--transcript", tr, "--ssd-cache", db, "--redis", url, "--redis-timeout", "1000", "--stats", NULL};
+    const char *b[] = {"--transcript", tr, "--ssd-cache", db, "--redis", url, "--redis-timeout", "1000",
+                       "--redis-restore-timeout", "10000", "--stats", NULL};
     chat(s1, b, rb);
     char both[16384];
     snprintf(both, sizeof both, "%s%s", ra.out, rb->out);
@@ -161,9 +164,9 @@ int main(void)
         return 0;
     store_tmpdir(g_dir, sizeof g_dir, "remote-chat");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_two_hosts),
-        cmocka_unit_test(t_redis_dies_before_b),
-        cmocka_unit_test(t_password_never_printed),
+        cmocka_unit_test_teardown(t_two_hosts, child_guard_teardown),
+        cmocka_unit_test_teardown(t_redis_dies_before_b, child_guard_teardown),
+        cmocka_unit_test_teardown(t_password_never_printed, child_guard_teardown),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     store_rmtree(g_dir);

@@ -30,6 +30,7 @@
 
 #include "kvtier/remote.h"
 
+#include "child_guard.h"
 #include "cli_run.h"
 #include "redis_util.h"
 #include "serve_util.h"
@@ -63,18 +64,20 @@ static void start(kvt_ts_server *sv, const char *name, const char *const *extra)
 }
 
 static char *turn_ex(int port, const char *const *users, char *const *replies, int n, long long *cached,
-                     long long *prompt);
+                     long long *prompt, double *engine_ms);
 
 /* One turn of the conversation users[0..n) with replies[0..n-1) so far:
  * the reply text (caller frees) and the cached prompt tokens. */
 static char *turn(int port, const char *const *users, char *const *replies, int n, long long *cached)
 {
-    return turn_ex(port, users, replies, n, cached, NULL);
+    return turn_ex(port, users, replies, n, cached, NULL, NULL);
 }
 
-/* turn() that also gives the prompt's token count (prompt may be NULL). */
+/* turn() that also gives the prompt's token count and the request's engine
+ * time in ms (usage.kvtier.engine_ms: its prefill and decode passes); either
+ * may be NULL. */
 static char *turn_ex(int port, const char *const *users, char *const *replies, int n, long long *cached,
-                     long long *prompt)
+                     long long *prompt, double *engine_ms)
 {
     json_t *msgs = json_array();
     for (int i = 0; i < n; i++) {
@@ -98,6 +101,8 @@ static char *turn_ex(int port, const char *const *users, char *const *replies, i
     *cached = json_integer_value(json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens"));
     if (prompt)
         *prompt = json_integer_value(json_object_get(usage, "prompt_tokens"));
+    if (engine_ms)
+        *engine_ms = json_number_value(json_object_get(json_object_get(usage, "kvtier"), "engine_ms"));
     json_decref(res);
     kvt_ts_resp_free(&r);
     return text;
@@ -166,6 +171,33 @@ static void check_remote_counters(int port)
     json_decref(doc);
 }
 
+/* A remote counter from the /stats "remote" object of the server at port (-1: none). */
+static long long remote_stat(int port, const char *name)
+{
+    kvt_ts_resp r;
+    assert_int_equal(kvt_ts_http(port, "GET", "/stats", NULL, NULL, 30, &r), 200);
+    json_t *doc = json_loads(r.body, 0, NULL);
+    kvt_ts_resp_free(&r);
+    assert_non_null(doc);
+    json_t *v = json_object_get(json_object_get(doc, "remote"), name);
+    long long n = v ? (long long)json_integer_value(v) : -1;
+    json_decref(doc);
+    return n;
+}
+
+/* Waits (up to 60 s) until the server at port wrote at least `records`
+ * records to Redis and its write-behind queue is empty. */
+static void wait_written(int port, long long records)
+{
+    double t0 = now_ms();
+    while (now_ms() - t0 < 60000) {
+        if (remote_stat(port, "write_records") >= records && remote_stat(port, "queued_entries") == 0)
+            return;
+        sleep_ms(20);
+    }
+    fail_msg("the server on port %d did not write %lld records to Redis in 60 s", port, records);
+}
+
 static void t_alternating_servers(void **state)
 {
     redis_srv rs;
@@ -175,8 +207,14 @@ static void t_alternating_servers(void **state)
     snprintf(db, sizeof db, "%s/ssd-b", g_dir);
     kvt_ts_server off, a, b;
     const char *eoff[] = {"--prompt-cache", "0", NULL};
-    const char *ea[] = {"--ssd-cache", da, "--redis", rs.url, NULL};
-    const char *eb[] = {"--ssd-cache", db, "--redis", rs.url, NULL};
+    /* Lookups bounded by 1000 ms and restores by 10 s, not 50 ms and 1 s:
+     * on a loaded machine a lookup over the default bound is a counted miss
+     * by design, which would make a server recompute what this test checks
+     * it reuses (f_serve_pause checks the 50 ms bound). */
+    const char *ea[] = {"--ssd-cache", da, "--redis", rs.url, "--redis-timeout", "1000",
+                        "--redis-restore-timeout", "10000", NULL};
+    const char *eb[] = {"--ssd-cache", db, "--redis", rs.url, "--redis-timeout", "1000",
+                        "--redis-restore-timeout", "10000", NULL};
     start(&off, "off", eoff);
     start(&a, "a", ea);
     start(&b, "b", eb);
@@ -187,6 +225,7 @@ static void t_alternating_servers(void **state)
         long long cached_off, cached;
         char *want = turn(off.port, users, replies, t + 1, &cached_off);
         kvt_ts_server *sv = t % 2 ? &b : &a; /* A, B, A, B */
+        long long written = remote_stat(sv->port, "write_records");
         char *got = turn(sv->port, users, replies, t + 1, &cached);
         print_message("turn %d on server %c: %lld prompt tokens reused\n", t + 1, t % 2 ? 'B' : 'A', cached);
         assert_string_equal(got, want);
@@ -195,14 +234,9 @@ static void t_alternating_servers(void **state)
             assert_true(cached > 0); /* the other server's turn, through Redis */
         replies[t] = got;
         free(want);
-        /* write-behind: let this turn's prefix reach Redis before the other
-         * server is asked */
-        long long keys = -1, now = 0;
-        for (int w = 0; w < 100 && now != keys; w++) {
-            keys = now;
-            sleep_ms(30);
-            now = redis_count_keys(rs.port, "kvt:*");
-        }
+        /* write-behind: this turn's entry (published before the reply was
+         * sent) reaches Redis before the other server is asked */
+        wait_written(sv->port, written + 1);
     }
     for (int t = 0; t < 4; t++)
         free(replies[t]);
@@ -231,9 +265,10 @@ static long long g_fprompt; /* prompt tokens of turn 3 */
 static double g_off_ms;     /* the cache-off server's turn 3, in ms */
 static kvt_ts_server g_off; /* the cache-off server of the fault tests */
 
-/* A host with its own SSD directory. Its lookup timeout is 1000 ms, so a
- * loaded machine does not turn a lookup the test relies on into a timeout
- * miss; the pause test leaves the default (50 ms), the bound it checks. */
+/* A host with its own SSD directory. Its lookup timeout is 1000 ms and its
+ * restore timeout 10 s, so a loaded machine does not turn a lookup or
+ * restore the test relies on into a timeout miss; the pause test's host B
+ * keeps the defaults (50 ms, 1 s): the bound it checks. */
 static void start_host(kvt_ts_server *sv, const char *test, const char *host, const char *url, int cluster)
 {
     char dir[600], name[128];
@@ -241,34 +276,9 @@ static void start_host(kvt_ts_server *sv, const char *test, const char *host, co
     snprintf(name, sizeof name, "%s-%s", test, host);
     int dflt = !strcmp(test, "pause") && !strcmp(host, "b");
     const char *e[] = {"--ssd-cache", dir, "--redis", url, "--redis-timeout", dflt ? "50" : "1000",
-                       cluster ? "--redis-cluster" : NULL, NULL};
+                       "--redis-restore-timeout", dflt ? "1000" : "10000", cluster ? "--redis-cluster" : NULL,
+                       NULL};
     start(sv, name, e);
-}
-
-/* A remote counter from the /stats "remote" object of the server at port (-1: none). */
-static long long remote_stat(int port, const char *name)
-{
-    kvt_ts_resp r;
-    assert_int_equal(kvt_ts_http(port, "GET", "/stats", NULL, NULL, 30, &r), 200);
-    json_t *doc = json_loads(r.body, 0, NULL);
-    kvt_ts_resp_free(&r);
-    assert_non_null(doc);
-    json_t *v = json_object_get(json_object_get(doc, "remote"), name);
-    long long n = v ? (long long)json_integer_value(v) : -1;
-    json_decref(doc);
-    return n;
-}
-
-/* Waits (up to 10 s) until the server at port wrote at least `records`
- * records to Redis and its write-behind queue is empty. */
-static void wait_written(int port, long long records)
-{
-    for (int i = 0; i < 500; i++) {
-        if (remote_stat(port, "write_records") >= records && remote_stat(port, "queued_entries") == 0)
-            return;
-        sleep_ms(20);
-    }
-    fail_msg("the server on port %d did not write %lld records to Redis in 10 s", port, records);
 }
 
 /* Host A runs turns 1-2 (replies equal cache-off, no remote write failure)
@@ -346,30 +356,40 @@ static void f_serve_pause(void **state)
     redis_srv rs;
     kvt_ts_server b;
     fault_open("pause", &rs, &b);
-    double t_pause = now_ms();
-    assert_int_equal(redis_cmd(rs.port, NULL, 0, NULL, "CLIENT PAUSE 6000 ALL"), 0);
-    double ms;
-    long long cached = b_turn3(&b, &ms);
-    long long timeouts = remote_stat(b.port, "failures_timeout");
-    /* The same turn on the cache-off server, now: what the turn's compute
-     * costs at this moment's load (the startup figure g_off_ms can be from a
-     * quieter or busier moment). */
+    /* The cache-off server's turn 3 now: what the turn costs at this
+     * moment's load (the pause below outlasts it 3 times over, so host B's
+     * turn ends inside the pause unless B waits for Redis). */
     long long off_cached;
-    double t_off = now_ms();
-    char *off_got = turn(g_off.port, g_fusers, g_fwant, 3, &off_cached);
+    double off_engine = 0, t_off = now_ms();
+    char *off_got = turn_ex(g_off.port, g_fusers, g_fwant, 3, &off_cached, NULL, &off_engine);
+    double off_ms = now_ms() - t_off;
     assert_string_equal(off_got, g_fwant[2]);
     free(off_got);
-    double off_ms = now_ms() - t_off;
-    print_message("CLIENT PAUSE 6000 ms: host B reused %lld tokens, answered in %.0f ms (the cache-off server's "
-                  "turn: %.0f ms at start, %.0f ms now), %lld timeouts counted\n",
-                  cached, ms, g_off_ms, off_ms, timeouts);
+    int pause_ms = 6000 + 3 * (int)off_ms;
+    double t_pause = now_ms();
+    assert_int_equal(redis_cmd(rs.port, NULL, 0, NULL, "CLIENT PAUSE %d ALL", pause_ms), 0);
+    long long cached;
+    double b_engine = 0, t_b = now_ms();
+    char *got = turn_ex(b.port, g_fusers, g_fwant, 3, &cached, NULL, &b_engine);
+    double b_ms = now_ms() - t_b, b_end = now_ms() - t_pause;
+    assert_string_equal(got, g_fwant[2]);
+    free(got);
+    long long timeouts = remote_stat(b.port, "failures_timeout");
+    print_message("CLIENT PAUSE %d ms: host B reused %lld tokens, answered in %.0f ms (%.0f ms in its engine), "
+                  "%.0f ms into the pause; the cache-off server's turn: %.0f ms at start, %.0f ms now (%.0f ms in its "
+                  "engine); %lld timeouts counted\n",
+                  pause_ms, cached, b_ms, b_engine, b_end, g_off_ms, off_ms, off_engine, timeouts);
     assert_int_equal(cached, 0);
     assert_true(timeouts >= 1);
     assert_int_equal(remote_stat(b.port, "lookup_hits"), 0);
-    /* The turn did not wait for the pause: it took its compute plus a few
-     * 50 ms lookup bounds, far less than the 6000 ms a stall would add. */
-    assert_true(ms < off_ms + 1500);
-    double left = 6000 - (now_ms() - t_pause);
+    /* The turn did not wait for the pause: it answered while Redis was
+     * still paused (a stall ends no earlier than the pause does)... */
+    assert_true(b_end < pause_ms);
+    /* ...and apart from its compute (the engine's passes, which the load
+     * makes vary from one request to the next) it took a few 50 ms lookup
+     * bounds more than the cache-off server's request, not seconds. */
+    assert_true(b_ms - b_engine < off_ms - off_engine + 1500);
+    double left = pause_ms - (now_ms() - t_pause);
     sleep_ms(left > 0 ? (int)left + 50 : 0); /* B's write-behind then reaches Redis */
     fault_close(&rs, &b);
 }
@@ -589,11 +609,15 @@ int main(void)
     if (!redis_available("test_remote_serve") || !cli_inputs(g_model, sizeof g_model, g_tok, sizeof g_tok))
         return 0;
     store_tmpdir(g_dir, sizeof g_dir, "remote-serve");
+    /* a test that fails midway leaves no server or Redis running */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_alternating_servers), cmocka_unit_test(f_serve_baseline),
-        cmocka_unit_test(f_serve_pause),         cmocka_unit_test(f_serve_setrange),
-        cmocka_unit_test(f_serve_foreign),       cmocka_unit_test(f_serve_maxmemory),
-        cmocka_unit_test(f_serve_cluster),
+        cmocka_unit_test_teardown(t_alternating_servers, child_guard_teardown),
+        cmocka_unit_test_teardown(f_serve_baseline, child_guard_teardown),
+        cmocka_unit_test_teardown(f_serve_pause, child_guard_teardown),
+        cmocka_unit_test_teardown(f_serve_setrange, child_guard_teardown),
+        cmocka_unit_test_teardown(f_serve_foreign, child_guard_teardown),
+        cmocka_unit_test_teardown(f_serve_maxmemory, child_guard_teardown),
+        cmocka_unit_test_teardown(f_serve_cluster, child_guard_teardown),
     };
     for (int i = 0; i < 8; i++)
         strcat(g_long, SENT);
@@ -602,9 +626,10 @@ int main(void)
     for (int t = 0; t < 3; t++) {
         long long cached;
         double t0 = now_ms();
-        g_fwant[t] = turn_ex(g_off.port, g_fusers, g_fwant, t + 1, &cached, t == 2 ? &g_fprompt : NULL);
+        g_fwant[t] = turn_ex(g_off.port, g_fusers, g_fwant, t + 1, &cached, t == 2 ? &g_fprompt : NULL, NULL);
         g_off_ms = now_ms() - t0;
     }
+    child_guard_keep_current(); /* the cache-off server serves every test */
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     kvt_ts_server_stop(&g_off);
     for (int t = 0; t < 3; t++)

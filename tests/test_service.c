@@ -864,6 +864,37 @@ static void test_boundary(void **state)
     assert_int_equal(boundary_over(s, 5), 0);
     kvt_service_destroy(s);
     mem_tier_destroy(mt);
+
+    /* a running request is never changed: the entry it borrowed its prefix
+     * from leaves RAM at a boundary, and the request's caches (sharing that
+     * entry's blocks) keep every value, run on and publish */
+    cfg.cold = NULL;
+    assert_int_equal(kvt_service_create(&cfg, &s), 0);
+    publish_n(s, 20, "r@1");
+    kvt_state st;
+    kvt_admission *a = start(s, 30, "r@1", NULL, 0, &st);
+    assert_int_equal(st.reused_tokens, 20);
+    assert_int_equal(boundary_over(s, 5), 2); /* the one entry leaves, then the check passes */
+    assert_ram(s, 0, 1);
+    const float *k, *v;
+    int32_t nt;
+    assert_int_equal(kvt_cache_offset(st.caches[0]), 20);
+    assert_int_equal(kvt_kv_block(st.caches[0], 0, &k, &v, &nt), 0);
+    assert_int_equal(nt, 16);
+    for (int t = 0; t < 16; t++)
+        for (int j = 0; j < D; j++) {
+            assert_true(k[t * D + j] == (float)(t * 10 + j));
+            assert_true(v[t * D + j] == -(float)(t * 10 + j));
+        }
+    const unsigned char *rec = kvt_recurrent_state(st.caches[2]);
+    for (int i = 0; i < REC; i++)
+        assert_int_equal(rec[i], 19);
+    run_tokens(st.caches, 20, 30);
+    assert_int_equal(kvt_service_publish(s, a, toks, 30, &st), 0);
+    kvt_service_release(s, a, 1);
+    assert_ram(s, 1, 1);
+    assert_int_equal(kvt_service_peek(s, toks, 31, "r@1"), 30);
+    kvt_service_destroy(s);
 }
 
 int main(void)

@@ -89,7 +89,7 @@ static void test_lock_held(void **state)
     fx f;
     fx_init(&f);
     hold_lock(&f, 0);
-    int before = store_thread_count();
+    int before = store_thread_count_baseline();
     assert_true(before > 0);
     kvt_store *s = NULL;
     kvt_store_options o = {.lock_wait_ms = 150};
@@ -102,14 +102,14 @@ static void test_lock_held(void **state)
     assert_true(took < 2000);
     assert_non_null(strstr(kvt_last_error(), ".lock"));
     assert_non_null(strstr(kvt_last_error(), "held by another process"));
-    assert_int_equal(store_thread_count(), before);
+    assert_int_equal(store_thread_count_settle(before), before);
     /* read-only does not wait: it opens at once without the lock */
     o.read_only = 1;
     t0 = now_ms();
     assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), 0);
     assert_true(now_ms() - t0 < 1000);
     assert_int_equal(kvt_store_close(s), 0);
-    assert_int_equal(store_thread_count(), before);
+    assert_int_equal(store_thread_count_settle(before), before);
     fx_done(&f);
 }
 

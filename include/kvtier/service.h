@@ -388,7 +388,9 @@ KVT_API void kvt_service_release(kvt_service *svc, kvt_admission *adm, int compl
 /** An execution boundary passed: while the config's pressure check says so,
  * the prompt cache gives optional RAM snapshots back. Never
  * changes a running request; no storage I/O. No-op without a pressure check.
- * Thread-safe. */
+ * For a backend that measures its own live memory (a device allocator, say)
+ * and calls this between its steps; not the prompt-boundary snapshot, which
+ * is kvt_state_clone() then kvt_service_publish(). Thread-safe. */
 KVT_API void kvt_service_boundary(kvt_service *svc);
 
 /** Longest usable prefix of prompt (tokens) held in RAM under `ns` (NULL =

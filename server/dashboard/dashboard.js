@@ -171,7 +171,7 @@
   // Every served model's id, context and report: the "models" list, else the one top-level model.
   function modelsOf(s) {
     if (Array.isArray(s.models) && s.models.length)
-      return s.models.map((m) => ({ id: m.id, max_model_len: m.max_model_len, report: m.report || {} }));
+      return s.models.map((m) => ({ id: m.id, max_model_len: m.max_model_len, report: m.report || {}, running: m.running }));
     return s.model ? [{ id: s.model.id, max_model_len: s.model.max_model_len, report: s }] : [];
   }
   function layerTable(model, layers) {
@@ -280,7 +280,7 @@
     return d;
   }
   function onSnapshot(s) {
-    const srv = s.server || {}, c = srv.counters || {}, p = s.prefixes || {}, ssd = s.ssd;
+    const srv = s.server || {}, c = srv.counters || {}, ssd = s.ssd;
     const t = s.time_ms || Date.now();
     state.snapshots++;
     document.body.dataset.snapshots = String(state.snapshots);
@@ -311,35 +311,54 @@
       blocks.push(tierBlock('RAM tier (prompt cache)' + of, 'var(--ram)', mp.bytes || 0, mp.max_bytes || 0, mp.entries || 0, 'tier-ram' + sfx));
       if (ms) blocks.push(tierBlock('SSD tier' + of, 'var(--ssd)', ms.bytes, ms.max_bytes, ms.entries, 'tier-ssd' + sfx));
     });
-    const kv = s.kv || {};
-    if (kv.budget_bytes) blocks.push(tierBlock('KV admission (projected)', '#7b61c9', kv.projected_bytes || 0, kv.budget_bytes, srv.running || 0, 'tier-kv'));
+    // each model's KV admission (its own --kv-budget)
+    (models.length ? models : [{ id: '', report: s }]).forEach((m, i) => {
+      const kv = m.report.kv || {}, of = models.length > 1 ? ' · model ' + m.id : '';
+      const running = m.running != null ? m.running : srv.running || 0;
+      if (kv.budget_bytes) blocks.push(tierBlock('KV admission (projected)' + of, '#7b61c9', kv.projected_bytes || 0, kv.budget_bytes, running, 'tier-kv' + (i ? '-' + i : '')));
+    });
     tiers.replaceChildren(...blocks);
-    if (!ssd) {
+    const anySsd = models.length ? models.some((m) => m.report.ssd) : !!ssd;
+    if (!anySsd) {
       const n = document.createElement('p');
       n.className = 'note';
       n.textContent = 'No SSD tier: start the server with --ssd-cache DIR to keep prefixes across restarts.';
       tiers.append(n);
     }
 
-    // write-behind and restores
+    // write-behind and restores of each model (the first model's figures keep the plain ids)
+    const groups = (models.length ? models : [{ id: '', report: s }]).map((m, i) => {
+      const mp = m.report.prefixes || {}, sd = m.report.ssd, sfx = i ? '-' + i : '';
+      const wrap = document.createElement('div');
+      wrap.className = 'writes-model';
+      wrap.dataset.model = m.id;
+      if (models.length > 1) {
+        const h = document.createElement('h3');
+        h.textContent = 'model ' + m.id;
+        wrap.append(h);
+      }
+      const g = document.createElement('div');
+      g.className = 'figs';
+      if (sd) {
+        g.append(fig('pending writes', num(sd.pending), 'wb-pending' + sfx, sd.pending),
+          fig('pending bytes', bytes(sd.pending_bytes), 'wb-pending-bytes' + sfx, sd.pending_bytes),
+          fig('dropped', num(sd.dropped), 'wb-dropped' + sfx, sd.dropped, sd.dropped > 0),
+          fig('failed', num(sd.failed), 'wb-failed' + sfx, sd.failed, sd.failed > 0),
+          fig('written', num(sd.written), 'wb-written' + sfx, sd.written),
+          fig('SSD restores', num(sd.restores), 'rs-count' + sfx, sd.restores),
+          fig('restored bytes', bytes(sd.restore_bytes), 'rs-bytes' + sfx, sd.restore_bytes),
+          fig('last restore', sd.restore_ns_last ? ms(sd.restore_ns_last / 1e6) : '–', 'rs-last' + sfx, sd.restore_ns_last));
+      }
+      g.append(fig('cold restores served', num(mp.cold_restores), 'rs-cold' + sfx, mp.cold_restores),
+        fig('spills', num(mp.spills), 'pc-spills' + sfx, mp.spills),
+        fig('demotions', num(mp.demotions), 'pc-demotions' + sfx, mp.demotions),
+        fig('evictions', num(mp.evictions), 'pc-evictions' + sfx, mp.evictions));
+      wrap.append(g);
+      return wrap;
+    });
     const w = $('writes');
-    const g = document.createElement('div');
-    g.className = 'figs';
-    if (ssd) {
-      g.append(fig('pending writes', num(ssd.pending), 'wb-pending', ssd.pending),
-        fig('pending bytes', bytes(ssd.pending_bytes), 'wb-pending-bytes', ssd.pending_bytes),
-        fig('dropped', num(ssd.dropped), 'wb-dropped', ssd.dropped, ssd.dropped > 0),
-        fig('failed', num(ssd.failed), 'wb-failed', ssd.failed, ssd.failed > 0),
-        fig('written', num(ssd.written), 'wb-written', ssd.written),
-        fig('SSD restores', num(ssd.restores), 'rs-count', ssd.restores),
-        fig('restored bytes', bytes(ssd.restore_bytes), 'rs-bytes', ssd.restore_bytes),
-        fig('last restore', ssd.restore_ns_last ? ms(ssd.restore_ns_last / 1e6) : '–', 'rs-last', ssd.restore_ns_last));
-    }
-    g.append(fig('cold restores served', num(p.cold_restores), 'rs-cold', p.cold_restores),
-      fig('spills', num(p.spills), null), fig('demotions', num(p.demotions), null),
-      fig('evictions', num(p.evictions), null));
-    w.replaceChildren(g);
-    if (!ssd) {
+    w.replaceChildren(...groups);
+    if (!anySsd) {
       const n = document.createElement('p');
       n.className = 'note';
       n.textContent = 'Write-behind and SSD restores appear with an SSD tier.';

@@ -6,7 +6,8 @@
 // chat on the first model and completions on the second, and checks that
 // the page's figures equal /stats (requests, cached tokens, tier bytes and
 // entries), that it shows one per-layer table per model whose rows equal
-// that model's "layers" in /stats (every field of every layer), that its
+// that model's "layers" in /stats (every field of every layer), that each
+// model's write-behind and restore figures equal its report, that its
 // request table lists every turn with its reused tokens, that the event streams are bounded (one over the
 // limit gets 503, a second page then polls /stats and shows the same
 // figures) and released when a client goes away, that without Chart.js the
@@ -174,6 +175,49 @@ async function waitLayers(page, base, what) {
   assert.fail(`${what}: the per-layer tables never equalled /stats: ${JSON.stringify(last)}`);
 }
 
+// Each model's write-behind and restore figures as the page shows them: {id: {field: raw value}}.
+const WRITE_FIGS = { 'wb-pending': 'pending', 'wb-pending-bytes': 'pending_bytes', 'wb-dropped': 'dropped',
+  'wb-failed': 'failed', 'wb-written': 'written', 'rs-count': 'restores', 'rs-bytes': 'restore_bytes',
+  'rs-cold': 'cold_restores', 'pc-spills': 'spills', 'pc-demotions': 'demotions', 'pc-evictions': 'evictions' };
+async function pageWrites(page) {
+  return page.evaluate((figs) => {
+    const out = {};
+    [...document.querySelectorAll('#writes .writes-model')].forEach((g, i) => {
+      const row = {};
+      for (const [id, key] of Object.entries(figs)) {
+        const e = document.getElementById(id + (i ? '-' + i : ''));
+        row[key] = e && g.contains(e) && e.dataset.value !== '' ? Number(e.dataset.value) : null;
+      }
+      out[g.dataset.model] = row;
+    });
+    return out;
+  }, WRITE_FIGS);
+}
+
+function statsWrites(s) {
+  const out = {};
+  for (const m of s.models) {
+    const sd = m.report.ssd || {}, p = m.report.prefixes || {};
+    out[m.id] = { pending: sd.pending, pending_bytes: sd.pending_bytes, dropped: sd.dropped, failed: sd.failed,
+      written: sd.written, restores: sd.restores, restore_bytes: sd.restore_bytes, cold_restores: p.cold_restores,
+      spills: p.spills, demotions: p.demotions, evictions: p.evictions };
+  }
+  return out;
+}
+
+// Waits until every model's write-behind figures equal its report in /stats.
+async function waitWrites(page, base, what) {
+  let last = null;
+  for (let i = 0; i < 60; i++) {
+    const want = statsWrites(await (await fetch(`${base}/stats`)).json());
+    const got = await pageWrites(page);
+    last = { want, got };
+    if (JSON.stringify(got) === JSON.stringify(want)) return last;
+    await sleep(250);
+  }
+  assert.fail(`${what}: the write-behind figures never equalled /stats: ${JSON.stringify(last)}`);
+}
+
 async function complete(base, modelId, prompt) {
   const r = await fetch(`${base}/v1/completions`, {
     method: 'POST', headers: { 'Content-Type': 'application/json' },
@@ -236,6 +280,17 @@ try {
     assert.ok(lay.got[id].every((l) => l.ram_bytes > 0), `${id}: every layer holds RAM bytes`);
   assert.ok(Object.keys(lay.got.tiny[0]).length >= 8, 'every field of the layer list is a column');
   console.log(`per-layer tables = /stats: ${JSON.stringify(lay.got.tiny[0])} ...`);
+  // each model's write-behind and restores, once its writes have landed
+  let wr = null;
+  for (let i = 0; i < 60; i++) {
+    wr = await waitWrites(page, base, 'live page');
+    if (Object.values(wr.got).every((x) => x.written > 0 && x.pending === 0)) break;
+    await sleep(250);
+  }
+  assert.deepEqual(Object.keys(wr.got), ['stories260K', 'tiny']);
+  for (const id of ['stories260K', 'tiny'])
+    assert.ok(wr.got[id].written > 0 && wr.got[id].pending === 0, `${id}: its write-behind landed and is shown`);
+  console.log(`write-behind figures = /stats: ${JSON.stringify(wr.got)}`);
   console.log(`page = /stats: ${JSON.stringify(eq.shown)} (mode ${eq.mode}, ${eq.snapshots} snapshots)`);
   assert.ok(eq.shown.cached > 0 && eq.shown.ssd_bytes > 0 && eq.shown.ram_bytes + eq.shown.ssd_bytes > 0);
 
@@ -291,6 +346,7 @@ try {
   const rows2 = await page2.$$eval('#requests tbody tr', (trs) => trs.length);
   assert.equal(rows2, turns + 2);
   await waitLayers(page2, base, 'polling page');
+  await waitWrites(page2, base, 'polling page');
   // the refused EventSource is the one console error we caused on purpose
   assert.ok(errors2.every((e) => /events|503|EventSource/i.test(e)), `page 2 errors: ${errors2.join('\n')}`);
   await page2.close();

@@ -4,6 +4,8 @@
  */
 #include "cli_run.h"
 
+#include "child_guard.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -56,10 +58,12 @@ int cli_start(cli_child *c, const char *dir, const char *const *args, const char
     c->stdin_fd = -1;
     if (pipe_stdin && pipe(p))
         return -1;
+    pid_t parent = getpid();
     c->pid = fork();
     if (c->pid < 0)
         return -1;
     if (c->pid == 0) {
+        child_guard_in_child(parent);
         if (as_bytes) {
             struct rlimit lim = {.rlim_cur = as_bytes, .rlim_max = as_bytes};
             setrlimit(RLIMIT_AS, &lim);
@@ -77,6 +81,7 @@ int cli_start(cli_child *c, const char *dir, const char *const *args, const char
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
+    child_guard_add(c->pid);
     if (pipe_stdin) {
         close(p[0]);
         c->stdin_fd = p[1];
@@ -97,8 +102,10 @@ int cli_finish(cli_child *c, int timeout_s, cli_result *r)
         pid_t w = wait4(c->pid, &st, WNOHANG, &ru);
         if (w < 0)
             return -1;
-        if (w == c->pid)
+        if (w == c->pid) {
+            child_guard_del(c->pid);
             break;
+        }
         if (waited_ms == (long)timeout_s * 1000) {
             printf("kvtier still running after %d s: killed\n", timeout_s);
             r->timed_out = 1;

@@ -4,7 +4,8 @@
  * or a pipe the test writes, stdout and stderr captured in files under the
  * test's directory, a wall-clock limit (then SIGKILL), an optional
  * address-space limit, and the child's peak RSS. Also the shared
- * stories260K paths. No cmocka here: errors are returned.
+ * stories260K paths. No cmocka here: errors are returned. Children are
+ * registered with child_guard.h until cli_finish reaps them.
  */
 #ifndef KVT_TEST_CLI_RUN_H
 #define KVT_TEST_CLI_RUN_H

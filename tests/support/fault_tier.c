@@ -1,9 +1,11 @@
 /*
  * fault_tier.c: the forwarding, fault-injecting tier of fault_tier.h. Owns
- * only its knobs and counters (atomics); never keeps an entry.
+ * only its knobs and counters (atomics; the hold under a mutex); never keeps
+ * an entry.
  */
 #include "fault_tier.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,31 +14,42 @@
 struct fault_tier {
     kvt_cold_tier iface;
     kvt_cold_tier inner;
-    atomic_int delay_ms, fail_restores;
-    atomic_int_fast64_t finds, restores;
+    atomic_int fail_restores;
+    atomic_int_fast64_t finds, finds_done, restores;
+    pthread_mutex_t mu; /* guards held */
+    pthread_cond_t cv;
+    int held;
 };
 
-static void nap(fault_tier *f)
+/* While finds are held, waits for the release (at most HOLD_MAX_S, so a
+ * caller that wrongly waits for the find fails instead of hanging). */
+#define HOLD_MAX_S 30
+
+static void hold(fault_tier *f)
 {
-    int ms = atomic_load(&f->delay_ms);
-    if (ms > 0) {
-        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-        nanosleep(&ts, NULL);
-    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += HOLD_MAX_S;
+    pthread_mutex_lock(&f->mu);
+    while (f->held && pthread_cond_timedwait(&f->cv, &f->mu, &dl) == 0)
+        ;
+    pthread_mutex_unlock(&f->mu);
 }
 
 static int ft_find(void *self, const int32_t *p, int64_t n, const char *ns, kvt_cold_hit *out)
 {
     fault_tier *f = self;
     atomic_fetch_add(&f->finds, 1);
-    nap(f);
-    return f->inner.find(f->inner.self, p, n, ns, out);
+    hold(f);
+    int rc = f->inner.find(f->inner.self, p, n, ns, out);
+    atomic_fetch_add(&f->finds_done, 1);
+    return rc;
 }
 
 static int ft_find_exact(void *self, const int32_t *t, int64_t n, const char *ns, kvt_cold_hit *out)
 {
     fault_tier *f = self;
-    nap(f);
+    hold(f);
     return f->inner.find_exact(f->inner.self, t, n, ns, out);
 }
 
@@ -115,6 +128,8 @@ int fault_tier_create(const kvt_cold_tier *inner, int read_only, fault_tier **ou
     if (!f)
         return KVT_ENOMEM;
     f->inner = *inner;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
     f->iface = (kvt_cold_tier){.self = f,
                                .find = ft_find,
                                .find_exact = inner->find_exact ? ft_find_exact : NULL,
@@ -132,9 +147,23 @@ int fault_tier_create(const kvt_cold_tier *inner, int read_only, fault_tier **ou
     return 0;
 }
 
-void fault_tier_destroy(fault_tier *f) { free(f); }
+void fault_tier_destroy(fault_tier *f)
+{
+    if (!f)
+        return;
+    pthread_cond_destroy(&f->cv);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+}
 const kvt_cold_tier *fault_tier_iface(fault_tier *f) { return &f->iface; }
-void fault_tier_find_delay(fault_tier *f, int ms) { atomic_store(&f->delay_ms, ms); }
+void fault_tier_hold_finds(fault_tier *f, int on)
+{
+    pthread_mutex_lock(&f->mu);
+    f->held = on;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
 void fault_tier_fail_restores(fault_tier *f, int on) { atomic_store(&f->fail_restores, on); }
 int64_t fault_tier_finds(fault_tier *f) { return atomic_load(&f->finds); }
+int64_t fault_tier_finds_done(fault_tier *f) { return atomic_load(&f->finds_done); }
 int64_t fault_tier_restores(fault_tier *f) { return atomic_load(&f->restores); }

@@ -4,6 +4,8 @@
  */
 #include "redis_util.h"
 
+#include "child_guard.h"
+
 #include "kvtier/remote.h"
 #include "store_util.h"
 
@@ -153,47 +155,30 @@ long long redis_info_field(int port, const char *section, const char *field)
     return p ? strtoll(p + strlen(want), NULL, 10) : -1;
 }
 
-/* Every server started and not stopped, killed at exit (a failed test may
- * skip its redis_stop). */
-static pid_t g_live[64];
-
-static void live_add(pid_t p)
-{
-    for (int i = 0; i < 64; i++)
-        if (!g_live[i]) {
-            g_live[i] = p;
-            return;
-        }
-}
-
-static void live_del(pid_t p)
-{
-    for (int i = 0; i < 64; i++)
-        if (g_live[i] == p)
-            g_live[i] = 0;
-}
-
-static void kill_live(void)
-{
-    for (int i = 0; i < 64; i++)
-        if (g_live[i] > 0) {
-            kill(g_live[i], SIGKILL);
-            waitpid(g_live[i], NULL, 0);
-            g_live[i] = 0;
-        }
-}
-
 void redis_kill(redis_srv *s);
 
-/* Any reply to PING (NOAUTH included): the server is up. */
-static int alive(int port)
+/* The server is up and is our child (not another test's redis-server that
+ * took the port between free_port and our bind: it would answer PING too):
+ * INFO server's process_id is s->pid. A --requirepass in s->extra is sent
+ * with AUTH first. @return 1 ours, 0 not (yet). */
+static int alive(const redis_srv *s)
 {
     struct timeval tv = {1, 0};
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", s->port, tv);
     int up = 0;
     if (c && !c->err) {
-        redisReply *r = redisCommand(c, "PING");
-        up = r != NULL;
+        char pass[128] = "";
+        const char *rp = strstr(s->extra, "--requirepass ");
+        if (rp)
+            sscanf(rp + strlen("--requirepass "), "%127s", pass);
+        redisReply *r = pass[0] ? redisCommand(c, "AUTH %s", pass) : NULL;
+        if (r)
+            freeReplyObject(r);
+        r = redisCommand(c, "INFO server");
+        if (r && r->type == REDIS_REPLY_STRING) {
+            const char *p = strstr(r->str, "process_id:");
+            up = p && strtol(p + strlen("process_id:"), NULL, 10) == (long)s->pid;
+        }
         if (r)
             freeReplyObject(r);
     }
@@ -204,32 +189,31 @@ static int alive(int port)
 
 static int spawn(redis_srv *s)
 {
-    static int registered;
-    if (!registered++)
-        atexit(kill_live);
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
              "exec redis-server --port %d --bind 127.0.0.1 --dir %s --save '' --appendonly no --daemonize no "
              "--protected-mode no --logfile %s/redis.log %s </dev/null >/dev/null 2>&1",
              s->port, s->dir, s->dir, s->extra);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        child_guard_in_child(parent);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
     s->pid = pid;
-    live_add(pid);
-    for (int i = 0; i < 500; i++) { /* 5 s */
-        if (alive(s->port))
-            return 0;
+    child_guard_add(pid);
+    for (int i = 0; i < 1000; i++) { /* 10 s */
         int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            live_del(pid);
+        if (waitpid(pid, &st, WNOHANG) == pid) { /* e.g. the port was taken: the caller tries another */
+            child_guard_del(pid);
             s->pid = 0;
             return -1;
         }
+        if (alive(s))
+            return 0;
         sleep_ms(10);
     }
     redis_kill(s);
@@ -259,7 +243,7 @@ void redis_kill(redis_srv *s)
     if (s->pid > 0) {
         kill(s->pid, SIGKILL);
         waitpid(s->pid, NULL, 0);
-        live_del(s->pid);
+        child_guard_del(s->pid);
         s->pid = 0;
     }
 }

@@ -27,7 +27,8 @@ int redis_available(const char *test);
 
 /** Starts redis-server on a free loopback port (maxmemory_mb > 0: maxmemory
  * with allkeys-lru; 0 = 256 MB) plus `extra` (space-separated arguments or
- * NULL) and waits until it answers PING. @return 0 or -1. */
+ * NULL) and waits until it answers as this child (INFO's process_id: a port
+ * another process took first is retried with another). @return 0 or -1. */
 int redis_start(redis_srv *s, int maxmemory_mb, const char *extra);
 /** SIGKILLs the server (its port and directory stay for redis_restart). */
 void redis_kill(redis_srv *s);

@@ -1,6 +1,8 @@
 /* serve_util.c: `kvtier serve` child processes and an HTTP/1.0 client for the server tests. */
 #include "serve_util.h"
 
+#include "child_guard.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -37,10 +39,12 @@ static int server_run(kvt_ts_server *sv, const char *bin, const char *log_path, 
     argv[n] = NULL;
     sv->port = 0;
     unlink(sv->log); /* never read the ready line of an earlier server */
+    pid_t parent = getpid();
     sv->pid = fork();
     if (sv->pid < 0)
         return -1;
     if (sv->pid == 0) {
+        child_guard_in_child(parent);
         int fd = open(sv->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 2);
         int null = open("/dev/null", O_RDWR);
@@ -48,6 +52,7 @@ static int server_run(kvt_ts_server *sv, const char *bin, const char *log_path, 
         execv(bin, (char *const *)argv);
         _exit(127);
     }
+    child_guard_add(sv->pid);
     static char buf[16384];
     const char *tag = "listening on http://127.0.0.1:";
     for (int i = 0; i < 3000; i++) {
@@ -61,6 +66,7 @@ static int server_run(kvt_ts_server *sv, const char *bin, const char *log_path, 
         int st;
         if (waitpid(sv->pid, &st, WNOHANG) == sv->pid) {
             fprintf(stderr, "server exited early: %s\n", buf);
+            child_guard_del(sv->pid);
             sv->pid = 0;
             return -1;
         }
@@ -89,6 +95,7 @@ int kvt_ts_server_stop(kvt_ts_server *sv)
     for (int i = 0; i < 3000; i++) {
         int st;
         if (waitpid(sv->pid, &st, WNOHANG) == sv->pid) {
+            child_guard_del(sv->pid);
             sv->pid = 0;
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         }
@@ -104,6 +111,7 @@ void kvt_ts_server_kill(kvt_ts_server *sv)
         return;
     kill(sv->pid, SIGKILL);
     waitpid(sv->pid, NULL, 0);
+    child_guard_del(sv->pid);
     sv->pid = 0;
 }
 

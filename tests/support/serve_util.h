@@ -4,7 +4,8 @@
  * SIGTERM or killed with SIGKILL) and a small HTTP/1.0 client over sockets.
  * Nothing here asserts: every call says whether it worked, so a test that
  * kills the server on purpose (the crash trials) tells a dropped connection
- * from a wrong reply.
+ * from a wrong reply. Every child is registered with child_guard.h: killed
+ * at exit, by child_guard_teardown, and by the kernel if the test dies.
  */
 #ifndef KVT_TEST_SERVE_UTIL_H
 #define KVT_TEST_SERVE_UTIL_H

@@ -233,6 +233,34 @@ int store_thread_count(void)
     return n;
 }
 
+static void nap_10ms(void)
+{
+    struct timespec ts = {0, 10 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+int store_thread_count_baseline(void)
+{
+    int n = store_thread_count(), same = 0;
+    for (int i = 0; i < 500 && same < 3; i++) {
+        nap_10ms();
+        int m = store_thread_count();
+        same = m == n ? same + 1 : 0;
+        n = m;
+    }
+    return n;
+}
+
+int store_thread_count_settle(int want)
+{
+    int n = store_thread_count();
+    for (int i = 0; i < 500 && n != want; i++) {
+        nap_10ms();
+        n = store_thread_count();
+    }
+    return n;
+}
+
 void store_rmtree(const char *path)
 {
     DIR *d = opendir(path);

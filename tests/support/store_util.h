@@ -59,8 +59,17 @@ int store_first_file(const char *dir, const char *prefix, char *name, size_t cap
  * it: kill + waitpid), or -1 when it could not. */
 int store_hold_lock(const char *path, int hold_ms);
 /** Threads of the calling process (entries of /proc/self/task); -1 when
- * that cannot be read. */
+ * that cannot be read. One read is racy: a thread that pthread_join has
+ * returned for can still be listed by the kernel for a moment (its task is
+ * reaped after it cleared its tid), so compare with the two below. */
 int store_thread_count(void);
+/** A baseline thread count: the same value read 3 times in a row 10 ms
+ * apart (threads of earlier work still being reaped are gone by then), at
+ * most 5 s of tries; the last value read otherwise. */
+int store_thread_count_baseline(void);
+/** The thread count once it settles on `want`, polled every 10 ms for up to
+ * 5 s. @return the last count read (want, or what it stayed at). */
+int store_thread_count_settle(int want);
 /** Flips bits of one byte of a file in place: the byte `from_end` bytes
  * before its end (1 = the last byte) is xor-ed with mask. @return 0, or -1
  * when the file cannot be opened or is shorter than that. */
