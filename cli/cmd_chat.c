@@ -195,6 +195,43 @@ static int fail(const char *what, int rc)
     return 1;
 }
 
+/* Reads f to its end into a buffer (malloc; *out, *n bytes) grown as the
+ * bytes arrive, starting from `hint` (a regular file's size), at most
+ * cap + 1 bytes: *n > cap says the file holds more than cap. A small file
+ * costs its own size, never cap. @return 0, ENOMEM (nothing allocated), or
+ * the read's errno value (EIO when it set none). */
+static int read_bounded(FILE *f, size_t hint, size_t cap, char **out, size_t *n)
+{
+    size_t size = hint < cap ? hint + 1 : cap + 1, len = 0;
+    if (size < 4096)
+        size = cap + 1 < 4096 ? cap + 1 : 4096;
+    char *buf = malloc(size);
+    *out = NULL;
+    *n = 0;
+    for (;;) {
+        if (!buf)
+            return ENOMEM;
+        errno = 0;
+        len += fread(buf + len, 1, size - len, f);
+        if (ferror(f)) {
+            int err = errno ? errno : EIO;
+            free(buf);
+            return err;
+        }
+        if (len < size || size == cap + 1)
+            break;
+        size_t next = size > (cap + 1) / 2 ? cap + 1 : size * 2;
+        char *grown = realloc(buf, next);
+        if (!grown)
+            free(buf);
+        buf = grown;
+        size = next;
+    }
+    *out = buf;
+    *n = len;
+    return 0;
+}
+
 /* Reads the conversation saved in `path` into *doc (NULL: no file yet, a
  * new conversation), before anything is generated: a file over
  * KVT_CHAT_MAX_FILE, a directory, a path whose directory is missing or
@@ -217,15 +254,12 @@ static int transcript_read(const char *path, json_t **doc)
             return cli_fail(KVT_ELIMIT, "%s: a transcript holds at most %zu bytes (64 MiB)", path,
                             KVT_CHAT_MAX_FILE);
         }
-        char *buf = malloc(KVT_CHAT_MAX_FILE + 1);
-        if (!buf) {
-            fclose(f);
-            return cli_fail(KVT_ENOMEM, "%s: out of memory", path);
-        }
-        errno = 0;
-        size_t n = fread(buf, 1, KVT_CHAT_MAX_FILE + 1, f);
-        int err = ferror(f) ? (errno ? errno : EIO) : 0;
+        char *buf = NULL;
+        size_t n = 0;
+        int err = read_bounded(f, S_ISREG(sb.st_mode) ? (size_t)sb.st_size : 0, KVT_CHAT_MAX_FILE, &buf, &n);
         fclose(f);
+        if (err == ENOMEM)
+            return cli_fail(KVT_ENOMEM, "%s: out of memory", path);
         int rc = 0;
         if (err)
             rc = cli_fail(-err, "%s: cannot read: %s", path, strerror(err));

@@ -3,6 +3,7 @@
  */
 #include "fuzz_cache_check.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +78,40 @@ static void check_readers(const kvt_cache *c)
     } else if (!strcmp(kind, "recurrent")) {
         FZ_CHECK(kvt_recurrent_state(c) != NULL, "recurrent state");
         FZ_CHECK(lo == off, "recurrent range [%lld, %lld]", (long long)lo, (long long)off);
+    } else if (!strcmp(kind, "qkvc")) {
+        /* sealed blocks: U8 codes of B rows with per-channel (min, step), each
+         * finite with step >= 0; then the open block's F32 rows, if any */
+        int32_t B = kvt_kv_block_tokens(c);
+        size_t D = (size_t)kvt_kv_dim(c);
+        FZ_CHECK(B >= 1 && D >= 1 && lo % B == 0 && off - lo <= B, "qkvc B %d, range [%lld, %lld]", (int)B,
+                 (long long)lo, (long long)off);
+        int64_t sealed = lo / B, total = 0;
+        for (int64_t i = 0; i < sealed; i++) {
+            kvt_kv_rows r;
+            FZ_CHECK(kvt_kv_block_rows(c, i, &r) == 0 && r.dtype == KVT_DTYPE_U8 && r.n == B && r.k_min &&
+                         r.k_scale && r.v_min && r.v_scale,
+                     "qkvc sealed block %lld", (long long)i);
+            for (size_t ch = 0; ch < D; ch++)
+                FZ_CHECK(isfinite(r.k_min[ch]) && isfinite(r.v_min[ch]) && isfinite(r.k_scale[ch]) &&
+                             isfinite(r.v_scale[ch]) && !(r.k_scale[ch] < 0) && !(r.v_scale[ch] < 0),
+                         "qkvc block %lld channel %zu: min %g %g step %g %g", (long long)i, ch,
+                         (double)r.k_min[ch], (double)r.v_min[ch], (double)r.k_scale[ch], (double)r.v_scale[ch]);
+            const uint8_t *kb = r.k, *vb = r.v;
+            volatile unsigned s = kb[0] + vb[0] + kb[(size_t)B * D - 1] + vb[(size_t)B * D - 1];
+            (void)s;
+            total += r.n;
+        }
+        kvt_kv_rows r;
+        if (off > lo) {
+            FZ_CHECK(kvt_kv_block_rows(c, sealed, &r) == 0 && r.dtype == KVT_DTYPE_F32 && r.n == off - lo,
+                     "qkvc open block of %lld rows", (long long)(off - lo));
+            const float *k = r.k, *v = r.v;
+            volatile float s = k[0] + v[0] + k[(size_t)r.n * D - 1] + v[(size_t)r.n * D - 1];
+            (void)s;
+            total += r.n;
+        }
+        FZ_CHECK(total == off, "qkvc blocks hold %lld of %lld tokens", (long long)total, (long long)off);
+        FZ_CHECK(kvt_kv_block_rows(c, sealed + (off > lo), &r) == KVT_ERANGE, "qkvc block past the end");
     } else if (!strcmp(kind, "qkv")) {
         int32_t B = kvt_kv_block_tokens(c), D = kvt_kv_dim(c);
         if ((uint64_t)B * (uint64_t)D <= (1u << 20)) {
@@ -146,7 +181,7 @@ void fz_cache_exercise(const kvt_cache *c, fz_in *in)
     const char *kind = kvt_cache_kind(t);
     size_t D = kv_row_floats(t);
     int64_t n = 1 + fz_u8(in) % 4;
-    int blocked = !strcmp(kind, "kv") || !strcmp(kind, "qkv");
+    int blocked = !strcmp(kind, "kv") || !strcmp(kind, "qkv") || !strcmp(kind, "qkvc");
     uint64_t block_bytes = blocked ? (uint64_t)kvt_kv_block_tokens(t) * D * 8 : D * 8;
     if (strcmp(kind, "recurrent") && D && D * (size_t)n <= (1u << 16) && block_bytes <= (16u << 20)) {
         float *kv = calloc(2 * D * (size_t)n, sizeof(float));

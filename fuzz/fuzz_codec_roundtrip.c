@@ -1,19 +1,22 @@
 /*
  * fuzz_codec_roundtrip.c: differential check of the cache codec. A cache of
- * the kind the first byte picks (kv, rotating, recurrent, qkv; attachment:
- * a blob) is built with its public create/append/trim/clone calls driven by
- * the input, beside a plain model of what it must hold (every appended row
- * for kv, the last state for recurrent). Then decode(encode(x)) must equal
+ * the kind the first byte picks (kv, rotating, recurrent, qkv, qkvc;
+ * attachment: a blob) is built with its public create/append/trim/clone
+ * calls driven by the input, beside a plain model of what it must hold
+ * (every appended row for kv, exactly for the open block of qkvc and within
+ * half a quantization step for its sealed blocks, the last state for
+ * recurrent). Then decode(encode(x)) must equal
  * x: the same state tensor for tensor, the same rows through the readers,
  * the same model contents, and a cache that passes fz_cache_exercise.
  */
 #include "fuzz_cache_check.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct model {
-    float *rows; /* (cap, 2, D) K row then V row per token: kv only */
+    float *rows; /* (cap, 2, D) K row then V row per token: kv and qkvc */
     int64_t n, cap;
     uint8_t *state; /* (state_bytes): recurrent only */
 } model;
@@ -36,6 +39,9 @@ static kvt_cache *create(int sel, fz_in *in, size_t *state_bytes)
         *state_bytes = 1 + fz_u8(in) % 64;
         rc = kvt_recurrent_create(*state_bytes, &c);
         break;
+    case FZ_KIND_QKVC:
+        rc = kvt_qkvc_create(D, B, &c);
+        break;
     default: {
         int32_t g = 1 + fz_u8(in) % 4;
         rc = kvt_qkv_create(g * (1 + D % 4), g, B, &c);
@@ -47,10 +53,54 @@ static kvt_cache *create(int sel, fz_in *in, size_t *state_bytes)
     return c;
 }
 
+/* Whether the model keeps every appended row for this kind. */
+static int has_rows(int sel) { return sel == FZ_KIND_KV || sel == FZ_KIND_QKVC; }
+
+/* qkvc: the open block's rows are the appended f32 rows; a sealed block's
+ * rows read back within half a step of each channel (plus rounding) of what
+ * was appended, and each (min, step) is finite with step >= 0. */
+static void qkvc_check(const kvt_cache *c, const model *m)
+{
+    size_t D = (size_t)kvt_kv_dim(c);
+    int32_t B = kvt_kv_block_tokens(c);
+    FZ_CHECK(kvt_cache_offset(c) == m->n, "qkvc holds %lld tokens, model %lld", (long long)kvt_cache_offset(c),
+             (long long)m->n);
+    for (int64_t b = 0; b * B < m->n; b++) {
+        kvt_kv_rows r;
+        FZ_CHECK(kvt_kv_block_rows(c, b, &r) == 0, "qkvc block %lld", (long long)b);
+        for (int32_t t = 0; t < r.n; t++) {
+            const float *want = m->rows + (size_t)(b * B + t) * 2 * D;
+            for (size_t ch = 0; ch < D; ch++) {
+                if (r.dtype == KVT_DTYPE_F32) {
+                    FZ_CHECK(((const float *)r.k)[(size_t)t * D + ch] == want[ch] &&
+                                 ((const float *)r.v)[(size_t)t * D + ch] == want[D + ch],
+                             "qkvc open row %lld channel %zu differs from what was appended", (long long)(b * B + t), ch);
+                    continue;
+                }
+                FZ_CHECK(r.dtype == KVT_DTYPE_U8 && r.n == B, "qkvc sealed block %lld", (long long)b);
+                for (int half = 0; half < 2; half++) {
+                    const uint8_t *code = half ? r.v : r.k;
+                    float mn = (half ? r.v_min : r.k_min)[ch], step = (half ? r.v_scale : r.k_scale)[ch];
+                    float got = fmaf((float)code[(size_t)t * D + ch], step, mn), x = want[half * D + ch];
+                    float tol = 0.5f * step + 1e-5f * (fabsf(x) + fabsf(mn) + 255.0f * step + 1.0f);
+                    FZ_CHECK(isfinite(mn) && isfinite(step) && step >= 0 && fabsf(got - x) <= tol,
+                             "qkvc row %lld channel %zu %c: %g reads back as %g (min %g, step %g)",
+                             (long long)(b * B + t), ch, half ? 'V' : 'K', (double)x, (double)got, (double)mn,
+                             (double)step);
+                }
+            }
+        }
+    }
+}
+
 static void model_check(const kvt_cache *c, const model *m, int sel, size_t state_bytes)
 {
     if (sel == FZ_KIND_RECURRENT) {
         FZ_CHECK(!memcmp(kvt_recurrent_state(c), m->state, state_bytes), "recurrent state differs from the last append");
+        return;
+    }
+    if (sel == FZ_KIND_QKVC) {
+        qkvc_check(c, m);
         return;
     }
     if (sel != FZ_KIND_KV)
@@ -128,7 +178,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const void *inputs[2] = {k, v};
             int rc = kvt_cache_append(c, n, inputs);
             FZ_CHECK(rc == 0 || rc == KVT_ERANGE || rc == KVT_ENOMEM, "append failed: %s", kvt_last_error());
-            if (!rc && sel == FZ_KIND_KV) {
+            if (!rc && has_rows(sel)) {
                 if (m.n + n > m.cap) {
                     m.cap = 2 * (m.n + n);
                     m.rows = realloc(m.rows, sizeof(float) * 2 * D * (size_t)m.cap);
@@ -145,7 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             int64_t lo, off;
             kvt_cache_range(c, &lo, &off);
             int64_t len = lo + fz_u8(&in) % (off - lo + 1);
-            if (!kvt_cache_trim(c, len) && sel == FZ_KIND_KV)
+            if (!kvt_cache_trim(c, len) && has_rows(sel))
                 m.n = len;
         } else if (op == 2) { /* continue on a clone (shared blocks, copy on write) */
             kvt_cache *d = NULL;

@@ -14,6 +14,7 @@
 #include "fuzz_cache_check.h"
 
 #include "internal.h"
+#include "kvtier/io.h"
 #include "store_internal.h"
 
 #include <dirent.h>
@@ -32,9 +33,14 @@ static void setup(void)
 {
     if (g_dirname[0])
         return;
+    /* One reference to the process's default I/O worker for the whole run:
+     * every store an input opens shares its threads, as the stores of a
+     * server do, instead of starting and joining them once per input. */
+    static kvt_io *worker;
     char root[512];
     kvt_store *s = NULL;
-    if (fz_mkdtemp(root, sizeof root, "store-id") || kvt_store_open(root, &g_id, NULL, &s))
+    if (kvt_io_default_acquire(&worker) || fz_mkdtemp(root, sizeof root, "store-id") ||
+        kvt_store_open(root, &g_id, NULL, &s))
         abort();
     const char *d = strrchr(kvt_store_dir(s), '/');
     snprintf(g_dirname, sizeof g_dirname, "%s", d + 1);

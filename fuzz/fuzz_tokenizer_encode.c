@@ -34,35 +34,59 @@ static float score_of(uint8_t v)
     return (float)s / 4.0f;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* The part of every vocabulary file that does not depend on the input:
+ * max_token_length, <unk>, BOS, EOS and the 256 byte pieces, written once. */
+static uint8_t *g_base;
+static size_t g_base_len;
+
+static void setup(void)
 {
-    fz_in in = {data, size};
-    uint8_t flags = fz_u8(&in);
-    int n_extra = fz_u8(&in) % 33;
-    uint8_t *file = NULL;
-    size_t len = 0;
+    if (g_base)
+        return;
     int32_t maxlen = 16;
-    int rc = fz_append(&file, &len, &maxlen, 4);
-    rc |= put_piece(&file, &len, 0, "<unk>", 5);
-    rc |= put_piece(&file, &len, 0, "\n<s>\n", 5);
-    rc |= put_piece(&file, &len, 0, "\n</s>\n", 6);
+    int rc = fz_append(&g_base, &g_base_len, &maxlen, 4);
+    rc |= put_piece(&g_base, &g_base_len, 0, "<unk>", 5);
+    rc |= put_piece(&g_base, &g_base_len, 0, "\n<s>\n", 5);
+    rc |= put_piece(&g_base, &g_base_len, 0, "\n</s>\n", 6);
     for (int b = 0; b < 256; b++) {
         char s[8];
         snprintf(s, sizeof s, "<0x%02X>", b);
-        rc |= put_piece(&file, &len, 0, s, 6);
+        rc |= put_piece(&g_base, &g_base_len, 0, s, 6);
     }
-    rc |= put_piece(&file, &len, score_of(fz_u8(&in)), " ", 1);
+    if (rc)
+        abort();
+}
+
+/* Appends one piece at b + *n (the caller sized b for every piece). */
+static void add_piece(uint8_t *b, size_t *n, float score, const void *s, int32_t len)
+{
+    memcpy(b + *n, &score, 4);
+    memcpy(b + *n + 4, &len, 4);
+    if (len)
+        memcpy(b + *n + 8, s, (size_t)len);
+    *n += 8 + (size_t)len;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    setup();
+    fz_in in = {data, size};
+    uint8_t flags = fz_u8(&in);
+    int n_extra = fz_u8(&in) % 33;
+    /* the base, " " and up to 32 pieces of at most 12 bytes */
+    uint8_t *file = malloc(g_base_len + 33 * (8 + 12));
+    if (!file)
+        return 0;
+    memcpy(file, g_base, g_base_len);
+    size_t len = g_base_len;
+    add_piece(file, &len, score_of(fz_u8(&in)), " ", 1);
     for (int i = 0; i < n_extra; i++) {
         int32_t pl = fz_u8(&in) % 13;
         float sc = score_of(fz_u8(&in));
         const uint8_t *p = fz_take(&in, (size_t)pl);
         if (!p)
             break;
-        rc |= put_piece(&file, &len, sc, p, pl);
-    }
-    if (rc) {
-        free(file);
-        return 0;
+        add_piece(file, &len, sc, p, pl);
     }
     char path[64];
     int fd = fz_memfile(file, len, path);
@@ -70,7 +94,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (fd < 0)
         return 0;
     kvt_tokenizer *t = NULL;
-    rc = kvt_tokenizer_load(path, 0, &t);
+    int rc = kvt_tokenizer_load(path, 0, &t);
     close(fd);
     FZ_CHECK(rc == 0, "a well-formed vocabulary was refused: %s", kvt_last_error());
     size_t tl = in.n > 512 ? 512 : in.n;

@@ -16,6 +16,13 @@ static kvt_tokenizer *g_tok;
 static kvt_service *g_svc;
 static char g_dir[512];
 
+/* The scratch directory (model, tokenizer, the input's file) goes when the
+ * process ends normally; a crash leaves it for inspection. */
+static void remove_scratch(void)
+{
+    fz_rmtree(g_dir);
+}
+
 static void setup(void)
 {
     if (g_model)
@@ -23,6 +30,7 @@ static void setup(void)
     char mp[600], tp[600];
     if (fz_mkdtemp(g_dir, sizeof g_dir, "transcript"))
         abort();
+    atexit(remove_scratch);
     snprintf(mp, sizeof mp, "%s/model.bin", g_dir);
     snprintf(tp, sizeof tp, "%s/tokenizer.bin", g_dir);
     kvt_synth_params p;

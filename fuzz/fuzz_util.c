@@ -26,7 +26,7 @@ void fz_fail(const char *file, int line, const char *cond, const char *fmt, ...)
     abort();
 }
 
-const char *const fz_kind_names[FZ_KIND_COUNT] = {"kv", "rotating", "recurrent", "qkv", "attachment"};
+const char *const fz_kind_names[FZ_KIND_COUNT] = {"kv", "rotating", "recurrent", "qkv", "attachment", "qkvc"};
 
 /* ---- cursor ---------------------------------------------------------------- */
 

@@ -60,8 +60,10 @@ int fz_write_file(const char *path, const void *data, size_t n);
 
 /* ---- an encoded cache state as fuzzer bytes ------------------------------- */
 
-/* Kind selectors of the first byte (fuzz_tensor_decode, fuzz_codec_roundtrip). */
-enum { FZ_KIND_KV, FZ_KIND_ROTATING, FZ_KIND_RECURRENT, FZ_KIND_QKV, FZ_KIND_ATTACHMENT, FZ_KIND_COUNT };
+/* Kind selectors of the first byte (fuzz_tensor_decode, fuzz_codec_roundtrip).
+ * New kinds go at the end, so that the first byte of every committed input
+ * keeps its kind. */
+enum { FZ_KIND_KV, FZ_KIND_ROTATING, FZ_KIND_RECURRENT, FZ_KIND_QKV, FZ_KIND_ATTACHMENT, FZ_KIND_QKVC, FZ_KIND_COUNT };
 extern const char *const fz_kind_names[FZ_KIND_COUNT];
 
 /* Largest tensor the state reader builds (bytes): keeps one input bounded. */

@@ -113,15 +113,24 @@ static void pack_dir(const char *dir, const char *name, int extras)
     free(buf);
 }
 
+static kvt_cache *filled(kvt_cache *c, int64_t n, int d);
+
 /* Entry e of the corpus's entries of cfg: 6 + 3e tokens, later entries
- * extending the first (shared blocks), entry 2 in another ns. */
+ * extending the first (shared blocks), entry 2 in another ns. cfg NULL: one
+ * qkvc layer (kv_dim 4, blocks of 4 tokens: sealed blocks and an open one). */
 static void corpus_entry(const store_cfg *cfg, int e, kvt_entry *en)
 {
     int32_t tokens[12];
     int64_t n = 6 + 3 * e;
     for (int64_t i = 0; i < n; i++)
         tokens[i] = (int32_t)(i < 6 ? 10 + i : 40 + e * 7 + i);
-    int rc = store_make_entry(cfg, e == 2 ? "lora:a" : "", tokens, n, en);
+    int rc;
+    if (cfg) {
+        rc = store_make_entry(cfg, e == 2 ? "lora:a" : "", tokens, n, en);
+    } else if (!(rc = kvt_entry_init(en, e == 2 ? "lora:a" : "", tokens, n, 1, 0))) {
+        if (!(rc = kvt_qkvc_create(4, 4, &en->caches[0])))
+            filled(en->caches[0], n, 4);
+    }
     if (rc)
         die("make entry", rc);
 }
@@ -368,6 +377,17 @@ static void gen_states(void)
     gen_state("recurrent", c, FZ_KIND_RECURRENT);
     kvt_qkv_create(8, 4, 2, &c);
     gen_state("qkv", filled(c, 5, 8), FZ_KIND_QKV);
+    /* qkvc: two sealed blocks and an open one of 1 row; a full open block
+     * (decoded without a copy); no open block (trimmed to the sealed tokens) */
+    kvt_qkvc_create(4, 3, &c);
+    gen_state("qkvc", filled(c, 7, 4), FZ_KIND_QKVC);
+    kvt_qkvc_create(4, 3, &c);
+    gen_state("qkvc-full-open-block", filled(c, 6, 4), FZ_KIND_QKVC);
+    kvt_qkvc_create(2, 2, &c);
+    filled(c, 5, 2);
+    if (kvt_cache_trim(c, 4))
+        exit(1);
+    gen_state("qkvc-sealed-only", c, FZ_KIND_QKVC);
     /* an attachment blob: one U8 tensor named as the store names them */
     kvt_cache_state st;
     memset(&st, 0, sizeof st);
@@ -594,6 +614,7 @@ int main(int argc, char **argv)
     gen_store("qkv", &q, 2, 0);
     store_cfg att = {.n_kv = 1, .kv_dim = 2, .block = 4, .attach = 12};
     gen_store("attachment", &att, 1, 0);
+    gen_store("qkvc", NULL, 2, 0);
     gen_published("kv", &kv, 3, 3);
     gen_published("hybrid", &hybrid, 2, 0xf);
     gen_published("attachment", &att, 1, 0xb);
@@ -601,6 +622,7 @@ int main(int argc, char **argv)
     gen_records("hybrid", &hybrid, 2);
     gen_records("qkv", &q, 2);
     gen_records("attachment", &att, 1);
+    gen_records("qkvc", NULL, 2);
     gen_states();
     gen_programs();
     kvt_layer_kind plain[2] = {KVT_LAYER_ATTN, KVT_LAYER_ATTN};

@@ -9,6 +9,8 @@
 # At the end a table gives, per target, the executions, wall time, exec/s,
 # coverage (cov: edges, ft: features) and corpus size of libFuzzer's last
 # status line, and whether it passed.
+# FUZZ_RUNS=N also stops each target after N executions (whichever comes
+# first), e.g. a long run: FUZZ_RUNS=10000000 nice -n 19 fuzz/run.sh ... 3600.
 # usage: fuzz/run.sh BUILD_DIR/fuzz SECONDS [OUT [TARGET...]]
 set -uo pipefail
 bin=${1:?usage: fuzz/run.sh BUILD_DIR/fuzz SECONDS [OUT [TARGET...]]}
@@ -33,6 +35,7 @@ for t in "${targets[@]}"; do
   args=(-max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$out/artifacts/$t-")
   [ -f "$src/dict/$t.dict" ] && args+=(-dict="$src/dict/$t.dict")
+  [ -n "${FUZZ_RUNS:-}" ] && args+=(-runs="$FUZZ_RUNS")
   case "$t" in
     fuzz_store_scan|fuzz_model_header) args+=(-max_len=16384) ;;
     fuzz_tokenizer_file) args+=(-max_len=8192) ;;

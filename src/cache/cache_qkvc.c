@@ -118,20 +118,32 @@ static int qkvc_clone(const kvt_cache *c, kvt_cache **out)
 }
 
 /* One half (K or V) of a full tail (B rows x D) into codes (B, D) and
- * (min, step) (D each): per channel over the B rows. */
+ * (min, step) (D each): per channel over the B rows. min and step are
+ * always finite with step >= 0 (what decode accepts), whatever the rows
+ * hold: min and max are taken over the finite values only (0 when there are
+ * none), so +inf reads back as the channel's max and -inf and NaN as its
+ * min, and a range wider than FLT_MAX is divided in double. */
 static void seal_half(const float *x, size_t B, size_t D, uint8_t *codes, float *mn, float *step)
 {
     float *mx = step; /* the maxima first, then the steps in place */
-    for (size_t c = 0; c < D; c++)
-        mn[c] = mx[c] = x[c];
-    for (size_t t = 1; t < B; t++)
+    for (size_t c = 0; c < D; c++) {
+        mn[c] = INFINITY;
+        mx[c] = -INFINITY;
+    }
+    for (size_t t = 0; t < B; t++)
         for (size_t c = 0; c < D; c++) {
             float v = x[t * D + c];
-            mn[c] = fminf(mn[c], v);
-            mx[c] = fmaxf(mx[c], v);
+            if (isfinite(v)) {
+                mn[c] = fminf(mn[c], v);
+                mx[c] = fmaxf(mx[c], v);
+            }
         }
-    for (size_t c = 0; c < D; c++)
-        step[c] = (mx[c] - mn[c]) / 255.0f;
+    for (size_t c = 0; c < D; c++) {
+        if (mn[c] > mx[c]) /* no finite value in this channel */
+            mn[c] = mx[c] = 0.0f;
+        float range = mx[c] - mn[c];
+        step[c] = isfinite(range) ? range / 255.0f : (float)(((double)mx[c] - (double)mn[c]) / 255.0);
+    }
     for (size_t t = 0; t < B; t++)
         for (size_t c = 0; c < D; c++) {
             float v = step[c] > 0 ? rintf((x[t * D + c] - mn[c]) / step[c]) : 0.0f;
