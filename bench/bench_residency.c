@@ -12,6 +12,10 @@
  * peak full-block bytes in RAM; and the raw sequential read rate of the same
  * directory (O_DIRECT-free: a file written, synced and dropped, read back in
  * block-sized preads). Checks that every bound decoded the same tokens.
+ * --batched-prefill N prefills through kvt_model_forward_batch in passes of
+ * N prompt rows (the server's path: `kvtier serve --prefill-chunk N`)
+ * instead of kvt_model_prefill; --bounds picks the bounds run (1 is always
+ * the baseline).
  * Default model: a synthetic shape (dim 512, 4 layers, 8 heads sharing one
  * kv head, seq-len 4096) written to the temporary directory; --model for
  * another. Owns its temporary directory and removes it.
@@ -37,6 +41,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvtier bench residency [--model M.bin] [--prompt-tokens N] [--gen N] [--block-tokens B]\n"
             "                              [--dir DIR] [--runs N] [--threads N] [--keep-page-cache]\n"
+            "                              [--batched-prefill N] [--bounds 1,2,4,8]\n"
             "\n"
             "Prefill and decode tokens/s of one greedy generation with the request's full kv blocks\n"
             "bounded to 1/1 (fully resident), 1/2, 1/4 and 1/8 of its KV bytes, the page file in DIR\n"
@@ -45,7 +50,11 @@ static void usage(FILE *f)
             "share of fully resident (the goal at 1/8: >= 50%%) and the disk bytes read per decoded\n"
             "token next to the raw read rate of DIR. Default model: synthetic (dim 512, hidden 1376,\n"
             "4 layers, 8 heads, 1 kv head, vocab 512, seq-len 4096), --prompt-tokens 3968, --gen 64,\n"
-            "--block-tokens 256, --runs 1 (medians when more).\n");
+            "--block-tokens 256, --runs 1 (medians when more).\n"
+            "--batched-prefill N: prefill in passes of N (1-256) prompt rows through the batched pass\n"
+            "the server's scheduler runs (serve --prefill-chunk N) instead of kvt_model_prefill.\n"
+            "--bounds: the denominators of the bounds to run, a comma list of 1, 2, 4, 8 (1, fully\n"
+            "resident, always runs first: the baseline).\n");
 }
 
 static int fail(const char *what, int rc)
@@ -71,9 +80,26 @@ typedef struct run_result {
     int32_t *toks; /* (gen) decoded tokens */
 } run_result;
 
-/* One generation with full blocks bounded to bound_bytes (0: no residency). */
+/* The prompt through kvt_model_forward_batch in passes of at most `rows`
+ * rows of the one sequence (the server's prefill); logits of the last row. */
+static int prefill_batched(kvt_model *m, kvt_cache **caches, const int32_t *prompt, int64_t n_prompt, int32_t rows,
+                           float *logits)
+{
+    for (int64_t at = 0; at < n_prompt;) {
+        int64_t n = n_prompt - at < rows ? n_prompt - at : rows, cap = kvt_model_pass_rows(m, caches);
+        int32_t count = (int32_t)(n < cap ? n : cap);
+        int rc = kvt_model_forward_batch(m, 1, &caches, &count, prompt + at, logits);
+        if (rc)
+            return rc;
+        at += count;
+    }
+    return 0;
+}
+
+/* One generation with full blocks bounded to bound_bytes (0: no residency);
+ * batched > 0: the prompt in batched passes of that many rows. */
 static int one_run(kvt_model *m, const int32_t *prompt, int64_t n_prompt, int64_t gen, int32_t block,
-                   uint64_t bound_bytes, const char *dir, int drop, run_result *out)
+                   uint64_t bound_bytes, const char *dir, int drop, int32_t batched, run_result *out)
 {
     const kvt_model_config *c = kvt_model_get_config(m);
     int L = c->n_layers, V = c->vocab_size, rc = 0;
@@ -97,7 +123,8 @@ static int one_run(kvt_model *m, const int32_t *prompt, int64_t n_prompt, int64_
             goto done;
     }
     uint64_t t0 = kvt_now_ns();
-    if ((rc = kvt_model_prefill(m, caches, prompt, n_prompt, logits)))
+    if ((rc = batched ? prefill_batched(m, caches, prompt, n_prompt, batched, logits)
+                      : kvt_model_prefill(m, caches, prompt, n_prompt, logits)))
         goto done;
     uint64_t t1 = kvt_now_ns();
     kvt_residency_stats s0 = {0}, s1 = {0};
@@ -165,8 +192,8 @@ static int raw_read_rate(const char dir[4096], uint64_t bytes, size_t chunk, dou
 int kvt_bench_residency(int argc, char **argv)
 {
     const char *model_path = NULL, *dir_arg = NULL;
-    long long n_prompt = 3968, gen = 64, block = 256, runs = 1, threads = 0;
-    int drop = 1;
+    long long n_prompt = 3968, gen = 64, block = 256, runs = 1, threads = 0, batched = 0;
+    int drop = 1, use[4] = {1, 1, 1, 1}; /* bounds 1/1, 1/2, 1/4, 1/8 */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -189,7 +216,29 @@ int kvt_bench_residency(int argc, char **argv)
             model_path = v;
         else if (!strcmp(a, "--dir"))
             dir_arg = v;
-        else if (!dst) {
+        else if (!strcmp(a, "--bounds")) {
+            static const char *const names[4] = {"1", "2", "4", "8"};
+            memset(use, 0, sizeof use);
+            for (const char *p = v; *p;) {
+                size_t len = strcspn(p, ",");
+                int hit = 0;
+                for (int b = 0; b < 4; b++)
+                    if (len == 1 && *p == names[b][0])
+                        use[b] = hit = 1;
+                if (!hit) {
+                    fprintf(stderr, "kvtier bench residency: --bounds: want a comma list of 1, 2, 4, 8, got '%s'\n", v);
+                    return 2;
+                }
+                p += len + (p[len] == ',');
+            }
+            use[0] = 1; /* the baseline */
+        } else if (!strcmp(a, "--batched-prefill")) {
+            if (kvt_cli_int(v, 1, 256, &batched)) {
+                fprintf(stderr, "kvtier bench residency: --batched-prefill: need an integer in [1, 256], got '%s'\n",
+                        v);
+                return 2;
+            }
+        } else if (!dst) {
             fprintf(stderr, "kvtier bench residency: unknown flag '%s'\n", a);
             usage(stderr);
             return 2;
@@ -255,6 +304,8 @@ int kvt_bench_residency(int argc, char **argv)
     static const int den[4] = {1, 2, 4, 8};
     for (long long k = 0; k < runs; k++)
         for (int b = 0; b < 4; b++) { /* bounds alternate so all see the same machine */
+            if (!use[b])
+                continue;
             run_result *r = &res[b][k];
             r->toks = calloc((size_t)gen, sizeof *r->toks);
             if (!r->toks) {
@@ -262,7 +313,7 @@ int kvt_bench_residency(int argc, char **argv)
                 goto done;
             }
             if ((rc = one_run(m, prompt, n_prompt, gen, (int32_t)block, b ? kv / (uint64_t)den[b] : 0, dir, drop,
-                              r))) {
+                              (int32_t)batched, r))) {
                 status = fail("generation failed", rc);
                 goto done;
             }
@@ -282,12 +333,18 @@ int kvt_bench_residency(int argc, char **argv)
            "tokens (%.0f KB per layer); page cache %s\n",
            model_path == synth ? "synthetic" : model_path, c->dim, c->n_layers, c->kv_dim, n_prompt, gen, kv / 1e6,
            block, blk_bytes / 1e3, drop ? "dropped after every page write and read" : "kept");
+    if (batched)
+        printf("prefill: batched passes of %lld prompt rows (kvt_model_forward_batch, the server's path)\n", batched);
+    else
+        printf("prefill: kvt_model_prefill (chunks of 256 tokens)\n");
     printf("raw read of %s: %.2f GB/s (%.0f MB in %zu-byte preads, page cache dropped)\n", dir, raw,
            RAW_BYTES / 1e6, blk_bytes);
     printf("%6s %10s %12s %12s %9s %14s %12s %10s %12s\n", "bound", "RAM bound", "prefill/s", "decode/s", "of 1/1",
            "disk B/token", "raw ms/token", "stall ms", "peak MB");
     double base = 0;
     for (int b = 0; b < 4; b++) {
+        if (!use[b])
+            continue;
         double pf[16], dc[16], bt[16], st[16], pk[16];
         for (long long k = 0; k < runs; k++) {
             pf[k] = res[b][k].prefill_tok_s;

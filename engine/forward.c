@@ -423,8 +423,12 @@ static int kv_segs(const kvt_model *m, const kvt_cache *cache, int64_t ctx, kvt_
  * blocks (the scores), the softmax of every score row over the whole
  * context, a pass over the V blocks (the values), a few blocks at a time.
  * Per head these are the operations of attn_part (T > 1) and decode_head
- * (T = 1) over resident blocks, in the same order on the same bytes, so the
- * result is the same bit for bit; only the window's blocks are in RAM. */
+ * (T = 1, or every row when per_row) over resident blocks, in the same order
+ * on the same bytes, so the result is the same bit for bit; only the
+ * window's blocks are in RAM. per_row: the T rows are the prompt rows of a
+ * batched pass, each attending as its own decode would (decode_head over
+ * its first p0 + t + 1 keys), all of them against each block the walk
+ * stages, so a chunk of rows walks the window once, not once per row. */
 typedef struct {
     kvt_model *m;
     const kvt_kv_rows *segs; /* the chunk: blocks first .. first + n_segs - 1 */
@@ -433,6 +437,7 @@ typedef struct {
     int32_t B;
     int64_t p0, ctx;
     int T, h0, h1; /* the head group */
+    int per_row;   /* 1: each row attends as decode_head (T = 1 always does) */
     int pass;      /* WIN_SCORES, WIN_SOFTMAX or WIN_VALUES */
     const float *q;
     float *out;
@@ -456,9 +461,9 @@ static void win_part(void *vj, int part, int n_parts)
         float *oh = j->out + (size_t)h * hs;
         float *S = j->m->s.scores + (size_t)(h - j->h0) * j->stride; /* (T, ctx) */
         if (j->pass == WIN_SOFTMAX) {
-            if (j->T == 1)
-                kvt__softmax(S, ctx);
-            for (int t = 0; j->T > 1 && t < j->T; t++) {
+            for (int t = 0; j->per_row && t < j->T; t++) /* row t: its first p0 + t + 1 keys */
+                kvt__softmax(S + (size_t)t * ctx, (int)(j->p0 + t + 1));
+            for (int t = 0; !j->per_row && t < j->T; t++) {
                 float *row = S + (size_t)t * ctx;
                 int n = (int)(j->p0 + t + 1);
                 kvt__softmax(row, n);
@@ -471,15 +476,18 @@ static void win_part(void *vj, int part, int n_parts)
             const kvt_kv_rows *g = &j->segs[s];
             int64_t blk = j->first + s;
             int base = (int)(blk * j->B), ld;
-            if (j->T == 1) { /* the first ctx keys (a prompt row of a batched pass sees no later row) */
-                kvt_kv_rows gt = *g;
-                gt.n = (int32_t)KVT__MIN((int64_t)gt.n, j->ctx - base);
-                if (gt.n <= 0)
-                    continue;
-                if (j->pass == WIN_SCORES)
-                    kvt__attn_scores_rows(S + base, qh, &gt, koff, (size_t)kv, hs, scale);
-                else
-                    kvt__attn_values_rows(oh, S + base, &gt, koff, (size_t)kv, hs, blk > 0);
+            if (j->per_row) { /* row t: the first p0 + t + 1 keys (it sees no later row) */
+                for (int t = 0; t < j->T; t++) {
+                    kvt_kv_rows gt = *g;
+                    gt.n = (int32_t)KVT__MIN((int64_t)gt.n, j->p0 + t + 1 - base);
+                    if (gt.n <= 0)
+                        continue;
+                    float *St = S + (size_t)t * ctx;
+                    if (j->pass == WIN_SCORES)
+                        kvt__attn_scores_rows(St + base, qh + (size_t)t * d, &gt, koff, (size_t)kv, hs, scale);
+                    else
+                        kvt__attn_values_rows(oh + (size_t)t * d, St + base, &gt, koff, (size_t)kv, hs, blk > 0);
+                }
                 continue;
             }
             int t0 = base > j->p0 ? (int)(base - j->p0) : 0;
@@ -504,9 +512,11 @@ static void win_part(void *vj, int part, int n_parts)
  * again. */
 #define WIN_SCORES_MAX ((size_t)4 << 20)
 
-/* @return 1 (attended through a window), 0 (no block is paged out: nothing
- * done, attend the resident blocks), or an error. */
-static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, const float *q, float *out)
+/* T rows at positions p0.. (q and out rows of dim floats), per_row as in
+ * win_job (forced for T = 1). @return 1 (attended through a window), 0 (no
+ * block is paged out: nothing done, attend the resident blocks), or an
+ * error. */
+static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, int per_row, const float *q, float *out)
 {
     const kvt_model_config *c = &m->cfg;
     int64_t ctx = p0 + T;
@@ -525,7 +535,8 @@ static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, cons
     if (window <= 0)
         return window;
     int chunk = KVT__MAX(window / 2, 1); /* the rest of the window reads ahead */
-    size_t conv_stride = T > 1 && kvt_kv_dtype(cache) != KVT_DTYPE_F32 ? (size_t)B * (size_t)c->head_size : 0;
+    per_row = per_row || T == 1;
+    size_t conv_stride = !per_row && kvt_kv_dtype(cache) != KVT_DTYPE_F32 ? (size_t)B * (size_t)c->head_size : 0;
     void *a = m->segs;
     int rc = ensure_array(m, &a, &m->segs_cap, (size_t)chunk, sizeof(kvt_kv_rows), "block pointers");
     m->segs = a;
@@ -537,7 +548,8 @@ static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, cons
         m->conv = a;
     }
     for (int h0 = 0; h0 < H && rc == 0; h0 += G) {
-        win_job j = {m, m->segs, 0, 0, B, p0, ctx, T, h0, KVT__MIN(h0 + G, H), WIN_SCORES, q, out, stride, conv_stride};
+        win_job j = {m, m->segs, 0, 0, B, p0, ctx, T, h0, KVT__MIN(h0 + G, H), per_row, WIN_SCORES, q, out,
+                     stride, conv_stride};
         for (int pass = WIN_SCORES; pass <= WIN_VALUES && rc == 0; pass++) {
             j.pass = pass;
             if (pass == WIN_SOFTMAX) {
@@ -575,7 +587,7 @@ static int attn_kv(kvt_model *m, kvt_cache *cache, int64_t p0, int T)
     if (rc != 0)
         return rc;
     /* blocks paged out under a residency bound are read through a window */
-    if ((rc = attn_windowed(m, cache, p0, T, m->s.q, m->s.att)) != 0)
+    if ((rc = attn_windowed(m, cache, p0, T, 0, m->s.q, m->s.att)) != 0)
         return rc < 0 ? rc : 0;
     if ((rc = kv_segs(m, cache, ctx, m->segs)) == 0)
         rc = run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, m->s.q, m->s.att);
@@ -911,19 +923,17 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
     m->segs = a;
     if (rc != 0)
         return rc;
-    /* a sequence with paged-out blocks attends alone, row by row, through a
-     * window (the same operations per head as the batch's decode_head) */
+    /* a sequence with paged-out blocks attends alone through a window, all
+     * its rows against each staged block (per row the operations of the
+     * batch's decode_head) */
     int windowed[KVT_MODEL_CHUNK] = {0}, pinned[KVT_MODEL_CHUNK] = {0};
-    for (int i = 0; i < n; i++)
-        for (int t = 0; t < CNT(counts, i); t++) {
-            size_t r = (size_t)(row0[i] + t);
-            rc = attn_windowed(m, caches[i][l], pos[i] + t, 1, m->s.q + r * c->dim, m->s.att + r * c->dim);
-            if (rc < 0)
-                return rc;
-            if (rc == 0) /* nothing paged out: it attends in the batch */
-                break;
-            windowed[i] = 1;
-        }
+    for (int i = 0; i < n; i++) {
+        size_t r = (size_t)row0[i];
+        rc = attn_windowed(m, caches[i][l], pos[i], CNT(counts, i), 1, m->s.q + r * c->dim, m->s.att + r * c->dim);
+        if (rc < 0)
+            return rc;
+        windowed[i] = rc == 1; /* 0: nothing paged out: it attends in the batch */
+    }
     rc = 0;
     int32_t k = 0;
     int nr = 0;

@@ -12,7 +12,8 @@
  *  - the engine: greedy decode and its logits under a bound of 1 block, and
  *    a byte bound, are bit-identical to fully resident, for prefill, decode
  *    and batched decode (and with 32 heads walked in groups), with
- *    read-ahead counted and no more than the window staged;
+ *    read-ahead counted and no more than the window staged; prompt rows of a
+ *    batched pass walk the window once per chunk, not once per row;
  *  - faults through the io shim: ENOSPC on page writes keeps the blocks in
  *    RAM (counted, output unchanged); EIO on page reads fails the forward
  *    pass with KVT_EIO naming the block; a corrupted page file fails it with
@@ -525,6 +526,66 @@ static void test_batched_decode_identical(void **state)
     free(lb);
 }
 
+/* Prompt rows of a batched pass (kvt_model_forward_batch, the server's
+ * prefill) on a bounded cache: a chunk's rows attend through the window
+ * together, each block of a walk paged in once per chunk and layer pass,
+ * not once per row; the logits are bit-identical to the same chunks fully
+ * resident, beside a resident sequence in the same passes. */
+static void test_batched_prefill_walks_once(void **state)
+{
+    (void)state;
+    kvt_model *m = model();
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size;
+    enum { N = PROMPT, ROWS = 50 };
+    kvt_residency *r = residency(1, 0);
+    kvt_cache *a[8], *b[8], *solo[8];
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, a), 0);
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, b), 0);
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, solo), 0);
+    for (int l = 0; l < L; l++)
+        assert_int_equal(kvt_kv_set_residency(a[l], r, l), 0);
+    static int32_t prompt[N], toks[2 * ROWS];
+    uint64_t s = g_seed ^ 11;
+    for (int i = 0; i < N; i++)
+        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    float *lg = malloc(2 * (size_t)V * sizeof(float)), *ls = malloc(2 * (size_t)V * sizeof(float));
+    assert_non_null(lg);
+    assert_non_null(ls);
+    int chunks = 0;
+    for (int at = 0; at < N; at += ROWS, chunks++) {
+        int n = N - at < ROWS ? N - at : ROWS;
+        memcpy(toks, prompt + at, (size_t)n * sizeof(int32_t));
+        memcpy(toks + n, prompt + at, (size_t)n * sizeof(int32_t));
+        int32_t counts[2] = {n, n};
+        kvt_cache **cs[2] = {a, b}, **ref[1] = {solo};
+        assert_int_equal(kvt_model_forward_batch(m, 2, cs, counts, toks, lg), 0);
+        assert_int_equal(kvt_model_forward_batch(m, 1, ref, counts, toks, ls), 0);
+        assert_memory_equal(lg, ls, (size_t)V * sizeof(float));     /* bounded = fully resident */
+        assert_memory_equal(lg + V, ls, (size_t)V * sizeof(float)); /* its resident neighbour too */
+    }
+    for (int l = 0; l < L; l++)
+        assert_int_equal(kvt_kv_residency_settle(a[l]), 0);
+    kvt_residency_stats st;
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    /* each chunk walks each layer's blocks twice (K pass, V pass) at most */
+    uint64_t once = (uint64_t)chunks * (uint64_t)L * 2 * (N / BLOCK + 1);
+    printf("batched prefill, %d chunks of %d rows: paged out %llu blocks, in %llu (once per chunk: <= %llu), "
+           "peak staged %llu B\n", chunks, ROWS, (unsigned long long)st.blocks_out, (unsigned long long)st.blocks_in,
+           (unsigned long long)once, (unsigned long long)st.peak_staged_bytes);
+    assert_true(st.blocks_out > 0);
+    assert_true(st.blocks_in > 0);
+    assert_true(st.blocks_in <= once);
+    assert_int_equal(st.read_failures, 0);
+    assert_true(st.peak_staged_bytes <= 8 * (kvt_model_kv_bytes_per_token(m) / (size_t)L * BLOCK)); /* the window */
+    kvt_caches_destroy(a, L);
+    kvt_caches_destroy(b, L);
+    kvt_caches_destroy(solo, L);
+    kvt_residency_release(r);
+    free(lg);
+    free(ls);
+}
+
 /* ---- through the service: kvt_seq / kvt_chat_generate and admission ------------------------ */
 
 /* Open page files of this process (unlinked live-cache files still open). */
@@ -824,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_shared_blocks_stay),
         cmocka_unit_test(test_engine_identical),
         cmocka_unit_test(test_batched_decode_identical),
+        cmocka_unit_test(test_batched_prefill_walks_once),
         cmocka_unit_test(test_window_head_groups),
         cmocka_unit_test(test_service_bounded),
         cmocka_unit_test(test_q8_bound_refused),

@@ -9,6 +9,9 @@
  * show the paging (promtool accepts /metrics); and under one --kv-budget
  * between the bounded and the whole projection a long request is refused
  * (400 kv_budget_exceeded) unbounded and served bounded, with the same reply.
+ * Every server this test starts is killed when the test ends in any way: a
+ * failed assertion (the group teardown), a failed setup or exit (atexit), or
+ * SIGTERM/SIGINT/SIGHUP (a handler), so none outlives the test.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +36,27 @@ static char model[1024], tokenizer[1024], tmpdir[256];
 static const char *bin;
 static int have_model;
 static kvt_ts_server unb, bnd; /* fully resident; --live-cache-blocks 1 */
+static kvt_ts_server ku, kb;   /* test_admission_bounded's budget servers */
+static kvt_ts_server *const servers[] = {&unb, &bnd, &ku, &kb};
+enum { N_SERVERS = sizeof servers / sizeof servers[0] };
+
+/* SIGKILLs and reaps every server still running (a no-op for stopped ones). */
+static void kill_servers(void)
+{
+    for (int i = 0; i < N_SERVERS; i++)
+        kvt_ts_server_kill(servers[i]);
+}
+
+/* A signal that ends the test: SIGKILL the servers (kill() is async-signal
+ * safe), then die of the signal as before. */
+static void on_fatal_signal(int sig)
+{
+    for (int i = 0; i < N_SERVERS; i++)
+        if (servers[i]->pid > 0)
+            kill(servers[i]->pid, SIGKILL);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 
 static void start(kvt_ts_server *sv, const char *name, const char *const *extra)
 {
@@ -58,6 +82,10 @@ static int setup(void **state)
         printf("test_residency_serve: skipped: needs KVT_BIN and %s with tok512.bin (set KVT_SHARED_DIR)\n", model);
         return 0;
     }
+    atexit(kill_servers); /* a failed setup skips the group teardown */
+    signal(SIGTERM, on_fatal_signal);
+    signal(SIGINT, on_fatal_signal);
+    signal(SIGHUP, on_fatal_signal);
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvt_live_serve_XXXXXX");
     assert_non_null(mkdtemp(tmpdir));
     start(&unb, "unbounded", NULL);
@@ -71,12 +99,14 @@ static int teardown(void **state)
     (void)state;
     if (!have_model)
         return 0;
-    assert_int_equal(kvt_ts_server_stop(&unb), 0);
-    assert_int_equal(kvt_ts_server_stop(&bnd), 0);
+    int su = kvt_ts_server_stop(&unb), sb = kvt_ts_server_stop(&bnd);
+    kill_servers(); /* and any a failed test left running (its budget servers) */
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0)
         fprintf(stderr, "cannot remove %s\n", tmpdir);
+    assert_int_equal(su, 0);
+    assert_int_equal(sb, 0);
     return 0;
 }
 
@@ -345,7 +375,6 @@ static void test_admission_bounded(void **state)
     assert_true(bound < whole);
     char budget[32];
     snprintf(budget, sizeof budget, "%llu", (unsigned long long)((bound + whole) / 2));
-    kvt_ts_server ku, kb;
     const char *u[] = {"--kv-budget", budget, NULL};
     const char *b[] = {"--kv-budget", budget, "--live-cache-blocks", "1", "--live-cache-dir", tmpdir, NULL};
     start(&ku, "budget_unbounded", u);

@@ -29,7 +29,11 @@
  *   FAILED            its write failed: stays in RAM for good (counted)
  *
  * Rules: a block is written at most once (paged in and out again it is not
- * rewritten); a block whose buffer another holder shares (a prompt-cache
+ * rewritten), and not at all when the SSD tier holds it durably (a block
+ * restored from the store's block shards): then it is paged out by
+ * reference to that copy, pinned in the store against its budget eviction
+ * and gc while the page exists, and paged in from it with the same checksum
+ * check (a pin that cannot be taken: written to the page file as usual); a block whose buffer another holder shares (a prompt-cache
  * entry, another request) is never paged by this request (its RAM is the
  * other holder's; the bound counts the blocks this request alone holds);
  * a failed read or a checksum mismatch (XXH3-128 of every block, checked
@@ -120,6 +124,8 @@ typedef struct kvt_residency_options {
 #define KVT_RESIDENCY_STATS(X)                                                     \
     X(blocks_out, "blocks written to the page file")                               \
     X(bytes_out, "bytes written to the page file")                                 \
+    X(blocks_ref, "blocks paged out by reference to their SSD-tier copy (unwritten)") \
+    X(bytes_ref, "bytes of those blocks")                                          \
     X(blocks_in, "blocks read back from the page file")                            \
     X(bytes_in, "bytes read back from the page file")                              \
     X(readahead_hits, "blocks attention found read ahead (complete or in flight)") \

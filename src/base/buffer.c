@@ -15,6 +15,7 @@ struct kvt_buf {
     size_t bytes;
     void (*release)(void *ctx, void *data, size_t bytes); /* NULL: data is inline */
     void *ctx;
+    _Atomic(kvt__origin *) origin; /* a durable copy of the bytes elsewhere (internal.h), NULL none */
     _Alignas(16) unsigned char inline_data[]; /* (bytes) for kvt_buf_new; 16 = what malloc guarantees */
 };
 
@@ -35,6 +36,7 @@ KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out)
     b->bytes = bytes;
     b->release = NULL;
     b->ctx = NULL;
+    atomic_init(&b->origin, NULL);
     memset(b->inline_data, 0, bytes);
     *out = b;
     return 0;
@@ -54,6 +56,7 @@ KVT_API int kvt_buf_wrap(void *data, size_t bytes, void (*release)(void *, void 
     b->bytes = bytes;
     b->release = release;
     b->ctx = ctx;
+    atomic_init(&b->origin, NULL);
     *out = b;
     return 0;
 }
@@ -73,8 +76,31 @@ KVT_API void kvt_buf_release(kvt_buf *b)
         return;
     if (b->release)
         b->release(b->ctx, b->data, b->bytes);
+    kvt__origin_release(atomic_load(&b->origin));
     kvt__free(b);
 }
+
+kvt__origin *kvt__origin_retain(kvt__origin *o)
+{
+    if (o)
+        atomic_fetch_add(&o->refs, 1);
+    return o;
+}
+
+void kvt__origin_release(kvt__origin *o)
+{
+    if (o && atomic_fetch_sub(&o->refs, 1) == 1)
+        o->ops->free_fn(o);
+}
+
+void kvt__buf_set_origin(kvt_buf *b, kvt__origin *o)
+{
+    kvt__origin *none = NULL;
+    if (!b || !atomic_compare_exchange_strong(&b->origin, &none, o))
+        kvt__origin_release(o);
+}
+
+kvt__origin *kvt__buf_origin(const kvt_buf *b) { return b ? atomic_load(&((kvt_buf *)b)->origin) : NULL; }
 
 KVT_API void *kvt_buf_data(const kvt_buf *b) { return b->data; }
 KVT_API size_t kvt_buf_bytes(const kvt_buf *b) { return b->bytes; }

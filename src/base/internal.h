@@ -37,4 +37,39 @@ struct timespec kvt__deadline(clockid_t clock, uint64_t ms);
 #define KVT__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define KVT__MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* ---- buffer origins ----
+ * A buffer whose bytes are also held durably elsewhere (a kv block restored
+ * from the SSD tier: the bytes of one tensor in a block shard) may carry
+ * its origin, so a live cache paging the block out can refer to that copy
+ * instead of writing its own (residency.c). The owner of the copy (the
+ * store) implements the ops; the cache code only calls them. */
+typedef struct kvt__origin kvt__origin;
+typedef struct kvt__origin_ops {
+    /** Pins the copy against its owner's eviction and collection (a count:
+     * pins nest). @return 0, or an error when the copy is gone (then the
+     * caller keeps its own copy). Thread-safe. */
+    int (*pin)(kvt__origin *o);
+    /** Undoes one pin. Thread-safe. */
+    void (*unpin)(kvt__origin *o);
+    /** Reads the copy's n bytes into dst (unchecked: the caller checks them
+     * against its own checksum). @return 0, -errno, KVT_EIO. Thread-safe. */
+    int (*read)(kvt__origin *o, void *dst, size_t n);
+    /** Frees o (its last reference went). */
+    void (*free_fn)(kvt__origin *o);
+} kvt__origin_ops;
+struct kvt__origin {
+    const kvt__origin_ops *ops;
+    _Atomic int64_t refs;
+};
+/** One more reference on o (returns it; NULL gives NULL). */
+kvt__origin *kvt__origin_retain(kvt__origin *o);
+/** Drops one reference; the last one calls ops->free_fn. NULL is a no-op. */
+void kvt__origin_release(kvt__origin *o);
+struct kvt_buf;
+/** Gives buffer b the origin o (takes over the caller's reference on o)
+ * unless b has one already (then o is released). Thread-safe. */
+void kvt__buf_set_origin(struct kvt_buf *b, kvt__origin *o);
+/** b's origin (borrowed: valid while b is), NULL when none. Thread-safe. */
+kvt__origin *kvt__buf_origin(const struct kvt_buf *b);
+
 #endif

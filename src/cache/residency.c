@@ -11,7 +11,11 @@
  * that settle and the write slack wait on), a read fills its own buffer.
  * A page (one block's page-file copy) is immutable once written and may be
  * shared by clones; it holds a reference on the residency, so the page file
- * stays open while any block or operation needs it. Never: use a byte of a
+ * stays open while any block or operation needs it. A block whose buffer
+ * has an origin (internal.h: the SSD tier holds the same bytes durably)
+ * gets a page by reference instead: the origin pinned, nothing written, its
+ * page-ins read from the origin, checked against the checksum of the RAM
+ * bytes taken before they were released. Never: use a byte of a
  * page-in before its checksum matched; rewrite a page; page out a block
  * another holder shares; page the mutable tail.
  */
@@ -98,6 +102,7 @@ struct kvt_residency {
     char *path; /* the page file's name (unlinked), for messages */
     uint64_t id; /* first half of every operation key */
     _Atomic uint64_t next_off;
+    _Atomic uint64_t next_ref; /* operation keys of pages by reference */
     pthread_mutex_t mu; /* attach table; write completions (with cv) */
     pthread_cond_t cv;  /* a page's write completed */
     kvt__blocks *layers[RES_MAX_LAYERS];
@@ -113,7 +118,8 @@ struct kvt_residency {
 typedef struct kvt__page {
     _Atomic int64_t refs;
     kvt_residency *r; /* retained */
-    uint64_t off, bytes;
+    kvt__origin *ref; /* a page by reference: the pinned origin (retained), NULL for a page-file copy */
+    uint64_t off, bytes; /* off: in the page file; a page by reference: a unique key (high bit set) */
     XXH128_hash_t sum; /* of the block's bytes; set before status turns 0 */
     _Atomic int status; /* PAGE_PENDING while the write runs, then 0 or the error */
 } kvt__page;
@@ -261,6 +267,10 @@ static void page_release(kvt__page *p)
     if (!p || atomic_fetch_sub(&p->refs, 1) != 1)
         return;
     kvt_residency *r = p->r;
+    if (p->ref) {
+        p->ref->ops->unpin(p->ref);
+        kvt__origin_release(p->ref);
+    }
     kvt__free(p);
     kvt_residency_release(r);
 }
@@ -322,13 +332,19 @@ typedef struct rd_task {
     kvt_buf *buf;    /* retained: the destination, the result every ticket shares */
 } rd_task;
 
-/* Reads page p into dst and checks its checksum. @return 0, -errno, KVT_ECORRUPT. */
+/* Reads page p into dst (from the page file, or from its origin) and
+ * checks its checksum. @return 0, -errno, KVT_EIO, KVT_ECORRUPT. */
 static int page_pread(const kvt__page *p, void *dst)
 {
     kvt_residency *r = p->r;
-    int rc = kvt__page_file_io(r->fd, dst, p->bytes, p->off, 0);
-    if (r->drop)
-        kvt__page_file_drop(r->fd, p->off, p->bytes);
+    int rc;
+    if (p->ref) {
+        rc = p->ref->ops->read(p->ref, dst, (size_t)p->bytes);
+    } else {
+        rc = kvt__page_file_io(r->fd, dst, p->bytes, p->off, 0);
+        if (r->drop)
+            kvt__page_file_drop(r->fd, p->off, p->bytes);
+    }
     if (rc == 0) {
         XXH128_hash_t h = XXH3_128bits(dst, p->bytes);
         if (!XXH128_isEqual(h, p->sum))
@@ -366,6 +382,12 @@ static void rd_free(void *vt, void *result)
 /* The request-facing message of a failed page-in. */
 static int read_error(const kvt__page *p, int64_t index, int rc)
 {
+    if (p->ref && rc == KVT_ECORRUPT)
+        return kvt__fail(KVT_ECORRUPT, "live cache: block %lld paged in from its SSD-tier copy does not match "
+                         "its checksum (XXH3-128): refused", (long long)index);
+    if (p->ref)
+        return kvt__fail(KVT_EIO, "live cache: paging block %lld in from its SSD-tier copy failed: %s",
+                         (long long)index, kvt_strerror(rc));
     if (rc == KVT_ECORRUPT)
         return kvt__fail(KVT_ECORRUPT, "live cache: block %lld paged in from %s does not match its checksum "
                          "(XXH3-128): refused", (long long)index, p->r->path);
@@ -577,13 +599,52 @@ int kvt__blk_make_private(kvt__blocks *t, int64_t i, size_t block_bytes)
     return 0;
 }
 
+/* Pages RESIDENT private block i out by reference when its buffer has an
+ * origin that can be pinned: a page holding the pinned origin and the
+ * checksum of the RAM bytes, durable at once (nothing written). @return 1
+ * (done), 0 (no origin or no pin: write it), KVT_ENOMEM. */
+static int page_by_ref(kvt_residency *r, kvt__blocks *t, int64_t i, size_t block_bytes)
+{
+    kvt_buf *buf = t->v[i].buf;
+    kvt__origin *o = kvt__buf_origin(buf);
+    if (!o || kvt_buf_bytes(buf) != block_bytes)
+        return 0;
+    if (o->ops->pin(o) != 0) {
+        kvt__clear_error(); /* the block is written to the page file instead */
+        return 0;
+    }
+    kvt__page *p = kvt__calloc(1, sizeof *p);
+    if (!p) {
+        o->ops->unpin(o);
+        return kvt__fail(KVT_ENOMEM, "live cache: out of memory for a block's page");
+    }
+    p->refs = 1; /* the block's */
+    p->r = kvt_residency_retain(r);
+    p->ref = kvt__origin_retain(o);
+    p->bytes = block_bytes;
+    p->off = ((uint64_t)1 << 63) | atomic_fetch_add(&r->next_ref, 1);
+    p->sum = XXH3_128bits(kvt_buf_data(buf), block_bytes);
+    p->status = 0;
+    TX(t)[i].page = p;
+    int rc = step(&t->v[i], KVT_BLOCK_EV_WRITE);
+    if (rc == 0)
+        rc = step(&t->v[i], KVT_BLOCK_EV_WRITTEN);
+    atomic_fetch_add(&r->blocks_ref, 1);
+    atomic_fetch_add(&r->bytes_ref, block_bytes);
+    return rc ? rc : 1;
+}
+
 /* Submits the write of RESIDENT private block i (or writes it here when the
- * worker refuses). @return 0 or KVT_ENOMEM (the block is then unchanged). */
+ * worker refuses); a block the SSD tier holds is paged by reference
+ * instead (page_by_ref). @return 0 or KVT_ENOMEM (the block is then
+ * unchanged). */
 static int start_write(kvt_residency *r, kvt__blocks *t, int64_t i, size_t block_bytes)
 {
     int rc = kvt__blocks_ensure_res(t);
     if (rc)
         return rc;
+    if ((rc = page_by_ref(r, t, i, block_bytes)) != 0)
+        return rc < 0 ? rc : 0;
     kvt__page *p = kvt__calloc(1, sizeof *p);
     wr_task *task = kvt__malloc(sizeof *task);
     if (!p || !task) {

@@ -514,6 +514,13 @@ static void reclaim_list(rpass *rp)
             rp->fs[i].d = dent_get(s, rp->fs[i].name, rp->fs[i].key);
 }
 
+static void pin_ref(kvt__key k, uint64_t n, void *ctx)
+{
+    rfile *b = rf_block(ctx, k);
+    if (b && n > 0)
+        b->refs++;
+}
+
 /* Step 1b: orphans (refused, unreadable) and broken entries (a block is
  * gone) are marked; entries get this process's last use; every valid
  * entry file counts as a reference on its blocks. */
@@ -541,6 +548,8 @@ static void reclaim_mark(rpass *rp)
         if (rp->fs[i].type == 'e' && !rp->fs[i].orphan)
             for (int32_t k = 0; k < rp->fs[i].d->n_blocks; k++)
                 rf_block(&rp->bm, rp->fs[i].d->blocks[k])->refs++;
+    /* a block a live cache pinned is referenced too: never deleted while pinned */
+    kvt__store_pins_add_refs(s->pins, pin_ref, &rp->bm);
 }
 
 /* Step 2: blocks this process let go of that no entry file references. */

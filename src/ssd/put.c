@@ -377,8 +377,15 @@ int kvt__store_write(kvt_store *s, const kvt_entry *e, uint64_t want_id)
         lockfd = kvt__store_put_lock(s);
         put_pin(&p, &done);
     }
+    int8_t *written = NULL; /* the blocks this put writes itself: not there before */
+    if (!rc && !done && p.enc.n_chain > 0 && (written = kvt__malloc((size_t)p.enc.n_chain)))
+        for (int32_t c = 0; c < p.enc.n_chain; c++)
+            written[c] = !p.pinned[c];
     if (!rc && !done && !(rc = put_blocks(&p)))
         rc = put_entry(&p, want_id);
+    if (!rc && !done && written) /* durable now: live caches holding these blocks may refer to them */
+        kvt__store_tag_written(s, &p.enc, written);
+    kvt__free(written);
     put_unpin(&p);
     if (rc) {
         pthread_mutex_lock(&s->mu);

@@ -150,6 +150,14 @@ int kvt__store_load_block(int dirfd, const char *dir, const char *name, const ch
 int kvt__store_load_entry(int dirfd, const char *dir, const char *name, const char *identity, const int32_t *want_tok,
                       int64_t want_n, int strict, kvt_entry *out, int *reason, char *bad_shard, uint64_t *bytes)
 {
+    return kvt__store_load_entry_tagged(NULL, dirfd, dir, name, identity, want_tok, want_n, strict, out, reason,
+                                        bad_shard, bytes);
+}
+
+int kvt__store_load_entry_tagged(kvt__store_pins *pins, int dirfd, const char *dir, const char *name,
+                                 const char *identity, const int32_t *want_tok, int64_t want_n, int strict,
+                                 kvt_entry *out, int *reason, char *bad_shard, uint64_t *bytes)
+{
     memset(out, 0, sizeof *out);
     bad_shard[0] = '\0';
     *bytes = 0;
@@ -210,6 +218,8 @@ int kvt__store_load_entry(int dirfd, const char *dir, const char *name, const ch
         *bytes += blk[i].sh.file_bytes;
     }
     rc = kvt__codec_decode(&pe, &ent, blk, name, out, reason);
+    if (!rc)
+        kvt__store_tag_blocks(pins, out, blk, pe.blocks, pe.n_blocks);
 out:
     if (fd >= 0)
         kvt__io_close(fd);
@@ -254,7 +264,8 @@ static int restore_impl(kvt_store *s, uint64_t handle, const int32_t *prompt, in
     char name[64];
     kvt__store_file_name('e', key, name);
     uint64_t bytes = 0;
-    int rc = kvt__store_load_entry(s->dirfd, s->dir, name, s->identity, itok, n, s->opts.verify, out, reason, bad_shard, &bytes);
+    int rc = kvt__store_load_entry_tagged(s->pins, s->dirfd, s->dir, name, s->identity, itok, n, s->opts.verify, out,
+                                          reason, bad_shard, &bytes);
     kvt__free(itok);
     if (rc)
         return rc;

@@ -541,6 +541,7 @@ static void store_free(kvt_store *s)
     kvt__free(s->orphans);
     if (s->worker_default)
         kvt_io_default_release(s->worker);
+    kvt__store_pins_close(s->pins);
     if (s->lockfd >= 0)
         kvt__io_close(s->lockfd);
     if (s->dirfd >= 0)
@@ -645,6 +646,8 @@ KVT_API int kvt_store_open(const char *root, const kvt_store_identity *id, const
             s->lockfd = -1;
         }
     }
+    if ((rc = kvt__store_pins_create(s->dirfd, &s->pins)))
+        goto fail;
     if (s->dirfd >= 0 && (rc = kvt__store_scan(s)))
         goto fail;
     kvt__store_count_other_configs(s, id);

@@ -156,6 +156,8 @@ enum {
     KVT__WJOB_QUEUED = 2      /* the worker owns it */
 };
 
+typedef struct kvt__store_pins kvt__store_pins;
+
 struct kvt_store {
     char *root, *dir, *dir_name;
     int dirfd, lockfd;
@@ -206,6 +208,9 @@ struct kvt_store {
     int flush_rc;
     char flush_msg[256]; /* kvt_last_error of that failure (the worker's thread) */
     uint64_t restores_live; /* asynchronous restore waiters not yet told */
+
+    /* pins of single blocks live caches refer to (block_ref.c); NULL without a directory */
+    kvt__store_pins *pins;
 };
 
 
@@ -346,6 +351,39 @@ int kvt__store_load_block(int dirfd, const char *dir, const char *name, const ch
 int kvt__store_load_entry(int dirfd, const char *dir, const char *name, const char *identity,
                           const int32_t *want_tok, int64_t want_n, int strict, kvt_entry *out, int *reason,
                           char *bad_shard, uint64_t *bytes);
+/** kvt__store_load_entry, then (pins not NULL) kvt__store_tag_blocks on the
+ * restored entry: what a restore hands to a caller that may page its blocks. */
+int kvt__store_load_entry_tagged(kvt__store_pins *pins, int dirfd, const char *dir, const char *name,
+                                 const char *identity, const int32_t *want_tok, int64_t want_n, int strict,
+                                 kvt_entry *out, int *reason, char *bad_shard, uint64_t *bytes);
+
+/* block_ref.c: single kv blocks referred to by live caches (internal.h's buffer origins) */
+/** The pin table of the identity directory dirfd (one per directory in
+ * the process: an existing one is shared, else a new one duplicates
+ * dirfd); *out NULL when dirfd < 0. @return 0, -errno, KVT_ENOMEM. */
+int kvt__store_pins_create(int dirfd, kvt__store_pins **out);
+/** The store lets go of its table (at close): the table lives while other
+ * stores or origins refer to it, and pins still held keep the directory's
+ * shared flock. */
+void kvt__store_pins_close(kvt__store_pins *p);
+/** Pins held on block k (0 for a NULL table). Thread-safe. */
+int64_t kvt__store_pins_of(kvt__store_pins *p, kvt__key k);
+/** Calls fn(key, pins) for every pinned block, under the table's lock (fn
+ * must not call back into it). No-op for NULL. */
+void kvt__store_pins_add_refs(kvt__store_pins *p, void (*fn)(kvt__key k, uint64_t n, void *ctx), void *ctx);
+/** Gives every buffer of e's kv caches that lies in the payload of block
+ * shard blk[i] (key keys[i]) an origin: that tensor of that file
+ * (kvt__buf_set_origin), so a live cache can page it out by reference. No
+ * origin (out of memory) only means the block is written as before. */
+void kvt__store_tag_blocks(kvt__store_pins *pins, kvt_entry *e, const kvt__rshard *blk, const kvt__key *keys,
+                           int32_t n_blocks);
+
+/** After a put made its entry durable: gives the whole kv block buffers
+ * of the entry's caches in the chain blocks it wrote itself (written[c]:
+ * their file bytes are these buffers' bytes; blocks that were there
+ * already may hold other bytes for the same key) the origin of their
+ * tensor (its offset from the shard's header), as a restore does. */
+void kvt__store_tag_written(kvt_store *s, const kvt__enc *enc, const int8_t *written);
 
 /* budget.c */
 /** Frees unreferenced blocks and applies the budget over the root (call
