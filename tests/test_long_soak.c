@@ -48,6 +48,7 @@
 #include "tiers.h"
 #include "tokenizer.h"
 
+#include "child_guard.h"
 #include "cli_run.h"
 #include "redis_util.h"
 #include "serve_util.h"
@@ -1046,7 +1047,9 @@ int main(int argc, char **argv)
 {
     g_short = argc > 1 && !strcmp(argv[1], "--short");
     signal(SIGPIPE, SIG_IGN);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(empty_reply_is_json), cmocka_unit_test(sigterm_on_any_thread),
-                                       cmocka_unit_test(soak)};
+    /* a round that fails midway leaves no server (cache-off or under test) or Redis running */
+    const struct CMUnitTest tests[] = {cmocka_unit_test(empty_reply_is_json),
+                                       cmocka_unit_test_teardown(sigterm_on_any_thread, child_guard_teardown),
+                                       cmocka_unit_test_teardown(soak, child_guard_teardown)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

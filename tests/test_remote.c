@@ -151,7 +151,11 @@ static void f_kill_restart(void **state)
 {
     redis_srv s;
     assert_int_equal(redis_start(&s, 64, NULL), 0);
-    kvt_remote *r = open_tier(s.url, &ID_A, 50);
+    /* socket bounds of 5 s: a lookup that is not held to its own 50 ms
+     * would show as seconds, far from the 2.5 s allowed for a loaded machine */
+    kvt_remote_options o = {.lookup_timeout_ms = 50, .io_timeout_ms = 5000, .connect_timeout_ms = 5000, .quiet = 1};
+    kvt_remote *r = NULL;
+    assert_int_equal(kvt_remote_open(s.url, &ID_A, &o, &r), 0);
     int32_t p[20];
     seq(p, 20, 100);
     put(r, &KV, p, 16);
@@ -165,7 +169,7 @@ static void f_kill_restart(void **state)
         worst = took > worst ? took : worst;
     }
     print_message("redis killed: 6 lookups, the slowest took %.1f ms (timeout 50 ms)\n", worst);
-    assert_true(worst < 250);
+    assert_true(worst < 2500);
     kvt_remote_stats st = stats(r);
     assert_int_equal(st.healthy, 0);
     assert_int_equal(st.unhealthy_transitions, 1);
@@ -181,7 +185,7 @@ static void f_kill_restart(void **state)
     assert_int_equal(stats(r).dropped, 1);
 
     assert_int_equal(redis_restart(&s), 0);
-    assert_true(wait_healthy(r, 6000));
+    assert_true(wait_healthy(r, 30000));
     assert_int_equal(find_len(r, p, 20, NULL), 0); /* no persistence: the data went with it */
     put(r, &KV, p, 16);
     kvt_cold_hit h;
@@ -214,7 +218,7 @@ static void f_down_at_start(void **state)
     assert_int_equal(t.store(t.self, &e), KVT_EIO);
     kvt_entry_clear(&e);
     assert_int_equal(redis_restart(&s), 0);
-    assert_true(wait_healthy(r, 6000));
+    assert_true(wait_healthy(r, 30000));
     put(r, &KV, p, 16);
     assert_int_equal(find_len(r, p, 20, NULL), 16);
     kvt_remote_close(r);

@@ -44,13 +44,16 @@ static void seq(int32_t *t, int64_t n, int32_t base)
         t[i] = base + (int32_t)i;
 }
 
-static kvt_remote *open_cluster(void)
+static kvt_remote *open_cluster_io(int32_t io_timeout_ms, int32_t connect_timeout_ms)
 {
-    kvt_remote_options o = {.cluster = 1, .lookup_timeout_ms = 200, .io_timeout_ms = 500, .quiet = 1};
+    kvt_remote_options o = {.cluster = 1, .lookup_timeout_ms = 200, .io_timeout_ms = io_timeout_ms,
+                            .connect_timeout_ms = connect_timeout_ms, .quiet = 1};
     kvt_remote *r = NULL;
     assert_int_equal(kvt_remote_open(g_nodes[1].url, &ID, &o, &r), 0); /* any node as the seed */
     return r;
 }
+
+static kvt_remote *open_cluster(void) { return open_cluster_io(500, 0); }
 
 static void put(const kvt_cold_tier *t, const int32_t *tok, int64_t n)
 {
@@ -181,7 +184,9 @@ static void t_moved(void **state)
 static void t_node_down(void **state)
 {
     flush_all();
-    kvt_remote *r = open_cluster();
+    /* socket bounds of 5 s: a lookup not held to its own 200 ms would show
+     * as seconds, far from the 2.5 s allowed for a loaded machine */
+    kvt_remote *r = open_cluster_io(5000, 5000);
     kvt_cold_tier t;
     kvt_remote_cold_tier(r, &t);
     enum { E = 24 };
@@ -209,7 +214,7 @@ static void t_node_down(void **state)
     }
     print_message("one of %d nodes down: %d of %d entries served, %d misses, slowest lookup %.1f ms\n", N, served, E,
                   missed, worst);
-    assert_true(worst < 600);
+    assert_true(worst < 2500);
     assert_true(served > 0);
     assert_true(missed + (E - served) > 0);
     kvt_remote_close(r);

@@ -831,17 +831,19 @@ static void test_kill9_ssd(void **state)
     char *r1[2] = {0};
     r1[0] = chat_turn(sv.port, script, r1, 1, 0, NULL, &u);
     json_decref(u);
-    int64_t written = 0;
-    for (int i = 0; i < 500 && written == 0; i++) { /* wait for the write-behind */
+    int64_t written = 0, pending = 1;
+    for (int i = 0; i < 3000 && (written == 0 || pending != 0); i++) { /* wait for the write-behind (60 s) */
         usleep(20000);
         resp r;
         http(sv.port, "GET", "/stats", NULL, NULL, &r);
         json_t *doc = parse(&r);
         written = json_integer_value(json_object_get(json_object_get(doc, "ssd"), "written"));
+        pending = json_integer_value(json_object_get(json_object_get(doc, "ssd"), "pending"));
         json_decref(doc);
         resp_free(&r);
     }
     assert_true(written > 0);
+    assert_int_equal(pending, 0);
     forget(sv.pid);
     kill(sv.pid, SIGKILL);
     waitpid(sv.pid, NULL, 0);
@@ -1043,10 +1045,10 @@ static void test_garbage(void **state)
 }
 
 /* The last finished request in /stats (its JSON record; caller decrefs),
- * waiting up to 10 s for `count` requests to have finished. */
+ * waiting up to 60 s for `count` requests to have finished. */
 static json_t *last_record(int port, int64_t count)
 {
-    for (int i = 0; i < 1000; i++) {
+    for (int i = 0; i < 6000; i++) {
         resp r;
         http(port, "GET", "/stats", NULL, NULL, &r);
         json_t *doc = parse(&r);
@@ -1066,6 +1068,23 @@ static json_t *last_record(int port, int64_t count)
     return NULL;
 }
 
+/* Waits (up to 60 s) until /stats says a request is running in the engine. */
+static void wait_running(int port)
+{
+    for (int i = 0; i < 6000; i++) {
+        resp r;
+        http(port, "GET", "/stats", NULL, NULL, &r);
+        json_t *doc = parse(&r);
+        resp_free(&r);
+        json_int_t running = json_integer_value(json_object_get(json_object_get(doc, "server"), "running"));
+        json_decref(doc);
+        if (running >= 1)
+            return;
+        usleep(10000);
+    }
+    fail_msg("no request running in /stats after 60 s");
+}
+
 /* A client that goes away cancels its request: the engine stops it within a
  * step (far short of max_tokens), releases its admission, and records 499. */
 static void test_disconnect_cancels(void **state)
@@ -1083,7 +1102,7 @@ static void test_disconnect_cancels(void **state)
         if (stream)
             assert_true(recv(fd, buf, sizeof buf, 0) > 0); /* the stream began */
         else
-            usleep(50000);
+            wait_running(sv.port); /* the request runs (a fixed sleep could end before it arrived) */
         close(fd);
         json_t *rec = last_record(sv.port, 2 - stream);
         int64_t made = json_integer_value(json_object_get(rec, "completion_tokens"));

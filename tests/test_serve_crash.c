@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "child_guard.h"
 #include "serve_crash.h"
 
 static void crash_trials(void **state)
@@ -34,6 +35,7 @@ static void crash_trials_redis(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(crash_trials), cmocka_unit_test(crash_trials_redis)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test_teardown(crash_trials, child_guard_teardown),
+                                       cmocka_unit_test_teardown(crash_trials_redis, child_guard_teardown)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,7 +69,7 @@ static void io_report(void **state)
     kvt_ts_resp_free(&r);
     /* write-behind is queued when the entry is put: wait for it to run */
     json_t *st = NULL;
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < 1200; i++) { /* 60 s */
         st = get_json(sv.port, "/stats");
         if (io_field(st, "write", "ran") >= 1 && io_field(st, "write", "queued_ops") == 0)
             break;

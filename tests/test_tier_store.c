@@ -93,21 +93,30 @@ static void test_lock_held(void **state)
     assert_true(before > 0);
     kvt_store *s = NULL;
     kvt_store_options o = {.lock_wait_ms = 150};
-    double t0 = now_ms();
-    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), KVT_EBUSY);
-    double took = now_ms() - t0;
-    print_message("lock held: open gave up after %.1f ms (wait 150 ms): %s\n", took, kvt_last_error());
-    assert_null(s);
-    assert_true(took >= 140);
+    /* Up to 3 tries: a loaded machine can hold this thread past 2 s once;
+     * an open that waits for the holder (it never lets go) never returns. */
+    double took = 0;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        double t0 = now_ms();
+        assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), KVT_EBUSY);
+        took = now_ms() - t0;
+        print_message("lock held: open gave up after %.1f ms (wait 150 ms): %s\n", took, kvt_last_error());
+        assert_null(s);
+        assert_true(took >= 140);
+        assert_non_null(strstr(kvt_last_error(), ".lock"));
+        assert_non_null(strstr(kvt_last_error(), "held by another process"));
+        assert_int_equal(store_thread_count_settle(before), before);
+        if (took < 2000)
+            break;
+    }
     assert_true(took < 2000);
-    assert_non_null(strstr(kvt_last_error(), ".lock"));
-    assert_non_null(strstr(kvt_last_error(), "held by another process"));
-    assert_int_equal(store_thread_count_settle(before), before);
-    /* read-only does not wait: it opens at once without the lock */
+    /* read-only does not wait: it opens at once without the lock (a wait
+     * of a minute would show) */
     o.read_only = 1;
-    t0 = now_ms();
+    o.lock_wait_ms = 60000;
+    double t0 = now_ms();
     assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), 0);
-    assert_true(now_ms() - t0 < 1000);
+    assert_true(now_ms() - t0 < 30000);
     assert_int_equal(kvt_store_close(s), 0);
     assert_int_equal(store_thread_count_settle(before), before);
     fx_done(&f);
@@ -121,13 +130,13 @@ static void test_lock_released(void **state)
     fx_init(&f);
     hold_lock(&f, 200);
     kvt_store *s = NULL;
-    kvt_store_options o = {.lock_wait_ms = 10000};
+    kvt_store_options o = {.lock_wait_ms = 60000};
     double t0 = now_ms();
     assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), 0);
     double took = now_ms() - t0;
     print_message("lock released after 200 ms: open took %.1f ms\n", took);
     assert_true(took >= 150);
-    assert_true(took < 5000);
+    assert_true(took < 30000); /* when the holder let go, not at the end of the 60 s wait */
     assert_int_equal(kvt_store_close(s), 0);
     o.lock_wait_ms = 86400001;
     assert_int_equal(kvt_store_open(f.root, &f.id, &o, &s), KVT_EINVAL);

@@ -146,17 +146,35 @@ static void *client_main(void *arg)
     return NULL;
 }
 
-static int64_t stats_written(int port)
+/* Whether everything the server at port kept is durable: its SSD tier
+ * wrote at least one entry and has no write pending, and (with_redis) its
+ * remote tier wrote at least one record and has none queued. 0 when /stats
+ * cannot be read. */
+static int all_written(int port, int with_redis)
 {
     kvt_ts_resp r;
-    int64_t w = -1;
+    int done = 0;
     if (kvt_ts_http(port, "GET", "/stats", NULL, NULL, 10, &r) == 200) {
         json_t *doc = json_loads(r.body, 0, NULL);
-        w = json_integer_value(json_object_get(json_object_get(doc, "ssd"), "written"));
+        json_t *ssd = json_object_get(doc, "ssd"), *rem = json_object_get(doc, "remote");
+        done = json_integer_value(json_object_get(ssd, "written")) > 0 &&
+               json_is_integer(json_object_get(ssd, "pending")) &&
+               json_integer_value(json_object_get(ssd, "pending")) == 0;
+        if (with_redis)
+            done = done && json_integer_value(json_object_get(rem, "write_records")) > 0 &&
+                   json_is_integer(json_object_get(rem, "queued_entries")) &&
+                   json_integer_value(json_object_get(rem, "queued_entries")) == 0;
         json_decref(doc);
     }
     kvt_ts_resp_free(&r);
-    return w;
+    return done;
+}
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 /* The remote tier's counters in /stats (for a probe that missed), into buf. */
@@ -261,14 +279,14 @@ int serve_crash_trials_opts(int trials, uint64_t seed, int verbose, const serve_
      * plus the chain's 10 ms, and a late answer is a miss by design (a probe
      * after a wiped SSD directory then reused nothing: 3 of 66 such
      * restarts in one 200-trial run, each with lookup hits counted by the
-     * remote tier after the chain had given up). What the trials check is
-     * reuse through Redis, not that bound */
+     * remote tier after the chain had given up). Restores likewise get 10 s,
+     * not 1. What the trials check is reuse through Redis, not those bounds */
     const char *args[] = {"--model", model, "--tokenizer", tok, "--ssd-cache", ssd, "--ssd-cache-max", "48M",
                           "--prompt-cache", "4M", "--demote-idle", "100", with_redis ? "--redis" : NULL, rs.url,
-                          "--redis-timeout", "1000", NULL};
+                          "--redis-timeout", "1000", "--redis-restore-timeout", "10000", NULL};
     const char *args_b[] = {"--model", model, "--tokenizer", tok, "--ssd-cache", ssd_b, "--ssd-cache-max", "48M",
                             "--prompt-cache", "4M", "--demote-idle", "100", "--redis", rs.url, "--redis-timeout",
-                            "1000", NULL};
+                            "1000", "--redis-restore-timeout", "10000", NULL};
     if (with_redis) {
         snprintf(log, sizeof log, "%s/survivor.log", tmp);
         if (kvt_ts_server_start(&surv, bin, log, args_b))
@@ -292,12 +310,18 @@ int serve_crash_trials_opts(int trials, uint64_t seed, int verbose, const serve_
             goto out;
         int probe_hit = 0;
         if (trial == 0) {
-            /* the probe's first turn, until it is on the SSD tier (and in Redis) */
+            /* the probe's first turn, until it is on the SSD tier (and in
+             * Redis): every later probe counts on it */
             probe(sv.port, 0, out, "trial", trial);
-            for (int i = 0; i < 500 && stats_written(sv.port) <= 0; i++)
+            double t0 = mono_ms();
+            while (!all_written(sv.port, with_redis) && mono_ms() - t0 < 60000)
                 usleep(20000);
-            for (int i = 0; with_redis && i < 500 && redis_count_keys(rs.port, "kvt:*") <= 0; i++)
-                usleep(20000);
+            if (!all_written(sv.port, with_redis)) {
+                fprintf(stderr, "serve_crash: the probe's first turn was not written to the SSD tier%s in 60 s\n",
+                        with_redis ? " and Redis" : "");
+                kvt_ts_server_kill(&sv);
+                goto out;
+            }
         } else {
             probe_hit = probe(sv.port, 1, out, "restart", trial) == 1;
             if (!probe_hit) {
