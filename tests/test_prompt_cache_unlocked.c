@@ -475,6 +475,32 @@ static void test_object_lend_unlocked(void **state)
     kvt_hit_clear(&c.hit);
 }
 
+/* object lend's find_exact is held while another thread clears the cache:
+ * the object read from the tier belongs to the time before the clear, so
+ * it is not published (epoch check) and the lend says so; a lend after the
+ * clear restores and publishes it. */
+static void test_object_lend_cleared_meanwhile(void **state)
+{
+    fixture *f = *state;
+    kvt_attachment *att;
+    assert_int_equal(kvt_attachment_blob("x", "img1", 5, &att), 0);
+    assert_int_equal(kvt_prompt_cache_object_put(f->pc, "img1", &att, 1, NULL), 0);
+    kvt_prompt_cache_clear(f->pc); /* in the tier only (written behind) */
+    call c = {.pc = f->pc, .key = "img1"};
+    start_blocked(f, G_FIND_EXACT, &c, do_object_lend);
+    kvt_prompt_cache_clear(f->pc);
+    finish_blocked(f, &c);
+    assert_int_equal(c.rc, KVT_ESTALE);
+    assert_int_equal(pcu_stats(f->pc).entries, 0);
+    assert_int_equal(pcu_stats(f->pc).bytes, 0);
+    assert_int_equal(kvt_prompt_cache_object_lend(f->pc, "img1", &c.hit), 0);
+    assert_int_equal(c.hit.source, KVT_HIT_COLD);
+    kvt_hit_clear(&c.hit);
+    kvt_prompt_cache_stats s = pcu_stats(f->pc);
+    assert_int_equal(s.entries, 1);
+    assert_int_equal(s.object_restores, 2);
+}
+
 /* ---- eviction, relieve, demote_idle -------------------------------------------------- */
 
 /* A put over the budget evicts; its question to the tier (pending) is held
@@ -649,6 +675,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_lend_unchanged_and_full, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_prefetch_find_unlocked, fx_setup_no_wb, fx_teardown),
         cmocka_unit_test_setup_teardown(test_object_lend_unlocked, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_object_lend_cleared_meanwhile, fx_setup, fx_teardown),
         cmocka_unit_test(test_evict_ask_unlocked),
         cmocka_unit_test_setup_teardown(test_relieve_ask_unlocked, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_demote_idle_ask_unlocked, fx_setup, fx_teardown),

@@ -130,6 +130,24 @@ def run(cmd, cwd, timeout, log):
             return "timeout"
 
 
+def test_costs(build):
+    """Seconds each test took in the build's last ctest runs (ctest's own
+    CTestCostData.txt: name, runs, average seconds), {} when absent."""
+    costs = {}
+    try:
+        with open(os.path.join(build, "Testing", "Temporary", "CTestCostData.txt")) as f:
+            for ln in f:
+                parts = ln.split()
+                if len(parts) == 3:
+                    try:
+                        costs[parts[0]] = float(parts[2])
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return costs
+
+
 def failed_tests(build):
     """Names of the tests the last ctest run in build failed (ctest's own list)."""
     try:
@@ -137,6 +155,15 @@ def failed_tests(build):
             return [ln.strip().split(":", 1)[-1] for ln in f if ln.strip()]
     except OSError:
         return []
+
+
+def load():
+    """The 1-minute load average, as text."""
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
 
 
 def copy_tree(dst):
@@ -162,8 +189,9 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the scratch tree")
     ap.add_argument("--jobs", default=os.environ.get("JOBS", "2"))
     ap.add_argument("--timeout", type=int, default=int(os.environ.get("KVT_MUTATE_TIMEOUT", "300")),
-                    help="seconds per run of the listed tests (a hang counts as killed); the rest of the suite "
-                         "gets three times the unmutated suite's time, at least this")
+                    help="least seconds per run of the listed tests (they get three times their unmutated time; a "
+                         "timeout is a kill only when a rerun with three times as long times out too); the "
+                         "rest of the suite gets three times the unmutated suite's time, at least this")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--listed-only", action="store_true",
                     help="run only each mutation's listed tests, without the unmutated suite first: a quick check "
@@ -214,7 +242,10 @@ def main():
         return 2
     else:
         suite_timeout = max(a.timeout, int(3 * (time.time() - tb)))
-        print(f"mutate: the unmutated suite passes in {time.time() - tb:.0f} s", flush=True)
+        print(f"mutate: the unmutated suite passes in {time.time() - tb:.0f} s (load {load()})", flush=True)
+    # the unmutated time of each test: a mutation's listed tests get three
+    # times their sum, at least --timeout (a slow machine is not a kill)
+    costs = test_costs(build)
     t0 = time.time()
     results = []
     for i, m in enumerate(muts, 1):
@@ -237,10 +268,24 @@ def main():
                 verdict = "nobuild"
             if verdict == "survived" and first:
                 rx = "^(" + "|".join(re.escape(t) for t in first) + ")$"
-                r = run(["ctest", "--test-dir", build, "-R", rx, "--stop-on-failure", "-j", a.jobs,
-                         "--output-on-failure"], scratch, a.timeout, log)
-                if r != 0:
-                    verdict, by = "killed", "listed tests" if r != "timeout" else "listed tests (timeout)"
+                # one at a time, in the listed order (the quickest, surest test
+                # first): a test that fails ends the mutation at once, and one
+                # that hangs does not hold up a listed test that would fail
+                for t in first:
+                    tmo = max(a.timeout, int(3 * costs.get(t, 0)))
+                    lcmd = ["ctest", "--test-dir", build, "-R", "^" + re.escape(t) + "$", "--no-tests=error",
+                            "--output-on-failure"]
+                    r = run(lcmd, scratch, tmo, log)
+                    if r == "timeout":
+                        # a hang is a kill only when it hangs again with three
+                        # times as long (a loaded machine is not a hang)
+                        r = run(lcmd, scratch, 3 * tmo, log)
+                        if r == "timeout":
+                            verdict, by = "killed", "listed tests (%s: timeout twice, %d s and %d s)" % (t, tmo, 3 * tmo)
+                            break
+                    if r != 0:
+                        verdict, by = "killed", "listed tests (%s)" % t
+                        break
             if verdict == "survived" and a.listed_only:
                 verdict, by = "listed", "not killed by its listed tests"
             if verdict == "survived":
@@ -259,7 +304,7 @@ def main():
                 for attempt in range(2):
                     r = run(cmd, scratch, suite_timeout, log)
                     if r == "timeout":
-                        verdict, by = "killed", "suite (timeout)"
+                        verdict, by = "killed", "suite (timeout, %d s)" % suite_timeout
                         break
                     if r == 0:
                         break
@@ -285,7 +330,7 @@ def main():
         elif verdict == "killed" and m.survives:
             note += "; listed as a survivor: update the list"
         results.append((m, verdict, note))
-        print(f"[{i}/{len(muts)}] {m.id:<28} {verdict:<8} {note} ({dt:.0f} s)", flush=True)
+        print(f"[{i}/{len(muts)}] {m.id:<28} {verdict:<8} {note} ({dt:.0f} s, load {load()})", flush=True)
         with open(log, "a") as lf:
             lf.write(f"== {m.id}: {verdict} {note}\n")
     # the tree as it was, rebuilt, so a kept scratch copy is usable
@@ -300,8 +345,14 @@ def main():
     nob = [r for r in results if r[1] == "nobuild"]
     n = len(killed) + len(surv)
     rate = 100.0 * len(killed) / n if n else 0.0
-    print(f"\nmutate: {len(results)} mutations in {time.time() - t0:.0f} s: {len(killed)} killed, "
-          f"{len(surv)} survived, {len(nob)} did not build; kill rate {rate:.1f}%")
+    by_listed = sum(1 for r in killed if r[2].startswith("listed tests"))
+    timeouts = [r[0].id for r in killed if "timeout" in r[2]]
+    expl = sum(1 for r in surv if r[0].survives)
+    print(f"\nmutate: {len(results)} mutations in {time.time() - t0:.0f} s: {len(killed)} killed "
+          f"({by_listed} by their listed tests, {len(killed) - by_listed} by the rest of the suite; "
+          f"{len(timeouts)} by a timeout{': ' + ', '.join(timeouts) if timeouts else ''}), "
+          f"{len(surv)} survived ({expl} explained), {len(nob)} did not build; kill rate {rate:.1f}% "
+          f"(load at the end {load()})")
     for m, v, note in surv:
         print(f"  survived {m.id} ({m.rule}): {m.survives or 'NOT EXPLAINED'}")
     for m, v, note in nob:

@@ -1,0 +1,194 @@
+/*
+ * test_remote_queue_bound.c: the remote tier's write-behind queue is
+ * bounded in bytes (kvt_remote_options.queue_max_bytes), with a real
+ * redis-server on loopback. With the I/O worker's one thread held, spills
+ * are queued until the queued bytes would pass the bound: the entry that
+ * makes them exactly the bound is accepted, the next one (queued bytes at
+ * the bound, not over it) is a counted drop that stays the caller's; a
+ * withdrawn entry and the written ones give their bytes back, after which
+ * the dropped entry goes through. Skips when redis-server is not installed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "redis_util.h"
+#include "store_util.h"
+
+#include "kvtier/io.h"
+#include "kvtier/remote.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
+static redis_srv g_srv;
+
+/* A foreground operation that holds the worker's only thread until opened. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open, entered;
+} gate;
+
+static int gate_run(void *task, void **result)
+{
+    (void)result;
+    gate *g = task;
+    pthread_mutex_lock(&g->mu);
+    g->entered = 1;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+static void gate_hold(kvt_io *io, gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = g->entered = 0;
+    pthread_mutex_unlock(&g->mu);
+    kvt_io_op op = {.kind = KVT_IO_KIND_PREFETCH, .key = {0x6a7e, 2}, .priority = KVT_IO_FOREGROUND,
+                    .run = gate_run, .task = g};
+    assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
+    pthread_mutex_lock(&g->mu);
+    while (!g->entered)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(gate *g)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+static kvt_remote *open_tier(kvt_io *io, kvt_store_identity *id, uint64_t queue_max_bytes)
+{
+    kvt_remote_options o = {.lookup_timeout_ms = 2000, .io_timeout_ms = 2000, .quiet = 1, .worker = io,
+                            .queue_max_bytes = queue_max_bytes};
+    kvt_remote *r = NULL;
+    int rc = kvt_remote_open(g_srv.url, id, &o, &r);
+    if (rc)
+        fprintf(stderr, "open: %s\n", kvt_last_error());
+    assert_int_equal(rc, 0);
+    return r;
+}
+
+static kvt_remote_stats stats(kvt_remote *r)
+{
+    kvt_remote_stats st;
+    assert_int_equal(kvt_remote_stats_get(r, &st), 0);
+    return st;
+}
+
+/* Entry i: 10 tokens starting at 1 + 100 i (no two share a block). */
+static void make(int i, int32_t *t, kvt_entry *e)
+{
+    for (int k = 0; k < 10; k++)
+        t[k] = 1 + 100 * i + k;
+    assert_int_equal(store_make_entry(&KV, "", t, 10, e), 0);
+}
+
+static void bound_in_bytes(void **state)
+{
+    (void)state;
+    kvt_io_options io_o = {.threads = 1, .max_ops = 16};
+    kvt_io *io = NULL;
+    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    kvt_store_identity id;
+    char fp[KVT_STORE_FINGERPRINT_LEN];
+    store_identity(&KV, "remote-qbound", fp, &id);
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    int32_t t[4][10];
+    kvt_entry e[4];
+    for (int i = 0; i < 4; i++)
+        make(i, t[i], &e[i]);
+
+    /* the bytes one such entry holds in the queue (all four alike); taken
+     * back before it is written */
+    kvt_remote *r = open_tier(io, &id, 0);
+    kvt_cold_tier ct;
+    kvt_remote_cold_tier(r, &ct);
+    gate_hold(io, &g);
+    assert_int_equal(ct.spill(ct.self, &e[3]), 0);
+    uint64_t b = stats(r).queued_bytes;
+    assert_true(b > 0);
+    assert_int_equal(ct.withdraw(ct.self, t[3], 10, ""), 0);
+    assert_int_equal(stats(r).queued_bytes, 0);
+    gate_open(&g);
+    assert_int_equal(kvt_remote_close(r), 0);
+
+    /* bound = two entries */
+    r = open_tier(io, &id, 2 * b);
+    kvt_remote_cold_tier(r, &ct);
+    gate_hold(io, &g);
+    assert_int_equal(ct.spill(ct.self, &e[0]), 0);
+    assert_int_equal(stats(r).queued_bytes, b);
+    assert_int_equal(ct.spill(ct.self, &e[1]), 0); /* queued + this == the bound: fits */
+    assert_null(e[1].caches);
+    kvt_remote_stats st = stats(r);
+    assert_int_equal(st.queued_entries, 2);
+    assert_int_equal(st.queued_bytes, 2 * b);
+    assert_int_equal(st.dropped, 0);
+    assert_int_equal(ct.spill(ct.self, &e[2]), KVT_EAGAIN); /* would pass the bound */
+    assert_non_null(e[2].caches);                            /* still the caller's */
+    st = stats(r);
+    assert_int_equal(st.queued_entries, 2);
+    assert_int_equal(st.queued_bytes, 2 * b);
+    assert_int_equal(st.dropped, 1);
+    assert_int_equal(ct.pending(ct.self, t[2], 10, ""), 0);
+    /* a withdrawn entry gives its bytes back at once: room for the dropped one */
+    assert_int_equal(ct.withdraw(ct.self, t[1], 10, ""), 0);
+    assert_int_equal(stats(r).queued_bytes, b);
+    assert_int_equal(ct.spill(ct.self, &e[2]), 0);
+    assert_int_equal(stats(r).queued_bytes, 2 * b);
+    gate_open(&g);
+    assert_int_equal(ct.flush(ct.self), 0);
+    st = stats(r);
+    assert_int_equal(st.queued_entries, 0);
+    assert_int_equal(st.queued_bytes, 0);
+    assert_int_equal(st.writes, 2);
+    kvt_cold_hit h;
+    assert_int_equal(ct.find_exact(ct.self, t[0], 10, "", &h), 0);
+    assert_int_equal(ct.find_exact(ct.self, t[1], 10, "", &h), KVT_ENOTFOUND); /* withdrawn */
+    assert_int_equal(ct.find_exact(ct.self, t[2], 10, "", &h), 0);
+    /* the written entries gave their bytes back: two more fit again */
+    make(1, t[1], &e[1]);
+    make(3, t[3], &e[3]);
+    gate_hold(io, &g);
+    assert_int_equal(ct.spill(ct.self, &e[1]), 0);
+    assert_int_equal(ct.spill(ct.self, &e[3]), 0);
+    assert_int_equal(stats(r).queued_bytes, 2 * b);
+    gate_open(&g);
+    assert_int_equal(ct.flush(ct.self), 0);
+    st = stats(r);
+    assert_int_equal(st.queued_bytes, 0);
+    assert_int_equal(st.dropped, 1);
+    assert_int_equal(st.writes, 4);
+    assert_int_equal(kvt_remote_close(r), 0);
+    kvt_io_destroy(io);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+}
+
+int main(void)
+{
+    if (!redis_available("test_remote_queue_bound"))
+        return 0;
+    if (redis_start(&g_srv, 64, NULL)) {
+        fprintf(stderr, "test_remote_queue_bound: cannot start redis-server\n");
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bound_in_bytes),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    redis_stop(&g_srv);
+    return failed ? 1 : 0;
+}
