@@ -28,14 +28,15 @@ static const struct {
     int flash;
     kvt_kv_scheme scheme;
 } k_configs[KVT_LLAMACPP_CONFIGS] = {
-    {"f32", 0, KVT_KV_F32}, {"f16", 0, KVT_KV_F16}, {"f32", 1, KVT_KV_F32}, {"f16", 1, KVT_KV_F16}, {"q8_0", 1, KVT_KV_Q8},
+    {"f32", 0, KVT_KV_F32},   {"f16", 0, KVT_KV_F16},   {"f16", 1, KVT_KV_F16},
+    {"bf16", 0, KVT_KV_BF16}, {"bf16", 1, KVT_KV_BF16}, {"q8_0", 1, KVT_KV_Q8},
 };
 
 struct kvt_llamacpp {
     char dir[64];      /* the temporary directory */
     char script[4096]; /* decode.mjs */
     int threads, runs;
-    double tps[KVT_LLAMACPP_CONFIGS][KVT_LLAMACPP_MAX_CTX][KVT_LLAMACPP_MAX_RUNS];
+    double tps[2][KVT_LLAMACPP_CONFIGS][KVT_LLAMACPP_MAX_CTX][KVT_LLAMACPP_MAX_RUNS]; /* [own] */
     char info[1024];
 };
 
@@ -121,19 +122,19 @@ int kvt_llamacpp_run(kvt_llamacpp *lc, const int *ctx, int n_ctx, int steps)
     while (fgets(line, sizeof line, p)) {
         char kv[16], flash[8];
         int c;
-        double tps;
+        double tps, own;
         if (!strncmp(line, "info ", 5)) {
             line[strcspn(line, "\n")] = '\0';
             size_t len = strlen(line + 5);
             len = len < sizeof lc->info - 1 ? len : sizeof lc->info - 1;
             memcpy(lc->info, line + 5, len);
             lc->info[len] = '\0';
-        } else if (sscanf(line, "result kv %15s flash %7s ctx %d tps %lf", kv, flash, &c, &tps) == 4) {
+        } else if (sscanf(line, "result kv %15s flash %7s ctx %d tps %lf own %lf", kv, flash, &c, &tps, &own) == 5) {
             for (int i = 0; i < KVT_LLAMACPP_CONFIGS; i++)
                 for (int k = 0; k < n_ctx; k++)
                     if (!strcmp(kv, k_configs[i].kv) && !strcmp(flash, k_configs[i].flash ? "on" : "off") &&
                         c == ctx[k])
-                        lc->tps[i][k][run] = tps, got++;
+                        lc->tps[0][i][k][run] = tps, lc->tps[1][i][k][run] = own, got++;
         }
     }
     int st = pclose(p);
@@ -146,12 +147,12 @@ int kvt_llamacpp_run(kvt_llamacpp *lc, const int *ctx, int n_ctx, int steps)
     return 0;
 }
 
-double kvt_llamacpp_tps(const kvt_llamacpp *lc, int cfg, int k)
+double kvt_llamacpp_tps(const kvt_llamacpp *lc, int cfg, int k, int own)
 {
     if (!lc || !lc->runs || cfg < 0 || cfg >= KVT_LLAMACPP_CONFIGS || k < 0 || k >= KVT_LLAMACPP_MAX_CTX)
         return 0;
     double v[KVT_LLAMACPP_MAX_RUNS];
-    memcpy(v, lc->tps[cfg][k], sizeof(double) * (size_t)lc->runs);
+    memcpy(v, lc->tps[own != 0][cfg][k], sizeof(double) * (size_t)lc->runs);
     return kvt_bench_util_median(v, lc->runs);
 }
 

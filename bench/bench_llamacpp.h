@@ -14,8 +14,12 @@
 
 #include <stdint.h>
 
-/** KV cache configurations llama.cpp runs: its cache type and flash attention. */
-#define KVT_LLAMACPP_CONFIGS 5
+/** KV cache configurations llama.cpp runs: its cache type and flash
+ * attention (f32 off, f16 off and on, bf16 off and on, q8_0 on: the best
+ * setting of each type is among them; f32 with flash attention is left out,
+ * as llama.cpp then converts the f32 cache to f16 at every step, and q8_0
+ * needs flash attention). */
+#define KVT_LLAMACPP_CONFIGS 6
 /** Context lengths at most. */
 #define KVT_LLAMACPP_MAX_CTX 4
 /** Runs at most. */
@@ -28,7 +32,7 @@ const char *kvt_llamacpp_kv_name(int i);
 /** 1 when configuration i runs with flash attention. */
 int kvt_llamacpp_flash(int i);
 /** The engine's KV scheme that stores what configuration i stores (f32 ->
- * KVT_KV_F32, f16 -> KVT_KV_F16, q8_0 -> KVT_KV_Q8). */
+ * KVT_KV_F32, f16 -> KVT_KV_F16, bf16 -> KVT_KV_BF16, q8_0 -> KVT_KV_Q8). */
 kvt_kv_scheme kvt_llamacpp_scheme(int i);
 
 /** Prepares the baseline: finds bench/llamacpp (KVT_LLAMACPP_DIR, else the
@@ -47,7 +51,9 @@ int kvt_llamacpp_open(const kvt_model *m, const char *tok_path, const int32_t *t
 /** One run of llama.cpp's decode at context: per configuration, a sequence
  * prefilled to each of ctx[0..n_ctx) in turn (increasing, each >= the
  * previous + steps) and `steps` greedy tokens after each, timed token by
- * token. Stores the run's tokens/s.
+ * token, in a context of the last ctx + steps + 1 tokens (so llama.cpp
+ * never shifts its context in a timed step). Stores the run's tokens/s by
+ * the clock around each call and by llama.cpp's own decode counters.
  * @return 0; KVT_ELIMIT (more than KVT_LLAMACPP_MAX_RUNS runs or contexts);
  *   KVT_EIO when node fails or prints no result (its stderr passes through;
  *   exit 3 means the prebuilt binary did not load).
@@ -55,8 +61,10 @@ int kvt_llamacpp_open(const kvt_model *m, const char *tok_path, const int32_t *t
 int kvt_llamacpp_run(kvt_llamacpp *lc, const int *ctx, int n_ctx, int steps);
 
 /** Median over the runs so far of configuration cfg at context index k, in
- * tokens/s (0 when not run). */
-double kvt_llamacpp_tps(const kvt_llamacpp *lc, int cfg, int k);
+ * tokens/s (0 when not run). own 0: by the clock around each call from
+ * JavaScript (llama.cpp, node-llama-cpp's sampling and scheduling); own 1:
+ * by llama.cpp's own counters (llama_decode alone, what llama.cpp prints). */
+double kvt_llamacpp_tps(const kvt_llamacpp *lc, int cfg, int k, int own);
 
 /** "llama.cpp v0.5.0 prebuilt, CPU backend libggml-cpu-icelake.so; CPU : ..."
  * as decode.mjs reported it ("" before a run). Borrowed, valid until close. */

@@ -32,9 +32,12 @@ export async function loadLlama(threads) {
     return { nlc, llama, logs, info: `llama.cpp ${llama.llamaCppRelease.release} prebuilt, CPU backend ${backend}; ${llama.systemInfo.trim()}` };
 }
 
-export function fail(msg) {
+// Prints the reason and exits: 3 (the default) means llama.cpp did not load
+// or the arguments are wrong, so callers run without the baseline; other
+// codes mean a run went wrong.
+export function fail(msg, code = 3) {
     console.error(`llamacpp: ${msg}`);
-    process.exit(3);
+    process.exit(code);
 }
 
 // --name value pairs of argv after the script into an object.
@@ -51,8 +54,8 @@ export function parseArgs(argv, defaults) {
 
 // The GGML KV cache type of a kvtier scheme name.
 export function kvType(name) {
-    const t = { f32: "F32", f16: "F16", q8_0: "Q8_0" }[name];
+    const t = { f32: "F32", f16: "F16", bf16: "BF16", q8_0: "Q8_0" }[name];
     if (!t)
-        fail(`KV type ${name}: expected f32, f16 or q8_0`);
+        fail(`KV type ${name}: expected f32, f16, bf16 or q8_0`);
     return t;
 }
