@@ -1,7 +1,8 @@
 /*
  * test_metrics_models.c: what /metrics and /stats say of each model when
  * one kvtier serve (in process, over loopback) serves two: stories260K and
- * a small synthetic model made here ("tiny"), each with its own engine
+ * a small synthetic model made here (named ti"ny\, a quote and a
+ * backslash in its id, escaped in the label values), each with its own engine
  * thread. The engine thread's families (queue and running gauges, the
  * decode batch-size histogram, decode steps, engine steps, prefill passes
  * and tokens, phase and step seconds, streamed events) carry model="id",
@@ -36,7 +37,10 @@
 static char stories[1024], stories_tok[1024], dir[256], synth[300], synth_tok[300], pub[2][300];
 static int have_model;
 
-static const char *const ids[2] = {"stories260K", "tiny"};
+/* the second id has a quote and a backslash: escaped as \" and \\ both in
+ * a JSON string and in a Prometheus label value */
+static const char *const ids[2] = {"stories260K", "ti\"ny\\"};
+static const char *const esc_ids[2] = {"stories260K", "ti\\\"ny\\\\"};
 
 static json_t *get_json(int port, const char *path)
 {
@@ -48,6 +52,7 @@ static json_t *get_json(int port, const char *path)
     return doc;
 }
 
+/* `model` escaped for JSON. */
 static void complete(int port, const char *model, const char *prompt, int max_tokens)
 {
     char body[512];
@@ -121,7 +126,7 @@ static void test_engine_series_per_model(void **state)
         skip();
     const char *dirs[2] = {pub[0], pub[1]};
     kvt_server_model models[2] = {{.model_path = stories, .tok_path = stories_tok},
-                                  {.model_path = synth, .tok_path = synth_tok, .model_name = "tiny"}};
+                                  {.model_path = synth, .tok_path = synth_tok, .model_name = ids[1]}};
     kvt_server_opts o = {.models = models, .n_models = 2, .prompt_cache_bytes = 16u << 20,
                          .prompt_cache_dirs = dirs, .n_prompt_cache_dirs = 2};
     kvt_server *s = NULL;
@@ -132,11 +137,11 @@ static void test_engine_series_per_model(void **state)
     }
     int port = kvt_server_port(s);
     /* two requests to the first model, three longer ones to the second */
-    complete(port, ids[0], "Once upon a time", 6);
-    complete(port, ids[0], "The cat sat", 6);
-    complete(port, ids[1], "Lily liked the sun", 10);
-    complete(port, ids[1], "The dog ran to the park", 10);
-    complete(port, ids[1], "Once upon a time there was a little", 10);
+    complete(port, esc_ids[0], "Once upon a time", 6);
+    complete(port, esc_ids[0], "The cat sat", 6);
+    complete(port, esc_ids[1], "Lily liked the sun", 10);
+    complete(port, esc_ids[1], "The dog ran to the park", 10);
+    complete(port, esc_ids[1], "Once upon a time there was a little", 10);
     kvt_server_poll_tiers(s);
 
     /* the engine threads are idle once the replies are in; a step still
@@ -178,7 +183,7 @@ static void test_engine_series_per_model(void **state)
     char ser[200];
     for (int m = 0; m < 2; m++) {
         for (size_t k = 0; k < N_COUNTS; k++) {
-            snprintf(ser, sizeof ser, "%s{model=\"%s\"}", counts[k].fam, ids[m]);
+            snprintf(ser, sizeof ser, "%s{model=\"%s\"}", counts[k].fam, esc_ids[m]);
             double v = series_value(text, ser);
             if (v != num(after[m], counts[k].field))
                 fprintf(stderr, "%s = %g, /stats %s %g\n", ser, v, counts[k].field, num(after[m], counts[k].field));
@@ -186,17 +191,17 @@ static void test_engine_series_per_model(void **state)
         }
         assert_true(num(after[m], "decode_steps") > 0);
         /* the histogram's last bucket holds every decode step */
-        snprintf(ser, sizeof ser, "kvtier_decode_batch_size_bucket{model=\"%s\",le=\"+Inf\"}", ids[m]);
+        snprintf(ser, sizeof ser, "kvtier_decode_batch_size_bucket{model=\"%s\",le=\"+Inf\"}", esc_ids[m]);
         assert_true(series_value(text, ser) == num(after[m], "decode_steps"));
-        snprintf(ser, sizeof ser, "kvtier_decode_batch_size_bucket{model=\"%s\",le=\"1\"}", ids[m]);
+        snprintf(ser, sizeof ser, "kvtier_decode_batch_size_bucket{model=\"%s\",le=\"1\"}", esc_ids[m]);
         assert_true(series_value(text, ser) >= 0);
-        snprintf(ser, sizeof ser, "kvtier_engine_phase_seconds_total{model=\"%s\",phase=\"decode\"}", ids[m]);
+        snprintf(ser, sizeof ser, "kvtier_engine_phase_seconds_total{model=\"%s\",phase=\"decode\"}", esc_ids[m]);
         assert_true(series_value(text, ser) > 0);
-        snprintf(ser, sizeof ser, "kvtier_engine_step_seconds_total{model=\"%s\"}", ids[m]);
+        snprintf(ser, sizeof ser, "kvtier_engine_step_seconds_total{model=\"%s\"}", esc_ids[m]);
         assert_true(series_value(text, ser) > 0);
-        snprintf(ser, sizeof ser, "kvtier_queue_depth{model=\"%s\"}", ids[m]);
+        snprintf(ser, sizeof ser, "kvtier_queue_depth{model=\"%s\"}", esc_ids[m]);
         assert_true(series_value(text, ser) == 0);
-        snprintf(ser, sizeof ser, "kvtier_running_requests{model=\"%s\"}", ids[m]);
+        snprintf(ser, sizeof ser, "kvtier_running_requests{model=\"%s\"}", esc_ids[m]);
         assert_true(series_value(text, ser) == 0);
     }
     /* the two models' figures differ: a sum, or one model's figures under
