@@ -20,6 +20,7 @@
 #include "redis_util.h"
 #include "store_util.h"
 
+#include "io_gate.h"
 #include "kvtier/io.h"
 #include "kvtier/remote.h"
 
@@ -32,44 +33,6 @@
 
 static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
 static redis_srv g_srv;
-
-typedef struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open, entered;
-} gate;
-
-static int gate_run(void *task, void **result)
-{
-    (void)result;
-    gate *g = task;
-    pthread_mutex_lock(&g->mu);
-    g->entered = 1;
-    pthread_cond_broadcast(&g->cv);
-    while (!g->open)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-    return 0;
-}
-
-static void gate_hold(kvt_io *io, gate *g)
-{
-    kvt_io_op op = {.kind = KVT_IO_KIND_PREFETCH, .key = {0x6a7e, 1}, .priority = KVT_IO_FOREGROUND,
-                    .run = gate_run, .task = g};
-    assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
-    pthread_mutex_lock(&g->mu);
-    while (!g->entered)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->open = 1;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
 
 static void seq(int32_t *t, int64_t n, int32_t base)
 {
@@ -108,8 +71,8 @@ static void spills_on_the_worker(void **state)
     kvt_remote *r = open_tier(io, &id, fp);
     kvt_cold_tier t;
     kvt_remote_cold_tier(r, &t);
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    gate_hold(io, &g); /* one of the three slots */
+    io_gate g = IO_GATE_INIT;
+    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 1}, KVT_IO_FOREGROUND); /* one of the three slots */
     int32_t a[12], b[16], c[20];
     seq(a, 12, 10);
     seq(b, 16, 500);
@@ -141,7 +104,7 @@ static void spills_on_the_worker(void **state)
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_SET].submitted, 3);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_SET].coalesced, 1);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_SET].refused, 1);
-    gate_open(&g);
+    io_gate_open(&g);
     assert_int_equal(t.flush(t.self), 0);
     assert_int_equal(stats(r).queued_entries, 0);
     kvt_cold_hit h;
@@ -197,8 +160,8 @@ static void restores_coalesce(void **state)
     kvt_cold_hit h;
     assert_int_equal(t.find(t.self, a, 24, "", &h), 0);
     assert_int_equal(h.prefix_len, 22);
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    gate_hold(io, &g);
+    io_gate g = IO_GATE_INIT;
+    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 1}, KVT_IO_FOREGROUND);
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     int n_done = 0;
@@ -208,7 +171,7 @@ static void restores_coalesce(void **state)
         assert_int_equal(t.restore_async(t.self, h.handle, async_done, &x[i]), 0);
     }
     uint64_t restores0 = stats(r).restores;
-    gate_open(&g);
+    io_gate_open(&g);
     pthread_mutex_lock(&mu);
     while (n_done < 8)
         pthread_cond_wait(&cv, &mu);

@@ -17,6 +17,7 @@
 #include "redis_util.h"
 #include "store_util.h"
 
+#include "io_gate.h"
 #include "kvtier/io.h"
 #include "kvtier/remote.h"
 
@@ -26,48 +27,6 @@
 
 static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
 static redis_srv g_srv;
-
-/* A foreground operation that holds the worker's only thread until opened. */
-typedef struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open, entered;
-} gate;
-
-static int gate_run(void *task, void **result)
-{
-    (void)result;
-    gate *g = task;
-    pthread_mutex_lock(&g->mu);
-    g->entered = 1;
-    pthread_cond_broadcast(&g->cv);
-    while (!g->open)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-    return 0;
-}
-
-static void gate_hold(kvt_io *io, gate *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->open = g->entered = 0;
-    pthread_mutex_unlock(&g->mu);
-    kvt_io_op op = {.kind = KVT_IO_KIND_PREFETCH, .key = {0x6a7e, 2}, .priority = KVT_IO_FOREGROUND,
-                    .run = gate_run, .task = g};
-    assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
-    pthread_mutex_lock(&g->mu);
-    while (!g->entered)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->open = 1;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
 
 static kvt_remote *open_tier(kvt_io *io, kvt_store_identity *id, uint64_t queue_max_bytes)
 {
@@ -105,7 +64,7 @@ static void bound_in_bytes(void **state)
     kvt_store_identity id;
     char fp[KVT_STORE_FINGERPRINT_LEN];
     store_identity(&KV, "remote-qbound", fp, &id);
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+    io_gate g = IO_GATE_INIT;
     int32_t t[4][10];
     kvt_entry e[4];
     for (int i = 0; i < 4; i++)
@@ -116,19 +75,19 @@ static void bound_in_bytes(void **state)
     kvt_remote *r = open_tier(io, &id, 0);
     kvt_cold_tier ct;
     kvt_remote_cold_tier(r, &ct);
-    gate_hold(io, &g);
+    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
     assert_int_equal(ct.spill(ct.self, &e[3]), 0);
     uint64_t b = stats(r).queued_bytes;
     assert_true(b > 0);
     assert_int_equal(ct.withdraw(ct.self, t[3], 10, ""), 0);
     assert_int_equal(stats(r).queued_bytes, 0);
-    gate_open(&g);
+    io_gate_open(&g);
     assert_int_equal(kvt_remote_close(r), 0);
 
     /* bound = two entries */
     r = open_tier(io, &id, 2 * b);
     kvt_remote_cold_tier(r, &ct);
-    gate_hold(io, &g);
+    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
     assert_int_equal(ct.spill(ct.self, &e[0]), 0);
     assert_int_equal(stats(r).queued_bytes, b);
     assert_int_equal(ct.spill(ct.self, &e[1]), 0); /* queued + this == the bound: fits */
@@ -149,7 +108,7 @@ static void bound_in_bytes(void **state)
     assert_int_equal(stats(r).queued_bytes, b);
     assert_int_equal(ct.spill(ct.self, &e[2]), 0);
     assert_int_equal(stats(r).queued_bytes, 2 * b);
-    gate_open(&g);
+    io_gate_open(&g);
     assert_int_equal(ct.flush(ct.self), 0);
     st = stats(r);
     assert_int_equal(st.queued_entries, 0);
@@ -162,11 +121,11 @@ static void bound_in_bytes(void **state)
     /* the written entries gave their bytes back: two more fit again */
     make(1, t[1], &e[1]);
     make(3, t[3], &e[3]);
-    gate_hold(io, &g);
+    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
     assert_int_equal(ct.spill(ct.self, &e[1]), 0);
     assert_int_equal(ct.spill(ct.self, &e[3]), 0);
     assert_int_equal(stats(r).queued_bytes, 2 * b);
-    gate_open(&g);
+    io_gate_open(&g);
     assert_int_equal(ct.flush(ct.self), 0);
     st = stats(r);
     assert_int_equal(st.queued_bytes, 0);

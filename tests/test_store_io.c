@@ -21,6 +21,7 @@
 #include "store_util.h"
 
 #include "kvtier/cache.h"
+#include "io_gate.h"
 #include "kvtier/io.h"
 #include "kvtier/store.h"
 
@@ -32,48 +33,6 @@
 #include <time.h>
 
 static const store_cfg CFG = {.n_kv = 2, .kv_dim = 8, .block = 4};
-
-/* ---- a gate operation that holds one worker thread ------------------------------ */
-
-typedef struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int open, entered;
-} gate;
-
-static int gate_run(void *task, void **result)
-{
-    (void)result;
-    gate *g = task;
-    pthread_mutex_lock(&g->mu);
-    g->entered++;
-    pthread_cond_broadcast(&g->cv);
-    while (!g->open)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-    return 0;
-}
-
-/* Submits a gate operation of priority prio (key id) and waits until a
- * worker thread runs it. */
-static void gate_hold(kvt_io *io, gate *g, uint64_t id, kvt_io_priority prio)
-{
-    kvt_io_op op = {.kind = KVT_IO_KIND_PREFETCH, .key = {id, 0x6a7e}, .priority = prio, .run = gate_run, .task = g};
-    int before = g->entered;
-    assert_int_equal(kvt_io_submit(io, &op, NULL), 0);
-    pthread_mutex_lock(&g->mu);
-    while (g->entered == before)
-        pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate *g)
-{
-    pthread_mutex_lock(&g->mu);
-    g->open = 1;
-    pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
 
 /* ---- restore callbacks --------------------------------------------------------- */
 
@@ -163,8 +122,8 @@ static void sixteen_restores_one_read(void **state)
     kvt_store_stats st0;
     kvt_store_get_stats(s, &st0);
 
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    gate_hold(io, &g, 1, KVT_IO_FOREGROUND);
+    io_gate g = IO_GATE_INIT;
+    io_gate_hold(io, &g, (kvt_io_key){1, 0x6a7e}, KVT_IO_FOREGROUND);
     pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
     int n_done = 0;
@@ -179,7 +138,7 @@ static void sixteen_restores_one_read(void **state)
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].submitted, 16);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].coalesced, 15);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].queued_ops, 1);
-    gate_open(&g);
+    io_gate_open(&g);
     wait_done(&mu, &cv, &n_done, 16);
     kvt_entry want;
     assert_int_equal(store_make_entry(&CFG, "", t, 21, &want), 0);
@@ -355,8 +314,8 @@ static void restore_before_write_behind(void **state)
     kvt_cold_hit hit;
     assert_int_equal(kvt_store_find_exact(s, a_t, 12, "", &hit), 0);
 
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    gate_hold(io, &g, 2, KVT_IO_FOREGROUND);
+    io_gate g = IO_GATE_INIT;
+    io_gate_hold(io, &g, (kvt_io_key){2, 0x6a7e}, KVT_IO_FOREGROUND);
     kvt_entry e;
     assert_int_equal(store_make_entry(&CFG, "", b_t, 16, &e), 0);
     assert_int_equal(kvt_store_put_async(s, &e), 0);
@@ -366,7 +325,7 @@ static void restore_before_write_behind(void **state)
     int n_done = 0;
     acb a = {.mu = &mu, .cv = &cv, .n_done = &n_done, .s = s, .watch = b_t, .n_watch = 16};
     assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &a), 0);
-    gate_open(&g);
+    io_gate_open(&g);
     wait_done(&mu, &cv, &n_done, 1);
     assert_int_equal(a.status, 0);
     assert_int_equal(a.pending_at_done, 1); /* the write-behind had not run yet */
@@ -389,8 +348,8 @@ static void full_queue_drops_and_identical_joins(void **state)
     assert_int_equal(kvt_io_create(&io_o, &io), 0);
     fx f;
     kvt_store *s = fx_open(&f, "io-full", &CFG, io);
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    gate_hold(io, &g, 3, KVT_IO_FOREGROUND); /* one of the two slots */
+    io_gate g = IO_GATE_INIT;
+    io_gate_hold(io, &g, (kvt_io_key){3, 0x6a7e}, KVT_IO_FOREGROUND); /* one of the two slots */
     int32_t a_t[12], b_t[16];
     pcu_seq(a_t, 12, 300);
     pcu_seq(b_t, 16, 400);
@@ -417,7 +376,7 @@ static void full_queue_drops_and_identical_joins(void **state)
     assert_int_equal(kvt_io_stats_get(io, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].refused, 1);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].coalesced, 1);
-    gate_open(&g);
+    io_gate_open(&g);
     assert_int_equal(kvt_store_flush(s), 0);
     assert_int_equal(kvt_store_contains(s, a_t, 12, ""), 1);
     assert_int_equal(kvt_store_contains(s, b_t, 16, ""), 0);
@@ -451,14 +410,14 @@ static void hash_on_the_worker(void **state)
     kvt_io_stats ios;
     assert_int_equal(kvt_io_stats_get(io, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_HASH].ran, 2);
-    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
-    gate_hold(io, &g, 4, KVT_IO_FOREGROUND);
+    io_gate g = IO_GATE_INIT;
+    io_gate_hold(io, &g, (kvt_io_key){4, 0x6a7e}, KVT_IO_FOREGROUND);
     int32_t u[513];
     pcu_seq(u, 513, 77);
     put_tokens(s, &BIG, u, 512); /* every thread busy: the put runs its hashes */
     assert_int_equal(kvt_io_stats_get(io, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_HASH].ran, 4);
-    gate_open(&g);
+    io_gate_open(&g);
     assert_int_equal(kvt_store_close(s), 0);
     kvt_store_options o = {.worker = io, .verify = 1}; /* SHA-256 checked too */
     assert_int_equal(kvt_store_open(f.root, &f.id, &o, &f.s), 0);

@@ -35,18 +35,18 @@ static int kill_where(int include_kept)
 {
     if (getpid() != g_owner)
         return 0; /* a forked child of the test: not its children */
-    pid_t todo[MAX_KIDS];
+    pid_t taken[MAX_KIDS];
     int n = 0, running = 0;
     pthread_mutex_lock(&g_mu);
     for (int i = 0; i < MAX_KIDS; i++)
         if (g_kids[i] > 0 && (include_kept || !g_kept[i])) {
-            todo[n++] = g_kids[i];
+            taken[n++] = g_kids[i];
             g_kids[i] = 0;
             g_kept[i] = 0;
         }
     pthread_mutex_unlock(&g_mu);
     for (int i = 0; i < n; i++)
-        running += reap_one(todo[i]);
+        running += reap_one(taken[i]);
     return running;
 }
 
