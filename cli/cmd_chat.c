@@ -39,6 +39,7 @@ static void usage(FILE *f)
             "                   [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]\n"
             "                   [--redis-restore-timeout MS]]\n"
             "                   [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
+            "                   [--live-cache-strict]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
@@ -78,6 +79,9 @@ static void usage(FILE *f)
             "                        of each turn in RAM, page the rest to a file under\n"
             "                        --live-cache-dir DIR (default $TMPDIR, else /tmp) and back;\n"
             "                        replies unchanged (docs/residency.md)\n"
+            "  --live-cache-strict   the bound holds exactly: a block past it is released as soon\n"
+            "                        as it is written, and the turn waits for that write (default:\n"
+            "                        up to 4 blocks per layer stay in RAM while being written)\n"
             "  --stats               print the model identity and what hashing it cost at startup,\n"
             "                        and the service report (JSON) at the end, on stderr\n"
             "  --ssd-cache DIR       SSD tier under the prompt cache: every kept prefix is queued there\n"
@@ -462,7 +466,7 @@ int kvt_cmd_chat(int argc, char **argv)
     float temperature = 0.0f, topp = 0.9f;
     int multiline = 0, stats = 0, ssd_verify = 0;
     const char *ssd_dir = NULL, *transcript = NULL, *redis_url = NULL;
-    int redis_cluster = 0;
+    int redis_cluster = 0, live_strict = 0;
     long long redis_timeout = 0, redis_ttl = 0, redis_restore = 0;
     uint64_t ssd_max = 0;
     long long demote_idle = 0;
@@ -489,6 +493,10 @@ int kvt_cmd_chat(int argc, char **argv)
         }
         if (!strcmp(a, "--redis-cluster")) {
             redis_cluster = 1;
+            continue;
+        }
+        if (!strcmp(a, "--live-cache-strict")) {
+            live_strict = 1;
             continue;
         }
         static const char *const with_value[] = {"--model", "--tokenizer", "--script", "--session",
@@ -597,6 +605,10 @@ int kvt_cmd_chat(int argc, char **argv)
                            NULL);
     if (redis_url && pc_bytes == 0)
         return usage_error("--redis needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
+    if ((live_dir || live_strict) && !live_blocks && !live_bytes)
+        return usage_error(live_dir ? "--live-cache-dir needs --live-cache-blocks N or --live-cache-bytes B"
+                                    : "--live-cache-strict needs --live-cache-blocks N or --live-cache-bytes B",
+                           NULL);
 
     char **lines = NULL;
     int32_t n_lines = 0;
@@ -672,7 +684,8 @@ int kvt_cmd_chat(int argc, char **argv)
     kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = temperature,
                         .topp = topp, .seed = (uint64_t)seed, .multiline = multiline,
                         .prefill_checkpoint_stride = ckpt_stride < 0 ? block : ckpt_stride == 0 ? -1 : ckpt_stride,
-                        .live_cache_blocks = live_blocks, .live_cache_bytes = live_bytes, .live_cache_dir = live_dir};
+                        .live_cache_blocks = live_blocks, .live_cache_bytes = live_bytes, .live_cache_dir = live_dir,
+                        .live_cache_strict = live_strict};
     if ((rc = kvt_chat_create(m, tok, svc, &co, &chat))) {
         status = fail("cannot start the chat", rc);
         goto done;

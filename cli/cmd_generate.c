@@ -25,6 +25,7 @@ static void usage(FILE *f)
             "                       [--threads N] [--kv-dtype f32|f16|bf16|q8]\n"
             "                       [--request-id ID --ssd-cache DIR [--checkpoint-every N]]\n"
             "                       [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
+            "                       [--live-cache-strict]\n"
             "\n"
             "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
             "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
@@ -69,6 +70,9 @@ static void usage(FILE *f)
             "                      $TMPDIR, else /tmp). With --request-id the checkpoints of\n"
             "                      a bounded run hold every block (paged ones are read back to\n"
             "                      be written), and a resumed run is bounded again at once.\n"
+            "  --live-cache-strict   the bound holds exactly: a block past it is released as soon\n"
+            "                      as it is written, and the run waits for that write (default: up\n"
+            "                      to 4 blocks per layer stay in RAM while their writes are in flight).\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error.\n"
             "\n"
@@ -118,6 +122,7 @@ int kvt_cmd_generate(int argc, char **argv)
     long long steps = 256, seed = 0, block = 256, threads = 0, every = 0, live_blocks = 0;
     uint64_t live_bytes = 0;
     const char *live_dir = NULL;
+    int live_strict = 0;
     kvt_kv_scheme kv_scheme = KVT_KV_F32;
     float temperature = 1.0f, topp = 0.9f;
     for (int i = 1; i < argc; i++) {
@@ -125,6 +130,10 @@ int kvt_cmd_generate(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--live-cache-strict")) {
+            live_strict = 1;
+            continue;
         }
         if (strncmp(a, "--", 2) != 0) {
             fprintf(stderr, "kvtier generate: unexpected argument '%s'\n", a);
@@ -210,8 +219,9 @@ int kvt_cmd_generate(int argc, char **argv)
                                   : "--checkpoint-every needs --request-id ID and --ssd-cache DIR");
         return 2;
     }
-    if (live_dir && !live_blocks && !live_bytes) {
-        fprintf(stderr, "kvtier generate: --live-cache-dir needs --live-cache-blocks or --live-cache-bytes\n");
+    if ((live_dir || live_strict) && !live_blocks && !live_bytes) {
+        fprintf(stderr, "kvtier generate: %s needs --live-cache-blocks or --live-cache-bytes\n",
+                live_dir ? "--live-cache-dir" : "--live-cache-strict");
         return 2;
     }
     char def_model[4096], def_tok[4096];
@@ -269,7 +279,8 @@ int kvt_cmd_generate(int argc, char **argv)
     }
     kvt_generate_stats st;
     kvt_generate_replay rp = {.svc = svc, .request_id = request_id, .seed_explicit = seed != 0};
-    kvt_residency_options live = {.max_blocks = live_blocks, .max_bytes = live_bytes, .dir = live_dir};
+    kvt_residency_options live = {.max_blocks = live_blocks, .max_bytes = live_bytes, .dir = live_dir,
+                                  .write_slack = live_strict ? -1 : 0};
     rc = kvt_generate_live(model, tok, sampler, prompt, steps, (int32_t)block, request_id ? &rp : NULL,
                            live_blocks || live_bytes ? &live : NULL, stdout, &st);
     if (rc) {

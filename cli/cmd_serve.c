@@ -32,6 +32,7 @@ static void usage(FILE *f)
             "                    [--conn-timeout S] [--max-connections N] [--threads N]\n"
             "                    [--kv-dtype f32|f16|bf16|q8]\n"
             "                    [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
+            "                    [--live-cache-strict]\n"
             "\n"
             "An OpenAI-compatible HTTP server over the reference engine and the prompt cache:\n"
             "multi-turn traffic re-sends the conversation, and only its new tokens are prefilled.\n"
@@ -137,6 +138,10 @@ static void usage(FILE *f)
             "                        /stats kv.live_* and /metrics kvtier_live_* count the paging\n"
             "  --live-cache-dir DIR  where each request's page file is made (unlinked at once;\n"
             "                        default $TMPDIR, else /tmp: a disk, not a tmpfs)\n"
+            "  --live-cache-strict   the bound holds exactly: a block past it is released as soon\n"
+            "                        as it is written, and the request waits for that write\n"
+            "                        (default: up to 4 blocks per layer stay in RAM while their\n"
+            "                        writes are in flight, docs/residency.md)\n"
             "\n"
             "Sampling follows the request (OpenAI defaults: temperature 1, top_p 1; \"seed\" makes\n"
             "it repeatable; temperature 0 is greedy). Chat replies end before a newline, like\n"
@@ -195,6 +200,10 @@ int kvt_cmd_serve(int argc, char **argv)
         }
         if (!strcmp(a, "--redis-cluster")) {
             o.redis_cluster = 1;
+            continue;
+        }
+        if (!strcmp(a, "--live-cache-strict")) {
+            o.live_cache_strict = 1;
             continue;
         }
         static const char *const with_value[] = {
@@ -330,8 +339,10 @@ int kvt_cmd_serve(int argc, char **argv)
                            "--ssd-cache DIR", NULL);
     o.checkpoint_every = ckpt_every;
     o.live_cache_blocks = live_blocks;
-    if (o.live_cache_dir && !live_blocks && !o.live_cache_bytes)
-        return usage_error("--live-cache-dir needs --live-cache-blocks N or --live-cache-bytes B", NULL);
+    if ((o.live_cache_dir || o.live_cache_strict) && !live_blocks && !o.live_cache_bytes)
+        return usage_error(o.live_cache_dir ? "--live-cache-dir needs --live-cache-blocks N or --live-cache-bytes B"
+                                            : "--live-cache-strict needs --live-cache-blocks N or --live-cache-bytes B",
+                           NULL);
     if ((live_blocks || o.live_cache_bytes) && o.kv_scheme == KVT_KV_Q8)
         return usage_error("--live-cache-* with --kv-dtype q8: q8 K/V is never paged, so the bound would not "
                            "hold; bound f32, f16 or bf16, or serve q8 fully resident", NULL);

@@ -570,7 +570,8 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
                       .admit_timeout_ms = -1, .stop_tok = c->o.multiline ? NULL : c->tok,
                       .prefill_checkpoint_stride = c->o.prefill_checkpoint_stride,
                       .live_cache_blocks = c->o.live_cache_blocks, .live_cache_bytes = c->o.live_cache_bytes,
-                      .live_cache_dir = c->o.live_cache_dir};
+                      .live_cache_dir = c->o.live_cache_dir,
+                      .live_cache_strict = c->o.live_cache_strict};
     rc = kvt_chat_generate(c->m, c->svc, c->sampler, c->prompt, c->n_prompt, &g, c->out, c->o.max_tokens,
                            &c->n_out, st);
     if (rc)

@@ -109,6 +109,9 @@ typedef struct kvt_gen_opts {
                                   a page file and back (kvtier/residency.h); 0 = no bound */
     uint64_t live_cache_bytes; /* > 0: the same bound in bytes (the smaller wins) */
     const char *live_cache_dir; /* page-file directory, NULL = $TMPDIR or /tmp */
+    int live_cache_strict;      /* 1: the strict bound: no blocks past it while their writes are
+                                   in flight (kvt_residency_options.write_slack < 0); 0: up to 4
+                                   per layer (the default) */
 } kvt_gen_opts;
 
 /** Generates a reply to `prompt` through the service.
@@ -221,6 +224,7 @@ typedef struct kvt_chat_opts {
     int64_t live_cache_blocks; /* as kvt_gen_opts: bounded live-cache residency of each turn */
     uint64_t live_cache_bytes;
     const char *live_cache_dir; /* borrowed: must outlive the chat */
+    int live_cache_strict;      /* as kvt_gen_opts */
 } kvt_chat_opts;
 
 /** Creates a conversation over a model, its tokenizer and a service.

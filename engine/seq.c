@@ -174,7 +174,7 @@ KVT_API int kvt_seq_begin(kvt_model *m, kvt_service *svc, kvt_sampler *sampler, 
     int rc = 0;
     if (o->live_cache_blocks > 0 || o->live_cache_bytes > 0) {
         kvt_residency_options ro = {.max_blocks = o->live_cache_blocks, .max_bytes = o->live_cache_bytes,
-                                    .dir = o->live_cache_dir};
+                                    .dir = o->live_cache_dir, .write_slack = o->live_cache_strict ? -1 : 0};
         if ((rc = kvt_residency_create(&ro, &s->live)) != 0) {
             kvt__free(s);
             return rc;

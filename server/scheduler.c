@@ -382,7 +382,8 @@ static int admit_head(kvt_srv_sched *s, running *slot)
     kvt_gen_opts g = {.max_tokens = j->max_tokens, .session = j->session, .admit_timeout_ms = 0,
                       .stop_tok = j->stop_at_newline ? s->tok : NULL, .request_id = j->request_id,
                       .seed_explicit = j->seed_explicit, .live_cache_blocks = s->o.live_cache_blocks,
-                      .live_cache_bytes = s->o.live_cache_bytes, .live_cache_dir = s->o.live_cache_dir};
+                      .live_cache_bytes = s->o.live_cache_bytes, .live_cache_dir = s->o.live_cache_dir,
+                      .live_cache_strict = s->o.live_cache_strict};
     uint64_t restores0 = cold_restores(s->svc);
     if (!rc)
         rc = kvt_seq_begin(s->m, s->svc, sampler, j->prompt, j->n_prompt, &g, &seq);

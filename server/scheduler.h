@@ -192,6 +192,7 @@ typedef struct kvt_srv_sched_opts {
                                    kvt_gen_opts.live_cache_*; 0 and 0 = fully resident */
     uint64_t live_cache_bytes;
     const char *live_cache_dir; /* borrowed: must outlive the scheduler; NULL = $TMPDIR or /tmp */
+    int live_cache_strict;      /* as kvt_gen_opts.live_cache_strict */
 } kvt_srv_sched_opts;
 
 /** Starts the engine thread over a loaded model, its tokenizer and service

@@ -1345,7 +1345,7 @@ static int load_model(kvt_server *s, int i)
                               .prefill_chunk = s->o.prefill_chunk,
 
                               .live_cache_blocks = s->o.live_cache_blocks, .live_cache_bytes = s->o.live_cache_bytes,
-                              .live_cache_dir = s->o.live_cache_dir};
+                              .live_cache_dir = s->o.live_cache_dir, .live_cache_strict = s->o.live_cache_strict};
     if ((rc = kvt_srv_sched_create(md->m, md->tok, md->svc, s->metrics, &sco, &md->sched)))
         return kvt__fail(rc, "cannot start the engine thread of model '%s'", md->model_name);
     return 0;

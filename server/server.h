@@ -97,6 +97,7 @@ typedef struct kvt_server_opts {
                                     docs/residency.md); admission charges the bound; 0 = no bound */
     uint64_t live_cache_bytes;   /* > 0: the same bound in bytes (the smaller wins) */
     const char *live_cache_dir;  /* page-file directory, NULL = $TMPDIR or /tmp; copied */
+    int live_cache_strict;       /* 1: the strict bound (kvt_gen_opts.live_cache_strict) */
 } kvt_server_opts;
 
 /** Binds and starts answering HTTP (every generation request gets 503 until

@@ -218,6 +218,41 @@ static void test_kv_paging(void **state)
     kvt_cache_destroy(k2);
 }
 
+/* The strict bound (write_slack < 0): after every append at most the share
+ * of full private blocks is in RAM, with no settle, whatever the speed of
+ * the writes; every block past it is already durable, so reading the
+ * context pages each of them in. */
+static void test_strict_bound(void **state)
+{
+    (void)state;
+    uint64_t s = g_seed ^ 0x5157;
+    const size_t bb = 2 * B * D * sizeof(float);
+    kvt_residency_options o = {.max_blocks = 2, .dir = g_dir, .write_slack = -1};
+    kvt_residency *r = NULL;
+    assert_int_equal(kvt_residency_create(&o, &r), 0);
+    kvt_cache *c = NULL;
+    assert_int_equal(kvt_kv_create(D, B, &c), 0);
+    assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+    float ref[42 * 2 * D];
+    kvt_residency_stats st;
+    for (int t = 0; t < 42; t++) {
+        append_rows(c, 1, &s, ref + (size_t)t * 2 * D);
+        assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+        int full = (t + 1) / B;
+        assert_int_equal(st.resident_blocks, full < 2 ? full : 2);
+        assert_true(st.peak_resident_bytes <= 2 * bb);
+        assert_int_equal(st.blocks_out, full > 2 ? full - 2 : 0); /* written before the append returned */
+        for (int i = 0; i + 2 < full; i++)
+            assert_int_equal(state_of(c, i), KVT_BLOCK_DURABLE);
+    }
+    check_rows(c, 42, ref);
+    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+    assert_int_equal(st.blocks_in, 8);
+    assert_int_equal(st.write_failures, 0);
+    kvt_cache_destroy(c);
+    kvt_residency_release(r);
+}
+
 /* Attention through a window: two passes over the blocks (K, then V) hold
  * at most the window's blocks staged, read ahead in the walk's order, and
  * every block taken is the one written. */
@@ -881,6 +916,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_state_machine),
         cmocka_unit_test(test_kv_paging),
+        cmocka_unit_test(test_strict_bound),
         cmocka_unit_test(test_window_walk),
         cmocka_unit_test(test_shared_blocks_stay),
         cmocka_unit_test(test_engine_identical),

@@ -2,7 +2,7 @@
  * test_residency_serve.c: `kvtier serve --live-cache-blocks N` end to end
  * over HTTP on stories260K (skipped with a message when KVT_SHARED_DIR lacks
  * it). A bounded server (every full kv block paged: one block over five
- * layers) and an unbounded one, both --threads 1: a multi-turn chat whose
+ * layers, --live-cache-strict) and an unbounded one, both --threads 1: a multi-turn chat whose
  * context passes a whole 256-token block gets byte-identical replies; eight
  * concurrent completions (decoded batched) get the replies each gets alone
  * from the unbounded server; /stats kv.live_* and /metrics kvtier_live_*
@@ -89,7 +89,11 @@ static int setup(void **state)
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvt_live_serve_XXXXXX");
     assert_non_null(mkdtemp(tmpdir));
     start(&unb, "unbounded", NULL);
-    const char *b[] = {"--live-cache-blocks", "1", "--live-cache-dir", tmpdir, NULL};
+    /* strict: a block past the bound is released once written, before the request goes on, so the
+     * decode pages it in however fast the engine is against the disk (with the default slack of 4
+     * writes in flight per layer, a fast engine can finish a 48-token decode before any write of
+     * its one full block per layer completes, and read nothing back) */
+    const char *b[] = {"--live-cache-blocks", "1", "--live-cache-dir", tmpdir, "--live-cache-strict", NULL};
     start(&bnd, "bounded", b);
     return 0;
 }

@@ -117,6 +117,11 @@ typedef struct kvt_residency_options {
     int drop_page_cache; /**< 1: drop the page file's pages from the OS page cache after each write
                               (after an fdatasync) and each read (posix_fadvise DONTNEED), so every
                               page-in reads the disk (benchmarks) */
+    int32_t write_slack; /**< full blocks one attached cache may keep in RAM past its share while their
+                              page-file writes are in flight, before a bound check waits for the oldest
+                              write (default 4; < 0: none, the strict bound: a bound check waits for the
+                              write of every block past the share, so RAM never holds more full private
+                              blocks than the share and the next attention over them pages them in) */
 } kvt_residency_options;
 
 /** Counters of one residency (since creation, except the gauges).

@@ -84,7 +84,8 @@ static int step(kvt__blk *b, kvt_block_event ev)
 
 #define RES_MAX_LAYERS 4096
 /* Full blocks past its share a table may keep in RAM while their writes are in
- * flight before appends wait for a write to complete. */
+ * flight before appends wait for a write to complete (the default of
+ * kvt_residency_options.write_slack). */
 #define WRITE_SLACK 4
 #define DEFAULT_READ_AHEAD 32
 #define DEFAULT_WINDOW 8
@@ -95,6 +96,7 @@ struct kvt_residency {
     uint64_t max_bytes;
     int32_t read_ahead;
     int32_t window;
+    int32_t write_slack; /* >= 0 */
     int drop;
     kvt_io *io;
     int own_io; /* io is a reference on the process's default worker */
@@ -194,6 +196,7 @@ KVT_API int kvt_residency_create(const kvt_residency_options *opt, kvt_residency
     r->max_bytes = o.max_bytes;
     r->read_ahead = o.read_ahead == 0 ? DEFAULT_READ_AHEAD : o.read_ahead < 0 ? 0 : o.read_ahead;
     r->window = o.window > 0 ? KVT__MAX(o.window, 2) : DEFAULT_WINDOW;
+    r->write_slack = o.write_slack == 0 ? WRITE_SLACK : o.write_slack < 0 ? 0 : o.write_slack;
     r->drop = o.drop_page_cache != 0;
     r->id = (uint64_t)(uintptr_t)r ^ kvt_now_ns() ^ ((uint64_t)getpid() << 40);
     pthread_mutex_init(&r->mu, NULL);
@@ -725,7 +728,7 @@ int kvt__blocks_enforce(kvt__blocks *t, int64_t full, size_t block_bytes)
             } /* FAILED: stays in RAM for good */
         }
         /* past the share by more than the writes allowed in flight: wait for one */
-        if (oldest_writing >= 0 && (uint64_t)in_ram > share + WRITE_SLACK) {
+        if (oldest_writing >= 0 && (uint64_t)in_ram > share + (uint64_t)r->write_slack) {
             wait_write(t, oldest_writing);
             continue;
         }
