@@ -30,6 +30,7 @@ int kvt__qkv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
  * one; out not NULL). */
 int32_t kvt__qkvc_kv_dim(const kvt_cache *c);
 int32_t kvt__qkvc_block_tokens(const kvt_cache *c);
+kvt_dtype kvt__qkvc_sealed_dtype(const kvt_cache *c);
 int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
 /** kvt_kv_dtype of a rotating cache (c must be one). */
 kvt_dtype kvt__rotating_dtype(const kvt_cache *c);
