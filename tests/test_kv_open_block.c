@@ -23,7 +23,10 @@
  *    f32); past it they differ; a prefill in one call equals the same
  *    prompt prefilled block by block, bit for bit;
  *  - the 8-bit codes: a step that makes code 255 read as infinity is refused
- *    by decode, and sealing rows of +-FLT_MAX never writes one.
+ *    by decode, and sealing rows of +-FLT_MAX never writes one; the int8
+ *    kinds (qkv, an I8 rotating ring) alike: a scale above FLT_MAX / 128
+ *    (code -128 would read as infinity) is refused, and quantizing rows of
+ *    FLT_MAX and infinity writes states decode accepts, reading finite.
  * Randomized: prints and accepts its seed (KVT_TEST_SEED).
  */
 #include <setjmp.h>
@@ -460,6 +463,55 @@ static void test_u8_step_overflow(void **state)
     kvt_cache_destroy(c);
 }
 
+/* qkv and an I8 rotating ring: rows of +-FLT_MAX and +inf quantize into a
+ * state decode accepts, every value finite; a scale of FLT_MAX / 64 (finite,
+ * but code -128 times it is not) is refused. */
+static void test_i8_scale_overflow(void **state)
+{
+    (void)state;
+    float k[B * D], v[B * D];
+    for (int i = 0; i < B * D; i++) {
+        k[i] = i % 3 == 0 ? FLT_MAX : i % 3 == 1 ? -FLT_MAX : 1.0f;
+        v[i] = i % 2 ? INFINITY : 2.0f;
+    }
+    for (int kind = 0; kind < 2; kind++) {
+        kvt_cache *c = NULL, *r = NULL;
+        if (kind == 0)
+            assert_int_equal(kvt_qkv_create(D, 3, B, &c), 0);
+        else
+            assert_int_equal(kvt_rotating_create_dtype(D, 2 * B, 0, KVT_DTYPE_I8, 3, &c), 0);
+        const void *in[2] = {k, v};
+        assert_int_equal(kvt_cache_append(c, B, in), 0);
+        kvt_cache_state st;
+        assert_int_equal(kvt_cache_encode(c, &st), 0);
+        assert_int_equal(kvt_cache_decode(&st, &r), 0);
+        kvt_kv_rows rw;
+        assert_int_equal(kind ? kvt_rotating_rows(r, &rw) : kvt_kv_block_rows(r, 0, &rw), 0);
+        assert_int_equal(rw.dtype, KVT_DTYPE_I8);
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < B * D; i++) {
+                const int8_t *q = h ? rw.v : rw.k;
+                const float *sc = h ? rw.v_scale : rw.k_scale;
+                float x = (float)q[i] * sc[i / rw.group_size];
+                if (!isfinite(x))
+                    fail_msg("kind %d %s element %d reads as %g", kind, h ? "V" : "K", i, (double)x);
+            }
+        kvt_cache_destroy(r);
+        /* the scales tensor: qkv blk0.s (index 1), the ring's ring.s (index 1) */
+        assert_int_equal(st.tensors[1].dtype, KVT_DTYPE_F32);
+        float *sc = (float *)(void *)st.tensors[1].data, keep = sc[0];
+        sc[0] = FLT_MAX / 64.0f;
+        refused(&st, "at most FLT_MAX / 128");
+        sc[0] = FLT_MAX / 128.0f; /* the largest accepted */
+        r = NULL;
+        assert_int_equal(kvt_cache_decode(&st, &r), 0);
+        kvt_cache_destroy(r);
+        sc[0] = keep;
+        kvt_cache_state_clear(&st);
+        kvt_cache_destroy(c);
+    }
+}
+
 int main(void)
 {
     g_seed = test_seed("test_kv_open_block");
@@ -467,7 +519,7 @@ int main(void)
         cmocka_unit_test(test_seal_rule),         cmocka_unit_test(test_encode_decode),
         cmocka_unit_test(test_refusals),          cmocka_unit_test(test_identity),
         cmocka_unit_test(test_layer_bytes),       cmocka_unit_test(test_engine_open_block),
-        cmocka_unit_test(test_u8_step_overflow),
+        cmocka_unit_test(test_u8_step_overflow),  cmocka_unit_test(test_i8_scale_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

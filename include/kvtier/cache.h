@@ -371,7 +371,10 @@ KVT_API const void *kvt_recurrent_state(const kvt_cache *c);
  * stored as round(x / scale) in int8. append inputs: as kv (f32 K and V,
  * quantized on the way in). encode: tensors "blk<i>.q" I8 (2, n, kv_dim) and
  * "blk<i>.s" F32 (2, n, kv_dim / group_size); params = {kv_dim, block_tokens,
- * group_size}.
+ * group_size}. A scale is at most FLT_MAX / 128 (quantizing clamps it there,
+ * so values beyond FLT_MAX * 127 / 128 or infinite read back as +-127 steps),
+ * so every int8 code reads back finite; decode (and an I8 rotating ring's)
+ * refuses a scale that is negative, NaN or above it (KVT_EFORMAT).
  * @param group_size >= 1 and divides kv_dim. @return 0, KVT_EINVAL, KVT_ENOMEM.
  */
 KVT_API int kvt_qkv_create(int32_t kv_dim, int32_t group_size, int32_t block_tokens, kvt_cache **out);
