@@ -192,20 +192,20 @@ static void bo_unpin(kvt__origin *o)
     pthread_mutex_unlock(&p->mu);
 }
 
-static int bo_read(kvt__origin *o, void *dst, size_t n)
+static int bo_read(kvt__origin *o, void *dst, uint64_t at, size_t n)
 {
     block_origin *b = (block_origin *)o;
     char name[64];
     kvt__store_file_name('b', b->key, name);
-    if (n != b->bytes)
-        return kvt__fail(KVT_EINVAL, "store: block %s holds %llu bytes, %zu asked", name,
-                         (unsigned long long)b->bytes, n);
+    if (at > b->bytes || n > b->bytes - at)
+        return kvt__fail(KVT_EINVAL, "store: block %s holds %llu bytes, %zu asked from byte %llu", name,
+                         (unsigned long long)b->bytes, n, (unsigned long long)at);
     int fd = kvt__io_openat(b->pins->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (fd < 0)
         return -errno;
     int rc = 0;
     for (size_t got = 0; got < n;) {
-        ssize_t r = kvt__io_pread(fd, (char *)dst + got, n - got, (off_t)(b->off + got));
+        ssize_t r = kvt__io_pread(fd, (char *)dst + got, n - got, (off_t)(b->off + at + got));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {
