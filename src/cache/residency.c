@@ -89,6 +89,10 @@ static int step(kvt__blk *b, kvt_block_event ev)
 #define WRITE_SLACK 4
 #define DEFAULT_READ_AHEAD 32
 #define DEFAULT_WINDOW 8
+/* Threads of the process's page-in worker: page-ins (read-ahead included)
+ * in flight at once when no worker is given, so the disk sees a queue, not
+ * one read at a time. */
+#define PAGE_IN_THREADS 4
 
 struct kvt_residency {
     _Atomic int64_t refs;
@@ -98,8 +102,9 @@ struct kvt_residency {
     int32_t window;
     int32_t write_slack; /* >= 0 */
     int drop;
-    kvt_io *io;
+    kvt_io *io; /* page-file writes */
     int own_io; /* io is a reference on the process's default worker */
+    kvt_io *rd_io; /* page-ins: the given worker, or a reference on the page-in worker */
     int fd;
     char *path; /* the page file's name (unlinked), for messages */
     uint64_t id; /* first half of every operation key */
@@ -153,11 +158,48 @@ static void gauge_add(_Atomic uint64_t *g, _Atomic uint64_t *peak, int64_t delta
     }
 }
 
+/* The process's page-in worker (PAGE_IN_THREADS threads, every one free for
+ * background reads), shared by the residencies given no worker: created by
+ * the first acquire, destroyed by the last release. */
+static pthread_mutex_t page_in_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvt_io *page_in_io;
+static uint64_t page_in_refs;
+
+static int page_in_acquire(kvt_io **out)
+{
+    pthread_mutex_lock(&page_in_mu);
+    int rc = 0;
+    if (!page_in_io) {
+        kvt_io_options o = {.threads = PAGE_IN_THREADS, .max_background = PAGE_IN_THREADS};
+        rc = kvt_io_create(&o, &page_in_io);
+    }
+    if (rc == 0) {
+        page_in_refs++;
+        *out = page_in_io;
+    }
+    pthread_mutex_unlock(&page_in_mu);
+    return rc;
+}
+
+static void page_in_release(void)
+{
+    kvt_io *last = NULL;
+    pthread_mutex_lock(&page_in_mu);
+    if (page_in_refs > 0 && --page_in_refs == 0) {
+        last = page_in_io;
+        page_in_io = NULL;
+    }
+    pthread_mutex_unlock(&page_in_mu);
+    kvt_io_destroy(last); /* page-ins are never fire and forget: nothing queued is lost */
+}
+
 static void *res_final(void *arg)
 {
     kvt_residency *r = arg;
-    if (r->own_io)
+    if (r->own_io) {
         kvt_io_default_release(r->io);
+        page_in_release();
+    }
     kvt__page_file_close(r->fd);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -177,7 +219,7 @@ KVT_API void kvt_residency_release(kvt_residency *r)
 {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
         return;
-    if (in_io_worker && r->own_io) {
+    if (in_io_worker && r->own_io) { /* (a default or page-in worker thread) */
         /* on a worker thread: the default worker's last release must not run here */
         pthread_t t;
         pthread_attr_t a;
@@ -234,10 +276,14 @@ KVT_API int kvt_residency_create(const kvt_residency_options *opt, kvt_residency
         goto fail;
     }
     if (o.io) {
-        r->io = o.io;
+        r->io = r->rd_io = o.io;
     } else {
         if ((rc = kvt_io_default_acquire(&r->io)) != 0)
             goto fail;
+        if ((rc = page_in_acquire(&r->rd_io)) != 0) {
+            kvt_io_default_release(r->io);
+            goto fail;
+        }
         r->own_io = 1;
     }
     *out = r;
@@ -566,7 +612,7 @@ static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio, int part)
         kvt_io_op op = {.kind = KVT_IO_KIND_RESTORE, .key = {r->id ^ ((uint64_t)part << 62), p->off},
                         .priority = prio, .bytes = part == PART_ALL ? p->bytes : p->bytes / 2,
                         .run = rd_run, .free_fn = rd_free, .task = task};
-        if (kvt_io_submit(r->io, &op, &x->rd) == 0) {
+        if (kvt_io_submit(r->rd_io, &op, &x->rd) == 0) {
             kvt_buf_release(buf);
             return step(k, KVT_BLOCK_EV_READ);
         }
