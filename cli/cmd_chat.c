@@ -121,7 +121,10 @@ static void usage(FILE *f)
             "                        directory or a FILE that cannot be written is refused then)\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 130 a script\n"
-            "interrupted (Ctrl-C/SIGTERM) before its last message.\n");
+            "interrupted (Ctrl-C/SIGTERM) before its last message. A turn whose prompt (the whole\n"
+            "conversation so far) plus --max-tokens passes the model's context is a failure: the\n"
+            "chat ends there (exit 1, naming the numbers; earlier turns stay in the cache and in\n"
+            "--transcript, which a new run then cannot continue).\n");
 }
 
 static int usage_error(const char *msg, const char *arg)
