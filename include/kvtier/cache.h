@@ -317,7 +317,7 @@ KVT_API int32_t kvt_kv_dim(const kvt_cache *c);
  * min(offset, window) valid slots; params = {kv_dim, window, keep}.
  *
  * @param window slots W >= 1; @param keep 0 <= keep < window.
- * @return 0, KVT_EINVAL, KVT_ENOMEM.
+ * @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe (creates a new object).
  */
 KVT_API int kvt_rotating_create(int32_t kv_dim, int32_t window, int32_t keep, kvt_cache **out);
 
@@ -333,7 +333,8 @@ KVT_API int kvt_rotating_create(int32_t kv_dim, int32_t window, int32_t keep, kv
  * keep, dtype, group_size} (group_size 0 unless I8) for every dtype but F32.
  * decode refuses a tensor whose dtype differs from the params' (KVT_EFORMAT).
  * @param group_size I8: >= 1 and divides kv_dim; ignored otherwise.
- * @return 0; KVT_EINVAL (a bad dimension, dtype or group size); KVT_ENOMEM. */
+ * @return 0; KVT_EINVAL (a bad dimension, dtype or group size); KVT_ENOMEM.
+ * Thread-safe (creates a new object). */
 KVT_API int kvt_rotating_create_dtype(int32_t kv_dim, int32_t window, int32_t keep, kvt_dtype dtype,
                                       int32_t group_size, kvt_cache **out);
 
@@ -359,7 +360,8 @@ KVT_API int kvt_rotating_view(const kvt_cache *c, const float **k, const float *
  * append inputs: inputs[0] = the whole new state (state_bytes) after the
  * n_tokens new tokens; offset += n_tokens. Range is [offset, offset].
  * encode: tensor "state" U8 (state_bytes); params = {state_bytes}.
- * @return 0, KVT_EINVAL (state_bytes 0), KVT_ENOMEM. */
+ * @return 0, KVT_EINVAL (state_bytes 0), KVT_ENOMEM. Thread-safe (creates a
+ * new object). */
 KVT_API int kvt_recurrent_create(size_t state_bytes, kvt_cache **out);
 
 /** Borrowed pointer to the current state (state_bytes bytes), valid until the
@@ -436,7 +438,9 @@ struct kvt_attachment {
 };
 
 /** Creates a "blob" attachment: a copy of `bytes` bytes of `data` in a
- * refcounted buffer (clones share it). @return 0, KVT_EINVAL, KVT_ENOMEM. */
+ * refcounted buffer (clones share it). @return 0, KVT_EINVAL (out NULL, name
+ * NULL or of 64 bytes or more, data NULL with bytes > 0), KVT_ENOMEM.
+ * Thread-safe. */
 KVT_API int kvt_attachment_blob(const char *name, const void *data, size_t bytes, kvt_attachment **out);
 /** The bytes of a blob attachment: borrowed, valid until `a` and every
  * clone of it are destroyed; *bytes (if not NULL) receives their count.
