@@ -41,6 +41,7 @@ static void usage(FILE *f)
             "                   [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
             "                   [--live-cache-strict]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
+            "                   [--kv-dtype f32|f16|bf16|q8]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
