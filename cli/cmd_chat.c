@@ -126,7 +126,8 @@ static void usage(FILE *f)
             "interrupted (Ctrl-C/SIGTERM) before its last message. A turn whose prompt (the whole\n"
             "conversation so far) plus --max-tokens passes the model's context is a failure: the\n"
             "chat ends there (exit 1, naming the numbers; earlier turns stay in the cache and in\n"
-            "--transcript, which a new run then cannot continue).\n");
+            "--transcript, and continuing it needs the history, the new message and --max-tokens\n"
+            "to fit).\n");
 }
 
 static int usage_error(const char *msg, const char *arg)
