@@ -838,6 +838,8 @@ static void levels_json(kvt_server *s, const srv_model *md, int ready, json_t *d
         if (!json_object_get(doc, key))
             json_object_set(doc, key, o);
         if (!strcmp(l->name, "published")) {
+            if (l->generation[0]) /* the generation mounted at the last poll (about every second) */
+                json_object_set_new(o, "generation", json_string(l->generation));
             if (!pubs)
                 pubs = json_array();
             if (pubs)
