@@ -1340,6 +1340,7 @@ static int load_model(kvt_server *s, int i)
     if (s->o.checkpoint_every > 0 && md->store) { /* no store (SSD off): nothing is checkpointed */
         so.checkpoint_store = md->store;
         so.checkpoint_every = s->o.checkpoint_every;
+        so.checkpoint_sync = s->o.checkpoint_sync;
     }
     if ((rc = kvt_chat_service_create(md->m, &so, &md->svc)))
         return rc;
