@@ -109,7 +109,7 @@ typedef struct config {
 
 /* argv of `kvtier generate` for c; replayable adds the checkpoint flags. */
 /* sync: --checkpoint-sync (each checkpoint durable before decoding goes on) */
-static void gen_args(const config *c, int replayable, int sync, const char *id, const char *args[24])
+static void gen_args(const config *c, int replayable, int sync, const char *id, const char *args[32])
 {
     int n = 0;
     args[n++] = "generate";
@@ -144,7 +144,7 @@ static void gen_args(const config *c, int replayable, int sync, const char *id, 
 
 static void run_to_end(const config *c, int replayable, const char *id, const char *sub, cli_result *r)
 {
-    const char *args[24];
+    const char *args[32];
     gen_args(c, replayable, 0, id, args);
     cli_child ch;
     char d[800];
@@ -230,7 +230,7 @@ static void test_kill_trials(void **state)
         config *c = &cfg[t % 4];
         char id[32];
         snprintf(id, sizeof id, "trial-%d", t);
-        const char *args[24];
+        const char *args[32];
         /* even trials with --checkpoint-sync: the checkpoints the output
          * passed are durable however fast the decode runs against the disk
          * (write-behind ones may all be lost: those trials may start fresh) */
