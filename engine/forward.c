@@ -530,8 +530,9 @@ static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, int 
         G = KVT__MAX((G + 1) / 2, parts); /* never fewer heads than the threads run */
     parts = KVT__MIN(parts, G);
     int groups = (H + G - 1) / G;
-    /* the walk: per group of heads, K blocks then V blocks */
-    int window = kvt_kv_window_open(cache, ctx, 2 * groups);
+    /* the walk: per group of heads, K blocks then V blocks, each pass paging
+     * in only the half of a block it reads */
+    int window = kvt_kv_window_open_halves(cache, ctx, 2 * groups);
     if (window <= 0)
         return window;
     int chunk = KVT__MAX(window / 2, 1); /* the rest of the window reads ahead */

@@ -36,7 +36,17 @@
 #include "serve_util.h"
 #include "store_util.h"
 
+/* How many times slower this build runs a test (CMake: 10 under TSan, 3
+ * under ASan, else 1): receive timeouts, waits and the hosts' generous
+ * lookup and restore bounds are multiplied by it; the bounds a test checks
+ * (f_serve_pause's host B keeps the defaults) are not. */
+#ifndef KVT_TEST_TIME_SCALE
+#define KVT_TEST_TIME_SCALE 1
+#endif
+#define SLOW KVT_TEST_TIME_SCALE
+
 static char g_model[600], g_tok[600], g_dir[512];
+static char g_lookup_ms[16], g_restore_ms[16]; /* 1000 and 10000 ms, times SLOW */
 
 static double now_ms(void)
 {
@@ -89,7 +99,7 @@ static char *turn_ex(int port, const char *const *users, char *const *replies, i
     char *body = json_dumps(doc, JSON_COMPACT);
     json_decref(doc);
     kvt_ts_resp r;
-    int st = kvt_ts_http(port, "POST", "/v1/chat/completions", NULL, body, 60, &r);
+    int st = kvt_ts_http(port, "POST", "/v1/chat/completions", NULL, body, 60 * SLOW, &r);
     free(body);
     if (st != 200)
         fail_msg("turn %d: HTTP %d %s", n, st, r.body ? r.body : "");
@@ -127,7 +137,7 @@ static double metric(const char *text, const char *name)
 static void check_remote_counters(int port)
 {
     kvt_ts_resp r;
-    assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+    assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30 * SLOW, &r), 200);
     print_message("server B: kvtier_remote_lookups_total %g, lookup_hits %g, restores %g, restored bytes %g, "
                   "round trips %g\n",
                   metric(r.body, "kvtier_remote_lookups_total"), metric(r.body, "kvtier_remote_lookup_hits_total"),
@@ -159,7 +169,7 @@ static void check_remote_counters(int port)
         print_message("promtool is not installed (Debian package prometheus): lint skipped\n");
     }
     /* /stats: the same counters, one object */
-    assert_int_equal(kvt_ts_http(port, "GET", "/stats", NULL, NULL, 30, &r), 200);
+    assert_int_equal(kvt_ts_http(port, "GET", "/stats", NULL, NULL, 30 * SLOW, &r), 200);
     json_t *doc = json_loads(r.body, 0, NULL);
     kvt_ts_resp_free(&r);
     assert_non_null(doc);
@@ -175,7 +185,7 @@ static void check_remote_counters(int port)
 static long long remote_stat(int port, const char *name)
 {
     kvt_ts_resp r;
-    assert_int_equal(kvt_ts_http(port, "GET", "/stats", NULL, NULL, 30, &r), 200);
+    assert_int_equal(kvt_ts_http(port, "GET", "/stats", NULL, NULL, 30 * SLOW, &r), 200);
     json_t *doc = json_loads(r.body, 0, NULL);
     kvt_ts_resp_free(&r);
     assert_non_null(doc);
@@ -185,17 +195,17 @@ static long long remote_stat(int port, const char *name)
     return n;
 }
 
-/* Waits (up to 60 s) until the server at port wrote at least `records`
- * records to Redis and its write-behind queue is empty. */
+/* Waits (up to 60 s times SLOW) until the server at port wrote at least
+ * `records` records to Redis and its write-behind queue is empty. */
 static void wait_written(int port, long long records)
 {
     double t0 = now_ms();
-    while (now_ms() - t0 < 60000) {
+    while (now_ms() - t0 < 60000.0 * SLOW) {
         if (remote_stat(port, "write_records") >= records && remote_stat(port, "queued_entries") == 0)
             return;
         sleep_ms(20);
     }
-    fail_msg("the server on port %d did not write %lld records to Redis in 60 s", port, records);
+    fail_msg("the server on port %d did not write %lld records to Redis in %d s", port, records, 60 * SLOW);
 }
 
 static void t_alternating_servers(void **state)
@@ -211,10 +221,10 @@ static void t_alternating_servers(void **state)
      * on a loaded machine a lookup over the default bound is a counted miss
      * by design, which would make a server recompute what this test checks
      * it reuses (f_serve_pause checks the 50 ms bound). */
-    const char *ea[] = {"--ssd-cache", da, "--redis", rs.url, "--redis-timeout", "1000",
-                        "--redis-restore-timeout", "10000", NULL};
-    const char *eb[] = {"--ssd-cache", db, "--redis", rs.url, "--redis-timeout", "1000",
-                        "--redis-restore-timeout", "10000", NULL};
+    const char *ea[] = {"--ssd-cache", da, "--redis", rs.url, "--redis-timeout", g_lookup_ms,
+                        "--redis-restore-timeout", g_restore_ms, NULL};
+    const char *eb[] = {"--ssd-cache", db, "--redis", rs.url, "--redis-timeout", g_lookup_ms,
+                        "--redis-restore-timeout", g_restore_ms, NULL};
     start(&off, "off", eoff);
     start(&a, "a", ea);
     start(&b, "b", eb);
@@ -266,7 +276,7 @@ static double g_off_ms;     /* the cache-off server's turn 3, in ms */
 static kvt_ts_server g_off; /* the cache-off server of the fault tests */
 
 /* A host with its own SSD directory. Its lookup timeout is 1000 ms and its
- * restore timeout 10 s, so a loaded machine does not turn a lookup or
+ * restore timeout 10 s (times SLOW), so a loaded machine does not turn a lookup or
  * restore the test relies on into a timeout miss; the pause test's host B
  * keeps the defaults (50 ms, 1 s): the bound it checks. */
 static void start_host(kvt_ts_server *sv, const char *test, const char *host, const char *url, int cluster)
@@ -275,8 +285,8 @@ static void start_host(kvt_ts_server *sv, const char *test, const char *host, co
     snprintf(dir, sizeof dir, "%s/%s-%s", g_dir, test, host);
     snprintf(name, sizeof name, "%s-%s", test, host);
     int dflt = !strcmp(test, "pause") && !strcmp(host, "b");
-    const char *e[] = {"--ssd-cache", dir, "--redis", url, "--redis-timeout", dflt ? "50" : "1000",
-                       "--redis-restore-timeout", dflt ? "1000" : "10000", cluster ? "--redis-cluster" : NULL,
+    const char *e[] = {"--ssd-cache", dir, "--redis", url, "--redis-timeout", dflt ? "50" : g_lookup_ms,
+                       "--redis-restore-timeout", dflt ? "1000" : g_restore_ms, cluster ? "--redis-cluster" : NULL,
                        NULL};
     start(sv, name, e);
 }
@@ -609,6 +619,8 @@ int main(void)
     if (!redis_available("test_remote_serve") || !cli_inputs(g_model, sizeof g_model, g_tok, sizeof g_tok))
         return 0;
     store_tmpdir(g_dir, sizeof g_dir, "remote-serve");
+    snprintf(g_lookup_ms, sizeof g_lookup_ms, "%d", 1000 * SLOW);
+    snprintf(g_restore_ms, sizeof g_restore_ms, "%d", 10000 * SLOW);
     /* a test that fails midway leaves no server or Redis running */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(t_alternating_servers, child_guard_teardown),

@@ -313,6 +313,64 @@ static void test_window_walk(void **state)
     kvt_residency_release(r);
 }
 
+/* A window whose passes alternate K and V (kvt_kv_window_open_halves):
+ * with more paged blocks than the window, each pass reads only the half it
+ * uses (the other half's pointer NULL), so the K-then-V walk reads each
+ * paged byte once; with all of them fitting the window, whole blocks are
+ * read once and held from the K pass for the V pass. A pin afterwards
+ * completes the halves read ahead for the next walk. */
+static void test_window_halves(void **state)
+{
+    (void)state;
+    const size_t bb = 2 * B * D * sizeof(float);
+    const int32_t windows[2] = {4, 16};
+    for (int w = 0; w < 2; w++) {
+        uint64_t s = g_seed ^ 0x4a1f;
+        kvt_residency_options o = {.max_blocks = 2, .dir = g_dir, .window = windows[w]};
+        kvt_residency *r = NULL;
+        assert_int_equal(kvt_residency_create(&o, &r), 0);
+        kvt_cache *c = NULL;
+        assert_int_equal(kvt_kv_create(D, B, &c), 0);
+        assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+        float ref[42 * 2 * D];
+        append_rows(c, 42, &s, ref); /* 8 of the 10 full blocks paged out */
+        assert_int_equal(kvt_kv_residency_settle(c), 0);
+        assert_int_equal(kvt_kv_window_open_halves(c, 42, 2), windows[w]);
+        int split = w == 0;
+        kvt_kv_rows rows;
+        for (int pass = 0; pass < 2; pass++)
+            for (int b = 0; b < 11; b++) {
+                assert_int_equal(kvt_kv_window_get(c, b, &rows), 0);
+                int paged = b < 8;
+                if (split && paged) /* only the half this pass uses */
+                    assert_true(pass == 0 ? rows.v == NULL && rows.k != NULL : rows.k == NULL && rows.v != NULL);
+                else
+                    assert_true(rows.k != NULL && rows.v != NULL);
+                for (int t = 0; t < rows.n; t++) {
+                    const float *want = ref + (size_t)(b * B + t) * 2 * D;
+                    if (rows.k)
+                        assert_memory_equal((const float *)rows.k + (size_t)t * D, want, D * sizeof(float));
+                    if (rows.v)
+                        assert_memory_equal((const float *)rows.v + (size_t)t * D, want + D, D * sizeof(float));
+                }
+                kvt_kv_window_put(c, b);
+            }
+        kvt_residency_stats st;
+        assert_int_equal(kvt_residency_stats_get(r, &st), 0); /* before the close's read-ahead */
+        printf("window %d over 8 paged blocks, K then V: %llu page-ins, %llu B (the paged blocks: %zu B), peak "
+               "staged %llu B\n", (int)windows[w], (unsigned long long)st.blocks_in,
+               (unsigned long long)st.bytes_in, 8 * bb, (unsigned long long)st.peak_staged_bytes);
+        assert_int_equal(st.bytes_in, 8 * bb);         /* each paged byte once */
+        assert_int_equal(st.blocks_in, split ? 16 : 8); /* halves, or whole blocks held for the V pass */
+        assert_true(st.peak_staged_bytes <= (uint64_t)windows[w] * bb);
+        assert_int_equal(st.read_failures, 0);
+        kvt_kv_window_close(c);
+        check_rows(c, 42, ref);
+        kvt_cache_destroy(c);
+        kvt_residency_release(r);
+    }
+}
+
 static void test_shared_blocks_stay(void **state)
 {
     (void)state;
@@ -621,6 +679,66 @@ static void test_batched_prefill_walks_once(void **state)
     free(ls);
 }
 
+/* Decode under a strict bound of no full block per layer: every full block
+ * is paged out before attention reads it, and one token's walk of a layer
+ * (a K pass, then a V pass) pages each block in once in all, each pass
+ * reading only the half it uses: the decode's page-in bytes are the paged
+ * bytes of its steps (within one read-ahead of the next layer at either end
+ * of the measurement), not twice them; logits bit-identical to fully
+ * resident; each half read is checked against its own checksum. */
+static void test_decode_reads_once(void **state)
+{
+    (void)state;
+    kvt_model *m = model();
+    const kvt_model_config *c = kvt_model_get_config(m);
+    int L = c->n_layers, V = c->vocab_size, at;
+    size_t bb = kvt_model_kv_bytes_per_token(m) / (size_t)L * BLOCK;
+    size_t n = (size_t)(GEN + 1) * (size_t)V;
+    float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound);
+    assert_non_null(full);
+    assert_non_null(bound);
+    assert_int_equal(run(NULL, full, &at), 0);
+    /* 1 block over 3 layers: a share of 0 each; strict: paged before the append returns */
+    kvt_residency_options o = {.max_blocks = 1, .dir = g_dir, .write_slack = -1};
+    kvt_residency *r = NULL;
+    assert_int_equal(kvt_residency_create(&o, &r), 0);
+    kvt_cache *caches[8];
+    assert_int_equal(kvt_model_new_caches(m, BLOCK, caches), 0);
+    for (int l = 0; l < L; l++)
+        assert_int_equal(kvt_kv_set_residency(caches[l], r, l), 0);
+    int32_t prompt[PROMPT];
+    uint64_t s = 99; /* run()'s prompt */
+    for (int i = 0; i < PROMPT; i++)
+        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+    assert_int_equal(kvt_model_prefill(m, caches, prompt, PROMPT, bound), 0);
+    kvt_residency_stats s0, s1;
+    assert_int_equal(kvt_residency_stats_get(r, &s0), 0);
+    uint64_t once = 0; /* the bytes of the full blocks each decode step attends */
+    for (int g = 0; g < GEN; g++) {
+        int32_t tok = argmax(bound + (size_t)g * V, V);
+        assert_int_equal(kvt_model_decode(m, caches, tok, bound + (size_t)(g + 1) * V), 0);
+        once += (uint64_t)L * (uint64_t)((PROMPT + g + 1) / BLOCK) * bb;
+    }
+    assert_int_equal(kvt_residency_stats_get(r, &s1), 0);
+    assert_memory_equal(full, bound, n * sizeof *full); /* bit for bit */
+    uint64_t got = s1.bytes_in - s0.bytes_in;
+    /* a read ahead of the next layer (at most the window's 8 K halves) may land on either side */
+    uint64_t slack = 8 * bb / 2;
+    printf("decode of %d tokens, every full block paged: %llu B paged in, the attended blocks hold %llu B "
+           "(two passes of whole blocks: %llu B); %llu page-ins, %llu read-ahead hits, peak staged %llu B\n", GEN,
+           (unsigned long long)got, (unsigned long long)once, (unsigned long long)(2 * once),
+           (unsigned long long)(s1.blocks_in - s0.blocks_in), (unsigned long long)s1.readahead_hits,
+           (unsigned long long)s1.peak_staged_bytes);
+    assert_true(got + slack >= once);
+    assert_true(got <= once + slack);
+    assert_int_equal(s1.read_failures, 0);
+    assert_true(s1.peak_staged_bytes <= 8 * bb); /* still the window */
+    kvt_caches_destroy(caches, L);
+    kvt_residency_release(r);
+    free(full);
+    free(bound);
+}
+
 /* ---- through the service: kvt_seq / kvt_chat_generate and admission ------------------------ */
 
 /* Open page files of this process (unlinked live-cache files still open). */
@@ -918,10 +1036,12 @@ int main(void)
         cmocka_unit_test(test_kv_paging),
         cmocka_unit_test(test_strict_bound),
         cmocka_unit_test(test_window_walk),
+        cmocka_unit_test(test_window_halves),
         cmocka_unit_test(test_shared_blocks_stay),
         cmocka_unit_test(test_engine_identical),
         cmocka_unit_test(test_batched_decode_identical),
         cmocka_unit_test(test_batched_prefill_walks_once),
+        cmocka_unit_test(test_decode_reads_once),
         cmocka_unit_test(test_window_head_groups),
         cmocka_unit_test(test_service_bounded),
         cmocka_unit_test(test_q8_bound_refused),

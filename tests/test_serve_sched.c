@@ -38,6 +38,13 @@
 #include "serve_util.h"
 #include "tokenizer.h"
 
+/* How many times slower this build runs a test (CMake: 10 under TSan, 3
+ * under ASan, else 1): the waits and receive timeouts below are multiplied by
+ * it, never a bound the test asserts on what it measures. */
+#ifndef KVT_TEST_TIME_SCALE
+#define KVT_TEST_TIME_SCALE 1
+#endif
+
 static const char *bin;
 static char tmpdir[256], model[400], tok[400];
 
@@ -160,7 +167,7 @@ static void test_health_while_loading(void **state)
     close(fd);
     double opened = now_ms();
     int loading_after = 0, status = 0;
-    while (now_ms() - opened < 30000) {
+    while (now_ms() - opened < 30000.0 * KVT_TEST_TIME_SCALE) {
         kvt_ts_http(sv.port, "GET", "/health", NULL, NULL, 10, &r);
         status = r.status;
         if (status == 200) {
@@ -178,7 +185,7 @@ static void test_health_while_loading(void **state)
         usleep(2000);
     }
     assert_int_equal(status, 200);
-    kvt_ts_http(sv.port, "POST", "/v1/chat/completions", NULL, CHAT, 60, &r);
+    kvt_ts_http(sv.port, "POST", "/v1/chat/completions", NULL, CHAT, 60 * KVT_TEST_TIME_SCALE, &r);
     if (r.status != 200)
         fprintf(stderr, "chat right after /health said 200: %d %s\n", r.status, r.body);
     assert_int_equal(r.status, 200);
@@ -245,11 +252,33 @@ static void *stream_main(void *arg)
     return NULL;
 }
 
+/* The running streams of the case and its server, in file scope so that
+ * streams_teardown can end them when an assertion failed midway (else the
+ * stream threads are left unjoined and the server running). */
+static stream g_streams[STREAMS];
+static int g_started;
+static kvt_ts_server *g_sv;
+
+static int streams_teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < g_started; i++) {
+        shutdown(g_streams[i].fd, SHUT_RDWR);
+        pthread_join(g_streams[i].th, NULL);
+        close(g_streams[i].fd);
+    }
+    g_started = 0;
+    if (g_sv)
+        kvt_ts_server_kill(g_sv);
+    g_sv = NULL;
+    return 0;
+}
+
 static void stream_start(stream *s, int port, int i)
 {
     memset(s, 0, sizeof *s);
     s->port = port;
-    s->fd = kvt_ts_connect(port, 120);
+    s->fd = kvt_ts_connect(port, 120 * KVT_TEST_TIME_SCALE);
     assert_true(s->fd >= 0);
     char body[256];
     snprintf(body, sizeof body,
@@ -257,6 +286,7 @@ static void stream_start(stream *s, int port, int i)
              60 + i, 80 + i);
     kvt_ts_send_request(s->fd, "POST", "/v1/completions", NULL, body);
     assert_int_equal(pthread_create(&s->th, NULL, stream_main, s), 0);
+    g_started++;
 }
 
 /* Waits until every stream has seen at least n events. */
@@ -266,7 +296,7 @@ static void wait_events(stream *s, int n)
     for (int i = 0; i < STREAMS; i++)
         while (atomic_load(&s[i].n) < n) {
             assert_false(atomic_load(&s[i].ended));
-            assert_true(now_ms() - t0 < 60000);
+            assert_true(now_ms() - t0 < 60000.0 * KVT_TEST_TIME_SCALE);
             usleep(1000);
         }
 }
@@ -302,7 +332,8 @@ static void test_long_prompt_no_stall(void **state)
     kvt_ts_server sv;
     const char *args[] = {"--model", model, "--tokenizer", tok, "--prompt-cache", "0", NULL};
     assert_int_equal(kvt_ts_server_start(&sv, bin, log, args), 0);
-    static stream s[STREAMS];
+    g_sv = &sv;
+    stream *s = g_streams;
     for (int i = 0; i < STREAMS; i++)
         stream_start(&s[i], sv.port, i);
     wait_events(s, 10); /* all running, decoding together */
@@ -328,7 +359,8 @@ static void test_long_prompt_no_stall(void **state)
     snprintf(body + o, cap - o, "]}");
     kvt_ts_resp r;
     double sent = now_ms();
-    kvt_ts_http(sv.port, "POST", "/v1/completions", NULL, body, 120, &r);
+    /* under TSan at load 19 this prefill took 100 s (each chunk ~17 s) */
+    kvt_ts_http(sv.port, "POST", "/v1/completions", NULL, body, 120 * KVT_TEST_TIME_SCALE, &r);
     double answered = now_ms();
     free(body);
     if (r.status != 200)
@@ -362,10 +394,12 @@ static void test_long_prompt_no_stall(void **state)
         pthread_join(s[i].th, NULL);
         close(s[i].fd);
     }
+    g_started = 0;
     /* one decode step per prefill chunk: a stream stalled for the whole
      * prefill would get no event in the window (1 at most at its edge) */
     assert_true(ev_with >= chunks / 2);
     assert_true(gap_with < answered - sent);
+    g_sv = NULL;
     assert_int_equal(kvt_ts_server_stop(&sv), 0);
 }
 
@@ -373,7 +407,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_while_loading),
-        cmocka_unit_test(test_long_prompt_no_stall),
+        cmocka_unit_test_teardown(test_long_prompt_no_stall, streams_teardown),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -333,26 +333,70 @@ static void reopen_and_temp_cleanup(void **state)
 
 /* ---- faults ------------------------------------------------------------------------ */
 
+/* The fault-injecting write layer and the store of the case running. They
+ * live here, not on the case's stack, so that faults_teardown can open the
+ * gate and close the store of a case whose assertion failed while its writer
+ * was held: else that writer waits forever on a stack that is gone, and every
+ * later case's writes queue behind it on the shared I/O worker (the suite
+ * hangs instead of reporting the failure). */
+static struct {
+    store_faults fl;
+    kvt_store_io io;
+    kvt_store *s;
+    char root[512];
+} FLT;
+
+static store_faults *faults_begin(kvt_store_io **io)
+{
+    store_faults_init(&FLT.fl, &FLT.io);
+    *io = &FLT.io;
+    return &FLT.fl;
+}
+
+static kvt_store *faults_open(fx *f, const kvt_store_options *o)
+{
+    FLT.s = fx_open(f, o);
+    snprintf(FLT.root, sizeof FLT.root, "%s", f->root);
+    return FLT.s;
+}
+
+static void faults_close(kvt_store *s)
+{
+    FLT.s = NULL;
+    assert_int_equal(kvt_store_close(s), 0);
+}
+
+static int faults_teardown(void **state)
+{
+    (void)state;
+    if (FLT.s) {
+        store_faults_gate(&FLT.fl, 0);
+        (void)kvt_store_close(FLT.s);
+        FLT.s = NULL;
+        store_rmtree(FLT.root);
+    }
+    return 0;
+}
+
 static void fault_case(int err, int shortw, int lie, int fsync_fail, int expect)
 {
     fx f;
     fx_init(&f, &CFG, "fault");
-    store_faults fl;
-    kvt_store_io io;
-    store_faults_init(&fl, &io);
-    kvt_store_options o = {.io = &io};
-    kvt_store *s = fx_open(&f, &o);
+    kvt_store_io *io;
+    store_faults *fl = faults_begin(&io);
+    kvt_store_options o = {.io = io};
+    kvt_store *s = faults_open(&f, &o);
     int32_t t[10];
     pcu_seq(t, 10, 1);
-    pthread_mutex_lock(&fl.mu);
-    fl.err = err;
-    fl.short_write = shortw;
-    fl.lie = lie;
+    pthread_mutex_lock(&fl->mu);
+    fl->err = err;
+    fl->short_write = shortw;
+    fl->lie = lie;
     if (fsync_fail)
-        fl.fail_fsync_after = fsync_fail;
+        fl->fail_fsync_after = fsync_fail;
     else
-        fl.fail_pwrite_after = 4; /* inside the second block or the entry */
-    pthread_mutex_unlock(&fl.mu);
+        fl->fail_pwrite_after = 4; /* inside the second block or the entry */
+    pthread_mutex_unlock(&fl->mu);
     kvt_entry e;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
     int rc = kvt_store_put(s, &e);
@@ -370,7 +414,7 @@ static void fault_case(int err, int shortw, int lie, int fsync_fail, int expect)
         assert_int_equal(st.restore_misses, 1);
         assert_int_equal(kvt_store_find_exact(s, t, 10, "", &hit), KVT_ENOTFOUND);
         kvt_entry_clear(&e);
-        assert_int_equal(kvt_store_close(s), 0);
+        faults_close(s);
         store_rmtree(f.root);
         return;
     }
@@ -388,7 +432,7 @@ static void fault_case(int err, int shortw, int lie, int fsync_fail, int expect)
     assert_int_equal(kvt_store_put(s, &e), 0);
     expect_restores(s, &f.cfg, "", t, 10);
     kvt_entry_clear(&e);
-    assert_int_equal(kvt_store_close(s), 0);
+    faults_close(s);
     store_rmtree(f.root);
 }
 
@@ -414,15 +458,14 @@ static void fault_pipelined_blocks(void **state)
     for (int at = 1; at <= 9; at++) { /* 3 blocks x (payload, length, header) */
         fx f;
         fx_init(&f, &big, "pipe");
-        store_faults fl;
-        kvt_store_io io;
-        store_faults_init(&fl, &io);
-        kvt_store_options o = {.io = &io, .verify = 1};
-        kvt_store *s = fx_open(&f, &o);
-        pthread_mutex_lock(&fl.mu);
-        fl.err = EIO;
-        fl.fail_pwrite_after = at;
-        pthread_mutex_unlock(&fl.mu);
+        kvt_store_io *io;
+        store_faults *fl = faults_begin(&io);
+        kvt_store_options o = {.io = io, .verify = 1};
+        kvt_store *s = faults_open(&f, &o);
+        pthread_mutex_lock(&fl->mu);
+        fl->err = EIO;
+        fl->fail_pwrite_after = at;
+        pthread_mutex_unlock(&fl->mu);
         assert_int_equal(kvt_store_put(s, &e), -EIO);
         kvt_store_stats st;
         kvt_store_get_stats(s, &st);
@@ -437,7 +480,7 @@ static void fault_pipelined_blocks(void **state)
         assert_int_equal(st.entries, 1);
         assert_int_equal(st.blocks, 3);
         expect_restores(s, &f.cfg, "", t, 800);
-        assert_int_equal(kvt_store_close(s), 0);
+        faults_close(s);
         store_rmtree(f.root);
     }
     kvt_entry_clear(&e);
@@ -448,15 +491,14 @@ static void write_behind_failure_counts(void **state)
     (void)state;
     fx f;
     fx_init(&f, &CFG, "wbfail");
-    store_faults fl;
-    kvt_store_io io;
-    store_faults_init(&fl, &io);
-    kvt_store_options o = {.io = &io};
-    kvt_store *s = fx_open(&f, &o);
-    pthread_mutex_lock(&fl.mu);
-    fl.err = ENOSPC;
-    fl.fail_pwrite_after = 1;
-    pthread_mutex_unlock(&fl.mu);
+    kvt_store_io *io;
+    store_faults *fl = faults_begin(&io);
+    kvt_store_options o = {.io = io};
+    kvt_store *s = faults_open(&f, &o);
+    pthread_mutex_lock(&fl->mu);
+    fl->err = ENOSPC;
+    fl->fail_pwrite_after = 1;
+    pthread_mutex_unlock(&fl->mu);
     int32_t t[10];
     pcu_seq(t, 10, 1);
     kvt_entry e;
@@ -470,7 +512,7 @@ static void write_behind_failure_counts(void **state)
     assert_int_equal(st.failed, 1);
     assert_int_equal(st.pending, 0);
     assert_int_equal(st.entries, 0);
-    assert_int_equal(kvt_store_close(s), 0);
+    faults_close(s);
     store_rmtree(f.root);
 }
 
@@ -481,18 +523,17 @@ static void lookup_while_pending(void **state)
     (void)state;
     fx f;
     fx_init(&f, &CFG, "pending");
-    store_faults fl;
-    kvt_store_io io;
-    store_faults_init(&fl, &io);
-    kvt_store_options o = {.io = &io, .queue_max_bytes = 1};
-    kvt_store *s = fx_open(&f, &o);
+    kvt_store_io *io;
+    store_faults *fl = faults_begin(&io);
+    kvt_store_options o = {.io = io, .queue_max_bytes = 1};
+    kvt_store *s = faults_open(&f, &o);
     int32_t t[10];
     pcu_seq(t, 10, 1);
-    store_faults_gate(&fl, 1);
+    store_faults_gate(fl, 1);
     kvt_entry e, e2;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
     assert_int_equal(kvt_store_put_async(s, &e), 0);
-    store_faults_wait_blocked(&fl, 1); /* the writer is inside a pwrite */
+    store_faults_wait_blocked(fl, 1); /* the writer is inside a pwrite */
     kvt_cold_hit hit;
     assert_int_equal(kvt_store_pending(s, t, 10, ""), 1);
     assert_int_equal(kvt_store_contains(s, t, 10, ""), 0); /* not durable yet */
@@ -514,7 +555,7 @@ static void lookup_while_pending(void **state)
     assert_int_equal(st.pending, 1);
     assert_true(st.pending_bytes > 0);
     assert_int_equal(st.dropped, 1);
-    store_faults_gate(&fl, 0);
+    store_faults_gate(fl, 0);
     assert_int_equal(kvt_store_flush(s), 0);
     assert_int_equal(kvt_store_pending(s, t, 10, ""), 0);
     /* kvt_store_contains: exact (tokens, ns) only; declared, but was never defined */
@@ -525,7 +566,7 @@ static void lookup_while_pending(void **state)
     assert_int_equal(kvt_store_contains(NULL, t, 10, ""), 0);
     assert_int_equal(kvt_store_contains(s, NULL, 10, ""), 0);
     expect_restores(s, &f.cfg, "", t, 10);
-    assert_int_equal(kvt_store_close(s), 0);
+    faults_close(s);
     store_rmtree(f.root);
 }
 
@@ -537,20 +578,19 @@ static void null_ns_is_base_model(void **state)
     (void)state;
     fx f;
     fx_init(&f, &CFG, "nullns");
-    store_faults fl;
-    kvt_store_io io;
-    store_faults_init(&fl, &io);
-    kvt_store_options o = {.io = &io};
-    kvt_store *s = fx_open(&f, &o);
+    kvt_store_io *io;
+    store_faults *fl = faults_begin(&io);
+    kvt_store_options o = {.io = io};
+    kvt_store *s = faults_open(&f, &o);
     int32_t t[10], u[10];
     pcu_seq(t, 10, 1);
     pcu_seq(u, 10, 700);
     put_tokens(s, &f.cfg, "lora:x", u, 10); /* another namespace: NULL never sees it */
-    store_faults_gate(&fl, 1);
+    store_faults_gate(fl, 1);
     kvt_entry e;
     assert_int_equal(store_make_entry(&f.cfg, "", t, 10, &e), 0);
     assert_int_equal(kvt_store_put_async(s, &e), 0);
-    store_faults_wait_blocked(&fl, 1); /* the writer is inside a pwrite */
+    store_faults_wait_blocked(fl, 1); /* the writer is inside a pwrite */
     assert_int_equal(kvt_store_pending(s, t, 10, ""), 1);
     assert_int_equal(kvt_store_pending(s, t, 10, NULL), 1);
     assert_int_equal(kvt_store_pending(s, t, 10, "other"), 0);
@@ -560,7 +600,7 @@ static void null_ns_is_base_model(void **state)
     assert_int_equal(kvt_store_find(s, t, 10, NULL, &b), 0);
     assert_int_equal(b.prefix_len, 9);
     assert_int_equal(b.handle, a.handle);
-    store_faults_gate(&fl, 0);
+    store_faults_gate(fl, 0);
     assert_int_equal(kvt_store_flush(s), 0);
     assert_int_equal(kvt_store_pending(s, t, 10, NULL), 0);
     assert_int_equal(kvt_store_contains(s, t, 10, NULL), 1);
@@ -574,7 +614,7 @@ static void null_ns_is_base_model(void **state)
     assert_int_equal(kvt_store_find_exact(s, u, 10, NULL, &b), KVT_ENOTFOUND);
     assert_int_equal(kvt_store_find(s, u, 10, NULL, &b), KVT_ENOTFOUND);
     expect_restores(s, &f.cfg, "", t, 10);
-    assert_int_equal(kvt_store_close(s), 0);
+    faults_close(s);
     store_rmtree(f.root);
 }
 
@@ -1635,16 +1675,16 @@ int main(void)
         cmocka_unit_test(objects_and_attachments),
         cmocka_unit_test(attachment_entry_rules),
         cmocka_unit_test(reopen_and_temp_cleanup),
-        cmocka_unit_test(fault_enospc),
-        cmocka_unit_test(fault_eio),
-        cmocka_unit_test(fault_short_write),
-        cmocka_unit_test(fault_lying_write),
-        cmocka_unit_test(fault_fsync),
-        cmocka_unit_test(fault_pipelined_blocks),
+        cmocka_unit_test_teardown(fault_enospc, faults_teardown),
+        cmocka_unit_test_teardown(fault_eio, faults_teardown),
+        cmocka_unit_test_teardown(fault_short_write, faults_teardown),
+        cmocka_unit_test_teardown(fault_lying_write, faults_teardown),
+        cmocka_unit_test_teardown(fault_fsync, faults_teardown),
+        cmocka_unit_test_teardown(fault_pipelined_blocks, faults_teardown),
         cmocka_unit_test(durability_order),
-        cmocka_unit_test(write_behind_failure_counts),
-        cmocka_unit_test(lookup_while_pending),
-        cmocka_unit_test(null_ns_is_base_model),
+        cmocka_unit_test_teardown(write_behind_failure_counts, faults_teardown),
+        cmocka_unit_test_teardown(lookup_while_pending, faults_teardown),
+        cmocka_unit_test_teardown(null_ns_is_base_model, faults_teardown),
         cmocka_unit_test(async_restore),
         cmocka_unit_test(refused_truncated),
         cmocka_unit_test(refused_header_bound),

@@ -131,8 +131,8 @@ typedef struct kvt_residency_options {
     X(bytes_out, "bytes written to the page file")                                 \
     X(blocks_ref, "blocks paged out by reference to their SSD-tier copy (unwritten)") \
     X(bytes_ref, "bytes of those blocks")                                          \
-    X(blocks_in, "blocks read back from the page file")                            \
-    X(bytes_in, "bytes read back from the page file")                              \
+    X(blocks_in, "page-ins: reads of a block, or of the K or V half a window pass uses") \
+    X(bytes_in, "bytes read back from the page file (or the SSD-tier copy)")       \
     X(readahead_hits, "blocks attention found read ahead (complete or in flight)") \
     X(stall_ns, "ns attention waited for blocks being read")                       \
     X(write_failures, "blocks whose write failed (they stay in RAM)")              \
@@ -231,6 +231,17 @@ KVT_API void kvt_kv_unpin(kvt_cache *c);
  *   cache of another kind); KVT_EINVAL (c NULL, passes < 1, a window already
  *   open on c); KVT_ERANGE (n_tokens outside [0, offset]). */
 KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes);
+
+/** kvt_kv_window_open for a walk whose passes alternate K and V: even
+ * passes (0, 2, ...) use only the K rows of each block (kvt_kv_rows.k),
+ * odd passes only the V rows (.v), e.g. the scores of a group of heads,
+ * then its values. A paged-out block is read only the half its pass uses
+ * (each half checked against its own checksum), so one K-then-V walk reads
+ * each paged byte once, not twice; in a block staged with one half, the
+ * other half's pointer is NULL. When every paged-out block of the walk fits
+ * the window, whole blocks are read instead and held from the K pass for
+ * the V pass. Same returns and errors as kvt_kv_window_open. */
+KVT_API int kvt_kv_window_open_halves(kvt_cache *c, int64_t n_tokens, int32_t passes);
 
 /** Takes block `index` of an open window: the next block of the walk
  * (block position % nb). Waits for its read ahead or reads it now (the wait

@@ -51,9 +51,10 @@ typedef struct kvt__origin_ops {
     int (*pin)(kvt__origin *o);
     /** Undoes one pin. Thread-safe. */
     void (*unpin)(kvt__origin *o);
-    /** Reads the copy's n bytes into dst (unchecked: the caller checks them
-     * against its own checksum). @return 0, -errno, KVT_EIO. Thread-safe. */
-    int (*read)(kvt__origin *o, void *dst, size_t n);
+    /** Reads n bytes of the copy from byte `at` on into dst (unchecked: the
+     * caller checks them against its own checksum). @return 0, -errno,
+     * KVT_EIO, KVT_EINVAL (a range past the copy). Thread-safe. */
+    int (*read)(kvt__origin *o, void *dst, uint64_t at, size_t n);
     /** Frees o (its last reference went). */
     void (*free_fn)(kvt__origin *o);
 } kvt__origin_ops;

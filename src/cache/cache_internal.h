@@ -104,6 +104,7 @@ typedef struct kvt__blk {
 typedef struct kvt__blkres {
     struct kvt__page *page; /* its page-file copy, NULL when none */
     kvt_io_ticket *rd;      /* RESTORING: the read in flight */
+    uint8_t parts;          /* staged or RESTORING: the halves its copy holds (or is reading): 1 K, 2 V, 3 both */
 } kvt__blkres;
 
 /** What a block table under a residency policy adds (residency.c): made
@@ -121,6 +122,7 @@ typedef struct kvt__blocks_res {
      * kvt_kv_window_get takes, win_ahead the next one read-ahead looks at */
     int64_t win_nb, win_total, win_cursor, win_ahead;
     int32_t win_size; /* > 0 while a window is open: blocks held at most */
+    int32_t win_split; /* the open window's passes read only the half they use (even passes K, odd V) */
 } kvt__blocks_res;
 
 /** Block table: v[0..n) hold the blocks of ceil(offset / B) tokens. */

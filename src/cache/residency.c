@@ -89,6 +89,10 @@ static int step(kvt__blk *b, kvt_block_event ev)
 #define WRITE_SLACK 4
 #define DEFAULT_READ_AHEAD 32
 #define DEFAULT_WINDOW 8
+/* Threads of the process's page-in worker: page-ins (read-ahead included)
+ * in flight at once when no worker is given, so the disk sees a queue, not
+ * one read at a time. */
+#define PAGE_IN_THREADS 4
 
 struct kvt_residency {
     _Atomic int64_t refs;
@@ -98,8 +102,9 @@ struct kvt_residency {
     int32_t window;
     int32_t write_slack; /* >= 0 */
     int drop;
-    kvt_io *io;
+    kvt_io *io; /* page-file writes */
     int own_io; /* io is a reference on the process's default worker */
+    kvt_io *rd_io; /* page-ins: the given worker, or a reference on the page-in worker */
     int fd;
     char *path; /* the page file's name (unlinked), for messages */
     uint64_t id; /* first half of every operation key */
@@ -122,9 +127,24 @@ typedef struct kvt__page {
     kvt_residency *r; /* retained */
     kvt__origin *ref; /* a page by reference: the pinned origin (retained), NULL for a page-file copy */
     uint64_t off, bytes; /* off: in the page file; a page by reference: a unique key (high bit set) */
-    XXH128_hash_t sum; /* of the block's bytes; set before status turns 0 */
+    XXH128_hash_t sum[2]; /* of the block's K half and V half; set before status turns 0 */
     _Atomic int status; /* PAGE_PENDING while the write runs, then 0 or the error */
 } kvt__page;
+
+/* What a page-in reads of a block: its K half (the first bytes / 2: the K
+ * rows of a kv block), its V half, or both. */
+#define PART_K 1
+#define PART_V 2
+#define PART_ALL 3
+
+/* The checksums of a block's halves (block bytes are even: K rows, then as
+ * many V rows). */
+static void page_sums(kvt__page *p, const void *data)
+{
+    uint64_t half = p->bytes / 2;
+    p->sum[0] = XXH3_128bits(data, half);
+    p->sum[1] = XXH3_128bits((const char *)data + half, half);
+}
 
 static _Thread_local int in_io_worker; /* a residency's last release must not join its own worker */
 
@@ -138,11 +158,48 @@ static void gauge_add(_Atomic uint64_t *g, _Atomic uint64_t *peak, int64_t delta
     }
 }
 
+/* The process's page-in worker (PAGE_IN_THREADS threads, every one free for
+ * background reads), shared by the residencies given no worker: created by
+ * the first acquire, destroyed by the last release. */
+static pthread_mutex_t page_in_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvt_io *page_in_io;
+static uint64_t page_in_refs;
+
+static int page_in_acquire(kvt_io **out)
+{
+    pthread_mutex_lock(&page_in_mu);
+    int rc = 0;
+    if (!page_in_io) {
+        kvt_io_options o = {.threads = PAGE_IN_THREADS, .max_background = PAGE_IN_THREADS};
+        rc = kvt_io_create(&o, &page_in_io);
+    }
+    if (rc == 0) {
+        page_in_refs++;
+        *out = page_in_io;
+    }
+    pthread_mutex_unlock(&page_in_mu);
+    return rc;
+}
+
+static void page_in_release(void)
+{
+    kvt_io *last = NULL;
+    pthread_mutex_lock(&page_in_mu);
+    if (page_in_refs > 0 && --page_in_refs == 0) {
+        last = page_in_io;
+        page_in_io = NULL;
+    }
+    pthread_mutex_unlock(&page_in_mu);
+    kvt_io_destroy(last); /* page-ins are never fire and forget: nothing queued is lost */
+}
+
 static void *res_final(void *arg)
 {
     kvt_residency *r = arg;
-    if (r->own_io)
+    if (r->own_io) {
         kvt_io_default_release(r->io);
+        page_in_release();
+    }
     kvt__page_file_close(r->fd);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -162,7 +219,7 @@ KVT_API void kvt_residency_release(kvt_residency *r)
 {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
         return;
-    if (in_io_worker && r->own_io) {
+    if (in_io_worker && r->own_io) { /* (a default or page-in worker thread) */
         /* on a worker thread: the default worker's last release must not run here */
         pthread_t t;
         pthread_attr_t a;
@@ -219,10 +276,14 @@ KVT_API int kvt_residency_create(const kvt_residency_options *opt, kvt_residency
         goto fail;
     }
     if (o.io) {
-        r->io = o.io;
+        r->io = r->rd_io = o.io;
     } else {
         if ((rc = kvt_io_default_acquire(&r->io)) != 0)
             goto fail;
+        if ((rc = page_in_acquire(&r->rd_io)) != 0) {
+            kvt_io_default_release(r->io);
+            goto fail;
+        }
         r->own_io = 1;
     }
     *out = r;
@@ -305,7 +366,7 @@ static int wr_run(void *vt, void **result)
     kvt__page *p = t->page;
     kvt_residency *r = p->r;
     const char *data = kvt_buf_data(t->buf);
-    p->sum = XXH3_128bits(data, p->bytes);
+    page_sums(p, data);
     int rc = kvt__page_file_io(r->fd, (void *)data, p->bytes, p->off, 1);
     if (rc == 0 && r->drop) /* dirty pages cannot be dropped: written back first */
         rc = kvt__page_file_sync_drop(r->fd, p->off, p->bytes);
@@ -333,29 +394,33 @@ static void wr_free(void *vt, void *result)
 typedef struct rd_task {
     kvt__page *page; /* retained */
     kvt_buf *buf;    /* retained: the destination, the result every ticket shares */
+    int part;        /* PART_K, PART_V or PART_ALL */
 } rd_task;
 
-/* Reads page p into dst (from the page file, or from its origin) and
- * checks its checksum. @return 0, -errno, KVT_EIO, KVT_ECORRUPT. */
-static int page_pread(const kvt__page *p, void *dst)
+/* Reads `part` of page p (PART_K, PART_V: one half; PART_ALL: the block)
+ * into the same bytes of the block buffer dst (from the page file, or from
+ * its origin) and checks each half read against its checksum; the other
+ * half of dst is left as it was. One read, counted as one page-in.
+ * @return 0, -errno, KVT_EIO, KVT_ECORRUPT. */
+static int page_pread(const kvt__page *p, void *dst, int part)
 {
     kvt_residency *r = p->r;
+    uint64_t half = p->bytes / 2, at = part == PART_V ? half : 0, n = part == PART_ALL ? p->bytes : half;
+    char *d = (char *)dst + at;
     int rc;
     if (p->ref) {
-        rc = p->ref->ops->read(p->ref, dst, (size_t)p->bytes);
+        rc = p->ref->ops->read(p->ref, d, at, (size_t)n);
     } else {
-        rc = kvt__page_file_io(r->fd, dst, p->bytes, p->off, 0);
+        rc = kvt__page_file_io(r->fd, d, n, p->off + at, 0);
         if (r->drop)
-            kvt__page_file_drop(r->fd, p->off, p->bytes);
+            kvt__page_file_drop(r->fd, p->off + at, n);
     }
-    if (rc == 0) {
-        XXH128_hash_t h = XXH3_128bits(dst, p->bytes);
-        if (!XXH128_isEqual(h, p->sum))
+    for (int h = 0; h < 2 && rc == 0; h++)
+        if ((part & (1 << h)) && !XXH128_isEqual(XXH3_128bits((char *)dst + h * half, half), p->sum[h]))
             rc = KVT_ECORRUPT;
-    }
     if (rc == 0) {
         atomic_fetch_add(&r->blocks_in, 1);
-        atomic_fetch_add(&r->bytes_in, p->bytes);
+        atomic_fetch_add(&r->bytes_in, n);
     } else {
         atomic_fetch_add(&r->read_failures, 1);
     }
@@ -365,7 +430,7 @@ static int page_pread(const kvt__page *p, void *dst)
 static int rd_run(void *vt, void **result)
 {
     rd_task *t = vt;
-    int rc = page_pread(t->page, kvt_buf_data(t->buf));
+    int rc = page_pread(t->page, kvt_buf_data(t->buf), t->part);
     if (rc == 0)
         *result = t->buf;
     return rc;
@@ -461,7 +526,7 @@ void kvt__blk_clone(const kvt__blocks *src, kvt__blocks *dst, int64_t i)
     kvt__blk *d = &dst->v[i];
     /* a clone holds no read in flight: a block being read is paged out for it;
      * a staged copy becomes the clone's own RAM copy (durable and resident) */
-    int reading = read_of(src, i) != NULL;
+    int reading = read_of(src, i) != NULL || (k->staged && TX(src)[i].parts != PART_ALL); /* or half staged */
     *d = (kvt__blk){.heap = k->heap, .state = reading ? KVT_BLOCK_DURABLE : k->state};
     d->buf = k->buf && !reading ? kvt_buf_retain(k->buf) : NULL;
     if (TX(dst))
@@ -525,9 +590,9 @@ static int finish_read(kvt__blocks *t, int64_t i)
     return step(k, KVT_BLOCK_EV_READ_DONE);
 }
 
-/* Starts the read of DURABLE block i: a ticket on the worker, or (queue
- * full) the read now on this thread. */
-static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio)
+/* Starts the read of `part` (PART_K, PART_V, PART_ALL) of DURABLE block i:
+ * a ticket on the worker, or (queue full) the read now on this thread. */
+static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio, int part)
 {
     kvt__blk *k = &t->v[i];
     kvt__blkres *x = &TX(t)[i];
@@ -539,12 +604,15 @@ static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio)
         return rc;
     gauge_add(&r->staged_bytes, &r->peak_staged_bytes, (int64_t)p->bytes);
     t->res->held++;
+    x->parts = (uint8_t)part;
     rd_task *task = kvt__malloc(sizeof *task);
     if (task) {
-        *task = (rd_task){page_retain(p), kvt_buf_retain(buf)};
-        kvt_io_op op = {.kind = KVT_IO_KIND_RESTORE, .key = {r->id, p->off}, .priority = prio, .bytes = p->bytes,
+        *task = (rd_task){page_retain(p), kvt_buf_retain(buf), part};
+        /* the part in the key: the halves of one page are two reads */
+        kvt_io_op op = {.kind = KVT_IO_KIND_RESTORE, .key = {r->id ^ ((uint64_t)part << 62), p->off},
+                        .priority = prio, .bytes = part == PART_ALL ? p->bytes : p->bytes / 2,
                         .run = rd_run, .free_fn = rd_free, .task = task};
-        if (kvt_io_submit(r->io, &op, &x->rd) == 0) {
+        if (kvt_io_submit(r->rd_io, &op, &x->rd) == 0) {
             kvt_buf_release(buf);
             return step(k, KVT_BLOCK_EV_READ);
         }
@@ -553,7 +621,7 @@ static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio)
     }
     /* the worker refused it (full, closed) or no memory for a task: read it here */
     (void)step(k, KVT_BLOCK_EV_READ);
-    rc = page_pread(p, kvt_buf_data(buf));
+    rc = page_pread(p, kvt_buf_data(buf), part);
     if (rc != 0) {
         kvt_buf_release(buf);
         staged_sub(t, i);
@@ -565,10 +633,26 @@ static int start_read(kvt__blocks *t, int64_t i, kvt_io_priority prio)
     return step(k, KVT_BLOCK_EV_READ_DONE);
 }
 
+/* Reads the halves of staged block i its copy lacks (`want`: the parts it
+ * must hold), on this thread; the block stays staged either way.
+ * @return 0 or the request-facing error of the read. */
+static int fill_parts(kvt__blocks *t, int64_t i, int want)
+{
+    kvt__blkres *x = &TX(t)[i];
+    int missing = want & ~x->parts;
+    if (!missing)
+        return 0;
+    int rc = page_pread(x->page, kvt_buf_data(t->v[i].buf), missing);
+    if (rc != 0)
+        return read_error(x->page, i, rc);
+    x->parts |= (uint8_t)missing;
+    return 0;
+}
+
 int kvt__blk_read(const kvt__blocks *t, int64_t i, size_t block_bytes, kvt_buf **out)
 {
     const kvt__blk *k = &t->v[i];
-    if (k->buf && !read_of(t, i)) {
+    if (k->buf && !read_of(t, i) && (!k->staged || TX(t)[i].parts == PART_ALL)) {
         *out = kvt_buf_retain(k->buf);
         return 0;
     }
@@ -580,7 +664,7 @@ int kvt__blk_read(const kvt__blocks *t, int64_t i, size_t block_bytes, kvt_buf *
     int rc = kvt_buf_new(block_bytes, &buf);
     if (rc)
         return rc;
-    if ((rc = page_pread(p, kvt_buf_data(buf))) != 0) {
+    if ((rc = page_pread(p, kvt_buf_data(buf), PART_ALL)) != 0) {
         kvt_buf_release(buf);
         return read_error(p, i, rc);
     }
@@ -626,7 +710,7 @@ static int page_by_ref(kvt_residency *r, kvt__blocks *t, int64_t i, size_t block
     p->ref = kvt__origin_retain(o);
     p->bytes = block_bytes;
     p->off = ((uint64_t)1 << 63) | atomic_fetch_add(&r->next_ref, 1);
-    p->sum = XXH3_128bits(kvt_buf_data(buf), block_bytes);
+    page_sums(p, kvt_buf_data(buf));
     p->status = 0;
     TX(t)[i].page = p;
     int rc = step(&t->v[i], KVT_BLOCK_EV_WRITE);
@@ -836,7 +920,7 @@ KVT_API int kvt_kv_pin(kvt_cache *c, int64_t n_tokens)
     /* start every read this layer needs, then take them in attention order */
     for (int64_t i = 0; i < nb && rc == 0; i++) {
         if (t->v[i].state == KVT_BLOCK_DURABLE)
-            rc = start_read(t, i, KVT_IO_FOREGROUND);
+            rc = start_read(t, i, KVT_IO_FOREGROUND, PART_ALL);
         else if (TX(t)[i].rd)
             atomic_fetch_add(&TX(t)[i].page->r->readahead_hits, 1);
     }
@@ -848,6 +932,9 @@ KVT_API int kvt_kv_pin(kvt_cache *c, int64_t n_tokens)
         stat_r = TX(t)[i].page->r;
         rc = finish_read(t, i);
     }
+    for (int64_t i = 0; i < nb && rc == 0; i++) /* a half read ahead for a window: the other half too */
+        if (t->v[i].staged)
+            rc = fill_parts(t, i, PART_ALL);
     if (t0 && stat_r)
         atomic_fetch_add(&stat_r->stall_ns, kvt_now_ns() - t0);
     if (rc != 0)
@@ -858,7 +945,7 @@ KVT_API int kvt_kv_pin(kvt_cache *c, int64_t n_tokens)
     for (int64_t i = 0; nx && TX(nx) && i < nx->n && want > 0; i++) {
         if (nx->v[i].state != KVT_BLOCK_DURABLE)
             continue;
-        if (start_read(nx, i, KVT_IO_BACKGROUND) != 0)
+        if (start_read(nx, i, KVT_IO_BACKGROUND, PART_ALL) != 0)
             break; /* read-ahead is only a hint: the pin reads it */
         want--;
     }
@@ -892,6 +979,16 @@ KVT_API void kvt_kv_unpin(kvt_cache *c)
 
 /* ---- attention through a window ------------------------------------------------------ */
 
+/* What walk position pos of t's open window uses of its block: in a split
+ * window the K half in even passes and the V half in odd ones, else the
+ * whole block. */
+static int part_at(const kvt__blocks_res *w, int64_t pos)
+{
+    if (!w->win_split)
+        return PART_ALL;
+    return (pos / w->win_nb) % 2 == 0 ? PART_K : PART_V;
+}
+
 /* Starts reads of the paged blocks at positions win_ahead.. of t's open
  * window while t holds fewer than its window. Read-ahead is a hint: a read
  * that cannot start is left to kvt_kv_window_get. */
@@ -900,7 +997,8 @@ static void window_read_ahead(kvt__blocks *t)
     kvt__blocks_res *w = t->res;
     for (; w->win_ahead < w->win_total && w->held < w->win_size; w->win_ahead++) {
         int64_t i = w->win_ahead % w->win_nb;
-        if (t->v[i].state == KVT_BLOCK_DURABLE && start_read(t, i, KVT_IO_BACKGROUND) != 0)
+        /* a staged copy without the half this position uses is filled when taken */
+        if (t->v[i].state == KVT_BLOCK_DURABLE && start_read(t, i, KVT_IO_BACKGROUND, part_at(w, w->win_ahead)) != 0)
             break;
     }
 }
@@ -932,7 +1030,8 @@ static int window_make_room(kvt__blocks *t, int64_t index)
     return 0;
 }
 
-KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes)
+/* kvt_kv_window_open (halves = 0) and kvt_kv_window_open_halves (1). */
+static int window_open(kvt_cache *c, int64_t n_tokens, int32_t passes, int halves)
 {
     int32_t B;
     size_t bb;
@@ -947,8 +1046,8 @@ KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes)
     if (!TX(t)) /* never paged */
         return 0;
     int64_t nb = (n_tokens + B - 1) / B, paged = 0;
-    for (int64_t i = 0; i < nb && !paged; i++)
-        paged = t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING;
+    for (int64_t i = 0; i < nb; i++)
+        paged += t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING;
     if (!paged)
         return 0;
     kvt__blocks_res *w = t->res;
@@ -959,8 +1058,21 @@ KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes)
     w->win_nb = nb;
     w->win_total = nb * passes;
     w->win_cursor = w->win_ahead = 0;
+    /* halves: each pass reads the half it uses, unless every paged block fits
+     * the window: then whole blocks, held from the K pass for the V pass */
+    w->win_split = halves && passes > 1 && paged >= w->win_size;
     window_read_ahead(t);
     return w->win_size;
+}
+
+KVT_API int kvt_kv_window_open(kvt_cache *c, int64_t n_tokens, int32_t passes)
+{
+    return window_open(c, n_tokens, passes, 0);
+}
+
+KVT_API int kvt_kv_window_open_halves(kvt_cache *c, int64_t n_tokens, int32_t passes)
+{
+    return window_open(c, n_tokens, passes, 1);
 }
 
 KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out)
@@ -977,6 +1089,7 @@ KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out)
         return kvt__fail(KVT_EINVAL, "kvt_kv_window_get: block %lld out of order (position %lld of %lld walks "
                          "block %lld)", (long long)index, (long long)w->win_cursor, (long long)w->win_total,
                          (long long)(w->win_cursor % w->win_nb));
+    int part = part_at(w, w->win_cursor);
     w->win_cursor++;
     w->win_ahead = KVT__MAX(w->win_ahead, w->win_cursor);
     int rc = 0;
@@ -985,16 +1098,29 @@ KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out)
         uint64_t t0 = kvt_now_ns();
         kvt_residency *sr = TX(t)[index].page->r;
         if (k->state == KVT_BLOCK_DURABLE && (rc = window_make_room(t, index)) == 0) /* not read ahead: now */
-            rc = start_read(t, index, KVT_IO_FOREGROUND);
+            rc = start_read(t, index, KVT_IO_FOREGROUND, part);
         else
             atomic_fetch_add(&sr->readahead_hits, 1);
         if (rc == 0 && TX(t)[index].rd)
             rc = finish_read(t, index);
         atomic_fetch_add(&sr->stall_ns, kvt_now_ns() - t0);
     }
+    if (rc == 0 && k->staged && (TX(t)[index].parts & part) != part) { /* staged for another pass */
+        uint64_t t0 = kvt_now_ns();
+        rc = fill_parts(t, index, part);
+        atomic_fetch_add(&TX(t)[index].page->r->stall_ns, kvt_now_ns() - t0);
+    }
     if (rc == 0)
         window_read_ahead(t);
-    return rc ? rc : kvt_kv_block_rows(c, index, out);
+    if (rc == 0)
+        rc = kvt_kv_block_rows(c, index, out);
+    if (rc == 0 && k->staged) { /* a half not read is not handed out */
+        if (!(TX(t)[index].parts & PART_K))
+            out->k = NULL;
+        if (!(TX(t)[index].parts & PART_V))
+            out->v = NULL;
+    }
+    return rc;
 }
 
 KVT_API void kvt_kv_window_put(kvt_cache *c, int64_t index)
@@ -1006,9 +1132,11 @@ KVT_API void kvt_kv_window_put(kvt_cache *c, int64_t index)
     if (!t || !t->res || t->res->win_size <= 0 || index < 0 || index >= t->n)
         return;
     kvt__blocks_res *w = t->res;
-    /* the block's next use in the walk: kept when read-ahead already went past it */
+    /* the block's next use in the walk: kept when read-ahead already went past
+     * it and the copy holds what that use needs */
     int64_t pos = w->win_cursor - 1 - (w->win_cursor - 1) % w->win_nb + index;
-    if (pos + w->win_nb < w->win_ahead)
+    int next = part_at(w, pos + w->win_nb);
+    if (pos + w->win_nb < w->win_ahead && (!t->v[index].staged || (TX(t)[index].parts & next) == next))
         return;
     unstage(t, index);
     window_read_ahead(t);
@@ -1023,7 +1151,10 @@ KVT_API void kvt_kv_window_close(kvt_cache *c)
     if (!t || !t->res || t->res->win_size <= 0)
         return;
     int32_t size = t->res->win_size;
+    /* the next layer's walk starts with a K pass: its K halves when this one was split */
+    int first = t->res->win_split ? PART_K : PART_ALL;
     t->res->win_size = 0;
+    t->res->win_split = 0;
     for (int64_t i = 0; TX(t) && i < t->n; i++)
         unstage(t, i);
     /* read-ahead: the first paged blocks of the next layer in attention order,
@@ -1036,7 +1167,7 @@ KVT_API void kvt_kv_window_close(kvt_cache *c)
     for (int64_t i = 0; i < nx->n && want > 0; i++) {
         if (nx->v[i].state != KVT_BLOCK_DURABLE)
             continue;
-        if (start_read(nx, i, KVT_IO_BACKGROUND) != 0)
+        if (start_read(nx, i, KVT_IO_BACKGROUND, first) != 0)
             break;
         want--;
     }
@@ -1060,6 +1191,9 @@ KVT_API int kvt_kv_make_resident(kvt_cache *c)
                 return rc;
         }
         if (t->v[i].staged) {
+            int rc = fill_parts(t, i, PART_ALL); /* a half staged for a window: the block */
+            if (rc)
+                return rc;
             staged_sub(t, i);
             t->v[i].staged = false;
         }

@@ -119,17 +119,6 @@ static void pins_release(kvt__store_pins *p)
 
 void kvt__store_pins_close(kvt__store_pins *p) { pins_release(p); }
 
-int64_t kvt__store_pins_of(kvt__store_pins *p, kvt__key k)
-{
-    if (!p)
-        return 0;
-    pthread_mutex_lock(&p->mu);
-    uint64_t *v = kvt__kmap_get(&p->count, k);
-    int64_t n = v ? (int64_t)*v : 0;
-    pthread_mutex_unlock(&p->mu);
-    return n;
-}
-
 /* ---- the origin of one block tensor ------------------------------------------------------- */
 
 typedef struct block_origin {
@@ -203,20 +192,20 @@ static void bo_unpin(kvt__origin *o)
     pthread_mutex_unlock(&p->mu);
 }
 
-static int bo_read(kvt__origin *o, void *dst, size_t n)
+static int bo_read(kvt__origin *o, void *dst, uint64_t at, size_t n)
 {
     block_origin *b = (block_origin *)o;
     char name[64];
     kvt__store_file_name('b', b->key, name);
-    if (n != b->bytes)
-        return kvt__fail(KVT_EINVAL, "store: block %s holds %llu bytes, %zu asked", name,
-                         (unsigned long long)b->bytes, n);
+    if (at > b->bytes || n > b->bytes - at)
+        return kvt__fail(KVT_EINVAL, "store: block %s holds %llu bytes, %zu asked from byte %llu", name,
+                         (unsigned long long)b->bytes, n, (unsigned long long)at);
     int fd = kvt__io_openat(b->pins->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
     if (fd < 0)
         return -errno;
     int rc = 0;
     for (size_t got = 0; got < n;) {
-        ssize_t r = kvt__io_pread(fd, (char *)dst + got, n - got, (off_t)(b->off + got));
+        ssize_t r = kvt__io_pread(fd, (char *)dst + got, n - got, (off_t)(b->off + at + got));
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0) {
@@ -238,6 +227,23 @@ static void bo_free(kvt__origin *o)
 
 static const kvt__origin_ops block_origin_ops = {bo_pin, bo_unpin, bo_read, bo_free};
 
+/* Gives buf the origin (block key, bytes at off) in table pins. No memory:
+ * no origin (a live cache then writes the block to its page file). */
+static void give_origin(kvt_buf *buf, kvt__store_pins *pins, kvt__key key, uint64_t off, uint64_t bytes)
+{
+    block_origin *o = kvt__calloc(1, sizeof *o);
+    if (!o)
+        return;
+    o->base.ops = &block_origin_ops;
+    atomic_init(&o->base.refs, 1);
+    pins_retain(pins);
+    o->pins = pins;
+    o->key = key;
+    o->off = off;
+    o->bytes = bytes;
+    kvt__buf_set_origin(buf, &o->base);
+}
+
 /* The tagging pass of a restore. */
 typedef struct tag_ctx {
     kvt__store_pins *pins;
@@ -258,17 +264,7 @@ static void tag_buf(kvt_buf *buf, void *vc)
         uint64_t pn = c->blk[i].sh.payload_bytes;
         if (!base || d < base || d + n > base + pn)
             continue;
-        block_origin *o = kvt__calloc(1, sizeof *o);
-        if (!o)
-            return; /* no origin: the block is written to a page file as before */
-        o->base.ops = &block_origin_ops;
-        atomic_init(&o->base.refs, 1);
-        pins_retain(c->pins);
-        o->pins = c->pins;
-        o->key = c->keys[i];
-        o->off = c->blk[i].sh.payload_off + (uint64_t)(d - base);
-        o->bytes = n;
-        kvt__buf_set_origin(buf, &o->base);
+        give_origin(buf, c->pins, c->keys[i], c->blk[i].sh.payload_off + (uint64_t)(d - base), n);
         return;
     }
 }
@@ -323,17 +319,7 @@ static void tag_written_block(kvt_store *s, const kvt__enc *enc, int32_t c)
             for (int32_t i = 0; i < sh.n; i++) {
                 if (strcmp(sh.t[i].name, tn) || sh.t[i].end - sh.t[i].begin != x->bytes)
                     continue;
-                block_origin *o = kvt__calloc(1, sizeof *o);
-                if (!o)
-                    break;
-                o->base.ops = &block_origin_ops;
-                atomic_init(&o->base.refs, 1);
-                pins_retain(s->pins);
-                o->pins = s->pins;
-                o->key = enc->keys[c];
-                o->off = sh.payload_off + sh.t[i].begin;
-                o->bytes = x->bytes;
-                kvt__buf_set_origin(x->owner, &o->base);
+                give_origin(x->owner, s->pins, enc->keys[c], sh.payload_off + sh.t[i].begin, x->bytes);
                 break;
             }
         }

@@ -366,8 +366,6 @@ int kvt__store_pins_create(int dirfd, kvt__store_pins **out);
  * stores or origins refer to it, and pins still held keep the directory's
  * shared flock. */
 void kvt__store_pins_close(kvt__store_pins *p);
-/** Pins held on block k (0 for a NULL table). Thread-safe. */
-int64_t kvt__store_pins_of(kvt__store_pins *p, kvt__key k);
 /** Calls fn(key, pins) for every pinned block, under the table's lock (fn
  * must not call back into it). No-op for NULL. */
 void kvt__store_pins_add_refs(kvt__store_pins *p, void (*fn)(kvt__key k, uint64_t n, void *ctx), void *ctx);
