@@ -41,6 +41,7 @@ static void usage(FILE *f)
             "                   [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
             "                   [--live-cache-strict]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
+            "                   [--kv-dtype f32|f16|bf16|q8]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
@@ -78,7 +79,8 @@ static void usage(FILE *f)
             "  --live-cache-blocks N, --live-cache-bytes B  keep at most N full kv blocks (B bytes)\n"
             "                        of each turn in RAM, page the rest to a file under\n"
             "                        --live-cache-dir DIR (default $TMPDIR, else /tmp) and back;\n"
-            "                        replies unchanged (docs/residency.md)\n"
+            "                        replies unchanged (docs/residency.md). Not with --kv-dtype q8\n"
+            "                        (q8 K/V is never paged: the first turn fails, exit 1)\n"
             "  --live-cache-strict   the bound holds exactly: a block past it is released as soon\n"
             "                        as it is written, and the turn waits for that write (default:\n"
             "                        up to 4 blocks per layer stay in RAM while being written)\n"
@@ -121,7 +123,11 @@ static void usage(FILE *f)
             "                        directory or a FILE that cannot be written is refused then)\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 130 a script\n"
-            "interrupted (Ctrl-C/SIGTERM) before its last message.\n");
+            "interrupted (Ctrl-C/SIGTERM) before its last message. A turn whose prompt (the whole\n"
+            "conversation so far) plus --max-tokens passes the model's context is a failure: the\n"
+            "chat ends there (exit 1, naming the numbers; earlier turns stay in the cache and in\n"
+            "--transcript, and continuing it needs the history, the new message and --max-tokens\n"
+            "to fit).\n");
 }
 
 static int usage_error(const char *msg, const char *arg)
