@@ -756,9 +756,10 @@ int kvt_cmd_chat(int argc, char **argv)
         fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", before + turn,
                 (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
         if (live_blocks || live_bytes)
-            fprintf(stderr, "turn %d: live cache paged out %llu blocks, in %llu blocks (%.1f MB), stall %.1f ms\n",
+            fprintf(stderr, "turn %d: live cache paged out %llu blocks, in %llu blocks (%.1f MB), stall %.1f ms, "
+                    "by reference %llu blocks\n",
                     before + turn, (unsigned long long)st.paged_out_blocks, (unsigned long long)st.paged_in_blocks,
-                    st.paged_in_bytes / 1e6, st.page_stall_ms);
+                    st.paged_in_bytes / 1e6, st.page_stall_ms, (unsigned long long)st.paged_ref_blocks);
         fflush(stderr);
         tiers_warn(tiers);
     }

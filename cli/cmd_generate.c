@@ -299,10 +299,12 @@ int kvt_cmd_generate(int argc, char **argv)
     fprintf(stderr, "prefill: %.1f tok/s, decode: %.1f tok/s\n", st.prefill_tok_s, st.decode_tok_s);
     if (live_blocks || live_bytes)
         fprintf(stderr, "live cache: paged out %llu blocks (%.1f MB), paged in %llu blocks (%.1f MB), stall "
-                "%.1f ms, peak %.1f MB of full blocks in RAM, %llu failed writes (kept in RAM)\n",
+                "%.1f ms, peak %.1f MB of full blocks in RAM, %llu failed writes (kept in RAM), %llu blocks "
+                "(%.1f MB) paged by reference to the SSD tier\n",
                 (unsigned long long)st.paged_out_blocks, st.paged_out_bytes / 1e6,
                 (unsigned long long)st.paged_in_blocks, st.paged_in_bytes / 1e6, st.page_stall_ms,
-                st.live_peak_bytes / 1e6, (unsigned long long)st.page_write_failures);
+                st.live_peak_bytes / 1e6, (unsigned long long)st.page_write_failures,
+                (unsigned long long)st.paged_ref_blocks, st.paged_ref_bytes / 1e6);
     if (request_id) {
         if (st.resumed_generated)
             fprintf(stderr, "resumed: request '%s' from its checkpoint at %lld generated tokens (%lld tokens "
