@@ -36,8 +36,9 @@ int kvt_cli_float(const char *s, float lo, float hi, float *out);
  * the default is each command's own. */
 #define KVT_CLI_KV_DTYPE_HELP                                                                                 \
     "  --kv-dtype S          storage scheme of the K/V every tier holds: f32, f16, bf16, q8\n"                \
-    "                        (int8 with per-group scales); state of one scheme never\n"                       \
-    "                        serves another\n"
+    "                        (8-bit codes: attention K/V per channel over each kv block,\n"                   \
+    "                        its open block in f32; window rings per token); state of\n"                      \
+    "                        one scheme never serves another\n"
 
 /** Parses a --kv-dtype value ("f32", "f16", "bf16", "q8") into *out.
  * @return 0, or -1 (*out is then left alone). */

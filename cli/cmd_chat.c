@@ -41,6 +41,7 @@ static void usage(FILE *f)
             "                   [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
             "                   [--live-cache-strict]\n"
             "                   [--prefill-checkpoint-stride TOKENS] [--threads N]\n"
+            "                   [--kv-dtype f32|f16|bf16|q8]\n"
             "\n"
             "Multi-turn chat on the reference engine. Each turn re-sends the whole conversation\n"
             "(chat template \"User: ...\\nAssistant: ...\"); the prompt cache serves the prefix it\n"
@@ -78,7 +79,8 @@ static void usage(FILE *f)
             "  --live-cache-blocks N, --live-cache-bytes B  keep at most N full kv blocks (B bytes)\n"
             "                        of each turn in RAM, page the rest to a file under\n"
             "                        --live-cache-dir DIR (default $TMPDIR, else /tmp) and back;\n"
-            "                        replies unchanged (docs/residency.md)\n"
+            "                        replies unchanged (docs/residency.md). Not with --kv-dtype q8\n"
+            "                        (q8 K/V is never paged: the first turn fails, exit 1)\n"
             "  --live-cache-strict   the bound holds exactly: a block past it is released as soon\n"
             "                        as it is written, and the turn waits for that write (default:\n"
             "                        up to 4 blocks per layer stay in RAM while being written)\n"
@@ -121,7 +123,11 @@ static void usage(FILE *f)
             "                        directory or a FILE that cannot be written is refused then)\n"
             "\n"
             "Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 130 a script\n"
-            "interrupted (Ctrl-C/SIGTERM) before its last message.\n");
+            "interrupted (Ctrl-C/SIGTERM) before its last message. A turn whose prompt (the whole\n"
+            "conversation so far) plus --max-tokens passes the model's context is a failure: the\n"
+            "chat ends there (exit 1, naming the numbers; earlier turns stay in the cache and in\n"
+            "--transcript, and continuing it needs the history, the new message and --max-tokens\n"
+            "to fit).\n");
 }
 
 static int usage_error(const char *msg, const char *arg)
@@ -750,9 +756,10 @@ int kvt_cmd_chat(int argc, char **argv)
         fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", before + turn,
                 (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
         if (live_blocks || live_bytes)
-            fprintf(stderr, "turn %d: live cache paged out %llu blocks, in %llu blocks (%.1f MB), stall %.1f ms\n",
+            fprintf(stderr, "turn %d: live cache paged out %llu blocks, in %llu blocks (%.1f MB), stall %.1f ms, "
+                    "by reference %llu blocks\n",
                     before + turn, (unsigned long long)st.paged_out_blocks, (unsigned long long)st.paged_in_blocks,
-                    st.paged_in_bytes / 1e6, st.page_stall_ms);
+                    st.paged_in_bytes / 1e6, st.page_stall_ms, (unsigned long long)st.paged_ref_blocks);
         fflush(stderr);
         tiers_warn(tiers);
     }

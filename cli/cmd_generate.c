@@ -29,7 +29,8 @@ static void usage(FILE *f)
             "\n"
             "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
             "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
-            "\"prefill: X tok/s, decode: Y tok/s\".\n"
+            "\"prefill: X tok/s, decode: Y tok/s\" (with --request-id also a \"resumed:\" and a\n"
+            "\"checkpoints:\" line).\n"
             "\n"
             "  --model M.bin       llama2.c checkpoint (legacy float32). Give it with --tokenizer;\n"
             "                      without both, the built-in default model is used (random\n"
@@ -48,7 +49,8 @@ static void usage(FILE *f)
             "  --threads N         engine threads, this one included, 1 to 64 (default: online\n"
             "                      CPUs, at most 8). The output does not depend on it.\n"
             "  --kv-dtype S        storage scheme of the K/V cache: f32 (default: llama2.c's\n"
-            "                      output exactly), f16, bf16, q8 (int8, per-group scales).\n"
+            "                      output exactly), f16, bf16, q8 (8-bit codes per channel over\n"
+            "                      each kv block, the open block in f32).\n"
             "  --request-id ID     make the run replayable: every --checkpoint-every generated\n"
             "                      tokens a checkpoint (caches, tokens, sampler state) is written\n"
             "                      behind decode under --ssd-cache DIR; run the same command again\n"
@@ -290,10 +292,12 @@ int kvt_cmd_generate(int argc, char **argv)
     fprintf(stderr, "prefill: %.1f tok/s, decode: %.1f tok/s\n", st.prefill_tok_s, st.decode_tok_s);
     if (live_blocks || live_bytes)
         fprintf(stderr, "live cache: paged out %llu blocks (%.1f MB), paged in %llu blocks (%.1f MB), stall "
-                "%.1f ms, peak %.1f MB of full blocks in RAM, %llu failed writes (kept in RAM)\n",
+                "%.1f ms, peak %.1f MB of full blocks in RAM, %llu failed writes (kept in RAM), %llu blocks "
+                "(%.1f MB) paged by reference to the SSD tier\n",
                 (unsigned long long)st.paged_out_blocks, st.paged_out_bytes / 1e6,
                 (unsigned long long)st.paged_in_blocks, st.paged_in_bytes / 1e6, st.page_stall_ms,
-                st.live_peak_bytes / 1e6, (unsigned long long)st.page_write_failures);
+                st.live_peak_bytes / 1e6, (unsigned long long)st.page_write_failures,
+                (unsigned long long)st.paged_ref_blocks, st.paged_ref_bytes / 1e6);
     if (request_id) {
         if (st.resumed_generated)
             fprintf(stderr, "resumed: request '%s' from its checkpoint at %lld generated tokens (%lld tokens "

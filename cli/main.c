@@ -39,7 +39,7 @@ int main(int argc, char **argv)
     const kvt_subcommand cmds[] = {
         {"generate", kvt_cmd_generate, "generate text with the reference engine (llama2.c checkpoints)"},
         {"chat", kvt_cmd_chat, "multi-turn chat that prefills only new tokens (the main job)"},
-        {"model", kvt_cmd_model, "model synth|info|default: synthetic checkpoints, a checkpoint's shape"},
+        {"model", kvt_cmd_model, "model synth|info|default|export-gguf: synthetic checkpoints, a checkpoint's shape, GGUF export"},
         {"replay", kvt_cmd_replay, "replay a serving trace through the prompt cache"},
         {"store", kvt_cmd_store, "store inspect|verify|gc: the SSD tier on disk"},
         {"cache", kvt_cmd_cache, "cache publish|inspect|verify: published read-only prompt caches"},
@@ -49,7 +49,7 @@ int main(int argc, char **argv)
     };
     const kvt_subcommand benches[] = {
         {"engine", kvt_bench_engine, "prefill/decode tokens per second"},
-        {"lookup", kvt_bench_lookup, "radix-index take+dispose vs linear scan"},
+        {"lookup", kvt_bench_lookup, "radix-index lend+clear vs linear scan"},
         {"dedup", kvt_bench_dedup, "RAM bytes of entries sharing a long system prompt"},
         {"chat", kvt_bench_chat, "per-turn TTFT with the prompt cache on and off"},
         {"kv-dtype", kvt_bench_kv_dtype, "quality and bytes of each KV storage scheme (f16, bf16, q8) vs f32"},

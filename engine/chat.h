@@ -81,6 +81,7 @@ typedef struct kvt_turn_stats {
     double page_stall_ms;      /* attention waiting for blocks being read */
     uint64_t live_peak_bytes;  /* high-water mark of full kv blocks in RAM (the bound's) */
     uint64_t page_write_failures; /* blocks whose page write failed (kept in RAM) */
+    uint64_t paged_ref_blocks, paged_ref_bytes; /* paged out by reference to their SSD-tier copy (unwritten) */
 } kvt_turn_stats;
 
 /** Settings of one generation. Zero-initialise, then set. */

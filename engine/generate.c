@@ -230,6 +230,8 @@ done:
             st.page_stall_ms = (double)rs.stall_ns / 1e6;
             st.live_peak_bytes = rs.peak_resident_bytes;
             st.page_write_failures = rs.write_failures;
+            st.paged_ref_blocks = rs.blocks_ref;
+            st.paged_ref_bytes = rs.bytes_ref;
         }
     }
     if (have_caches)

@@ -42,6 +42,7 @@ typedef struct kvt_generate_stats {
     double page_stall_ms;    /* attention waiting for blocks being read */
     uint64_t live_peak_bytes; /* high-water mark of full kv blocks in RAM */
     uint64_t page_write_failures; /* blocks whose page write failed (kept in RAM) */
+    uint64_t paged_ref_blocks, paged_ref_bytes; /* paged out by reference to their SSD-tier copy (unwritten) */
 } kvt_generate_stats;
 
 /** A replayable kvt_generate_ex() run. Zero-initialise, then set. */

@@ -322,6 +322,76 @@ static void test_written_behind_not_rewritten(void **state)
     free(out);
 }
 
+/* Another computation of the same prefix: an entry of the prompt's first
+ * PRE + 32 tokens is in the store (computed as PRE, then 32 more) when a
+ * request that computed the first PRE tokens itself puts its snapshot: the
+ * put finds its 10 chain blocks there already and writes none of them; when
+ * the stored payloads hold exactly the request's bytes (the XXH3-128 of its
+ * buffers against each shard's header) its blocks get their origin all the
+ * same, so the request pages them out by reference. When the stored entry
+ * was computed by other weights of the same shape (same keys, other bytes)
+ * the check fails: nothing by reference, every block written to the page
+ * file, logits still identical (referring to them would fail the request
+ * with KVT_ECORRUPT at its first page-in). */
+static void test_same_prefix_computed_twice(void **state)
+{
+    (void)state;
+    int V = vocab(), at;
+    kvt_model *other = NULL; /* the same shape and store fingerprint, other weights */
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 32, p.hidden_dim = 64, p.n_layers = L, p.n_heads = 4, p.n_kv_heads = 2, p.vocab_size = 97;
+    p.seq_len = 1024, p.seed = 80;
+    char mpath[400];
+    snprintf(mpath, sizeof mpath, "%s/other.bin", g_dir);
+    assert_int_equal(kvt_model_synth(&p, mpath), 0);
+    assert_int_equal(kvt_model_load(mpath, &other), 0);
+    for (int k = 0; k < 2; k++) {
+        kvt_model *am = k ? other : g_model;
+        char root[300];
+        snprintf(root, sizeof root, "%s/twice%d", g_dir, k);
+        kvt_store *s = open_store(root, 0);
+        kvt_entry a;
+        assert_int_equal(kvt_entry_init(&a, "", g_prompt, PRE + 32, L, 0), 0);
+        assert_int_equal(kvt_model_new_caches(am, BLOCK, a.caches), 0);
+        assert_int_equal(kvt_model_prefill(am, a.caches, g_prompt, PRE, NULL), 0);
+        assert_int_equal(kvt_model_prefill(am, a.caches, g_prompt + PRE, 32, NULL), 0);
+        assert_int_equal(kvt_store_put(s, &a), 0);
+        kvt_entry_clear(&a);
+        kvt_cache *c[L];
+        assert_int_equal(kvt_model_new_caches(g_model, BLOCK, c), 0);
+        assert_int_equal(kvt_model_prefill(g_model, c, g_prompt, PRE, NULL), 0);
+        kvt_entry snap;
+        assert_int_equal(kvt_entry_init(&snap, "", g_prompt, PRE, L, 0), 0);
+        for (int l = 0; l < L; l++)
+            assert_int_equal(kvt_cache_clone(c[l], &snap.caches[l]), 0);
+        assert_int_equal(kvt_store_put(s, &snap), 0);
+        kvt_entry_clear(&snap);
+        kvt_residency *res = bounded(c);
+        float *out = calloc((size_t)(GEN + 1) * V, sizeof(float));
+        assert_non_null(out);
+        int rc = finish(c, PRE, out, &at);
+        if (rc)
+            printf("failed at step %d: %s\n", at, kvt_last_error());
+        assert_int_equal(rc, 0);
+        kvt_residency_stats st;
+        settle(c, res, &st);
+        int64_t stored = L * (PRE / BLOCK), all_full = L * ((PRE + NEW + GEN) / BLOCK);
+        printf("same prefix computed twice%s: by reference %llu blocks, written %llu\n",
+               k ? " (stored by other weights)" : "", (unsigned long long)st.blocks_ref,
+               (unsigned long long)st.blocks_out);
+        assert_memory_equal(out, g_ref, (size_t)(GEN + 1) * V * sizeof(float));
+        assert_int_equal(st.blocks_ref, k ? 0 : stored);
+        assert_int_equal(st.blocks_out, k ? all_full : all_full - stored);
+        assert_int_equal(st.read_failures, 0);
+        kvt_caches_destroy(c, L);
+        kvt_residency_release(res);
+        assert_int_equal(kvt_store_close(s), 0);
+        free(out);
+    }
+    kvt_model_free(other);
+}
+
 /* ---- a corrupted block shard ------------------------------------------------------------------ */
 
 static void test_corrupt_block_refused(void **state)
@@ -401,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_restored_prefix_not_rewritten),
         cmocka_unit_test(test_pinned_against_budget_and_gc),
         cmocka_unit_test(test_written_behind_not_rewritten),
+        cmocka_unit_test(test_same_prefix_computed_twice),
         cmocka_unit_test(test_corrupt_block_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -47,18 +47,21 @@ KVT_API int kvt_buf_wrap(void *data, size_t bytes,
 KVT_API kvt_buf *kvt_buf_retain(kvt_buf *b);
 /** Drops a reference; the last one frees the buffer. NULL is a no-op. Thread-safe. */
 KVT_API void kvt_buf_release(kvt_buf *b);
-/** Start of the bytes; borrowed, valid while the caller holds a reference. */
+/** Start of the bytes; borrowed, valid while the caller holds a reference.
+ * Thread-safe (the pointer never changes; the bytes are not synchronised). */
 KVT_API void *kvt_buf_data(const kvt_buf *b);
-/** Size in bytes. */
+/** Size in bytes (fixed at creation). Thread-safe. */
 KVT_API size_t kvt_buf_bytes(const kvt_buf *b);
 /** Current reference count (a snapshot: other threads may change it).
  * 1 means the caller holds the only reference and may write in place. */
 KVT_API int64_t kvt_buf_refs(const kvt_buf *b);
 
 /** Process-wide count of bytes copied by copy-on-write and clone paths since
- * start (relaxed atomic). Benchmarks read it to prove zero-copy sharing. */
+ * start (relaxed atomic). Benchmarks read it to prove zero-copy sharing.
+ * Thread-safe. */
 KVT_API uint64_t kvt_buf_bytes_copied(void);
-/** Adds `n` to the counter above; called by every cache kind that copies. */
+/** Adds `n` to the counter above; called by every cache kind that copies.
+ * Thread-safe (relaxed atomic). */
 KVT_API void kvt_buf_count_copy(uint64_t n);
 
 #ifdef __cplusplus

@@ -274,30 +274,35 @@ typedef struct kvt_kv_rows {
 /** Rows of block `index` of a kv, qkv or qkvc cache (see kvt_kv_rows);
  * out->n is block_tokens except for the tail (qkvc: U8 rows for a sealed
  * block, F32 rows for the open one). Thread-safe with other readers.
- * @return 0; KVT_EINVAL (NULL out, or not a kv/qkv/qkvc cache); KVT_ERANGE
- * (no such block). */
+ * @return 0; KVT_EINVAL (NULL out, not a kv/qkv/qkvc cache, or a kv block
+ * that is paged out or being read back under a residency bound:
+ * kvtier/residency.h, kvt_kv_pin it first); KVT_ERANGE (no such block). */
 KVT_API int kvt_kv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
 
-/** Storage dtype of the K/V of a kv, rotating or qkv cache (KVT_DTYPE_F32,
- * F16, BF16; I8 for qkv and int8 rotating caches); KVT_DTYPE_COUNT for NULL
- * and other kinds. Thread-safe. */
+/** Storage dtype of the K/V of a kv, rotating, qkv or qkvc cache
+ * (KVT_DTYPE_F32, F16, BF16; I8 for qkv and int8 rotating caches; U8 for
+ * qkvc, whose open block kvt_kv_block_rows still lends as F32);
+ * KVT_DTYPE_COUNT for NULL and other kinds. Thread-safe. */
 KVT_API kvt_dtype kvt_kv_dtype(const kvt_cache *c);
 
 /** Borrowed pointers into block `index` of an F32 kv cache (other schemes:
  * kvt_kv_block_rows). *k and *v point at (*n_tokens, kv_dim) f32 rows, valid until the cache is
  * next modified or destroyed. *n_tokens is block_tokens except for the tail.
- * @return 0; KVT_EINVAL (not a kv cache, or one stored in another dtype);
- * KVT_ERANGE (no such block). */
+ * @return 0; KVT_EINVAL (not a kv cache, one stored in another dtype, or a
+ * block paged out under a residency bound: kvtier/residency.h, kvt_kv_pin it
+ * first); KVT_ERANGE (no such block). */
 KVT_API int kvt_kv_block(const kvt_cache *c, int64_t index, const float **k, const float **v,
                          int32_t *n_tokens);
-/** Blocks of a kv (or qkv) cache that hold tokens: ceil(offset / B), the
- * last one possibly partial (the mutable tail); valid block indices for
- * kvt_kv_block() / kvt_qkv_read_block() are [0, count). 0 for an empty
- * cache and for other kinds. Thread-safe with other readers. */
+/** Blocks of a kv, qkv or qkvc cache that hold tokens: ceil(offset / B),
+ * the last one possibly partial (the mutable tail); valid block indices for
+ * kvt_kv_block() / kvt_kv_block_rows() / kvt_qkv_read_block() are
+ * [0, count). 0 for an empty cache and for other kinds. Thread-safe with
+ * other readers. */
 KVT_API int64_t kvt_kv_block_count(const kvt_cache *c);
-/** Tokens per block of a kv (or qkv) cache; 0 for other kinds. */
+/** Tokens per block of a kv, qkv or qkvc cache; 0 for other kinds. */
 KVT_API int32_t kvt_kv_block_tokens(const kvt_cache *c);
-/** Floats per token of K (and of V) of a kv, rotating or qkv cache; 0 otherwise. */
+/** Elements per token of K (and of V) of a kv, rotating, qkv or qkvc cache;
+ * 0 otherwise. */
 KVT_API int32_t kvt_kv_dim(const kvt_cache *c);
 
 /* ---- kind "rotating": sliding-window ring ---------------------------------- */
@@ -312,7 +317,7 @@ KVT_API int32_t kvt_kv_dim(const kvt_cache *c);
  * min(offset, window) valid slots; params = {kv_dim, window, keep}.
  *
  * @param window slots W >= 1; @param keep 0 <= keep < window.
- * @return 0, KVT_EINVAL, KVT_ENOMEM.
+ * @return 0, KVT_EINVAL, KVT_ENOMEM. Thread-safe (creates a new object).
  */
 KVT_API int kvt_rotating_create(int32_t kv_dim, int32_t window, int32_t keep, kvt_cache **out);
 
@@ -328,7 +333,8 @@ KVT_API int kvt_rotating_create(int32_t kv_dim, int32_t window, int32_t keep, kv
  * keep, dtype, group_size} (group_size 0 unless I8) for every dtype but F32.
  * decode refuses a tensor whose dtype differs from the params' (KVT_EFORMAT).
  * @param group_size I8: >= 1 and divides kv_dim; ignored otherwise.
- * @return 0; KVT_EINVAL (a bad dimension, dtype or group size); KVT_ENOMEM. */
+ * @return 0; KVT_EINVAL (a bad dimension, dtype or group size); KVT_ENOMEM.
+ * Thread-safe (creates a new object). */
 KVT_API int kvt_rotating_create_dtype(int32_t kv_dim, int32_t window, int32_t keep, kvt_dtype dtype,
                                       int32_t group_size, kvt_cache **out);
 
@@ -354,7 +360,8 @@ KVT_API int kvt_rotating_view(const kvt_cache *c, const float **k, const float *
  * append inputs: inputs[0] = the whole new state (state_bytes) after the
  * n_tokens new tokens; offset += n_tokens. Range is [offset, offset].
  * encode: tensor "state" U8 (state_bytes); params = {state_bytes}.
- * @return 0, KVT_EINVAL (state_bytes 0), KVT_ENOMEM. */
+ * @return 0, KVT_EINVAL (state_bytes 0), KVT_ENOMEM. Thread-safe (creates a
+ * new object). */
 KVT_API int kvt_recurrent_create(size_t state_bytes, kvt_cache **out);
 
 /** Borrowed pointer to the current state (state_bytes bytes), valid until the
@@ -431,7 +438,9 @@ struct kvt_attachment {
 };
 
 /** Creates a "blob" attachment: a copy of `bytes` bytes of `data` in a
- * refcounted buffer (clones share it). @return 0, KVT_EINVAL, KVT_ENOMEM. */
+ * refcounted buffer (clones share it). @return 0, KVT_EINVAL (out NULL, name
+ * NULL or of 64 bytes or more, data NULL with bytes > 0), KVT_ENOMEM.
+ * Thread-safe. */
 KVT_API int kvt_attachment_blob(const char *name, const void *data, size_t bytes, kvt_attachment **out);
 /** The bytes of a blob attachment: borrowed, valid until `a` and every
  * clone of it are destroyed; *bytes (if not NULL) receives their count.

@@ -265,7 +265,8 @@ KVT_API void kvt_io_ticket_release(kvt_io_ticket *ticket);
 KVT_API int kvt_io_flush(kvt_io *io, uint64_t timeout_ms);
 
 /** The name of a kind ("restore", "write", "hash", "remote-get",
- * "remote-set", "prefetch"; "unknown" out of range). Static storage. */
+ * "remote-set", "prefetch"; "unknown" out of range). Static storage.
+ * Thread-safe. */
 KVT_API const char *kvt_io_kind_name(kvt_io_kind kind);
 
 /** Takes a reference on the process's default worker, created with the

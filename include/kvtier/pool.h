@@ -86,6 +86,7 @@ KVT_API const char *kvt_pool_axis_name(kvt_pool_axis axis);
  * @param limits the limits; NULL means no axis is limited.
  * @param out receives the pool; caller ends it with kvt_pool_destroy.
  * @return 0; KVT_EINVAL when out is NULL; KVT_ENOMEM. On error *out is NULL.
+ * Thread-safe.
  */
 KVT_API int kvt_pool_create(const kvt_pool_limits *limits, kvt_pool **out);
 

@@ -98,7 +98,8 @@ typedef enum kvt_block_event {
 KVT_API int kvt_block_transition(kvt_block_state *s, kvt_block_event ev);
 
 /** The name of a state ("resident", "writing", "durable+resident",
- * "durable", "restoring", "failed"), NULL for a value out of range. */
+ * "durable", "restoring", "failed"), NULL for a value out of range.
+ * Static storage. Thread-safe. */
 KVT_API const char *kvt_block_state_name(kvt_block_state s);
 
 /* ---- the residency policy of one request ---------------------------------- */

@@ -29,8 +29,11 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/file.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* One table per identity directory per process (every store opened on it
  * shares it, so a store opened later sees the pins of an earlier one). */
@@ -291,10 +294,60 @@ void kvt__store_pins_add_refs(kvt__store_pins *p, void (*fn)(kvt__key k, uint64_
     pthread_mutex_unlock(&p->mu);
 }
 
+/* The tensor of enc a shard names "L<layer>.<name>", NULL when none. */
+static const kvt_tensor *enc_tensor(const kvt__enc *enc, const char *shard_name)
+{
+    char *end = NULL;
+    if (shard_name[0] != 'L')
+        return NULL;
+    long l = strtol(shard_name + 1, &end, 10);
+    if (!end || *end != '.' || l < 0 || l >= enc->e->n_caches)
+        return NULL;
+    for (int32_t t = 0; t < enc->st[l].n_tensors; t++)
+        if (!strcmp(enc->st[l].tensors[t].name, end + 1))
+            return &enc->st[l].tensors[t];
+    return NULL;
+}
+
+/* Whether the payload of block shard sh holds exactly the bytes of enc's
+ * tensors of the same names: each of its tensors one of enc's, of the same
+ * size, laid end to end, and the XXH3-128 of enc's bytes in that order the
+ * one the header holds (a version 1 shard, SHA-256 only: no). */
+static int same_payload(const kvt__enc *enc, const kvt__shard *sh)
+{
+    if (!sh->has_xxh)
+        return 0;
+    XXH3_state_t *xx = XXH3_createState();
+    if (!xx || XXH3_128bits_reset(xx) != XXH_OK) {
+        XXH3_freeState(xx);
+        return 0;
+    }
+    uint64_t at = 0;
+    int ok = 1;
+    for (int32_t i = 0; i < sh->n && ok; i++) {
+        const kvt_tensor *x = enc_tensor(enc, sh->t[i].name);
+        ok = x && sh->t[i].begin == at && sh->t[i].end - sh->t[i].begin == x->bytes &&
+             XXH3_128bits_update(xx, x->data, x->bytes) == XXH_OK;
+        at = sh->t[i].end;
+    }
+    if (ok && at == sh->payload_bytes) {
+        XXH128_canonical_t c;
+        XXH128_canonicalFromHash(&c, XXH3_128bits_digest(xx));
+        ok = !memcmp(c.digest, sh->xxh, 16);
+    } else {
+        ok = 0;
+    }
+    XXH3_freeState(xx);
+    return ok;
+}
+
 /* Gives the full kv block buffers of enc->e whose tensors are in block
- * shard c of the chain (just written by this put: its bytes are theirs) the
- * origin of that tensor in the file, read from the shard's header. */
-static void tag_written_block(kvt_store *s, const kvt__enc *enc, int32_t c)
+ * shard c of the chain the origin of that tensor in the file, read from the
+ * shard's header: when the put wrote the shard itself (its bytes are
+ * theirs), or (verify) when it was there already and its payload holds
+ * exactly their bytes (same_payload: another computation of the same
+ * prefix may have stored other bytes under the same key). */
+static void tag_block(kvt_store *s, const kvt__enc *enc, int32_t c, int verify)
 {
     char name[64];
     kvt__store_file_name('b', enc->keys[c], name);
@@ -305,6 +358,10 @@ static void tag_written_block(kvt_store *s, const kvt__enc *enc, int32_t c)
         return;
     }
     kvt__io_close(fd);
+    if (verify && !same_payload(enc, &sh)) {
+        kvt__shard_free(&sh); /* untagged: written to the page file */
+        return;
+    }
     const kvt_entry *e = enc->e;
     for (int32_t l = 0; l < e->n_caches; l++) {
         if (!e->caches[l] || strcmp(kvt_cache_kind(e->caches[l]), "kv"))
@@ -332,6 +389,5 @@ void kvt__store_tag_written(kvt_store *s, const kvt__enc *enc, const int8_t *wri
     if (!s->pins || s->opts.read_only)
         return;
     for (int32_t c = 0; c < enc->n_chain; c++)
-        if (written[c])
-            tag_written_block(s, enc, c);
+        tag_block(s, enc, c, !written[c]);
 }

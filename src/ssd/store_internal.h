@@ -377,10 +377,12 @@ void kvt__store_tag_blocks(kvt__store_pins *pins, kvt_entry *e, const kvt__rshar
                            int32_t n_blocks);
 
 /** After a put made its entry durable: gives the whole kv block buffers
- * of the entry's caches in the chain blocks it wrote itself (written[c]:
- * their file bytes are these buffers' bytes; blocks that were there
- * already may hold other bytes for the same key) the origin of their
- * tensor (its offset from the shard's header), as a restore does. */
+ * of the entry's caches in its chain blocks the origin of their tensor
+ * (its offset from the shard's header), as a restore does: blocks it wrote
+ * itself (written[c]: their file bytes are these buffers' bytes), and
+ * blocks that were there already whose payload's XXH3-128 is that of
+ * these buffers' bytes (another computation of the same prefix may have
+ * stored other bytes under the same key: then no origin). */
 void kvt__store_tag_written(kvt_store *s, const kvt__enc *enc, const int8_t *written);
 
 /* budget.c */

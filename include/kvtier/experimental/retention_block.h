@@ -98,7 +98,7 @@ KVT_API int kvt_block_policy_create(const char *name, int64_t capacity_blocks,
 /** Frees the policy (NULL is a no-op). */
 KVT_API void kvt_block_policy_destroy(kvt_block_policy *p);
 
-/** The policy's name (static string). */
+/** The policy's name (static string; "" for NULL). Thread-safe. */
 KVT_API const char *kvt_block_policy_name(const kvt_block_policy *p);
 
 /** Records a use of block `key`, inserting it when absent.
