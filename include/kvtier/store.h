@@ -275,7 +275,7 @@ KVT_API int kvt_store_config_fingerprint_of(kvt_new_caches_fn new_caches, void *
  * identities are ever evicted by another store or by kvt_store_gc.
  * @param root     directory path, borrowed for the call.
  * @param identity borrowed for the call (copied).
- * @param opts     NULL for defaults; borrowed for the call (opts->io is
+ * @param opts     NULL for defaults; borrowed for the call (opts->worker is
  *                 borrowed for the life of the store).
  * @param out      receives the store; close it with kvt_store_close().
  * @return 0; KVT_EINVAL (NULL argument, root empty or over 3000 bytes, an
