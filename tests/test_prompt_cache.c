@@ -952,6 +952,31 @@ static void test_bad_arguments(void **state)
     cfg.cold = &bad;
     kvt_prompt_cache *x;
     assert_int_equal(kvt_prompt_cache_create(&cfg, &x), KVT_EINVAL);
+    /* a refused call leaves its out cleared (common.h: call, then clear): a clear or a release
+     * after the error frees nothing, even when out held garbage */
+    memset(&h, 0xab, sizeof h);
+    assert_int_equal(kvt_prompt_cache_lend(pc, NULL, 4, "", NULL, &h), KVT_EINVAL);
+    assert_null(h.entry.caches);
+    assert_int_equal(h.entry.n_caches, 0);
+    assert_int_equal(h.prefix_len, 0);
+    kvt_hit_clear(&h);
+    memset(&h, 0xab, sizeof h);
+    assert_int_equal(kvt_prompt_cache_lend_exact(pc, a, -1, "", &h), KVT_EINVAL);
+    assert_null(h.entry.caches);
+    kvt_hit_clear(&h);
+    memset(&h, 0xab, sizeof h);
+    assert_int_equal(kvt_prompt_cache_object_lend(pc, "", &h), KVT_EINVAL);
+    assert_null(h.entry.caches);
+    kvt_hit_clear(&h);
+    kvt_lease *l = (kvt_lease *)(uintptr_t)0xabababab;
+    assert_int_equal(kvt_prompt_cache_prefetch(pc, NULL, 4, "", NULL, &l), KVT_EINVAL);
+    assert_null(l);
+    l = (kvt_lease *)(uintptr_t)0xabababab;
+    assert_int_equal(kvt_prompt_cache_pin(pc, a, -1, "", &l), KVT_EINVAL);
+    assert_null(l);
+    kvt_buf *b = (kvt_buf *)(uintptr_t)0xabababab;
+    assert_int_equal(kvt_buf_wrap(NULL, 8, NULL, NULL, &b), KVT_EINVAL);
+    assert_null(b);
     kvt_prompt_cache_destroy(NULL);
     kvt_hit_clear(NULL);
     kvt_lease_release(NULL);

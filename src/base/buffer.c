@@ -45,9 +45,10 @@ KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out)
 KVT_API int kvt_buf_wrap(void *data, size_t bytes, void (*release)(void *, void *, size_t), void *ctx,
                          kvt_buf **out)
 {
+    if (out) /* cleared before any check */
+        *out = NULL;
     if (!out || (!data && bytes))
         return kvt__fail(KVT_EINVAL, "kvt_buf_wrap: %s", !out ? "out is NULL" : "data is NULL");
-    *out = NULL;
     kvt_buf *b = kvt__malloc(sizeof(kvt_buf));
     if (!b)
         return kvt__fail(KVT_ENOMEM, "kvt_buf_wrap: cannot allocate the buffer header");

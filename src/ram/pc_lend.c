@@ -173,11 +173,12 @@ static int lend_cold(kvt_prompt_cache *pc, const int32_t *prompt, const char *se
 KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, int64_t n, const char *ns,
                                   const char *session, kvt_hit *out)
 {
+    if (out) /* cleared before any check: a kvt_hit_clear after an error frees nothing */
+        memset(out, 0, sizeof *out);
     ns = kvt__ns(ns);
     int rc = kvt__pc_check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_lend");
     if (rc)
         return rc;
-    memset(out, 0, sizeof *out);
     pthread_mutex_lock(&pc->mu);
     if (pc->blocks)
         kvt__pc_blocks_clock(pc->blocks, n); /* one use time per request */
@@ -282,11 +283,12 @@ KVT_API int kvt_prompt_cache_find_exact(kvt_prompt_cache *pc, const int32_t *tok
 KVT_API int kvt_prompt_cache_lend_exact(kvt_prompt_cache *pc, const int32_t *tokens, int64_t n, const char *ns,
                                        kvt_hit *out)
 {
+    if (out) /* cleared before any check, as kvt_prompt_cache_lend */
+        memset(out, 0, sizeof *out);
     ns = kvt__ns(ns);
     int rc = kvt__pc_check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_lend_exact");
     if (rc)
         return rc;
-    memset(out, 0, sizeof *out);
     pthread_mutex_lock(&pc->mu);
     pc_entry *e = kvt__index_exact(pc->ix, ns, tokens, n);
     if (!e) {

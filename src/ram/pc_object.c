@@ -38,9 +38,10 @@ KVT_API int kvt_prompt_cache_object_put(kvt_prompt_cache *pc, const char *key, k
 
 KVT_API int kvt_prompt_cache_object_lend(kvt_prompt_cache *pc, const char *key, kvt_hit *out)
 {
+    if (out) /* cleared before any check, as kvt_prompt_cache_lend */
+        memset(out, 0, sizeof *out);
     if (!pc || !key || !*key || !out)
         return kvt__fail(KVT_EINVAL, "kvt_prompt_cache_object_lend: bad arguments");
-    memset(out, 0, sizeof *out);
     char *ns = object_ns(key);
     if (!ns)
         return kvt__fail(KVT_ENOMEM, "kvt_prompt_cache_object_lend: out of memory");

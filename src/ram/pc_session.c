@@ -162,10 +162,11 @@ KVT_API int kvt_prompt_cache_pin(kvt_prompt_cache *pc, const int32_t *tokens, in
                                  kvt_lease **out)
 {
     ns = kvt__ns(ns);
+    if (out) /* cleared before any check: a release after an error frees nothing */
+        *out = NULL;
     int rc = kvt__pc_check_prompt(pc, tokens, n, ns, out, "kvt_prompt_cache_pin");
     if (rc)
         return rc;
-    *out = NULL;
     kvt_lease *l;
     if ((rc = lease_new(pc, &l)) != 0)
         return rc;
@@ -255,10 +256,11 @@ KVT_API int kvt_prompt_cache_prefetch(kvt_prompt_cache *pc, const int32_t *promp
                                       const char *session, kvt_lease **out)
 {
     ns = kvt__ns(ns);
+    if (out) /* cleared before any check, as kvt_prompt_cache_pin */
+        *out = NULL;
     int rc = kvt__pc_check_prompt(pc, prompt, n, ns, out, "kvt_prompt_cache_prefetch");
     if (rc)
         return rc;
-    *out = NULL;
     kvt_lease *l;
     if ((rc = lease_new(pc, &l)) != 0)
         return rc;
