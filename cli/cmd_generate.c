@@ -23,7 +23,7 @@ static void usage(FILE *f)
             "usage: kvtier generate [--model M.bin --tokenizer T.bin] [--prompt TEXT] [--steps N]\n"
             "                       [--temperature T] [--top-p P] [--seed S] [--block-tokens B]\n"
             "                       [--threads N] [--kv-dtype f32|f16|bf16|q8]\n"
-            "                       [--request-id ID --ssd-cache DIR [--checkpoint-every N]]\n"
+            "                       [--request-id ID --ssd-cache DIR [--checkpoint-every N] [--checkpoint-sync]]\n"
             "                       [--live-cache-blocks N] [--live-cache-bytes B] [--live-cache-dir DIR]\n"
             "                       [--live-cache-strict]\n"
             "\n"
@@ -62,6 +62,9 @@ static void usage(FILE *f)
             "                      an error naming the field (docs/checkpoints.md).\n"
             "  --ssd-cache DIR     where the checkpoints are kept (the SSD tier's directory).\n"
             "  --checkpoint-every N  generated tokens between checkpoints (default 16).\n"
+            "  --checkpoint-sync   each checkpoint is durable before decoding goes on (default:\n"
+            "                      written behind decode): a crash loses at most N tokens however\n"
+            "                      slow the disk; the decode waits for every write.\n"
             "  --live-cache-blocks N  keep at most N full kv blocks of the run in RAM (over all\n"
             "                      layers); the others are written once to a page file and read\n"
             "                      back, checksummed, when attention needs them (docs/residency.md).\n"
@@ -124,7 +127,7 @@ int kvt_cmd_generate(int argc, char **argv)
     long long steps = 256, seed = 0, block = 256, threads = 0, every = 0, live_blocks = 0;
     uint64_t live_bytes = 0;
     const char *live_dir = NULL;
-    int live_strict = 0;
+    int live_strict = 0, ckpt_sync = 0;
     kvt_kv_scheme kv_scheme = KVT_KV_F32;
     float temperature = 1.0f, topp = 0.9f;
     for (int i = 1; i < argc; i++) {
@@ -135,6 +138,10 @@ int kvt_cmd_generate(int argc, char **argv)
         }
         if (!strcmp(a, "--live-cache-strict")) {
             live_strict = 1;
+            continue;
+        }
+        if (!strcmp(a, "--checkpoint-sync")) {
+            ckpt_sync = 1;
             continue;
         }
         if (strncmp(a, "--", 2) != 0) {
@@ -215,10 +222,10 @@ int kvt_cmd_generate(int argc, char **argv)
     }
     if (request_id && (!request_id[0] || strlen(request_id) > KVT_REQUEST_ID_MAX))
         return bad("--request-id", request_id, "need 1 to 255 bytes");
-    if ((request_id != NULL) != (ssd_dir != NULL) || (every && !request_id)) {
+    if ((request_id != NULL) != (ssd_dir != NULL) || ((every || ckpt_sync) && !request_id)) {
         fprintf(stderr, "kvtier generate: %s\n", request_id ? "--request-id needs --ssd-cache DIR (where the checkpoints are kept)"
                         : ssd_dir ? "--ssd-cache needs --request-id ID (generate keeps only checkpoints there)"
-                                  : "--checkpoint-every needs --request-id ID and --ssd-cache DIR");
+                                  : "--checkpoint-every and --checkpoint-sync need --request-id ID and --ssd-cache DIR");
         return 2;
     }
     if ((live_dir || live_strict) && !live_blocks && !live_bytes) {
@@ -273,7 +280,7 @@ int kvt_cmd_generate(int argc, char **argv)
             goto done;
         }
         kvt_chat_service_opts so = {.block_tokens = (int32_t)block, .checkpoint_store = store,
-                                    .checkpoint_every = every ? every : 16};
+                                    .checkpoint_every = every ? every : 16, .checkpoint_sync = ckpt_sync};
         if ((rc = kvt_chat_service_create(model, &so, &svc))) {
             status = fail("cannot create the cache service", rc);
             goto done;
@@ -314,9 +321,10 @@ done:
     if (svc && status == 0) {
         kvt_checkpoint_stats cs;
         kvt_service_checkpoint_stats(svc, &cs);
-        fprintf(stderr, "checkpoints: %lld taken every %lld tokens, written behind decode: %llu written, %llu "
+        fprintf(stderr, "checkpoints: %lld taken every %lld tokens, %s: %llu written, %llu "
                 "superseded in the writer's queue, %llu dropped, %llu removed (the run completed)\n",
-                (long long)st.checkpoints, every ? every : 16, (unsigned long long)cs.written,
+                (long long)st.checkpoints, every ? every : 16,
+                ckpt_sync ? "each durable before decoding went on" : "written behind decode", (unsigned long long)cs.written,
                 (unsigned long long)cs.superseded, (unsigned long long)cs.dropped, (unsigned long long)cs.removed);
     }
     kvt_service_destroy(svc);

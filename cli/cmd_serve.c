@@ -24,7 +24,8 @@ static void usage(FILE *f)
             "                    [--pool-ram BYTES] [--pool-kv BYTES] [--pool-disk BYTES] [--pool-remote BYTES]\n"
             "                    [--host ADDR] [--port N] [--prompt-cache BYTES] [--kv-budget BYTES]\n"
             "                    [--ssd-cache DIR [--ssd-cache-max BYTES] [--ssd-cache-verify]\n"
-            "                     [--demote-idle MS] [--checkpoint-every N]] [--prompt-cache-dir DIR ...]\n"
+            "                     [--demote-idle MS] [--checkpoint-every N [--checkpoint-sync]]]\n"
+            "                    [--prompt-cache-dir DIR ...]\n"
             "                    [--redis URL [--redis-cluster] [--redis-timeout MS] [--redis-ttl SECONDS]\n"
             "                     [--redis-restore-timeout MS]]\n"
             "                    [--max-queue N] [--max-running N] [--prefill-chunk N]\n"
@@ -90,6 +91,9 @@ static void usage(FILE *f)
             "                        checkpoint and the client gets the whole reply, identical to an\n"
             "                        uninterrupted one (a checkpoint that does not match the request\n"
             "                        is a 422 naming the field; docs/checkpoints.md)\n"
+            "  --checkpoint-sync     each checkpoint is durable before that request decodes on\n"
+            "                        (default: written behind decode): a crash loses at most N\n"
+            "                        tokens however slow the disk; the decode waits for every write\n"
             "  --redis URL           shared remote tier on Redis below the SSD tier, so several servers\n"
             "                        of the same model behind a load balancer reuse each other's\n"
             "                        prefixes: redis://[user:password@]host:port[/db] (or the password\n"
@@ -205,6 +209,10 @@ int kvt_cmd_serve(int argc, char **argv)
         }
         if (!strcmp(a, "--live-cache-strict")) {
             o.live_cache_strict = 1;
+            continue;
+        }
+        if (!strcmp(a, "--checkpoint-sync")) {
+            o.checkpoint_sync = 1;
             continue;
         }
         static const char *const with_value[] = {
@@ -338,6 +346,8 @@ int kvt_cmd_serve(int argc, char **argv)
     if (!o.ssd_dir && (o.ssd_max_bytes || o.ssd_verify || demote || ckpt_every))
         return usage_error("--ssd-cache-max, --ssd-cache-verify, --demote-idle and --checkpoint-every need "
                            "--ssd-cache DIR", NULL);
+    if (o.checkpoint_sync && !ckpt_every)
+        return usage_error("--checkpoint-sync needs --checkpoint-every N", NULL);
     o.checkpoint_every = ckpt_every;
     o.live_cache_blocks = live_blocks;
     if ((o.live_cache_dir || o.live_cache_strict) && !live_blocks && !o.live_cache_bytes)

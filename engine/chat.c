@@ -107,6 +107,7 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         .pool_name = o->pool_name,
         .checkpoint_store = o->checkpoint_store,
         .checkpoint_every = o->checkpoint_every,
+        .checkpoint_sync = o->checkpoint_sync,
     };
     int rc = kvt_service_create(&cfg, out);
     if (rc)

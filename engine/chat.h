@@ -49,6 +49,8 @@ typedef struct kvt_chat_service_opts {
     kvt_store *checkpoint_store;  /* optional: keeps generation checkpoints of replayable
                                      requests (kvt_service_config.checkpoint_store) */
     int64_t checkpoint_every;     /* with checkpoint_store: generated tokens between them, >= 1 */
+    int checkpoint_sync;          /* with checkpoint_store: 1 = each is durable before decode goes
+                                     on (kvt_service_config.checkpoint_sync) */
     struct kvt_pool *pool;        /* optional process-wide pool the service joins as
                                      pool_name (kvt_service_config.pool) */
     const char *pool_name;

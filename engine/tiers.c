@@ -574,6 +574,7 @@ static void pub_poll_fn(void *self, kvt_level_status *st)
     st->entries = ts.entries;
     st->restores = ts.restores;
     st->mode = ps.generation[0] ? KVT_LEVEL_MODE_READ_ONLY : KVT_LEVEL_MODE_OFF;
+    memcpy(st->generation, ps.generation, sizeof st->generation);
     if (ps.refusals)
         snprintf(st->cause, sizeof st->cause, "%.150s: generation %s refused (%s): %.300s%s%s", l->dir,
                  ps.last_refused, kvt_publish_refusal_name(ps.last_refusal), ps.last_detail,

@@ -29,6 +29,7 @@
 
 #include "chat.h"
 
+#include "kvtier/publish.h"
 #include "kvtier/remote.h"
 #include "kvtier/store.h"
 #include "kvtier/tier.h"
@@ -69,6 +70,8 @@ typedef struct kvt_level_status {
     uint64_t writes_skipped;  /* writes not attempted once degraded */
     uint64_t entries;         /* entries it holds */
     uint64_t restores;        /* entries restored from it */
+    char generation[KVT_PUBLISH_ID_LEN]; /* published level: the generation it
+                                 mounted ("" when none, and for other levels) */
 } kvt_level_status;
 
 /* ---- the SSD level ------------------------------------------------------------------ */

@@ -838,6 +838,8 @@ static void levels_json(kvt_server *s, const srv_model *md, int ready, json_t *d
         if (!json_object_get(doc, key))
             json_object_set(doc, key, o);
         if (!strcmp(l->name, "published")) {
+            if (l->generation[0]) /* the generation mounted at the last poll (about every second) */
+                json_object_set_new(o, "generation", json_string(l->generation));
             if (!pubs)
                 pubs = json_array();
             if (pubs)
@@ -1338,6 +1340,7 @@ static int load_model(kvt_server *s, int i)
     if (s->o.checkpoint_every > 0 && md->store) { /* no store (SSD off): nothing is checkpointed */
         so.checkpoint_store = md->store;
         so.checkpoint_every = s->o.checkpoint_every;
+        so.checkpoint_sync = s->o.checkpoint_sync;
     }
     if ((rc = kvt_chat_service_create(md->m, &so, &md->svc)))
         return rc;

@@ -92,6 +92,8 @@ typedef struct kvt_server_opts {
     int64_t checkpoint_every;    /* with ssd_dir: a request with an Idempotency-Key header is
                                     checkpointed every this many generated tokens and resumed
                                     by a repeat after a restart (docs/checkpoints.md); 0 = off */
+    int checkpoint_sync;         /* with checkpoint_every: 1 = each checkpoint is durable before
+                                    the request decodes on (--checkpoint-sync) */
     int64_t live_cache_blocks;   /* > 0: each request keeps at most this many full kv blocks in
                                     RAM and pages the rest to a page file (kvt_gen_opts.live_cache_*,
                                     docs/residency.md); admission charges the bound; 0 = no bound */

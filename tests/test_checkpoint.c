@@ -17,6 +17,7 @@
  *   temperature, top-p, RNG position; also checkpoints planted in the store
  *   with inconsistent metadata (the on-disk record of docs/checkpoints.md).
  * - kvt_service_checkpoint's refusals.
+ * - checkpoint_sync: every checkpoint is durable when the call returns.
  * - K/V stored as f16, bf16 or q8 (the hybrid model's window layer as a
  *   rotating cache of that dtype): resume after a restart is exact against
  *   an uninterrupted run in the same scheme, from the checkpoint, prefilling
@@ -52,6 +53,7 @@ static const int model_kind[M_COUNT] = {SU_PLAIN, SU_HYBRID};
 static char dir[256], model_path[M_COUNT][300], tok_path[300];
 static int trial;
 static kvt_kv_scheme rig_scheme = KVT_KV_F32; /* the KV storage scheme rig_open sets */
+static int rig_sync;                          /* rig_open's checkpoint_sync */
 
 static int group_setup(void **state)
 {
@@ -100,7 +102,8 @@ static void rig_open(rig *r, int which, const char *root)
     kvt_chat_identity id;
     assert_int_equal(kvt_chat_identity_compute(r->m, tok_path, &id), 0);
     assert_int_equal(kvt_chat_store_open(r->m, &id, root, 0, 0, &r->store), 0);
-    kvt_chat_service_opts so = {.block_tokens = 8, .checkpoint_store = r->store, .checkpoint_every = EVERY};
+    kvt_chat_service_opts so = {.block_tokens = 8, .checkpoint_store = r->store, .checkpoint_every = EVERY,
+                                .checkpoint_sync = rig_sync};
     assert_int_equal(kvt_chat_service_create(r->m, &so, &r->svc), 0);
 }
 
@@ -282,6 +285,46 @@ static void test_resume_exact(void **state)
             rig_close(&r);
         }
     }
+}
+
+/* checkpoint_sync: each kvt_service_checkpoint returns once its checkpoint
+ * is durable, so right after an interrupted generation (no flush) every
+ * checkpoint it took is written, none was superseded in the queue, nothing
+ * is pending, and a restart resumes from the newest; written behind decode,
+ * the writer would still be on the first (fsync is slower than a decode
+ * step of this model). */
+static void test_sync_each_durable(void **state)
+{
+    (void)state;
+    rig_sync = 1;
+    rig r;
+    rig_fresh(&r, M_PLAIN);
+    int32_t prompt[NPROMPT];
+    run_result ref, part, whole;
+    long_prompt(&r, &samplings[0], prompt, &ref);
+    run_args a = {.prompt = prompt, .n_prompt = NPROMPT, .max_tokens = MAXT, .temp = samplings[0].temp,
+                  .topp = samplings[0].topp, .seed = samplings[0].seed, .id = "sync", .stop_after = 3 * EVERY + 1};
+    run(&r, &a, &part);
+    assert_int_equal(part.rc, 0);
+    kvt_checkpoint_stats cs;
+    assert_int_equal(kvt_service_checkpoint_stats(r.svc, &cs), 0);
+    print_message("  sync: interrupted at %d: %llu queued, %llu written, %llu superseded, %llu pending\n",
+                  3 * EVERY + 1, (unsigned long long)cs.queued, (unsigned long long)cs.written,
+                  (unsigned long long)cs.superseded, (unsigned long long)cs.pending);
+    assert_int_equal(cs.queued, 3);
+    assert_int_equal(cs.written, 3);
+    assert_int_equal(cs.superseded, 0);
+    assert_int_equal(cs.pending, 0);
+    rig_close(&r);
+    rig_reopen(&r, M_PLAIN);
+    a.stop_after = 0;
+    run(&r, &a, &whole);
+    assert_int_equal(whole.st.resumed_tokens, 3 * EVERY - 1);
+    assert_int_equal(whole.st.prefilled_tokens, 0);
+    assert_int_equal(whole.n_reply, ref.n_reply);
+    assert_memory_equal(whole.reply, ref.reply, (size_t)ref.n_reply * sizeof(int32_t));
+    rig_close(&r);
+    rig_sync = 0;
 }
 
 static void test_keeps_two_and_completed_removes(void **state)
@@ -716,6 +759,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_exact),
+        cmocka_unit_test(test_sync_each_durable),
         cmocka_unit_test(test_keeps_two_and_completed_removes),
         cmocka_unit_test(test_corrupt_newest_takes_older),
         cmocka_unit_test(test_mismatch_each_field),

@@ -14,7 +14,10 @@
  * the tok512 vocabulary, so its pieces are words). Greedy and seeded
  * sampling (temperature 0.8, top-p 0.9) alternate. The kill point is a
  * random output length (the child is killed once its stdout holds that many
- * bytes). KILL_TRIALS trials (5 here; 50 in test_long_checkpoint_kill.c).
+ * bytes). Even trials add --checkpoint-sync (each checkpoint durable before
+ * decoding goes on), so they resume however fast the decode runs against
+ * the disk; odd ones write behind decode and may start fresh. KILL_TRIALS
+ * trials (5 here; 50 in test_long_checkpoint_kill.c).
  * Seed printed; KVT_TEST_SEED replays it. Needs KVT_BIN.
  */
 #include <setjmp.h>
@@ -105,7 +108,8 @@ typedef struct config {
 } config;
 
 /* argv of `kvtier generate` for c; replayable adds the checkpoint flags. */
-static void gen_args(const config *c, int replayable, const char *id, const char *args[24])
+/* sync: --checkpoint-sync (each checkpoint durable before decoding goes on) */
+static void gen_args(const config *c, int replayable, int sync, const char *id, const char *args[32])
 {
     int n = 0;
     args[n++] = "generate";
@@ -132,14 +136,16 @@ static void gen_args(const config *c, int replayable, const char *id, const char
         args[n++] = "8";
         args[n++] = "--ssd-cache";
         args[n++] = c->ssd;
+        if (sync)
+            args[n++] = "--checkpoint-sync";
     }
     args[n] = NULL;
 }
 
 static void run_to_end(const config *c, int replayable, const char *id, const char *sub, cli_result *r)
 {
-    const char *args[24];
-    gen_args(c, replayable, id, args);
+    const char *args[32];
+    gen_args(c, replayable, 0, id, args);
     cli_child ch;
     char d[800];
     snprintf(d, sizeof d, "%s/%s", dir, sub);
@@ -224,8 +230,12 @@ static void test_kill_trials(void **state)
         config *c = &cfg[t % 4];
         char id[32];
         snprintf(id, sizeof id, "trial-%d", t);
-        const char *args[24];
-        gen_args(c, 1, id, args);
+        const char *args[32];
+        /* even trials with --checkpoint-sync: the checkpoints the output
+         * passed are durable however fast the decode runs against the disk
+         * (write-behind ones may all be lost: those trials may start fresh) */
+        int sync = t % 2 == 0;
+        gen_args(c, 1, sync, id, args);
         char d[800];
         snprintf(d, sizeof d, "%s/kill%d", dir, t);
         mkdir(d, 0755);
@@ -253,8 +263,9 @@ static void test_kill_trials(void **state)
         run_to_end(c, 1, id, d, &r);
         long long g, restored, prefilled, decoded;
         int res = resumed_line(r.err, &g, &restored, &prefilled, &decoded);
-        print_message("  trial %d (%s): killed at %lld of %zu bytes%s; %s", t, c->name, (long long)printed, len,
-                      exited ? " (it had exited)" : "", res ? "" : "started fresh\n");
+        print_message("  trial %d (%s%s): killed at %lld of %zu bytes%s; %s", t, c->name,
+                      sync ? ", --checkpoint-sync" : "", (long long)printed, len, exited ? " (it had exited)" : "",
+                      res ? "" : "started fresh\n");
         if (res)
             print_message("resumed at %lld generated tokens: %lld restored, %lld prefilled, %lld decoded\n", g,
                           restored, prefilled, decoded);

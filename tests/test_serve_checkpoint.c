@@ -8,7 +8,10 @@
  * Sampled with a seed (temperature 0.8, top-p 0.9), stories260K (skipped
  * with a message when absent). A repeat whose seed differs from the
  * interrupted request's is a 422 naming "seed"; a key with a control
- * character is a 400. Needs KVT_BIN.
+ * character is a 400. The servers with checkpoints run --checkpoint-sync:
+ * the checkpoints the stream passed are durable however fast the decode
+ * runs against the disk (written behind decode, a fast CPU could finish
+ * before the first one reached it). Needs KVT_BIN.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -55,7 +58,7 @@ static int start(kvt_ts_server *sv, int checkpoints, int n)
     snprintf(log, sizeof log, "%s/serve%d.log", dir, n);
     const char *plain[] = {"--model", model, "--tokenizer", tok, "--threads", "1", NULL};
     const char *ck[] = {"--model", model, "--tokenizer", tok, "--threads", "1", "--ssd-cache", ssd,
-                        "--checkpoint-every", "8", NULL};
+                        "--checkpoint-every", "8", "--checkpoint-sync", NULL};
     return kvt_ts_server_start(sv, bin, log, checkpoints ? ck : plain);
 }
 

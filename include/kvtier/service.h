@@ -151,6 +151,13 @@ typedef struct kvt_service_config {
     /** With checkpoint_store: bytes of cache state the checkpoint writer may
      * hold queued (kvt_cache_bytes of the queued clones); 0 = 256 MiB. */
     uint64_t checkpoint_queue_bytes;
+    /** With checkpoint_store: 1 = each kvt_service_checkpoint returns only
+     * once the writer finished that checkpoint (durable, or failed and
+     * counted), so a crash loses at most checkpoint_every generated tokens
+     * however slow the disk is, and the decode waits for each write
+     * (`--checkpoint-sync`); 0 = written behind decode (a crash may also
+     * lose what the writer had not made durable yet). */
+    int checkpoint_sync;
     /** Optional process-wide pool (kvtier/pool.h) the service joins as
      * `pool_name` (required with a pool, unique in it); borrowed, must
      * outlive the service. NULL: no pool (the budgets above are the only
@@ -527,6 +534,8 @@ KVT_API int kvt_service_resume(kvt_service *svc, kvt_admission *adm, const kvt_r
  *   info->prompt_tokens + info->generated_tokens - 1.
  * @param info borrowed; prompt_tokens must be the request's, seed the one
  *   the request resumed or started with.
+ * With checkpoint_sync it returns once the writer finished this checkpoint
+ * (durable, or failed: counted in `failed`, reported by kvt_service_flush).
  * @return 0 (queued); KVT_EAGAIN (the writer's queue is over its byte bound:
  *   this checkpoint is dropped, counted; decode goes on); KVT_EINVAL (NULL
  *   argument, counts that do not add up, a cache not holding n_tokens, or

@@ -49,6 +49,7 @@ typedef struct cjob {
     char ns[KVT__CKPT_NS_LEN];
     kvt_entry e;               /* write: kvtier-allocated, clones of the caches */
     uint64_t bytes;            /* cache bytes e holds */
+    uint64_t seq;              /* its place in the queue's order (1, 2, ...) */
     struct cjob *next;
 } cjob;
 
@@ -63,6 +64,9 @@ struct kvt__ckpt {
     char busy_ns[KVT__CKPT_NS_LEN]; /* ns of the job in flight, "" none */
     int flush_rc;              /* last failure since the previous flush */
     int stop;
+    int sync;                  /* kvt_service_checkpoint waits until its write is done */
+    uint64_t next_seq;         /* seq of the last job queued */
+    uint64_t done_seq;         /* seq of the last job the writer finished (FIFO) */
     pthread_t thread;
     kvt_checkpoint_stats st;
 };
@@ -284,10 +288,11 @@ static void *writer_main(void *arg)
         } else {
             rc = prune(c, j->ns, 0, &removed);
         }
-        uint64_t bytes = j->bytes;
+        uint64_t bytes = j->bytes, seq = j->seq;
         job_free(j);
 
         pthread_mutex_lock(&c->mu);
+        c->done_seq = seq;
         c->st.written += (uint64_t)written;
         c->st.removed += removed;
         if (rc) {
@@ -303,7 +308,7 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, kvt__ckpt **out)
+int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, int sync, kvt__ckpt **out)
 {
     *out = NULL;
     if (!store || every < 1)
@@ -314,6 +319,7 @@ int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, kvt_
         return kvt__fail(KVT_ENOMEM, "service: out of memory for the checkpoint writer");
     c->store = store;
     c->every = every;
+    c->sync = sync != 0;
     c->max_bytes = queue_bytes ? queue_bytes : KVT__CKPT_QUEUE_DEFAULT;
     if (pthread_mutex_init(&c->mu, NULL))
         goto fail_mu;
@@ -396,7 +402,8 @@ static void jobs_free(cjob *j)
 
 /* Appends j (ownership passes on 0). A newer write replaces the queued
  * writes of its request; a removal drops them. */
-static int enqueue(kvt__ckpt *c, cjob *j)
+/* Queues j (the writer owns it from then on); *seq gets its place in the order. */
+static int enqueue(kvt__ckpt *c, cjob *j, uint64_t *seq)
 {
     cjob *dropped = NULL;
     pthread_mutex_lock(&c->mu);
@@ -418,6 +425,7 @@ static int enqueue(kvt__ckpt *c, cjob *j)
                          (unsigned long long)c->max_bytes);
     }
     j->next = NULL;
+    j->seq = *seq = ++c->next_seq;
     if (c->tail)
         c->tail->next = j;
     else
@@ -442,7 +450,8 @@ void kvt__ckpt_release(kvt__ckpt *c, kvt__ckpt_run *run, int completed)
         if (j) {
             j->remove = 1;
             memcpy(j->ns, run->ns, sizeof j->ns);
-            if (enqueue(c, j))
+            uint64_t seq;
+            if (enqueue(c, j, &seq))
                 kvt__free(j);
         }
         /* without memory the checkpoints stay: a repeat resumes, and the
@@ -702,9 +711,18 @@ KVT_API int kvt_service_checkpoint(kvt_service *svc, kvt_admission *adm, kvt_cac
     }
     for (int32_t l = 0; !rc && l < n_layers; l++)
         j->bytes += kvt_cache_bytes(j->e.caches[l]);
+    uint64_t seq = 0;
     if (!rc)
-        rc = enqueue(c, j);
-    if (rc)
+        rc = enqueue(c, j, &seq);
+    if (rc) {
         job_free(j);
-    return rc;
+        return rc;
+    }
+    if (c->sync) { /* until the writer finished it: jobs finish in queue order */
+        pthread_mutex_lock(&c->mu);
+        while (c->done_seq < seq)
+            pthread_cond_wait(&c->idle_cv, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return 0;
 }

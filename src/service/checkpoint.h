@@ -16,8 +16,10 @@ typedef struct kvt__ckpt_run kvt__ckpt_run;
 /** Starts the checkpoint writer over `store` (borrowed; must outlive it).
  * @param every generated tokens between checkpoints, >= 1.
  * @param queue_bytes bound of queued cache bytes, 0 = 256 MiB.
+ * @param sync 1: kvt_service_checkpoint returns once the writer finished
+ *   that checkpoint (kvt_service_config.checkpoint_sync).
  * @return 0; KVT_EINVAL (NULL store, every < 1); KVT_ENOMEM. */
-int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, kvt__ckpt **out);
+int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, int sync, kvt__ckpt **out);
 
 /** Runs every queued job, stops the writer thread and frees. NULL is a no-op. */
 void kvt__ckpt_destroy(kvt__ckpt *c);

@@ -257,7 +257,8 @@ KVT_API int kvt_service_create(const kvt_service_config *cfg, kvt_service **out)
             goto fail;
     }
     if (cfg->checkpoint_store) {
-        rc = kvt__ckpt_create(cfg->checkpoint_store, cfg->checkpoint_every, cfg->checkpoint_queue_bytes, &s->ckpt);
+        rc = kvt__ckpt_create(cfg->checkpoint_store, cfg->checkpoint_every, cfg->checkpoint_queue_bytes,
+                              cfg->checkpoint_sync, &s->ckpt);
         if (rc)
             goto fail;
     }
