@@ -101,15 +101,32 @@ static void supersede_has_no_cap(void **state)
     fx_close(&f);
 }
 
+/* The fault gate a case closed, opened by gate_teardown when an assertion
+ * failed while the writer was held (else that writer waits forever and every
+ * later case's writes queue behind it on the shared I/O worker: the program
+ * hangs instead of failing). The gated case keeps its fault layer static, so
+ * it outlives the case's stack. */
+static store_faults *g_gate;
+
+static int gate_teardown(void **state)
+{
+    (void)state;
+    if (g_gate)
+        store_faults_gate(g_gate, 0);
+    g_gate = NULL;
+    return 0;
+}
+
 /* two queued writes of the same tokens: findable and restorable while
  * queued, nothing pending once both are written */
 static void twin_pending_writes(void **state)
 {
     (void)state;
-    fx f;
-    store_faults flt;
-    kvt_store_io io;
+    static fx f; /* the store reads f.io from its writer: it must outlive a failed case too */
+    static store_faults flt;
+    static kvt_store_io io;
     store_faults_init(&flt, &io);
+    g_gate = &flt;
     store_faults_gate(&flt, 1); /* the writer blocks on its first pwrite */
     fx_open(&f, "index-twin", &io);
     int32_t t[24];
@@ -144,6 +161,7 @@ static void twin_pending_writes(void **state)
     kvt_store_get_stats(f.s, &st);
     assert_int_equal(st.entries, 1);
     assert_int_equal(st.pending, 0);
+    g_gate = NULL;
     fx_close(&f);
 }
 
@@ -181,7 +199,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(supersede_has_no_cap),
-        cmocka_unit_test(twin_pending_writes),
+        cmocka_unit_test_teardown(twin_pending_writes, gate_teardown),
         cmocka_unit_test(longest_among_siblings),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
