@@ -17,11 +17,13 @@
  *     steps have a gap under 1e-2 at all (the density of near-ties); and the
  *     greedy agreement counted over only the prompts whose f32 continuation
  *     never passes such a gap;
- *   - caches in blocks of --block-tokens (default 256; q8 keeps a sequence's
- *     open block in f32, so smaller blocks quantize more of the context);
- *   - f16+open and bf16+open: f16 and bf16 as q8 stores its blocks, the open
- *     block in f32 until it fills (simulated on f32 caches whose full blocks
- *     are rounded and written back), to see what that policy would buy;
+ *   - caches in blocks of --block-tokens (default 256; f16, bf16 and q8 keep
+ *     a sequence's open block in f32 and store a block in the scheme once the
+ *     next one starts, so smaller blocks round more of the context);
+ *   - f16+open and bf16+open: the same policy simulated on f32 caches whose
+ *     full blocks are rounded and written back: a cross-check that the real
+ *     f16 and bf16 rows compute exactly that (printed: equal greedy tokens
+ *     and equal logit differences, bit for bit);
  *   - the noise floor the schemes are read against: f32 again with only the
  *     order of its arithmetic changed: f32*isa on the next kernel set down
  *     (8 lanes instead of 16: every dot product, sum and exp), f32*pre with
@@ -91,6 +93,7 @@ typedef struct {
     unsigned char *tied;      /* (prompts) 1 when f32's continuation passes a gap under NEAR_TIE */
     int clean;                /* prompts whose f32 continuation never does */
     int agree_clean[N_ROWS];  /* of those, the ones whose continuation equals f32's */
+    int same_ids[N_ROWS];     /* f16+open, bf16+open: prompts whose greedy tokens equal the real row's; -1 not run */
     int held_tokens;
     char isa[16], alt_isa[16]; /* the reference's kernel set, and f32*isa's ("" when the CPU has one) */
 } kvd_result;
@@ -470,6 +473,7 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
              : KVT_ENOMEM;
     for (int s = 0; s < N_ROWS && !rc; s++)
         rc = ids[s] && r->gap[s] ? 0 : KVT_ENOMEM;
+    r->same_ids[ROW_F16_OPEN] = r->same_ids[ROW_BF16_OPEN] = -1;
     fprintf(stderr, "%s: %d prompts of %d tokens, %d greedy tokens each, groups of %d, blocks of %d, %s kernels\n",
             name, P, T, N, G, o.block_tokens, r->isa);
     for (int s = 0; s < N_ROWS && !rc; s++) {
@@ -493,6 +497,12 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
         }
         r->secs[s] = now_s() - t0;
         r->ran[s] = !rc;
+        int real = s == ROW_F16_OPEN ? KVT_KV_F16 : s == ROW_BF16_OPEN ? KVT_KV_BF16 : -1;
+        if (real > 0 && r->ran[s] && r->ran[real]) { /* the simulation against the real scheme */
+            r->same_ids[s] = 0;
+            for (int i = 0; i < P; i++)
+                r->same_ids[s] += !memcmp(ids[s] + (size_t)i * N, ids[real] + (size_t)i * N, sizeof(int32_t) * N);
+        }
         if (s && !rc) /* the row's figures as it ends, so a long run shows them before its table */
             fprintf(stderr, "%s: %s done in %.1f s: %d/%d agree, max|dlogit| %.3g, mean %.3g\n", name,
                     row_name(s), r->secs[s], r->agree[s], P, r->max_diff[s],
@@ -563,6 +573,16 @@ static void print_result(const char *name, const kvd_opts *o, const kvd_result *
                "%.3g, max %.3g\n",
                row_name(s), r->n_gap[s], near, NEAR_TIE, r->gap[s][r->n_gap[s] / 2], r->gap[s][r->n_gap[s] - 1]);
     }
+    for (int s = ROW_F16_OPEN; s <= ROW_BF16_OPEN; s++) {
+        int real = s == ROW_F16_OPEN ? KVT_KV_F16 : KVT_KV_BF16;
+        if (r->same_ids[s] < 0)
+            continue;
+        int bits = r->same_ids[s] == o->prompts && r->max_diff[s] == r->max_diff[real] &&
+                   r->sum_diff[s] == r->sum_diff[real] && r->n_diff[s] == r->n_diff[real];
+        printf("  %s (real) vs %s (simulated): greedy tokens equal on %d/%d prompts; logit differences %s\n",
+               row_name(real), row_name(s), r->same_ids[s], o->prompts,
+               bits ? "equal bit for bit" : "DIFFER");
+    }
     if (r->ran[ROW_ISA])
         printf("  f32*isa: f32 on the %s kernels (every dot product, sum and exp in another order)\n", r->alt_isa);
     else if (o->want[ROW_ISA])
@@ -630,11 +650,12 @@ int kvt_bench_kv_dtype(int argc, char **argv)
                     "|logit difference|, greedy agreement (prompts whose greedy continuation equals f32's),\n"
                     "perplexity of stories260K on a held text, KV bytes per token. Goals: f16 and bf16 agree\n"
                     "on >= 95%% of the prompts on stories260K, q8 on >= 85%%.\n"
-                    "Rows besides f32 (--rows picks some, comma-separated; default all): f16, bf16, q8;\n"
-                    "f16+open, bf16+open (simulated: f32 caches whose blocks are rounded to f16/bf16 when\n"
-                    "they fill, the open block kept in f32 as q8 keeps it); the noise floor, f32 with only the\n"
-                    "order of its arithmetic changed: f32*isa (the next kernel set down: avx2 under avx512)\n"
-                    "and f32*pre (each prompt through kvt_model_prefill's GEMM instead of the batched pass).\n"
+                    "Rows besides f32 (--rows picks some, comma-separated; default all): f16, bf16, q8 (each\n"
+                    "keeps a sequence's open block in f32 and stores a block in the scheme once it is full);\n"
+                    "f16+open, bf16+open (that policy simulated on f32 caches whose blocks are rounded to\n"
+                    "f16/bf16 when they fill: a cross-check, printed against f16 and bf16); the noise floor,\n"
+                    "f32 with only the order of its arithmetic changed: f32*isa (the next kernel set down:\n"
+                    "avx2 under avx512) and f32*pre (each prompt through kvt_model_prefill's GEMM instead of the batched pass).\n"
                     "Sequences run batched, --group at a time (one set of caches per sequence).\n");
             return help ? 0 : 2;
         }

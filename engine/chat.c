@@ -60,31 +60,19 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
     int32_t B = o->block_tokens ? o->block_tokens : 256;
     if (B > c->seq_len)
         B = c->seq_len; /* as kvt_model_new_caches: a longer block is never filled */
+    /* each layer's growth read off an empty cache of it in the model's scheme:
+     * the arithmetic kvt_service_layer_of does for every tier's records */
     kvt_service_layer layers[KVT_MODEL_MAX_LAYERS];
     memset(layers, 0, sizeof layers);
-    size_t per_token = kvt_model_kv_row_bytes(m); /* K and V of one token in the model's scheme */
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        switch (c->layer_kind[l]) {
-        case KVT_LAYER_ATTN:
-            layers[l] = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN, .bytes_per_token = per_token,
-                                            .block_tokens = B};
-            if (kvt_model_kv_scheme(m) == KVT_KV_Q8) { /* qkvc: codes, per-block scales, the f32 open block */
-                size_t kv = (size_t)c->kv_dim;
-                layers[l].bytes_per_token = 2 * kv + (16 * kv + (size_t)B - 1) / (size_t)B;
-                layers[l].fixed_bytes = 8 * kv * (size_t)B;
-            }
-            break;
-        case KVT_LAYER_WINDOW:
-            layers[l] = (kvt_service_layer){.growth = KVT_GROWTH_WINDOW,
-                                            .bytes_per_token = kvt_model_window_row_bytes(m),
-                                            .window = c->sliding_window};
-            break;
-        case KVT_LAYER_RECURRENT:
-            layers[l] = (kvt_service_layer){.growth = KVT_GROWTH_FIXED,
-                                            .fixed_bytes = (size_t)c->dim * sizeof(float)};
-            break;
-        }
-    }
+    kvt_cache *probe[KVT_MODEL_MAX_LAYERS];
+    int rc = kvt_model_new_caches(m, B, probe);
+    if (rc)
+        return rc;
+    for (int32_t l = 0; l < c->n_layers && !rc; l++)
+        rc = kvt_service_layer_of(probe[l], &layers[l]);
+    kvt_caches_destroy(probe, c->n_layers);
+    if (rc)
+        return rc;
     fresh_ctx *f = kvt__malloc(sizeof *f);
     if (!f)
         return kvt__fail(KVT_ENOMEM, "chat service: out of memory");
@@ -109,7 +97,7 @@ KVT_API int kvt_chat_service_create(const kvt_model *m, const kvt_chat_service_o
         .checkpoint_every = o->checkpoint_every,
         .checkpoint_sync = o->checkpoint_sync,
     };
-    int rc = kvt_service_create(&cfg, out);
+    rc = kvt_service_create(&cfg, out);
     if (rc)
         kvt__free(f);
     return rc;

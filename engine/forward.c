@@ -726,7 +726,7 @@ static int check_args(const kvt_model *m, kvt_cache **caches, const int32_t *tok
     for (int32_t l = 0; l < c->n_layers; l++) {
         static const char *want[3] = {"kv", "rotating", "recurrent"};
         const char *k = caches[l] ? kvt_cache_kind(caches[l]) : NULL;
-        int q8 = k && c->layer_kind[l] == KVT_LAYER_ATTN && (!strcmp(k, "qkv") || !strcmp(k, "qkvc")); /* 8-bit K/V */
+        int q8 = k && c->layer_kind[l] == KVT_LAYER_ATTN && (!strcmp(k, "qkv") || !strcmp(k, "qkvc")); /* sealed K/V */
         if (!k || (!q8 && strcmp(k, want[c->layer_kind[l]]) != 0))
             return kvt__fail(KVT_EINVAL, "%s: layer %d needs a \"%s\" cache, got %s%s%s", m->path, l,
                              want[c->layer_kind[l]], k ? "\"" : "", k ? k : "none", k ? "\"" : "");
@@ -1067,7 +1067,7 @@ static int forward_rows(kvt_model *m, int n, kvt_cache **const *caches, const in
         int64_t seal = k > 1 ? sealing_block(m, caches[i]) : 0;
         if (seal && m->dec_pos[i] % seal + k > seal) /* its earlier rows would read a sealed block */
             return kvt__fail(KVT_EINVAL, "%s: batched pass, sequence %d: %d tokens from position %lld cross a "
-                             "block boundary of its 8-bit cache (at most %lld: kvt_model_pass_rows)", m->path, i,
+                             "block boundary of its sealed-block cache (at most %lld: kvt_model_pass_rows)", m->path, i,
                              (int)k, (long long)m->dec_pos[i], (long long)(seal - m->dec_pos[i] % seal));
         memcpy(m->dec_ptrs + (size_t)i * L, caches[i], L * sizeof(void *));
         at += k;

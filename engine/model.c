@@ -339,14 +339,32 @@ KVT_API size_t kvt_model_window_row_bytes(const kvt_model *m)
     return 2 * kv * kvt_dtype_size(scheme_dtype(m->kv_scheme));
 }
 
-KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m)
+/* K and V bytes of one token of an attention layer in blocks of B tokens. */
+static size_t kv_row_bytes(const kvt_model *m, size_t B)
+{
+    size_t kv = (size_t)m->cfg.kv_dim;
+    if (m->kv_scheme == KVT_KV_Q8) /* codes, plus a block's 16 * kv_dim bytes of scales over its B tokens */
+        return 2 * kv + (16 * kv + B - 1) / B;
+    return kvt_model_window_row_bytes(m);
+}
+
+KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m) { return m ? kv_row_bytes(m, KVT_MODEL_Q8_BLOCK) : 0; }
+
+KVT_API size_t kvt_model_kv_row_bytes_at(const kvt_model *m, int32_t block_tokens)
+{
+    if (!m || block_tokens < 1)
+        return 0;
+    return kv_row_bytes(m, (size_t)KVT__MIN(block_tokens, m->cfg.seq_len)); /* as kvt_model_new_caches caps it */
+}
+
+KVT_API size_t kvt_model_kv_bytes_per_token_at(const kvt_model *m, int32_t block_tokens)
 {
     if (!m)
         return 0;
-    size_t kv = (size_t)m->cfg.kv_dim;
-    if (m->kv_scheme == KVT_KV_Q8) /* codes, plus a block's 16 * kv_dim bytes of scales over its 256 tokens */
-        return 2 * kv + (16 * kv + KVT_MODEL_Q8_BLOCK - 1) / KVT_MODEL_Q8_BLOCK;
-    return kvt_model_window_row_bytes(m);
+    size_t n = 0;
+    for (int32_t l = 0; l < m->cfg.n_layers; l++)
+        n += m->cfg.layer_kind[l] == KVT_LAYER_ATTN;
+    return n * kvt_model_kv_row_bytes_at(m, block_tokens);
 }
 
 KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_cache **caches)
@@ -372,8 +390,10 @@ KVT_API int kvt_model_new_caches(const kvt_model *m, int32_t block_tokens, kvt_c
             rc = kvt_recurrent_create((size_t)c->dim * sizeof(float), &caches[l]);
             break;
         default:
-            rc = dt == KVT_DTYPE_I8 ? kvt_qkvc_create(c->kv_dim, block_tokens, &caches[l])
-                                    : kvt_kv_create_dtype(c->kv_dim, block_tokens, dt, &caches[l]);
+            /* f32 in kv blocks; every other scheme seals full blocks and keeps the open one f32 */
+            rc = dt == KVT_DTYPE_F32 ? kvt_kv_create(c->kv_dim, block_tokens, &caches[l])
+                                     : kvt_qkvc_create_dtype(c->kv_dim, block_tokens,
+                                                             dt == KVT_DTYPE_I8 ? KVT_DTYPE_U8 : dt, &caches[l]);
             break;
         }
         if (rc != 0) {
@@ -402,7 +422,7 @@ KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m)
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
         if (m->cfg.layer_kind[l] == KVT_LAYER_WINDOW)
             n += (size_t)m->cfg.sliding_window * kvt_model_window_row_bytes(m);
-        else if (m->cfg.layer_kind[l] == KVT_LAYER_ATTN && m->kv_scheme == KVT_KV_Q8) /* the f32 open block */
+        else if (m->cfg.layer_kind[l] == KVT_LAYER_ATTN && m->kv_scheme != KVT_KV_F32) /* the f32 open block */
             n += 2 * sizeof(float) * (size_t)m->cfg.kv_dim * (size_t)KVT__MIN(KVT_MODEL_Q8_BLOCK, m->cfg.seq_len);
         else if (m->cfg.layer_kind[l] == KVT_LAYER_RECURRENT)
             n += (size_t)m->cfg.dim * sizeof(float);

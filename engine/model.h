@@ -103,11 +103,16 @@ typedef struct kvt_model_config {
  *   KVT_KV_F32   float32, 4 bytes per element (llama2.c's own; the default)
  *   KVT_KV_F16   IEEE binary16, 2 bytes, rounded to nearest even
  *   KVT_KV_BF16  bfloat16, 2 bytes, rounded to nearest even
- *   KVT_KV_Q8    attention layers: 8-bit codes with a per-channel step and
- *                minimum over each block, the open block in f32 until the
- *                next block starts (the "qkvc" kind, kvt_qkvc_create);
- *                window layers: an I8 ring with one f32 scale per group of
- *                kvt_model_q8_group_size() elements
+ *   KVT_KV_Q8    8-bit codes: in attention layers with a per-channel step
+ *                and minimum over each block; in window layers an I8 ring
+ *                with one f32 scale per group of kvt_model_q8_group_size()
+ *                elements
+ * Attention layers of every scheme but F32 keep the open (last, partly
+ * filled) block in f32 and store a block in the scheme when it is sealed,
+ * as the next block starts (the "qkvc" kind, kvt_qkvc_create_dtype), so a
+ * token's own block is read exactly and only earlier blocks are rounded; a
+ * cached prefix can then be cut back only to a block boundary or inside the
+ * open block. Window layers store every slot in the scheme.
  * Recurrent state stays f32 in every scheme. */
 typedef enum kvt_kv_scheme { KVT_KV_F32 = 0, KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8, KVT_KV_SCHEME_COUNT } kvt_kv_scheme;
 
@@ -153,8 +158,8 @@ KVT_API uint64_t kvt_model_fingerprint(const kvt_model *m);
 
 /** Creates one empty cache per layer, of the kind the layer needs, in the
  * model's storage scheme (kvt_model_set_kv_scheme):
- * kvt_kv_create_dtype(kv_dim, block_tokens, dtype) for ATTN (Q8:
- * kvt_qkvc_create(kv_dim, block_tokens)),
+ * for ATTN kvt_kv_create(kv_dim, block_tokens) under F32, else
+ * kvt_qkvc_create_dtype(kv_dim, block_tokens, F16, BF16 or (Q8) U8),
  * kvt_rotating_create_dtype(kv_dim, W, 0, dtype, group size) for WINDOW,
  * kvt_recurrent_create(dim * 4 bytes) for RECURRENT.
  * @param block_tokens tokens per kv block (>= 1; 256 is the default; more
@@ -185,8 +190,9 @@ KVT_API kvt_kv_scheme kvt_model_kv_scheme(const kvt_model *m);
  * group never spans two heads). */
 KVT_API int32_t kvt_model_q8_group_size(const kvt_model *m);
 
-/** Block tokens kvt_model_kv_row_bytes and kvt_model_fixed_state_bytes
- * assume for KVT_KV_Q8 (the default block). */
+/** Block tokens kvt_model_kv_row_bytes, kvt_model_kv_bytes_per_token and
+ * kvt_model_fixed_state_bytes assume (the default block); the _at variants
+ * take the block of the caches at hand. */
 #define KVT_MODEL_Q8_BLOCK 256
 
 /** Bytes of K and V of one token in one attention layer in the model's
@@ -194,6 +200,13 @@ KVT_API int32_t kvt_model_q8_group_size(const kvt_model *m);
  * ceil(16 * kv_dim / 256) (Q8: the codes and a share of the per-channel
  * scales of a 256-token block); 0 for NULL. */
 KVT_API size_t kvt_model_kv_row_bytes(const kvt_model *m);
+
+/** kvt_model_kv_row_bytes for caches of blocks of block_tokens (capped at
+ * seq_len, as kvt_model_new_caches caps it): under Q8 2 * kv_dim +
+ * ceil(16 * kv_dim / block_tokens), what kvt_service_layer_of reads off such
+ * a cache; the other schemes do not depend on the block. 0 for NULL or
+ * block_tokens < 1. Thread-safe. */
+KVT_API size_t kvt_model_kv_row_bytes_at(const kvt_model *m, int32_t block_tokens);
 
 /** Bytes of K and V of one slot of a window layer's ring in the model's
  * scheme: kvt_model_kv_row_bytes except under Q8, where the ring holds int8
@@ -207,10 +220,15 @@ KVT_API size_t kvt_model_window_row_bytes(const kvt_model *m);
  * For admission control. */
 KVT_API size_t kvt_model_kv_bytes_per_token(const kvt_model *m);
 
+/** kvt_model_kv_bytes_per_token for caches of blocks of block_tokens:
+ * n_attn_layers * kvt_model_kv_row_bytes_at(m, block_tokens). */
+KVT_API size_t kvt_model_kv_bytes_per_token_at(const kvt_model *m, int32_t block_tokens);
+
 /** Bytes of fixed-size cache state per sequence (rings of window layers at
  * full size in the model's scheme (Q8: 2 * (kv_dim + kv_dim / group_size *
- * 4) a slot) + f32 recurrent states + under Q8 the f32 open block of each
- * attention layer, 8 * kv_dim * min(256, seq_len)), independent of length. */
+ * 4) a slot) + f32 recurrent states + in every scheme but F32 the f32 open
+ * block of each attention layer, 8 * kv_dim * min(256, seq_len)),
+ * independent of length. */
 KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m);
 
 /** Prefill: runs n_tokens tokens through the model as one batch (GEMM,

@@ -244,9 +244,11 @@ KVT_API int kvt_seq_live_attach(kvt_cache *const *caches, int32_t n_layers, kvt_
             rc = kvt_kv_set_residency(caches[l], res, l);
         else if (!strcmp(kind, "qkv") || !strcmp(kind, "qkvc"))
             rc = kvt__fail(KVT_EINVAL,
-                           "live-cache bound: layer %d stores its KV as q8, which is never paged; bound the f32, "
-                           "f16 or bf16 schemes, or run q8 fully resident",
-                           (int)l);
+                           "live-cache bound: layer %d stores its KV as %s (sealed blocks and an f32 open block), "
+                           "which is never paged; bound the f32 scheme, or run this one fully resident",
+                           (int)l, kvt_kv_dtype(caches[l]) == KVT_DTYPE_F16    ? "f16"
+                                   : kvt_kv_dtype(caches[l]) == KVT_DTYPE_BF16 ? "bf16"
+                                                                                : "q8");
         if (rc)
             return rc;
     }

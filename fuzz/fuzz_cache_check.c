@@ -80,13 +80,24 @@ static void check_readers(const kvt_cache *c)
         FZ_CHECK(lo == off, "recurrent range [%lld, %lld]", (long long)lo, (long long)off);
     } else if (!strcmp(kind, "qkvc")) {
         /* sealed blocks: U8 codes of B rows with per-channel (min, step), each
-         * finite with step >= 0; then the open block's F32 rows, if any */
+         * finite with step >= 0, or F16/BF16 rows; then the open block's F32
+         * rows, if any */
         int32_t B = kvt_kv_block_tokens(c);
         size_t D = (size_t)kvt_kv_dim(c);
         FZ_CHECK(B >= 1 && D >= 1 && lo % B == 0 && off - lo <= B, "qkvc B %d, range [%lld, %lld]", (int)B,
                  (long long)lo, (long long)off);
         int64_t sealed = lo / B, total = 0;
-        for (int64_t i = 0; i < sealed; i++) {
+        for (int64_t i = 0; i < sealed && kvt_kv_dtype(c) != KVT_DTYPE_U8; i++) {
+            kvt_kv_rows r;
+            FZ_CHECK(kvt_kv_block_rows(c, i, &r) == 0 && r.dtype == kvt_kv_dtype(c) && r.n == B && !r.k_scale &&
+                         (r.dtype == KVT_DTYPE_F16 || r.dtype == KVT_DTYPE_BF16),
+                     "qkvc 16-bit sealed block %lld", (long long)i);
+            const uint16_t *kb = r.k, *vb = r.v;
+            volatile unsigned s = kb[0] + vb[0] + kb[(size_t)B * D - 1] + vb[(size_t)B * D - 1];
+            (void)s;
+            total += r.n;
+        }
+        for (int64_t i = 0; i < sealed && kvt_kv_dtype(c) == KVT_DTYPE_U8; i++) {
             kvt_kv_rows r;
             FZ_CHECK(kvt_kv_block_rows(c, i, &r) == 0 && r.dtype == KVT_DTYPE_U8 && r.n == B && r.k_min &&
                          r.k_scale && r.v_min && r.v_scale,

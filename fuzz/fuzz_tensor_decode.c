@@ -69,19 +69,34 @@ static int tensor_is(const kvt_cache_state *st, int32_t i, const char *name, kvt
 }
 
 /* What kvtier/cache.h promises a qkvc decode accepts, written out again
- * from that contract: params {kv_dim, block_tokens, layout 1} with both
+ * from that contract: params {kv_dim, block_tokens, layout 1} (8-bit codes)
+ * or {kv_dim, block_tokens, layout 1, dtype F16 or BF16} with both
  * dimensions in [1, 2^20], offset at most 2^40, min_offset the sealed
- * tokens, per sealed block "blk<i>.q" U8 (2, B, kv_dim) and "blk<i>.s" F32
- * (4, kv_dim) whose mins and steps are finite and whose steps are not below
- * 0, then "tail" F32 (2, rows, kv_dim) exactly when the open block holds
- * rows (1 to B). */
+ * tokens; per sealed block, 8-bit: "blk<i>.q" U8 (2, B, kv_dim) and
+ * "blk<i>.s" F32 (4, kv_dim) whose mins and steps are finite, whose steps are
+ * not below 0 and whose fmaf(255, step, min) is finite; 16-bit: "blk<i>" of
+ * the dtype (2, B, kv_dim); then "tail" F32 (2, rows, kv_dim) exactly when the
+ * open block holds rows (1 to B). */
 static int qkvc_acceptable(const kvt_cache_state *st)
 {
-    if (st->n_params != 3 || st->params[2] != 1 || st->params[0] < 1 || st->params[0] > (1 << 20) ||
-        st->params[1] < 1 || st->params[1] > (1 << 20) || st->offset < 0 || st->offset > ((int64_t)1 << 40) ||
-        st->n_tensors < 0 || st->min_offset < 0 || st->min_offset > st->offset)
+    if (st->n_params < 3 || st->n_params > 4 || st->params[2] != 1 || st->params[0] < 1 ||
+        st->params[0] > (1 << 20) || st->params[1] < 1 || st->params[1] > (1 << 20) || st->offset < 0 ||
+        st->offset > ((int64_t)1 << 40) || st->n_tensors < 0 || st->min_offset < 0 || st->min_offset > st->offset)
         return 0;
-    const int64_t D = st->params[0], B = st->params[1], nb = st->n_tensors / 2;
+    const int64_t D = st->params[0], B = st->params[1];
+    if (st->n_params == 4) { /* 16-bit sealed blocks */
+        const int64_t dt = st->params[3], rows = st->offset - st->min_offset, nb = st->n_tensors - (rows > 0);
+        if ((dt != KVT_DTYPE_F16 && dt != KVT_DTYPE_BF16) || rows > B || nb < 0 || st->min_offset != nb * B)
+            return 0;
+        for (int32_t i = 0; i < (int32_t)nb; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "blk%d", (int)i);
+            if (!tensor_is(st, i, name, (kvt_dtype)dt, 3, 2, B, D))
+                return 0;
+        }
+        return rows == 0 || tensor_is(st, (int32_t)nb, "tail", KVT_DTYPE_F32, 3, 2, rows, D);
+    }
+    const int64_t nb = st->n_tensors / 2;
     const int64_t rows = st->offset - nb * B;
     if (st->min_offset != nb * B || rows < 0 || rows > B || (rows > 0) != (st->n_tensors % 2))
         return 0;
@@ -97,6 +112,13 @@ static int qkvc_acceptable(const kvt_cache_state *st)
             float x;
             memcpy(&x, p + 4 * j, 4);
             if (!isfinite(x) || ((j / D) % 2 == 1 && x < 0))
+                return 0;
+        }
+        for (int64_t j = 0; j < 2 * D; j++) { /* the largest value a channel reads */
+            float mn, step;
+            memcpy(&mn, p + 4 * ((j / D) * 2 * D + j % D), 4);
+            memcpy(&step, p + 4 * ((j / D) * 2 * D + D + j % D), 4);
+            if (!isfinite(fmaf(255.0f, step, mn)))
                 return 0;
         }
     }

@@ -6,13 +6,16 @@
  * agreeing on every prompt, the near-tie density counted over every one of
  * f32's greedy steps, and for each row one first-divergence gap per
  * disagreeing prompt (the near-tie line's count equals prompts minus agreeing
- * prompts). 48 tokens fit in one 256-token block, which q8 and the simulated
- * open-block rows keep in f32: their logits must equal the reference's bit
- * for bit, which holds only if the batched passes the rows prefill with
- * compute what the reference's token-by-token decode does. --rows picks
- * rows; a bad name is a usage error. With blocks of 8 those rows seal
- * blocks and their logits leave f32's. Not a quality test: the figures of a
- * 4-prompt run are not the goals'. Skips without KVT_BIN or the model.
+ * prompts). 48 tokens fit in one 256-token block, which f16, bf16, q8 and
+ * the simulated open-block rows keep in f32: their logits must equal the
+ * reference's bit for bit, which holds only if the batched passes the rows
+ * prefill with compute what the reference's token-by-token decode does.
+ * --rows picks rows; a bad name is a usage error. With blocks of 8 those
+ * rows seal blocks and their logits leave f32's, and the real f16 and bf16
+ * rows (sealed 16-bit blocks, the open block f32) equal the simulated ones
+ * (f32 caches whose full blocks are rounded) bit for bit: greedy tokens and
+ * logit differences. Not a quality test: the figures of a 4-prompt run are
+ * not the goals'. Skips without KVT_BIN or the model.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -89,6 +92,8 @@ static void t_bench_kv_dtype(void **state)
             assert_int_equal(agree, 4);
     }
     /* all 48 tokens in the open f32 block: bit-identical to the reference */
+    expect_in(r.out, "  f16              640   0.500x            0             0         4/4 100.0%");
+    expect_in(r.out, "  bf16             640   0.500x            0             0         4/4 100.0%");
     expect_in(r.out, "  q8               330   0.258x            0             0         4/4 100.0%");
     expect_in(r.out, "  f16+open         640   0.500x            0             0         4/4 100.0%");
     expect_in(r.out, "  bf16+open        640   0.500x            0             0         4/4 100.0%");
@@ -107,7 +112,7 @@ static void t_bench_kv_dtype(void **state)
     /* blocks of 8: the open-block rows and q8 seal blocks, so they move off f32 */
     const char *sealed[] = {"bench", "kv-dtype", "--model", model, "--tokenizer", tok, "--no-default", "--prompts",
                             "4", "--prompt-tokens", "24", "--gen-tokens", "24", "--block-tokens", "8", "--rows",
-                            "q8,f16+open,bf16+open", NULL};
+                            "f16,bf16,q8,f16+open,bf16+open", NULL};
     assert_int_equal(cli_start(&c, dir, sealed, NULL, 0, 0), 0);
     assert_int_equal(cli_finish(&c, 300, &r), 0);
     assert_int_equal(r.status, 0);
@@ -115,6 +120,10 @@ static void t_bench_kv_dtype(void **state)
     expect_in(r.out, "  f16+open         640   0.500x ");
     expect_in(r.out, "  bf16+open        640   0.500x ");
     assert_null(strstr(r.out, "x            0 ")); /* no row's max |dlogit| is 0 */
+    expect_in(r.out, "  f16 (real) vs f16+open (simulated): greedy tokens equal on 4/4 prompts; logit differences "
+                     "equal bit for bit");
+    expect_in(r.out, "  bf16 (real) vs bf16+open (simulated): greedy tokens equal on 4/4 prompts; logit differences "
+                     "equal bit for bit");
     rows[14] = "f16,f8";
     assert_int_equal(cli_start(&c, dir, rows, NULL, 0, 0), 0);
     assert_int_equal(cli_finish(&c, 300, &r), 0);

@@ -156,14 +156,16 @@ static void unload(loaded *l)
 }
 
 /* Bytes the chat service projects for `tokens` tokens of one attention
- * layer in blocks of B: whole blocks of the scheme's row bytes, or under q8
- * (the qkvc kind) whole blocks of codes with 16 * kv_dim bytes of scales
- * each, plus the f32 open block. */
+ * layer in blocks of B: whole blocks of the scheme's row bytes (under q8
+ * codes with 16 * kv_dim bytes of scales each), plus, in every scheme but
+ * f32 (the qkvc kind: sealed blocks), the f32 open block. */
 static uint64_t attn_projection(const kvt_model *m, int64_t tokens, int32_t B)
 {
     uint64_t t = (uint64_t)((tokens + B - 1) / B * B), kv = (uint64_t)kvt_model_get_config(m)->kv_dim;
     if (kvt_model_kv_scheme(m) == KVT_KV_Q8)
         return t * (2 * kv + (16 * kv + (uint64_t)B - 1) / (uint64_t)B) + 8 * kv * (uint64_t)B;
+    if (kvt_model_kv_scheme(m) != KVT_KV_F32)
+        return t * kvt_model_kv_row_bytes(m) + 8 * kv * (uint64_t)B;
     return t * kvt_model_kv_row_bytes(m);
 }
 
@@ -338,9 +340,12 @@ static void test_block_tokens_capped(void **state)
     kvt_service *svc = service(&l, 1 << 20, 1 << 20);
     assert_int_equal(kvt_service_project_bytes(svc, 10),
                      (uint64_t)c->n_layers * attn_projection(l.m, 10, c->seq_len)); /* one whole block */
-    if (kvt_model_kv_scheme(l.m) != KVT_KV_Q8)
+    if (kvt_model_kv_scheme(l.m) != KVT_KV_Q8) /* f16, bf16: the f32 open block on top */
         assert_int_equal(attn_projection(l.m, 10, c->seq_len) * c->n_layers,
-                         (uint64_t)c->seq_len * kvt_model_kv_bytes_per_token(l.m));
+                         (uint64_t)c->seq_len * kvt_model_kv_bytes_per_token(l.m) +
+                             (kvt_model_kv_scheme(l.m) == KVT_KV_F32
+                                  ? 0
+                                  : (uint64_t)c->n_layers * 2 * sizeof(float) * (uint64_t)c->kv_dim * c->seq_len));
     kvt_service_destroy(svc);
     unload(&l);
 }

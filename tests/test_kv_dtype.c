@@ -381,7 +381,8 @@ static void test_engine_schemes(void **state)
     /* q8: codes + a 256-token block's per-channel scales (16 * 32 bytes) per token; its ring per-group scales */
     static const size_t row[4] = {2 * 32 * 4, 2 * 32 * 2, 2 * 32 * 2, 2 * 32 + (16 * 32 + 255) / 256};
     static const size_t ring[4] = {2 * 32 * 4, 2 * 32 * 2, 2 * 32 * 2, 2 * (32 + 32 / 16 * 4)};
-    static const size_t open_block[4] = {0, 0, 0, 2 * 4 * 32 * 64}; /* q8: f32 K and V of min(256, seq_len) tokens */
+    /* f16, bf16, q8: the f32 K and V of the open block, min(256, seq_len) tokens */
+    static const size_t open_block[4] = {0, 2 * 4 * 32 * 64, 2 * 4 * 32 * 64, 2 * 4 * 32 * 64};
     char fp[4][KVT_STORE_FINGERPRINT_LEN];
     for (int s = 0; s < KVT_KV_SCHEME_COUNT; s++) {
         kvt_kv_scheme k;
@@ -394,7 +395,7 @@ static void test_engine_schemes(void **state)
         assert_int_equal(kvt_model_fixed_state_bytes(m), 6 * ring[s] + 64 * 4 + open_block[s]);
         kvt_cache *c[3] = {NULL, NULL, NULL};
         assert_int_equal(kvt_model_new_caches(m, 8, c), 0);
-        assert_string_equal(kvt_cache_kind(c[0]), s == KVT_KV_Q8 ? "qkvc" : "kv");
+        assert_string_equal(kvt_cache_kind(c[0]), s == KVT_KV_F32 ? "kv" : "qkvc");
         assert_string_equal(kvt_cache_kind(c[1]), "rotating");
         assert_string_equal(kvt_cache_kind(c[2]), "recurrent"); /* f32 state in every scheme */
         assert_int_equal(kvt_kv_dtype(c[0]), want[s]);
@@ -404,7 +405,16 @@ static void test_engine_schemes(void **state)
         assert_int_equal(kvt_model_prefill(m, c, tok, 5, logits), 0);
         kvt_kv_rows r;
         assert_int_equal(kvt_kv_block_rows(c[0], 0, &r), 0);
-        assert_int_equal(r.dtype, want[s] == KVT_DTYPE_U8 ? KVT_DTYPE_F32 : want[s]); /* q8: the open block is f32 */
+        assert_int_equal(r.dtype, KVT_DTYPE_F32); /* the open block is f32 in every scheme */
+        assert_int_equal(r.n, 5);
+        int32_t more[4] = {6, 7, 8, 9}; /* 9 tokens: block 0 (8 tokens) sealed in the scheme */
+        assert_int_equal(kvt_model_prefill(m, c, more, 4, logits), 0);
+        assert_int_equal(kvt_kv_block_rows(c[0], 0, &r), 0);
+        assert_int_equal(r.dtype, want[s]);
+        assert_int_equal(r.n, 8);
+        assert_int_equal(kvt_kv_block_rows(c[0], 1, &r), 0);
+        assert_int_equal(r.dtype, KVT_DTYPE_F32);
+        assert_int_equal(r.n, 1);
         assert_int_equal(kvt_store_config_fingerprint(c, 3, fp[s]), 0);
         for (int o = 0; o < s; o++)
             assert_string_not_equal(fp[o], fp[s]); /* a directory of its own per scheme */

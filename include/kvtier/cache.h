@@ -10,8 +10,8 @@
  *              the ring wraps, [offset, offset] after
  *   recurrent  fixed-size state (SSM / linear attention)    [offset, offset]
  *   qkv        int8 codes + one f32 scale per group          [0, offset]
- *   qkvc       8-bit codes, per-channel scales per block     [sealed, offset]
- *              (the open block kept in f32)
+ *   qkvc       sealed blocks as 8-bit codes with per-channel [sealed, offset]
+ *              scales, or as f16 / bf16; the open block f32
  * kv and rotating hold K/V in a storage dtype (F32, F16, BF16; rotating also
  * I8 with per-group scales) recorded in their encoded params and on every
  * tensor; kvt_kv_block_rows / kvt_rotating_rows lend the rows in that dtype.
@@ -272,7 +272,7 @@ typedef struct kvt_kv_rows {
 } kvt_kv_rows;
 
 /** Rows of block `index` of a kv, qkv or qkvc cache (see kvt_kv_rows);
- * out->n is block_tokens except for the tail (qkvc: U8 rows for a sealed
+ * out->n is block_tokens except for the tail (qkvc: U8, F16 or BF16 rows for a sealed
  * block, F32 rows for the open one). Thread-safe with other readers.
  * @return 0; KVT_EINVAL (NULL out, not a kv/qkv/qkvc cache, or a kv block
  * that is paged out or being read back under a residency bound:
@@ -280,9 +280,10 @@ typedef struct kvt_kv_rows {
 KVT_API int kvt_kv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
 
 /** Storage dtype of the K/V of a kv, rotating, qkv or qkvc cache
- * (KVT_DTYPE_F32, F16, BF16; I8 for qkv and int8 rotating caches; U8 for
- * qkvc, whose open block kvt_kv_block_rows still lends as F32);
- * KVT_DTYPE_COUNT for NULL and other kinds. Thread-safe. */
+ * (KVT_DTYPE_F32, F16, BF16; I8 for qkv and int8 rotating caches; for qkvc
+ * the dtype of its sealed blocks: U8, F16 or BF16, whose open block
+ * kvt_kv_block_rows still lends as F32); KVT_DTYPE_COUNT for NULL and other
+ * kinds. Thread-safe. */
 KVT_API kvt_dtype kvt_kv_dtype(const kvt_cache *c);
 
 /** Borrowed pointers into block `index` of an F32 kv cache (other schemes:
@@ -377,7 +378,10 @@ KVT_API const void *kvt_recurrent_state(const kvt_cache *c);
  * stored as round(x / scale) in int8. append inputs: as kv (f32 K and V,
  * quantized on the way in). encode: tensors "blk<i>.q" I8 (2, n, kv_dim) and
  * "blk<i>.s" F32 (2, n, kv_dim / group_size); params = {kv_dim, block_tokens,
- * group_size}.
+ * group_size}. A scale is at most FLT_MAX / 128 (quantizing clamps it there,
+ * so values beyond FLT_MAX * 127 / 128 or infinite read back as +-127 steps),
+ * so every int8 code reads back finite; decode (and an I8 rotating ring's)
+ * refuses a scale that is negative, NaN or above it (KVT_EFORMAT).
  * @param group_size >= 1 and divides kv_dim. @return 0, KVT_EINVAL, KVT_ENOMEM.
  */
 KVT_API int kvt_qkv_create(int32_t kv_dim, int32_t group_size, int32_t block_tokens, kvt_cache **out);
@@ -412,8 +416,29 @@ KVT_API int kvt_qkv_read_block(const kvt_cache *c, int64_t index, float *k_out, 
  * tokens, "tail" F32 (2, rows, kv_dim) with no token range. decode adopts a
  * tensor that covers its own buffer without copying (zero-copy restore) and
  * refuses a min or step that is not finite or a negative step.
+ * decode also refuses a step that makes code 255 read as infinity
+ * (fmaf(255, step, min) not finite); sealing never writes one.
  * @return 0; KVT_EINVAL (a dimension outside [1, 2^20] or NULL out); KVT_ENOMEM. */
 KVT_API int kvt_qkvc_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out);
+
+/** Creates an empty qkvc cache whose sealed blocks are stored as `sealed`:
+ * KVT_DTYPE_U8 (exactly kvt_qkvc_create), or KVT_DTYPE_F16 / KVT_DTYPE_BF16
+ * (each value of the f32 open block rounded to nearest even when the block
+ * is sealed, kvt_dtype_from_f32; no scales). The open-block rule, the range
+ * [sealed tokens, offset], append and zero-copy decode are as
+ * kvt_qkvc_create documents; kvt_kv_block_rows lends a sealed block as
+ * F16/BF16 rows and the open block as F32 rows.
+ * RAM (F16/BF16): each sealed block 4 * block_tokens * kv_dim bytes; the
+ * open block 8 * block_tokens * kv_dim bytes.
+ * encode (F16/BF16): params {kv_dim, block_tokens, layout, dtype} (layout 1,
+ * dtype its kvt_dtype value); min_offset = sealed tokens; per sealed block i
+ * one tensor "blk<i>" of that dtype (2, B, kv_dim) (K rows then V rows) with
+ * the block's token range; then "tail" F32 (2, rows, kv_dim) as for U8.
+ * decode refuses a dtype other than F16 or BF16 in the 4th param, and any
+ * tensor whose name, dtype or shape differs (KVT_EFORMAT).
+ * @return 0; KVT_EINVAL (a dimension outside [1, 2^20], another dtype, or NULL
+ * out); KVT_ENOMEM. */
+KVT_API int kvt_qkvc_create_dtype(int32_t kv_dim, int32_t block_tokens, kvt_dtype sealed, kvt_cache **out);
 
 /* ---- attachments: opaque method state -------------------------------------- */
 

@@ -80,7 +80,8 @@ typedef struct kvt_service_layer {
  * scales per token, its block_tokens), "qkvc" PER_TOKEN (2 * kv_dim codes +
  * ceil(16 * kv_dim / block_tokens) bytes of scales per token, its
  * block_tokens, plus fixed_bytes 8 * kv_dim * block_tokens: the f32 open
- * block), "rotating" WINDOW (2 * kv_dim * 4, 2 for f16/bf16, or for an
+ * block; with f16 or bf16 sealed blocks 2 * kv_dim * 2 bytes per token and
+ * the same fixed open block), "rotating" WINDOW (2 * kv_dim * 4, 2 for f16/bf16, or for an
  * int8 ring 2 * (kv_dim + kv_dim / group_size * 4) bytes per token, its
  * window), "recurrent" FIXED (its state bytes).
  * @param c any cache of the layer (only its kind and parameters are read).

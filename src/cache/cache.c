@@ -10,6 +10,7 @@
 #include "cache_internal.h"
 #include "internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -164,7 +165,9 @@ void kvt__q8_quantize_row(const float *x, size_t D, size_t gs, float *scales, in
         float amax = 0.0f;
         for (size_t i = 0; i < gs; i++)
             amax = fmaxf(amax, fabsf(xg[i]));
-        float scale = amax / 127.0f;
+        /* at most FLT_MAX / 128, so every int8 code reads back finite (what
+         * decode accepts); an inf among the values clamps to code 127 */
+        float scale = fminf(amax / 127.0f, FLT_MAX / 128.0f);
         scales[g] = scale;
         for (size_t i = 0; i < gs; i++) {
             float r = scale > 0.0f ? roundf(xg[i] / scale) : 0.0f;
@@ -186,8 +189,10 @@ int kvt__q8_check_scales(const kvt_tensor *t, const char *kind)
     for (size_t i = 0; i < t->bytes / sizeof(float); i++) {
         float x;
         memcpy(&x, s + i * sizeof x, sizeof x); /* the data may be unaligned */
-        if (!(x >= 0.0f) || isinf(x))
-            return kvt__fail(KVT_EFORMAT, "%s state: tensor \"%s\" holds scale %g at %zu (must be finite, >= 0)",
+        if (!(x >= 0.0f) || !(x <= FLT_MAX / 128.0f)) /* code -128 times it must be finite */
+            return kvt__fail(KVT_EFORMAT,
+                             "%s state: tensor \"%s\" holds scale %g at %zu (must be finite, >= 0 and at most "
+                             "FLT_MAX / 128, so that every code reads back finite)",
                              kind, t->name, (double)x, i);
     }
     return 0;

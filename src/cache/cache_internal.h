@@ -30,6 +30,7 @@ int kvt__qkv_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
  * one; out not NULL). */
 int32_t kvt__qkvc_kv_dim(const kvt_cache *c);
 int32_t kvt__qkvc_block_tokens(const kvt_cache *c);
+kvt_dtype kvt__qkvc_sealed_dtype(const kvt_cache *c);
 int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
 /** kvt_kv_dtype of a rotating cache (c must be one). */
 kvt_dtype kvt__rotating_dtype(const kvt_cache *c);
@@ -77,12 +78,13 @@ int kvt__buf_copy(const void *src, size_t bytes, bool count, kvt_buf **out);
 /* ---- int8 rows with per-group scales (cache.c) ------------------------------ */
 
 /** Quantizes one row x (D floats, gs divides D) into scales (D / gs): each
- * scale = max|x| / 127 of its group, and codes (D): round(x / scale) in
- * [-127, 127] (0 when the scale is 0). */
+ * scale = min(max|x| / 127, FLT_MAX / 128) of its group, and codes (D):
+ * round(x / scale) in [-127, 127] (0 when the scale is 0). */
 void kvt__q8_quantize_row(const float *x, size_t D, size_t gs, float *scales, int8_t *codes);
 /** x[i] = codes[i] * scales[i / gs] for i in [0, D). */
 void kvt__q8_dequantize_row(const float *scales, const int8_t *codes, size_t D, size_t gs, float *x);
-/** Checks every scale of F32 tensor t is finite and >= 0.
+/** Checks every scale of F32 tensor t is >= 0 and at most FLT_MAX / 128
+ * (so code * scale is finite for every int8 code, -128 included).
  * @return 0 or KVT_EFORMAT naming the kind, the tensor and the index. */
 int kvt__q8_check_scales(const kvt_tensor *t, const char *kind);
 

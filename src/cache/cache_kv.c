@@ -456,7 +456,7 @@ KVT_API kvt_dtype kvt_kv_dtype(const kvt_cache *c)
     if (c && c->ops == &kvt__qkv_ops)
         return KVT_DTYPE_I8;
     if (c && c->ops == &kvt__qkvc_ops)
-        return KVT_DTYPE_U8;
+        return kvt__qkvc_sealed_dtype(c);
     if (c && c->ops == &kvt__rotating_ops)
         return kvt__rotating_dtype(c);
     return KVT_DTYPE_COUNT;

@@ -1,7 +1,11 @@
 /*
- * cache_qkvc.c: the "qkvc" cache kind, K and V as 8-bit codes quantized per
- * channel over each block of B tokens (KIVI's layout for K, used here for V
- * too), the open block kept in f32 (see kvtier/cache.h, DESIGN.md section 2).
+ * cache_qkvc.c: the "qkvc" cache kind, K and V in sealed blocks of B tokens
+ * and an open block kept in f32 (see kvtier/cache.h, DESIGN.md section 2).
+ * The sealed blocks are stored as one of: 8-bit codes quantized per channel
+ * over the block (U8: KIVI's layout for K, used here for V too), or IEEE
+ * binary16 / bfloat16 values (F16, BF16: rounded to nearest even when the
+ * block is sealed). The 8-bit layout is described first; the 16-bit ones
+ * have no scales and follow the same open-block rule.
  *
  * A sealed block holds, for K and for V, one (min, step) pair per channel
  * taken over the block's B tokens, and one code per element: element c of
@@ -35,15 +39,19 @@ typedef struct qkvc_cache {
     int32_t block_tokens; /* B */
     int64_t offset;       /* tokens held: codes.n * B + tail_rows */
     int64_t tail_rows;    /* rows of the open block, [0, B] */
-    kvt__blocks codes;    /* sealed blocks, each (2, B, kv_dim) u8: K rows then V rows */
-    kvt__blocks scales;   /* of each sealed block (4, kv_dim) f32: K min, K step, V min, V step */
+    kvt_dtype sealed;     /* storage of the sealed blocks: U8 (codes and scales), F16 or BF16 */
+    size_t es;            /* bytes per sealed element */
+    kvt__blocks codes;    /* sealed blocks, each (2, B, kv_dim) of `sealed`: K rows then V rows */
+    kvt__blocks scales;   /* U8 only: of each sealed block (4, kv_dim) f32: K min, K step, V min, V step */
     kvt_buf *tail;        /* (2, B, kv_dim) f32: K rows then V rows of the open block; NULL when none */
     bool tail_heap;       /* tail was made here (may be written once no one else holds it) */
 } qkvc_cache;
 
-static size_t code_bytes(const qkvc_cache *q) { return 2 * (size_t)q->block_tokens * (size_t)q->kv_dim; }
+static size_t block_elems(const qkvc_cache *q) { return 2 * (size_t)q->block_tokens * (size_t)q->kv_dim; }
+static size_t code_bytes(const qkvc_cache *q) { return block_elems(q) * q->es; }
 static size_t scale_bytes(const qkvc_cache *q) { return 4 * (size_t)q->kv_dim * sizeof(float); }
-static size_t tail_bytes(const qkvc_cache *q) { return code_bytes(q) * sizeof(float); }
+static size_t tail_bytes(const qkvc_cache *q) { return block_elems(q) * sizeof(float); }
+static bool has_scales(const qkvc_cache *q) { return q->sealed == KVT_DTYPE_U8; }
 static int64_t sealed_tokens(const qkvc_cache *q) { return q->codes.n * q->block_tokens; }
 
 static size_t qkvc_private_bytes(const kvt_cache *c)
@@ -76,7 +84,7 @@ static int qkvc_trim(kvt_cache *c, int64_t length)
     return 0;
 }
 
-static qkvc_cache *qkvc_alloc(int32_t kv_dim, int32_t block_tokens)
+static qkvc_cache *qkvc_alloc(int32_t kv_dim, int32_t block_tokens, kvt_dtype sealed)
 {
     qkvc_cache *q = kvt__calloc(1, sizeof *q);
     if (!q)
@@ -84,6 +92,8 @@ static qkvc_cache *qkvc_alloc(int32_t kv_dim, int32_t block_tokens)
     q->base.ops = &kvt__qkvc_ops;
     q->kv_dim = kv_dim;
     q->block_tokens = block_tokens;
+    q->sealed = sealed;
+    q->es = kvt_dtype_size(sealed);
     return q;
 }
 
@@ -99,7 +109,7 @@ static void qkvc_dispose(kvt_cache *c)
 static int qkvc_clone(const kvt_cache *c, kvt_cache **out)
 {
     const qkvc_cache *src = (const qkvc_cache *)c;
-    qkvc_cache *q = qkvc_alloc(src->kv_dim, src->block_tokens);
+    qkvc_cache *q = qkvc_alloc(src->kv_dim, src->block_tokens, src->sealed);
     if (!q)
         return kvt__fail(KVT_ENOMEM, "qkvc clone: cannot allocate the cache");
     int rc = kvt__blocks_clone(&src->codes, &q->codes);
@@ -143,6 +153,8 @@ static void seal_half(const float *x, size_t B, size_t D, uint8_t *codes, float 
             mn[c] = mx[c] = 0.0f;
         float range = mx[c] - mn[c];
         step[c] = isfinite(range) ? range / 255.0f : (float)(((double)mx[c] - (double)mn[c]) / 255.0);
+        while (!isfinite(fmaf(255.0f, step[c], mn[c]))) /* rounded up past FLT_MAX: what decode refuses */
+            step[c] = nextafterf(step[c], 0.0f);
     }
     for (size_t t = 0; t < B; t++)
         for (size_t c = 0; c < D; c++) {
@@ -151,11 +163,17 @@ static void seal_half(const float *x, size_t B, size_t D, uint8_t *codes, float 
         }
 }
 
-/* Quantizes the full tail into the new sealed buffers codes and scales. */
+/* Seals the full tail into the new buffers codes and (U8) scales: F16 and
+ * BF16 round each value to nearest even (kvt_dtype_from_f32), U8 quantizes
+ * each half per channel (seal_half). */
 static void seal_into(const qkvc_cache *q, kvt_buf *codes, kvt_buf *scales)
 {
     const size_t B = (size_t)q->block_tokens, D = (size_t)q->kv_dim;
     const float *x = kvt_buf_data(q->tail);
+    if (!has_scales(q)) {
+        (void)kvt_dtype_from_f32(q->sealed, x, kvt_buf_data(codes), block_elems(q)); /* F16/BF16: cannot fail */
+        return;
+    }
     uint8_t *cd = kvt_buf_data(codes);
     float *sc = kvt_buf_data(scales);
     seal_half(x, B, D, cd, sc, sc + D);
@@ -215,7 +233,8 @@ static int qkvc_append(kvt_cache *c, int64_t n, const void *const *inputs)
     int rc = 0;
     int64_t made = 0;
     for (; made < seals && !rc; made++) {
-        if ((rc = kvt_buf_new(code_bytes(q), &nb[2 * made])) == 0 &&
+        nb[2 * made + 1] = NULL; /* F16/BF16: no scales */
+        if ((rc = kvt_buf_new(code_bytes(q), &nb[2 * made])) == 0 && has_scales(q) &&
             (rc = kvt_buf_new(scale_bytes(q), &nb[2 * made + 1])) != 0)
             kvt_buf_release(nb[2 * made]);
     }
@@ -223,7 +242,7 @@ static int qkvc_append(kvt_cache *c, int64_t n, const void *const *inputs)
         made--;
     int64_t n0 = q->codes.n;
     for (int64_t i = 0; i < seals && !rc; i++) /* table slots: push placeholders, then drop them */
-        if ((rc = kvt__blocks_push(&q->codes, NULL, true)) == 0)
+        if ((rc = kvt__blocks_push(&q->codes, NULL, true)) == 0 && has_scales(q))
             rc = kvt__blocks_push(&q->scales, NULL, true);
     kvt__blocks_truncate(&q->codes, n0);
     kvt__blocks_truncate(&q->scales, n0);
@@ -240,7 +259,8 @@ static int qkvc_append(kvt_cache *c, int64_t n, const void *const *inputs)
                 return rc; /* unreachable: the tail was made writable above and nothing retained it */
             seal_into(q, nb[2 * s], nb[2 * s + 1]);
             (void)kvt__blocks_push(&q->codes, nb[2 * s], true);
-            (void)kvt__blocks_push(&q->scales, nb[2 * s + 1], true);
+            if (has_scales(q))
+                (void)kvt__blocks_push(&q->scales, nb[2 * s + 1], true);
             s++;
             q->tail_rows = 0;
         }
@@ -260,14 +280,23 @@ static int qkvc_encode(const kvt_cache *c, kvt_cache_state *out)
 {
     const qkvc_cache *q = (const qkvc_cache *)c;
     const int64_t B = q->block_tokens, D = q->kv_dim, nb = q->codes.n;
-    const int64_t params[3] = {q->kv_dim, q->block_tokens, KVT__QKVC_LAYOUT};
+    const int64_t params[4] = {q->kv_dim, q->block_tokens, KVT__QKVC_LAYOUT, q->sealed};
+    const int64_t per = has_scales(q) ? 2 : 1; /* tensors per sealed block */
     if (nb > INT32_MAX / 2 - 1)
         return kvt__fail(KVT_ENOMEM, "qkvc encode: %lld blocks is too many", (long long)nb);
-    int rc = kvt__state_begin(out, "qkvc", q->offset, sealed_tokens(q), 3, params,
-                              (int32_t)(2 * nb + (q->tail_rows > 0)));
+    int rc = kvt__state_begin(out, "qkvc", q->offset, sealed_tokens(q), has_scales(q) ? 3 : 4, params,
+                              (int32_t)(per * nb + (q->tail_rows > 0)));
     if (rc)
         return rc;
-    for (int64_t i = 0; i < nb; i++) {
+    for (int64_t i = 0; i < nb && !has_scales(q); i++) {
+        char name[KVT_TENSOR_NAME_MAX];
+        const int64_t shape[3] = {2, B, D};
+        kvt_buf *cb = q->codes.v[i].buf;
+        snprintf(name, sizeof name, "blk%lld", (long long)i);
+        kvt__tensor_set(&out->tensors[i], name, q->sealed, 3, shape, kvt_buf_data(cb), kvt_buf_bytes(cb), cb,
+                        i * B, (i + 1) * B);
+    }
+    for (int64_t i = 0; i < nb && has_scales(q); i++) {
         char name[KVT_TENSOR_NAME_MAX];
         const int64_t qshape[3] = {2, B, D}, sshape[2] = {4, D};
         kvt_buf *cb = q->codes.v[i].buf, *sb = q->scales.v[i].buf;
@@ -290,7 +319,7 @@ static int qkvc_encode(const kvt_cache *c, kvt_cache_state *out)
             memcpy((char *)kvt_buf_data(buf) + rb, s + (size_t)B * (size_t)D, rb);
             kvt_buf_count_copy(2 * rb);
         }
-        kvt__tensor_set(&out->tensors[2 * nb], "tail", KVT_DTYPE_F32, 3, shape, kvt_buf_data(buf),
+        kvt__tensor_set(&out->tensors[per * nb], "tail", KVT_DTYPE_F32, 3, shape, kvt_buf_data(buf),
                         2 * (size_t)rows * (size_t)D * sizeof(float), buf, -1, -1);
         if (rows < B)
             kvt_buf_release(buf);
@@ -298,8 +327,10 @@ static int qkvc_encode(const kvt_cache *c, kvt_cache_state *out)
     return 0;
 }
 
-/* Whether every (min, step) of a sealed block's scales is finite and every
- * step >= 0: one pass over the bits, no branch per value. */
+/* Whether every (min, step) of a sealed block's scales is finite, every
+ * step >= 0, and every code reads back finite: fmaf(255, step, min) is the
+ * largest value a channel reads (step >= 0), so it must not overflow. One
+ * pass over the bits, no branch per value. */
 static bool scales_ok(const float *s, size_t D)
 {
     uint32_t bad = 0;
@@ -309,32 +340,61 @@ static bool scales_ok(const float *s, size_t D)
         bad |= (uint32_t)((b & 0x7f800000u) == 0x7f800000u);               /* inf or NaN */
         bad |= (uint32_t)(((i / D) & 1u) && (b & 0x80000000u) && (b << 1)); /* a step below 0 */
     }
+    for (size_t h = 0; h < 2 && !bad; h++)
+        for (size_t c = 0; c < D; c++)
+            bad |= (uint32_t)!isfinite(fmaf(255.0f, s[(2 * h + 1) * D + c], s[2 * h * D + c]));
     return !bad;
 }
 
+/* Decodes a state as qkvc_encode writes it: U8 params {kv_dim,
+ * block_tokens, layout}, tensors "blk<i>.q" and "blk<i>.s" per sealed block;
+ * F16/BF16 params {kv_dim, block_tokens, layout, dtype}, one tensor "blk<i>"
+ * of that dtype per sealed block; then the open block's "tail" F32. */
 static int qkvc_decode(const kvt_cache_state *st, kvt_cache **out)
 {
     if (st->n_params >= 3 && st->params[2] != KVT__QKVC_LAYOUT)
         return kvt__fail(KVT_EFORMAT, "qkvc state: byte layout %lld is not one this build reads (layout %d)",
                          (long long)st->params[2], KVT__QKVC_LAYOUT);
-    static const char *const names[3] = {"kv_dim", "block_tokens", "layout"};
-    const int64_t lo[3] = {1, 1, KVT__QKVC_LAYOUT}, hi[3] = {KVT__DIM_MAX, KVT__DIM_MAX, KVT__QKVC_LAYOUT};
-    int rc = kvt__params_expect(st, 3, names, lo, hi);
+    /* 3 params: 8-bit codes; a 4th names the 16-bit dtype of the sealed blocks */
+    static const char *const names[4] = {"kv_dim", "block_tokens", "layout", "dtype"};
+    const int64_t lo[4] = {1, 1, KVT__QKVC_LAYOUT, KVT_DTYPE_F16},
+                  hi[4] = {KVT__DIM_MAX, KVT__DIM_MAX, KVT__QKVC_LAYOUT, KVT_DTYPE_BF16};
+    const int32_t np = st->n_params == 4 ? 4 : 3;
+    int rc = kvt__params_expect(st, np, names, lo, hi);
     if (rc)
         return rc;
+    const kvt_dtype sealed = np == 4 ? (kvt_dtype)st->params[3] : KVT_DTYPE_U8;
+    const int64_t per = np == 4 ? 1 : 2; /* tensors per sealed block */
     const int64_t D = st->params[0], B = st->params[1];
     if (st->offset > KVT__QKVC_MAX_TOKENS)
         return kvt__fail(KVT_EFORMAT, "qkvc state: offset %lld exceeds the limit", (long long)st->offset);
-    const int64_t nb = st->n_tensors / 2, tail = st->offset - nb * B;
-    const bool has_tail = st->n_tensors % 2;
-    if (tail < 0 || tail > B || (tail > 0) != has_tail || st->min_offset != nb * B)
+    int64_t n_sealed, tail = -1;
+    bool has_tail = false;
+    if (per == 2) { /* codes and scales per block, an odd last tensor is the open block */
+        n_sealed = st->n_tensors / 2;
+        has_tail = st->n_tensors % 2;
+        tail = st->offset - n_sealed * B;
+    } else if (st->min_offset >= 0 && st->min_offset <= st->offset) { /* one tensor per block */
+        tail = st->offset - st->min_offset;
+        has_tail = tail > 0;
+        n_sealed = st->n_tensors - has_tail;
+    } else {
+        n_sealed = 0;
+    }
+    if (n_sealed < 0 || tail < 0 || tail > B || (tail > 0) != has_tail || st->min_offset != n_sealed * B)
         return kvt__fail(KVT_EFORMAT,
                          "qkvc state: %d tensors, offset %lld and min_offset %lld do not describe sealed blocks "
                          "of %lld tokens plus an open block",
                          (int)st->n_tensors, (long long)st->offset, (long long)st->min_offset, (long long)B);
-    for (int32_t i = 0; i < (int32_t)nb; i++) {
+    for (int32_t i = 0; i < (int32_t)n_sealed; i++) {
         char name[KVT_TENSOR_NAME_MAX];
         const int64_t qshape[3] = {2, B, D}, sshape[2] = {4, D};
+        if (per == 1) {
+            snprintf(name, sizeof name, "blk%d", (int)i);
+            if ((rc = kvt__tensor_expect(st, i, name, sealed, 3, qshape)))
+                return rc;
+            continue;
+        }
         snprintf(name, sizeof name, "blk%d.q", (int)i);
         if ((rc = kvt__tensor_expect(st, 2 * i, name, KVT_DTYPE_U8, 3, qshape)))
             return rc;
@@ -344,28 +404,28 @@ static int qkvc_decode(const kvt_cache_state *st, kvt_cache **out)
     }
     if (has_tail) {
         const int64_t tshape[3] = {2, tail, D};
-        if ((rc = kvt__tensor_expect(st, (int32_t)(2 * nb), "tail", KVT_DTYPE_F32, 3, tshape)))
+        if ((rc = kvt__tensor_expect(st, (int32_t)(per * n_sealed), "tail", KVT_DTYPE_F32, 3, tshape)))
             return rc;
     }
-    qkvc_cache *q = qkvc_alloc((int32_t)D, (int32_t)B);
+    qkvc_cache *q = qkvc_alloc((int32_t)D, (int32_t)B, sealed);
     if (!q)
         return kvt__fail(KVT_ENOMEM, "qkvc decode: cannot allocate the cache");
-    for (int32_t i = 0; i < (int32_t)nb; i++) {
+    for (int32_t i = 0; i < (int32_t)n_sealed; i++) {
         kvt_buf *cb = NULL, *sb = NULL;
-        bool ch, sh;
+        bool ch, sh = true;
         /* zero-copy: each tensor covering its own buffer is retained as is */
-        if ((rc = kvt__tensor_adopt(&st->tensors[2 * i], &cb, &ch)) ||
-            (rc = kvt__tensor_adopt(&st->tensors[2 * i + 1], &sb, &sh)))
+        if ((rc = kvt__tensor_adopt(&st->tensors[per * i], &cb, &ch)) ||
+            (per == 2 && (rc = kvt__tensor_adopt(&st->tensors[2 * i + 1], &sb, &sh))))
             goto fail_block;
-        if (!scales_ok(kvt_buf_data(sb), (size_t)D)) {
-            rc = kvt__fail(KVT_EFORMAT, "qkvc state: blk%d.s holds a min or step that is not finite, or a step "
-                           "below 0", (int)i);
+        if (per == 2 && !scales_ok(kvt_buf_data(sb), (size_t)D)) {
+            rc = kvt__fail(KVT_EFORMAT, "qkvc state: blk%d.s holds a min or step that is not finite, a step "
+                           "below 0, or a step that makes code 255 read as infinity", (int)i);
             goto fail_block;
         }
         if ((rc = kvt__blocks_push(&q->codes, cb, ch)))
             goto fail_block;
         cb = NULL;
-        if ((rc = kvt__blocks_push(&q->scales, sb, sh)))
+        if (per == 2 && (rc = kvt__blocks_push(&q->scales, sb, sh)))
             goto fail_block;
         continue;
     fail_block:
@@ -374,7 +434,7 @@ static int qkvc_decode(const kvt_cache_state *st, kvt_cache **out)
         goto fail;
     }
     if (has_tail) {
-        const kvt_tensor *t = &st->tensors[2 * nb];
+        const kvt_tensor *t = &st->tensors[per * n_sealed];
         if (tail == B && kvt__tensor_is_whole_owner(t)) {
             q->tail = kvt_buf_retain(t->owner); /* zero-copy; copied before a write */
         } else {
@@ -410,7 +470,7 @@ const kvt_cache_ops kvt__qkvc_ops = {
     .decode = qkvc_decode,
 };
 
-KVT_API int kvt_qkvc_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out)
+KVT_API int kvt_qkvc_create_dtype(int32_t kv_dim, int32_t block_tokens, kvt_dtype sealed, kvt_cache **out)
 {
     if (!out)
         return kvt__fail(KVT_EINVAL, "kvt_qkvc_create: out is NULL");
@@ -418,11 +478,19 @@ KVT_API int kvt_qkvc_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **ou
     if (kv_dim < 1 || kv_dim > KVT__DIM_MAX || block_tokens < 1 || block_tokens > KVT__DIM_MAX)
         return kvt__fail(KVT_EINVAL, "kvt_qkvc_create: kv_dim %d and block_tokens %d must be in [1, %d]",
                          (int)kv_dim, (int)block_tokens, KVT__DIM_MAX);
-    qkvc_cache *q = qkvc_alloc(kv_dim, block_tokens);
+    if (sealed != KVT_DTYPE_U8 && sealed != KVT_DTYPE_F16 && sealed != KVT_DTYPE_BF16)
+        return kvt__fail(KVT_EINVAL, "kvt_qkvc_create: sealed dtype %s is not U8, F16 or BF16",
+                         kvt_dtype_name(sealed) ? kvt_dtype_name(sealed) : "(unknown)");
+    qkvc_cache *q = qkvc_alloc(kv_dim, block_tokens, sealed);
     if (!q)
         return kvt__fail(KVT_ENOMEM, "kvt_qkvc_create: cannot allocate the cache");
     *out = &q->base;
     return 0;
+}
+
+KVT_API int kvt_qkvc_create(int32_t kv_dim, int32_t block_tokens, kvt_cache **out)
+{
+    return kvt_qkvc_create_dtype(kv_dim, block_tokens, KVT_DTYPE_U8, out);
 }
 
 int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out)
@@ -430,6 +498,11 @@ int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out)
     const qkvc_cache *q = (const qkvc_cache *)c;
     const int64_t nb = q->codes.n, B = q->block_tokens;
     const size_t D = (size_t)q->kv_dim;
+    if (index >= 0 && index < nb && !has_scales(q)) {
+        const char *b = kvt_buf_data(q->codes.v[index].buf);
+        *out = (kvt_kv_rows){.dtype = q->sealed, .k = b, .v = b + (size_t)B * D * q->es, .n = (int32_t)B};
+        return 0;
+    }
     if (index >= 0 && index < nb) {
         const uint8_t *cd = kvt_buf_data(q->codes.v[index].buf);
         const float *s = kvt_buf_data(q->scales.v[index].buf);
@@ -448,3 +521,4 @@ int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out)
 
 int32_t kvt__qkvc_kv_dim(const kvt_cache *c) { return ((const qkvc_cache *)c)->kv_dim; }
 int32_t kvt__qkvc_block_tokens(const kvt_cache *c) { return ((const qkvc_cache *)c)->block_tokens; }
+kvt_dtype kvt__qkvc_sealed_dtype(const kvt_cache *c) { return ((const qkvc_cache *)c)->sealed; }

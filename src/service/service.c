@@ -138,9 +138,12 @@ KVT_API int kvt_service_layer_of(const kvt_cache *c, kvt_service_layer *out)
                                    .bytes_per_token = 2 * (size_t)p[0] + 2 * (size_t)(p[0] / p[2]) * 4,
                                    .block_tokens = (int32_t)p[1]};
     } else if (!strcmp(st.kind, "qkvc") && st.n_params >= 2 && p[1] > 0) {
-        /* codes and each block's per-channel scales; the f32 open block is fixed */
-        *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN,
-                                   .bytes_per_token = 2 * (size_t)p[0] + (16 * (size_t)p[0] + (size_t)p[1] - 1) / (size_t)p[1],
+        /* sealed blocks: 8-bit codes and each block's per-channel scales, or
+         * (a 4th param: the dtype) 16-bit values; the f32 open block is fixed */
+        size_t es = st.n_params >= 4 ? kvt_dtype_size((kvt_dtype)p[3]) : 0;
+        size_t row = es ? 2 * (size_t)p[0] * es
+                        : 2 * (size_t)p[0] + (16 * (size_t)p[0] + (size_t)p[1] - 1) / (size_t)p[1];
+        *out = (kvt_service_layer){.growth = KVT_GROWTH_PER_TOKEN, .bytes_per_token = row,
                                    .block_tokens = (int32_t)p[1], .fixed_bytes = 8 * (size_t)p[0] * (size_t)p[1]};
     } else if (!strcmp(st.kind, "rotating") && st.n_params >= 2) {
         /* params kv_dim, window, keep, dtype, group_size: an I8 ring holds
