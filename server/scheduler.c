@@ -169,7 +169,8 @@ static int commit_raw(kvt_srv_job *j, int final)
     size_t before = j->text_len;
     if (n && kvt_oai_utf8_append(&j->text, &j->text_len, &j->text_cap, j->raw, n))
         return -1;
-    memmove(j->raw, j->raw + n, j->raw_len - n);
+    if (j->raw_len > n) /* raw is NULL before the first byte: memmove(NULL, ...) is undefined even for 0 */
+        memmove(j->raw, j->raw + n, j->raw_len - n);
     j->raw_len -= n;
     for (int i = 0; i < j->n_stop; i++) {
         size_t sl = strlen(j->stop[i]);
