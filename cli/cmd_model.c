@@ -228,7 +228,9 @@ static int cmd_export_gguf(int argc, char **argv)
         return 2;
     }
     if (!out || (model && !tok) || (!model && tok)) {
-        fprintf(stderr, "kvtier model export-gguf: --out is required, and --model and --tokenizer go together\n");
+        fprintf(stderr, "kvtier model export-gguf: %s\n",
+                !out ? "--out F.gguf is required"
+                     : "--model and --tokenizer go together (give both, or neither for the default model)");
         usage(stderr);
         return 2;
     }
@@ -275,8 +277,13 @@ int kvt_cmd_model(int argc, char **argv)
         }
         return cmd_info(argv[2]);
     }
-    if (!strcmp(argv[1], "default"))
+    if (!strcmp(argv[1], "default")) {
+        if (argc != 2) { /* was ignored: "model default FILE" printed the paths, exit 0 */
+            fprintf(stderr, "kvtier model default: takes no argument, got '%s' (kvtier model --help)\n", argv[2]);
+            return 2;
+        }
         return cmd_default();
+    }
     if (!strcmp(argv[1], "export-gguf"))
         return cmd_export_gguf(argc - 1, argv + 1);
     fprintf(stderr, "kvtier model: unknown subcommand '%s'\n", argv[1]);

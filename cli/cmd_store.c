@@ -134,6 +134,25 @@ static int count_identity_dirs(const char *root)
     return n;
 }
 
+/* A directory that holds no identity directory is not a store (an "ok (0
+ * of 0 shards good)" or "freed 0 bytes" there would pass any directory):
+ * says so, naming what is missing. @return 1 a store, 0 not (said). */
+static int is_store(const char *sub, const char *dir)
+{
+    int n_ids = count_identity_dirs(dir);
+    if (n_ids < 0) {
+        fprintf(stderr, "kvtier store %s: %s: %s\n", sub, dir, strerror(-n_ids));
+        return 0;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, "kvtier store %s: %s is not a kvtier store: it holds no identity directory (a "
+                        "directory named by 32 hex digits holding an IDENTITY file, as chat, serve and "
+                        "generate make under --ssd-cache DIR)\n", sub, dir);
+        return 0;
+    }
+    return 1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier store inspect DIR     entries, bytes, identities, longest prefixes (headers only)\n"
@@ -142,7 +161,7 @@ static void usage(FILE *f)
                "\n"
                "DIR is the SSD tier's root: the --ssd-cache DIR of chat, serve and generate, which holds one\n"
                "directory per identity (32 hex digits, with an IDENTITY file). inspect and verify refuse a\n"
-               "DIR that holds none (exit 1).\n"
+               "DIR that holds none, and so does gc (exit 1).\n"
                "Exit status: 0 success, 1 failure (a bad shard, a DIR that is not a store), 2 usage error.\n");
 }
 
@@ -192,19 +211,8 @@ int kvt_cmd_store(int argc, char **argv)
             return 2;
         }
         int verify = !strcmp(sub, "verify");
-        /* a directory that holds no identity directory is not a store: an
-         * "ok (0 of 0 shards good)" there would pass any directory */
-        int n_ids = count_identity_dirs(dir);
-        if (n_ids < 0) {
-            fprintf(stderr, "kvtier store %s: %s: %s\n", sub, dir, strerror(-n_ids));
+        if (!is_store(sub, dir))
             return 1;
-        }
-        if (n_ids == 0) {
-            fprintf(stderr, "kvtier store %s: %s is not a kvtier store: it holds no identity directory (a "
-                            "directory named by 32 hex digits holding an IDENTITY file, as chat, serve and "
-                            "generate make under --ssd-cache DIR)\n", sub, dir);
-            return 1;
-        }
         walk_state w;
         memset(&w, 0, sizeof w);
         w.verbose_bad = 1;
@@ -242,6 +250,8 @@ int kvt_cmd_store(int argc, char **argv)
             fprintf(stderr, "kvtier store gc: --max BYTES is required\n");
             return 2;
         }
+        if (!is_store(sub, dir))
+            return 1;
         uint64_t freed = 0;
         int rc = kvt_store_gc(dir, max, &freed);
         if (rc) {

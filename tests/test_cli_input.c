@@ -489,6 +489,31 @@ static void test_shared_flags(void **state)
     expect_in("generate --live-cache-strict", r.err, "--live-cache-strict needs --live-cache-blocks N or --live-cache-bytes B");
 }
 
+/* Bad inputs a newcomer tried: each a usage error naming what is wrong
+ * (model default ignored an argument and exited 0; export-gguf said "--out
+ * is required, and --model and --tokenizer go together" for either). */
+static void test_newcomer_bad_inputs(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN"))
+        skip();
+    cli_result r;
+    const char *def[] = {"model", "default", "extra", NULL};
+    run_cmd(def, 20, &r);
+    assert_int_equal(r.status, 2);
+    expect_in("model default extra", r.err, "takes no argument, got 'extra'");
+    assert_string_equal(r.out, "");
+    const char *gguf[] = {"model", "export-gguf", "--out", "x.gguf", "--model", "m.bin", NULL};
+    run_cmd(gguf, 20, &r);
+    assert_int_equal(r.status, 2);
+    expect_in("export-gguf --model alone", r.err, "--model and --tokenizer go together");
+    assert_null(strstr(r.err, "--out F.gguf is required"));
+    const char *noout[] = {"model", "export-gguf", NULL};
+    run_cmd(noout, 20, &r);
+    assert_int_equal(r.status, 2);
+    expect_in("export-gguf without --out", r.err, "--out F.gguf is required");
+}
+
 /* bench lookup says what it measures in the field's words (it printed
  * "take+dispose"), and refuses a bad count (atoi read "1x" as 1). */
 static void test_bench_lookup_words(void **state)
@@ -634,6 +659,7 @@ int main(void)
         cmocka_unit_test(test_kv_budget_names),
         cmocka_unit_test(test_bad_tokenizer_named),
         cmocka_unit_test(test_shared_flags),
+        cmocka_unit_test(test_newcomer_bad_inputs),
         cmocka_unit_test(test_bench_lookup_words),
         cmocka_unit_test(test_generate_resumed_says_restored),
     };

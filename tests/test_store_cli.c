@@ -92,6 +92,9 @@ static void store_cli(void **state)
         assert_non_null(strstr(out, "is not a kvtier store: it holds no identity directory"));
         assert_null(strstr(out, "verify: ok"));
     }
+    snprintf(args, sizeof args, "gc '%s' --max 0", other); /* said "gc: freed 0 bytes", exit 0 */
+    assert_int_equal(run(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, "is not a kvtier store"));
     snprintf(path, sizeof path, "%s/sub", other);
     assert_int_equal(mkdir(path, 0755), 0);
     snprintf(args, sizeof args, "verify '%s'", other);
