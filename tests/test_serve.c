@@ -647,6 +647,8 @@ static void *client_main(void *arg)
         http(c->port, "POST", "/v1/chat/completions", NULL, body, &r);
         free(body);
         if (r.status != 200) {
+            fprintf(stderr, "client %d turn %d (port %d): status %d: %.300s\n", c->id, t + 1, c->port, r.status,
+                    r.body ? r.body : "");
             c->errors++;
             resp_free(&r);
             return NULL;
