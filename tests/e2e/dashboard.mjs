@@ -294,10 +294,15 @@ try {
   console.log(`page = /stats: ${JSON.stringify(eq.shown)} (mode ${eq.mode}, ${eq.snapshots} snapshots)`);
   assert.ok(eq.shown.cached > 0 && eq.shown.ssd_bytes > 0 && eq.shown.ram_bytes + eq.shown.ssd_bytes > 0);
 
-  // --prompt-cache 64M is shown in the flag's binary units (it read "67.1 MB")
+  // bytes in the flags' binary units (KiB, MiB, GiB: --prompt-cache 1G read "1.07 GB"): the RAM
+  // tier's budget (under the pool, what it has grown to) as /stats prefixes.max_bytes gives it
   const ramBudget = await page.$eval('#tier-ram-bytes', (e) => e.closest('.tier').querySelector('.budget').textContent);
-  assert.equal(ramBudget, 'budget 64.0 MiB', 'the RAM tier budget in binary units');
-  console.log(`RAM tier: ${ramBudget}`);
+  const maxBytes = (await (await fetch(`${base}/stats`)).json()).prefixes.max_bytes;
+  const bm = ramBudget.match(/^budget ([0-9.]+) (B|KiB|MiB|GiB|TiB)$/);
+  assert.ok(bm, `the RAM tier budget in binary units: '${ramBudget}'`);
+  const unit = 1024 ** ['B', 'KiB', 'MiB', 'GiB', 'TiB'].indexOf(bm[2]);
+  assert.ok(Math.abs(Number(bm[1]) * unit - maxBytes) <= 0.051 * unit, `'${ramBudget}' is ${maxBytes} bytes`);
+  console.log(`RAM tier: ${ramBudget} (${maxBytes} bytes)`);
 
   // the request table: one row per turn, with the reused tokens its usage reported
   const rows = await page.$$eval('#requests tbody tr', (trs) => trs.map((tr) => ({
