@@ -48,6 +48,7 @@ static void usage(FILE *f)
             "already holds, so only new tokens are prefilled. Replies go to stdout; after each\n"
             "reply one line goes to stderr:\n"
             "    turn N: reused R tokens, prefilled P tokens, ttft T ms\n"
+            "Every flag with a value takes it as --flag VALUE or --flag=VALUE.\n"
             "\n"
             "  --model, --tokenizer  llama2.c checkpoint and tokenizer.bin (default: the built-in\n"
             "                        default model, created on first use)\n"

@@ -32,7 +32,7 @@ static void usage(FILE *f)
             "\"prefill: X tok/s, decode: Y tok/s\" (a part that ran no token says \"0 tokens\"; a run\n"
             "resumed from its checkpoint says \"prefill: 0 tokens (N restored from the checkpoint)\"\n"
             "when it prefilled nothing); with --request-id also a \"resumed:\" and a \"checkpoints:\"\n"
-            "line.\n"
+            "line. Every flag with a value takes it as --flag VALUE or --flag=VALUE.\n"
             "\n"
             "  --model M.bin       llama2.c checkpoint (legacy float32). Give it with --tokenizer;\n"
             "                      without both, the built-in default model is used (random\n"
