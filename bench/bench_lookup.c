@@ -1,10 +1,12 @@
 /*
- * bench_lookup.c: `kvtier bench lookup`: the prompt cache's take+dispose
- * time through the radix index, next to a baseline measured in the same
+ * bench_lookup.c: `kvtier bench lookup`: the time of one prefix lookup in
+ * the prompt cache (kvt_prompt_cache_lend: find the longest cached prefix of
+ * the prompt and lend zero-copy views of it, then kvt_hit_clear releases
+ * them) through the radix index, next to a baseline measured in the same
  * run: a linear scan over the same entries (common prefix per entry, range
- * check, then the same clone+trim+dispose), written here. Then take+dispose
- * of a 1 MB entry vs a 1 GB entry of the same token count, with the bytes
- * copied (kvt_buf_bytes_copied) counted, to show views are zero-copy.
+ * check, then the same clone+trim+release), written here. Then the same
+ * lookup on a 1 MB entry vs a 1 GB entry of the same token count, with the
+ * bytes copied (kvt_buf_bytes_copied) counted, to show views are zero-copy.
  *
  * Workload: N entries (default 10,000) sharing a system prompt (4,096
  * tokens), then one of 100 group trunks cut at varied lengths, then a
@@ -13,6 +15,7 @@
  * cloning and extending, so they share blocks (memory stays sane).
  * Owns nothing beyond the run; writes no files.
  */
+#include "args.h"
 #include "bench_util.h"
 #include "cli.h"
 
@@ -101,7 +104,7 @@ static int put_entry(kvt_prompt_cache *pc, const char *ns, const int32_t *tokens
     return rc;
 }
 
-/* take+dispose of one big entry (32,768 tokens, one layer of kv_dim) */
+/* lookup + lend + release on one big entry (32,768 tokens, one layer of kv_dim) */
 static int size_run(int32_t kv_dim, int reps, double *med_us, uint64_t *copied, size_t *bytes)
 {
     const int64_t n = 32768;
@@ -144,7 +147,30 @@ static int size_run(int32_t kv_dim, int reps, double *med_us, uint64_t *copied, 
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvtier bench lookup [--entries N] [--prompt TOKENS] [--layers L] [--reps R] [--quick]\n");
+    fprintf(f, "usage: kvtier bench lookup [--entries N] [--prompt TOKENS] [--layers L] [--reps R] [--quick]\n"
+               "\n"
+               "Times one prefix lookup in the prompt cache: find the longest cached prefix of a prompt,\n"
+               "lend zero-copy views of it, release them (kvt_prompt_cache_lend + kvt_hit_clear), through\n"
+               "the radix index and, as the baseline of the same run, a linear scan of every entry; then\n"
+               "the same lookup on a 1 MB and a 1 GB entry of 32768 tokens, with the bytes copied.\n"
+               "  --entries N     resident entries (default 10000), at least 1\n"
+               "  --prompt TOKENS prompt length (default 32768), at least %d\n"
+               "  --layers L      kv layers per entry, 1 to 8 (default 2)\n"
+               "  --reps R        prompts timed (default 101; the scan times at most 21)\n"
+               "  --quick         500 entries, 21 prompts, no 1 MB / 1 GB run\n"
+               "Exit status: 0 success, 1 failure (or prefix lengths that differ from the baseline's),\n"
+               "2 usage error.\n", SYS_TOKENS + TRUNK_TOKENS + 2);
+}
+
+/* A flag's integer value in [lo, hi]; 2 (said) when it is not one. */
+static int int_arg(int argc, char **argv, int *i, long long lo, long long hi, long long *out)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvtier bench lookup: %s needs a value\n", argv[*i]);
+        return 2;
+    }
+    const char *flag = argv[*i];
+    return kvt_cli_int_arg("kvtier bench lookup", flag, argv[++*i], lo, hi, out);
 }
 
 int kvt_bench_lookup(int argc, char **argv)
@@ -154,31 +180,35 @@ int kvt_bench_lookup(int argc, char **argv)
     int32_t kv_dim = 4, block = 256;
     int skip_size = 0;
     for (int i = 1; i < argc; i++) {
+        long long v = 0;
+        int rc = 0;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--entries") && i + 1 < argc)
-            n_entries = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--prompt") && i + 1 < argc)
-            prompt_len = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
-            layers = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick")) {
+        } else if (!strcmp(argv[i], "--entries")) {
+            if (!(rc = int_arg(argc, argv, &i, 1, 10000000, &v)))
+                n_entries = (int)v;
+        } else if (!strcmp(argv[i], "--prompt")) {
+            if (!(rc = int_arg(argc, argv, &i, SYS_TOKENS + TRUNK_TOKENS + 2, 1 << 24, &v)))
+                prompt_len = v;
+        } else if (!strcmp(argv[i], "--layers")) {
+            if (!(rc = int_arg(argc, argv, &i, 1, 8, &v)))
+                layers = (int)v;
+        } else if (!strcmp(argv[i], "--reps")) {
+            if (!(rc = int_arg(argc, argv, &i, 1, 1000000, &v)))
+                reps = (int)v;
+        } else if (!strcmp(argv[i], "--quick")) {
             n_entries = 500;
             reps = 21;
             base_reps = 5;
             skip_size = 1;
         } else {
+            fprintf(stderr, "kvtier bench lookup: unknown argument '%s'\n", argv[i]);
             usage(stderr);
             return 2;
         }
-    }
-    if (n_entries < 1 || layers < 1 || layers > 8 || reps < 1 || prompt_len < SYS_TOKENS + TRUNK_TOKENS + 2) {
-        fprintf(stderr, "kvtier bench lookup: need entries >= 1, 1 <= layers <= 8, reps >= 1, prompt >= %d\n",
-                SYS_TOKENS + TRUNK_TOKENS + 2);
-        return 2;
+        if (rc)
+            return rc;
     }
     if (base_reps > reps)
         base_reps = reps;
@@ -290,9 +320,11 @@ int kvt_bench_lookup(int argc, char **argv)
     }
     double mr = median_us(t_radix, reps), mb = median_us(t_base, base_reps);
     printf("  prompts of %lld tokens, mean reused prefix %.0f tokens\n", (long long)prompt_len, sum_p / reps);
-    printf("  radix index  take+dispose: median %10.1f us   (%d prompts; %llu bytes copied)\n", mr, reps,
+    printf("  per prompt: find the longest cached prefix, lend zero-copy views of it, release them\n");
+    printf("  radix index: median %10.1f us   (%d prompts; %llu bytes copied)\n", mr, reps,
            (unsigned long long)copied_radix);
-    printf("  linear scan  take+dispose: median %10.1f us   (%d prompts; baseline, same entries)\n", mb, base_reps);
+    printf("  linear scan: median %10.1f us   (%d prompts; baseline: every entry compared, the same lending)\n",
+           mb, base_reps);
     printf("  speedup %.0fx (goal >= 100x); prefix lengths %s\n", mb / mr,
            mismatches ? "DIFFER from the baseline" : "equal to the baseline's");
 
@@ -327,7 +359,8 @@ int kvt_bench_lookup(int argc, char **argv)
             fprintf(stderr, "kvtier bench lookup: the 1 MB / 1 GB run failed: %s\n", kvt_last_error());
             return 1;
         }
-        printf("size: take+dispose of one 32768-token entry (hits of 32768 and 30000 tokens alternate)\n");
+        printf("size: lookup + lend + release on one 32768-token entry (hits of 32768 and 30000 tokens "
+               "alternate)\n");
         printf("  %8.1f MB entry: median %8.1f us, %llu bytes copied\n", (double)small_b / 1e6, small_us,
                (unsigned long long)small_cp);
         printf("  %8.1f MB entry: median %8.1f us, %llu bytes copied\n", (double)big_b / 1e6, big_us,

@@ -8,7 +8,9 @@
  * payload before handing out a byte; "restore+sha" is the strict mode
  * (--ssd-cache-verify) that checks SHA-256 as well. Goal: the default
  * (checked) restore >= 80% of raw read; store, hashes included, >= 70% of
- * raw write. Owns its temporary directory and removes it.
+ * raw write. Owns its temporary directory and removes it. Without --dir the
+ * directory goes under $TMPDIR, or /var/tmp when TMPDIR is unset or on a
+ * memory file system (tmpfs, ramfs): the figures are of a disk.
  */
 #include "args.h"
 #include "bench_util.h"
@@ -20,10 +22,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define CHUNK (8u << 20)
@@ -196,11 +200,24 @@ static int to_scheme(kvt_entry *e, int sc, int32_t kv_dim, int32_t block)
     return 0;
 }
 
+/* 1 when path is on a memory file system (tmpfs, ramfs): not a disk. */
+static int on_memory_fs(const char *path)
+{
+    struct statfs sf;
+    if (statfs(path, &sf) != 0)
+        return 0;
+    unsigned long t = (unsigned long)sf.f_type;
+    return t == TMPFS_MAGIC || t == RAMFS_MAGIC;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier bench ssd [--dir DIR] [--sizes 64M,256M,1G] [--layers N] [--kv-dim N]\n"
                "                        [--block-tokens N] [--reads N] [--kv-dtype f32,f16,bf16,q8,q8-token]\n"
                "  store/restore GB/s of SIZE bytes of f32 kv state vs raw write+fsync / read of DIR;\n"
+               "  --dir DIR: the run works in a new directory under DIR, removed at the end\n"
+               "  (default: $TMPDIR, or /var/tmp when TMPDIR is unset or on tmpfs/ramfs, so the\n"
+               "  figures are of a disk, not of memory; a DIR on tmpfs is used with a warning);\n"
                "  --kv-dtype (default f32): the same tokens stored in each KV storage scheme\n"
                "  (q8: 8-bit codes with per-channel scales per block, the open block in f32, as\n"
                "  the engine stores it; q8-token: int8 with an f32 scale per 32 floats of a token,\n"
@@ -212,7 +229,8 @@ static void usage(FILE *f)
 
 int kvt_bench_ssd(int argc, char **argv)
 {
-    const char *base = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp";
+    const char *tmpdir = getenv("TMPDIR");
+    const char *base = NULL; /* --dir, else the default below */
     const char *sizes = "64M,256M,1G";
     int layers = 8, kv_dim = 1024, block = 256;
     int schemes[N_SCHEMES] = {0}, n_schemes = 1; /* indices into k_schemes; default f32 */
@@ -268,6 +286,16 @@ int kvt_bench_ssd(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!base) {
+        base = "/var/tmp";
+        if (tmpdir && *tmpdir && on_memory_fs(tmpdir))
+            printf("bench ssd: TMPDIR %s is a memory file system (tmpfs/ramfs): using /var/tmp\n", tmpdir);
+        else if (tmpdir && *tmpdir)
+            base = tmpdir;
+    } else if (on_memory_fs(base)) {
+        fprintf(stderr, "bench ssd: warning: --dir %s is a memory file system (tmpfs/ramfs): the figures are "
+                        "not of a disk\n", base);
+    }
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/kvtier-bench-ssd-XXXXXX", base);
     if (!mkdtemp(dir)) {
@@ -275,8 +303,11 @@ int kvt_bench_ssd(int argc, char **argv)
         return 1;
     }
     uint8_t *src = malloc(64u << 20);
-    if (!src)
+    if (!src) {
+        fprintf(stderr, "bench ssd: out of memory for the 64 MiB source buffer\n");
+        rmtree(dir);
         return 1;
+    }
     for (size_t i = 0; i < (64u << 20); i++)
         src[i] = (uint8_t)(i * 131 + (i >> 12));
     printf("bench ssd: dir %s, %d kv layers x kv_dim %d, blocks of %d tokens\n", dir, layers, kv_dim, block);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void usage(FILE *f)
 {
@@ -96,9 +97,26 @@ static int cmd_look(const char *dir, int verify)
 {
     char **ids = NULL, current[KVT_PUBLISH_ID_LEN];
     int32_t n = 0;
+    const char *cmd = verify ? "kvtier cache verify" : "kvtier cache inspect";
+    struct stat sb;
+    if (stat(dir, &sb) != 0) {
+        fprintf(stderr, "%s: %s: %s\n", cmd, dir, strerror(errno));
+        return 1;
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "%s: %s: not a directory (a published prompt cache is the --out DIR of kvtier cache "
+                "publish)\n", cmd, dir);
+        return 1;
+    }
     int rc = kvt_publish_list(dir, &ids, &n, current);
     if (rc)
         return fail("cannot list the generations", rc);
+    if (n == 0 && !current[0]) {
+        kvt_publish_ids_free(ids, n);
+        fprintf(stderr, "%s: %s is not a published prompt cache: it holds no CURRENT file and no generation "
+                "under generations/ (kvtier cache publish --out DIR makes them)\n", cmd, dir);
+        return 1;
+    }
     printf("publication %s\n  CURRENT %s\n", dir, current[0] ? current : "(none)");
     int bad = 0, current_seen = 0;
     uint64_t total_shards = 0, total_bytes = 0;

@@ -61,7 +61,8 @@ static void usage(FILE *f)
             "  --prompt-cache BYTES  RAM prompt cache (default 1G); 0 keeps nothing: the\n"
             "                        cache-off baseline. BYTES: 4096, 512M, 1.5G, 2GiB...\n"
             "                        (K, M, G, T are powers of 1024; kvtier --help says all forms)\n"
-            "  --kv-budget BYTES     admission budget of projected KV bytes (default 0: unlimited)\n"
+            "  --kv-budget BYTES     admission budget of projected KV bytes (default 0: unlimited;\n"
+            "                        the service's kv_budget_bytes)\n"
             "  --max-tokens, --steps N  reply tokens per turn (default 64)\n"
             "  --temperature T       0 = greedy (default); --top-p P as kvtier generate (default 0.9)\n"
             "  --seed S              sampling seed, a positive integer (default 42)\n"
@@ -79,8 +80,8 @@ static void usage(FILE *f)
             "  --live-cache-blocks N, --live-cache-bytes B  keep at most N full kv blocks (B bytes)\n"
             "                        of each turn in RAM, page the rest to a file under\n"
             "                        --live-cache-dir DIR (default $TMPDIR, else /tmp) and back;\n"
-            "                        replies unchanged (docs/residency.md). Only with --kv-dtype f32\n"
-            "                        (the other schemes are never paged: the first turn fails, exit 1)\n"
+            "                        replies unchanged (docs/residency.md); every --kv-dtype (f16,\n"
+            "                        bf16, q8: their sealed blocks are paged, the f32 open block stays)\n"
             "  --live-cache-strict   the bound holds exactly: a block past it is released as soon\n"
             "                        as it is written, and the turn waits for that write (default:\n"
             "                        up to 4 blocks per layer stay in RAM while being written)\n"
@@ -122,12 +123,16 @@ static void usage(FILE *f)
             "                        At most 64 MiB; checked before the first turn (a missing\n"
             "                        directory or a FILE that cannot be written is refused then)\n"
             "\n"
-            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 130 a script\n"
-            "interrupted (Ctrl-C/SIGTERM) before its last message. A turn whose prompt (the whole\n"
-            "conversation so far) plus --max-tokens passes the model's context is a failure: the\n"
-            "chat ends there (exit 1, naming the numbers; earlier turns stay in the cache and in\n"
-            "--transcript, and continuing it needs the history, the new message and --max-tokens\n"
-            "to fit).\n");
+            "The model's context (its seq_len positions) bounds the whole conversation; there is no\n"
+            "history truncation. A reply is cut to the positions its prompt leaves. A turn whose\n"
+            "prompt alone (the whole conversation so far and its message) fills the context ends\n"
+            "the chat with exit 3: the message says the prompt's tokens and the limit; earlier\n"
+            "turns stay in the cache and, unchanged, in --transcript, and it says whether a new run\n"
+            "can continue that transcript (only with a shorter message) or cannot (the history\n"
+            "alone fills the context: start a new conversation).\n"
+            "\n"
+            "Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 3 the context is\n"
+            "full (above), 130 a script interrupted (Ctrl-C/SIGTERM) before its last message.\n");
 }
 
 static int usage_error(const char *msg, const char *arg)
@@ -138,21 +143,7 @@ static int usage_error(const char *msg, const char *arg)
 
 static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
-    if (!kvt_cli_int(v, lo, hi, out))
-        return 0;
-    fprintf(stderr, "kvtier chat: %s wants an integer in [%lld, %lld], got '%s'\n", flag, lo, hi, v);
-    return 2;
-}
-
-static int parse_f32(const char *flag, const char *v, float lo, float hi, float *out)
-{
-    if (!kvt_cli_float(v, lo, hi, out))
-        return 0;
-    if (isinf(hi))
-        fprintf(stderr, "kvtier chat: %s wants a finite number >= %g, got '%s'\n", flag, lo, v);
-    else
-        fprintf(stderr, "kvtier chat: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
-    return 2;
+    return kvt_cli_int_arg("kvtier chat", flag, v, lo, hi, out);
 }
 
 /* Prints a reply: printable ASCII, tab, newline and UTF-8 bytes as they
@@ -174,6 +165,10 @@ static int print_reply(const char *r)
         return -(errno ? errno : EIO);
     return 0;
 }
+
+/* The exit status of a chat that ended because a turn's prompt filled the
+ * model's context (documented in --help and README). */
+#define KVT_CHAT_EXIT_CONTEXT_FULL 3
 
 /* Records a detail sentence for fail() (the CLI cannot use kvt__fail). */
 static char cli_err[1024];
@@ -414,6 +409,40 @@ static int read_line(char **buf, size_t *cap, int64_t lineno)
     return rc;
 }
 
+/* After a turn refused with KVT_ELIMIT: when its prompt alone (the whole
+ * conversation and the new message) fills the model's context, says so with
+ * the numbers, and whether the saved conversation can go on, and returns
+ * KVT_CHAT_EXIT_CONTEXT_FULL; else 0 (another limit: the caller reports it). */
+static int context_full(kvt_chat *chat, const kvt_model *m, int32_t turn, const char *transcript)
+{
+    int64_t n_prompt = 0, n_min = 0;
+    kvt_chat_last_prompt(chat, &n_prompt);
+    const int64_t L = kvt_model_get_config(m)->seq_len;
+    if (n_prompt < L)
+        return 0;
+    fprintf(stderr, "kvtier chat: the context is full: turn %d's prompt (the conversation so far and this "
+            "message) is %lld tokens; the model has %lld positions and a reply needs at least one left\n",
+            turn, (long long)n_prompt, (long long)L);
+    int32_t kept = kvt_chat_turns(chat);
+    if (!transcript) {
+        fprintf(stderr, "kvtier chat: the chat ends here; the %d turns before it stay in the cache\n", (int)kept);
+        return KVT_CHAT_EXIT_CONTEXT_FULL;
+    }
+    fprintf(stderr, "kvtier chat: %s holds the %d turns before it, unchanged; ", transcript, (int)kept);
+    if (kvt_chat_prompt_tokens(chat, "", &n_min) != 0)
+        fprintf(stderr, "a run continuing it needs the conversation and a new message to fit in %lld positions\n",
+                (long long)L);
+    else if (n_min >= L)
+        fprintf(stderr, "no run can continue it on this model: with an empty message the prompt alone is "
+                "already %lld of %lld positions (there is no history truncation): start a new conversation "
+                "(another --transcript)\n", (long long)n_min, (long long)L);
+    else
+        fprintf(stderr, "a run can continue it only with a shorter message: the conversation leaves %lld "
+                "positions for a message and its reply (this message took %lld)\n", (long long)(L - n_min),
+                (long long)(n_prompt - n_min));
+    return KVT_CHAT_EXIT_CONTEXT_FULL;
+}
+
 /* Says each degradation of a level the first time it is seen. */
 static void tiers_warn(kvt_tiers *tiers)
 {
@@ -463,28 +492,32 @@ static void print_report(const char *report, const kvt_tiers_status *st, const k
 
 int kvt_cmd_chat(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *script = NULL, *session = "chat";
+    const char *script = NULL, *session = "chat";
     const char *adapter = NULL, *adapter_version = NULL;
     uint64_t pc_bytes = 1ull << 30, kv_budget = 0;
-    long long max_tokens = 64, seed = 42, block = 256, ckpt_stride = -1, threads = 0, live_blocks = 0; /* -1: not given */
-    uint64_t live_bytes = 0;
-    const char *live_dir = NULL;
-    float temperature = 0.0f, topp = 0.9f;
+    long long max_tokens = 64, ckpt_stride = -1; /* -1: not given */
     int multiline = 0, stats = 0, ssd_verify = 0;
     const char *ssd_dir = NULL, *transcript = NULL, *redis_url = NULL;
-    int redis_cluster = 0, live_strict = 0;
+    int redis_cluster = 0;
     long long redis_timeout = 0, redis_ttl = 0, redis_restore = 0;
     uint64_t ssd_max = 0;
     long long demote_idle = 0;
-    kvt_kv_scheme kv_scheme = KVT_KV_F32;
     const char *pub_dirs[KVT_TIER_CHAIN_MAX];
     int n_pub = 0;
+    /* greedy by default; the seed of sampled replies is a positive integer */
+    kvt_cli_engine_flags ef = {.temperature = 0.0f, .top_p = 0.9f, .seed = 42, .seed_min = 1, .block_tokens = 256,
+                               .kv_scheme = KVT_KV_F32};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
         }
+        int er = kvt_cli_engine_arg("kvtier chat", argc, argv, &i, &ef);
+        if (er == 2)
+            return 2;
+        if (er == 1)
+            continue;
         if (!strcmp(a, "--multiline")) {
             multiline = 1;
             continue;
@@ -501,34 +534,30 @@ int kvt_cmd_chat(int argc, char **argv)
             redis_cluster = 1;
             continue;
         }
-        if (!strcmp(a, "--live-cache-strict")) {
-            live_strict = 1;
-            continue;
-        }
-        static const char *const with_value[] = {"--model", "--tokenizer", "--script", "--session",
-                                                 "--prompt-cache", "--kv-budget", "--max-tokens", "--steps",
-                                                 "--temperature", "--top-p", "--seed", "--block-tokens",
-                                                 "--adapter", "--adapter-version", "--ssd-cache",
-                                                 "--ssd-cache-max", "--demote-idle", "--transcript",
-                                                 "--prefill-checkpoint-stride", "--threads",
-                                                 "--prompt-cache-dir", "--kv-dtype", "--redis",
-                                                 "--redis-timeout", "--redis-ttl",
-                                                 "--redis-restore-timeout", "--live-cache-blocks",
-                                                 "--live-cache-bytes", "--live-cache-dir", NULL};
+        static const char *const with_value[] = {"--script", "--session", "--prompt-cache", "--kv-budget",
+                                                 "--max-tokens", "--steps", "--adapter", "--adapter-version",
+                                                 "--ssd-cache", "--ssd-cache-max", "--demote-idle", "--transcript",
+                                                 "--prefill-checkpoint-stride", "--prompt-cache-dir", "--redis",
+                                                 "--redis-timeout", "--redis-ttl", "--redis-restore-timeout", NULL};
+        /* --flag value or --flag=value, as the shared flags */
+        char flag[40];
+        const char *eq = strchr(a, '=');
+        size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
         int known = 0;
-        for (int k = 0; with_value[k]; k++)
-            known |= !strcmp(a, with_value[k]);
+        if (nlen < sizeof flag) {
+            memcpy(flag, a, nlen);
+            flag[nlen] = '\0';
+            for (int k = 0; with_value[k]; k++)
+                known |= !strcmp(flag, with_value[k]);
+        }
         if (!known)
             return usage_error("unknown flag", a);
-        if (i + 1 >= argc)
+        if (!eq && i + 1 >= argc)
             return usage_error("missing value after", a);
-        const char *v = argv[++i];
+        const char *v = eq ? eq + 1 : argv[++i];
+        a = flag;
         int rc = 0;
-        if (!strcmp(a, "--model"))
-            model_path = v;
-        else if (!strcmp(a, "--tokenizer"))
-            tok_path = v;
-        else if (!strcmp(a, "--script"))
+        if (!strcmp(a, "--script"))
             script = v;
         else if (!strcmp(a, "--session"))
             session = v;
@@ -564,31 +593,13 @@ int kvt_cmd_chat(int argc, char **argv)
             }
         } else if (!strcmp(a, "--max-tokens") || !strcmp(a, "--steps"))
             rc = parse_i64(a, v, 1, INT32_MAX, &max_tokens);
-        else if (!strcmp(a, "--temperature"))
-            rc = parse_f32(a, v, 0.0f, INFINITY, &temperature);
-        else if (!strcmp(a, "--top-p"))
-            rc = parse_f32(a, v, 0.0f, 1.0f, &topp);
-        else if (!strcmp(a, "--seed"))
-            rc = parse_i64(a, v, 1, LLONG_MAX, &seed);
-        else if (!strcmp(a, "--block-tokens"))
-            rc = parse_i64(a, v, 1, 1 << 20, &block);
         else if (!strcmp(a, "--prefill-checkpoint-stride"))
             rc = parse_i64(a, v, 0, 1 << 20, &ckpt_stride);
-        else if (!strcmp(a, "--threads"))
-            rc = parse_i64(a, v, 1, KVT_MODEL_MAX_THREADS, &threads);
-        else if (!strcmp(a, "--live-cache-blocks"))
-            rc = parse_i64(a, v, 0, LLONG_MAX, &live_blocks);
-        else if (!strcmp(a, "--live-cache-dir"))
-            live_dir = v;
-        else if (!strcmp(a, "--live-cache-bytes") && kvt_chat_parse_bytes(a, v, &live_bytes)) {
-            fprintf(stderr, "kvtier chat: %s\n", kvt_last_error());
-            return 2;
-        }
-        else if (!strcmp(a, "--kv-dtype") && kvt_cli_kv_scheme(v, &kv_scheme))
-            return usage_error("--kv-dtype wants f32, f16, bf16 or q8, got", v);
         if (rc)
             return rc;
     }
+    if (kvt_cli_engine_check("kvtier chat", &ef))
+        return 2;
     char ns[512];
     if ((!adapter || !*adapter) && adapter_version)
         return usage_error("--adapter-version given without --adapter (it would run in the base model's "
@@ -597,9 +608,6 @@ int kvt_cmd_chat(int argc, char **argv)
         fprintf(stderr, "kvtier chat: %s\n", kvt_last_error());
         return 2;
     }
-    if ((model_path != NULL) != (tok_path != NULL))
-        return usage_error(model_path ? "--model given without --tokenizer" : "--tokenizer given without --model",
-                           NULL);
     if (!ssd_dir && (ssd_max || ssd_verify || demote_idle))
         return usage_error("--ssd-cache-max, --ssd-cache-verify and --demote-idle need --ssd-cache DIR", NULL);
     if (ssd_dir && pc_bytes == 0)
@@ -611,10 +619,6 @@ int kvt_cmd_chat(int argc, char **argv)
                            NULL);
     if (redis_url && pc_bytes == 0)
         return usage_error("--redis needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
-    if ((live_dir || live_strict) && !live_blocks && !live_bytes)
-        return usage_error(live_dir ? "--live-cache-dir needs --live-cache-blocks N or --live-cache-bytes B"
-                                    : "--live-cache-strict needs --live-cache-blocks N or --live-cache-bytes B",
-                           NULL);
 
     char **lines = NULL;
     int32_t n_lines = 0;
@@ -646,17 +650,15 @@ int kvt_cmd_chat(int argc, char **argv)
     size_t line_cap = 0;
     int64_t stdin_line = 0;
     int status = 1, too_big_said = 0;
-    if ((rc = kvt_chat_load_paths(model_path, tok_path, &m, &tok, used_model, used_tok, sizeof used_model))) {
-        status = fail("cannot load the model", rc);
+    if (kvt_cli_engine_load("kvtier chat", &ef, &m, &tok, used_model, used_tok, sizeof used_model))
         goto done;
-    }
-    if (threads && (rc = kvt_model_set_threads(m, (int)threads))) {
+    if (ef.threads && (rc = kvt_model_set_threads(m, (int)ef.threads))) {
         status = fail("cannot start the engine threads", rc);
         goto done;
     }
-    kvt_model_set_kv_scheme(m, kv_scheme); /* before any cache (and the SSD identity) is made */
+    kvt_model_set_kv_scheme(m, ef.kv_scheme); /* before any cache (and the SSD identity) is made */
     kvt_chat_service_opts so = {.prompt_cache_bytes = pc_bytes, .kv_budget_bytes = kv_budget,
-                                .block_tokens = (int32_t)block, .demote_idle_ms = (uint64_t)demote_idle};
+                                .block_tokens = (int32_t)ef.block_tokens, .demote_idle_ms = (uint64_t)demote_idle};
     kvt_chat_identity ident;
     if ((ssd_dir || n_pub || redis_url || stats) && (rc = kvt_chat_identity_compute(m, used_tok, &ident))) {
         status = fail("cannot hash the model", rc);
@@ -687,11 +689,11 @@ int kvt_cmd_chat(int argc, char **argv)
         status = fail("cannot create the cache service", rc);
         goto done;
     }
-    kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = temperature,
-                        .topp = topp, .seed = (uint64_t)seed, .multiline = multiline,
-                        .prefill_checkpoint_stride = ckpt_stride < 0 ? block : ckpt_stride == 0 ? -1 : ckpt_stride,
-                        .live_cache_blocks = live_blocks, .live_cache_bytes = live_bytes, .live_cache_dir = live_dir,
-                        .live_cache_strict = live_strict};
+    kvt_chat_opts co = {.max_tokens = max_tokens, .session = session, .ns = ns, .temperature = ef.temperature,
+                        .topp = ef.top_p, .seed = (uint64_t)ef.seed, .multiline = multiline,
+                        .prefill_checkpoint_stride = ckpt_stride < 0 ? ef.block_tokens : ckpt_stride == 0 ? -1 : ckpt_stride,
+                        .live_cache_blocks = ef.live_blocks, .live_cache_bytes = ef.live_bytes, .live_cache_dir = ef.live_dir,
+                        .live_cache_strict = ef.live_strict};
     if ((rc = kvt_chat_create(m, tok, svc, &co, &chat))) {
         status = fail("cannot start the chat", rc);
         goto done;
@@ -741,6 +743,10 @@ int kvt_cmd_chat(int argc, char **argv)
         const char *reply = NULL;
         kvt_turn_stats st;
         if ((rc = kvt_chat_turn(chat, msg, &reply, NULL, NULL, &st))) {
+            if (rc == KVT_ELIMIT && (status = context_full(chat, m, before + turn, transcript)))
+                goto done;
+            if (rc == KVT_ELIMIT && strstr(kvt_last_error(), "kv_budget_bytes")) /* the service's own name */
+                cli_fail(rc, "%s (set by --kv-budget)", kvt_last_error());
             status = fail("turn failed", rc);
             goto done;
         }
@@ -755,7 +761,7 @@ int kvt_cmd_chat(int argc, char **argv)
         }
         fprintf(stderr, "turn %d: reused %lld tokens, prefilled %lld tokens, ttft %.1f ms\n", before + turn,
                 (long long)st.reused_tokens, (long long)st.prefilled_tokens, st.ttft_ms);
-        if (live_blocks || live_bytes)
+        if (ef.live_blocks || ef.live_bytes)
             fprintf(stderr, "turn %d: live cache paged out %llu blocks, in %llu blocks (%.1f MB), stall %.1f ms, "
                     "by reference %llu blocks\n",
                     before + turn, (unsigned long long)st.paged_out_blocks, (unsigned long long)st.paged_in_blocks,

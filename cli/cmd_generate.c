@@ -29,8 +29,10 @@ static void usage(FILE *f)
             "\n"
             "Generates text with the reference engine and prints on stdout exactly what llama2.c\n"
             "`run M.bin -z T.bin -i TEXT -n N -t T -p P -s S` prints; then, on stderr,\n"
-            "\"prefill: X tok/s, decode: Y tok/s\" (with --request-id also a \"resumed:\" and a\n"
-            "\"checkpoints:\" line).\n"
+            "\"prefill: X tok/s, decode: Y tok/s\" (a part that ran no token says \"0 tokens\"; a run\n"
+            "resumed from its checkpoint says \"prefill: 0 tokens (N restored from the checkpoint)\"\n"
+            "when it prefilled nothing); with --request-id also a \"resumed:\" and a \"checkpoints:\"\n"
+            "line.\n"
             "\n"
             "  --model M.bin       llama2.c checkpoint (legacy float32). Give it with --tokenizer;\n"
             "                      without both, the built-in default model is used (random\n"
@@ -95,23 +97,7 @@ static int bad(const char *flag, const char *value, const char *why)
 
 static int parse_i64(const char *flag, const char *v, long long lo, long long hi, long long *out)
 {
-    if (!kvt_cli_int(v, lo, hi, out))
-        return 0;
-    char why[96];
-    snprintf(why, sizeof why, "need an integer in [%lld, %lld]", lo, hi);
-    return bad(flag, v, why);
-}
-
-static int parse_f32(const char *flag, const char *v, float lo, float hi, float *out)
-{
-    if (!kvt_cli_float(v, lo, hi, out))
-        return 0;
-    char why[96];
-    if (isinf(hi))
-        snprintf(why, sizeof why, "need a number >= %g", (double)lo);
-    else
-        snprintf(why, sizeof why, "need a number in [%g, %g]", (double)lo, (double)hi);
-    return bad(flag, v, why);
+    return kvt_cli_int_arg("kvtier generate", flag, v, lo, hi, out);
 }
 
 static int fail(const char *what, int rc)
@@ -123,23 +109,23 @@ static int fail(const char *what, int rc)
 
 int kvt_cmd_generate(int argc, char **argv)
 {
-    const char *model_path = NULL, *tok_path = NULL, *prompt = "", *request_id = NULL, *ssd_dir = NULL;
-    long long steps = 256, seed = 0, block = 256, threads = 0, every = 0, live_blocks = 0;
-    uint64_t live_bytes = 0;
-    const char *live_dir = NULL;
-    int live_strict = 0, ckpt_sync = 0;
-    kvt_kv_scheme kv_scheme = KVT_KV_F32;
-    float temperature = 1.0f, topp = 0.9f;
+    const char *prompt = "", *request_id = NULL, *ssd_dir = NULL;
+    long long steps = 256, every = 0;
+    int ckpt_sync = 0;
+    /* llama2.c's defaults: temperature 1.0, top-p 0.9, seed 0 = the time */
+    kvt_cli_engine_flags ef = {.temperature = 1.0f, .top_p = 0.9f, .seed_min = INT64_MIN, .block_tokens = 256,
+                               .kv_scheme = KVT_KV_F32};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
         }
-        if (!strcmp(a, "--live-cache-strict")) {
-            live_strict = 1;
+        int er = kvt_cli_engine_arg("kvtier generate", argc, argv, &i, &ef);
+        if (er == 2)
+            return 2;
+        if (er == 1)
             continue;
-        }
         if (!strcmp(a, "--checkpoint-sync")) {
             ckpt_sync = 1;
             continue;
@@ -154,16 +140,13 @@ int kvt_cmd_generate(int argc, char **argv)
         const char *eq = strchr(a, '=');
         size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
         if (nlen >= sizeof name) {
-            fprintf(stderr, "kvtier generate: unknown flag '%s'\n", a);
+            fprintf(stderr, "kvtier generate: unknown flag '%s' (kvtier generate --help for usage)\n", a);
             return 2;
         }
         memcpy(name, a, nlen);
         name[nlen] = '\0';
-        static const char *const known[] = {"--model", "--tokenizer", "--prompt", "--steps", "--temperature",
-                                            "--top-p", "--seed", "--block-tokens", "--threads",
-                                            "--kv-dtype", "--request-id", "--ssd-cache", "--checkpoint-every",
-                                            "--live-cache-blocks", "--live-cache-bytes", "--live-cache-dir",
-                                            NULL};
+        static const char *const known[] = {"--prompt", "--steps", "--request-id", "--ssd-cache",
+                                            "--checkpoint-every", NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], name))
             k++;
@@ -174,52 +157,27 @@ int kvt_cmd_generate(int argc, char **argv)
         const char *v = eq ? eq + 1 : NULL;
         if (!v) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "kvtier generate: %s needs a value\n", name);
+                fprintf(stderr, "kvtier generate: %s needs a value (kvtier generate --help for usage)\n", name);
                 return 2;
             }
             v = argv[++i];
         }
         int rc = 0;
-        if (!strcmp(name, "--model"))
-            model_path = v;
-        else if (!strcmp(name, "--tokenizer"))
-            tok_path = v;
-        else if (!strcmp(name, "--prompt"))
+        if (!strcmp(name, "--prompt"))
             prompt = v;
         else if (!strcmp(name, "--steps"))
             rc = parse_i64(name, v, 0, INT32_MAX, &steps);
-        else if (!strcmp(name, "--temperature"))
-            rc = parse_f32(name, v, 0.0f, INFINITY, &temperature);
-        else if (!strcmp(name, "--top-p"))
-            rc = parse_f32(name, v, 0.0f, 1.0f, &topp);
-        else if (!strcmp(name, "--seed"))
-            rc = parse_i64(name, v, INT64_MIN, INT64_MAX, &seed);
-        else if (!strcmp(name, "--block-tokens"))
-            rc = parse_i64(name, v, 1, 1 << 20, &block);
-        else if (!strcmp(name, "--threads"))
-            rc = parse_i64(name, v, 1, KVT_MODEL_MAX_THREADS, &threads);
-        else if (!strcmp(name, "--kv-dtype") && kvt_cli_kv_scheme(v, &kv_scheme))
-            rc = bad(name, v, "f32, f16, bf16 or q8");
         else if (!strcmp(name, "--request-id"))
             request_id = v;
         else if (!strcmp(name, "--ssd-cache"))
             ssd_dir = v;
         else if (!strcmp(name, "--checkpoint-every"))
             rc = parse_i64(name, v, 1, INT32_MAX, &every);
-        else if (!strcmp(name, "--live-cache-blocks"))
-            rc = parse_i64(name, v, 0, INT64_MAX, &live_blocks);
-        else if (!strcmp(name, "--live-cache-bytes") && kvt_cli_bytes(v, &live_bytes, NULL))
-            rc = bad(name, v, "need a byte count, e.g. 64M");
-        else if (!strcmp(name, "--live-cache-dir"))
-            live_dir = v;
         if (rc)
             return rc;
     }
-    if ((model_path != NULL) != (tok_path != NULL)) {
-        fprintf(stderr, "kvtier generate: %s given without %s (give both, or neither for the default model)\n",
-                model_path ? "--model" : "--tokenizer", model_path ? "--tokenizer" : "--model");
+    if (kvt_cli_engine_check("kvtier generate", &ef))
         return 2;
-    }
     if (request_id && (!request_id[0] || strlen(request_id) > KVT_REQUEST_ID_MAX))
         return bad("--request-id", request_id, "need 1 to 255 bytes");
     if ((request_id != NULL) != (ssd_dir != NULL) || ((every || ckpt_sync) && !request_id)) {
@@ -228,22 +186,9 @@ int kvt_cmd_generate(int argc, char **argv)
                                   : "--checkpoint-every and --checkpoint-sync need --request-id ID and --ssd-cache DIR");
         return 2;
     }
-    if ((live_dir || live_strict) && !live_blocks && !live_bytes) {
-        fprintf(stderr, "kvtier generate: %s needs --live-cache-blocks or --live-cache-bytes\n",
-                live_dir ? "--live-cache-dir" : "--live-cache-strict");
-        return 2;
-    }
-    char def_model[4096], def_tok[4096];
-    if (!model_path) {
-        int rc = kvt_default_model(def_model, sizeof def_model, def_tok, sizeof def_tok);
-        if (rc)
-            return fail("cannot create the default model", rc);
-        model_path = def_model;
-        tok_path = def_tok;
-    }
     /* llama2.c: a seed of 0 means "seed with the time"; the int seed is
      * converted to unsigned long long. */
-    uint64_t rng_seed = seed ? (uint64_t)seed : (uint64_t)time(NULL);
+    uint64_t rng_seed = ef.seed ? (uint64_t)ef.seed : (uint64_t)time(NULL);
 
     kvt_model *model = NULL;
     kvt_tokenizer *tok = NULL;
@@ -251,21 +196,16 @@ int kvt_cmd_generate(int argc, char **argv)
     kvt_store *store = NULL;
     kvt_service *svc = NULL;
     int status = 1, rc;
-    if ((rc = kvt_model_load(model_path, &model))) {
-        status = fail("cannot load the model", rc);
+    static char tok_path[4096], model_path[4096];
+    if (kvt_cli_engine_load("kvtier generate", &ef, &model, &tok, model_path, tok_path, sizeof tok_path))
         goto done;
-    }
-    if (threads && (rc = kvt_model_set_threads(model, (int)threads))) {
+    if (ef.threads && (rc = kvt_model_set_threads(model, (int)ef.threads))) {
         status = fail("cannot start the engine threads", rc);
         goto done;
     }
-    kvt_model_set_kv_scheme(model, kv_scheme);
+    kvt_model_set_kv_scheme(model, ef.kv_scheme);
     const kvt_model_config *cfg = kvt_model_get_config(model);
-    if ((rc = kvt_tokenizer_load(tok_path, cfg->vocab_size, &tok))) {
-        status = fail("cannot load the tokenizer", rc);
-        goto done;
-    }
-    if ((rc = kvt_sampler_create(cfg->vocab_size, temperature, topp, rng_seed, &sampler))) {
+    if ((rc = kvt_sampler_create(cfg->vocab_size, ef.temperature, ef.top_p, rng_seed, &sampler))) {
         status = fail("cannot create the sampler", rc);
         goto done;
     }
@@ -279,7 +219,7 @@ int kvt_cmd_generate(int argc, char **argv)
             status = fail("cannot open --ssd-cache", rc);
             goto done;
         }
-        kvt_chat_service_opts so = {.block_tokens = (int32_t)block, .checkpoint_store = store,
+        kvt_chat_service_opts so = {.block_tokens = (int32_t)ef.block_tokens, .checkpoint_store = store,
                                     .checkpoint_every = every ? every : 16, .checkpoint_sync = ckpt_sync};
         if ((rc = kvt_chat_service_create(model, &so, &svc))) {
             status = fail("cannot create the cache service", rc);
@@ -287,17 +227,28 @@ int kvt_cmd_generate(int argc, char **argv)
         }
     }
     kvt_generate_stats st;
-    kvt_generate_replay rp = {.svc = svc, .request_id = request_id, .seed_explicit = seed != 0};
-    kvt_residency_options live = {.max_blocks = live_blocks, .max_bytes = live_bytes, .dir = live_dir,
-                                  .write_slack = live_strict ? -1 : 0};
-    rc = kvt_generate_live(model, tok, sampler, prompt, steps, (int32_t)block, request_id ? &rp : NULL,
-                           live_blocks || live_bytes ? &live : NULL, stdout, &st);
+    kvt_generate_replay rp = {.svc = svc, .request_id = request_id, .seed_explicit = ef.seed != 0};
+    kvt_residency_options live = {.max_blocks = ef.live_blocks, .max_bytes = ef.live_bytes, .dir = ef.live_dir,
+                                  .write_slack = ef.live_strict ? -1 : 0};
+    rc = kvt_generate_live(model, tok, sampler, prompt, steps, (int32_t)ef.block_tokens, request_id ? &rp : NULL,
+                           ef.live_blocks || ef.live_bytes ? &live : NULL, stdout, &st);
     if (rc) {
         status = fail("generation failed", rc);
         goto done;
     }
-    fprintf(stderr, "prefill: %.1f tok/s, decode: %.1f tok/s\n", st.prefill_tok_s, st.decode_tok_s);
-    if (live_blocks || live_bytes)
+    /* a rate only over tokens that ran: a resumed run restores its caches
+     * from the checkpoint and may prefill nothing (was "prefill 0.0 tok/s") */
+    if (st.prefill_tokens > 0)
+        fprintf(stderr, "prefill: %.1f tok/s, ", st.prefill_tok_s);
+    else if (st.resumed_generated)
+        fprintf(stderr, "prefill: 0 tokens (%lld restored from the checkpoint), ", (long long)st.resumed_tokens);
+    else
+        fprintf(stderr, "prefill: 0 tokens, ");
+    if (st.decode_tokens > 0)
+        fprintf(stderr, "decode: %.1f tok/s\n", st.decode_tok_s);
+    else
+        fprintf(stderr, "decode: 0 tokens\n");
+    if (ef.live_blocks || ef.live_bytes)
         fprintf(stderr, "live cache: paged out %llu blocks (%.1f MB), paged in %llu blocks (%.1f MB), stall "
                 "%.1f ms, peak %.1f MB of full blocks in RAM, %llu failed writes (kept in RAM), %llu blocks "
                 "(%.1f MB) paged by reference to the SSD tier\n",

@@ -138,7 +138,7 @@ static void usage(FILE *f)
             "                        checksummed, when attention needs them (docs/residency.md).\n"
             "                        Replies are the same as fully resident. Admission (--kv-budget,\n"
             "                        --pool-kv) charges the bound, not the context, so more long\n"
-            "                        requests fit. Only with --kv-dtype f32 (the others are never paged).\n"
+            "                        requests fit. Every --kv-dtype (f16, bf16, q8: their sealed blocks).\n"
             "                        /stats kv.live_* and /metrics kvtier_live_* count the paging\n"
             "  --live-cache-dir DIR  where each request's page file is made (unlinked at once;\n"
             "                        default $TMPDIR, else /tmp; give a directory on a disk: a\n"
@@ -354,10 +354,6 @@ int kvt_cmd_serve(int argc, char **argv)
         return usage_error(o.live_cache_dir ? "--live-cache-dir needs --live-cache-blocks N or --live-cache-bytes B"
                                             : "--live-cache-strict needs --live-cache-blocks N or --live-cache-bytes B",
                            NULL);
-    if ((live_blocks || o.live_cache_bytes) && o.kv_scheme != KVT_KV_F32)
-        return usage_error("--live-cache-* with --kv-dtype f16, bf16 or q8: their K/V (sealed blocks and an f32 "
-                           "open block) is never paged, so the bound would not hold; bound f32, or serve that "
-                           "scheme fully resident", NULL);
     if (o.ssd_dir && o.prompt_cache_bytes == 0)
         return usage_error("--ssd-cache needs a prompt cache (--prompt-cache > 0) to tier under", NULL);
     if (n_pub && o.prompt_cache_bytes == 0)

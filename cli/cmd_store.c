@@ -11,9 +11,12 @@
 
 #include "kvtier/store.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define TOP_PREFIXES 5
@@ -99,11 +102,48 @@ static int on_shard(void *ctx, const kvt_store_shard_info *in)
     return 0;
 }
 
+/* Identity directories under root, as kvt_store_walk finds them: 32
+ * lowercase hex digits naming a directory that holds an IDENTITY file, or
+ * such a name on a symbolic link (walk reports it refused). @return the
+ * count, or -errno when root cannot be listed. */
+static int count_identity_dirs(const char *root)
+{
+    DIR *d = opendir(root);
+    if (!d)
+        return -errno;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name;
+        size_t k = 0;
+        while (k < 32 && ((nm[k] >= '0' && nm[k] <= '9') || (nm[k] >= 'a' && nm[k] <= 'f')))
+            k++;
+        if (k != 32 || nm[32])
+            continue;
+        struct stat sb;
+        char idf[4200];
+        snprintf(idf, sizeof idf, "%s/%s", root, nm);
+        if (lstat(idf, &sb) == 0 && S_ISLNK(sb.st_mode)) {
+            n++;
+            continue;
+        }
+        snprintf(idf, sizeof idf, "%s/%s/IDENTITY", root, nm);
+        n += access(idf, F_OK) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier store inspect DIR     entries, bytes, identities, longest prefixes (headers only)\n"
                "       kvtier store verify DIR      check every shard as a restore does (and SHA-256); exit 0 only if all are good\n"
-               "       kvtier store gc DIR --max BYTES  evict LRU entries of idle identities (e.g. 10G)\n");
+               "       kvtier store gc DIR --max BYTES  evict LRU entries of idle identities (e.g. 10G)\n"
+               "\n"
+               "DIR is the SSD tier's root: the --ssd-cache DIR of chat, serve and generate, which holds one\n"
+               "directory per identity (32 hex digits, with an IDENTITY file). inspect and verify refuse a\n"
+               "DIR that holds none (exit 1).\n"
+               "Exit status: 0 success, 1 failure (a bad shard, a DIR that is not a store), 2 usage error.\n");
 }
 
 static void print_report(const walk_state *w)
@@ -152,6 +192,19 @@ int kvt_cmd_store(int argc, char **argv)
             return 2;
         }
         int verify = !strcmp(sub, "verify");
+        /* a directory that holds no identity directory is not a store: an
+         * "ok (0 of 0 shards good)" there would pass any directory */
+        int n_ids = count_identity_dirs(dir);
+        if (n_ids < 0) {
+            fprintf(stderr, "kvtier store %s: %s: %s\n", sub, dir, strerror(-n_ids));
+            return 1;
+        }
+        if (n_ids == 0) {
+            fprintf(stderr, "kvtier store %s: %s is not a kvtier store: it holds no identity directory (a "
+                            "directory named by 32 hex digits holding an IDENTITY file, as chat, serve and "
+                            "generate make under --ssd-cache DIR)\n", sub, dir);
+            return 1;
+        }
         walk_state w;
         memset(&w, 0, sizeof w);
         w.verbose_bad = 1;

@@ -49,7 +49,7 @@ int main(int argc, char **argv)
     };
     const kvt_subcommand benches[] = {
         {"engine", kvt_bench_engine, "prefill/decode tokens per second"},
-        {"lookup", kvt_bench_lookup, "radix-index lend+clear vs linear scan"},
+        {"lookup", kvt_bench_lookup, "prefix lookup (find, lend zero-copy views, release): radix index vs linear scan"},
         {"dedup", kvt_bench_dedup, "RAM bytes of entries sharing a long system prompt"},
         {"chat", kvt_bench_chat, "per-turn TTFT with the prompt cache on and off"},
         {"kv-dtype", kvt_bench_kv_dtype, "quality and bytes of each KV storage scheme (f16, bf16, q8) vs f32"},

@@ -524,6 +524,50 @@ KVT_API int kvt_chat_get_turn(const kvt_chat *c, int32_t i, const char **user, c
     return 0;
 }
 
+/* Renders the conversation so far with the next message `user` (which the
+ * caller has put at c->user[c->n_turns]) and encodes it with BOS into *ids
+ * (malloc; caller frees) and *n. */
+static int encode_next(const kvt_chat *c, int32_t **ids_out, int64_t *n)
+{
+    char *text = NULL;
+    *ids_out = NULL;
+    *n = 0;
+    int rc = kvt_chat_render((const char *const *)c->user, (const char *const *)c->reply, c->n_turns + 1, &text);
+    if (rc)
+        return rc;
+    size_t cap = strlen(text) + 3;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    if (!ids) {
+        free(text);
+        return kvt__fail(KVT_ENOMEM, "chat turn: out of memory");
+    }
+    rc = kvt_tokenizer_encode(c->tok, text, 1, 0, ids, (int64_t)cap, n);
+    free(text);
+    if (rc) {
+        free(ids);
+        return rc;
+    }
+    *ids_out = ids;
+    return 0;
+}
+
+KVT_API int kvt_chat_prompt_tokens(kvt_chat *c, const char *user, int64_t *n)
+{
+    if (!c || !user || !n)
+        return kvt__fail(KVT_EINVAL, "chat prompt tokens: NULL chat, message or n");
+    kvt_chat *w = c; /* the message sits in the free slot for the render only */
+    int rc = grow_turns(w);
+    if (rc)
+        return rc;
+    w->user[w->n_turns] = (char *)user;
+    w->reply[w->n_turns] = NULL;
+    int32_t *ids = NULL;
+    rc = encode_next(w, &ids, n);
+    w->user[w->n_turns] = NULL;
+    free(ids);
+    return rc;
+}
+
 KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, const int32_t **reply_tokens,
                           int64_t *n_reply_tokens, kvt_turn_stats *st)
 {
@@ -539,20 +583,10 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
         return kvt__fail(KVT_ENOMEM, "chat turn: out of memory");
     c->user[c->n_turns] = u;
     c->reply[c->n_turns] = NULL;
-    char *text = NULL;
-    int rc = kvt_chat_render((const char *const *)c->user, (const char *const *)c->reply, c->n_turns + 1, &text);
-    if (rc)
-        goto fail;
-    size_t cap = strlen(text) + 3;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids) {
-        rc = kvt__fail(KVT_ENOMEM, "chat turn: out of memory");
-        goto fail;
-    }
     free(c->prompt);
-    c->prompt = ids;
+    c->prompt = NULL;
     c->n_prompt = 0;
-    rc = kvt_tokenizer_encode(c->tok, text, 1, 0, ids, (int64_t)cap, &c->n_prompt);
+    int rc = encode_next(c, &c->prompt, &c->n_prompt);
     if (rc)
         goto fail;
     kvt_gen_opts g = {.max_tokens = c->o.max_tokens, .ns = c->ns, .session = c->session,
@@ -571,7 +605,6 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
         goto fail;
     }
     c->reply[c->n_turns++] = r;
-    free(text);
     if (reply)
         *reply = r;
     if (reply_tokens)
@@ -580,7 +613,6 @@ KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, con
         *n_reply_tokens = c->n_out;
     return 0;
 fail:
-    free(text);
     free(u);
     c->user[c->n_turns] = NULL;
     return rc;
@@ -657,9 +689,11 @@ KVT_API int kvt_chat_parse_bytes(const char *what, const char *text, uint64_t *o
     return 0;
 }
 
-KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
-                                char *model_out, char *tok_out, size_t cap)
+KVT_API int kvt_chat_load_from(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
+                               char *model_out, char *tok_out, size_t cap, kvt_chat_load_part *failed)
 {
+    kvt_chat_load_part part_ = KVT_CHAT_LOAD_ARGS, *part = failed ? failed : &part_;
+    *part = KVT_CHAT_LOAD_ARGS;
     if (!m || !tok)
         return kvt__fail(KVT_EINVAL, "chat load: NULL output");
     *m = NULL;
@@ -670,6 +704,7 @@ KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kv
     char def_model[4096], def_tok[4096];
     int rc;
     if (!model_path) {
+        *part = KVT_CHAT_LOAD_DEFAULT_MODEL;
         rc = kvt_default_model(def_model, sizeof def_model, def_tok, sizeof def_tok);
         if (rc)
             return rc;
@@ -677,20 +712,31 @@ KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kv
         tok_path = def_tok;
     }
     if (model_out && tok_out) {
+        *part = KVT_CHAT_LOAD_ARGS;
         if (strlen(model_path) >= cap || strlen(tok_path) >= cap)
             return kvt__fail(KVT_ERANGE, "chat load: path longer than %zu bytes", cap);
         strcpy(model_out, model_path);
         strcpy(tok_out, tok_path);
     }
+    *part = KVT_CHAT_LOAD_MODEL;
     rc = kvt_model_load(model_path, m);
     if (rc)
         return rc;
+    *part = KVT_CHAT_LOAD_TOKENIZER;
     rc = kvt_tokenizer_load(tok_path, kvt_model_get_config(*m)->vocab_size, tok);
     if (rc) {
         kvt_model_free(*m);
         *m = NULL;
+        return rc;
     }
-    return rc;
+    *part = KVT_CHAT_LOAD_OK;
+    return 0;
+}
+
+KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
+                                char *model_out, char *tok_out, size_t cap)
+{
+    return kvt_chat_load_from(model_path, tok_path, m, tok, model_out, tok_out, cap, NULL);
 }
 
 KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok)

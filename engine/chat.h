@@ -248,8 +248,11 @@ KVT_API void kvt_chat_free(kvt_chat *c);
  *   or kvt_chat_free. May be NULL.
  * @param reply_tokens,n_reply_tokens optional: the generated ids (borrowed, same lifetime).
  * @param st NULL or the turn's figures.
+ * The reply is cut to the positions the prompt leaves (seq_len - prompt).
  * @return 0; KVT_EINVAL; KVT_ENOMEM; an error of kvt_chat_generate (the
- *   turn is not added to the conversation). */
+ *   turn is not added to the conversation), among them KVT_ELIMIT when the
+ *   prompt alone fills the model's context (prompt >= seq_len: no position
+ *   is left for a reply; kvt_chat_last_prompt gives its tokens). */
 KVT_API int kvt_chat_turn(kvt_chat *c, const char *user, const char **reply, const int32_t **reply_tokens,
                           int64_t *n_reply_tokens, kvt_turn_stats *st);
 
@@ -267,6 +270,16 @@ KVT_API int kvt_chat_get_turn(const kvt_chat *c, int32_t i, const char **user, c
 
 /** The prompt tokens of the last turn (borrowed, valid until the next turn). */
 KVT_API const int32_t *kvt_chat_last_prompt(const kvt_chat *c, int64_t *n);
+
+/** How many tokens the prompt of a next turn with message `user` would be:
+ * the whole conversation so far and `user` rendered and encoded (with BOS)
+ * as kvt_chat_turn does, without running anything. With user "" it is the
+ * smallest prompt any next turn can have: when that is the model's seq_len
+ * or more, the conversation cannot go on (there is no history truncation).
+ * A turn's reply is cut to the positions its prompt leaves.
+ * @param n receives the token count. @return 0; KVT_EINVAL (NULL argument);
+ *   KVT_ENOMEM. Not thread-safe for one chat. */
+KVT_API int kvt_chat_prompt_tokens(kvt_chat *c, const char *user, int64_t *n);
 
 /** What a model's SSD state belongs to: hashes of every byte of the weights
  * the engine computes with and of the tokenizer file. */
@@ -317,6 +330,22 @@ KVT_API int kvt_chat_load(const char *model_path, const char *tok_path, kvt_mode
  *   bytes (nothing is returned loaded). Thread-safe. */
 KVT_API int kvt_chat_load_paths(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
                                 char *model_out, char *tok_out, size_t cap);
+
+/** Which file kvt_chat_load_from could not load. */
+typedef enum kvt_chat_load_part {
+    KVT_CHAT_LOAD_OK = 0,
+    KVT_CHAT_LOAD_ARGS,          /* the arguments (one path without the other, a path over cap) */
+    KVT_CHAT_LOAD_DEFAULT_MODEL, /* the built-in default model could not be created */
+    KVT_CHAT_LOAD_MODEL,         /* the checkpoint (kvt_model_load) */
+    KVT_CHAT_LOAD_TOKENIZER,     /* the tokenizer file (kvt_tokenizer_load; the model loaded) */
+} kvt_chat_load_part;
+
+/** As kvt_chat_load_paths, and says which file failed, so a caller can
+ * report a bad tokenizer file as the tokenizer's, not the model's.
+ * @param failed NULL, or receives the part that failed (KVT_CHAT_LOAD_OK
+ *   on success). @return as kvt_chat_load_paths. Thread-safe. */
+KVT_API int kvt_chat_load_from(const char *model_path, const char *tok_path, kvt_model **m, kvt_tokenizer **tok,
+                               char *model_out, char *tok_out, size_t cap, kvt_chat_load_part *failed);
 
 #ifdef __cplusplus
 }

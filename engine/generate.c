@@ -219,7 +219,7 @@ newline:
 done:
     if (res) {
         for (int32_t l = 0; l < cfg->n_layers; l++) /* the last writes complete: final counters */
-            if (caches[l] && !strcmp(kvt_cache_kind(caches[l]), "kv"))
+            if (caches[l] && (!strcmp(kvt_cache_kind(caches[l]), "kv") || !strcmp(kvt_cache_kind(caches[l]), "qkvc")))
                 (void)kvt_kv_residency_settle(caches[l]);
         kvt_residency_stats rs;
         if (kvt_residency_stats_get(res, &rs) == 0) {

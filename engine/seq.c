@@ -133,7 +133,8 @@ static int64_t checkpoint_stride(const kvt_seq *s, int64_t asked)
 static void live_detach(kvt_seq *s)
 {
     for (int32_t l = 0; s->live && l < s->state.n_layers; l++)
-        if (s->state.caches && s->state.caches[l] && !strcmp(kvt_cache_kind(s->state.caches[l]), "kv"))
+        if (s->state.caches && s->state.caches[l] &&
+            (!strcmp(kvt_cache_kind(s->state.caches[l]), "kv") || !strcmp(kvt_cache_kind(s->state.caches[l]), "qkvc")))
             (void)kvt_kv_set_residency(s->state.caches[l], NULL, 0);
 }
 
@@ -240,15 +241,12 @@ KVT_API int kvt_seq_live_attach(kvt_cache *const *caches, int32_t n_layers, kvt_
     for (int32_t l = 0; l < n_layers; l++) {
         const char *kind = kvt_cache_kind(caches[l]);
         int rc = 0;
-        if (!strcmp(kind, "kv"))
+        if (!strcmp(kind, "kv") || !strcmp(kind, "qkvc")) /* qkvc: its sealed blocks are paged */
             rc = kvt_kv_set_residency(caches[l], res, l);
-        else if (!strcmp(kind, "qkv") || !strcmp(kind, "qkvc"))
+        else if (!strcmp(kind, "qkv"))
             rc = kvt__fail(KVT_EINVAL,
-                           "live-cache bound: layer %d stores its KV as %s (sealed blocks and an f32 open block), "
-                           "which is never paged; bound the f32 scheme, or run this one fully resident",
-                           (int)l, kvt_kv_dtype(caches[l]) == KVT_DTYPE_F16    ? "f16"
-                                   : kvt_kv_dtype(caches[l]) == KVT_DTYPE_BF16 ? "bf16"
-                                                                                : "q8");
+                           "live-cache bound: layer %d stores its KV in the qkv kind (int8 codes), which is never "
+                           "paged; bound a kv or qkvc cache, or run this one fully resident", (int)l);
         if (rc)
             return rc;
     }

@@ -226,11 +226,14 @@ KVT_API int kvt_seq_finish(kvt_seq *s, int completed, kvt_turn_stats *st);
 
 /** Attaches each layer's cache of a request to a bounded residency, in layer
  * order (the order attention reads them, which read-ahead follows): "kv"
- * layers are paged under the bound; window, recurrent and other fixed-size
- * kinds stay resident (they do not grow with the context).
+ * layers (f32) and "qkvc" layers (f16, bf16, q8: their sealed blocks; the
+ * f32 open block stays in RAM) are paged under the bound; window, recurrent
+ * and other fixed-size kinds stay resident (they do not grow with the
+ * context).
  * @param caches n_layers caches of one request; borrowed.
  * @param res the request's residency (kvtier/residency.h); borrowed.
- * @return 0; KVT_EINVAL when a layer holds its KV as q8 ("qkv"), which grows
+ * @return 0; KVT_EINVAL when a layer holds its KV in the library's "qkv"
+ *   kind (int8 codes, which the engine's schemes do not make), which grows
  *   with the context and is never paged: admitted under the bound it would
  *   hold more than was charged, so the request is refused, naming the layer;
  *   kvt_kv_set_residency's errors. On an error, layers attached before it

@@ -126,7 +126,7 @@ int kvt_tokenizer_load(const char *path, int32_t vocab_size, kvt_tokenizer **out
     if (rc)
         return rc;
     if (size < 4) {
-        rc = kvt__fail(KVT_EFORMAT, "%s: tokenizer file is %zu bytes, shorter than its 4-byte header", path,
+        rc = kvt__fail(KVT_EFORMAT, "%s: not a llama2.c tokenizer file: %zu bytes, shorter than its 4-byte header", path,
                        size);
         goto fail;
     }
@@ -137,20 +137,21 @@ int kvt_tokenizer_load(const char *path, int32_t vocab_size, kvt_tokenizer **out
     while (off < size) {
         if (size - off < 8) {
             rc = kvt__fail(KVT_EFORMAT,
-                           "%s: truncated record for piece %lld at byte %zu: %zu bytes left, need 8 for "
-                           "score and length",
+                           "%s: not a llama2.c tokenizer file (or a truncated one): truncated record for piece "
+                           "%lld at byte %zu: %zu bytes left, need 8 for score and length",
                            path, (long long)count, off, size - off);
             goto fail;
         }
         int32_t len = rd_i32(data + off + 4);
         if (len < 0) {
-            rc = kvt__fail(KVT_EFORMAT, "%s: piece %lld has negative length %d (byte %zu)", path,
+            rc = kvt__fail(KVT_EFORMAT, "%s: not a llama2.c tokenizer file: piece %lld has negative length %d (byte %zu)", path,
                            (long long)count, (int)len, off + 4);
             goto fail;
         }
         off += 8;
         if ((size_t)len > size - off) {
-            rc = kvt__fail(KVT_EFORMAT, "%s: piece %lld claims %d bytes but only %zu remain (file is %zu bytes)",
+            rc = kvt__fail(KVT_EFORMAT, "%s: not a llama2.c tokenizer file: piece %lld claims %d bytes but only %zu remain "
+                           "(file is %zu bytes)",
                            path, (long long)count, (int)len, size - off, size);
             goto fail;
         }
@@ -158,7 +159,8 @@ int kvt_tokenizer_load(const char *path, int32_t vocab_size, kvt_tokenizer **out
         if (slen > longest)
             longest = slen;
         if (len > max_len) {
-            rc = kvt__fail(KVT_EFORMAT, "%s: piece %lld is %d bytes but the header's max_token_length is %d",
+            rc = kvt__fail(KVT_EFORMAT, "%s: not a llama2.c tokenizer file: piece %lld is %d bytes but the header's "
+                           "max_token_length is %d",
                            path, (long long)count, (int)len, (int)max_len);
             goto fail;
         }
@@ -167,11 +169,12 @@ int kvt_tokenizer_load(const char *path, int32_t vocab_size, kvt_tokenizer **out
         count++;
     }
     if (count == 0) {
-        rc = kvt__fail(KVT_EFORMAT, "%s: tokenizer holds no pieces (file is %zu bytes)", path, size);
+        rc = kvt__fail(KVT_EFORMAT, "%s: not a llama2.c tokenizer file: it holds no pieces (file is %zu bytes)", path, size);
         goto fail;
     }
     if (vocab_size > 0 && count != vocab_size) {
-        rc = kvt__fail(KVT_EFORMAT, "%s: tokenizer holds %lld pieces but the model's vocab_size is %d", path,
+        rc = kvt__fail(KVT_EFORMAT, "%s: tokenizer holds %lld pieces but the model's vocab_size is %d (the tokenizer of "
+                       "another model?)", path,
                        (long long)count, (int)vocab_size);
         goto fail;
     }

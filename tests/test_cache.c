@@ -1024,6 +1024,13 @@ static void test_attachment_blob(void **state)
     memset(longname, 'n', sizeof longname);
     longname[64] = '\0';
     assert_int_equal(kvt_attachment_blob(longname, data, 100, &a), KVT_EINVAL);
+    /* the message says the limit the check applies (it said "63 bytes or
+     * longer" while 63 bytes are accepted) */
+    char said[96];
+    snprintf(said, sizeof said, "name is %d bytes or longer; at most %d fit", KVT_TENSOR_NAME_MAX,
+             KVT_TENSOR_NAME_MAX - 1);
+    if (!strstr(kvt_last_error(), said))
+        fail_msg("'%s' lacks '%s'", kvt_last_error(), said);
     longname[63] = '\0';
     assert_int_equal(kvt_attachment_blob(longname, data, 100, &a), 0);
     assert_string_equal(a->name, longname);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static char model[1024], tok[1024], dir[512];
 
@@ -240,8 +241,47 @@ static void t_cache_cli_kv_dtype(void **state)
     store_rmtree(dir);
 }
 
+/* inspect and verify of a directory that is not a publication: a missing
+ * one (inspect said "total: 0 generations", exit 0), a file, and a directory
+ * without CURRENT or generations/: exit 1, naming the directory and what is
+ * missing. */
+static void t_cache_cli_not_a_publication(void **state)
+{
+    (void)state;
+    if (!getenv("KVT_BIN"))
+        skip();
+    store_tmpdir(dir, sizeof dir, "cache-cli-none");
+    char missing[600], file[600], empty[600];
+    snprintf(missing, sizeof missing, "%s/missing", dir);
+    snprintf(file, sizeof file, "%s/file.txt", dir);
+    snprintf(empty, sizeof empty, "%s/empty", dir);
+    write_text(file, "not a publication\n");
+    assert_int_equal(mkdir(empty, 0755), 0);
+    static const char *const subs[] = {"inspect", "verify"};
+    for (int k = 0; k < 2; k++) {
+        cli_result r;
+        const char *a[] = {"cache", subs[k], missing, NULL};
+        run(a, &r);
+        print_message("cache %s MISSING: exit %d, %s", subs[k], r.status, r.err);
+        assert_int_equal(r.status, 1);
+        expect_in(r.err, missing);
+        expect_in(r.err, "No such file or directory");
+        const char *b[] = {"cache", subs[k], file, NULL};
+        run(b, &r);
+        assert_int_equal(r.status, 1);
+        expect_in(r.err, "not a directory");
+        const char *c[] = {"cache", subs[k], empty, NULL};
+        run(c, &r);
+        print_message("cache %s EMPTY: exit %d, %s", subs[k], r.status, r.err);
+        assert_int_equal(r.status, 1);
+        expect_in(r.err, "is not a published prompt cache: it holds no CURRENT file and no generation");
+    }
+    store_rmtree(dir);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(t_cache_cli), cmocka_unit_test(t_cache_cli_kv_dtype)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(t_cache_cli), cmocka_unit_test(t_cache_cli_kv_dtype),
+                                       cmocka_unit_test(t_cache_cli_not_a_publication)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

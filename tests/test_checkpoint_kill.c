@@ -151,7 +151,7 @@ static void run_to_end(const config *c, int replayable, const char *id, const ch
     snprintf(d, sizeof d, "%s/%s", dir, sub);
     mkdir(d, 0755);
     assert_int_equal(cli_start(&ch, d, args, NULL, 0, 0), 0);
-    assert_int_equal(cli_finish(&ch, 120, r), 0);
+    assert_int_equal(cli_finish(&ch, 120 * KVT_TEST_TIME_SCALE, r), 0);
     if (r->status != 0)
         fail_msg("kvtier generate failed (%d): %s", r->status, r->err);
 }

@@ -14,6 +14,12 @@
  *    and batched decode (and with 32 heads walked in groups), with
  *    read-ahead counted and no more than the window staged; prompt rows of a
  *    batched pass walk the window once per chunk, not once per row;
+ *  - qkvc caches (f16, bf16, q8: sealed blocks, an f32 open block): their
+ *    sealed blocks are paged under a strict bound and read back equal to an
+ *    unbounded twin's; the engine's logits are bit-identical bounded vs
+ *    resident, each attended sealed byte paged in once per decode step;
+ *    through the service, a bounded reply equals the resident one; faults
+ *    (ENOSPC, EIO, a corrupted page) behave as for kv;
  *  - faults through the io shim: ENOSPC on page writes keeps the blocks in
  *    RAM (counted, output unchanged); EIO on page reads fails the forward
  *    pass with KVT_EIO naming the block; a corrupted page file fails it with
@@ -32,6 +38,7 @@
 #include "chat.h"
 #include "model.h"
 #include "sampler.h"
+#include "seq.h"
 #include "test_seed.h"
 
 #include <dirent.h>
@@ -685,58 +692,219 @@ static void test_batched_prefill_walks_once(void **state)
  * reading only the half it uses: the decode's page-in bytes are the paged
  * bytes of its steps (within one read-ahead of the next layer at either end
  * of the measurement), not twice them; logits bit-identical to fully
- * resident; each half read is checked against its own checksum. */
+ * resident; each half read is checked against its own checksum. For f32
+ * (kv blocks) and f16, bf16 and q8 (qkvc: their sealed blocks are the full
+ * blocks, the f32 open block stays in RAM). */
 static void test_decode_reads_once(void **state)
 {
     (void)state;
     kvt_model *m = model();
     const kvt_model_config *c = kvt_model_get_config(m);
     int L = c->n_layers, V = c->vocab_size, at;
-    size_t bb = kvt_model_kv_bytes_per_token(m) / (size_t)L * BLOCK;
     size_t n = (size_t)(GEN + 1) * (size_t)V;
-    float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound);
+    float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound), *f32 = malloc(n * sizeof *f32);
     assert_non_null(full);
     assert_non_null(bound);
-    assert_int_equal(run(NULL, full, &at), 0);
-    /* 1 block over 3 layers: a share of 0 each; strict: paged before the append returns */
-    kvt_residency_options o = {.max_blocks = 1, .dir = g_dir, .write_slack = -1};
-    kvt_residency *r = NULL;
-    assert_int_equal(kvt_residency_create(&o, &r), 0);
-    kvt_cache *caches[8];
-    assert_int_equal(kvt_model_new_caches(m, BLOCK, caches), 0);
-    for (int l = 0; l < L; l++)
-        assert_int_equal(kvt_kv_set_residency(caches[l], r, l), 0);
-    int32_t prompt[PROMPT];
-    uint64_t s = 99; /* run()'s prompt */
-    for (int i = 0; i < PROMPT; i++)
-        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
-    assert_int_equal(kvt_model_prefill(m, caches, prompt, PROMPT, bound), 0);
-    kvt_residency_stats s0, s1;
-    assert_int_equal(kvt_residency_stats_get(r, &s0), 0);
-    uint64_t once = 0; /* the bytes of the full blocks each decode step attends */
-    for (int g = 0; g < GEN; g++) {
-        int32_t tok = argmax(bound + (size_t)g * V, V);
-        assert_int_equal(kvt_model_decode(m, caches, tok, bound + (size_t)(g + 1) * V), 0);
-        once += (uint64_t)L * (uint64_t)((PROMPT + g + 1) / BLOCK) * bb;
+    assert_non_null(f32);
+    /* f32 (kv blocks), then f16, bf16 and q8 (qkvc: sealed blocks, the open block f32) */
+    static const kvt_kv_scheme schemes[4] = {KVT_KV_F32, KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8};
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(kvt_model_set_kv_scheme(m, schemes[k]), 0);
+        size_t bb = 2 * (size_t)BLOCK * (size_t)c->kv_dim * (k == 0 ? 4 : k == 3 ? 1 : 2); /* a full block */
+        assert_int_equal(run(NULL, k == 0 ? f32 : full, &at), 0);
+        if (k == 0)
+            memcpy(full, f32, n * sizeof *full);
+        else
+            assert_true(memcmp(full, f32, n * sizeof *full) != 0); /* the scheme is in use */
+        /* 1 block over 3 layers: a share of 0 each; strict: paged before the append returns */
+        kvt_residency_options o = {.max_blocks = 1, .dir = g_dir, .write_slack = -1};
+        kvt_residency *r = NULL;
+        assert_int_equal(kvt_residency_create(&o, &r), 0);
+        kvt_cache *caches[8];
+        assert_int_equal(kvt_model_new_caches(m, BLOCK, caches), 0);
+        assert_string_equal(kvt_cache_kind(caches[0]), k == 0 ? "kv" : "qkvc");
+        for (int l = 0; l < L; l++)
+            assert_int_equal(kvt_kv_set_residency(caches[l], r, l), 0);
+        int32_t prompt[PROMPT];
+        uint64_t s = 99; /* run()'s prompt */
+        for (int i = 0; i < PROMPT; i++)
+            prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        memset(bound, 0, n * sizeof *bound);
+        assert_int_equal(kvt_model_prefill(m, caches, prompt, PROMPT, bound), 0);
+        kvt_residency_stats s0, s1;
+        assert_int_equal(kvt_residency_stats_get(r, &s0), 0);
+        uint64_t once = 0; /* the bytes of the full blocks each decode step attends */
+        for (int g = 0; g < GEN; g++) {
+            int32_t tok = argmax(bound + (size_t)g * V, V);
+            assert_int_equal(kvt_model_decode(m, caches, tok, bound + (size_t)(g + 1) * V), 0);
+            int64_t ctx = PROMPT + g + 1; /* kv: ctx / B full blocks; qkvc: (ctx - 1) / B sealed */
+            once += (uint64_t)L * (uint64_t)((k == 0 ? ctx : ctx - 1) / BLOCK) * bb;
+        }
+        assert_int_equal(kvt_residency_stats_get(r, &s1), 0);
+        assert_memory_equal(full, bound, n * sizeof *full); /* bit for bit */
+        uint64_t got = s1.bytes_in - s0.bytes_in;
+        /* a read ahead of the next layer (at most the window's 8 K halves) may land on either side */
+        uint64_t slack = 8 * bb / 2;
+        printf("%s: decode of %d tokens, every full block paged: %llu B paged in, the attended blocks hold %llu B "
+               "(two passes of whole blocks: %llu B); %llu page-ins, %llu read-ahead hits, peak staged %llu B; "
+               "%llu blocks paged out, prefill paged in %llu B\n", kvt_kv_scheme_name(schemes[k]), GEN,
+               (unsigned long long)got, (unsigned long long)once, (unsigned long long)(2 * once),
+               (unsigned long long)(s1.blocks_in - s0.blocks_in), (unsigned long long)s1.readahead_hits,
+               (unsigned long long)s1.peak_staged_bytes, (unsigned long long)s1.blocks_out,
+               (unsigned long long)s0.bytes_in);
+        assert_true(got + slack >= once);
+        assert_true(got <= once + slack);
+        assert_int_equal(s1.blocks_out, (uint64_t)L * ((PROMPT + GEN - (k > 0)) / BLOCK));
+        assert_int_equal(s1.bytes_out, s1.blocks_out * bb);
+        assert_true(s0.bytes_in > 0); /* the prefill attended paged blocks too */
+        assert_true(s1.readahead_hits > 0);
+        assert_true(s1.peak_resident_bytes <= bb); /* strict: at most the one block being written */
+        assert_int_equal(s1.read_failures, 0);
+        assert_int_equal(s1.write_failures, 0);
+        assert_true(s1.peak_staged_bytes <= 8 * bb); /* still the window */
+        kvt_caches_destroy(caches, L);
+        kvt_residency_release(r);
     }
-    assert_int_equal(kvt_residency_stats_get(r, &s1), 0);
-    assert_memory_equal(full, bound, n * sizeof *full); /* bit for bit */
-    uint64_t got = s1.bytes_in - s0.bytes_in;
-    /* a read ahead of the next layer (at most the window's 8 K halves) may land on either side */
-    uint64_t slack = 8 * bb / 2;
-    printf("decode of %d tokens, every full block paged: %llu B paged in, the attended blocks hold %llu B "
-           "(two passes of whole blocks: %llu B); %llu page-ins, %llu read-ahead hits, peak staged %llu B\n", GEN,
-           (unsigned long long)got, (unsigned long long)once, (unsigned long long)(2 * once),
-           (unsigned long long)(s1.blocks_in - s0.blocks_in), (unsigned long long)s1.readahead_hits,
-           (unsigned long long)s1.peak_staged_bytes);
-    assert_true(got + slack >= once);
-    assert_true(got <= once + slack);
-    assert_int_equal(s1.read_failures, 0);
-    assert_true(s1.peak_staged_bytes <= 8 * bb); /* still the window */
-    kvt_caches_destroy(caches, L);
-    kvt_residency_release(r);
+    assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_F32), 0);
     free(full);
     free(bound);
+    free(f32);
+}
+
+/* ---- qkvc caches (f16, bf16, q8 sealed blocks) under a bound --------------------------------- */
+
+static int page_fd(void);
+
+static const kvt_dtype g_sealed[3] = {KVT_DTYPE_F16, KVT_DTYPE_BF16, KVT_DTYPE_U8};
+
+/* Every block of tokens [0, n) of c holds the bytes of the same block of
+ * ref (c pinned): the sealed rows (and U8 scales), and the f32 open block. */
+static void same_rows(kvt_cache *c, kvt_cache *ref, int64_t n)
+{
+    assert_int_equal(kvt_kv_pin(c, n), 0);
+    for (int64_t b = 0; b < (n + B - 1) / B; b++) {
+        kvt_kv_rows x, y;
+        assert_int_equal(kvt_kv_block_rows(c, b, &x), 0);
+        assert_int_equal(kvt_kv_block_rows(ref, b, &y), 0);
+        assert_int_equal(x.dtype, y.dtype);
+        assert_int_equal(x.n, y.n);
+        size_t bytes = (size_t)x.n * D * kvt_dtype_size(x.dtype);
+        assert_memory_equal(x.k, y.k, bytes);
+        assert_memory_equal(x.v, y.v, bytes);
+        if (x.dtype == KVT_DTYPE_U8) {
+            assert_memory_equal(x.k_min, y.k_min, D * sizeof(float));
+            assert_memory_equal(x.k_scale, y.k_scale, D * sizeof(float));
+            assert_memory_equal(x.v_min, y.v_min, D * sizeof(float));
+            assert_memory_equal(x.v_scale, y.v_scale, D * sizeof(float));
+        }
+    }
+    kvt_kv_unpin(c);
+}
+
+/* A qkvc cache of each sealed dtype under a strict bound of 2 blocks: its
+ * sealed blocks (K rows, then V rows, of the sealed dtype) past the bound
+ * are written once and their RAM released before the append returns, the
+ * open block stays; pins read them back equal to an unbounded twin's,
+ * encode and a clone read them, and the clone outlives the original. */
+static void test_qkvc_paging(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        uint64_t s = g_seed ^ (0x9c00u + (unsigned)k), s2 = s;
+        const size_t bb = 2 * B * D * kvt_dtype_size(g_sealed[k]); /* one sealed block */
+        kvt_residency_options o = {.max_blocks = 2, .dir = g_dir, .write_slack = -1};
+        kvt_residency *r = NULL;
+        assert_int_equal(kvt_residency_create(&o, &r), 0);
+        kvt_cache *c = NULL, *ref = NULL;
+        assert_int_equal(kvt_qkvc_create_dtype(D, B, g_sealed[k], &c), 0);
+        assert_int_equal(kvt_qkvc_create_dtype(D, B, g_sealed[k], &ref), 0);
+        assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+        kvt_residency_stats st;
+        for (int t = 0; t < 42; t++) { /* 10 sealed blocks and an open block of 2 */
+            append_rows(c, 1, &s, NULL);
+            append_rows(ref, 1, &s2, NULL);
+            assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+            int sealed = t / B; /* a full open block is sealed when the next row comes */
+            assert_int_equal(st.resident_blocks, sealed < 2 ? sealed : 2);
+            assert_int_equal(st.blocks_out, sealed > 2 ? sealed - 2 : 0);
+        }
+        assert_int_equal(kvt_kv_block_count(c), 11);
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(state_of(c, i), KVT_BLOCK_DURABLE);
+        assert_int_equal(state_of(c, 8), KVT_BLOCK_RESIDENT);
+        assert_int_equal(state_of(c, 9), KVT_BLOCK_RESIDENT);
+        assert_int_equal(st.bytes_out, 8 * bb);
+        assert_true(st.peak_resident_bytes <= 2 * bb);
+        kvt_kv_rows rows;
+        assert_int_equal(kvt_kv_block_rows(c, 0, &rows), KVT_EINVAL);
+        assert_non_null(strstr(kvt_last_error(), "paged out"));
+        assert_int_equal(kvt_kv_block_rows(c, 10, &rows), 0); /* the open block: f32, in RAM */
+        assert_int_equal(rows.dtype, KVT_DTYPE_F32);
+        assert_int_equal(rows.n, 2);
+        same_rows(c, ref, 42);
+        assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+        assert_int_equal(st.blocks_in, 8);
+        assert_int_equal(st.bytes_in, 8 * bb);
+        assert_int_equal(st.staged_bytes, 0);
+        /* encode reads the paged blocks: the same state as the twin's */
+        kvt_cache_state e1, e2;
+        memset(&e1, 0, sizeof e1);
+        memset(&e2, 0, sizeof e2);
+        assert_int_equal(kvt_cache_encode(c, &e1), 0);
+        assert_int_equal(kvt_cache_encode(ref, &e2), 0);
+        assert_int_equal(e1.n_tensors, e2.n_tensors);
+        for (int i = 0; i < e1.n_tensors; i++) {
+            assert_int_equal(e1.tensors[i].bytes, e2.tensors[i].bytes);
+            assert_memory_equal(e1.tensors[i].data, e2.tensors[i].data, e1.tensors[i].bytes);
+        }
+        kvt_cache_state_clear(&e1);
+        kvt_cache_state_clear(&e2);
+        /* a clone shares the pages and outlives the original and the residency */
+        kvt_cache *k2 = NULL;
+        assert_int_equal(kvt_cache_clone(c, &k2), 0);
+        kvt_cache_destroy(c);
+        kvt_residency_release(r);
+        same_rows(k2, ref, 42);
+        /* appends go on in both: equal again */
+        append_rows(k2, 9, &s, NULL);
+        append_rows(ref, 9, &s2, NULL);
+        same_rows(k2, ref, 51);
+        kvt_cache_destroy(k2);
+        kvt_cache_destroy(ref);
+    }
+}
+
+/* A flipped byte in a qkvc cache's page file (a sealed block's V half) is
+ * KVT_ECORRUPT naming the block, as for kv; the block stays durable.
+ * (ENOSPC and EIO: test_enospc_keeps_blocks, test_eio_fails_request run
+ * every scheme.) */
+static void test_qkvc_corrupt_page_refused(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 3; k++) { /* a corrupted sealed block in the page file */
+        uint64_t s = g_seed ^ (0xc0u + (unsigned)k);
+        kvt_residency *r = residency(1, 0);
+        kvt_cache *c = NULL;
+        assert_int_equal(kvt_qkvc_create_dtype(D, B, g_sealed[k], &c), 0);
+        assert_int_equal(kvt_kv_set_residency(c, r, 0), 0);
+        append_rows(c, 20, &s, NULL); /* 4 sealed blocks, 3 of them paged */
+        assert_int_equal(kvt_kv_residency_settle(c), 0);
+        assert_int_equal(state_of(c, 2), KVT_BLOCK_DURABLE);
+        int fd = page_fd();
+        assert_true(fd >= 0);
+        size_t bb = 2 * B * D * kvt_dtype_size(g_sealed[k]);
+        uint8_t junk = 0x5a, was = 0;
+        assert_int_equal(pread(fd, &was, 1, (off_t)(2 * bb + bb / 2 + 3)), 1); /* block 2's V half */
+        junk ^= was;
+        assert_int_equal(pwrite(fd, &junk, 1, (off_t)(2 * bb + bb / 2 + 3)), 1);
+        assert_int_equal(kvt_kv_pin(c, 20), KVT_ECORRUPT);
+        assert_non_null(strstr(kvt_last_error(), "checksum"));
+        assert_non_null(strstr(kvt_last_error(), "block 2"));
+        kvt_kv_unpin(c);
+        assert_int_equal(state_of(c, 2), KVT_BLOCK_DURABLE);
+        kvt_cache_destroy(c);
+        kvt_residency_release(r);
+    }
 }
 
 /* ---- through the service: kvt_seq / kvt_chat_generate and admission ------------------------ */
@@ -832,50 +1000,77 @@ static void test_service_bounded(void **state)
     kvt_sampler_free(sa);
 }
 
-/* A q8 layer grows with the context and is never paged: a bound would be
- * charged at admission but not kept, so a bounded q8 request is refused with
- * the layer named, and nothing stays admitted. */
-static void test_q8_bound_refused(void **state)
+/* f16, bf16 and q8 ("qkvc" layers: sealed blocks and an f32 open block)
+ * are bounded like f32: a strict bound of 1 block gives the fully resident
+ * reply token for token, pages their sealed blocks out and in, publishes
+ * resident state, and the report counts it; the library's int8 "qkv" kind
+ * (which no engine scheme makes) is still refused, naming the layer. */
+static void test_qkvc_service_bounded(void **state)
 {
     (void)state;
     char path[512];
     snprintf(path, sizeof path, "%s/res.bin", g_dir);
     (void)model(); /* writes the checkpoint */
-    kvt_model *m = NULL;
-    assert_int_equal(kvt_model_load(path, &m), 0);
-    assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_Q8), 0);
-    int V = kvt_model_get_config(m)->vocab_size;
-    int32_t prompt[PROMPT], reply[GEN];
-    uint64_t s = 5;
-    for (int i = 0; i < PROMPT; i++)
-        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
-    kvt_service *svc = NULL;
-    kvt_chat_service_opts so = {.prompt_cache_bytes = 64 << 20, .block_tokens = BLOCK};
-    assert_int_equal(kvt_chat_service_create(m, &so, &svc), 0);
-    kvt_sampler *sa = NULL;
-    assert_int_equal(kvt_sampler_create(V, 0.0f, 0.9f, 1, &sa), 0);
-    kvt_gen_opts o = {.max_tokens = GEN, .admit_timeout_ms = 0, .prefill_checkpoint_stride = -1,
-                      .live_cache_blocks = 2, .live_cache_dir = g_dir};
-    int64_t n = 0;
-    kvt_turn_stats ts;
-    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, reply, GEN, &n, &ts), KVT_EINVAL);
-    assert_non_null(strstr(kvt_last_error(), "q8"));
+    static const kvt_kv_scheme schemes[3] = {KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8};
+    for (int k = 0; k < 3; k++) {
+        kvt_model *m = NULL;
+        assert_int_equal(kvt_model_load(path, &m), 0);
+        assert_int_equal(kvt_model_set_kv_scheme(m, schemes[k]), 0);
+        int V = kvt_model_get_config(m)->vocab_size;
+        int32_t prompt[PROMPT], ra[GEN], rb[GEN];
+        uint64_t s = 5;
+        for (int i = 0; i < PROMPT; i++)
+            prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        kvt_sampler *sa = NULL;
+        assert_int_equal(kvt_sampler_create(V, 0.0f, 0.9f, 1, &sa), 0);
+        kvt_chat_service_opts so = {.prompt_cache_bytes = 64 << 20, .block_tokens = BLOCK};
+        kvt_service *svc = NULL;
+        assert_int_equal(kvt_chat_service_create(m, &so, &svc), 0);
+        kvt_gen_opts o = {.max_tokens = GEN, .admit_timeout_ms = 0, .prefill_checkpoint_stride = -1};
+        int64_t na = 0, nb = 0;
+        kvt_turn_stats ta, tb;
+        assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, ra, GEN, &na, &ta), 0);
+        kvt_service_destroy(svc);
+        assert_int_equal(kvt_chat_service_create(m, &so, &svc), 0); /* nothing kept: the same prefill */
+        o.live_cache_blocks = 1;
+        o.live_cache_strict = 1;
+        o.live_cache_dir = g_dir;
+        int files = open_page_files();
+        assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, rb, GEN, &nb, &tb), 0);
+        printf("%s bounded: paged out %lld blocks, in %lld blocks (%lld B)\n", kvt_kv_scheme_name(schemes[k]),
+               (long long)tb.paged_out_blocks, (long long)tb.paged_in_blocks, (long long)tb.paged_in_bytes);
+        assert_int_equal(nb, na);
+        assert_memory_equal(ra, rb, (size_t)na * sizeof *ra);
+        assert_int_equal(tb.paged_out_blocks, 3 * ((PROMPT + GEN - 1) / BLOCK)); /* every sealed block */
+        assert_true(tb.paged_in_blocks > 0);
+        assert_int_equal(open_page_files(), files); /* published state is resident */
+        kvt_service_stats rep;
+        assert_int_equal(kvt_service_get_stats(svc, &rep), 0);
+        assert_int_equal(rep.live_paged_out_blocks, tb.paged_out_blocks);
+        assert_int_equal(rep.live_page_failures, 0);
+        /* the kept state serves a bounded repeat: the same reply again */
+        assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, rb, GEN, &nb, &tb), 0);
+        assert_true(tb.reused_tokens > 0);
+        assert_memory_equal(ra, rb, (size_t)na * sizeof *ra);
+        kvt_service_destroy(svc);
+        kvt_sampler_free(sa);
+        kvt_model_free(m);
+    }
+    /* the qkv kind is never paged: refused, naming the layer */
+    kvt_residency *r = residency(2, 0);
+    kvt_cache *q = NULL;
+    assert_int_equal(kvt_qkv_create(D, 4, B, &q), 0);
+    assert_int_equal(kvt_seq_live_attach(&q, 1, r), KVT_EINVAL);
     assert_non_null(strstr(kvt_last_error(), "layer 0"));
-    kvt_service_stats rep;
-    assert_int_equal(kvt_service_get_stats(svc, &rep), 0);
-    assert_int_equal(rep.live_paged_out_blocks, 0);
-    assert_int_equal(rep.admitted, 0); /* the refused request's admission was released */
-    assert_int_equal(rep.kv_projected_bytes, 0);
-    /* fully resident, the same request runs */
-    o.live_cache_blocks = 0;
-    assert_int_equal(kvt_chat_generate(m, svc, sa, prompt, PROMPT, &o, reply, GEN, &n, &ts), 0);
-    assert_int_equal(n, GEN);
-    kvt_service_destroy(svc);
-    kvt_sampler_free(sa);
-    kvt_model_free(m);
+    assert_non_null(strstr(kvt_last_error(), "qkv"));
+    kvt_cache_destroy(q);
+    kvt_residency_release(r);
 }
 
 /* ---- faults -------------------------------------------------------------------------------- */
+
+/* Every scheme: f32 (kv blocks) and f16, bf16, q8 (qkvc sealed blocks). */
+static const kvt_kv_scheme g_schemes[4] = {KVT_KV_F32, KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8};
 
 static void test_enospc_keeps_blocks(void **state)
 {
@@ -884,20 +1079,25 @@ static void test_enospc_keeps_blocks(void **state)
     int V = kvt_model_get_config(m)->vocab_size, at;
     size_t n = (size_t)(GEN + 1) * (size_t)V;
     float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound);
-    assert_int_equal(run(NULL, full, &at), 0);
-    kvt_residency *r = residency(1, 0);
-    kvt__io_fault f = {.ops = 1u << KVT_IO_PWRITE, .path_has = NULL, .fail_at = 5, .err = ENOSPC};
-    kvt__io_arm(&f);
-    assert_int_equal(run(r, bound, &at), 0); /* one write fails: that block stays in RAM */
-    int64_t failures = kvt__io_failures();
-    kvt__io_disarm();
-    assert_int_equal(failures, 1);
-    assert_memory_equal(full, bound, n * sizeof *full);
-    kvt_residency_stats st;
-    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
-    assert_int_equal(st.write_failures, 1);
-    assert_int_equal(st.blocks_out, 3 * ((PROMPT + GEN) / BLOCK) - 1);
-    kvt_residency_release(r);
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(kvt_model_set_kv_scheme(m, g_schemes[k]), 0);
+        assert_int_equal(run(NULL, full, &at), 0);
+        kvt_residency *r = residency(1, 0);
+        kvt__io_fault f = {.ops = 1u << KVT_IO_PWRITE, .path_has = NULL, .fail_at = 5, .err = ENOSPC};
+        kvt__io_arm(&f);
+        assert_int_equal(run(r, bound, &at), 0); /* one write fails: that block stays in RAM */
+        int64_t failures = kvt__io_failures();
+        kvt__io_disarm();
+        assert_int_equal(failures, 1);
+        assert_memory_equal(full, bound, n * sizeof *full);
+        kvt_residency_stats st;
+        assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+        assert_int_equal(st.write_failures, 1);
+        /* 324 tokens: 20 full kv blocks, and 20 sealed qkvc blocks ((324 - 1) / 16) */
+        assert_int_equal(st.blocks_out, 3 * ((PROMPT + GEN) / BLOCK) - 1);
+        kvt_residency_release(r);
+    }
+    assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_F32), 0);
     free(full);
     free(bound);
 }
@@ -909,8 +1109,9 @@ static void test_eio_fails_request(void **state)
     int V = kvt_model_get_config(m)->vocab_size, at;
     size_t n = (size_t)(GEN + 1) * (size_t)V;
     float *full = malloc(n * sizeof *full), *bound = malloc(n * sizeof *bound);
-    assert_int_equal(run(NULL, full, &at), 0);
-    for (int k = 1; k <= 40; k += 13) {
+    for (int k = 1; k <= 40; k += 13) { /* f32, then f16, bf16, q8 */
+        assert_int_equal(kvt_model_set_kv_scheme(m, g_schemes[k / 13]), 0);
+        assert_int_equal(run(NULL, full, &at), 0);
         kvt_residency *r = residency(1, 0);
         memset(bound, 0, n * sizeof *bound);
         kvt__io_fault f = {.ops = 1u << KVT_IO_PREAD, .fail_at = k, .err = EIO};
@@ -927,6 +1128,7 @@ static void test_eio_fails_request(void **state)
         assert_int_equal(st.read_failures, 1);
         kvt_residency_release(r);
     }
+    assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_F32), 0);
     free(full);
     free(bound);
 }
@@ -1044,7 +1246,9 @@ int main(void)
         cmocka_unit_test(test_decode_reads_once),
         cmocka_unit_test(test_window_head_groups),
         cmocka_unit_test(test_service_bounded),
-        cmocka_unit_test(test_q8_bound_refused),
+        cmocka_unit_test(test_qkvc_service_bounded),
+        cmocka_unit_test(test_qkvc_paging),
+        cmocka_unit_test(test_qkvc_corrupt_page_refused),
         cmocka_unit_test(test_enospc_keeps_blocks),
         cmocka_unit_test(test_eio_fails_request),
         cmocka_unit_test(test_corrupt_page_refused),

@@ -8,8 +8,10 @@
  * succeeds with the fully resident output, byte for byte, and says how many
  * writes failed; a failed read ends the run with exit 1 and a message
  * naming the block and the page file, after printing only a prefix of the
- * right output: never a wrong token. Skips without stories260K or the
- * preload library (TSan builds).
+ * right output: never a wrong token. The f16, bf16 and q8 schemes (their
+ * sealed blocks paged) give their own resident output under a strict bound,
+ * in generate and in a two-turn chat, and a failed read fails them cleanly
+ * too. Skips without stories260K or the preload library (TSan builds).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -63,6 +65,42 @@ static void generate_as(int bounded, const char *id, cli_result *r)
 }
 
 static void generate(int bounded, cli_result *r) { generate_as(bounded, NULL, r); }
+
+/* Runs `generate --kv-dtype dtype` (bounded: --live-cache-blocks 2 --live-cache-strict),
+ * or with `chat` a two-turn chat (stdin: two messages) under the same flags. */
+static void run_scheme(const char *cmd, const char *dtype, int bounded, cli_result *r)
+{
+    const char *args[40] = {cmd, "--model", model, "--tokenizer", tok, "--temperature", "0", "--block-tokens",
+                            "16", "--threads", "1", "--kv-dtype", dtype};
+    int n = 13;
+    char in[300];
+    snprintf(in, sizeof in, "%s/chat-in.txt", dir);
+    if (!strcmp(cmd, "generate")) {
+        args[n++] = "--prompt";
+        args[n++] = prompt;
+        args[n++] = "--steps";
+        args[n++] = "400";
+    } else {
+        FILE *f = fopen(in, "w");
+        assert_non_null(f);
+        fprintf(f, "%s\nAnd then what did she do with the ball?\n", prompt);
+        assert_int_equal(fclose(f), 0);
+        args[n++] = "--max-tokens";
+        args[n++] = "120";
+    }
+    if (bounded) {
+        args[n++] = "--live-cache-blocks";
+        args[n++] = "2";
+        args[n++] = "--live-cache-strict";
+        args[n++] = "--live-cache-dir";
+        args[n++] = dir;
+    }
+    args[n] = NULL;
+    cli_child c;
+    assert_int_equal(cli_start(&c, dir, args, !strcmp(cmd, "generate") ? NULL : in, 0, 0), 0);
+    assert_int_equal(cli_finish(&c, 300, r), 0);
+    assert_false(r->timed_out);
+}
 
 static void fault(const char *call, const char *err, const char *after)
 {
@@ -220,6 +258,46 @@ static void test_replayable_bounded(void **state)
     assert_string_equal(r.out, ref.out);
 }
 
+/* f16, bf16 and q8 under a strict bound: generate and a two-turn chat
+ * print exactly their fully resident output, the sealed blocks paged out
+ * and in; EIO on a page read of a q8 run fails it cleanly, after a prefix
+ * of that output. */
+static void test_schemes_bounded(void **state)
+{
+    (void)state;
+    NEED();
+    no_fault();
+    static const char *const dtypes[3] = {"f16", "bf16", "q8"};
+    static const char *const cmds[2] = {"generate", "chat"};
+    static cli_result full, r;
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 2; k++) {
+            run_scheme(cmds[k], dtypes[d], 0, &full);
+            if (full.status != 0)
+                fprintf(stderr, "%s\n", full.err);
+            assert_int_equal(full.status, 0);
+            run_scheme(cmds[k], dtypes[d], 1, &r);
+            if (r.status != 0)
+                fprintf(stderr, "%s\n", r.err);
+            assert_int_equal(r.status, 0);
+            long long out = number_after(r.err, "paged out ");
+            printf("%s %s bounded: output identical (%zu bytes), paged out %lld blocks\n", cmds[k], dtypes[d],
+                   strlen(r.out), out);
+            assert_true(strlen(full.out) > 200);
+            assert_string_equal(r.out, full.out);
+            assert_true(out > 10);
+            if (d == 2 && k == 0) { /* q8: a failed page read */
+                fault("pread", "EIO", "40");
+                run_scheme(cmds[k], dtypes[d], 1, &r);
+                no_fault();
+                assert_int_equal(r.status, 1);
+                assert_non_null(strstr(r.err, "live cache: paging block"));
+                assert_true(strlen(r.out) < strlen(full.out));
+                assert_memory_equal(r.out, full.out, strlen(r.out));
+            }
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +305,7 @@ int main(void)
         cmocka_unit_test(test_write_faults_keep_blocks),
         cmocka_unit_test(test_read_fault_fails_cleanly),
         cmocka_unit_test(test_replayable_bounded),
+        cmocka_unit_test(test_schemes_bounded),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -80,6 +80,28 @@ static void store_cli(void **state)
     snprintf(args, sizeof args, "verify '%s'", dir);
     assert_int_equal(run(args, out, sizeof out), 2);
     assert_non_null(strstr(out, "is one identity's directory"));
+    /* a directory that is not a store (/etc said "verify: ok (0 of 0
+     * shards good)", exit 0): exit 1, naming what is missing; an empty one
+     * too, and a directory with a non-identity subdirectory */
+    char other[700];
+    snprintf(other, sizeof other, "%s/not-a-store", root);
+    assert_int_equal(mkdir(other, 0755), 0);
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "%s '%s'", k ? "inspect" : "verify", other);
+        assert_int_equal(run(args, out, sizeof out), 1);
+        assert_non_null(strstr(out, "is not a kvtier store: it holds no identity directory"));
+        assert_null(strstr(out, "verify: ok"));
+    }
+    snprintf(path, sizeof path, "%s/sub", other);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(args, sizeof args, "verify '%s'", other);
+    assert_int_equal(run(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, "is not a kvtier store"));
+    rmdir(path);
+    rmdir(other);
+    snprintf(args, sizeof args, "verify '%s/missing'", root);
+    assert_int_equal(run(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, "No such file or directory"));
     snprintf(args, sizeof args, "verify '%s'", root);
 
     assert_int_equal(store_first_file(dir, "b", name, sizeof name), 0);

@@ -11,7 +11,12 @@
  * are written to the page file through a kvt_io worker and their RAM
  * released once the write completed (a block being written stays readable
  * from RAM: a pending write is not a copy). The mutable tail block is never
- * paged. Attention walks a cache's blocks through a window
+ * paged. A "qkvc" cache (kvt_qkvc_create_dtype: blocks sealed in U8, F16 or
+ * BF16, the open block in f32) is paged the same way: its sealed blocks are
+ * its full blocks (K rows, then V rows, of the sealed dtype); its f32 open
+ * block and a U8 cache's per-block scales (4 x kv_dim floats) stay in RAM.
+ * Every call below that takes "a kv cache" takes a qkvc cache too.
+ * Attention walks a cache's blocks through a window
  * (kvt_kv_window_open/get/put/close: a bounded number of blocks staged at a
  * time, read ahead in the walk's order and into the next layer), or makes
  * all of them readable at once with kvt_kv_pin (waiting for the reads it
@@ -194,7 +199,7 @@ KVT_API int kvt_residency_stats_get(const kvt_residency *r, kvt_residency_stats 
  * attached caches. The cache retains r; it is detached when disposed.
  * Blocks already paged stay readable after a detach (they hold r).
  * Checks the bound at once (blocks already held may be paged out).
- * @return 0; KVT_EINVAL (c not a kv cache, layer outside [0, 4096), or
+ * @return 0; KVT_EINVAL (c not a kv or qkvc cache, layer outside [0, 4096), or
  *   another cache already attached as that layer); KVT_ENOMEM; an error of
  *   the write path (a failed write is not an error: counted, block kept). */
 KVT_API int kvt_kv_set_residency(kvt_cache *c, kvt_residency *r, int32_t layer);

@@ -266,7 +266,7 @@ KVT_API uint64_t kvt_service_project_live_bytes(const kvt_service *svc, int64_t 
  *     model's position limit (the message names both numbers and the limit),
  *     or the request alone needs more than the whole KV budget (the message
  *     says how many bytes it needs, the budget, and to lower max_tokens or the
- *     prompt, or raise --kv-budget);
+ *     prompt, or raise kvt_service_config.kv_budget_bytes, by that name);
  *   with a pool (kvt_service_config.pool), also the pool's KVT_EAGAIN or
  *   KVT_ELIMIT on the KV axis (the message names the axis "kv", the
  *   service's member, the bytes asked and the bytes free);

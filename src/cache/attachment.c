@@ -71,8 +71,13 @@ KVT_API int kvt_attachment_blob(const char *name, const void *data, size_t bytes
     if (!out)
         return kvt__fail(KVT_EINVAL, "kvt_attachment_blob: out is NULL");
     *out = NULL;
-    if (!name || strnlen(name, KVT_TENSOR_NAME_MAX) >= KVT_TENSOR_NAME_MAX)
-        return kvt__fail(KVT_EINVAL, "kvt_attachment_blob: name is %s", !name ? "NULL" : "63 bytes or longer");
+    if (!name)
+        return kvt__fail(KVT_EINVAL, "kvt_attachment_blob: name is NULL");
+    /* the check and the message from one constant: name[] holds the NUL too */
+    if (strnlen(name, KVT_TENSOR_NAME_MAX) >= KVT_TENSOR_NAME_MAX)
+        return kvt__fail(KVT_EINVAL, "kvt_attachment_blob: name is %d bytes or longer; at most %d fit "
+                         "(KVT_TENSOR_NAME_MAX %d with the NUL)", KVT_TENSOR_NAME_MAX, KVT_TENSOR_NAME_MAX - 1,
+                         KVT_TENSOR_NAME_MAX);
     if (!data && bytes)
         return kvt__fail(KVT_EINVAL, "kvt_attachment_blob: data is NULL for %zu bytes", bytes);
     blob_att *b = blob_alloc(name);

@@ -32,6 +32,11 @@ int32_t kvt__qkvc_kv_dim(const kvt_cache *c);
 int32_t kvt__qkvc_block_tokens(const kvt_cache *c);
 kvt_dtype kvt__qkvc_sealed_dtype(const kvt_cache *c);
 int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out);
+/** The sealed blocks' table of a qkvc cache (c must be one), with its block
+ * tokens, sealed block bytes ((2, B, kv_dim) of the sealed dtype: K rows,
+ * then V rows) and offset (every token held, the open block's too). */
+struct kvt__blocks *kvt__qkvc_table(const kvt_cache *c, int32_t *block_tokens, size_t *block_bytes,
+                                    int64_t *offset);
 /** kvt_kv_dtype of a rotating cache (c must be one). */
 kvt_dtype kvt__rotating_dtype(const kvt_cache *c);
 
@@ -187,8 +192,11 @@ int kvt__blocks_enforce(kvt__blocks *b, int64_t full, size_t block_bytes);
 /** Detaches a table from its policy (releasing the reference). */
 void kvt__blocks_detach(kvt__blocks *b);
 
-/** The block table of a kv cache with its block tokens, block bytes and
- * offset; NULL when c is not a kv cache. */
+/** The block table a residency pages, with its block tokens, block bytes
+ * and offset: a kv cache's blocks, or a qkvc cache's sealed blocks (every
+ * one full; its f32 open block, at index n when it holds rows, is outside
+ * the table and never paged, and so are a U8 cache's per-block scales).
+ * NULL when c is neither. */
 kvt__blocks *kvt__kv_table(const kvt_cache *c, int32_t *block_tokens, size_t *block_bytes, int64_t *offset);
 
 #endif

@@ -496,6 +496,8 @@ KVT_API int32_t kvt_kv_dim(const kvt_cache *c)
 
 kvt__blocks *kvt__kv_table(const kvt_cache *c, int32_t *block_tokens, size_t *block_bytes, int64_t *offset)
 {
+    if (c && c->ops == &kvt__qkvc_ops)
+        return kvt__qkvc_table(c, block_tokens, block_bytes, offset);
     if (!c || c->ops != &kvt__kv_ops)
         return NULL;
     kv_cache *kv = (kv_cache *)c;

@@ -21,6 +21,12 @@
  * It owns its two block tables (codes and scales, one reference per block)
  * and its tail; sealed blocks are immutable, and the tail is copied before a
  * write when it is shared (refs > 1) or foreign (decoded from a file region).
+ *
+ * Under a residency policy (kvtier/residency.h, kvt_kv_set_residency) the
+ * codes table is paged like a kv cache's blocks: each sealed block (its K
+ * rows, then its V rows: the halves a page-in reads) is written once to the
+ * page file and its RAM released past the bound; the open block and a U8
+ * cache's scales (4 x kv_dim floats per block) stay in RAM.
  */
 #include "cache_internal.h"
 #include "internal.h"
@@ -57,7 +63,9 @@ static int64_t sealed_tokens(const qkvc_cache *q) { return q->codes.n * q->block
 static size_t qkvc_private_bytes(const kvt_cache *c)
 {
     const qkvc_cache *q = (const qkvc_cache *)c;
-    return sizeof *q + (size_t)(q->codes.cap + q->scales.cap) * sizeof(kvt__blk);
+    const kvt__blocks_res *res = q->codes.res;
+    return sizeof *q + (size_t)(q->codes.cap + q->scales.cap) * sizeof(kvt__blk) +
+           (res ? sizeof *res + (res->x ? (size_t)q->codes.cap * sizeof(kvt__blkres) : 0) : 0);
 }
 
 static void qkvc_foreach_buf(const kvt_cache *c, void (*fn)(kvt_buf *, void *), void *ctx)
@@ -273,6 +281,10 @@ static int qkvc_append(kvt_cache *c, int64_t n, const void *const *inputs)
         r += cnt;
     }
     q->offset += n;
+    /* under a residency bound: page out what the sealed blocks pushed past it
+     * (best effort: a failure leaves the blocks in RAM, the next seal retries) */
+    if (seals > 0 && q->codes.res && q->codes.res->r)
+        (void)kvt__blocks_enforce(&q->codes, q->codes.n, code_bytes(q));
     return 0;
 }
 
@@ -288,21 +300,20 @@ static int qkvc_encode(const kvt_cache *c, kvt_cache_state *out)
                               (int32_t)(per * nb + (q->tail_rows > 0)));
     if (rc)
         return rc;
-    for (int64_t i = 0; i < nb && !has_scales(q); i++) {
-        char name[KVT_TENSOR_NAME_MAX];
-        const int64_t shape[3] = {2, B, D};
-        kvt_buf *cb = q->codes.v[i].buf;
-        snprintf(name, sizeof name, "blk%lld", (long long)i);
-        kvt__tensor_set(&out->tensors[i], name, q->sealed, 3, shape, kvt_buf_data(cb), kvt_buf_bytes(cb), cb,
-                        i * B, (i + 1) * B);
-    }
-    for (int64_t i = 0; i < nb && has_scales(q); i++) {
+    for (int64_t i = 0; i < nb; i++) {
         char name[KVT_TENSOR_NAME_MAX];
         const int64_t qshape[3] = {2, B, D}, sshape[2] = {4, D};
-        kvt_buf *cb = q->codes.v[i].buf, *sb = q->scales.v[i].buf;
-        snprintf(name, sizeof name, "blk%lld.q", (long long)i);
-        kvt__tensor_set(&out->tensors[2 * i], name, KVT_DTYPE_U8, 3, qshape, kvt_buf_data(cb), kvt_buf_bytes(cb), cb,
+        kvt_buf *cb;
+        /* a block paged out (residency.h) is read back for the state */
+        if ((rc = kvt__blk_read(&q->codes, i, code_bytes(q), &cb)) != 0)
+            return rc;
+        snprintf(name, sizeof name, has_scales(q) ? "blk%lld.q" : "blk%lld", (long long)i);
+        kvt__tensor_set(&out->tensors[per * i], name, q->sealed, 3, qshape, kvt_buf_data(cb), kvt_buf_bytes(cb), cb,
                         i * B, (i + 1) * B);
+        kvt_buf_release(cb);
+        if (!has_scales(q))
+            continue;
+        kvt_buf *sb = q->scales.v[i].buf;
         snprintf(name, sizeof name, "blk%lld.s", (long long)i);
         kvt__tensor_set(&out->tensors[2 * i + 1], name, KVT_DTYPE_F32, 2, sshape, kvt_buf_data(sb),
                         kvt_buf_bytes(sb), sb, i * B, (i + 1) * B);
@@ -498,6 +509,9 @@ int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out)
     const qkvc_cache *q = (const qkvc_cache *)c;
     const int64_t nb = q->codes.n, B = q->block_tokens;
     const size_t D = (size_t)q->kv_dim;
+    if (index >= 0 && index < nb && (!q->codes.v[index].buf || q->codes.v[index].state == KVT_BLOCK_RESTORING))
+        return kvt__fail(KVT_EINVAL, "kvt_kv_block_rows: block %lld is paged out (%s): kvt_kv_pin it first",
+                         (long long)index, kvt_block_state_name((kvt_block_state)q->codes.v[index].state));
     if (index >= 0 && index < nb && !has_scales(q)) {
         const char *b = kvt_buf_data(q->codes.v[index].buf);
         *out = (kvt_kv_rows){.dtype = q->sealed, .k = b, .v = b + (size_t)B * D * q->es, .n = (int32_t)B};
@@ -522,3 +536,12 @@ int kvt__qkvc_block_rows(const kvt_cache *c, int64_t index, kvt_kv_rows *out)
 int32_t kvt__qkvc_kv_dim(const kvt_cache *c) { return ((const qkvc_cache *)c)->kv_dim; }
 int32_t kvt__qkvc_block_tokens(const kvt_cache *c) { return ((const qkvc_cache *)c)->block_tokens; }
 kvt_dtype kvt__qkvc_sealed_dtype(const kvt_cache *c) { return ((const qkvc_cache *)c)->sealed; }
+
+kvt__blocks *kvt__qkvc_table(const kvt_cache *c, int32_t *block_tokens, size_t *block_bytes, int64_t *offset)
+{
+    qkvc_cache *q = (qkvc_cache *)c;
+    *block_tokens = q->block_tokens;
+    *block_bytes = code_bytes(q);
+    *offset = q->offset;
+    return &q->codes;
+}

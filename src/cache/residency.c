@@ -846,6 +846,16 @@ void kvt__blocks_detach(kvt__blocks *t)
 
 /* ---- public kv calls ------------------------------------------------------------------ */
 
+/* Blocks of table t holding tokens [0, n_tokens) (ceil(n_tokens / B), but
+ * never past the table: a qkvc cache's open block is outside it), and its
+ * full blocks when it holds `offset` tokens. */
+static int64_t table_blocks(const kvt__blocks *t, int64_t n_tokens, int32_t B)
+{
+    return KVT__MIN((n_tokens + B - 1) / B, t->n);
+}
+
+static int64_t table_full(const kvt__blocks *t, int64_t offset, int32_t B) { return KVT__MIN(offset / B, t->n); }
+
 KVT_API int kvt_kv_set_residency(kvt_cache *c, kvt_residency *r, int32_t layer)
 {
     int32_t B;
@@ -853,7 +863,7 @@ KVT_API int kvt_kv_set_residency(kvt_cache *c, kvt_residency *r, int32_t layer)
     int64_t off;
     kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
     if (!t)
-        return kvt__fail(KVT_EINVAL, "kvt_kv_set_residency: not a kv cache");
+        return kvt__fail(KVT_EINVAL, "kvt_kv_set_residency: not a kv or qkvc cache");
     if (r && (layer < 0 || layer >= RES_MAX_LAYERS))
         return kvt__fail(KVT_EINVAL, "kvt_kv_set_residency: layer %d outside [0, %d)", (int)layer, RES_MAX_LAYERS);
     if (TR(t) == r && (!r || t->res->layer == layer))
@@ -884,7 +894,7 @@ KVT_API int kvt_kv_set_residency(kvt_cache *c, kvt_residency *r, int32_t layer)
     t->res->r = kvt_residency_retain(r);
     t->res->layer = layer;
     t->res->charged_bb = bb;
-    return kvt__blocks_enforce(t, off / B, bb);
+    return kvt__blocks_enforce(t, table_full(t, off, B), bb);
 }
 
 /* The next attached table after `layer` in attention order (wrapping to the
@@ -913,7 +923,7 @@ KVT_API int kvt_kv_pin(kvt_cache *c, int64_t n_tokens)
                          (long long)off);
     if (!TX(t)) /* never paged */
         return 0;
-    int64_t nb = (n_tokens + B - 1) / B;
+    int64_t nb = table_blocks(t, n_tokens, B);
     int rc = 0;
     kvt_residency *stat_r = TR(t);
     uint64_t t0 = 0;
@@ -998,7 +1008,7 @@ static void window_read_ahead(kvt__blocks *t)
     for (; w->win_ahead < w->win_total && w->held < w->win_size; w->win_ahead++) {
         int64_t i = w->win_ahead % w->win_nb;
         /* a staged copy without the half this position uses is filled when taken */
-        if (t->v[i].state == KVT_BLOCK_DURABLE && start_read(t, i, KVT_IO_BACKGROUND, part_at(w, w->win_ahead)) != 0)
+        if (i < t->n && t->v[i].state == KVT_BLOCK_DURABLE && start_read(t, i, KVT_IO_BACKGROUND, part_at(w, w->win_ahead)) != 0)
             break;
     }
 }
@@ -1015,7 +1025,7 @@ static int window_make_room(kvt__blocks *t, int64_t index)
     if (w->held < w->win_size)
         return 0;
     int64_t pass_start = (w->win_cursor - 1) - (w->win_cursor - 1) % w->win_nb;
-    for (int64_t j = w->win_nb - 1; j > index; j--) {
+    for (int64_t j = KVT__MIN(w->win_nb, t->n) - 1; j > index; j--) {
         if (!t->v[j].staged && !TX(t)[j].rd)
             continue;
         if (TX(t)[j].rd) {
@@ -1045,8 +1055,8 @@ static int window_open(kvt_cache *c, int64_t n_tokens, int32_t passes, int halve
                          (long long)n_tokens, (long long)off, (int)passes);
     if (!TX(t)) /* never paged */
         return 0;
-    int64_t nb = (n_tokens + B - 1) / B, paged = 0;
-    for (int64_t i = 0; i < nb; i++)
+    int64_t nb = (n_tokens + B - 1) / B, paged = 0; /* the walk's blocks (a qkvc open block too) */
+    for (int64_t i = 0; i < table_blocks(t, n_tokens, B); i++)
         paged += t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING;
     if (!paged)
         return 0;
@@ -1082,7 +1092,7 @@ KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out)
     int64_t off;
     kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
     if (!t || !out || !t->res || t->res->win_size <= 0)
-        return kvt__fail(KVT_EINVAL, "kvt_kv_window_get: %s", !t ? "not a kv cache" : !out ? "out is NULL"
+        return kvt__fail(KVT_EINVAL, "kvt_kv_window_get: %s", !t ? "not a kv or qkvc cache" : !out ? "out is NULL"
                                                                                            : "no window is open");
     kvt__blocks_res *w = t->res;
     if (w->win_cursor >= w->win_total || index != w->win_cursor % w->win_nb)
@@ -1092,6 +1102,10 @@ KVT_API int kvt_kv_window_get(kvt_cache *c, int64_t index, kvt_kv_rows *out)
     int part = part_at(w, w->win_cursor);
     w->win_cursor++;
     w->win_ahead = KVT__MAX(w->win_ahead, w->win_cursor);
+    if (index >= t->n) { /* a qkvc cache's open block: outside the table, always in RAM */
+        window_read_ahead(t);
+        return kvt_kv_block_rows(c, index, out);
+    }
     int rc = 0;
     kvt__blk *k = &t->v[index];
     if (k->state == KVT_BLOCK_DURABLE || TX(t)[index].rd) {
@@ -1211,7 +1225,7 @@ KVT_API int kvt_kv_block_state(const kvt_cache *c, int64_t index, kvt_block_stat
     int64_t off;
     kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
     if (!t || !out)
-        return kvt__fail(KVT_EINVAL, "kvt_kv_block_state: %s", !t ? "not a kv cache" : "out is NULL");
+        return kvt__fail(KVT_EINVAL, "kvt_kv_block_state: %s", !t ? "not a kv or qkvc cache" : "out is NULL");
     if (index < 0 || index >= t->n)
         return kvt__fail(KVT_ERANGE, "kvt_kv_block_state: block %lld of %lld", (long long)index, (long long)t->n);
     if (TX(t))
@@ -1227,9 +1241,9 @@ KVT_API int kvt_kv_residency_settle(kvt_cache *c)
     int64_t off;
     kvt__blocks *t = kvt__kv_table(c, &B, &bb, &off);
     if (!t)
-        return kvt__fail(KVT_EINVAL, "kvt_kv_residency_settle: not a kv cache");
+        return kvt__fail(KVT_EINVAL, "kvt_kv_residency_settle: not a kv or qkvc cache");
     for (int64_t i = 0; TX(t) && i < t->n; i++)
         if (t->v[i].state == KVT_BLOCK_WRITING)
             wait_write(t, i);
-    return kvt__blocks_enforce(t, off / B, bb);
+    return kvt__blocks_enforce(t, table_full(t, off, B), bb);
 }

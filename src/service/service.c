@@ -488,8 +488,9 @@ static int fits_locked(kvt_service *s, const kvt_request *req, uint64_t *need_ou
     if (need > s->kv_budget && s->n_admissions == 0) {
         s->rejected++;
         return kvt__fail(KVT_ELIMIT, "kv budget: request needs %llu bytes of KV (%.2f MB; prompt %lld + "
-                         "max_tokens %lld tokens), over --kv-budget %llu bytes (%.2f MB); lower max_tokens "
-                         "or the prompt, or raise --kv-budget", (unsigned long long)need, need / 1e6,
+                         "max_tokens %lld tokens), over the whole budget, kvt_service_config.kv_budget_bytes "
+                         "%llu bytes (%.2f MB); lower max_tokens or the prompt, or raise kv_budget_bytes",
+                         (unsigned long long)need, need / 1e6,
                          (long long)req->n_prompt, (long long)req->max_tokens,
                          (unsigned long long)s->kv_budget, s->kv_budget / 1e6);
     }
