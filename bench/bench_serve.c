@@ -257,14 +257,19 @@ static void *decoder_main(void *arg)
              "{\"prompt\": [1, %d, %d], \"max_tokens\": %d, \"temperature\": 1, \"seed\": %d, \"stream\": true, "
              "\"stream_options\": {\"include_usage\": true}}", 10 + d->id, 20 + d->id, d->max_tokens, d->id + 1);
     reply r;
-    if (post(d->port, "/v1/completions", body, &r) || r.status != 200 || r.n_ev < 2) {
+    json_t *u = NULL;
+    /* an error is a failed request or a stream cut before its usage chunk;
+     * a stream whose tokens all came in one event (or in none: a first
+     * token without text) is a reply like any other, only not timed */
+    if (!post(d->port, "/v1/completions", body, &r) && r.status == 200)
+        free(stream_text(r.body, &u));
+    if (!json_is_object(u)) {
         d->errors++;
+        json_decref(u);
         free(r.body);
         free(r.ev);
         return NULL;
     }
-    json_t *u = NULL;
-    free(stream_text(r.body, &u));
     d->tokens = json_integer_value(json_object_get(u, "completion_tokens"));
     json_decref(u);
     d->t_first = r.t_first;
@@ -282,6 +287,7 @@ typedef struct {
     double window_ms;    /* length of the window in which all n streams decode */
     double span_ms;      /* the longest stream's first-to-last-token time */
     int64_t coalesced;   /* tokens that arrived in one event with another (the connection fell behind) */
+    int untimed;         /* streams whose tokens all arrived in one event (or none): no span to time */
 } decode_fig;
 
 /* Aggregate decode tokens/s of n concurrent streams of max_tokens each.
@@ -294,7 +300,9 @@ typedef struct {
  * by event): the sum of the streams' rates, 0 when the window is empty
  * (the streams did not decode at the same time). With n = 1: tokens after
  * the first over the stream's span. whole_rate is tokens after each
- * stream's first over first first-token to last end. */
+ * stream's first over first first-token to last end. A stream whose tokens
+ * all arrived in one event (untimed) has no span: its tokens count in
+ * whole_rate, and it is left out of the window and of all_rate. */
 static decode_fig decode_rate(int port, int n, int max_tokens, int *errors)
 {
     decoder *d = calloc((size_t)n, sizeof *d);
@@ -315,19 +323,25 @@ static decode_fig decode_rate(int port, int n, int max_tokens, int *errors)
             continue;
         }
         tokens += d[i].tokens > 1 ? d[i].tokens - 1 : 0;
-        f.coalesced += d[i].tokens - d[i].n_ev;
+        f.coalesced += d[i].tokens > d[i].n_ev ? d[i].tokens - d[i].n_ev : 0;
         lo = d[i].t_first < lo ? d[i].t_first : lo;
         hi = d[i].t_end > hi ? d[i].t_end : hi;
+        if (d[i].n_ev < 2) { /* its tokens came at once: it has no decode span of its own */
+            f.untimed++;
+            continue;
+        }
         w_lo = d[i].ev[0] > w_lo ? d[i].ev[0] : w_lo;
         w_hi = d[i].ev[d[i].n_ev - 1] < w_hi ? d[i].ev[d[i].n_ev - 1] : w_hi;
     }
     double sum = 0;
     for (int i = 0; ok && i < n; i++) {
+        if (d[i].n_ev < 2)
+            continue;
         double span = d[i].ev[d[i].n_ev - 1] - d[i].ev[0];
         f.span_ms = span > f.span_ms ? span : f.span_ms;
         sum += span > 0 ? (double)(d[i].tokens - 1) / (span / 1000.0) : 0.0;
     }
-    if (ok && w_hi > w_lo) {
+    if (ok && f.untimed < n && w_hi > w_lo) {
         f.all_rate = sum;
         f.window_ms = w_hi - w_lo;
     }
@@ -513,7 +527,8 @@ static void usage(FILE *f)
                "  TTFT p50/p99 per turn of S concurrent T-turn conversations, on and off;\n"
                "  aggregate decode tokens/s of S concurrent streams vs one stream (--decode-tokens each,\n"
                "  default 64), cache on and off: counted over the window in which all S streams decode\n"
-               "  (last first token to first last token), median of R rounds (default 3) that alternate\n"
+               "  (last first token to first last token; a stream whose tokens all came in one event is a\n"
+               "  reply, not an error, left out of that window), median of R rounds (default 3) that alternate\n"
                "  1 and S streams, each beside the engine alone at batch 1 and S at that moment\n"
                "  (kvt_model_decode_batch: the ceiling), and the engine's batch-size histogram and\n"
                "  time split over the S-stream runs (/stats \"engine\");\n"
@@ -548,7 +563,7 @@ int kvt_bench_serve(int argc, char **argv)
         else if (!strcmp(a, "--max-tokens"))
             bad = kvt_cli_int(v, 1, 1024, &max_tokens);
         else if (!strcmp(a, "--decode-tokens"))
-            bad = kvt_cli_int(v, 2, 4096, &decode_tokens);
+            bad = kvt_cli_int(v, 1, 4096, &decode_tokens);
         else if (!strcmp(a, "--overhead-requests"))
             bad = kvt_cli_int(v, 1, 100000, &n_over);
         else if (!strcmp(a, "--decode-rounds"))
@@ -676,7 +691,9 @@ int kvt_bench_serve(int argc, char **argv)
     for (int on = 1; on >= 0; on--) {
         double a[100], w[100], o1[100], g1[100], gS[100], win[100], span[100];
         int64_t coal = 0;
+        int untimed = 0;
         for (int r = 0; r < R; r++) {
+            untimed += dS[on][r].untimed + d1[on][r].untimed;
             a[r] = dS[on][r].all_rate;
             w[r] = dS[on][r].whole_rate;
             o1[r] = d1[on][r].all_rate;
@@ -704,6 +721,9 @@ int kvt_bench_serve(int argc, char **argv)
                "tokens/s: %.2fx\n", S, msS, ms1, ms1 > 0 ? msS / ms1 : 0.0);
         if (coal)
             printf("  %lld tokens arrived in one event with another (a connection fell behind)\n", (long long)coal);
+        if (untimed)
+            printf("  %d streams got all their tokens in one event: replies, not errors, but without a decode span "
+                   "they are left out of the windowed rates\n", untimed);
         print_engine_delta("the last S-stream run", eng0[on], eng1[on]);
         json_decref(eng0[on]);
         json_decref(eng1[on]);

@@ -108,10 +108,13 @@ void kvt_srv_metrics_finish(kvt_srv_metrics *m, const kvt_srv_record *rec)
     m->c.generation_tokens += pos(rec->completion_tokens);
     if (rec->status == 200 || rec->ttft_ms >= 0) {
         m->c.prefix_cache_queries += pos(rec->prompt_tokens);
-        m->c.prefix_cache_hits += pos(rec->reused_ram + rec->reused_ssd);
+        m->c.prefix_cache_hits +=
+            pos(rec->reused_ram + rec->reused_ssd + rec->reused_remote + rec->reused_published);
     }
     m->c.cached_tokens_ram += pos(rec->reused_ram);
     m->c.cached_tokens_ssd += pos(rec->reused_ssd);
+    m->c.cached_tokens_remote += pos(rec->reused_remote);
+    m->c.cached_tokens_published += pos(rec->reused_published);
     m->c.prefilled_tokens += pos(rec->prefilled_tokens);
     if (rec->ttft_ms >= 0)
         observe(&m->ttft, kvt_srv_ttft_bounds, KVT_SRV_TTFT_BUCKETS, rec->ttft_ms / 1000.0);
@@ -505,8 +508,11 @@ int kvt_srv_metrics_prometheus(kvt_srv_metrics *m, const kvt_srv_gauges *g, cons
     KVT_SRV_COUNTERS(KVT__CTR_PROM)
 #undef KVT__CTR_PROM
     head(&b, "cached_tokens_total", "counter", "Prompt tokens reused from the prefix cache, by the tier that held them.");
-    sb_printf(&b, "kvtier_cached_tokens_total{tier=\"ram\"} %llu\nkvtier_cached_tokens_total{tier=\"ssd\"} %llu\n",
-              (unsigned long long)c.cached_tokens_ram, (unsigned long long)c.cached_tokens_ssd);
+#define KVT__CACHED_PROM(name, help)                                                               \
+    if (!strncmp(#name, "cached_tokens_", 14))                                                     \
+        sb_printf(&b, "kvtier_cached_tokens_total{tier=\"%s\"} %llu\n", #name + 14, (unsigned long long)c.name);
+    KVT_SRV_COUNTERS(KVT__CACHED_PROM)
+#undef KVT__CACHED_PROM
     hist(&b, "time_to_first_token_seconds", "Time from a request's arrival to its first generated token.", &ttft,
          kvt_srv_ttft_bounds, KVT_SRV_TTFT_BUCKETS);
     hist(&b, "e2e_request_latency_seconds", "Time from a request's arrival to its end.", &e2e, kvt_srv_e2e_bounds,
@@ -532,11 +538,12 @@ static const char *ep_name(kvt_srv_endpoint e) { return (unsigned)e < KVT_EP_COU
 
 json_t *kvt_srv_record_json(const kvt_srv_record *r)
 {
-    return json_pack("{s:I, s:I, s:s, s:s, s:s, s:I, s:I, s:{s:I, s:I}, s:I, s:f, s:f, s:f, s:i}", "seq",
+    return json_pack("{s:I, s:I, s:s, s:s, s:s, s:I, s:I, s:{s:I, s:I, s:I, s:I}, s:I, s:f, s:f, s:f, s:i}", "seq",
                      (json_int_t)r->seq, "time_ms", (json_int_t)r->time_ms, "endpoint", ep_name(r->endpoint),
                      "model", r->model, "ns", r->ns, "prompt_tokens", (json_int_t)r->prompt_tokens,
                      "completion_tokens", (json_int_t)r->completion_tokens, "reused_tokens", "ram",
-                     (json_int_t)r->reused_ram, "ssd", (json_int_t)r->reused_ssd, "prefilled_tokens",
+                     (json_int_t)r->reused_ram, "ssd", (json_int_t)r->reused_ssd, "remote",
+                     (json_int_t)r->reused_remote, "published", (json_int_t)r->reused_published, "prefilled_tokens",
                      (json_int_t)r->prefilled_tokens, "queue_ms", r->queue_ms, "ttft_ms", r->ttft_ms, "e2e_ms",
                      r->e2e_ms, "status", r->status);
 }

@@ -60,6 +60,8 @@ typedef enum kvt_srv_endpoint {
     X(prefix_cache_hits, "prompt tokens served by the prefix cache, any tier (vLLM's pair, in tokens)") \
     X(cached_tokens_ram, "prompt tokens reused from the RAM tier")                                    \
     X(cached_tokens_ssd, "prompt tokens reused from the SSD tier")                                    \
+    X(cached_tokens_remote, "prompt tokens reused from the remote tier (Redis)")                      \
+    X(cached_tokens_published, "prompt tokens reused from a published prompt cache")                  \
     X(prefilled_tokens, "prompt tokens run by prefill")                                               \
     X(decode_steps, "batched decode steps run by the engine")                                         \
     X(decode_batch_sequences, "sequences decoded, summed over the batched steps (mean batch = this / steps)")
@@ -78,7 +80,8 @@ typedef struct kvt_srv_record {
     char model[64];
     char ns[64];              /* state namespace ("" = base model) */
     int64_t prompt_tokens, completion_tokens;
-    int64_t reused_ram, reused_ssd, prefilled_tokens;
+    int64_t reused_ram, reused_ssd, reused_remote, reused_published; /* kvt_oai_usage's */
+    int64_t prefilled_tokens;
     double queue_ms, ttft_ms, e2e_ms; /* ttft_ms < 0: no token was produced */
     int status;               /* HTTP status answered (200, or the error's) */
 } kvt_srv_record;

@@ -402,13 +402,26 @@ void kvt_oai_request_clear(kvt_oai_request *r)
 
 static double ms3(double ms) { return round(ms * 1000.0) / 1000.0; }
 
+int kvt_oai_tier_of_level(const char *level_name)
+{
+    if (!level_name || !strcmp(level_name, "ssd") || !strcmp(level_name, "cold"))
+        return 1;
+    if (!strcmp(level_name, "redis") || !strcmp(level_name, "remote"))
+        return 2;
+    if (!strncmp(level_name, "published", 9))
+        return 3;
+    return 1;
+}
+
 json_t *kvt_oai_usage_json(const kvt_oai_usage *u)
 {
-    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:{s:I, s:I}, s:I, s:f, s:f, s:f, s:I}}", "prompt_tokens",
+    int64_t cached = u->reused_ram + u->reused_ssd + u->reused_remote + u->reused_published;
+    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:{s:{s:I, s:I, s:I, s:I}, s:I, s:f, s:f, s:f, s:I}}", "prompt_tokens",
                      (json_int_t)u->prompt_tokens, "completion_tokens", (json_int_t)u->completion_tokens,
                      "total_tokens", (json_int_t)(u->prompt_tokens + u->completion_tokens),
-                     "prompt_tokens_details", "cached_tokens", (json_int_t)(u->reused_ram + u->reused_ssd),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)cached,
                      "kvtier", "reused_tokens", "ram", (json_int_t)u->reused_ram, "ssd", (json_int_t)u->reused_ssd,
+                     "remote", (json_int_t)u->reused_remote, "published", (json_int_t)u->reused_published,
                      "prefilled_tokens", (json_int_t)u->prefilled_tokens, "queue_ms", ms3(u->queue_ms),
                      "ttft_ms", ms3(u->ttft_ms), "engine_ms", ms3(u->engine_ms), "resumed_tokens",
                      (json_int_t)u->resumed_tokens);

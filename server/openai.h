@@ -103,10 +103,18 @@ int kvt_oai_parse(kvt_oai_kind kind, const char *body, size_t len, kvt_oai_reque
 /** Frees what kvt_oai_parse put in `r` and zeroes it. NULL is a no-op. */
 void kvt_oai_request_clear(kvt_oai_request *r);
 
+/** The reused_* field of kvt_oai_usage a restore from the cold tier level
+ * named `level_name` (kvt_service_tier_name: "ssd", "redis", "published",
+ * "published:N"; NULL or "cold": a cold tier without a chain, counted as
+ * "ssd") counts in: 1 ssd, 2 remote, 3 published (0 is ram). */
+int kvt_oai_tier_of_level(const char *level_name);
+
 /** What a finished (or finishing) request reports in "usage". */
 typedef struct kvt_oai_usage {
     int64_t prompt_tokens, completion_tokens;
-    int64_t reused_ram, reused_ssd;  /* prompt tokens reused, by the tier that held them */
+    /* prompt tokens reused, by the tier that held them: the RAM prompt
+     * cache, the SSD store, the remote tier (Redis), a published cache */
+    int64_t reused_ram, reused_ssd, reused_remote, reused_published;
     int64_t prefilled_tokens;        /* prompt tokens run by prefill */
     double queue_ms, ttft_ms;        /* arrival to admission; arrival to the first token */
     double engine_ms;                /* time in prefill and decode steps that ran this request */
@@ -116,8 +124,9 @@ typedef struct kvt_oai_usage {
 
 /** The usage object:
  *   {"prompt_tokens", "completion_tokens", "total_tokens",
- *    "prompt_tokens_details": {"cached_tokens": ram + ssd},
- *    "kvtier": {"reused_tokens": {"ram", "ssd"}, "prefilled_tokens", "queue_ms", "ttft_ms",
+ *    "prompt_tokens_details": {"cached_tokens": ram + ssd + remote + published},
+ *    "kvtier": {"reused_tokens": {"ram", "ssd", "remote", "published"}, "prefilled_tokens",
+ *               "queue_ms", "ttft_ms",
  *               "engine_ms", "resumed_tokens"}}
  * engine_ms counts whole batched decode steps: with several requests
  * batched, each step's time is counted in each of them.

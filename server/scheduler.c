@@ -232,6 +232,8 @@ static void finish(kvt_srv_sched *s, kvt_srv_job *j, int status, const char *fin
         .completion_tokens = j->usage.completion_tokens,
         .reused_ram = j->usage.reused_ram,
         .reused_ssd = j->usage.reused_ssd,
+        .reused_remote = j->usage.reused_remote,
+        .reused_published = j->usage.reused_published,
         .prefilled_tokens = j->usage.prefilled_tokens,
         .queue_ms = j->usage.queue_ms,
         .ttft_ms = j->started ? j->usage.ttft_ms : -1.0,
@@ -264,10 +266,39 @@ typedef struct running_s {
     int64_t decodes;            /* batched decode steps it took part in */
 } running;
 
-static uint64_t cold_restores(kvt_service *svc)
+/* The restores each cold tier level counted so far, (KVT_TIER_CHAIN_MAX).
+ * @return the levels read. */
+static int32_t level_restores(kvt_service *svc, uint64_t *out)
 {
-    kvt_service_stats r;
-    return kvt_service_get_stats(svc, &r) == 0 ? r.cold_restores : 0;
+    int32_t n = kvt_service_tier_count(svc);
+    if (n > KVT_TIER_CHAIN_MAX)
+        n = KVT_TIER_CHAIN_MAX;
+    for (int32_t i = 0; i < n; i++) {
+        kvt_tier_stats st;
+        out[i] = kvt_service_tier_stats(svc, i, &st) == 0 ? st.restores : 0;
+    }
+    return n;
+}
+
+/* Which tier served a request's `reused` prompt tokens: the cold tier level
+ * whose restores grew while the request began (restores0 before, n0 levels),
+ * else RAM; a resumed request's checkpoint comes from the SSD store. Puts
+ * the tokens into that tier's reused_* field of u. */
+static void count_reused(kvt_service *svc, const uint64_t *restores0, int32_t n0, int resumed, int64_t reused,
+                         kvt_oai_usage *u)
+{
+    uint64_t now[KVT_TIER_CHAIN_MAX];
+    int32_t n = level_restores(svc, now);
+    int tier = resumed ? 1 : 0;
+    for (int32_t i = 0; i < n && i < n0; i++)
+        if (now[i] > restores0[i]) {
+            tier = kvt_oai_tier_of_level(kvt_service_tier_name(svc, i));
+            break;
+        }
+    u->reused_ram = tier == 0 ? reused : 0;
+    u->reused_ssd = tier == 1 ? reused : 0;
+    u->reused_remote = tier == 2 ? reused : 0;
+    u->reused_published = tier == 3 ? reused : 0;
 }
 
 static double ms_since(uint64_t t0) { return (double)(kvt_now_ns() - t0) / 1e6; }
@@ -385,7 +416,8 @@ static int admit_head(kvt_srv_sched *s, running *slot)
                       .seed_explicit = j->seed_explicit, .live_cache_blocks = s->o.live_cache_blocks,
                       .live_cache_bytes = s->o.live_cache_bytes, .live_cache_dir = s->o.live_cache_dir,
                       .live_cache_strict = s->o.live_cache_strict};
-    uint64_t restores0 = cold_restores(s->svc);
+    uint64_t restores0[KVT_TIER_CHAIN_MAX];
+    int32_t n_levels = level_restores(s->svc, restores0);
     if (!rc)
         rc = kvt_seq_begin(s->m, s->svc, sampler, j->prompt, j->n_prompt, &g, &seq);
     if (rc == KVT_EAGAIN) {
@@ -400,12 +432,9 @@ static int admit_head(kvt_srv_sched *s, running *slot)
         return 1;
     }
     int64_t reused = kvt_seq_reused(seq);
-    /* a resumed request's prompt came back with its checkpoint, from the SSD store */
-    int from_ssd = cold_restores(s->svc) > restores0 || kvt_seq_resumed(seq) > 0;
     pthread_mutex_lock(&j->mu);
     j->usage.prompt_tokens = j->n_prompt;
-    j->usage.reused_ram = from_ssd ? 0 : reused;
-    j->usage.reused_ssd = from_ssd ? reused : 0;
+    count_reused(s->svc, restores0, n_levels, kvt_seq_resumed(seq) > 0, reused, &j->usage);
     j->usage.prefilled_tokens = j->n_prompt - reused;
     j->usage.queue_ms = ms_since(j->arrival_ns);
     pthread_mutex_unlock(&j->mu);

@@ -51,6 +51,7 @@ typedef struct srv_model {
     kvt_srv_sched *sched;
     char model_name[64];
     int32_t seq_len, vocab;
+    int64_t slots_said;          /* the cluster's uncovered hash slots last warned about (0: none) */
 } srv_model;
 
 struct kvt_server {
@@ -202,32 +203,48 @@ typedef struct {
     int oom;                     /* the body could not be kept: answered 500 once received */
 } req_ctx;
 
+/* The endpoints, with their methods (the dashboard's are kvt_dash_owns'). */
+static const struct {
+    const char *path;
+    kvt_srv_endpoint ep;
+    int post;
+} routes[] = {
+    {"/v1/chat/completions", KVT_EP_CHAT, 1}, {"/v1/completions", KVT_EP_COMPLETIONS, 1},
+    {"/v1/models", KVT_EP_MODELS, 0},         {"/health", KVT_EP_HEALTH, 0},
+    {"/tokenize", KVT_EP_TOKENIZE, 1},        {"/detokenize", KVT_EP_DETOKENIZE, 1},
+    {"/stats", KVT_EP_STATS, 0},              {"/metrics", KVT_EP_METRICS, 0},
+};
+
 static void route(const char *url, req_ctx *r)
 {
-    static const struct {
-        const char *path;
-        kvt_srv_endpoint ep;
-        int post;
-    } table[] = {
-        {"/v1/chat/completions", KVT_EP_CHAT, 1}, {"/v1/completions", KVT_EP_COMPLETIONS, 1},
-        {"/v1/models", KVT_EP_MODELS, 0},         {"/health", KVT_EP_HEALTH, 0},
-        {"/tokenize", KVT_EP_TOKENIZE, 1},        {"/detokenize", KVT_EP_DETOKENIZE, 1},
-        {"/stats", KVT_EP_STATS, 0},              {"/metrics", KVT_EP_METRICS, 0},
-    };
     r->ep = KVT_EP_OTHER;
     if (kvt_dash_owns(url)) {
         r->ep = strcmp(url, "/events") ? KVT_EP_DASHBOARD : KVT_EP_EVENTS;
         r->known = 1;
         return;
     }
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
-        if (!strcmp(url, table[i].path) ||
-            (table[i].ep == KVT_EP_MODELS && !strncmp(url, "/v1/models/", 11) && url[11])) {
-            r->ep = table[i].ep;
-            r->post = table[i].post;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (!strcmp(url, routes[i].path) ||
+            (routes[i].ep == KVT_EP_MODELS && !strncmp(url, "/v1/models/", 11) && url[11])) {
+            r->ep = routes[i].ep;
+            r->post = routes[i].post;
             r->known = 1;
             return;
         }
+}
+
+/* The 404 of an unknown path: the path asked for and every endpoint with its method. */
+static void unknown_path_message(const char *method, const char *url, char *msg, size_t cap)
+{
+    int n = snprintf(msg, cap, "no endpoint %.32s %.200s; the endpoints are:", method, url);
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && n > 0 && (size_t)n < cap; i++) {
+        n += snprintf(msg + n, cap - (size_t)n, "%s %s %s", i ? "," : "", routes[i].post ? "POST" : "GET",
+                      routes[i].path);
+        if (routes[i].ep == KVT_EP_MODELS && (size_t)n < cap)
+            n += snprintf(msg + n, cap - (size_t)n, ", GET /v1/models/{model}");
+    }
+    if (n > 0 && (size_t)n < cap)
+        snprintf(msg + n, cap - (size_t)n, ", GET /dashboard, GET /events");
 }
 
 static int authorized(kvt_server *s, struct MHD_Connection *c)
@@ -1044,8 +1061,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         route(url, rq);
         int is_post = !strcmp(method, "POST"), is_get = !strcmp(method, "GET");
         if (!rq->known) {
-            char msg[300];
-            snprintf(msg, sizeof msg, "no endpoint %.200s %.32s", url, method);
+            char msg[700];
+            unknown_path_message(method, url, msg, sizeof msg);
             return fail(s, c, KVT_EP_OTHER, 404, "invalid_request_error", NULL, "not_found", msg);
         }
         if ((rq->post && !is_post) || (!rq->post && !is_get)) {
@@ -1244,6 +1261,34 @@ int kvt_server_start(const kvt_server_opts *o, kvt_server **out)
 
 int kvt_server_port(const kvt_server *s) { return s ? s->port : 0; }
 
+/* Says once, and again when the number changes, that the Redis Cluster of
+ * --redis leaves hash slots without a node: keys in them are never cached
+ * remotely. @return 1 when it warned. */
+static int warn_uncovered_slots(kvt_server *s, srv_model *md)
+{
+    kvt_remote *r = s->o.redis_cluster ? kvt_tiers_remote(md->tiers) : NULL;
+    kvt_remote_stats rs;
+    if (!r || kvt_remote_stats_get(r, &rs) || !rs.healthy)
+        return 0; /* an unreachable cluster is warned about as such */
+    int64_t uncovered = 16384 - (int64_t)rs.slots_covered;
+    if (uncovered == md->slots_said)
+        return 0;
+    md->slots_said = uncovered;
+    if (uncovered <= 0)
+        return 0;
+    kvt_remote_url u;
+    char where[300] = "?";
+    if (kvt_remote_url_parse(s->redis_url, &u) == 0)
+        snprintf(where, sizeof where, "%s:%d", u.host, u.port);
+    memset(&u, 0, sizeof u); /* the password copy */
+    fprintf(stderr,
+            "kvtier serve: warning: Redis Cluster %s (model %s) assigns only %llu of the 16384 hash slots to a node: "
+            "%lld slots are not covered, so prefixes whose keys fall in them are never stored or found remotely "
+            "(replies are unaffected; assign them with CLUSTER ADDSLOTS; /stats remote.slots_covered)\n",
+            where, md->model_name, (unsigned long long)rs.slots_covered, (long long)uncovered);
+    return 1;
+}
+
 int kvt_server_poll_tiers(kvt_server *s)
 {
     if (!s || s->stopped || !atomic_load(&s->ready))
@@ -1253,6 +1298,7 @@ int kvt_server_poll_tiers(kvt_server *s)
         srv_model *md = &s->md[i];
         if (!md->tiers)
             continue;
+        n += warn_uncovered_slots(s, md);
         kvt_tiers_status st;
         kvt_tiers_poll(md->tiers, &st);
         pthread_mutex_lock(&s->tiers_mu);

@@ -142,7 +142,8 @@ int kvt_server_load(kvt_server *s);
 /** Says, on stderr, each degradation of a tier level the first time it is
  * seen ("kvtier serve: warning: SSD cache DIR: CAUSE; continuing ..."): a
  * directory that could not be opened for writing at load, a write that
- * failed since. Call it after kvt_server_load and then now and then (the
+ * failed since; and a Redis Cluster (--redis-cluster) whose slot map
+ * leaves hash slots without a node, naming the cluster and the count. Call it after kvt_server_load and then now and then (the
  * command does every second). @return the warnings printed. Called by the
  * thread that calls load and stop. */
 int kvt_server_poll_tiers(kvt_server *s);

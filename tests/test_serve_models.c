@@ -8,6 +8,9 @@
  * /stats carries each model's report and the pool's (both services as
  * members, RAM and KV charged, high-water marks); /metrics carries the pool
  * lines (and passes promtool check metrics when promtool is installed).
+ * A prefix a fresh server restores from Redis is reported as reused from
+ * "remote" (usage, request records, /metrics), not from "ssd". `kvtier
+ * serve --redis-cluster` on a cluster whose slots are not all held warns.
  * Skipped with a message when KVT_SHARED_DIR lacks stories260K.
  */
 #include <setjmp.h>
@@ -538,6 +541,167 @@ static void test_pool_remote(void **state)
     redis_stop(&rs);
 }
 
+#ifndef KVT_TEST_TIME_SCALE
+#define KVT_TEST_TIME_SCALE 1 /* CMake: 10 under TSan, 3 under ASan, else 1 */
+#endif
+
+/* The number at the start of the /metrics line that begins with `series`, -1 when absent. */
+static long long metric_value(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, series, n) && p[n] == ' ')
+            return atoll(p + n + 1);
+    return -1;
+}
+
+/* POST /v1/completions of a prompt of any length (greedy, MAX_TOKENS);
+ * returns the response body (malloc'd) and *status. */
+static char *complete_long(int port, const char *prompt, int *status)
+{
+    json_t *req = json_pack("{s:s, s:i, s:f}", "prompt", prompt, "max_tokens", MAX_TOKENS, "temperature", 0.0);
+    char *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    kvt_ts_resp r;
+    *status = kvt_ts_http(port, "POST", "/v1/completions", NULL, body, 60 * KVT_TEST_TIME_SCALE, &r);
+    free(body);
+    char *out = strdup(r.body ? r.body : "");
+    kvt_ts_resp_free(&r);
+    return out;
+}
+
+/* A prefix reused from a tier below RAM is reported under that tier's name:
+ * host A (RAM and Redis, no SSD tier) serves a prompt longer than one
+ * 256-token block and stops (its write-behind reached Redis first); host B,
+ * fresh, serves the prompt extended: its usage, its request record (/events
+ * and the dashboard's table read it) and /metrics count the reused tokens
+ * as "remote", none as "ssd" or "ram" (they were all reported as "ssd"). */
+static void test_reused_by_tier(void **state)
+{
+    (void)state;
+    if (!have_model)
+        skip();
+    if (!redis_available("test_serve_models (reused by tier)"))
+        skip();
+    redis_srv rs;
+    assert_int_equal(redis_start(&rs, 64, NULL), 0);
+    static const char sent[] = "Once upon a time, there was a little girl named Lily. She loved to play outside. ";
+    char prompt[2048] = "", longer[2200];
+    for (int i = 0; i < 12; i++)
+        strcat(prompt, sent);
+    snprintf(longer, sizeof longer, "%sOne day she saw a big red ball.", prompt);
+    kvt_server_opts o = {.model_path = stories, .tok_path = stories_tok, .prompt_cache_bytes = 16u << 20,
+                         .redis_url = rs.url, .redis_timeout_ms = 1000 * KVT_TEST_TIME_SCALE,
+                         .redis_restore_timeout_ms = 10000 * KVT_TEST_TIME_SCALE};
+    kvt_server *a = start(&o);
+    int st;
+    char *body = complete_long(kvt_server_port(a), prompt, &st);
+    if (st != 200)
+        fprintf(stderr, "host A: %d %s\n", st, body);
+    assert_int_equal(st, 200);
+    json_t *doc = json_loads(body, 0, NULL);
+    free(body);
+    long long n_prompt = (long long)json_integer_value(json_object_get(json_object_get(doc, "usage"), "prompt_tokens"));
+    json_decref(doc);
+    assert_true(n_prompt > 256); /* a whole block reaches Redis */
+    long long written = 0, queued = -1;
+    for (int tries = 0; tries < 1200 * KVT_TEST_TIME_SCALE && !(written > 0 && queued == 0); tries++) { /* 60 s */
+        if (tries)
+            usleep(50 * 1000);
+        doc = get_json(kvt_server_port(a), "/stats");
+        written = (long long)jint(doc, "remote", "write_records");
+        queued = (long long)jint(doc, "remote", "queued_entries");
+        json_decref(doc);
+    }
+    assert_true(written > 0);
+    assert_int_equal(queued, 0);
+    assert_int_equal(kvt_server_stop(a, 5000), 0);
+    kvt_server_destroy(a);
+
+    kvt_server *b = start(&o);
+    int port = kvt_server_port(b);
+    body = complete_long(port, longer, &st);
+    if (st != 200)
+        fprintf(stderr, "host B: %d %s\n", st, body);
+    assert_int_equal(st, 200);
+    doc = json_loads(body, 0, NULL);
+    free(body);
+    json_t *u = json_object_get(doc, "usage");
+    json_t *by = json_object_get(json_object_get(u, "kvtier"), "reused_tokens");
+    long long cached = (long long)jint(u, "prompt_tokens_details", "cached_tokens");
+    print_message("host B reused %lld tokens: ram %lld, ssd %lld, remote %lld, published %lld\n", cached,
+                  (long long)json_integer_value(json_object_get(by, "ram")),
+                  (long long)json_integer_value(json_object_get(by, "ssd")),
+                  (long long)json_integer_value(json_object_get(by, "remote")),
+                  (long long)json_integer_value(json_object_get(by, "published")));
+    assert_true(cached >= 256);
+    assert_true(json_is_integer(json_object_get(by, "remote")));
+    assert_int_equal(json_integer_value(json_object_get(by, "remote")), cached);
+    assert_int_equal(json_integer_value(json_object_get(by, "ssd")), 0);
+    assert_int_equal(json_integer_value(json_object_get(by, "ram")), 0);
+    assert_int_equal(json_integer_value(json_object_get(by, "published")), 0);
+    json_decref(doc);
+    /* the request's record, as /stats lists the recent ones */
+    doc = get_json(port, "/stats");
+    json_t *recent = json_object_get(json_object_get(doc, "server"), "recent");
+    json_t *rec = json_array_get(recent, json_array_size(recent) - 1);
+    assert_non_null(rec);
+    assert_int_equal(jint(rec, "reused_tokens", "remote"), (uint64_t)cached);
+    assert_int_equal(jint(rec, "reused_tokens", "ssd"), 0);
+    json_decref(doc);
+    kvt_ts_resp r;
+    assert_int_equal(kvt_ts_http(port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+    assert_int_equal(metric_value(r.body, "kvtier_cached_tokens_total{tier=\"remote\"}"), cached);
+    assert_int_equal(metric_value(r.body, "kvtier_cached_tokens_total{tier=\"ssd\"}"), 0);
+    assert_int_equal(metric_value(r.body, "kvtier_cached_tokens_total{tier=\"ram\"}"), 0);
+    assert_int_equal(metric_value(r.body, "kvtier_cached_tokens_total{tier=\"published\"}"), 0);
+    kvt_ts_resp_free(&r);
+    assert_int_equal(kvt_server_stop(b, 5000), 0);
+    kvt_server_destroy(b);
+    redis_stop(&rs);
+}
+
+/* `kvtier serve --redis URL --redis-cluster` on a 3-node Redis Cluster whose
+ * slots 0-99 no node holds (CLUSTER DELSLOTSRANGE on every node): the server
+ * warns, naming the cluster and the 100 uncovered slots, and /stats gives
+ * the covered count. */
+static void test_cluster_uncovered_slots(void **state)
+{
+    (void)state;
+    const char *bin = getenv("KVT_BIN");
+    if (!have_model || !bin)
+        skip();
+    if (!redis_available("test_serve_models (cluster slots)"))
+        skip();
+    redis_srv nodes[3];
+    assert_int_equal(redis_cluster_start(nodes, 3), 0);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(redis_cmd(nodes[i].port, NULL, 0, NULL, "CLUSTER DELSLOTSRANGE 0 99"), 0);
+    char log[400];
+    snprintf(log, sizeof log, "%s/cluster-serve.log", dir);
+    const char *args[] = {"--model", stories, "--tokenizer", stories_tok, "--redis", nodes[0].url,
+                          "--redis-cluster", NULL};
+    kvt_ts_server sv;
+    assert_int_equal(kvt_ts_server_start(&sv, bin, log, args), 0);
+    char want[200], text[16384] = "";
+    snprintf(want, sizeof want, "warning: Redis Cluster 127.0.0.1:%d (model stories260K) assigns only 16284 of the "
+             "16384 hash slots to a node: 100 slots are not covered", nodes[0].port);
+    for (int tries = 0; tries < 200 * KVT_TEST_TIME_SCALE && !strstr(text, want); tries++) { /* 10 s */
+        if (tries)
+            usleep(50 * 1000);
+        kvt_ts_read_file(log, text, sizeof text);
+    }
+    if (!strstr(text, want))
+        fprintf(stderr, "the server's log lacks '%s':\n%s\n", want, text);
+    assert_non_null(strstr(text, want));
+    json_t *doc = get_json(sv.port, "/stats");
+    assert_int_equal(jint(doc, "remote", "slots_covered"), 16284);
+    json_decref(doc);
+    assert_int_equal(kvt_ts_server_stop(&sv), 0);
+    unlink(log);
+    redis_cluster_stop(nodes, 3);
+}
+
 /* two models with one id, and bad model lists, are refused */
 static void test_bad_model_lists(void **state)
 {
@@ -605,6 +769,8 @@ int main(void)
         cmocka_unit_test(test_two_models),
         cmocka_unit_test(test_metrics_every_model),
         cmocka_unit_test(test_pool_remote),
+        cmocka_unit_test(test_reused_by_tier),
+        cmocka_unit_test(test_cluster_uncovered_slots),
         cmocka_unit_test(test_bad_model_lists),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -160,8 +160,8 @@ static void test_error_object(void **state)
 
 static void test_chunks_and_usage(void **state)
 {
-    kvt_oai_usage u = {.prompt_tokens = 10, .completion_tokens = 3, .reused_ram = 6, .reused_ssd = 2,
-                       .prefilled_tokens = 2, .queue_ms = 0.5, .ttft_ms = 1.25, .engine_ms = 2};
+    kvt_oai_usage u = {.prompt_tokens = 12, .completion_tokens = 3, .reused_ram = 6, .reused_ssd = 2,
+                       .reused_remote = 1, .reused_published = 1, .prefilled_tokens = 2, .queue_ms = 0.5, .ttft_ms = 1.25, .engine_ms = 2};
     char *ev = kvt_oai_chunk_event(KVT_OAI_CHAT, "id1", 5, "m", 1, NULL, 0, NULL, 1, NULL);
     assert_string_equal(ev, "data: {\"id\":\"id1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"m\","
                             "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
@@ -176,11 +176,17 @@ static void test_chunks_and_usage(void **state)
     assert_non_null(strstr(ev, "{\"text\":\"\",\"index\":0,\"logprobs\":null,\"finish_reason\":\"length\"}"));
     free(ev);
     ev = kvt_oai_chunk_event(KVT_OAI_CHAT, "id1", 5, "m", 0, NULL, 0, NULL, 1, &u);
-    assert_non_null(strstr(ev, "\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,"
-                               "\"total_tokens\":13,\"prompt_tokens_details\":{\"cached_tokens\":8},"
-                               "\"kvtier\":{\"reused_tokens\":{\"ram\":6,\"ssd\":2},\"prefilled_tokens\":2,"
+    assert_non_null(strstr(ev, "\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3,"
+                               "\"total_tokens\":15,\"prompt_tokens_details\":{\"cached_tokens\":10},"
+                               "\"kvtier\":{\"reused_tokens\":{\"ram\":6,\"ssd\":2,\"remote\":1,\"published\":1},"
+                               "\"prefilled_tokens\":2,"
                                "\"queue_ms\":0.5,\"ttft_ms\":1.25,\"engine_ms\":2"));
     free(ev);
+    /* a chain level's name gives the tier its reuse is reported under */
+    assert_int_equal(kvt_oai_tier_of_level("ssd"), 1);
+    assert_int_equal(kvt_oai_tier_of_level("redis"), 2);
+    assert_int_equal(kvt_oai_tier_of_level("published"), 3);
+    assert_int_equal(kvt_oai_tier_of_level("published:2"), 3);
     char *resp = kvt_oai_response_json(KVT_OAI_CHAT, "c1", 9, "m", "Hi", 2, "stop", &u);
     assert_non_null(strstr(resp, "\"object\":\"chat.completion\""));
     assert_non_null(strstr(resp, "\"message\":{\"role\":\"assistant\",\"content\":\"Hi\"},\"logprobs\":null,"

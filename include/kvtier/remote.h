@@ -154,7 +154,8 @@ typedef struct kvt_remote_options {
     X(healthy, gauge, "1 while the tier is used, 0 while it is skipped")                        \
     X(queued_entries, gauge, "write-behind entries queued or being written")                    \
     X(queued_bytes, gauge, "bytes of cache state in the write-behind queue")                    \
-    X(nodes, gauge, "Redis nodes known (1 for a single node)")
+    X(nodes, gauge, "Redis nodes known (1 for a single node)")                                \
+    X(slots_covered, gauge, "hash slots (of 16384) the cluster's slot map gives a node (all for a single node)")
 
 /** Counters of one remote tier (see KVT_REMOTE_COUNTERS); all uint64. */
 typedef struct kvt_remote_stats {

@@ -19,11 +19,12 @@
   // ---- formatting for people ---------------------------------------------------------------
   const nf = new Intl.NumberFormat('en-US');
   function num(n) { return n == null ? '–' : nf.format(n); }
+  // binary units, as the flags count them (--prompt-cache 1G is 2^30 bytes: "1.00 GiB")
   function bytes(n) {
     if (n == null) return '–';
-    const u = ['B', 'kB', 'MB', 'GB', 'TB'];
+    const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
     let i = 0, v = n;
-    while (v >= 1000 && i < u.length - 1) { v /= 1000; i++; }
+    while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
     return (i === 0 ? v.toFixed(0) : v.toFixed(v < 10 ? 2 : 1)) + ' ' + u[i];
   }
   function ms(v) {
@@ -82,6 +83,8 @@
       data: { labels: [], datasets: [
         { label: 'RAM tier', data: [], borderColor: '#2f7ed8', backgroundColor: 'rgba(47,126,216,.35)', fill: 'origin', pointRadius: 0, tension: .2 },
         { label: 'SSD tier', data: [], borderColor: '#f28f2c', backgroundColor: 'rgba(242,143,44,.35)', fill: '-1', pointRadius: 0, tension: .2 },
+        { label: 'remote tier', data: [], borderColor: '#2ca58d', backgroundColor: 'rgba(44,165,141,.35)', fill: '-1', pointRadius: 0, tension: .2 },
+        { label: 'published cache', data: [], borderColor: '#9b59b6', backgroundColor: 'rgba(155,89,182,.35)', fill: '-1', pointRadius: 0, tension: .2 },
       ] },
       options: reuseOpts,
     });
@@ -111,7 +114,9 @@
   }
 
   // ---- requests ----------------------------------------------------------------------------
-  const reusedOf = (r) => (r.reused_tokens ? (r.reused_tokens.ram || 0) + (r.reused_tokens.ssd || 0) : 0);
+  // the tiers a reused prefix comes from, as usage and /metrics name them
+  const TIERS = ['ram', 'ssd', 'remote', 'published'];
+  const reusedOf = (r) => (r.reused_tokens ? TIERS.reduce((a, k) => a + (r.reused_tokens[k] || 0), 0) : 0);
   function addRecord(r) {
     if (r.seq <= state.lastSeq) return false;
     state.lastSeq = r.seq;
@@ -135,8 +140,8 @@
       tr.dataset.reused = reusedOf(r);
       tr.dataset.prompt = r.prompt_tokens;
       tr.append(td(clock(r.time_ms)), td(r.model), td(r.ns || 'base'),
-        td(num(r.prompt_tokens), 'num prompt'), td(num(r.reused_tokens.ram), 'num reused-ram'),
-        td(num(r.reused_tokens.ssd), 'num reused-ssd'), td(num(r.prefilled_tokens), 'num prefilled'),
+        td(num(r.prompt_tokens), 'num prompt'), ...TIERS.map((k) => td(num(r.reused_tokens[k] || 0), 'num reused-' + k)),
+        td(num(r.prefilled_tokens), 'num prefilled'),
         td(ms(r.ttft_ms), 'num ttft'));
       const st = td('', 'num status');
       const span = document.createElement('span');
@@ -294,7 +299,8 @@
     setFig('kpi-prompt', num(c.prompt_tokens), c.prompt_tokens);
     $('kpi-prompt-sub').textContent = num(c.prefilled_tokens) + ' prefilled · ' + num(c.generation_tokens) + ' generated';
     setFig('kpi-cached', num(c.prefix_cache_hits), c.prefix_cache_hits);
-    $('kpi-cached-sub').textContent = pct(c.prefix_cache_hits, c.prefix_cache_queries) + ' of prompt tokens · RAM ' + num(c.cached_tokens_ram) + ' · SSD ' + num(c.cached_tokens_ssd);
+    $('kpi-cached-sub').textContent = pct(c.prefix_cache_hits, c.prefix_cache_queries) + ' of prompt tokens · RAM ' + num(c.cached_tokens_ram) + ' · SSD ' + num(c.cached_tokens_ssd) +
+      ' · remote ' + num(c.cached_tokens_remote || 0) + ' · published ' + num(c.cached_tokens_published || 0);
     setFig('kpi-running', num(srv.running) + ' / ' + num(srv.queue_depth), srv.running);
     $('kpi-running-sub').textContent = num(srv.connections) + ' connections' + (c.decode_steps ? ' · mean batch ' + (c.decode_batch_sequences / c.decode_steps).toFixed(2) : '');
     const tt = ttftStats();
@@ -369,13 +375,15 @@
     renderLayers(s);
 
     // charts
-    state.samples.push({ t, prompt: c.prompt_tokens || 0, ram: c.cached_tokens_ram || 0, ssd: c.cached_tokens_ssd || 0 });
+    const sample = { t, prompt: c.prompt_tokens || 0 };
+    for (const k of TIERS) sample[k] = c['cached_tokens_' + k] || 0;
+    state.samples.push(sample);
     while (state.samples.length > 2 && t - state.samples[1].t >= WINDOW_MS) state.samples.shift();
     const a = state.samples[0], b = state.samples[state.samples.length - 1];
-    let dp = b.prompt - a.prompt, dr = b.ram - a.ram, ds = b.ssd - a.ssd;
-    if (state.samples.length === 1) { dp = b.prompt; dr = b.ram; ds = b.ssd; }
+    const one = state.samples.length === 1;
+    const dp = one ? b.prompt : b.prompt - a.prompt;
     const label = clock(t);
-    push(reuseChart, label, dp > 0 ? [100 * dr / dp, 100 * ds / dp] : [null, null]);
+    push(reuseChart, label, TIERS.map((k) => (dp > 0 ? 100 * (one ? b[k] : b[k] - a[k]) / dp : null)));
     push(ttftChart, label, [tt.w50, tt.w99, tt.o50, tt.o99]);
   }
 

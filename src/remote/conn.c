@@ -425,6 +425,16 @@ int kvt__rconn_nodes(kvt__rconn *c)
     return n;
 }
 
+int kvt__rconn_slots_covered(kvt__rconn *c)
+{
+    int n = 0;
+    pthread_rwlock_rdlock(&c->lk);
+    for (int s = 0; s < SLOTS; s++)
+        n += c->slots[s] >= 0;
+    pthread_rwlock_unlock(&c->lk);
+    return n;
+}
+
 int kvt__rconn_down(kvt__rconn *c)
 {
     int down = 0, n = kvt__rconn_nodes(c);

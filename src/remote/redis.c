@@ -81,6 +81,7 @@ KVT_API int kvt_remote_stats_get(kvt_remote *r, kvt_remote_stats *out)
     out->round_trips = c.round_trips;
     out->redirects = c.redirects;
     out->nodes = (uint64_t)kvt__rconn_nodes(r->conn);
+    out->slots_covered = (uint64_t)kvt__rconn_slots_covered(r->conn);
     out->healthy = kvt__rconn_down(r->conn) == 0;
     pthread_mutex_lock(&r->q_mu);
     out->queued_entries = (uint64_t)r->q_n;

@@ -171,6 +171,9 @@ void kvt__rconn_destroy(kvt__rconn *c);
 int kvt__rconn_refresh(kvt__rconn *c, int32_t timeout_ms, kvt__rfail *fail);
 /** Nodes known (1 for a single node). */
 int kvt__rconn_nodes(kvt__rconn *c);
+/* Hash slots (of 16384) the slot map gives a node: all of them for a single
+ * node; for a cluster, those the last CLUSTER SLOTS (and MOVED since) assigned. */
+int kvt__rconn_slots_covered(kvt__rconn *c);
 /** Marks every node down (Redis unreachable at startup): the health thread
  * pings them with backoff. */
 void kvt__rconn_mark_down(kvt__rconn *c);

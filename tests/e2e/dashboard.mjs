@@ -237,7 +237,7 @@ const synth = path.join(tmp, 'tiny.bin');
 execFileSync(bin, ['model', 'synth', '--out', synth, '--dim', '32', '--hidden', '64', '--layers', '3', '--heads', '2',
   '--kv-heads', '2', '--vocab', '512', '--seq-len', '256', '--seed', '7'], { stdio: 'ignore' });
 const server = await startServer(['--model', synth, '--tokenizer', tokenizer, '--model-name', 'tiny',
-  '--prompt-cache', '64000000', '--ssd-cache', path.join(tmp, 'ssd'), ...serveArgs]);
+  '--prompt-cache', '64M', '--ssd-cache', path.join(tmp, 'ssd'), ...serveArgs]);
 const base = `http://127.0.0.1:${server.port}`;
 const profile = fs.mkdtempSync(path.join(tmp, 'profile-'));
 let ctx = null;
@@ -294,10 +294,21 @@ try {
   console.log(`page = /stats: ${JSON.stringify(eq.shown)} (mode ${eq.mode}, ${eq.snapshots} snapshots)`);
   assert.ok(eq.shown.cached > 0 && eq.shown.ssd_bytes > 0 && eq.shown.ram_bytes + eq.shown.ssd_bytes > 0);
 
+  // bytes in the flags' binary units (KiB, MiB, GiB: --prompt-cache 1G read "1.07 GB"): the RAM
+  // tier's budget (under the pool, what it has grown to) as /stats prefixes.max_bytes gives it
+  const ramBudget = await page.$eval('#tier-ram-bytes', (e) => e.closest('.tier').querySelector('.budget').textContent);
+  const maxBytes = (await (await fetch(`${base}/stats`)).json()).prefixes.max_bytes;
+  const bm = ramBudget.match(/^budget ([0-9.]+) (B|KiB|MiB|GiB|TiB)$/);
+  assert.ok(bm, `the RAM tier budget in binary units: '${ramBudget}'`);
+  const unit = 1024 ** ['B', 'KiB', 'MiB', 'GiB', 'TiB'].indexOf(bm[2]);
+  assert.ok(Math.abs(Number(bm[1]) * unit - maxBytes) <= 0.051 * unit, `'${ramBudget}' is ${maxBytes} bytes`);
+  console.log(`RAM tier: ${ramBudget} (${maxBytes} bytes)`);
+
   // the request table: one row per turn, with the reused tokens its usage reported
   const rows = await page.$$eval('#requests tbody tr', (trs) => trs.map((tr) => ({
     seq: Number(tr.dataset.seq), reused: Number(tr.dataset.reused), prompt: Number(tr.dataset.prompt),
     ram: tr.querySelector('.reused-ram').textContent, ssd: tr.querySelector('.reused-ssd').textContent,
+    remote: tr.querySelector('.reused-remote').textContent, published: tr.querySelector('.reused-published').textContent,
     status: tr.querySelector('.status').textContent })));
   assert.equal(rows.length, turns + 2);
   for (let t = 0; t < turns; t++) {
@@ -308,6 +319,8 @@ try {
     assert.equal(row.prompt, u.prompt_tokens, `turn ${t + 1}: prompt tokens`);
     assert.equal(row.ram, u.kvtier.reused_tokens.ram.toLocaleString('en-US'));
     assert.equal(row.ssd, u.kvtier.reused_tokens.ssd.toLocaleString('en-US'));
+    assert.equal(row.remote, u.kvtier.reused_tokens.remote.toLocaleString('en-US'));
+    assert.equal(row.published, u.kvtier.reused_tokens.published.toLocaleString('en-US'));
     assert.equal(row.status, '200');
   }
   await sleep(1200); // one more snapshot drawn into the charts

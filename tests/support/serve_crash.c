@@ -71,7 +71,9 @@ static char *body_of(int conv, int turn)
 }
 
 /* POSTs turn `turn` of `conv`: the status, and on 200 the reply (caller
- * frees) and the prompt tokens reused from the SSD tier. */
+ * frees) and the prompt tokens reused from a tier below RAM: the SSD tier,
+ * or Redis (after a wiped SSD directory only Redis can serve; usage names
+ * each tier, "ssd" and "remote"). */
 static int ask(int port, int conv, int turn, char **reply, int64_t *ssd)
 {
     *reply = NULL;
@@ -85,7 +87,8 @@ static int ask(int port, int conv, int turn, char **reply, int64_t *ssd)
         json_t *c = json_array_get(json_object_get(doc, "choices"), 0);
         const char *text = json_string_value(json_object_get(json_object_get(c, "message"), "content"));
         json_t *u = json_object_get(doc, "usage");
-        *ssd = json_integer_value(json_object_get(json_object_get(json_object_get(u, "kvtier"), "reused_tokens"), "ssd"));
+        json_t *by = json_object_get(json_object_get(u, "kvtier"), "reused_tokens");
+        *ssd = json_integer_value(json_object_get(by, "ssd")) + json_integer_value(json_object_get(by, "remote"));
         *reply = text ? strdup(text) : NULL;
         if (!text)
             st = -2; /* a 200 without a reply: counted as wrong */

@@ -6,7 +6,7 @@
  * compared with the reply of a cache-off server (--prompt-cache 0) to the
  * same request; after each kill `kvtier store verify` must pass; after each
  * restart a probe conversation whose first turn reached the SSD tier must
- * be served from it (reused_tokens.ssd > 0). Used by test_serve_crash (a
+ * be served from it (reused_tokens.ssd, or .remote through Redis, > 0). Used by test_serve_crash (a
  * few trials in `make test`) and test_long_serve_crash (200, label long).
  *
  * With Redis (serve_crash_opts.redis): a redis-server is started and two
