@@ -37,6 +37,7 @@
 #include <cmocka.h>
 
 #include "oom_alloc.h"
+#include "test_rng.h"
 #include "test_seed.h"
 
 #include "kernels.h"
@@ -80,14 +81,6 @@ static int teardown(void **state)
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     return system(cmd) == 0 ? 0 : -1;
-}
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 static void random_tokens(int32_t *t, int n, int vocab, uint64_t salt)

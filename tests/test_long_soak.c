@@ -53,6 +53,7 @@
 #include "redis_util.h"
 #include "serve_util.h"
 #include "store_util.h"
+#include "test_rng.h"
 #include "test_seed.h"
 
 #include <errno.h>
@@ -114,16 +115,6 @@ static int g_redis_down;
 static int g_round;
 static char g_round_desc[600];
 
-static uint64_t sm64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rnd(uint64_t *s, uint64_t n) { return n ? sm64(s) % n : 0; }
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -170,31 +161,31 @@ static void make_model(int kind, uint64_t *rng, const char *path, char *desc, si
     kvt_synth_params p;
     memset(&p, 0, sizeof p);
     static const int dims[] = {16, 32, 48, 64};
-    p.dim = dims[rnd(rng, 4)];
-    p.n_heads = rnd(rng, 2) ? 4 : 2;
-    p.n_kv_heads = rnd(rng, 2) ? p.n_heads : p.n_heads / 2;
-    p.hidden_dim = p.dim * (2 + (int)rnd(rng, 2));
-    p.n_layers = 2 + (int)rnd(rng, 3);
+    p.dim = dims[rng_below(rng, 4)];
+    p.n_heads = rng_below(rng, 2) ? 4 : 2;
+    p.n_kv_heads = rng_below(rng, 2) ? p.n_heads : p.n_heads / 2;
+    p.hidden_dim = p.dim * (2 + (int)rng_below(rng, 2));
+    p.n_layers = 2 + (int)rng_below(rng, 3);
     p.vocab_size = VOCAB;
     p.seq_len = SEQ_LEN;
-    p.seed = sm64(rng);
+    p.seed = rng_next(rng);
     p.separate_classifier = 1;
     p.wcls_row_scale = row_scale;
     int L = p.n_layers;
     if (kind == K_WINDOW || kind == K_HYBRID)
-        p.sliding_window = 8 + (int32_t)rnd(rng, 56);
+        p.sliding_window = 8 + (int32_t)rng_below(rng, 56);
     if (kind == K_WINDOW) {
         for (int l = 0; l < L; l++)
-            p.layer_kind[l] = rnd(rng, 2) ? KVT_LAYER_WINDOW : KVT_LAYER_ATTN;
-        p.layer_kind[rnd(rng, (uint64_t)L)] = KVT_LAYER_WINDOW;
+            p.layer_kind[l] = rng_below(rng, 2) ? KVT_LAYER_WINDOW : KVT_LAYER_ATTN;
+        p.layer_kind[rng_below(rng, (uint64_t)L)] = KVT_LAYER_WINDOW;
     } else if (kind == K_RECURRENT) {
         for (int l = 0; l < L; l++)
-            p.layer_kind[l] = rnd(rng, 2) ? KVT_LAYER_RECURRENT : KVT_LAYER_ATTN;
-        p.layer_kind[rnd(rng, (uint64_t)L)] = KVT_LAYER_RECURRENT;
+            p.layer_kind[l] = rng_below(rng, 2) ? KVT_LAYER_RECURRENT : KVT_LAYER_ATTN;
+        p.layer_kind[rng_below(rng, (uint64_t)L)] = KVT_LAYER_RECURRENT;
     } else if (kind == K_HYBRID) {
         for (int l = 0; l < L; l++)
-            p.layer_kind[l] = (kvt_layer_kind)rnd(rng, 3); /* ATTN, WINDOW or RECURRENT */
-        int a = (int)rnd(rng, (uint64_t)L), b = (a + 1 + (int)rnd(rng, (uint64_t)L - 1)) % L;
+            p.layer_kind[l] = (kvt_layer_kind)rng_below(rng, 3); /* ATTN, WINDOW or RECURRENT */
+        int a = (int)rng_below(rng, (uint64_t)L), b = (a + 1 + (int)rng_below(rng, (uint64_t)L - 1)) % L;
         p.layer_kind[a] = KVT_LAYER_WINDOW;
         p.layer_kind[b] = KVT_LAYER_RECURRENT;
     }
@@ -225,10 +216,10 @@ static void user_msg(uint64_t *rng, int turn, int shared_start, char *buf, size_
     buf[0] = '\0';
     if (turn == 0 && shared_start)
         n = (size_t)snprintf(buf, cap, "You are a careful assistant for a ship's crew; answer in one line. Q: ");
-    int words = 3 + (int)rnd(rng, 10);
+    int words = 3 + (int)rng_below(rng, 10);
     for (int i = 0; i < words && n + 20 < cap; i++)
         n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? " " : "",
-                              g_words[rnd(rng, sizeof g_words / sizeof g_words[0])]);
+                              g_words[rng_below(rng, sizeof g_words / sizeof g_words[0])]);
     snprintf(buf + n, cap - n, "?");
 }
 
@@ -253,20 +244,20 @@ static void arm_fault(int f, uint64_t *rng, const char *ssd)
     case F_NTH_CALL: {
         static const int errs[] = {EIO, ENOSPC, EINTR};
         fa.ops = KVT_IO_FILE_OPS;
-        fa.fail_at = 1 + (int64_t)rnd(rng, 60);
-        fa.err = errs[rnd(rng, 3)];
+        fa.fail_at = 1 + (int64_t)rng_below(rng, 60);
+        fa.err = errs[rng_below(rng, 3)];
         break;
     }
     case F_SHORT_WRITE:
         fa.ops = (1u << KVT_IO_WRITE) | (1u << KVT_IO_PWRITE);
-        fa.fail_at = 1 + (int64_t)rnd(rng, 20);
+        fa.fail_at = 1 + (int64_t)rng_below(rng, 20);
         fa.short_write = 1;
         break;
     case F_NET_RESET:
         fa.ops = KVT_IO_NET_OPS;
-        fa.fail_at = 1 + (int64_t)rnd(rng, 20);
+        fa.fail_at = 1 + (int64_t)rng_below(rng, 20);
         fa.err = ECONNRESET;
-        fa.short_write = (int)rnd(rng, 2);
+        fa.short_write = (int)rng_below(rng, 2);
         break;
     default:
         return;
@@ -335,7 +326,7 @@ static int pick_conv(const void *convs, size_t size, int n, uint64_t *rng)
         if (p->done < p->turns)
             live[nl++] = i;
     }
-    return nl ? live[rnd(rng, (uint64_t)nl)] : -1;
+    return nl ? live[rng_below(rng, (uint64_t)nl)] : -1;
 }
 
 /* Ends the armed fault (shim disarmed, Redis up) once its turns are over. */
@@ -426,11 +417,11 @@ static void round_chat(uint64_t *rng, const char *mpath, const char *tpath, cons
     static const int32_t blocks[] = {4, 8, 16, 32, 64, 256};
     static const uint64_t ssd_max[] = {0, 0, 96u << 10, 512u << 10, 8u << 20};
     static const int64_t strides[] = {0, 0, -1, 8, 24};
-    chat_cfg cfg = {.pc_bytes = pcs[rnd(rng, 5)],
-                    .block = blocks[rnd(rng, 6)],
-                    .ssd_max = ssd_max[rnd(rng, 5)],
-                    .redis = g_have_redis && rnd(rng, 2),
-                    .demote_ms = rnd(rng, 3) == 0 ? 5 : 0};
+    chat_cfg cfg = {.pc_bytes = pcs[rng_below(rng, 5)],
+                    .block = blocks[rng_below(rng, 6)],
+                    .ssd_max = ssd_max[rng_below(rng, 5)],
+                    .redis = g_have_redis && rng_below(rng, 2),
+                    .demote_ms = rng_below(rng, 3) == 0 ? 5 : 0};
     assert_true(snprintf(cfg.ssd, sizeof cfg.ssd, "%s/ssd", rdir) < (int)sizeof cfg.ssd);
     size_t dl = strlen(g_round_desc);
     snprintf(g_round_desc + dl, sizeof g_round_desc - dl,
@@ -440,17 +431,17 @@ static void round_chat(uint64_t *rng, const char *mpath, const char *tpath, cons
     chat_stack st;
     stack_open(m, &id, &cfg, &st);
 
-    int nc = g_short ? 2 : 2 + (int)rnd(rng, MAX_CONV - 1);
+    int nc = g_short ? 2 : 2 + (int)rng_below(rng, MAX_CONV - 1);
     chat_conv cv[MAX_CONV];
-    int64_t stride = strides[rnd(rng, 5)];
+    int64_t stride = strides[rng_below(rng, 5)];
     for (int i = 0; i < nc; i++) {
         memset(&cv[i], 0, sizeof cv[i]);
-        cv[i].p.turns = g_short ? 3 : 2 + (int)rnd(rng, MAX_TURNS - 1);
-        cv[i].shared = (int)rnd(rng, 2);
+        cv[i].p.turns = g_short ? 3 : 2 + (int)rng_below(rng, MAX_TURNS - 1);
+        cv[i].shared = (int)rng_below(rng, 2);
         snprintf(cv[i].session, sizeof cv[i].session, "s%d", i);
-        cv[i].o.max_tokens = 4 + (int64_t)rnd(rng, MAX_REPLY - 3);
-        cv[i].o.session = rnd(rng, 2) ? cv[i].session : NULL;
-        cv[i].o.multiline = (int)rnd(rng, 2);
+        cv[i].o.max_tokens = 4 + (int64_t)rng_below(rng, MAX_REPLY - 3);
+        cv[i].o.session = rng_below(rng, 2) ? cv[i].session : NULL;
+        cv[i].o.multiline = (int)rng_below(rng, 2);
         cv[i].o.prefill_checkpoint_stride = stride;
         kvt_chat_opts ref_o = cv[i].o;
         ref_o.session = NULL;
@@ -463,11 +454,11 @@ static void round_chat(uint64_t *rng, const char *mpath, const char *tpath, cons
         chat_conv *c = &cv[ci];
         /* a fault: forced in the first steps of a short run, else one turn in three */
         fault_expire(&fault, fault_left);
-        if (fault < 0 && (g_short ? step < 3 : rnd(rng, 3) == 0)) {
+        if (fault < 0 && (g_short ? step < 3 : rng_below(rng, 3) == 0)) {
             static const int short_faults[] = {F_DISK_FULL, F_RESTART, F_NTH_CALL};
             static const int any[] = {F_DISK_FULL, F_EIO_READ, F_NTH_CALL, F_SHORT_WRITE,
                                       F_NET_RESET, F_REDIS_DOWN, F_RESTART};
-            int f = g_short ? short_faults[step] : any[rnd(rng, 7)];
+            int f = g_short ? short_faults[step] : any[rng_below(rng, 7)];
             if ((f == F_NET_RESET || f == F_REDIS_DOWN) && !cfg.redis)
                 f = F_EIO_READ;
             g_st.faults[f]++;
@@ -489,7 +480,7 @@ static void round_chat(uint64_t *rng, const char *mpath, const char *tpath, cons
                 else
                     arm_fault(f, rng, cfg.ssd);
                 fault = f;
-                fault_left = g_short ? 1 : 1 + (int)rnd(rng, 3);
+                fault_left = g_short ? 1 : 1 + (int)rng_below(rng, 3);
             }
         }
         step++;
@@ -686,8 +677,8 @@ static void round_serve(uint64_t *rng, const char *mpath, const char *tpath, con
 
     static const uint64_t pcs[] = {16u << 10, 64u << 10, 256u << 10, 4u << 20};
     static const uint64_t ssd_max[] = {0, 0, 128u << 10, 1u << 20, 16u << 20};
-    uint64_t pc = pcs[rnd(rng, 4)], smax = ssd_max[rnd(rng, 5)], dem = rnd(rng, 3) == 0 ? 20 : 0;
-    int with_redis = g_have_redis && rnd(rng, 2);
+    uint64_t pc = pcs[rng_below(rng, 4)], smax = ssd_max[rng_below(rng, 5)], dem = rng_below(rng, 3) == 0 ? 20 : 0;
+    int with_redis = g_have_redis && rng_below(rng, 2);
     snprintf(pc_s, sizeof pc_s, "%llu", (unsigned long long)pc);
     snprintf(max_s, sizeof max_s, "%llu", (unsigned long long)smax);
     snprintf(dem_s, sizeof dem_s, "%llu", (unsigned long long)dem);
@@ -724,12 +715,12 @@ static void round_serve(uint64_t *rng, const char *mpath, const char *tpath, con
     if (target_start(&t) != 0)
         goto out;
 
-    int nc = g_short ? 2 : 2 + (int)rnd(rng, MAX_CONV - 1);
+    int nc = g_short ? 2 : 2 + (int)rng_below(rng, MAX_CONV - 1);
     for (int i = 0; i < nc; i++) {
-        cv[i].p.turns = g_short ? 3 : 2 + (int)rnd(rng, MAX_TURNS - 1);
-        cv[i].max_tokens = 4 + (int)rnd(rng, MAX_REPLY - 3);
-        cv[i].key = (int)rnd(rng, 2);
-        int shared = (int)rnd(rng, 2);
+        cv[i].p.turns = g_short ? 3 : 2 + (int)rng_below(rng, MAX_TURNS - 1);
+        cv[i].max_tokens = 4 + (int)rng_below(rng, MAX_REPLY - 3);
+        cv[i].key = (int)rng_below(rng, 2);
+        int shared = (int)rng_below(rng, 2);
         for (int k = 0; k < cv[i].p.turns; k++) {
             char u[400];
             user_msg(rng, k, shared, u, sizeof u);
@@ -746,13 +737,13 @@ static void round_serve(uint64_t *rng, const char *mpath, const char *tpath, con
             fail_msg("soak: the cache-off server did not answer conversation %d turn %d: %s", ci, turn, body);
         fault_expire(&fault, fault_left);
         int kill_now = 0;
-        if (fault < 0 && (g_short ? step < 2 : rnd(rng, 3) == 0)) {
+        if (fault < 0 && (g_short ? step < 2 : rng_below(rng, 3) == 0)) {
             static const int short_child[] = {F_KILL, F_REDIS_DOWN}, short_inproc[] = {F_DISK_FULL, F_EIO_READ};
             static const int any_child[] = {F_KILL, F_KILL, F_REDIS_DOWN, F_RESTART};
             static const int any_inproc[] = {F_DISK_FULL, F_EIO_READ, F_NTH_CALL, F_SHORT_WRITE,
                                              F_NET_RESET, F_REDIS_DOWN, F_RESTART};
             int f = g_short ? (inproc ? short_inproc : short_child)[step]
-                            : inproc ? any_inproc[rnd(rng, 7)] : any_child[rnd(rng, 4)];
+                            : inproc ? any_inproc[rng_below(rng, 7)] : any_child[rng_below(rng, 4)];
             if ((f == F_NET_RESET || f == F_REDIS_DOWN) && !with_redis)
                 f = inproc ? F_NTH_CALL : F_KILL;
             g_st.faults[f]++;
@@ -778,14 +769,14 @@ static void round_serve(uint64_t *rng, const char *mpath, const char *tpath, con
                 else
                     arm_fault(f, rng, ssd);
                 fault = f;
-                fault_left = g_short ? 1 : 1 + (int)rnd(rng, 3);
+                fault_left = g_short ? 1 : 1 + (int)rng_below(rng, 3);
             }
         }
         step++;
         for (int attempt = 0; attempt < 3; attempt++) {
             /* half the kills land within the request's first 30 ms, the others up to 300 ms
              * later (after the reply: while the write-behind runs) */
-            killer k = {.pid = t.child.pid, .us = (useconds_t)(rnd(rng, 2) ? rnd(rng, 30000) : rnd(rng, 300000))};
+            killer k = {.pid = t.child.pid, .us = (useconds_t)(rng_below(rng, 2) ? rng_below(rng, 30000) : rng_below(rng, 300000))};
             int killed = kill_now;
             if (kill_now)
                 pthread_create(&k.th, NULL, killer_main, &k);
@@ -862,7 +853,7 @@ out:
 static void run_round(int k, const char *tpath)
 {
     uint64_t rng = g_seed ^ (0x9e3779b97f4a7c15ULL * (uint64_t)(k + 1));
-    (void)sm64(&rng);
+    (void)rng_next(&rng);
     int path = k % P_COUNT, kind = k % K_COUNT; /* every path meets every kind within 12 rounds */
     char rdir[600], mpath[700];
     snprintf(rdir, sizeof rdir, "%s/round-%d", g_dir, k);

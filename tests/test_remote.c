@@ -137,6 +137,35 @@ static int wait_healthy(kvt_remote *r, int ms)
     return kvt_remote_healthy(r);
 }
 
+/* How many times slower this build runs a test (CMake: 10 under TSan, 3
+ * under ASan, else 1): multiplies find_len_until's bound. */
+#ifndef KVT_TEST_TIME_SCALE
+#define KVT_TEST_TIME_SCALE 1
+#endif
+
+/* find_len on a tier whose lookups are bounded by 50 ms, where the case
+ * checks that the tier serves (not the bound): a lookup the machine holds
+ * past its bound is a counted miss by design (a loaded -j2 suite run missed
+ * the hit after CLIENT PAUSE that way), so it looks up again, every 20 ms for
+ * at most 10 s times KVT_TEST_TIME_SCALE, until the lookup finds `want`
+ * tokens. Returns the last length found (0: a miss); prints the tries when
+ * it took more than one. */
+static int64_t find_len_until(kvt_remote *r, const int32_t *p, int64_t n, int64_t want, kvt_cold_hit *hit)
+{
+    int64_t got = 0;
+    int tries = 0;
+    double t0 = now_ms(), bound = 10000.0 * KVT_TEST_TIME_SCALE;
+    do {
+        if (tries++)
+            sleep_ms(20);
+        got = find_len(r, p, n, hit);
+    } while (got != want && now_ms() - t0 < bound);
+    if (tries > 1)
+        print_message("  a %lld-token hit took %d lookups (%.0f ms) under the 50 ms lookup bound\n", (long long)want,
+                      tries, now_ms() - t0);
+    return got;
+}
+
 static int fx_flush(void **state)
 {
     (void)state;
@@ -159,7 +188,7 @@ static void f_kill_restart(void **state)
     int32_t p[20];
     seq(p, 20, 100);
     put(r, &KV, p, 16);
-    assert_int_equal(find_len(r, p, 20, NULL), 16);
+    assert_int_equal(find_len_until(r, p, 20, 16, NULL), 16);
     redis_kill(&s);
     double worst = 0;
     for (int i = 0; i < 6; i++) {
@@ -189,7 +218,7 @@ static void f_kill_restart(void **state)
     assert_int_equal(find_len(r, p, 20, NULL), 0); /* no persistence: the data went with it */
     put(r, &KV, p, 16);
     kvt_cold_hit h;
-    assert_int_equal(find_len(r, p, 20, &h), 16);
+    assert_int_equal(find_len_until(r, p, 20, 16, &h), 16);
     assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
     kvt_remote_close(r);
     redis_stop(&s);
@@ -220,7 +249,7 @@ static void f_down_at_start(void **state)
     assert_int_equal(redis_restart(&s), 0);
     assert_true(wait_healthy(r, 30000));
     put(r, &KV, p, 16);
-    assert_int_equal(find_len(r, p, 20, NULL), 16);
+    assert_int_equal(find_len_until(r, p, 20, 16, NULL), 16);
     kvt_remote_close(r);
     redis_stop(&s);
 }
@@ -233,7 +262,7 @@ static void f_client_pause(void **state)
     int32_t p[20];
     seq(p, 20, 300);
     put(r, &KV, p, 16);
-    assert_int_equal(find_len(r, p, 20, NULL), 16);
+    assert_int_equal(find_len_until(r, p, 20, 16, NULL), 16);
     /* Up to 3 tries: a loaded machine can hold this thread past the 150 ms
      * for one try; a lookup that waits for the pause or a socket timeout
      * (500 ms) misses it every time. */
@@ -248,7 +277,7 @@ static void f_client_pause(void **state)
         assert_true(stats(r).failures_timeout > timeouts);
         sleep_ms(600);
         kvt_cold_hit h;
-        assert_int_equal(find_len(r, p, 20, &h), 16); /* the pause is over: a hit again */
+        assert_int_equal(find_len_until(r, p, 20, 16, &h), 16); /* the pause is over: a hit again */
         assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), 0);
         assert_int_equal(stats(r).healthy, 1);
         if (took < 150)

@@ -58,16 +58,31 @@ static kvt_remote *open_cluster_io(int32_t lookup_timeout_ms, int32_t io_timeout
  * where entries go, not how long they take */
 static kvt_remote *open_cluster(void) { return open_cluster_io(2000, 5000, 5000); }
 
-static void put(const kvt_cold_tier *t, const int32_t *tok, int64_t n)
+/* Stores tok[0, n); a failure prints the error and the tier's failure
+ * counters (a timeout, a lost connection or an error reply such as
+ * CLUSTERDOWN tell apart what "storage I/O failed" does not). */
+static void put_on(kvt_remote *r, const kvt_cold_tier *t, const int32_t *tok, int64_t n)
 {
     kvt_entry e;
     assert_int_equal(store_make_entry(&KV, "", tok, n, &e), 0);
     int rc = t->store(t->self, &e);
-    if (rc)
-        print_message("store of %lld tokens from %d: %s\n", (long long)n, (int)tok[0], kvt_last_error());
+    if (rc) {
+        kvt_remote_stats st = {0};
+        char err[512];
+        snprintf(err, sizeof err, "%s", kvt_last_error());
+        if (r)
+            (void)kvt_remote_stats_get(r, &st);
+        print_message("store of %lld tokens from %d: %s (timeouts %llu, connection failures %llu, error replies "
+                      "%llu, redirects %llu)\n",
+                      (long long)n, (int)tok[0], err, (unsigned long long)st.failures_timeout,
+                      (unsigned long long)st.failures_conn, (unsigned long long)st.failures_reply,
+                      (unsigned long long)st.redirects);
+    }
     assert_int_equal(rc, 0);
     kvt_entry_clear(&e);
 }
+
+static void put(const kvt_cold_tier *t, const int32_t *tok, int64_t n) { put_on(NULL, t, tok, n); }
 
 static int restore_ok(const kvt_cold_tier *t, uint64_t h, const int32_t *tok, int64_t n)
 {
@@ -177,7 +192,7 @@ static void t_moved(void **state)
     char id[64];
     assert_int_equal(redis_cmd(g_ports[to], id, sizeof id, NULL, "CLUSTER MYID"), 0);
     move_slot(slot, to, id);
-    put(&t, p, 8);
+    put_on(r, &t, p, 8);
     kvt_remote_stats st;
     assert_int_equal(kvt_remote_stats_get(r, &st), 0);
     assert_true(st.redirects >= 1);

@@ -9,6 +9,11 @@
  * once, and four synchronous stores of one entry are one write; the bytes
  * written per layer count only the records sent (blocks Redis held are
  * skipped); close waits for what is queued.
+ *
+ * What a case holds lives in file scope (C below) and a teardown releases
+ * it: a case that fails while its gate holds the worker's one thread
+ * (cmocka leaves the case by longjmp) must not leave the thread waiting on
+ * a dead stack frame, the shim armed or the tier open.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,6 +45,62 @@ static void seq(int32_t *t, int64_t n, int32_t base)
         t[i] = base + (int32_t)i;
 }
 
+typedef struct acb {
+    pthread_mutex_t *mu;
+    pthread_cond_t *cv;
+    int *n_done;
+    int status;
+    kvt_entry e;
+} acb;
+
+/* What the running case holds, for its teardown: its worker, its gate, its
+ * tier, and the state its restore callbacks write into (a restore the
+ * teardown's open gate lets run must find it alive). */
+static struct {
+    io_gate_case g; /* the worker, its gate, the tier */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_done;
+    acb x[9];
+} C = {.g = IO_GATE_CASE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static kvt_io *io_new(const kvt_io_options *o)
+{
+    assert_int_equal(kvt_io_create(o, &C.g.io), 0);
+    return C.g.io;
+}
+
+/* Closes the case's tier (asserting it closed cleanly) and ends its worker. */
+static void tier_end(void)
+{
+    kvt_remote *r = C.g.r;
+    C.g.r = NULL;
+    assert_int_equal(kvt_remote_close(r), 0);
+    kvt_io_destroy(C.g.io);
+    C.g.io = NULL;
+}
+
+/* Waits until n callbacks counted into C.n_done (bounded: io_gate_wait_count). */
+static void wait_done(int n) { io_gate_wait_count(&C.mu, &C.cv, &C.n_done, n, "restore callbacks"); }
+
+/* A callback's state in C.x[i], counting into C.n_done. */
+static acb *cb(int i)
+{
+    C.x[i] = (acb){.mu = &C.mu, .cv = &C.cv, .n_done = &C.n_done};
+    return &C.x[i];
+}
+
+/* After every case, passed or failed: the shim disarmed, the gate open (what
+ * it held runs: restores call back into C.x), the tier closed (its queue
+ * written), the worker ended, Redis emptied for the next case. */
+static int case_teardown(void **state)
+{
+    (void)state;
+    io_gate_case_release(&C.g);
+    C.n_done = 0;
+    return redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL");
+}
+
 static kvt_remote *open_tier(kvt_io *io, kvt_store_identity *id, char *fp)
 {
     store_identity(&KV, "remote-io", fp, id);
@@ -49,6 +110,7 @@ static kvt_remote *open_tier(kvt_io *io, kvt_store_identity *id, char *fp)
     kvt_remote_options o = {.lookup_timeout_ms = 2000, .io_timeout_ms = 2000, .quiet = 1, .worker = io};
     kvt_remote *r = NULL;
     assert_int_equal(kvt_remote_open(g_srv.url, id, &o, &r), 0);
+    C.g.r = r;
     return r;
 }
 
@@ -64,15 +126,13 @@ static void spills_on_the_worker(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1, .max_ops = 3};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    kvt_io *io = io_new(&io_o);
     kvt_store_identity id;
     char fp[KVT_STORE_FINGERPRINT_LEN];
     kvt_remote *r = open_tier(io, &id, fp);
     kvt_cold_tier t;
     kvt_remote_cold_tier(r, &t);
-    io_gate g = IO_GATE_INIT;
-    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 1}, KVT_IO_FOREGROUND); /* one of the three slots */
+    io_gate_hold(io, &C.g.gate, (kvt_io_key){0x6a7e, 1}, KVT_IO_FOREGROUND); /* one of the three slots */
     int32_t a[12], b[16], c[20];
     seq(a, 12, 10);
     seq(b, 16, 500);
@@ -104,25 +164,15 @@ static void spills_on_the_worker(void **state)
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_SET].submitted, 3);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_SET].coalesced, 1);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_SET].refused, 1);
-    io_gate_open(&g);
+    io_gate_open(&C.g.gate);
     assert_int_equal(t.flush(t.self), 0);
     assert_int_equal(stats(r).queued_entries, 0);
     kvt_cold_hit h;
     assert_int_equal(t.find_exact(t.self, a, 12, "", &h), 0);
     assert_int_equal(t.find_exact(t.self, b, 16, "", &h), KVT_ENOTFOUND); /* withdrawn: never written */
     assert_int_equal(stats(r).writes, 1);
-    assert_int_equal(kvt_remote_close(r), 0);
-    kvt_io_destroy(io);
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    tier_end();
 }
-
-typedef struct acb {
-    pthread_mutex_t *mu;
-    pthread_cond_t *cv;
-    int *n_done;
-    int status;
-    kvt_entry e;
-} acb;
 
 static void async_done(void *arg, int status, kvt_entry *e)
 {
@@ -143,8 +193,7 @@ static void restores_coalesce(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    kvt_io *io = io_new(&io_o);
     kvt_store_identity id;
     char fp[KVT_STORE_FINGERPRINT_LEN];
     kvt_remote *r = open_tier(io, &id, fp);
@@ -160,22 +209,14 @@ static void restores_coalesce(void **state)
     kvt_cold_hit h;
     assert_int_equal(t.find(t.self, a, 24, "", &h), 0);
     assert_int_equal(h.prefix_len, 22);
-    io_gate g = IO_GATE_INIT;
-    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 1}, KVT_IO_FOREGROUND);
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    int n_done = 0;
-    acb x[8];
-    for (int i = 0; i < 8; i++) {
-        x[i] = (acb){.mu = &mu, .cv = &cv, .n_done = &n_done};
-        assert_int_equal(t.restore_async(t.self, h.handle, async_done, &x[i]), 0);
-    }
+    io_gate_hold(io, &C.g.gate, (kvt_io_key){0x6a7e, 1}, KVT_IO_FOREGROUND);
+    acb *x = C.x;
+    C.n_done = 0;
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(t.restore_async(t.self, h.handle, async_done, cb(i)), 0);
     uint64_t restores0 = stats(r).restores;
-    io_gate_open(&g);
-    pthread_mutex_lock(&mu);
-    while (n_done < 8)
-        pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
+    io_gate_open(&C.g.gate);
+    wait_done(8);
     assert_int_equal(store_make_entry(&KV, "", a, 22, &want), 0);
     for (int i = 0; i < 8; i++) {
         assert_int_equal(x[i].status, 0);
@@ -190,17 +231,11 @@ static void restores_coalesce(void **state)
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_GET].ran, 1);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_REMOTE_GET].coalesced, 7);
     /* a stale handle: told once, with the error */
-    int n2 = 0;
-    acb y = {.mu = &mu, .cv = &cv, .n_done = &n2};
-    assert_int_equal(t.restore_async(t.self, 987654321, async_done, &y), 0);
-    pthread_mutex_lock(&mu);
-    while (n2 < 1)
-        pthread_cond_wait(&cv, &mu);
-    pthread_mutex_unlock(&mu);
-    assert_int_equal(y.status, KVT_ENOTFOUND);
-    assert_int_equal(kvt_remote_close(r), 0);
-    kvt_io_destroy(io);
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    acb *y = cb(8);
+    assert_int_equal(t.restore_async(t.self, 987654321, async_done, y), 0);
+    wait_done(9);
+    assert_int_equal(y->status, KVT_ENOTFOUND);
+    tier_end();
 }
 
 /* ---- synchronous restores and stores from many threads ---------------------------- */
@@ -278,8 +313,7 @@ static void sync_calls_coalesce(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    kvt_io *io = io_new(&io_o);
     kvt_store_identity id;
     char fp[KVT_STORE_FINGERPRINT_LEN];
     kvt_remote *r = open_tier(io, &id, fp);
@@ -343,9 +377,7 @@ static void sync_calls_coalesce(void **state)
     /* a stale handle fails cleanly through the same path */
     assert_int_equal(fx->t.restore(fx->t.self, 987654321, &one), KVT_ENOTFOUND);
     free(fx);
-    assert_int_equal(kvt_remote_close(r), 0);
-    kvt_io_destroy(io);
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    tier_end();
 }
 
 /* Bytes written per layer: the tensors of the records sent, so a block
@@ -392,8 +424,7 @@ static void layer_written_bytes(void **state)
     assert_int_equal(via[1], w2[1]);
     assert_int_equal(kvt_remote_layer_written_bytes(NULL, 2, w2), KVT_EINVAL);
     assert_int_equal(kvt_remote_layer_written_bytes(r, 2, NULL), KVT_EINVAL);
-    assert_int_equal(kvt_remote_close(r), 0);
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    tier_end();
 }
 
 int main(void)
@@ -405,10 +436,10 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(spills_on_the_worker),
-        cmocka_unit_test(restores_coalesce),
-        cmocka_unit_test(sync_calls_coalesce),
-        cmocka_unit_test(layer_written_bytes),
+        cmocka_unit_test_teardown(spills_on_the_worker, case_teardown),
+        cmocka_unit_test_teardown(restores_coalesce, case_teardown),
+        cmocka_unit_test_teardown(sync_calls_coalesce, case_teardown),
+        cmocka_unit_test_teardown(layer_written_bytes, case_teardown),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     redis_stop(&g_srv);

@@ -7,6 +7,9 @@
  * the bound, not over it) is a counted drop that stays the caller's; a
  * withdrawn entry and the written ones give their bytes back, after which
  * the dropped entry goes through. Skips when redis-server is not installed.
+ * The worker, its gate and the tier live in file scope (C below) and a
+ * teardown releases them: a failed assertion (cmocka leaves the case by
+ * longjmp) must not leave the worker's thread waiting on a dead stack frame.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -28,6 +31,26 @@
 static const store_cfg KV = {.n_kv = 2, .kv_dim = 8, .block = 4};
 static redis_srv g_srv;
 
+/* What the case holds (its worker, gate and tier), for its teardown. */
+static io_gate_case C = IO_GATE_CASE_INIT;
+
+/* After the case, passed or failed: the gate open, the tier closed (its
+ * queue written), the worker ended, Redis emptied. */
+static int case_teardown(void **state)
+{
+    (void)state;
+    io_gate_case_release(&C);
+    return redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL");
+}
+
+/* Closes the case's tier, asserting it closed cleanly. */
+static void tier_close(void)
+{
+    kvt_remote *r = C.r;
+    C.r = NULL;
+    assert_int_equal(kvt_remote_close(r), 0);
+}
+
 static kvt_remote *open_tier(kvt_io *io, kvt_store_identity *id, uint64_t queue_max_bytes)
 {
     kvt_remote_options o = {.lookup_timeout_ms = 2000, .io_timeout_ms = 2000, .quiet = 1, .worker = io,
@@ -37,6 +60,7 @@ static kvt_remote *open_tier(kvt_io *io, kvt_store_identity *id, uint64_t queue_
     if (rc)
         fprintf(stderr, "open: %s\n", kvt_last_error());
     assert_int_equal(rc, 0);
+    C.r = r;
     return r;
 }
 
@@ -59,12 +83,12 @@ static void bound_in_bytes(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1, .max_ops = 16};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
+    assert_int_equal(kvt_io_create(&io_o, &C.io), 0);
+    kvt_io *io = C.io;
     kvt_store_identity id;
     char fp[KVT_STORE_FINGERPRINT_LEN];
     store_identity(&KV, "remote-qbound", fp, &id);
-    io_gate g = IO_GATE_INIT;
+    io_gate *g = &C.gate;
     int32_t t[4][10];
     kvt_entry e[4];
     for (int i = 0; i < 4; i++)
@@ -75,19 +99,19 @@ static void bound_in_bytes(void **state)
     kvt_remote *r = open_tier(io, &id, 0);
     kvt_cold_tier ct;
     kvt_remote_cold_tier(r, &ct);
-    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
+    io_gate_hold(io, g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
     assert_int_equal(ct.spill(ct.self, &e[3]), 0);
     uint64_t b = stats(r).queued_bytes;
     assert_true(b > 0);
     assert_int_equal(ct.withdraw(ct.self, t[3], 10, ""), 0);
     assert_int_equal(stats(r).queued_bytes, 0);
-    io_gate_open(&g);
-    assert_int_equal(kvt_remote_close(r), 0);
+    io_gate_open(g);
+    tier_close();
 
     /* bound = two entries */
     r = open_tier(io, &id, 2 * b);
     kvt_remote_cold_tier(r, &ct);
-    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
+    io_gate_hold(io, g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
     assert_int_equal(ct.spill(ct.self, &e[0]), 0);
     assert_int_equal(stats(r).queued_bytes, b);
     assert_int_equal(ct.spill(ct.self, &e[1]), 0); /* queued + this == the bound: fits */
@@ -108,7 +132,7 @@ static void bound_in_bytes(void **state)
     assert_int_equal(stats(r).queued_bytes, b);
     assert_int_equal(ct.spill(ct.self, &e[2]), 0);
     assert_int_equal(stats(r).queued_bytes, 2 * b);
-    io_gate_open(&g);
+    io_gate_open(g);
     assert_int_equal(ct.flush(ct.self), 0);
     st = stats(r);
     assert_int_equal(st.queued_entries, 0);
@@ -121,19 +145,17 @@ static void bound_in_bytes(void **state)
     /* the written entries gave their bytes back: two more fit again */
     make(1, t[1], &e[1]);
     make(3, t[3], &e[3]);
-    io_gate_hold(io, &g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
+    io_gate_hold(io, g, (kvt_io_key){0x6a7e, 2}, KVT_IO_FOREGROUND);
     assert_int_equal(ct.spill(ct.self, &e[1]), 0);
     assert_int_equal(ct.spill(ct.self, &e[3]), 0);
     assert_int_equal(stats(r).queued_bytes, 2 * b);
-    io_gate_open(&g);
+    io_gate_open(g);
     assert_int_equal(ct.flush(ct.self), 0);
     st = stats(r);
     assert_int_equal(st.queued_bytes, 0);
     assert_int_equal(st.dropped, 1);
     assert_int_equal(st.writes, 4);
-    assert_int_equal(kvt_remote_close(r), 0);
-    kvt_io_destroy(io);
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0);
+    tier_close();
 }
 
 int main(void)
@@ -145,7 +167,7 @@ int main(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(bound_in_bytes),
+        cmocka_unit_test_teardown(bound_in_bytes, case_teardown),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     redis_stop(&g_srv);

@@ -34,6 +34,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "test_rng.h"
 #include "test_seed.h"
 
 #include "kvtier/residency.h"
@@ -75,16 +76,6 @@ static int teardown(void **state)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     return system(cmd) == 0 ? 0 : -1;
 }
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-static int rnd(uint64_t *s, int lo, int hi) { return lo + (int)(rng_next(s) % (uint64_t)(hi - lo + 1)); }
 
 /* ---- engine ------------------------------------------------------------------------------ */
 
@@ -141,14 +132,14 @@ static void feed(const eng *e, kvt_cache **c, const int32_t *tok, int from, int 
     float *logits = malloc(sizeof(float) * (size_t)e->V * 3);
     int32_t *toks = malloc(sizeof(int32_t) * (KVT_MODEL_CHUNK * 3));
     for (int at = from; at < n;) {
-        int k = max_chunk ? max_chunk : rnd(rs, 1, 37);
+        int k = max_chunk ? max_chunk : rng_range(rs, 1, 37);
         if (k > n - at)
             k = n - at;
         if (k > kvt_model_pass_rows(e->m, c)) /* 8-bit K/V: a pass stays in the open block */
             k = (int)kvt_model_pass_rows(e->m, c);
         kvt_cache **cs[3];
         int32_t counts[3];
-        int ns = 0, rows = 0, me = rnd(rs, 0, others); /* where the sequence sits in the batch */
+        int ns = 0, rows = 0, me = rng_range(rs, 0, others); /* where the sequence sits in the batch */
         for (int o = 0; o <= others; o++) {
             if (o == me) {
                 cs[ns] = c;
@@ -157,7 +148,7 @@ static void feed(const eng *e, kvt_cache **c, const int32_t *tok, int from, int 
                 rows += k;
             }
             if (o < others) { /* another sequence: a decode row or a few prompt rows */
-                int ko = rnd(rs, 1, 3);
+                int ko = rng_range(rs, 1, 3);
                 if (kvt_cache_offset(oc[o][0]) + ko >= 500 || ko > kvt_model_pass_rows(e->m, oc[o]))
                     ko = 1;
                 cs[ns] = oc[o];
@@ -227,7 +218,7 @@ static void check_model(kvt_model *m, const char *name, int n, int32_t block, ui
         }
         int from = 0;
         if (ways[w].reuse) { /* part of the prompt came from a cache: clone, go on on the clone */
-            from = rnd(&rs, 1, n - 1);
+            from = rng_range(&rs, 1, n - 1);
             feed(&e, c, tok, 0, from, 0, 1, &rs, lg);
             assert_int_equal(kvt_caches_clone(c, e.L, d), 0);
             kvt_caches_destroy(c, e.L);
@@ -427,10 +418,10 @@ static void test_serve_replies_invariant(void **state)
     assert_int_equal(kvt_tokenizer_write_default(tok, KVT_DEFAULT_VOCAB), 0);
     uint64_t rs = g_seed ^ 0x5eedULL;
     for (int i = 0; i < NPROMPT; i++) {
-        g_len[i] = i == 0 ? 9 : rnd(&rs, 9, 140);
+        g_len[i] = i == 0 ? 9 : rng_range(&rs, 9, 140);
         g_prompt[i][0] = 1;
         for (int k = 1; k < g_len[i]; k++)
-            g_prompt[i][k] = rnd(&rs, 3, KVT_DEFAULT_VOCAB - 1);
+            g_prompt[i][k] = rng_range(&rs, 3, KVT_DEFAULT_VOCAB - 1);
     }
     call ref[NPROMPT], got[NPROMPT], again[NPROMPT], ext_ref[NPROMPT], ext_got[NPROMPT];
     kvt_server *a = start(model, tok, 0, 256);
@@ -462,7 +453,7 @@ static void test_serve_replies_invariant(void **state)
         json_t *req = json_pack("{s:s, s:b}", "prompt", got[i].text, "add_special_tokens", 0);
         char *body = json_dumps(req, JSON_COMPACT);
         json_decref(req);
-        kvt_ts_http(kvt_server_port(a), "POST", "/tokenize", NULL, body, 30, &r);
+        kvt_ts_http(kvt_server_port(a), "POST", "/tokenize", NULL, body, 30 * KVT_TEST_TIME_SCALE, &r);
         free(body);
         json_t *doc = json_loads(r.body, 0, NULL);
         json_t *ids = json_object_get(doc, "tokens");
@@ -471,7 +462,7 @@ static void test_serve_replies_invariant(void **state)
         json_decref(doc);
         kvt_ts_resp_free(&r);
         for (int k = 0; k < 5; k++)
-            ext[i][ext_len[i]++] = rnd(&rs, 3, KVT_DEFAULT_VOCAB - 1);
+            ext[i][ext_len[i]++] = rng_range(&rs, 3, KVT_DEFAULT_VOCAB - 1);
     }
     send_all(kvt_server_port(a), 0, ext_ref, (const int32_t(*)[160])ext, ext_len);
     send_all(kvt_server_port(c), 1, ext_got, (const int32_t(*)[160])ext, ext_len);

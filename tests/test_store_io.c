@@ -9,6 +9,11 @@
  * worker operation, and a put finishes even while every worker thread is
  * busy (the writer runs the hash itself); stores without a worker share the
  * process default, which the last close ends.
+ *
+ * What a case holds lives in file scope (C below) and a teardown releases
+ * it: a case that fails while its gate holds the worker's one thread
+ * (cmocka leaves the case by longjmp) must not leave the thread waiting on
+ * a dead stack frame, the shim armed or the store open.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -65,19 +70,49 @@ static void async_done(void *arg, int status, kvt_entry *e)
     pthread_mutex_unlock(a->mu);
 }
 
+/* Waits until n callbacks ran (bounded: io_gate_wait_count). */
 static void wait_done(pthread_mutex_t *mu, pthread_cond_t *cv, int *n_done, int n)
 {
-    pthread_mutex_lock(mu);
-    while (*n_done < n)
-        pthread_cond_wait(cv, mu);
-    pthread_mutex_unlock(mu);
+    io_gate_wait_count(mu, cv, n_done, n, "restore callbacks");
 }
 
 typedef struct fx {
     char root[512], fp[KVT_STORE_FINGERPRINT_LEN];
     kvt_store_identity id;
-    kvt_store *s;
+    kvt_store *s; /* NULL once closed */
 } fx;
+
+/* What the running case holds, for its teardown: its worker, its gate, its
+ * stores, and the state its restore callbacks write into (a restore the
+ * teardown's open gate lets run must find it alive). */
+static struct {
+    kvt_io *io;
+    io_gate gate;
+    fx f[2];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_done;
+    acb a[17];
+} C = {.gate = IO_GATE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static kvt_io *io_new(const kvt_io_options *o)
+{
+    assert_int_equal(kvt_io_create(o, &C.io), 0);
+    return C.io;
+}
+
+static void io_end(void)
+{
+    kvt_io_destroy(C.io);
+    C.io = NULL;
+}
+
+/* A callback's state in C.a[i], counting into C.n_done. */
+static acb *cb(int i)
+{
+    C.a[i] = (acb){.mu = &C.mu, .cv = &C.cv, .n_done = &C.n_done};
+    return &C.a[i];
+}
 
 static kvt_store *fx_open(fx *f, const char *tag, const store_cfg *cfg, kvt_io *worker)
 {
@@ -90,8 +125,30 @@ static kvt_store *fx_open(fx *f, const char *tag, const store_cfg *cfg, kvt_io *
 
 static void fx_close(fx *f)
 {
-    assert_int_equal(kvt_store_close(f->s), 0);
+    kvt_store *s = f->s;
+    f->s = NULL;
+    assert_int_equal(kvt_store_close(s), 0);
     store_rmtree(f->root);
+}
+
+/* After every case, passed or failed: the shim disarmed, the gate open (what
+ * it held runs: restores call back into C.a), the stores closed (their
+ * write-behind flushed), the worker ended. */
+static int case_teardown(void **state)
+{
+    (void)state;
+    kvt__io_disarm();
+    io_gate_open(&C.gate);
+    for (int i = 0; i < 2; i++)
+        if (C.f[i].s) {
+            (void)kvt_store_close(C.f[i].s);
+            C.f[i].s = NULL;
+            store_rmtree(C.f[i].root);
+        }
+    if (C.io)
+        io_end();
+    C.n_done = 0;
+    return 0;
 }
 
 static void put_tokens(kvt_store *s, const store_cfg *cfg, const int32_t *t, int64_t n)
@@ -110,10 +167,8 @@ static void sixteen_restores_one_read(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
-    fx f;
-    kvt_store *s = fx_open(&f, "io-16", &CFG, io);
+    kvt_io *io = io_new(&io_o);
+    kvt_store *s = fx_open(&C.f[0], "io-16", &CFG, io);
     int32_t t[21];
     pcu_seq(t, 21, 3);
     put_tokens(s, &CFG, t, 21);
@@ -122,24 +177,18 @@ static void sixteen_restores_one_read(void **state)
     kvt_store_stats st0;
     kvt_store_get_stats(s, &st0);
 
-    io_gate g = IO_GATE_INIT;
-    io_gate_hold(io, &g, (kvt_io_key){1, 0x6a7e}, KVT_IO_FOREGROUND);
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    int n_done = 0;
-    acb a[16];
-    memset(a, 0, sizeof a);
-    for (int i = 0; i < 16; i++) {
-        a[i] = (acb){.mu = &mu, .cv = &cv, .n_done = &n_done};
-        assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &a[i]), 0);
-    }
+    io_gate_hold(io, &C.gate, (kvt_io_key){1, 0x6a7e}, KVT_IO_FOREGROUND);
+    acb *a = C.a;
+    C.n_done = 0;
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, cb(i)), 0);
     kvt_io_stats ios;
     assert_int_equal(kvt_io_stats_get(io, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].submitted, 16);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].coalesced, 15);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].queued_ops, 1);
-    io_gate_open(&g);
-    wait_done(&mu, &cv, &n_done, 16);
+    io_gate_open(&C.gate);
+    wait_done(&C.mu, &C.cv, &C.n_done, 16);
     kvt_entry want;
     assert_int_equal(store_make_entry(&CFG, "", t, 21, &want), 0);
     for (int i = 0; i < 16; i++) {
@@ -159,16 +208,15 @@ static void sixteen_restores_one_read(void **state)
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].ran, 1);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_RESTORE].queued_ops, 0);
     /* a later restore of the same handle is a new read */
-    int n2 = 0;
-    acb b = {.mu = &mu, .cv = &cv, .n_done = &n2};
-    assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &b), 0);
-    wait_done(&mu, &cv, &n2, 1);
-    assert_int_equal(b.status, 0);
-    kvt_entry_clear(&b.e);
+    acb *b = cb(16);
+    assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, b), 0);
+    wait_done(&C.mu, &C.cv, &C.n_done, 17);
+    assert_int_equal(b->status, 0);
+    kvt_entry_clear(&b->e);
     kvt_store_get_stats(s, &st);
     assert_int_equal(st.restores - st0.restores, 2);
-    fx_close(&f);
-    kvt_io_destroy(io);
+    fx_close(&C.f[0]);
+    io_end();
 }
 
 /* ---- sixteen synchronous restores ----------------------------------------------- */
@@ -221,10 +269,8 @@ static void sixteen_sync_restores_one_read(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
-    fx f;
-    kvt_store *s = fx_open(&f, "io-sync16", &CFG, io);
+    kvt_io *io = io_new(&io_o);
+    kvt_store *s = fx_open(&C.f[0], "io-sync16", &CFG, io);
     int32_t t[21];
     pcu_seq(t, 21, 5);
     put_tokens(s, &CFG, t, 21);
@@ -292,8 +338,8 @@ static void sixteen_sync_restores_one_read(void **state)
     assert_int_equal(kvt_store_restore(s, hit.handle + 1000, NULL, 0, &none), KVT_ENOTFOUND);
     pthread_barrier_destroy(&sf->start);
     free(sf);
-    fx_close(&f);
-    kvt_io_destroy(io);
+    fx_close(&C.f[0]);
+    io_end();
 }
 
 /* With the one worker thread busy, write-behind is queued, then a restore
@@ -303,10 +349,8 @@ static void restore_before_write_behind(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
-    fx f;
-    kvt_store *s = fx_open(&f, "io-prio", &CFG, io);
+    kvt_io *io = io_new(&io_o);
+    kvt_store *s = fx_open(&C.f[0], "io-prio", &CFG, io);
     int32_t a_t[12], b_t[16];
     pcu_seq(a_t, 12, 100);
     pcu_seq(b_t, 16, 200);
@@ -314,27 +358,27 @@ static void restore_before_write_behind(void **state)
     kvt_cold_hit hit;
     assert_int_equal(kvt_store_find_exact(s, a_t, 12, "", &hit), 0);
 
-    io_gate g = IO_GATE_INIT;
-    io_gate_hold(io, &g, (kvt_io_key){2, 0x6a7e}, KVT_IO_FOREGROUND);
+    io_gate_hold(io, &C.gate, (kvt_io_key){2, 0x6a7e}, KVT_IO_FOREGROUND);
     kvt_entry e;
     assert_int_equal(store_make_entry(&CFG, "", b_t, 16, &e), 0);
     assert_int_equal(kvt_store_put_async(s, &e), 0);
     assert_int_equal(kvt_store_pending(s, b_t, 16, ""), 1);
-    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-    int n_done = 0;
-    acb a = {.mu = &mu, .cv = &cv, .n_done = &n_done, .s = s, .watch = b_t, .n_watch = 16};
-    assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, &a), 0);
-    io_gate_open(&g);
-    wait_done(&mu, &cv, &n_done, 1);
-    assert_int_equal(a.status, 0);
-    assert_int_equal(a.pending_at_done, 1); /* the write-behind had not run yet */
-    kvt_entry_clear(&a.e);
+    C.n_done = 0;
+    acb *a = cb(0);
+    a->s = s;
+    a->watch = b_t;
+    a->n_watch = 16;
+    assert_int_equal(kvt_store_restore_async(s, hit.handle, async_done, a), 0);
+    io_gate_open(&C.gate);
+    wait_done(&C.mu, &C.cv, &C.n_done, 1);
+    assert_int_equal(a->status, 0);
+    assert_int_equal(a->pending_at_done, 1); /* the write-behind had not run yet */
+    kvt_entry_clear(&a->e);
     assert_int_equal(kvt_store_flush(s), 0);
     assert_int_equal(kvt_store_pending(s, b_t, 16, ""), 0);
     assert_int_equal(kvt_store_contains(s, b_t, 16, ""), 1);
-    fx_close(&f);
-    kvt_io_destroy(io);
+    fx_close(&C.f[0]);
+    io_end();
 }
 
 /* A worker queue that holds nothing more refuses the write-behind: a
@@ -344,12 +388,9 @@ static void full_queue_drops_and_identical_joins(void **state)
 {
     (void)state;
     kvt_io_options io_o = {.threads = 1, .max_ops = 2};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
-    fx f;
-    kvt_store *s = fx_open(&f, "io-full", &CFG, io);
-    io_gate g = IO_GATE_INIT;
-    io_gate_hold(io, &g, (kvt_io_key){3, 0x6a7e}, KVT_IO_FOREGROUND); /* one of the two slots */
+    kvt_io *io = io_new(&io_o);
+    kvt_store *s = fx_open(&C.f[0], "io-full", &CFG, io);
+    io_gate_hold(io, &C.gate, (kvt_io_key){3, 0x6a7e}, KVT_IO_FOREGROUND); /* one of the two slots */
     int32_t a_t[12], b_t[16];
     pcu_seq(a_t, 12, 300);
     pcu_seq(b_t, 16, 400);
@@ -376,7 +417,7 @@ static void full_queue_drops_and_identical_joins(void **state)
     assert_int_equal(kvt_io_stats_get(io, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].refused, 1);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].coalesced, 1);
-    io_gate_open(&g);
+    io_gate_open(&C.gate);
     assert_int_equal(kvt_store_flush(s), 0);
     assert_int_equal(kvt_store_contains(s, a_t, 12, ""), 1);
     assert_int_equal(kvt_store_contains(s, b_t, 16, ""), 0);
@@ -388,8 +429,8 @@ static void full_queue_drops_and_identical_joins(void **state)
     assert_int_equal(kvt_store_put_async(s, &e), 0);
     assert_int_equal(kvt_store_flush(s), 0);
     assert_int_equal(kvt_store_contains(s, b_t, 16, ""), 1);
-    fx_close(&f);
-    kvt_io_destroy(io);
+    fx_close(&C.f[0]);
+    io_end();
 }
 
 /* Blocks of 4 MiB and more are hashed as worker operations; with the
@@ -400,40 +441,39 @@ static void hash_on_the_worker(void **state)
     (void)state;
     static const store_cfg BIG = {.n_kv = 2, .kv_dim = 2048, .block = 256}; /* 4 MiB K+V per block */
     kvt_io_options io_o = {.threads = 1};
-    kvt_io *io = NULL;
-    assert_int_equal(kvt_io_create(&io_o, &io), 0);
-    fx f;
-    kvt_store *s = fx_open(&f, "io-hash", &BIG, io);
+    kvt_io *io = io_new(&io_o);
+    fx *f = &C.f[0];
+    kvt_store *s = fx_open(f, "io-hash", &BIG, io);
     int32_t t[513];
     pcu_seq(t, 513, 9);
     put_tokens(s, &BIG, t, 512); /* two full blocks, the thread free */
     kvt_io_stats ios;
     assert_int_equal(kvt_io_stats_get(io, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_HASH].ran, 2);
-    io_gate g = IO_GATE_INIT;
-    io_gate_hold(io, &g, (kvt_io_key){4, 0x6a7e}, KVT_IO_FOREGROUND);
+    io_gate_hold(io, &C.gate, (kvt_io_key){4, 0x6a7e}, KVT_IO_FOREGROUND);
     int32_t u[513];
     pcu_seq(u, 513, 77);
     put_tokens(s, &BIG, u, 512); /* every thread busy: the put runs its hashes */
     assert_int_equal(kvt_io_stats_get(io, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_HASH].ran, 4);
-    io_gate_open(&g);
+    io_gate_open(&C.gate);
+    f->s = NULL;
     assert_int_equal(kvt_store_close(s), 0);
     kvt_store_options o = {.worker = io, .verify = 1}; /* SHA-256 checked too */
-    assert_int_equal(kvt_store_open(f.root, &f.id, &o, &f.s), 0);
+    assert_int_equal(kvt_store_open(f->root, &f->id, &o, &f->s), 0);
     kvt_cold_hit h;
     kvt_entry got, want;
     const int32_t *seqs[2] = {t, u};
     for (int i = 0; i < 2; i++) {
-        assert_int_equal(kvt_store_find_exact(f.s, seqs[i], 512, "", &h), 0);
-        assert_int_equal(kvt_store_restore(f.s, h.handle, seqs[i], 512, &got), 0);
+        assert_int_equal(kvt_store_find_exact(f->s, seqs[i], 512, "", &h), 0);
+        assert_int_equal(kvt_store_restore(f->s, h.handle, seqs[i], 512, &got), 0);
         assert_int_equal(store_make_entry(&BIG, "", seqs[i], 512, &want), 0);
         assert_int_equal(store_entry_diff(&got, &want), 0);
         kvt_entry_clear(&got);
         kvt_entry_clear(&want);
     }
-    fx_close(&f);
-    kvt_io_destroy(io);
+    fx_close(f);
+    io_end();
 }
 
 /* Stores opened without a worker share the process default: one worker
@@ -441,29 +481,29 @@ static void hash_on_the_worker(void **state)
 static void default_worker_shared(void **state)
 {
     (void)state;
-    fx a, b;
-    fx_open(&a, "io-def-a", &CFG, NULL);
-    fx_open(&b, "io-def-b", &CFG, NULL);
+    fx *a = &C.f[0], *b = &C.f[1];
+    fx_open(a, "io-def-a", &CFG, NULL);
+    fx_open(b, "io-def-b", &CFG, NULL);
     kvt_io *d = NULL;
     assert_int_equal(kvt_io_default_acquire(&d), 0);
     int32_t t[8];
     pcu_seq(t, 8, 5);
     kvt_entry e;
     assert_int_equal(store_make_entry(&CFG, "", t, 8, &e), 0);
-    assert_int_equal(kvt_store_put_async(a.s, &e), 0);
+    assert_int_equal(kvt_store_put_async(a->s, &e), 0);
     assert_int_equal(store_make_entry(&CFG, "", t, 8, &e), 0);
-    assert_int_equal(kvt_store_put_async(b.s, &e), 0); /* another store: not joined */
-    assert_int_equal(kvt_store_flush(a.s), 0);
-    assert_int_equal(kvt_store_flush(b.s), 0);
-    assert_int_equal(kvt_store_contains(a.s, t, 8, ""), 1);
-    assert_int_equal(kvt_store_contains(b.s, t, 8, ""), 1);
+    assert_int_equal(kvt_store_put_async(b->s, &e), 0); /* another store: not joined */
+    assert_int_equal(kvt_store_flush(a->s), 0);
+    assert_int_equal(kvt_store_flush(b->s), 0);
+    assert_int_equal(kvt_store_contains(a->s, t, 8, ""), 1);
+    assert_int_equal(kvt_store_contains(b->s, t, 8, ""), 1);
     kvt_io_stats ios;
     assert_int_equal(kvt_io_flush(d, UINT64_MAX), 0); /* a store's flush may return before the worker counts the run */
     assert_int_equal(kvt_io_stats_get(d, &ios), 0);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].ran, 2);
     assert_int_equal(ios.by_kind[KVT_IO_KIND_WRITE].coalesced, 0);
-    fx_close(&a);
-    fx_close(&b);
+    fx_close(a);
+    fx_close(b);
     kvt_io_default_release(d); /* the last reference: destroyed */
     kvt_io *d2 = NULL;
     assert_int_equal(kvt_io_default_acquire(&d2), 0);
@@ -475,12 +515,12 @@ static void default_worker_shared(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(sixteen_restores_one_read),
-        cmocka_unit_test(sixteen_sync_restores_one_read),
-        cmocka_unit_test(restore_before_write_behind),
-        cmocka_unit_test(full_queue_drops_and_identical_joins),
-        cmocka_unit_test(hash_on_the_worker),
-        cmocka_unit_test(default_worker_shared),
+        cmocka_unit_test_teardown(sixteen_restores_one_read, case_teardown),
+        cmocka_unit_test_teardown(sixteen_sync_restores_one_read, case_teardown),
+        cmocka_unit_test_teardown(restore_before_write_behind, case_teardown),
+        cmocka_unit_test_teardown(full_queue_drops_and_identical_joins, case_teardown),
+        cmocka_unit_test_teardown(hash_on_the_worker, case_teardown),
+        cmocka_unit_test_teardown(default_worker_shared, case_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* How many times slower this build runs (CMake: 10 under TSan, 3 under
+ * ASan, else 1): the waits for a child to get ready or to exit are
+ * multiplied by it. */
+#ifndef KVT_TEST_TIME_SCALE
+#define KVT_TEST_TIME_SCALE 1
+#endif
+
 int kvt_ts_read_file(const char *path, char *buf, size_t cap)
 {
     FILE *f = fopen(path, "rb");
@@ -55,7 +62,7 @@ static int server_run(kvt_ts_server *sv, const char *bin, const char *log_path, 
     child_guard_add(sv->pid);
     static char buf[16384];
     const char *tag = "listening on http://127.0.0.1:";
-    for (int i = 0; i < 3000; i++) {
+    for (int i = 0; i < 3000 * KVT_TEST_TIME_SCALE; i++) {
         if (kvt_ts_read_file(sv->log, buf, sizeof buf) > 0 && strstr(buf, until)) {
             const char *p = strstr(buf, tag);
             sv->port = p ? atoi(p + strlen(tag)) : 0;
@@ -92,7 +99,7 @@ int kvt_ts_server_stop(kvt_ts_server *sv)
     if (sv->pid <= 0)
         return -1;
     kill(sv->pid, SIGTERM);
-    for (int i = 0; i < 3000; i++) {
+    for (int i = 0; i < 3000 * KVT_TEST_TIME_SCALE; i++) {
         int st;
         if (waitpid(sv->pid, &st, WNOHANG) == sv->pid) {
             child_guard_del(sv->pid);

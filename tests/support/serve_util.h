@@ -25,18 +25,19 @@ typedef struct kvt_ts_server {
 } kvt_ts_server;
 
 /** Starts `bin serve --port 0 ARGS...` (args NULL-terminated, at most 56)
- * with stderr to log_path and stdout to /dev/null, and waits (up to 30 s)
- * for "ready, model" in the log. @return 0; -1 when it exited or did not get
+ * with stderr to log_path and stdout to /dev/null, and waits (up to 30 s
+ * times KVT_TEST_TIME_SCALE) for "ready, model" in the log. @return 0; -1 when it exited or did not get
  * ready (the log is printed to stderr). */
 int kvt_ts_server_start(kvt_ts_server *sv, const char *bin, const char *log_path, const char *const *args);
 
 /** Starts the child as kvt_ts_server_start does, but returns as soon as it
  * listens ("listening on" in the log, port set), before the model is
- * loaded. @return 0; -1 when it exited or did not listen within 30 s. */
+ * loaded. @return 0; -1 when it exited or did not listen within 30 s (times
+ * KVT_TEST_TIME_SCALE). */
 int kvt_ts_server_spawn(kvt_ts_server *sv, const char *bin, const char *log_path, const char *const *args);
 
 /** SIGTERM, then its exit status (128 + signal when killed by one; -1 and a
- * SIGKILL when it did not exit within 30 s). */
+ * SIGKILL when it did not exit within 30 s times KVT_TEST_TIME_SCALE). */
 int kvt_ts_server_stop(kvt_ts_server *sv);
 
 /** SIGKILL and wait for it. */

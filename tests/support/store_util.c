@@ -6,6 +6,7 @@
  */
 #include "store_util.h"
 #include "pc_util.h"
+#include "test_rng.h"
 
 #include "kvtier/cache.h"
 
@@ -399,14 +400,6 @@ void store_faults_wait_blocked(store_faults *f, int n)
 }
 
 /* ---- crash trials -------------------------------------------------------------- */
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 #define CRASH_MAX_ENTRIES 400
 #define CRASH_MAX_TOKENS 400

@@ -715,7 +715,31 @@ static void c_lower_slow(void **state)
     seq(p, 32, 500);
     put_levels(f, p, 8, 24);
     kvt_cold_hit h;
-    assert_int_equal(find_len(&f->t, p, 28, "", &h), 24); /* fast: the lower level answers */
+    /* fast: the lower level answers. A loaded machine can hold a lower find
+     * (Redis on loopback) past the 40 ms budget, which is a miss by design:
+     * look up again, every 20 ms for at most 10 s times KVT_TEST_TIME_SCALE,
+     * until the lower level's 24 tokens come within the budget. */
+    int tries = 0;
+    double t_fast = now_ms();
+    while (find_len(&f->t, p, 28, "", &h) != 24 && now_ms() - t_fast < 10000.0 * KVT_TEST_TIME_SCALE) {
+        struct timespec pause = {0, 20 * 1000000L};
+        nanosleep(&pause, NULL);
+        tries++;
+    }
+    if (tries)
+        print_message("the lower level answered within the 40 ms budget after %d lookups over it\n", tries + 1);
+    assert_int_equal(h.prefix_len, 24);
+    assert_int_equal(level_of(h.handle), 1);
+    /* a find over the budget goes on after the chain answered: let every
+     * late one return before counting the finds that return */
+    for (int i = 0; i < 1000 * KVT_TEST_TIME_SCALE; i++) {
+        if (fault_tier_finds_done(f->lower) == fault_tier_finds(f->lower))
+            break;
+        struct timespec pause = {0, 10 * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    assert_int_equal(fault_tier_finds_done(f->lower), fault_tier_finds(f->lower));
+    uint64_t over0 = level_stats(f, 1).finds_over_budget;
     /* The lower level's finds now wait until the test lets them go: the
      * chain must answer from the upper level by its budget, while the lower
      * find is still held (not after it, however long the machine's load
@@ -732,7 +756,7 @@ static void c_lower_slow(void **state)
     assert_int_equal(done_after, done); /* answered while the lower find was held */
     assert_true(took >= 39);            /* it waited for its budget first */
     assert_int_equal(level_of(h.handle), 0);
-    assert_int_equal(level_stats(f, 1).finds_over_budget, 1);
+    assert_int_equal(level_stats(f, 1).finds_over_budget - over0, 1);
 }
 
 /* what the upper level evicts is demoted into the lower one */
