@@ -31,6 +31,10 @@
 static char model[1024], tok[1024], dir[512], ssd[600];
 static const char *bin;
 
+/* receive timeout of one request (s): a bound on the wait, scaled like the
+ * suite's other waits (a Debug TSan server answered in over 60 s at load 17-23) */
+#define RECV_S (60 * KVT_TEST_TIME_SCALE)
+
 #define BODY(seed, stream)                                                                                    \
     "{\"prompt\": \"Once upon a time\", \"max_tokens\": 400, \"temperature\": 0.8, \"top_p\": 0.9, \"seed\": " \
     seed ", \"stream\": " stream "}"
@@ -99,7 +103,7 @@ static void test_idempotency_key_resumes(void **state)
     int n = 0;
     assert_int_equal(start(&sv, 0, n++), 0);
     kvt_ts_resp r;
-    assert_int_equal(kvt_ts_http(sv.port, "POST", "/v1/completions", NULL, BODY("5", "false"), 60, &r), 200);
+    assert_int_equal(kvt_ts_http(sv.port, "POST", "/v1/completions", NULL, BODY("5", "false"), RECV_S, &r), 200);
     long long resumed, prefilled;
     char *ref = completion(r.body, &resumed, &prefilled);
     kvt_ts_resp_free(&r);
@@ -118,7 +122,7 @@ static void test_idempotency_key_resumes(void **state)
         assert_int_equal(start(&sv, 1, n++), 0);
         char h[300];
         snprintf(h, sizeof h, "Idempotency-Key: %s\r\n", key);
-        assert_int_equal(kvt_ts_http(sv.port, "POST", "/v1/completions", h, BODY("5", "false"), 60, &r), 200);
+        assert_int_equal(kvt_ts_http(sv.port, "POST", "/v1/completions", h, BODY("5", "false"), RECV_S, &r), 200);
         char *got = completion(r.body, &resumed, &prefilled);
         kvt_ts_resp_free(&r);
         print_message("  attempt %d: resumed %lld reply tokens, prefilled %lld\n", attempt, resumed, prefilled);
@@ -144,7 +148,7 @@ static void test_idempotency_key_resumes(void **state)
         assert_int_equal(start(&sv, 1, n++), 0);
         interrupt(&sv, key, 8000 + 4000 * (size_t)attempt);
         assert_int_equal(start(&sv, 1, n++), 0);
-        int st = kvt_ts_http(sv.port, "POST", "/v1/completions", h, BODY("6", "false"), 60, &r);
+        int st = kvt_ts_http(sv.port, "POST", "/v1/completions", h, BODY("6", "false"), RECV_S, &r);
         print_message("  other seed, attempt %d: %d %s\n", attempt, st, st == 422 ? r.body : "");
         if (st == 422) {
             refused = 1;
@@ -159,7 +163,7 @@ static void test_idempotency_key_resumes(void **state)
     assert_true(refused);
     /* a key with a control character */
     assert_int_equal(kvt_ts_http(sv.port, "POST", "/v1/completions", "Idempotency-Key: a\tb\r\n",
-                                 BODY("5", "false"), 60, &r), 400);
+                                 BODY("5", "false"), RECV_S, &r), 400);
     kvt_ts_resp_free(&r);
     assert_int_equal(kvt_ts_server_stop(&sv), 0);
     free(ref);
