@@ -461,9 +461,21 @@ static void pool_lines(sbuf *b, kvt_pool *pool)
     json_decref(doc);
 }
 
-/* The I/O worker's families: one per KVT_IO_KIND_COUNTERS entry, by kind. */
+/* The I/O worker's families: one per KVT_IO_WORKER_COUNTERS entry
+ * (kvtier_io_worker_*, worker-wide) and one per KVT_IO_KIND_COUNTERS entry,
+ * by kind. */
 static void io_lines(sbuf *b, const kvt_io_stats *io)
 {
+#define KVT__IO_WPROM(field, kind, help)                                                           \
+    {                                                                                              \
+        int ctr = !strcmp(#kind, "counter");                                                       \
+        char name[64];                                                                             \
+        snprintf(name, sizeof name, "io_worker_%s%s", #field, ctr ? "_total" : "");               \
+        head(b, name, #kind, "I/O worker, all kinds: " help ".");                                 \
+        sb_printf(b, "kvtier_%s %llu\n", name, (unsigned long long)io->field);                     \
+    }
+    KVT_IO_WORKER_COUNTERS(KVT__IO_WPROM)
+#undef KVT__IO_WPROM
 #define KVT__IO_PROM(field, kind, help)                                                            \
     {                                                                                              \
         int ctr = !strcmp(#kind, "counter");                                                       \

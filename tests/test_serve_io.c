@@ -3,7 +3,11 @@
  * --ssd-cache` (stories260K): after a completion, /stats holds an "io"
  * object whose write-behind counters show the SSD write ran on the worker
  * and nothing is left queued, and /metrics has the kvtier_io_* families,
- * one series per kind, and passes `promtool check metrics`.
+ * one series per kind, and passes `promtool check metrics`. Every
+ * worker-wide counter of /stats "io" (KVT_IO_WORKER_COUNTERS) is in /metrics
+ * as kvtier_io_worker_* with the same value: max_queued_ops >= 1 after the
+ * write-behind, submitted the sum of the kinds' submitted, nothing queued or
+ * running.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -87,9 +91,34 @@ static void io_report(void **state)
     json_t *io = json_object_get(st, "io");
     assert_int_equal(json_integer_value(json_object_get(io, "queued_ops")), 0);
     assert_true(json_integer_value(json_object_get(io, "submitted")) >= 1);
-    json_decref(st);
+    assert_true(json_integer_value(json_object_get(io, "max_queued_ops")) >= 1);
+    assert_int_equal(json_integer_value(json_object_get(io, "running_ops")), 0);
+    json_int_t kinds_submitted = 0;
+    const char *kinds[] = {"restore", "write", "hash", "remote-get", "remote-set", "prefetch"};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        kinds_submitted += io_field(st, kinds[k], "submitted");
+    assert_int_equal(json_integer_value(json_object_get(io, "submitted")), kinds_submitted);
 
     assert_int_equal(kvt_ts_http(sv.port, "GET", "/metrics", NULL, NULL, 30, &r), 200);
+    /* the server is idle (the write-behind ran): /metrics holds the same
+     * worker-wide values as the /stats read before it */
+    const char *worker[][2] = {{"submitted", "_total"},       {"coalesced", "_total"}, {"refused", "_total"},
+                               {"ran", "_total"},             {"failed", "_total"},    {"discarded", "_total"},
+                               {"results_discarded", "_total"}, {"queued_ops", ""},   {"running_ops", ""},
+                               {"queued_bytes", ""},          {"max_queued_ops", ""}};
+    for (size_t w = 0; w < sizeof worker / sizeof worker[0]; w++) {
+        char line[160];
+        snprintf(line, sizeof line, "\nkvtier_io_worker_%s%s %lld\n", worker[w][0], worker[w][1],
+                 (long long)json_integer_value(json_object_get(io, worker[w][0])));
+        if (!strstr(r.body, line))
+            fprintf(stderr, "test_serve_io: /metrics lacks \"%s\"\n", line + 1);
+        assert_non_null(strstr(r.body, line));
+        snprintf(line, sizeof line, "# TYPE kvtier_io_worker_%s%s %s\n", worker[w][0], worker[w][1],
+                 worker[w][1][0] ? "counter" : "gauge");
+        assert_non_null(strstr(r.body, line));
+    }
+    assert_int_equal(json_object_size(io) - 1 /* by_kind */, sizeof worker / sizeof worker[0]);
+    json_decref(st);
     assert_non_null(strstr(r.body, "# TYPE kvtier_io_submitted_total counter"));
     assert_non_null(strstr(r.body, "kvtier_io_ran_total{kind=\"write\"} "));
     assert_non_null(strstr(r.body, "kvtier_io_coalesced_total{kind=\"restore\"} "));

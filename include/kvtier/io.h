@@ -137,19 +137,29 @@ typedef struct kvt_io_kind_stats {
 #undef KVT__IO_FIELD
 } kvt_io_kind_stats;
 
-/** Counters of a worker (since creation, except the gauges). */
+/** The worker-wide counters, one list: X(name, kind, help) with kind
+ * counter or gauge; kvt_io_stats, kvt_io_stats_json and the server's
+ * /metrics (kvtier_io_worker_*) are generated from it, so a counter added
+ * here appears in all three. */
+#define KVT_IO_WORKER_COUNTERS(X)                                                              \
+    X(submitted, counter, "accepted submissions, coalesced ones included")                    \
+    X(coalesced, counter, "submissions attached to an identical queued or running operation") \
+    X(refused, counter, "submissions refused with KVT_EAGAIN (queue full)")                   \
+    X(ran, counter, "operations run")                                                          \
+    X(failed, counter, "operations whose run returned an error")                              \
+    X(discarded, counter, "operations discarded before they started (nobody waited)")         \
+    X(results_discarded, counter, "operations that ran while nobody waited any more")         \
+    X(queued_ops, gauge, "operations queued, not started")                                    \
+    X(running_ops, gauge, "operations running")                                               \
+    X(queued_bytes, gauge, "bytes of queued and running operations")                          \
+    X(max_queued_ops, gauge, "high-water mark of queued plus running operations")
+
+/** Counters of a worker (since creation, except the gauges), as
+ * KVT_IO_WORKER_COUNTERS lists them, and the same per kind. */
 typedef struct kvt_io_stats {
-    uint64_t submitted;         /**< accepted submissions, coalesced ones included */
-    uint64_t coalesced;         /**< submissions attached to an identical queued or running operation */
-    uint64_t refused;           /**< submissions refused with KVT_EAGAIN (queue full) */
-    uint64_t ran;               /**< operations run */
-    uint64_t failed;            /**< operations whose run returned an error */
-    uint64_t discarded;         /**< operations discarded before they started (nobody waited) */
-    uint64_t results_discarded; /**< operations that ran while nobody waited any more */
-    uint64_t queued_ops;        /**< gauge: operations queued, not started */
-    uint64_t running_ops;       /**< gauge: operations running */
-    uint64_t queued_bytes;      /**< gauge: bytes of queued and running operations */
-    uint64_t max_queued_ops;    /**< high-water mark of queued + running operations */
+#define KVT__IO_FIELD(name, kind, help) uint64_t name;
+    KVT_IO_WORKER_COUNTERS(KVT__IO_FIELD)
+#undef KVT__IO_FIELD
     kvt_io_kind_stats by_kind[KVT_IO_KINDS]; /**< the same, per kind */
 } kvt_io_stats;
 
@@ -290,9 +300,8 @@ KVT_API void kvt_io_default_release(kvt_io *io);
 KVT_API int kvt_io_default_stats_get(kvt_io_stats *out);
 
 /** The io report as one JSON object: {"threads", "max_ops", "max_bytes",
- * "queued_ops", "running_ops", "queued_bytes", "max_queued_ops",
- * "submitted", "coalesced", "refused", "ran", "failed", "discarded",
- * "results_discarded", "by_kind": {"<kind>": {KVT_IO_KIND_COUNTERS...}}}.
+ * "max_background", KVT_IO_WORKER_COUNTERS... (in the list's order),
+ * "by_kind": {"<kind>": {KVT_IO_KIND_COUNTERS...}}}.
  * @param opt the worker's options for the bounds (NULL: omitted).
  * @param out receives a string the caller frees with kvt_free.
  * @return 0; KVT_EINVAL; KVT_ENOMEM. Thread-safe. */

@@ -766,12 +766,9 @@ int kvt_io_stats_json(const kvt_io_stats *s, const kvt_io_options *opt, char **o
     if (!bad && opt)
         bad |= put_u64(o, "threads", (uint64_t)opt->threads) | put_u64(o, "max_ops", opt->max_ops) |
                put_u64(o, "max_bytes", opt->max_bytes) | put_u64(o, "max_background", (uint64_t)opt->max_background);
-    if (!bad)
-        bad |= put_u64(o, "queued_ops", s->queued_ops) | put_u64(o, "running_ops", s->running_ops) |
-               put_u64(o, "queued_bytes", s->queued_bytes) | put_u64(o, "max_queued_ops", s->max_queued_ops) |
-               put_u64(o, "submitted", s->submitted) | put_u64(o, "coalesced", s->coalesced) |
-               put_u64(o, "refused", s->refused) | put_u64(o, "ran", s->ran) | put_u64(o, "failed", s->failed) |
-               put_u64(o, "discarded", s->discarded) | put_u64(o, "results_discarded", s->results_discarded);
+#define KVT__IO_JSON(name, kind, help) bad |= bad ? 0 : put_u64(o, #name, s->name);
+    KVT_IO_WORKER_COUNTERS(KVT__IO_JSON)
+#undef KVT__IO_JSON
     for (int k = 0; !bad && k < KVT_IO_KINDS; k++) {
         json_t *ko = json_object();
         const kvt_io_kind_stats *ks = &s->by_kind[k];
