@@ -12,6 +12,9 @@
  *     it (the in-memory tier), written behind by the chain, counted; an
  *     entry the level below already holds (a write-behind level has every
  *     kept prefix) is not written again.
+ *   - The chain's demotion writes run on the process's I/O worker, never on
+ *     a private thread: inside the level's spill, the default worker shows
+ *     a write operation running, and its write counter grew by the end.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +22,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "kvtier/io.h"
 #include "kvtier/tier_chain.h"
 #include "mem_tier.h"
 #include "pc_util.h"
@@ -354,6 +358,65 @@ static void test_demotion_beside_write_behind(void **state)
     fx_done(&f);
 }
 
+/* the level below, wrapped: each spill into it looks at the default I/O
+ * worker from inside the call (the write operation running it counts as a
+ * running write) */
+static kvt_cold_tier wrapped;
+static int spills_seen, spills_on_worker;
+
+static int probe_spill(void *self, kvt_entry *e)
+{
+    kvt_io_stats st;
+    spills_seen++;
+    if (kvt_io_default_stats_get(&st) == 0 && st.running_ops >= 1 && st.by_kind[KVT_IO_KIND_WRITE].queued_ops >= 1)
+        spills_on_worker++;
+    return wrapped.spill(self, e);
+}
+
+/* the chain's demotion of a store eviction is written by a write operation
+ * on the process's I/O worker (no private writer thread): seen running from
+ * inside the level's spill, and counted in the worker's write counters */
+static void test_chain_writes_on_worker(void **state)
+{
+    (void)state;
+    fx f;
+    fx_init(&f);
+    kvt_store *s = open_small(&f);
+    mem_tier *mt;
+    assert_int_equal(mem_tier_create(&mt), 0);
+    wrapped = *mem_tier_iface(mt);
+    kvt_tier_level lv[2] = {{.name = "ssd"}, {.tier = wrapped, .name = "memory"}};
+    lv[1].tier.spill = probe_spill;
+    kvt_store_cold_tier(s, &lv[0].tier);
+    kvt_tier_chain_config cc = {.levels = lv, .n_levels = 2};
+    kvt_tier_chain *c;
+    assert_int_equal(kvt_tier_chain_create(&cc, &c), 0);
+    kvt_cold_tier t;
+    kvt_tier_chain_cold_tier(c, &t);
+    kvt_io_stats before, after;
+    assert_int_equal(kvt_io_default_stats_get(&before), 0); /* the store holds the default worker */
+    spills_seen = spills_on_worker = 0;
+    int32_t a[20], b[20];
+    pcu_seq(a, 20, 800);
+    pcu_seq(b, 20, 900);
+    put(&t, a, 16);
+    put(&t, b, 16); /* the store's budget evicts a: demoted into memory by the chain */
+    assert_int_equal(t.flush(t.self), 0);
+    assert_true(mem_tier_has(mt, "", a, 16));
+    assert_int_equal(kvt_io_default_stats_get(&after), 0);
+    print_message("demotion spills %d, on the I/O worker %d; worker writes ran %llu -> %llu\n", spills_seen,
+                  spills_on_worker, (unsigned long long)before.by_kind[KVT_IO_KIND_WRITE].ran,
+                  (unsigned long long)after.by_kind[KVT_IO_KIND_WRITE].ran);
+    assert_int_equal(spills_seen, 1);
+    assert_int_equal(spills_on_worker, 1);
+    assert_true(after.by_kind[KVT_IO_KIND_WRITE].ran >= before.by_kind[KVT_IO_KIND_WRITE].ran + 1);
+    assert_int_equal(level_stats(c, 0).demotions, 1);
+    kvt_tier_chain_destroy(c);
+    assert_int_equal(kvt_store_close(s), 0);
+    mem_tier_destroy(mt);
+    fx_done(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -362,6 +425,7 @@ int main(void)
         cmocka_unit_test(test_read_only_level),
         cmocka_unit_test(test_store_demotes),
         cmocka_unit_test(test_demotion_beside_write_behind),
+        cmocka_unit_test(test_chain_writes_on_worker),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

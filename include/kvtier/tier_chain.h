@@ -15,8 +15,8 @@
  *   restore            reads from the level that holds the entry, then
  *                      promotes it upward: a copy sharing the same buffers
  *                      (zero bytes copied) is queued for every writable level
- *                      above it and written by the chain's writer thread
- *                      (write-behind: the request never waits for it);
+ *                      above it and written from the chain's write queue
+ *                      on the process's I/O worker (write-behind: the request never waits for it);
  *   store / spill      go to the first writable level (not read-only, with
  *                      a store or spill operation), and a zero-copy copy to
  *                      each write-behind level (KVT_LEVEL_WRITE_BEHIND);
@@ -25,9 +25,9 @@
  *                      levels;
  *   eviction           a level whose tier has set_evict hands what it evicts
  *                      to the next writable level below it (demotion,
- *                      written by the writer thread) instead of deleting it
+ *                      written from the write queue) instead of deleting it
  *                      (e.g. the SSD store's budget evictions into a Redis
- *                      tier). Before writing, the writer asks that level
+ *                      tier). Before writing, the chain asks that level
  *                      whether it already holds the entry or has its write
  *                      queued (pending, find_exact): then nothing is written
  *                      (demotions_skipped). This is how demotion coexists
@@ -35,9 +35,12 @@
  *                      every kept prefix when it was put, so only what it
  *                      lacks (its write was dropped, or its own eviction
  *                      removed it) is demoted into it, once.
- * The writer queue is bounded in entries: a promotion or demotion that finds
- * it full is dropped and counted (promotions_dropped, demotions_dropped),
- * never waited for.
+ * The write queue is bounded in entries: a promotion or demotion that finds
+ * it full (or an I/O worker that refuses its drain operation) is dropped and
+ * counted (promotions_dropped, demotions_dropped), never waited for. The
+ * queue is written in order, one write at a time, by one background write
+ * operation at a time on the process's default I/O worker (kvtier/io.h;
+ * kvt_io_default_acquire): the chain has no writer thread of its own.
  *
  * Every level has a name (kvt_tier_level.name, e.g. "ssd", "redis",
  * "published"), which the service report and the server's metrics show
@@ -47,8 +50,8 @@
  * thread at any time, as tier.h requires; the chain never calls back into
  * its caller. It calls each level's table from the caller's thread (find,
  * find_exact without a budget, restore, store, spill, pending, flush), from a
- * level's lookup thread (find, find_exact with a budget) and from its writer
- * thread (promotion and demotion writes), so every level must be callable
+ * level's lookup thread (find, find_exact with a budget) and from an I/O
+ * worker thread (promotion and demotion writes), so every level must be callable
  * from any thread, as tier.h already requires.
  */
 #ifndef KVTIER_TIER_CHAIN_H
@@ -109,14 +112,15 @@ typedef struct kvt_tier_level {
 typedef struct kvt_tier_chain_config {
     const kvt_tier_level *levels; /* (n_levels), top first; borrowed for the call */
     int32_t n_levels;             /* 1 .. KVT_TIER_CHAIN_MAX */
-    int32_t write_queue;          /* promotions + demotions waiting for the
-                                     writer thread, in entries (0 = 64) */
+    int32_t write_queue;          /* promotions + demotions waiting to be
+                                     written, in entries (0 = 64) */
 } kvt_tier_chain_config;
 
 typedef struct kvt_tier_chain kvt_tier_chain;
 
-/** Makes a chain over cfg->levels: copies the tables, starts the writer
- * thread and one lookup thread per level with a budget, and installs the
+/** Makes a chain over cfg->levels: copies the tables, takes a reference on
+ * the process's default I/O worker (its writes run there), starts one
+ * lookup thread per level with a budget, and installs the
  * eviction hook of every level that demotes (not KVT_LEVEL_NO_DEMOTE, has
  * set_evict, and has a writable level below it).
  * @return 0 and *out (released by kvt_tier_chain_destroy); KVT_EINVAL (cfg
@@ -128,7 +132,8 @@ KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_cha
 
 /** Removes the eviction hooks it installed, writes every queued promotion
  * and demotion, stops its threads (waiting for a lookup still running in a
- * level) and frees the chain. The levels' tiers are not closed: the caller
+ * level), drops its reference on the default I/O worker and frees the
+ * chain. Never call it from an I/O worker thread. The levels' tiers are not closed: the caller
  * closes them afterwards, upper levels first (an entry promoted into a level
  * holds a share of the release hook of the level it was restored from, e.g.
  * the mapping of an SSD shard). NULL is a no-op. Call it once no other

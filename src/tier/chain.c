@@ -4,14 +4,19 @@
  * levels, restore with write-behind promotion upward, writes to the first
  * writable level, demotion of evictions downward, per-level lookup budgets.
  *
- * Owns: the copied level tables, one writer thread with a bounded queue of
- * promotion/demotion writes, one lookup thread per level with a budget, and
- * the chain's per-level counters. Locks: c->mu guards the writer queue and
- * the counters; each lookup worker has its own mutex. No level's table is
- * ever called with either lock held, so a slow or blocking level never holds
- * up another thread's bookkeeping. Never calls back into the chain's caller.
+ * Owns: the copied level tables, a bounded FIFO queue of promotion/demotion
+ * writes drained by one background write operation at a time on the
+ * process's I/O worker (kvtier/io.h: the writes of a chain run in queue
+ * order, one after the other, never on a private thread), one lookup thread
+ * per level with a budget, and the chain's per-level counters. Locks: c->mu
+ * guards the write queue and the counters (lock order: c->mu, then the
+ * worker's); each lookup worker has its own mutex. No level's table is ever
+ * called with either lock held, so a slow or blocking level never holds up
+ * another thread's bookkeeping. Never calls back into the chain's caller.
  */
 #include "kvtier/tier_chain.h"
+
+#include "kvtier/io.h"
 
 #include "internal.h"
 #include "tier_internal.h"
@@ -25,6 +30,7 @@
 #define LEVEL_SHIFT 60
 #define INNER_MASK ((UINT64_C(1) << LEVEL_SHIFT) - 1)
 #define LOOKUP_WAITING_MAX 4
+#define WRITES_PER_RUN 16 /* writes one drain operation does before it queues the next */
 
 enum { OP_FIND, OP_FIND_EXACT };
 enum { W_PROMOTE, W_DEMOTE, W_SPILL };
@@ -73,7 +79,7 @@ typedef struct level {
     kvt_tier_stats st;     /* the chain's view, under chain->mu */
 } level;
 
-/* A promotion, demotion or write-behind spill waiting for the writer. */
+/* A promotion, demotion or write-behind spill waiting in the write queue. */
 typedef struct wjob {
     struct wjob *next;
     int level;             /* the level written into */
@@ -86,14 +92,14 @@ struct kvt_tier_chain {
     level lv[KVT_TIER_CHAIN_MAX];
     int n;
     pthread_mutex_t mu;
-    pthread_cond_t wake;   /* writer: a job or stop */
-    pthread_cond_t idle;   /* drain: queue empty and writer idle */
+    pthread_cond_t idle;   /* drain: queue empty and no drain operation */
     wjob *head, *tail;
     int queued, cap;
-    int writing;           /* the writer is inside a level's table */
+    int writing;           /* a drain operation is inside a level's table */
+    int scheduled;         /* a drain operation is queued or running on the worker */
     int stop;
-    int writer_started;
-    pthread_t writer;
+    uint64_t seq;          /* drain operations submitted (their keys) */
+    kvt_io *io;            /* the process's default I/O worker (a reference) */
 };
 
 static void *lookup_main(void *arg)
@@ -212,7 +218,7 @@ static int level_lookup(level *l, int op, const int32_t *tokens, int64_t n, cons
     return l->t.find_exact ? l->t.find_exact(l->t.self, tokens, n, ns, out) : KVT_ENOTFOUND;
 }
 
-/* ---- entries shared between the caller and the writer ------------------------------ */
+/* ---- entries shared between the caller and the write queue ------------------------- */
 
 /* Makes *copy a kvtier-allocated entry holding zero-copy clones of e's caches and
  * attachments. e's hook (if any) becomes shared by e and the copy. */
@@ -231,9 +237,27 @@ static int entry_share(kvt_entry *e, kvt_entry *copy)
     return rc;
 }
 
-/* ---- the writer ------------------------------------------------------------------- */
+/* ---- the write queue (drained on the I/O worker) ----------------------------------- */
 
-/* Queues a kvtier-allocated entry for the writer; ownership passes on 0. */
+static int drain_run(void *task, void **result);
+
+/* Submits the chain's next drain operation (c->mu held: the worker accepts
+ * or refuses it before another write is queued). Its key is unique, so it
+ * never joins an earlier drain that is about to return. */
+static int submit_drain(kvt_tier_chain *c)
+{
+    kvt_io_op op = {.kind = KVT_IO_KIND_WRITE,
+                    .key = {(uint64_t)(uintptr_t)c ^ UINT64_C(0x63686169e3779b97), ++c->seq ^ UINT64_C(0x7432c4a1d0000000)},
+                    .priority = KVT_IO_BACKGROUND,
+                    .run = drain_run,
+                    .task = c};
+    return kvt_io_submit(c->io, &op, NULL);
+}
+
+/* Queues a kvtier-allocated entry for the write queue; ownership passes on
+ * 0. KVT_EAGAIN when the queue holds cap writes or the chain is stopping;
+ * the I/O worker's error when it cannot take a drain operation (its queue
+ * is full or it is shutting down): the write is not queued. */
 static int enqueue_write(kvt_tier_chain *c, int lvl, int from, int kind, kvt_entry *e)
 {
     wjob *j = kvt__malloc(sizeof *j);
@@ -245,6 +269,15 @@ static int enqueue_write(kvt_tier_chain *c, int lvl, int from, int kind, kvt_ent
         kvt__free(j);
         return KVT_EAGAIN;
     }
+    if (!c->scheduled) {
+        int rc = submit_drain(c);
+        if (rc) {
+            pthread_mutex_unlock(&c->mu);
+            kvt__free(j);
+            return rc;
+        }
+        c->scheduled = 1;
+    }
     *j = (wjob){NULL, lvl, from, kind, *e};
     memset(e, 0, sizeof *e);
     if (c->tail)
@@ -253,7 +286,6 @@ static int enqueue_write(kvt_tier_chain *c, int lvl, int from, int kind, kvt_ent
         c->head = j;
     c->tail = j;
     c->queued++;
-    pthread_cond_signal(&c->wake);
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -277,7 +309,7 @@ static int write_entry(level *l, kvt_entry *e)
 /* Whether level l already holds e, or has its write queued: a demotion of
  * it is not written again (a write-behind level got every kept prefix when
  * it was put; a restored entry was promoted from there). Asks the level
- * (may block on I/O: runs on the writer thread, within the level's lookup
+ * (may block on I/O: runs in a drain operation, within the level's lookup
  * budget). */
 static int level_holds(level *l, const kvt_entry *e)
 {
@@ -287,15 +319,24 @@ static int level_holds(level *l, const kvt_entry *e)
     return level_lookup(l, OP_FIND_EXACT, e->tokens, e->n_tokens, e->ns, &h) == 0;
 }
 
-static void *writer_main(void *arg)
+/* The drain operation (on an I/O worker thread): writes the queued jobs in
+ * order, WRITES_PER_RUN at most, then queues the next drain operation when
+ * jobs are left (so other background I/O gets its turn) or clears
+ * c->scheduled and wakes kvt_tier_chain_drain. Never touches c after its
+ * last unlock (the chain may be destroyed then). */
+static int drain_run(void *task, void **result)
 {
-    kvt_tier_chain *c = arg;
+    kvt_tier_chain *c = task;
+    (void)result;
     pthread_mutex_lock(&c->mu);
-    for (;;) {
-        while (!c->head && !c->stop)
-            pthread_cond_wait(&c->wake, &c->mu);
-        if (!c->head)
+    for (int done = 0;; done++) {
+        if (c->head && done >= WRITES_PER_RUN && submit_drain(c) == 0)
+            break; /* the next operation goes on; if the worker refused it, this one does */
+        if (!c->head) {
+            c->scheduled = 0;
+            pthread_cond_broadcast(&c->idle);
             break;
+        }
         wjob *j = c->head;
         c->head = j->next;
         if (!c->head)
@@ -328,12 +369,9 @@ static void *writer_main(void *arg)
         }
         c->writing = 0;
         kvt__free(j);
-        if (!c->head)
-            pthread_cond_broadcast(&c->idle);
     }
-    pthread_cond_broadcast(&c->idle);
     pthread_mutex_unlock(&c->mu);
-    return NULL;
+    return 0;
 }
 
 /* Queues a zero-copy copy of e for every writable level above `from` that
@@ -555,7 +593,7 @@ static int ch_spill(void *self, kvt_entry *e)
     if (!l)
         return kvt__fail(KVT_EREADONLY, "tier chain spill: every level is read-only");
     write_behind(c, l, e);
-    if (!l->t.spill) /* a store-only level: the writer thread stores it */
+    if (!l->t.spill) /* a store-only level: a drain operation on the I/O worker stores it */
         return enqueue_write(c, l->index, l->index, W_SPILL, e);
     int rc = l->t.spill(l->t.self, e);
     if (rc == 0)
@@ -628,7 +666,7 @@ KVT_API int kvt_tier_chain_drain(kvt_tier_chain *c)
     if (!c)
         return kvt__fail(KVT_EINVAL, "kvt_tier_chain_drain: chain is NULL");
     pthread_mutex_lock(&c->mu);
-    while (c->head || c->writing)
+    while (c->head || c->writing || c->scheduled)
         pthread_cond_wait(&c->idle, &c->mu);
     pthread_mutex_unlock(&c->mu);
     return 0;
@@ -765,15 +803,16 @@ KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c)
     for (int i = 0; i < c->n; i++)
         if (c->lv[i].hooked)
             c->lv[i].t.set_evict(c->lv[i].t.self, NULL, NULL);
-    if (c->writer_started) {
+    if (c->io) {
+        /* every queued write is written (the close/flush guarantee), then
+         * no drain operation refers to the chain any more */
         kvt_tier_chain_drain(c);
         pthread_mutex_lock(&c->mu);
         c->stop = 1;
-        pthread_cond_broadcast(&c->wake);
         pthread_mutex_unlock(&c->mu);
-        pthread_join(c->writer, NULL);
+        kvt_io_default_release(c->io);
     }
-    for (wjob *j = c->head, *next; j; j = next) { /* only when the writer never started */
+    for (wjob *j = c->head, *next; j; j = next) { /* only when no worker was acquired */
         next = j->next;
         kvt_entry_clear(&j->e);
         kvt__free(j);
@@ -781,7 +820,6 @@ KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c)
     for (int i = 0; i < c->n; i++)
         stop_lookup(&c->lv[i]);
     pthread_mutex_destroy(&c->mu);
-    pthread_cond_destroy(&c->wake);
     pthread_cond_destroy(&c->idle);
     kvt__free(c);
 }
@@ -830,7 +868,6 @@ KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_cha
     c->n = cfg->n_levels;
     c->cap = cfg->write_queue ? cfg->write_queue : 64;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->wake, NULL);
     pthread_cond_init(&c->idle, NULL);
     int rc = 0;
     for (int i = 0; i < c->n; i++) {
@@ -848,12 +885,9 @@ KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_cha
         if (rc == 0 && l->budget_ms > 0)
             rc = start_lookup(l);
     }
-    if (rc == 0) {
-        int err = pthread_create(&c->writer, NULL, writer_main, c);
-        if (err)
-            rc = kvt__fail(-err, "tier chain: cannot start the writer thread");
-        else
-            c->writer_started = 1;
+    if (rc == 0 && (rc = kvt_io_default_acquire(&c->io)) != 0) {
+        c->io = NULL;
+        rc = kvt__fail(rc, "tier chain: cannot start the I/O worker: %s", kvt_strerror(rc));
     }
     if (rc) {
         kvt_tier_chain_destroy(c);
