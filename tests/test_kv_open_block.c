@@ -40,6 +40,7 @@
 #include "kvtier/service.h"
 #include "kvtier/store.h"
 #include "model.h"
+#include "test_rng.h"
 #include "test_seed.h"
 
 #include <float.h>
@@ -50,15 +51,6 @@
 #include <unistd.h>
 
 static uint64_t g_seed;
-
-static float rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
 
 #define D 6
 #define B 4
@@ -71,8 +63,8 @@ static void rows(uint64_t seed, float *k, float *v)
 {
     uint64_t s = seed;
     for (int i = 0; i < N * D; i++) {
-        k[i] = rnd(&s) * 3.0f;
-        v[i] = rnd(&s) + 0.5f;
+        k[i] = rng_sym(&s) * 3.0f;
+        v[i] = rng_sym(&s) + 0.5f;
     }
 }
 
@@ -373,7 +365,7 @@ static void test_engine_open_block(void **state)
     int32_t tok[40];
     uint64_t s = g_seed + 3;
     for (int i = 0; i < 40; i++)
-        tok[i] = 1 + (int32_t)((rnd(&s) + 1.0f) * 24.0f) % 49;
+        tok[i] = 1 + (int32_t)((rng_sym(&s) + 1.0f) * 24.0f) % 49;
     float ref[2][50];
     kvt_cache *c[2];
     assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_F32), 0);

@@ -33,6 +33,7 @@
 #include "kvtier/prompt_cache.h"
 #include "kvtier/store.h"
 #include "model.h"
+#include "test_rng.h"
 #include "test_seed.h"
 
 #include <math.h>
@@ -42,15 +43,6 @@
 #include <unistd.h>
 
 static uint64_t g_seed;
-
-static float rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
 
 #define D 6
 #define B 4
@@ -63,8 +55,8 @@ static void rows(uint64_t seed, float *k, float *v)
     uint64_t s = seed;
     for (int t = 0; t < N; t++)
         for (int c = 0; c < D; c++) {
-            k[t * D + c] = rnd(&s) * (float)((c + 1) * (c + 1));
-            v[t * D + c] = rnd(&s) + (float)c;
+            k[t * D + c] = rng_sym(&s) * (float)((c + 1) * (c + 1));
+            v[t * D + c] = rng_sym(&s) + (float)c;
         }
 }
 
@@ -369,7 +361,7 @@ static void test_engine_split_at_blocks(void **state)
     int32_t tok[40];
     uint64_t s = g_seed;
     for (int i = 0; i < 40; i++)
-        tok[i] = 1 + (int32_t)((rnd(&s) + 1.0f) * 24.0f) % 49;
+        tok[i] = 1 + (int32_t)((rng_sym(&s) + 1.0f) * 24.0f) % 49;
     kvt_cache *one[2], *pieces[2];
     float l1[50], l2[50];
     assert_int_equal(kvt_model_new_caches(m, 16, one), 0);

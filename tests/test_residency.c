@@ -39,6 +39,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "seq.h"
+#include "test_rng.h"
 #include "test_seed.h"
 
 #include <dirent.h>
@@ -51,16 +52,6 @@
 
 static char g_dir[256];
 static uint64_t g_seed;
-
-static uint64_t rnd(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rndf(uint64_t *s) { return (float)((double)(rnd(s) >> 11) / 9007199254740992.0) * 2.0f - 1.0f; }
 
 /* ---- the state machine ------------------------------------------------------------- */
 
@@ -118,8 +109,8 @@ static void append_rows(kvt_cache *c, int n, uint64_t *s, float *ref)
     for (int t = 0; t < n; t++) {
         float k[D], v[D];
         for (int j = 0; j < D; j++) {
-            k[j] = rndf(s);
-            v[j] = rndf(s);
+            k[j] = rng_sym(s);
+            v[j] = rng_sym(s);
         }
         if (ref) {
             memcpy(ref + (size_t)t * 2 * D, k, sizeof k);
@@ -464,7 +455,7 @@ static int run(kvt_residency *r, float *out, int *failed_at)
     int32_t prompt[PROMPT];
     uint64_t s = 99;
     for (int i = 0; i < PROMPT; i++)
-        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
     *failed_at = -1;
     rc = kvt_model_prefill(m, caches, prompt, PROMPT, out);
     for (int g = 0; rc == 0 && g < GEN; g++) {
@@ -545,7 +536,7 @@ static void test_window_head_groups(void **state)
     static int32_t prompt[N];
     uint64_t s = g_seed ^ 3;
     for (int i = 0; i < N; i++)
-        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
     float *lg[2];
     kvt_residency_stats st;
     size_t bb = kvt_model_kv_bytes_per_token(m) / 2 * BLOCK;
@@ -597,9 +588,9 @@ static void test_batched_decode_identical(void **state)
     int32_t pa[200], pb[120];
     uint64_t s = 5;
     for (int i = 0; i < 200; i++)
-        pa[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        pa[i] = (int32_t)(rng_below(&s, (uint64_t)V));
     for (int i = 0; i < 120; i++)
-        pb[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        pb[i] = (int32_t)(rng_below(&s, (uint64_t)V));
     float *la = malloc((size_t)V * 4), *ls = malloc((size_t)V * 4), *lb = malloc(2 * (size_t)V * 4);
     assert_int_equal(kvt_model_prefill(m, a, pa, 200, la), 0);
     assert_int_equal(kvt_model_prefill(m, solo, pa, 200, ls), 0);
@@ -648,7 +639,7 @@ static void test_batched_prefill_walks_once(void **state)
     static int32_t prompt[N], toks[2 * ROWS];
     uint64_t s = g_seed ^ 11;
     for (int i = 0; i < N; i++)
-        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
     float *lg = malloc(2 * (size_t)V * sizeof(float)), *ls = malloc(2 * (size_t)V * sizeof(float));
     assert_non_null(lg);
     assert_non_null(ls);
@@ -728,7 +719,7 @@ static void test_decode_reads_once(void **state)
         int32_t prompt[PROMPT];
         uint64_t s = 99; /* run()'s prompt */
         for (int i = 0; i < PROMPT; i++)
-            prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+            prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
         memset(bound, 0, n * sizeof *bound);
         assert_int_equal(kvt_model_prefill(m, caches, prompt, PROMPT, bound), 0);
         kvt_residency_stats s0, s1;
@@ -938,7 +929,7 @@ static void test_service_bounded(void **state)
     int32_t prompt[PROMPT], ra[GEN], rb[GEN];
     uint64_t s = 17;
     for (int i = 0; i < PROMPT; i++)
-        prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+        prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
     /* a budget the whole context (324 tokens, 3 layers, whole blocks) does not fit in,
      * but a bound of 2 blocks (plus the 3 tails) does */
     kvt_service *svc = NULL;
@@ -1020,7 +1011,7 @@ static void test_qkvc_service_bounded(void **state)
         int32_t prompt[PROMPT], ra[GEN], rb[GEN];
         uint64_t s = 5;
         for (int i = 0; i < PROMPT; i++)
-            prompt[i] = (int32_t)(rnd(&s) % (uint64_t)V);
+            prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
         kvt_sampler *sa = NULL;
         assert_int_equal(kvt_sampler_create(V, 0.0f, 0.9f, 1, &sa), 0);
         kvt_chat_service_opts so = {.prompt_cache_bytes = 64 << 20, .block_tokens = BLOCK};

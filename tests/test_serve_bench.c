@@ -2,7 +2,9 @@
  * test_serve_bench.c: `kvtier bench serve` on stories260K with one-token
  * decode streams (--decode-tokens 1): every stream's tokens arrive in one
  * server-sent event, which is a reply, not a request error (the bench
- * counted each such stream as an error and exited 1). Skipped with a message
+ * counted each such stream as an error and exited 1); the server's overhead
+ * per request is printed beside its baseline (a GET /health round trip of the
+ * same run). Skipped with a message
  * when KVT_BIN or the model is missing.
  */
 #include <setjmp.h>
@@ -52,6 +54,20 @@ static void test_one_event_streams(void **state)
     assert_non_null(strstr(text, "replies identical with and without the cache: yes"));
     /* one round per server: 1 stream, then 3 streams, each in one event */
     assert_non_null(strstr(text, "4 streams got all their tokens in one event"));
+    /* the overhead is printed beside its baseline, both measured (a GET
+     * /health round trip is not free and the completion's overhead is not
+     * below it by more than noise allows: both > 0) */
+    const char *o = strstr(text, "server overhead per request");
+    assert_non_null(o);
+    const char *c = strstr(o, "): ");
+    assert_non_null(c);
+    double over = strtod(c + 3, NULL);
+    const char *b = strstr(o, "alternating with them: ");
+    assert_non_null(b);
+    double base = strtod(b + strlen("alternating with them: "), NULL);
+    printf("overhead %.3f ms, GET /health %.3f ms\n", over, base);
+    assert_true(over > 0.0 && over < 1000.0);
+    assert_true(base > 0.0 && base < 1000.0);
 }
 
 int main(void)
