@@ -452,10 +452,10 @@ static void test_engine_serves_block_boundary(void **state)
     int32_t ta[NA], tb[NB];
     uint64_t s = g_seed;
     for (int i = 0; i < NA; i++)
-        ta[i] = 1 + (int32_t)((rnd(&s) + 1.0f) * 24.0f) % 49;
+        ta[i] = 1 + (int32_t)((rng_sym(&s) + 1.0f) * 24.0f) % 49;
     memcpy(tb, ta, SHARED * sizeof *tb);
     for (int i = SHARED; i < NB; i++)
-        tb[i] = 1 + (int32_t)((rnd(&s) + 1.0f) * 24.0f) % 49;
+        tb[i] = 1 + (int32_t)((rng_sym(&s) + 1.0f) * 24.0f) % 49;
     tb[SHARED] = ta[SHARED] % 49 + 1; /* the prompts part at 200 */
     const kvt_kv_scheme schemes[] = {KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8};
     for (size_t si = 0; si < sizeof schemes / sizeof *schemes; si++) {
