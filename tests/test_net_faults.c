@@ -16,6 +16,9 @@
  *     storing the workload again makes every entry restorable.
  * Also Redis unreachable on every call (path match on the peer): every
  * store fails cleanly and every lookup misses.
+ * The runs of a walk are spread over worker processes, each with a
+ * redis-server of its own (tests/support/fault_walk.h; KVT_FAULT_WORKERS,
+ * default 8): every N is run and checked as one after another would.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +27,7 @@
 #include <cmocka.h>
 
 #include "internal.h"
+#include "fault_walk.h"
 #include "io_shim.h"
 #include "pc_util.h"
 #include "redis_util.h"
@@ -55,7 +59,12 @@ static const wl_entry WL[] = {
 };
 #define N_WL ((int)(sizeof WL / sizeof WL[0]))
 
-static redis_srv g_srv;
+/* One redis-server per walk worker (each run flushes its own); g_srv[0]
+ * also serves the cases outside the walks. */
+#define MAX_SRV 16
+static redis_srv g_srv[MAX_SRV];
+static int g_n_srv;
+static int g_worker; /* the walk worker of this process (its server) */
 static kvt_store_identity g_id[2];
 static char g_fp[2][KVT_STORE_FINGERPRINT_LEN];
 
@@ -64,23 +73,35 @@ typedef struct outcome {
     int bad; /* a violation (printed) */
 } outcome;
 
-/* The two models' tiers. */
-static void open_tiers(kvt_remote **r)
+/* The two models' tiers (on this worker's server); a failure is a
+ * violation (this runs in walk workers: no cmocka assertion). */
+static int open_tiers(kvt_remote **r, outcome *o)
 {
-    kvt_remote_options o = {.lookup_timeout_ms = 500, .io_timeout_ms = 500, .quiet = 1};
+    kvt_remote_options opt = {.lookup_timeout_ms = 500, .io_timeout_ms = 500, .quiet = 1};
     for (int m = 0; m < 2; m++) {
         r[m] = NULL;
-        assert_int_equal(kvt_remote_open(g_srv.url, &g_id[m], &o, &r[m]), 0);
+        if (kvt_remote_open(g_srv[g_worker].url, &g_id[m], &opt, &r[m])) {
+            fprintf(stderr, "  cannot open the tier of model %d: %s\n", m, kvt_last_error());
+            o->bad++;
+            if (m)
+                kvt_remote_close(r[0]);
+            return -1;
+        }
     }
+    return 0;
 }
 
 /* Bad records both tiers saw. */
-static uint64_t bad_records(kvt_remote **r)
+static uint64_t bad_records(kvt_remote **r, outcome *o)
 {
     uint64_t n = 0;
     for (int m = 0; m < 2; m++) {
         kvt_remote_stats st;
-        assert_int_equal(kvt_remote_stats_get(r[m], &st), 0);
+        if (kvt_remote_stats_get(r[m], &st)) {
+            fprintf(stderr, "  no stats of model %d's tier\n", m);
+            o->bad++;
+            continue;
+        }
         n += st.bad_records;
     }
     return n;
@@ -100,7 +121,11 @@ static void store_all(kvt_remote **r, outcome *o)
         int32_t tok[32];
         pcu_seq(tok, WL[i].n, WL[i].base);
         kvt_entry e;
-        assert_int_equal(store_make_entry(WL[i].cfg, "", tok, WL[i].n, &e), 0);
+        if (store_make_entry(WL[i].cfg, "", tok, WL[i].n, &e)) {
+            fprintf(stderr, "  entry %d: cannot build it\n", i);
+            o->bad++;
+            continue;
+        }
         kvt__clear_error();
         int rc = t.store(t.self, &e);
         if (rc) {
@@ -151,7 +176,12 @@ static void restore_all(kvt_remote **r, outcome *o)
             continue;
         }
         /* the entry found may be another one the workload stored (sharing a prefix) */
-        assert_int_equal(store_make_entry(WL[i].cfg, "", tok, got.n_tokens, &want), 0);
+        if (store_make_entry(WL[i].cfg, "", tok, got.n_tokens, &want)) {
+            fprintf(stderr, "  entry %d: cannot build the expected entry\n", i);
+            o->bad++;
+            kvt_entry_clear(&got);
+            continue;
+        }
         if (got.n_tokens != hit.n_tokens || store_entry_diff(&got, &want)) {
             fprintf(stderr, "  entry %d restored with other bytes (%lld tokens)\n", i, (long long)got.n_tokens);
             o->bad++;
@@ -166,10 +196,11 @@ static void workload(outcome *o)
 {
     memset(o, 0, sizeof *o);
     kvt_remote *r[2];
-    open_tiers(r);
+    if (open_tiers(r, o))
+        return;
     store_all(r, o);
     restore_all(r, o);
-    uint64_t bad = bad_records(r);
+    uint64_t bad = bad_records(r, o);
     if (bad) { /* a fault made a good record look bad (and deleted it) */
         fprintf(stderr, "  %llu record(s) refused as bad under the fault\n", (unsigned long long)bad);
         o->bad++;
@@ -182,11 +213,12 @@ static void workload(outcome *o)
 static void check_clean(outcome *o)
 {
     kvt_remote *r[2];
-    open_tiers(r);
+    if (open_tiers(r, o))
+        return;
     outcome c;
     memset(&c, 0, sizeof c);
     restore_all(r, &c);
-    uint64_t bad = bad_records(r);
+    uint64_t bad = bad_records(r, o);
     if (bad) {
         fprintf(stderr, "  %llu bad record(s) left in Redis\n", (unsigned long long)bad);
         o->bad++;
@@ -207,49 +239,66 @@ static void check_clean(outcome *o)
     close_tiers(r);
 }
 
-static void flushall(void) { assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "FLUSHALL"), 0); }
-
-typedef struct walk_fig {
-    int64_t calls, walked, ok, failed_cleanly;
-} walk_fig;
-
-static void walk(const char *what, int err, int short_write, walk_fig *w)
+/* Empties this worker's server: 0, or -1 with a message. */
+static int flushall(void)
 {
-    memset(w, 0, sizeof *w);
-    int bad = 0;
-    for (int64_t n = 1;; n++) {
-        flushall();
-        kvt__io_fault f = {.ops = KVT_IO_NET_OPS, .fail_at = n, .err = err, .short_write = short_write};
-        kvt__io_arm(&f);
-        outcome o;
-        workload(&o);
-        kvt__io_disarm();
-        int64_t calls = kvt__io_calls(), failed = kvt__io_failures();
-        if (failed == 0) { /* fewer than n calls: the walk is over */
-            w->calls = calls;
-            assert_int_equal(o.bad, 0);
-            assert_int_equal(o.store_failed, 0);
-            assert_int_equal(o.restored, N_WL);
-            break;
-        }
-        w->walked++;
+    if (redis_cmd(g_srv[g_worker].port, NULL, 0, NULL, "FLUSHALL") == 0)
+        return 0;
+    fprintf(stderr, "  FLUSHALL on port %d failed\n", g_srv[g_worker].port);
+    return -1;
+}
+
+typedef struct walk_arg {
+    int err, short_write;
+    const char *what;
+} walk_arg;
+
+/* One run of a walk, in a worker process (fault_walk.h): violations are
+ * counted in out->bad. v[]: stored, store failures, restored. */
+static void walk_run(int64_t n, int worker, void *ctx, fw_run *out)
+{
+    const walk_arg *a = ctx;
+    g_worker = worker;
+    outcome o;
+    memset(&o, 0, sizeof o);
+    if (flushall()) {
+        out->bad = 1;
+        out->failed = -1; /* a violation (bad_runs); the walk goes on */
+        return;
+    }
+    kvt__io_fault f = {.ops = KVT_IO_NET_OPS, .fail_at = n, .err = a->err, .short_write = a->short_write};
+    kvt__io_arm(&f);
+    workload(&o);
+    kvt__io_disarm();
+    out->calls = kvt__io_calls();
+    out->failed = kvt__io_failures();
+    if (out->failed) {
         check_clean(&o);
-        if (!o.store_failed && !o.restore_failed && !o.missed)
-            w->ok++;
-        else
-            w->failed_cleanly++;
-        if (o.bad) {
+        out->ok = !o.store_failed && !o.restore_failed && !o.missed;
+        if (o.bad)
             fprintf(stderr, "%s: network call %lld failed: %d violation(s) (stored %d, store failures %d, restored %d, "
                     "restore failures %d, misses %d)\n",
-                    what, (long long)n, o.bad, o.stored, o.store_failed, o.restored, o.restore_failed, o.missed);
-            bad++;
-        }
-        assert_true(n < 10000);
+                    a->what, (long long)n, o.bad, o.stored, o.store_failed, o.restored, o.restore_failed, o.missed);
     }
+    out->bad = o.bad;
+    out->v[0] = o.stored, out->v[1] = o.store_failed, out->v[2] = o.restored;
+}
+
+/* Walks N over every network call of the workload with this fault, over
+ * worker processes with a redis-server each (the same runs and checks as
+ * one after another). */
+static void walk(const char *what, int err, int short_write, fw_result *w)
+{
+    walk_arg a = {err, short_write, what};
+    int rc = fault_walk(g_n_srv, 10000, walk_run, &a, w);
     printf("  %-12s %4lld network calls in the workload, each failed in turn: %4lld runs succeeded anyway, %4lld "
-           "failed cleanly\n",
-           what, (long long)w->calls, (long long)w->ok, (long long)w->failed_cleanly);
-    assert_int_equal(bad, 0);
+           "failed cleanly (%d workers)\n",
+           what, (long long)w->calls, (long long)w->ok, (long long)w->failed_cleanly, g_n_srv);
+    assert_int_equal(rc, 0);
+    /* the fault-free run stored and restored everything */
+    assert_int_equal(w->clean.v[1], 0);
+    assert_int_equal(w->clean.v[2], N_WL);
+    assert_int_equal(w->bad_runs, 0);
     assert_int_equal(w->walked, w->calls);
     assert_true(w->calls >= 10);
 }
@@ -257,7 +306,7 @@ static void walk(const char *what, int err, int short_write, walk_fig *w)
 static void walk_reset(void **state)
 {
     (void)state;
-    walk_fig w;
+    fw_result w;
     walk("ECONNRESET", ECONNRESET, 0, &w);
     assert_true(w.failed_cleanly > 0);
 }
@@ -265,14 +314,14 @@ static void walk_reset(void **state)
 static void walk_timeout(void **state)
 {
     (void)state;
-    walk_fig w;
+    fw_result w;
     walk("timeout", EAGAIN, 0, &w); /* what a socket read or write past its timeout reports */
 }
 
 static void walk_half_sent(void **state)
 {
     (void)state;
-    walk_fig w;
+    fw_result w;
     walk("half sent", EPIPE, 1, &w);
 }
 
@@ -280,9 +329,10 @@ static void walk_half_sent(void **state)
 static void unreachable(void **state)
 {
     (void)state;
-    flushall();
+    g_worker = 0;
+    assert_int_equal(flushall(), 0);
     char peer[64];
-    snprintf(peer, sizeof peer, "127.0.0.1:%d", g_srv.port);
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", g_srv[0].port);
     kvt__io_fault f = {.ops = KVT_IO_NET_OPS, .path_has = peer, .err = ECONNREFUSED};
     kvt__io_arm(&f);
     outcome o;
@@ -301,10 +351,16 @@ int main(void)
 {
     if (!redis_available("test_net_faults"))
         return 0;
-    if (redis_start(&g_srv, 64, NULL)) {
-        fprintf(stderr, "test_net_faults: cannot start redis-server\n");
-        return 1;
-    }
+    g_n_srv = fault_walk_workers();
+    if (g_n_srv > MAX_SRV)
+        g_n_srv = MAX_SRV;
+    for (int i = 0; i < g_n_srv; i++)
+        if (redis_start(&g_srv[i], 64, NULL)) {
+            fprintf(stderr, "test_net_faults: cannot start redis-server %d\n", i);
+            while (i-- > 0)
+                redis_stop(&g_srv[i]);
+            return 1;
+        }
     store_identity(&CFG, "model-net", g_fp[0], &g_id[0]);
     store_identity(&CFG_HYB, "model-net-hybrid", g_fp[1], &g_id[1]);
     const struct CMUnitTest tests[] = {
@@ -314,6 +370,7 @@ int main(void)
         cmocka_unit_test(unreachable),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
-    redis_stop(&g_srv);
+    for (int i = 0; i < g_n_srv; i++)
+        redis_stop(&g_srv[i]);
     return failed ? 1 : 0;
 }

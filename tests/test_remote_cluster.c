@@ -160,18 +160,88 @@ static void first_block_name(const int32_t *tok, char *out, size_t cap)
 
 /* a slot reassigned after the tier read the map: the tier's write goes to
  * the old owner, gets MOVED, follows it and learns the new owner */
-/* Gives slot to node `to` (node id `id`): that node first, with a config
- * epoch above every other (CLUSTER BUMPEPOCH), then the others. Without the
- * bump a cluster-bus message the old owner sent before its SETSLOT, arriving
- * late (a slow network), could hand the slot back on the new owner, and the
- * two would redirect to each other. */
+/* In the CLUSTER NODES of the node on `port`: the config epoch it knows
+ * for node `id` (-1: not listed, or no answer), and in *owns whether it
+ * maps `slot` to that node. */
+static long long node_view(int port, const char *id, long long slot, int *owns)
+{
+    static char nodes[1 << 14];
+    *owns = 0;
+    memset(nodes, 0, sizeof nodes);
+    if (redis_cmd(port, nodes, sizeof nodes - 1, NULL, "CLUSTER NODES") != 0)
+        return -1;
+    size_t idn = strlen(id);
+    for (char *line = nodes; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl)
+            *nl = '\0';
+        if (!strncmp(line, id, idn) && line[idn] == ' ') {
+            /* <id> <addr> <flags> <master> <ping> <pong> <config-epoch> <link> <slot or range>... */
+            long long epoch = -1;
+            char *save = NULL, *tok = strtok_r(line, " ", &save);
+            for (int f = 1; (tok = strtok_r(NULL, " ", &save)) != NULL; f++) {
+                if (f == 6) {
+                    epoch = strtoll(tok, NULL, 10);
+                } else if (f >= 8 && tok[0] != '[') { /* [slot->-id]: a migration, not ownership */
+                    char *end = NULL;
+                    long long a = strtoll(tok, &end, 10), b = *end == '-' ? strtoll(end + 1, NULL, 10) : a;
+                    *owns |= slot >= a && slot <= b;
+                }
+            }
+            return epoch;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    return -1;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+#ifndef KVT_TEST_TIME_SCALE
+#define KVT_TEST_TIME_SCALE 1 /* CMake: 10 under TSan, 3 under ASan, else 1 */
+#endif
+
+/* Gives slot to node `to` (node id `id`): that node first bumps its config
+ * epoch above every other (CLUSTER BUMPEPOCH), then takes the slot, then
+ * the others are told; then the move waits (10 s x KVT_TEST_TIME_SCALE at
+ * most) until every node knows that epoch and maps the slot to `to`. A node
+ * takes a slot from a claim of a higher epoch than its own, and cluster-bus
+ * messages are late on a slow network: with the slot taken before the bump
+ * (as this did before), the old owner's heartbeat, sent before it was told,
+ * could arrive in between and hand the slot back on the new owner itself,
+ * while the others were then told the new owner has it: the nodes redirected
+ * to each other for good (seen under the delay shim, SEND/RECV 1 ms: a store
+ * that gave up after 8 redirects, "storage I/O failed"; and the new owner
+ * not owning the slot right after its own SETSLOT). The third node may still
+ * take the old owner's late claim until the new owner's heartbeat brings it
+ * the bumped epoch: the wait covers that. */
 static void move_slot(long long slot, int to, const char *id)
 {
-    assert_int_equal(redis_cmd(g_ports[to], NULL, 0, NULL, "CLUSTER SETSLOT %lld NODE %s", slot, id), 0);
     assert_int_equal(redis_cmd(g_ports[to], NULL, 0, NULL, "CLUSTER BUMPEPOCH"), 0);
+    assert_int_equal(redis_cmd(g_ports[to], NULL, 0, NULL, "CLUSTER SETSLOT %lld NODE %s", slot, id), 0);
     for (int i = 0; i < N; i++)
         if (i != to)
             assert_int_equal(redis_cmd(g_ports[i], NULL, 0, NULL, "CLUSTER SETSLOT %lld NODE %s", slot, id), 0);
+    int owns = 0;
+    long long epoch = node_view(g_ports[to], id, slot, &owns);
+    assert_true(epoch > 0);
+    for (int i = 0; i < N; i++) {
+        long long seen = -1;
+        for (int tries = 0; tries < 1000 * KVT_TEST_TIME_SCALE; tries++) {
+            seen = node_view(g_ports[i], id, slot, &owns);
+            if (seen >= epoch && owns)
+                break;
+            sleep_ms(10);
+        }
+        if (!(seen >= epoch && owns))
+            fail_msg("node %d: slot %lld still not on node %d (epoch %lld known, %lld set, owned %d)", i, slot, to,
+                     seen, epoch, owns);
+    }
 }
 
 static void t_moved(void **state)
