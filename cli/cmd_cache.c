@@ -49,8 +49,9 @@ static void usage(FILE *f)
             "                   a reader still holds is kept until the next publication\n"
             "  --block N        kv block size in tokens (default 256, as chat and serve)\n"
             "  --threads N      engine threads (default: the model's)\n"
-            "  --kv-dtype S     storage scheme of the published K/V: f32 (default), f16, bf16,\n"
-            "                   q8 (8-bit codes per channel over each kv block); a generation\n"
+            "  --kv-dtype S     storage scheme of the published K/V: f16 (default, as chat and\n"
+            "                   serve), f32, bf16, q8 (8-bit codes per channel over each kv\n"
+            "                   block); a generation\n"
             "                   serves only a chat or server running the same --kv-dtype (the\n"
             "                   scheme is part of the cache configuration)\n"
             "  --model M --tokenizer T  a llama2.c checkpoint and its tokenizer (both, or neither\n"
@@ -350,7 +351,7 @@ static int cmd_publish(int argc, char **argv)
 {
     const char *model_path = NULL, *tok_path = NULL, *prompts_path = NULL, *out_dir = NULL;
     long long keep = 2, block = 256, threads = 0;
-    kvt_kv_scheme kv_scheme = KVT_KV_F32;
+    kvt_kv_scheme kv_scheme = KVT_KV_F16;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (i + 1 >= argc)

@@ -132,7 +132,10 @@ static void usage(FILE *f)
             "                        engine thread included, 1 to 64 (default: online CPUs, at\n"
             "                        most 8); replies do not depend on it\n"
             KVT_CLI_KV_DTYPE_HELP
-            "                        (default f32)\n"
+            "                        (default f16: greedy replies of stories260K agree with f32 on\n"
+            "                        64 of 64 prompts, perplexity equal, half the bytes; `kvtier\n"
+            "                        bench kv-dtype`; a cached prefix is cut back at block\n"
+            "                        boundaries)\n"
             "  --live-cache-blocks N, --live-cache-bytes B  each request keeps at most N full kv\n"
             "                        blocks (B bytes; the smaller wins) of its context in RAM; the\n"
             "                        others are written once to a page file and read back,\n"
@@ -184,7 +187,7 @@ static void forward_to_main(int sig)
 
 int kvt_cmd_serve(int argc, char **argv)
 {
-    kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080};
+    kvt_server_opts o = {.prompt_cache_bytes = 1ull << 30, .port = 8080, .kv_scheme = KVT_KV_F16};
     long long redis_timeout = 0, redis_ttl = 0, redis_restore = 0;
     long long port = 8080, max_queue = 64, max_running = 64, shutdown_ms = 10000, demote = 0, conn_timeout = 30,
               max_conn = 256, threads = 0, ckpt_every = 0, live_blocks = 0, prefill_chunk = 0;

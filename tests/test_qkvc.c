@@ -15,7 +15,11 @@
  *    to a q8 model;
  *  - the engine: a q8 prefill in one call equals the same prompt prefilled
  *    block by block, bit for bit (a chunk never crosses a block boundary, so
- *    queries read their own block in f32 however the prompt was split).
+ *    queries read their own block in f32 however the prompt was split);
+ *  - cutting back below the sealed tokens at a block boundary (granule B),
+ *    and the prompt cache serving it: an f16/bf16/q8 entry of 283 tokens
+ *    sharing 200 with a prompt is lent cut to 192, and the prefilled rest
+ *    gives the uncached run's logits and state bit for bit.
  * Randomized: prints and accepts its seed (KVT_TEST_SEED).
  */
 #include <setjmp.h>
@@ -26,6 +30,7 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/common.h"
+#include "kvtier/prompt_cache.h"
 #include "kvtier/store.h"
 #include "model.h"
 #include "test_rng.h"
@@ -382,6 +387,120 @@ static void test_engine_split_at_blocks(void **state)
     rmdir(dir);
 }
 
+/* Cut back to a block boundary below the sealed tokens (granule B): whole
+ * sealed blocks go, the open block is empty; other lengths below the sealed
+ * tokens stay refused, naming the granule. */
+static void test_cut_at_block_boundary(void **state)
+{
+    (void)state;
+    float k[N * D], v[N * D];
+    rows(g_seed, k, v);
+    const void *in[2] = {k, v};
+    kvt_cache *c = NULL, *fresh = NULL;
+    assert_int_equal(kvt_qkvc_create_dtype(D, B, KVT_DTYPE_F16, &c), 0);
+    assert_int_equal(kvt_cache_append(c, N, in), 0); /* 11 rows: 2 sealed blocks of 4, 3 open rows */
+    int64_t lo = -1, hi = -1;
+    kvt_cache_range(c, &lo, &hi);
+    assert_int_equal(lo, 8);
+    assert_int_equal(hi, N);
+    assert_int_equal(kvt_cache_trim_granule(c), B);
+    assert_true(kvt_cache_can_trim(c, 4));
+    assert_true(kvt_cache_can_trim(c, 0));
+    assert_false(kvt_cache_can_trim(c, 5));
+    assert_int_equal(kvt_cache_trim(c, 5), KVT_ERANGE);
+    assert_non_null(strstr(kvt_last_error(), "multiple of 4"));
+    assert_int_equal(kvt_cache_offset(c), N); /* unchanged */
+    assert_int_equal(kvt_cache_trim(c, 4), 0);
+    kvt_cache_range(c, &lo, &hi);
+    assert_int_equal(lo, 4);
+    assert_int_equal(hi, 4);
+    /* it continues as a cache that got the first 4 rows, then the rest */
+    assert_int_equal(kvt_qkvc_create_dtype(D, B, KVT_DTYPE_F16, &fresh), 0);
+    assert_int_equal(kvt_cache_append(fresh, 4, in), 0);
+    const void *rest[2] = {k + 4 * D, v + 4 * D};
+    assert_int_equal(kvt_cache_append(c, N - 4, rest), 0);
+    assert_int_equal(kvt_cache_append(fresh, N - 4, rest), 0);
+    kvt_cache_state a, b2;
+    assert_int_equal(kvt_cache_encode(c, &a), 0);
+    assert_int_equal(kvt_cache_encode(fresh, &b2), 0);
+    states_equal(&a, &b2);
+    kvt_cache_state_clear(&a);
+    kvt_cache_state_clear(&b2);
+    kvt_cache_destroy(c);
+    kvt_cache_destroy(fresh);
+}
+
+/* An f16 (bf16, q8) entry of 283 tokens, blocks of 16, sealed up to 272,
+ * shares 200 tokens with a prompt of 300: the prompt cache lends it cut back
+ * to 192 (the largest block boundary <= 200, below the sealed tokens), the
+ * engine prefills prompt[192..300), and the final logits and every layer's
+ * state equal an uncached run of the prompt in that scheme, bit for bit. */
+static void test_engine_serves_block_boundary(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/kvt_test_qkvc_XXXXXX", path[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/m.bin", dir);
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 64, p.hidden_dim = 96, p.n_layers = 2, p.n_heads = 4, p.n_kv_heads = 2, p.vocab_size = 50;
+    p.seq_len = 512, p.seed = 11;
+    assert_int_equal(kvt_model_synth(&p, path), 0);
+    kvt_model *m = NULL;
+    assert_int_equal(kvt_model_load(path, &m), 0);
+    enum { NA = 283, NB = 300, SHARED = 200, BT = 16 };
+    int32_t ta[NA], tb[NB];
+    uint64_t s = g_seed;
+    for (int i = 0; i < NA; i++)
+        ta[i] = 1 + (int32_t)((rng_sym(&s) + 1.0f) * 24.0f) % 49;
+    memcpy(tb, ta, SHARED * sizeof *tb);
+    for (int i = SHARED; i < NB; i++)
+        tb[i] = 1 + (int32_t)((rng_sym(&s) + 1.0f) * 24.0f) % 49;
+    tb[SHARED] = ta[SHARED] % 49 + 1; /* the prompts part at 200 */
+    const kvt_kv_scheme schemes[] = {KVT_KV_F16, KVT_KV_BF16, KVT_KV_Q8};
+    for (size_t si = 0; si < sizeof schemes / sizeof *schemes; si++) {
+        assert_int_equal(kvt_model_set_kv_scheme(m, schemes[si]), 0);
+        kvt_prompt_cache_config cfg = {.max_bytes = (size_t)64 << 20, .block_tokens = BT};
+        kvt_prompt_cache *pc = NULL;
+        assert_int_equal(kvt_prompt_cache_create(&cfg, &pc), 0);
+        kvt_cache *ca[2], *ref[2];
+        assert_int_equal(kvt_model_new_caches(m, BT, ca), 0);
+        assert_string_equal(kvt_cache_kind(ca[0]), "qkvc");
+        assert_int_equal(kvt_model_prefill(m, ca, ta, NA, NULL), 0);
+        int64_t lo = -1;
+        kvt_cache_range(ca[0], &lo, NULL);
+        assert_int_equal(lo, NA / BT * BT); /* 272 sealed: above the 200 shared */
+        kvt_entry e = {.ns = "", .tokens = ta, .n_tokens = NA, .caches = ca, .n_caches = 2};
+        assert_int_equal(kvt_prompt_cache_put(pc, &e, NULL), 0);
+        kvt_hit hit;
+        memset(&hit, 0, sizeof hit);
+        assert_int_equal(kvt_prompt_cache_lend(pc, tb, NB, "", NULL, &hit), 0);
+        print_message("  %s: 283-token entry, 200 shared: lent %lld tokens\n", kvt_kv_scheme_name(schemes[si]),
+                      (long long)hit.prefix_len);
+        assert_int_equal(hit.prefix_len, SHARED / BT * BT);
+        assert_int_equal(kvt_cache_offset(hit.entry.caches[0]), SHARED / BT * BT);
+        float lc[50], lr[50];
+        assert_int_equal(kvt_model_prefill(m, hit.entry.caches, tb + hit.prefix_len, NB - hit.prefix_len, lc), 0);
+        assert_int_equal(kvt_model_new_caches(m, BT, ref), 0);
+        assert_int_equal(kvt_model_prefill(m, ref, tb, NB, lr), 0);
+        assert_memory_equal(lc, lr, sizeof lc);
+        for (int l = 0; l < 2; l++) {
+            kvt_cache_state a, b2;
+            assert_int_equal(kvt_cache_encode(hit.entry.caches[l], &a), 0);
+            assert_int_equal(kvt_cache_encode(ref[l], &b2), 0);
+            states_equal(&a, &b2);
+            kvt_cache_state_clear(&a);
+            kvt_cache_state_clear(&b2);
+        }
+        kvt_caches_destroy(ref, 2);
+        kvt_hit_clear(&hit);
+        kvt_prompt_cache_destroy(pc);
+    }
+    kvt_model_free(m);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     g_seed = test_seed("test_qkvc");
@@ -393,6 +512,8 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_old_q8_identity),
         cmocka_unit_test(test_engine_split_at_blocks),
+        cmocka_unit_test(test_cut_at_block_boundary),
+        cmocka_unit_test(test_engine_serves_block_boundary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -328,7 +328,9 @@ static void test_counters_visible(void **state)
            (long long)kv_counter(bnd.port, "live_page_failures"));
     assert_true(out > 0);
     assert_true(in > 0);
-    assert_int_equal(out_b, out * 256 * 256); /* a 256-token block of one layer: 256 x 256 bytes (K and V) */
+    /* serve's default scheme is f16: a sealed 256-token block of one layer is
+     * 256 tokens x 2 (K and V) x kv_dim 32 x 2 bytes = 256 x 128 bytes */
+    assert_int_equal(out_b, out * 256 * 128);
     assert_int_equal(kv_counter(bnd.port, "live_page_failures"), 0);
     assert_int_equal(kv_counter(unb.port, "live_paged_out_blocks"), 0);
     assert_int_equal(kv_counter(unb.port, "live_paged_in_blocks"), 0);

@@ -163,12 +163,21 @@ KVT_API void kvt_cache_range(const kvt_cache *c, int64_t *min_offset, int64_t *o
 /** Tokens the cache holds (its offset). */
 KVT_API int64_t kvt_cache_offset(const kvt_cache *c);
 
-/** Whether `length` tokens is inside the reachable range. */
+/** Block granule below the reachable range: a cache with granule g > 0 can
+ * also be cut back to every multiple of g tokens below min_offset (a qkvc
+ * cache drops whole sealed blocks: g is its block_tokens; what remains is
+ * exactly the state an uncached run in that scheme holds there). 0 for
+ * every other kind and for NULL. Thread-safe on a cache no one mutates. */
+KVT_API int64_t kvt_cache_trim_granule(const kvt_cache *c);
+
+/** Whether `length` tokens is reachable: inside [min_offset, offset], or a
+ * multiple of kvt_cache_trim_granule() below min_offset. */
 KVT_API int kvt_cache_can_trim(const kvt_cache *c, int64_t length);
 
 /** Cuts the cache back to `length` tokens.
- * @return 0; KVT_EINVAL (c NULL); KVT_ERANGE when length is outside
- * [min_offset, offset] (the cache is unchanged); KVT_ENOMEM when a
+ * @return 0; KVT_EINVAL (c NULL); KVT_ERANGE when length is not reachable
+ * (kvt_cache_can_trim: outside [min_offset, offset] and not a multiple of
+ * the granule below min_offset; the cache is unchanged); KVT_ENOMEM when a
  * copy-on-write copy fails (unchanged). Not thread-safe with other calls on
  * the same object (clones are independent objects). */
 KVT_API int kvt_cache_trim(kvt_cache *c, int64_t length);

@@ -196,9 +196,11 @@ KVT_API void kvt_hit_clear(kvt_hit *hit);
 /** Lends the longest usable prefix of `prompt` held in RAM or the cold tier.
  *
  * Usable prefix of an entry: its common prefix with the prompt, capped at
- * n - 1; the entry is a candidate at p >= 1 only if p is inside every layer's
- * reachable range (an untrimmable entry: only when all its tokens are a
- * prefix of the prompt). If `session` names an entry of this ns that is a
+ * n - 1; the entry is a candidate at p >= 1 only if every layer can be cut
+ * to p (kvt_cache_can_trim: inside its reachable range, or for a qkvc layer
+ * a block boundary below it, so an f16/bf16/q8 entry serves the largest block
+ * boundary of the common prefix below its sealed tokens; an untrimmable
+ * entry: only when all its tokens are a prefix of the prompt). If `session` names an entry of this ns that is a
  * strict prefix of the prompt and resident, it serves without a tree walk
  * (session hit). Otherwise the radix tree is walked along the prompt
  * (O(n), never a scan of entries); ties prefer an entry of exactly p tokens.

@@ -108,6 +108,16 @@ KVT_API void kvt_entry_clear(kvt_entry *e);
  * back to. Reads only; thread-safe as the caches are. */
 KVT_API int kvt_entry_trimmable(const kvt_entry *e, int64_t *min_reach);
 
+/** Block granule of an entry below its min_reach: g > 0 when every layer
+ * whose min_offset is above 0 can also be cut back to every multiple of its
+ * kvt_cache_trim_granule() (a qkvc layer: whole sealed blocks); g is the
+ * least common multiple of those granules, and the entry can then be cut to
+ * every multiple of g below min_reach. 0 when there is none (an attachment,
+ * a layer without a granule, NULL). A layer with a single-point range but a
+ * granule (a qkvc cache whose open block is empty) does not make the entry
+ * untrimmable. Reads only; thread-safe as the caches are. */
+KVT_API int64_t kvt_entry_trim_granule(const kvt_entry *e);
+
 /* ---- the cold tier -------------------------------------------------------- */
 
 /** What find / find_exact report: the usable prefix and an opaque handle. */

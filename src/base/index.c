@@ -22,8 +22,11 @@ typedef struct inode {
     void *val;              /* value ending exactly here, or NULL */
     int val_trimmable;
     int64_t val_reach;
+    int64_t val_granule;    /* > 0: also cut back to its multiples below reach */
     int64_t sub_reach;      /* min reach of trimmable values in the subtree
                                (this node included); NO_REACH if none */
+    int64_t sub_granule;    /* min granule of trimmable values in the subtree
+                               that have one; NO_REACH if none */
 } inode;
 
 struct kvt__index {
@@ -153,6 +156,7 @@ static inode *new_node(kvt__index *ix, const int32_t *edge, int64_t len, int64_t
     nd->edge_len = len;
     nd->depth = depth;
     nd->sub_reach = NO_REACH;
+    nd->sub_granule = NO_REACH;
     ix->n_nodes++;
     return nd;
 }
@@ -162,24 +166,43 @@ static int64_t own_reach(const inode *nd)
     return nd->val && nd->val_trimmable ? nd->val_reach : NO_REACH;
 }
 
-/* Recomputes sub_reach from nd up to the root, stopping once unchanged. */
+static int64_t own_granule(const inode *nd)
+{
+    return nd->val && nd->val_trimmable && nd->val_granule > 0 ? nd->val_granule : NO_REACH;
+}
+
+/* Recomputes sub_reach and sub_granule from nd up to the root, stopping
+ * once both are unchanged. */
 static void fix_up(inode *nd)
 {
     for (; nd; nd = nd->parent) {
-        int64_t r = own_reach(nd);
-        for (uint32_t i = 0; i < nd->n_kids; i++)
+        int64_t r = own_reach(nd), g = own_granule(nd);
+        for (uint32_t i = 0; i < nd->n_kids; i++) {
             r = KVT__MIN(r, nd->kids[i]->sub_reach);
-        if (r == nd->sub_reach)
+            g = KVT__MIN(g, nd->kids[i]->sub_granule);
+        }
+        if (r == nd->sub_reach && g == nd->sub_granule)
             return;
         nd->sub_reach = r;
+        nd->sub_granule = g;
     }
 }
 
-/* Lowers sub_reach to at most r from nd up (cheap path for inserts). */
-static void lower_up(inode *nd, int64_t r)
+/* Lowers sub_reach to at most r and sub_granule to at most g from nd up
+ * (cheap path for inserts). */
+static void lower_up(inode *nd, int64_t r, int64_t g)
 {
-    for (; nd && r < nd->sub_reach; nd = nd->parent)
-        nd->sub_reach = r;
+    for (; nd && (r < nd->sub_reach || g < nd->sub_granule); nd = nd->parent) {
+        nd->sub_reach = KVT__MIN(nd->sub_reach, r);
+        nd->sub_granule = KVT__MIN(nd->sub_granule, g);
+    }
+}
+
+/* Whether a trimmable value (or a subtree's, by its sub_ fields) is
+ * reachable at p tokens: p >= reach, or p a multiple of the granule. */
+static int reaches(int64_t reach, int64_t granule, int64_t p)
+{
+    return reach <= p || (granule > 0 && granule != NO_REACH && p % granule == 0);
 }
 
 /* Splits kid's edge after `at` tokens (0 < at < edge_len): a new middle node
@@ -213,6 +236,7 @@ static inode *split(kvt__index *ix, inode *kid, int64_t at)
     mid->n_kids = 1;
     kid->parent = mid;
     mid->sub_reach = kid->sub_reach;
+    mid->sub_granule = kid->sub_granule;
     return mid;
 }
 
@@ -220,6 +244,12 @@ static inode *root_of(const kvt__index *ix, const char *ns) { return kvt__smap_g
 
 int kvt__index_insert(kvt__index *ix, const char *ns, const int32_t *tokens, int64_t n, void *val,
                       int trimmable, int64_t reach, void **replaced)
+{
+    return kvt__index_insert_g(ix, ns, tokens, n, val, trimmable, reach, 0, replaced);
+}
+
+int kvt__index_insert_g(kvt__index *ix, const char *ns, const int32_t *tokens, int64_t n, void *val,
+                        int trimmable, int64_t reach, int64_t granule, void **replaced)
 {
     *replaced = NULL;
     inode *nd = root_of(ix, ns);
@@ -264,10 +294,11 @@ int kvt__index_insert(kvt__index *ix, const char *ns, const int32_t *tokens, int
     nd->val = val;
     nd->val_trimmable = trimmable;
     nd->val_reach = reach;
+    nd->val_granule = granule > 0 ? granule : 0;
     if (*replaced)
         fix_up(nd);
     else
-        lower_up(nd, own_reach(nd));
+        lower_up(nd, own_reach(nd), own_granule(nd));
     return 0;
 }
 
@@ -323,6 +354,7 @@ void *kvt__index_remove(kvt__index *ix, const char *ns, const int32_t *tokens, i
     nd->val = NULL;
     nd->val_trimmable = 0;
     nd->val_reach = 0;
+    nd->val_granule = 0;
     fix_up(nd);
     /* prune empty leaves upward, then re-compress a single-kid node */
     while (nd->parent && !nd->val && nd->n_kids == 0) {
@@ -357,9 +389,12 @@ int64_t kvt__index_lookup(const kvt__index *ix, const char *ns, const int32_t *p
         if (!kid)
             break;
         int64_t m = edge_match(kid, prompt + d, cap - d);
-        /* every value below kid shares d + m tokens with the prompt */
-        if (kid->sub_reach <= d + m && d + m > best_b) {
-            best_b = d + m;
+        /* every value below kid shares d + m tokens with the prompt; one of
+         * them reaches d + m, or the largest multiple of the smallest granule */
+        int64_t s = d + m;
+        int64_t c = kid->sub_reach <= s ? s : kid->sub_granule != NO_REACH ? s / kid->sub_granule * kid->sub_granule : 0;
+        if (c > best_b) {
+            best_b = c;
             b_node = kid;
         }
         if (m < kid->edge_len)
@@ -380,13 +415,13 @@ int64_t kvt__index_lookup(const kvt__index *ix, const char *ns, const int32_t *p
     /* descend to a trimmable value reachable at best_b (exists by sub_reach) */
     nd = b_node;
     for (;;) {
-        if (nd->val && nd->val_trimmable && nd->val_reach <= best_b) {
+        if (nd->val && nd->val_trimmable && reaches(nd->val_reach, nd->val_granule, best_b)) {
             *val = nd->val;
             return best_b;
         }
         inode *next = NULL;
         for (uint32_t i = 0; i < nd->n_kids && !next; i++)
-            if (nd->kids[i]->sub_reach <= best_b)
+            if (reaches(nd->kids[i]->sub_reach, nd->kids[i]->sub_granule, best_b))
                 next = nd->kids[i];
         if (!next)
             return 0; /* unreachable while sub_reach is consistent */

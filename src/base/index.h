@@ -31,6 +31,13 @@ void kvt__index_destroy(kvt__index *ix);
 int kvt__index_insert(kvt__index *ix, const char *ns, const int32_t *tokens, int64_t n, void *val,
                       int trimmable, int64_t reach, void **replaced);
 
+/** kvt__index_insert with a granule: a trimmable value with granule g > 0
+ * can also be cut back to every multiple of g below reach (a qkvc entry:
+ * whole sealed blocks; kvt_entry_trim_granule). kvt__index_insert is this
+ * with granule 0. */
+int kvt__index_insert_g(kvt__index *ix, const char *ns, const int32_t *tokens, int64_t n, void *val,
+                        int trimmable, int64_t reach, int64_t granule, void **replaced);
+
 /** Removes the value at exactly tokens[0..n) of ns; returns it (NULL if none). */
 void *kvt__index_remove(kvt__index *ix, const char *ns, const int32_t *tokens, int64_t n);
 
@@ -39,7 +46,9 @@ void *kvt__index_exact(const kvt__index *ix, const char *ns, const int32_t *toke
 
 /** Longest candidate for `prompt` (n tokens): the largest p in [1, n-1] such
  * that some value shares p tokens with the prompt and either ends exactly at
- * p or is trimmable with reach <= p. Ties prefer the value ending at p.
+ * p or is trimmable with reach <= p, or with a granule g dividing p (the
+ * smallest granule of the values below a branch is the one tried: values of
+ * one cache share one block size). Ties prefer the value ending at p.
  * @return p (0 = none) and *val (NULL when p = 0). */
 int64_t kvt__index_lookup(const kvt__index *ix, const char *ns, const int32_t *prompt, int64_t n,
                           void **val);

@@ -290,13 +290,28 @@ KVT_API int64_t kvt_cache_offset(const kvt_cache *c)
     return off;
 }
 
+KVT_API int64_t kvt_cache_trim_granule(const kvt_cache *c)
+{
+    return c && c->ops == &kvt__qkvc_ops ? kvt__qkvc_block_tokens(c) : 0;
+}
+
+/* length is reachable: inside [lo, hi], or a multiple of the kind's granule
+ * below lo (a qkvc cache drops whole sealed blocks) */
+static int reachable(const kvt_cache *c, int64_t length, int64_t lo, int64_t hi)
+{
+    if (length >= lo && length <= hi)
+        return 1;
+    int64_t g = kvt_cache_trim_granule(c);
+    return g > 0 && length >= 0 && length < lo && length % g == 0;
+}
+
 KVT_API int kvt_cache_can_trim(const kvt_cache *c, int64_t length)
 {
     if (!c)
         return 0;
     int64_t lo, hi;
     c->ops->range(c, &lo, &hi);
-    return length >= lo && length <= hi;
+    return reachable(c, length, lo, hi);
 }
 
 KVT_API int kvt_cache_trim(kvt_cache *c, int64_t length)
@@ -305,9 +320,14 @@ KVT_API int kvt_cache_trim(kvt_cache *c, int64_t length)
         return kvt__fail(KVT_EINVAL, "kvt_cache_trim: cache is NULL");
     int64_t lo, hi;
     c->ops->range(c, &lo, &hi);
-    if (length < lo || length > hi)
-        return kvt__fail(KVT_ERANGE, "kvt_cache_trim: %s cache cannot be cut to %lld tokens (range [%lld, %lld])",
-                         c->ops->kind, (long long)length, (long long)lo, (long long)hi);
+    if (!reachable(c, length, lo, hi)) {
+        int64_t g = kvt_cache_trim_granule(c);
+        char below[80] = "";
+        if (g > 0)
+            snprintf(below, sizeof below, " or a multiple of %lld below it", (long long)g);
+        return kvt__fail(KVT_ERANGE, "kvt_cache_trim: %s cache cannot be cut to %lld tokens (range [%lld, %lld]%s)",
+                         c->ops->kind, (long long)length, (long long)lo, (long long)hi, below);
+    }
     if (length == hi)
         return 0;
     return c->ops->trim(c, length);

@@ -17,6 +17,8 @@
  * prefill was (the engine never lets one chunk cross a block boundary), and a
  * cached run equals an uncached one. The reachable range is [sealed tokens,
  * offset]: cutting into a sealed block would need f32 rows that are gone.
+ * Below it the cache can still be cut at every block boundary (granule B,
+ * kvt_cache_trim_granule): whole sealed blocks are dropped.
  *
  * It owns its two block tables (codes and scales, one reference per block)
  * and its tail; sealed blocks are immutable, and the tail is copied before a
@@ -86,8 +88,22 @@ static void qkvc_range(const kvt_cache *c, int64_t *min_offset, int64_t *offset)
 
 static int qkvc_trim(kvt_cache *c, int64_t length)
 {
-    qkvc_cache *q = (qkvc_cache *)c; /* kvt_cache_trim checked length is in the range */
-    q->tail_rows = length - sealed_tokens(q);
+    qkvc_cache *q = (qkvc_cache *)c; /* kvt_cache_trim checked length is reachable */
+    if (length < sealed_tokens(q)) {
+        /* a block boundary below the sealed tokens: whole sealed blocks go and
+         * the open block is empty. The blocks kept are what an uncached run
+         * holds there (its block length/B - 1, still open and f32, is sealed
+         * from the same rows when the next token comes), so a run continuing
+         * from here equals it. */
+        int64_t keep = length / q->block_tokens;
+        kvt__blocks_truncate(&q->codes, keep);
+        kvt__blocks_truncate(&q->scales, keep);
+        kvt_buf_release(q->tail);
+        q->tail = NULL;
+        q->tail_heap = false;
+        q->tail_rows = 0;
+    } else
+        q->tail_rows = length - sealed_tokens(q);
     q->offset = length;
     return 0;
 }

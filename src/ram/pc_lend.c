@@ -90,8 +90,13 @@ static int restored_usable(kvt_entry *r, const int32_t *prompt, int64_t p)
             return 0;
     int64_t reach;
     int trimmable = kvt_entry_trimmable(r, &reach);
-    if (r->n_tokens > p && (!trimmable || p < reach))
-        return 0; /* untrimmable divergent tail (3.4) */
+    if (r->n_tokens > p && (!trimmable || p < reach)) {
+        /* below reach only at a multiple of the entry's block granule (whole
+         * sealed qkvc blocks dropped) */
+        int64_t g = trimmable ? kvt_entry_trim_granule(r) : 0;
+        if (g <= 0 || p % g != 0)
+            return 0; /* untrimmable divergent tail (3.4) */
+    }
     for (int32_t i = 0; i < r->n_caches; i++)
         if (kvt_cache_offset(r->caches[i]) > p && kvt_cache_trim(r->caches[i], p) != 0)
             return 0;

@@ -109,7 +109,7 @@ int kvt__pc_insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, 
         return rc;
     }
     void *replaced = NULL;
-    rc = kvt__index_insert(pc->ix, x->ns, x->tokens, x->n_tokens, x, x->trimmable, x->reach, &replaced);
+    rc = kvt__index_insert_g(pc->ix, x->ns, x->tokens, x->n_tokens, x, x->trimmable, x->reach, x->granule, &replaced);
     if (rc) {
         kvt__pc_account_remove(pc, x);
         pc->rops->on_remove(pc->ret, x->id);
@@ -360,7 +360,8 @@ int kvt__pc_trim_locked(kvt_prompt_cache *pc, pc_entry *e, int64_t new_len, pc_e
         accounted = (rc = kvt__pc_account_add(pc, e)) == 0;
     void *replaced = NULL;
     if (rc == 0)
-        rc = kvt__index_insert(pc->ix, e->ns, e->tokens, e->n_tokens, e, e->trimmable, e->reach, &replaced);
+        rc = kvt__index_insert_g(pc->ix, e->ns, e->tokens, e->n_tokens, e, e->trimmable, e->reach, e->granule,
+                                 &replaced);
     if (rc) {
         /* layers may disagree now: the entry cannot stay. Unless its budget
          * share was added back, it is already removed: unlink without

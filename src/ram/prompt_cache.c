@@ -164,6 +164,7 @@ int kvt__pc_entry_measure(pc_entry *e, size_t *standalone)
 {
     kvt_entry view = {e->ns, e->tokens, e->n_tokens, e->caches, e->n_caches, e->atts, e->n_atts, {0}};
     e->trimmable = kvt_entry_trimmable(&view, &e->reach);
+    e->granule = kvt_entry_trim_granule(&view);
     size_t priv = 0;
     buf_list l = {0};
     for (int32_t i = 0; i < e->n_caches; i++) {

@@ -60,6 +60,7 @@ typedef struct pc_entry {
     pc_share *share;          /* the donor's share holder, NULL = no hook */
     int trimmable;
     int64_t reach;            /* shortest length every layer reaches (tokens) */
+    int64_t granule;          /* > 0: also cut to its multiples below reach (kvt_entry_trim_granule) */
     size_t private_bytes;     /* bytes outside refcounted buffers */
     kvt_buf **bufs;           /* (n_bufs) buffers held, as counted in the budget */
     size_t n_bufs;

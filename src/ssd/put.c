@@ -274,6 +274,7 @@ static int put_index_entry(put_job *p, const char *name, uint64_t fb, uint64_t w
     en->key = enc->key;
     en->n_tokens = n;
     en->min_reach = enc->min_reach;
+    en->granule = enc->granule;
     en->bytes = fb;
     en->id = want_id;
     en->last_use_ms = kvt__store_wall_ms();

@@ -183,6 +183,7 @@ static int scan_entry(kvt_store *s, const char *nm, const kvt__shard *sh, const 
             pe.tokens = NULL;
             e->n_tokens = pe.n_tokens;
             e->min_reach = pe.min_reach;
+            e->granule = pe.granule;
             e->blocks = pe.blocks;
             pe.blocks = NULL;
             e->n_blocks = pe.n_blocks;

@@ -259,12 +259,13 @@ int kvt__store_index_entry(kvt_store *s, st_entry *e)
     if (!e->id || kvt__kmap_ptr(&s->by_id, kvt__store_id_key(e->id)))
         e->id = ++s->next_id;
     void *was;
-    if (kvt__index_insert(s->tree, e->ns, e->tokens, e->n_tokens, e, kvt__store_trimmable(e->n_tokens, e->min_reach),
-                          e->min_reach, &was))
+    if (kvt__index_insert_g(s->tree, e->ns, e->tokens, e->n_tokens, e,
+                            kvt__store_trimmable(e->n_tokens, e->min_reach, e->granule), e->min_reach, e->granule, &was))
         return KVT_ENOMEM;
     if (was) { /* same (ns, tokens) under another key: not possible while keys are content keys */
-        kvt__index_insert(s->tree, e->ns, e->tokens, e->n_tokens, was, kvt__store_trimmable(e->n_tokens, e->min_reach),
-                          e->min_reach, &was); /* puts it back: the node exists, nothing is allocated */
+        kvt__index_insert_g(s->tree, e->ns, e->tokens, e->n_tokens, was,
+                            kvt__store_trimmable(e->n_tokens, e->min_reach, ((st_entry *)was)->granule), e->min_reach,
+                            ((st_entry *)was)->granule, &was); /* puts it back: the node exists, nothing is allocated */
         return kvt__fail(KVT_EINVAL, "store index: two keys for one token sequence");
     }
     if (kvt__kmap_put_ptr(&s->by_key, e->key, e) || kvt__kmap_put_ptr(&s->by_id, kvt__store_id_key(e->id), e)) {

@@ -118,6 +118,7 @@ typedef struct st_entry {
     int32_t *tokens;      /* (n_tokens) */
     int64_t n_tokens;
     int64_t min_reach;    /* smallest usable prefix (tokens); n_tokens when untrimmable */
+    int64_t granule;      /* > 0: also usable at its multiples below min_reach (kvt_entry_trim_granule) */
     kvt__key *blocks;    /* (n_blocks) in chain order */
     int32_t n_blocks;
     uint64_t bytes;       /* entry file size */
@@ -141,6 +142,7 @@ typedef struct wjob {
     struct kvt_store *s;
     kvt_entry e;
     int64_t min_reach;    /* as st_entry's */
+    int64_t granule;      /* as st_entry's */
     struct wjob *twin;    /* an older queued job with the same (ns, tokens):
                              the pending index holds only the newest */
     uint64_t bytes;
@@ -225,9 +227,9 @@ static inline int64_t kvt__store_wall_ms(void)
 }
 
 /** How the index sees an entry of reach min_reach (see kvt__index_insert). */
-static inline int kvt__store_trimmable(int64_t n_tokens, int64_t min_reach)
+static inline int kvt__store_trimmable(int64_t n_tokens, int64_t min_reach, int64_t granule)
 {
-    return min_reach < n_tokens || n_tokens == 0;
+    return min_reach < n_tokens || n_tokens == 0 || granule > 0;
 }
 
 /** The by_id / pjobs key of a handle. */

@@ -48,8 +48,9 @@ static void pjob_unindex(kvt_store *s, wjob *j)
     if (head == j) {
         void *was;
         if (j->twin) /* the next older twin takes the node: it exists, nothing is allocated */
-            kvt__index_insert(s->ptree, e->ns, e->tokens, e->n_tokens, j->twin,
-                              kvt__store_trimmable(e->n_tokens, j->min_reach), j->min_reach, &was);
+            kvt__index_insert_g(s->ptree, e->ns, e->tokens, e->n_tokens, j->twin,
+                                kvt__store_trimmable(e->n_tokens, j->twin->min_reach, j->twin->granule),
+                                j->twin->min_reach, j->twin->granule, &was);
         else
             kvt__index_remove(s->ptree, e->ns, e->tokens, e->n_tokens);
     } else {
@@ -162,6 +163,7 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
     kvt_entry_trimmable(e, &min_reach);
     if (e->n_attachments)
         min_reach = e->n_tokens;
+    int64_t granule = kvt_entry_trim_granule(e);
     pthread_mutex_lock(&s->mu);
     if (s->closing || (s->st.pending && s->st.pending_bytes + j->bytes > s->opts.queue_max_bytes)) {
         s->st.dropped++;
@@ -173,6 +175,7 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
     }
     j->e = *e;
     j->min_reach = min_reach;
+    j->granule = granule;
     j->id = ++s->next_id;
     atomic_init(&j->refs, 1);
     if (pending_add(s, j->key, 1)) {
@@ -181,8 +184,9 @@ KVT_API int kvt_store_put_async(kvt_store *s, kvt_entry *e)
         return kvt__fail(KVT_ENOMEM, "kvt_store_put_async: out of memory");
     }
     if (kvt__kmap_put_ptr(&s->pjobs, kvt__store_id_key(j->id), j) ||
-        kvt__index_insert(s->ptree, j->e.ns, j->e.tokens, j->e.n_tokens, j, kvt__store_trimmable(j->e.n_tokens, min_reach),
-                          min_reach, (void **)&j->twin)) {
+        kvt__index_insert_g(s->ptree, j->e.ns, j->e.tokens, j->e.n_tokens, j,
+                            kvt__store_trimmable(j->e.n_tokens, min_reach, granule), min_reach, granule,
+                            (void **)&j->twin)) {
         kvt__kmap_del(&s->pjobs, kvt__store_id_key(j->id));
         pending_add(s, j->key, -1);
         pthread_mutex_unlock(&s->mu);

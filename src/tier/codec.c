@@ -61,6 +61,7 @@ static int encode_layers(kvt__enc *enc, const kvt_entry *e)
         enc->min_reach = KVT__MAX(enc->min_reach, st->min_offset);
         enc->n_tensors += (size_t)st->n_tensors;
     }
+    enc->granule = kvt_entry_trim_granule(e);
     for (int32_t a = 0; a < A; a++)
         if (!e->attachments[a] || !e->attachments[a]->ops->serialize)
             return kvt__fail(KVT_EUNSUPPORTED, "encode: attachment %d (%s) cannot be serialized", (int)a,
@@ -261,6 +262,7 @@ int kvt__enc_entry_shard(const kvt__enc *enc, const char *identity, json_t **met
     json_t *m = meta_base("entry", identity, e->ns);
     int bad_meta = rc || !toks || !m || !layers || !blocks || !atts || set_key(m, "key", enc->key) ||
                    set_i64(m, "n_tokens", e->n_tokens) || set_i64(m, "min_reach", enc->min_reach) ||
+                   (enc->granule > 0 && set_i64(m, "granule", enc->granule)) ||
                    json_object_set_new(m, "tokens", json_string(toks)) || set_dumped(m, "layers", layers) ||
                    set_dumped(m, "blocks", blocks) || set_dumped(m, "attachments", atts);
     json_decref(layers);
@@ -374,6 +376,12 @@ int kvt__codec_parse_entry(const kvt__shard *sh, const char *path, const char *i
     if (p->min_reach < 0 || p->min_reach > p->n_tokens) {
         kvt__pentry_free(p);
         return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "min_reach outside [0, n_tokens]");
+    }
+    const char *gs = kvt__meta_str(sh, "granule");
+    p->granule = 0;
+    if (gs && (parse_i64(gs, &p->granule) || p->granule < 1 || p->granule > p->n_tokens)) {
+        kvt__pentry_free(p);
+        return bad(reason, KVT_STORE_REFUSED_MALFORMED, path, "granule is not in [1, n_tokens]");
     }
     const char *ls = kvt__meta_str(sh, "layers"), *bs = kvt__meta_str(sh, "blocks"),
                *as = kvt__meta_str(sh, "attachments");

@@ -13,7 +13,8 @@
  * (checked when strict); then, by type:
  *   block: type "block", identity, ns, key, parent (key.h hex), tok_begin,
  *          tok_end, tokens (base64 of the block's int32 LE tokens);
- *   entry: type "entry", identity, ns, key, n_tokens, min_reach, tokens
+ *   entry: type "entry", identity, ns, key, n_tokens, min_reach, [granule
+ *          (only when > 0: kvt_entry_trim_granule)], tokens
  *          (base64, all of them), layers (JSON: kind, offset, min_offset,
  *          params, tensors with name, dtype, shape, tok range and the index
  *          of the block holding it or -1), blocks (JSON: [key, tok_begin,
@@ -172,6 +173,7 @@ typedef struct kvt__enc {
     int32_t n_chain;
     kvt__key key;         /* the entry's key */
     int64_t min_reach;    /* largest min_offset (n_tokens with attachments) */
+    int64_t granule;      /* kvt_entry_trim_granule (metadata "granule" when > 0) */
     uint64_t state_bytes; /* bytes of all layer tensors */
     size_t n_tensors;     /* layer tensors in all */
 } kvt__enc;
@@ -213,6 +215,7 @@ typedef struct kvt__pentry {
     const char *ns;          /* borrowed from the shard */
     int32_t *tokens;         /* (n_tokens) owned */
     int64_t n_tokens, min_reach;
+    int64_t granule;         /* "granule" (0 when absent): cut also at its multiples below min_reach */
     kvt__key key;
     kvt__key *blocks;        /* (n_blocks) chain order, owned */
     int64_t (*ranges)[2];    /* (n_blocks) [tok_begin, tok_end) of each block */

@@ -118,10 +118,38 @@ KVT_API int kvt_entry_trimmable(const kvt_entry *e, int64_t *min_reach)
         kvt_cache_range(e->caches[i], &lo, &off);
         if (lo > reach)
             reach = lo;
-        if (lo >= off && off > 0)
+        if (lo >= off && off > 0 && kvt_cache_trim_granule(e->caches[i]) == 0)
             trimmable = 0;
     }
     if (min_reach)
         *min_reach = reach;
     return trimmable;
+}
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+KVT_API int64_t kvt_entry_trim_granule(const kvt_entry *e)
+{
+    if (!e || e->n_attachments > 0)
+        return 0;
+    int64_t g = 0;
+    for (int32_t i = 0; i < e->n_caches; i++) {
+        int64_t lo = 0;
+        kvt_cache_range(e->caches[i], &lo, NULL);
+        if (lo == 0)
+            continue; /* cut anywhere */
+        int64_t cg = kvt_cache_trim_granule(e->caches[i]);
+        if (cg <= 0)
+            return 0;
+        g = g ? g / gcd64(g, cg) * cg : cg;
+    }
+    return g;
 }
