@@ -341,6 +341,30 @@ static void test_old_q8_identity(void **state)
     kvt_cache_destroy(b);
 }
 
+/* The engine tests' synthetic model (dim 64, 2 layers, 4 heads, 2 kv heads,
+ * 50 tokens), written to a new temporary directory *dir (a mkdtemp template)
+ * as *dir/m.bin (path, cap bytes) and loaded. Remove with model_done. */
+static kvt_model *synth_model(char *dir, char *path, size_t cap, int32_t seq_len, uint64_t seed)
+{
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, cap, "%s/m.bin", dir);
+    kvt_synth_params p;
+    memset(&p, 0, sizeof p);
+    p.dim = 64, p.hidden_dim = 96, p.n_layers = 2, p.n_heads = 4, p.n_kv_heads = 2, p.vocab_size = 50;
+    p.seq_len = seq_len, p.seed = seed;
+    assert_int_equal(kvt_model_synth(&p, path), 0);
+    kvt_model *m = NULL;
+    assert_int_equal(kvt_model_load(path, &m), 0);
+    return m;
+}
+
+static void model_done(kvt_model *m, const char *dir, const char *path)
+{
+    kvt_model_free(m);
+    unlink(path);
+    rmdir(dir);
+}
+
 /* A q8 prefill of 40 tokens in one call equals the same tokens prefilled in
  * pieces that each stay inside one block of 16, bit for bit: logits and
  * every layer's state. */
@@ -348,15 +372,7 @@ static void test_engine_split_at_blocks(void **state)
 {
     (void)state;
     char dir[] = "/tmp/kvt_test_qkvc_XXXXXX", path[256];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/m.bin", dir);
-    kvt_synth_params p;
-    memset(&p, 0, sizeof p);
-    p.dim = 64, p.hidden_dim = 96, p.n_layers = 2, p.n_heads = 4, p.n_kv_heads = 2, p.vocab_size = 50;
-    p.seq_len = 64, p.seed = 9;
-    assert_int_equal(kvt_model_synth(&p, path), 0);
-    kvt_model *m = NULL;
-    assert_int_equal(kvt_model_load(path, &m), 0);
+    kvt_model *m = synth_model(dir, path, sizeof path, 64, 9);
     assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_Q8), 0);
     int32_t tok[40];
     uint64_t s = g_seed;
@@ -382,9 +398,7 @@ static void test_engine_split_at_blocks(void **state)
     }
     kvt_caches_destroy(one, 2);
     kvt_caches_destroy(pieces, 2);
-    kvt_model_free(m);
-    unlink(path);
-    rmdir(dir);
+    model_done(m, dir, path);
 }
 
 /* Cut back to a block boundary below the sealed tokens (granule B): whole
@@ -439,15 +453,7 @@ static void test_engine_serves_block_boundary(void **state)
 {
     (void)state;
     char dir[] = "/tmp/kvt_test_qkvc_XXXXXX", path[256];
-    assert_non_null(mkdtemp(dir));
-    snprintf(path, sizeof path, "%s/m.bin", dir);
-    kvt_synth_params p;
-    memset(&p, 0, sizeof p);
-    p.dim = 64, p.hidden_dim = 96, p.n_layers = 2, p.n_heads = 4, p.n_kv_heads = 2, p.vocab_size = 50;
-    p.seq_len = 512, p.seed = 11;
-    assert_int_equal(kvt_model_synth(&p, path), 0);
-    kvt_model *m = NULL;
-    assert_int_equal(kvt_model_load(path, &m), 0);
+    kvt_model *m = synth_model(dir, path, sizeof path, 512, 11);
     enum { NA = 283, NB = 300, SHARED = 200, BT = 16 };
     int32_t ta[NA], tb[NB];
     uint64_t s = g_seed;
@@ -496,9 +502,7 @@ static void test_engine_serves_block_boundary(void **state)
         kvt_hit_clear(&hit);
         kvt_prompt_cache_destroy(pc);
     }
-    kvt_model_free(m);
-    unlink(path);
-    rmdir(dir);
+    model_done(m, dir, path);
 }
 
 int main(void)
