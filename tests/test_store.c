@@ -750,6 +750,8 @@ static void rewrite_header(const char *path, const char *field, uint64_t hlen_ov
         snprintf(xx, sizeof xx, "%s", json_string_value(json_object_get(m, "xxh3")));
         xx[31] = xx[31] == '0' ? '1' : '0';
         json_object_set_new(m, "xxh3", json_string(xx));
+    } else if (!strncmp(field, "granule=", 8)) { /* a trim granule (qkvc entries write one) */
+        json_object_set_new(json_object_get(root, "__metadata__"), "granule", json_string(field + 8));
     } else if (!strcmp(field, "dtype")) {
         const char *k;
         json_t *v;
@@ -832,6 +834,23 @@ static void refused_malformed(void **state)
     fclose(fp);
     assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_MALFORMED, NULL), 1);
     store_rmtree(f.root);
+}
+
+/* a shard's "granule" must be an integer in [1, n_tokens]: 0, past the
+ * entry's tokens or not a number is refused as malformed, never indexed */
+static void refused_granule(void **state)
+{
+    (void)state;
+    const char *bad[] = {"granule=0", "granule=11", "granule=-4", "granule=4x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        fx f;
+        fx_init(&f, &CFG, "gran");
+        char path[1200];
+        one_entry(&f, NULL, path, sizeof path); /* 10 tokens */
+        rewrite_header(path, bad[i], 0);
+        assert_int_equal(reopen_refused(&f, KVT_STORE_REFUSED_MALFORMED, NULL), 1);
+        store_rmtree(f.root);
+    }
 }
 
 static void refused_identity(void **state)
@@ -1690,6 +1709,7 @@ int main(void)
         cmocka_unit_test(refused_header_bound),
         cmocka_unit_test(refused_offsets),
         cmocka_unit_test(refused_malformed),
+        cmocka_unit_test(refused_granule),
         cmocka_unit_test(refused_identity),
         cmocka_unit_test(bitflip_caught),
         cmocka_unit_test(corrupt_block_drops_sharers),
