@@ -21,7 +21,7 @@ struct kvt_buf {
 
 static _Atomic uint64_t kvt__copied;
 
-KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out)
+int kvt__buf_new_uninit(size_t bytes, kvt_buf **out)
 {
     if (!out)
         return kvt__fail(KVT_EINVAL, "kvt_buf_new: out is NULL");
@@ -37,9 +37,16 @@ KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out)
     b->release = NULL;
     b->ctx = NULL;
     atomic_init(&b->origin, NULL);
-    memset(b->inline_data, 0, bytes);
     *out = b;
     return 0;
+}
+
+KVT_API int kvt_buf_new(size_t bytes, kvt_buf **out)
+{
+    int rc = kvt__buf_new_uninit(bytes, out);
+    if (!rc)
+        memset((*out)->inline_data, 0, bytes);
+    return rc;
 }
 
 KVT_API int kvt_buf_wrap(void *data, size_t bytes, void (*release)(void *, void *, size_t), void *ctx,

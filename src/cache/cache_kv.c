@@ -51,14 +51,17 @@ int kvt__blocks_prepare(kvt__blocks *b, int64_t offset, int64_t n, int32_t block
         return rc;
     kvt_buf *tail = NULL;
     kvt__blk *old = fill ? &b->v[b->n - 1] : NULL;
+    /* Blocks unfilled past their rows: a partial block is read, encoded
+     * (a compact copy) and paged only up to its rows, so its bytes are not
+     * zero-filled (internal.h, kvt__buf_new_uninit). */
     if (old && (!old->heap || kvt_buf_refs(old->buf) > 1)) {
-        rc = kvt_buf_new(block_bytes, &tail);
+        rc = kvt__buf_new_uninit(block_bytes, &tail);
         if (rc)
             return rc;
     }
     for (int64_t i = b->n; i < nb; i++) {
         kvt_buf *buf;
-        rc = kvt_buf_new(block_bytes, &buf);
+        rc = kvt__buf_new_uninit(block_bytes, &buf);
         if (rc) {
             while (--i >= b->n)
                 kvt_buf_release(b->v[i].buf);

@@ -209,8 +209,8 @@ static int tail_writable(qkvc_cache *q)
 {
     if (q->tail && q->tail_heap && kvt_buf_refs(q->tail) == 1)
         return 0;
-    kvt_buf *t;
-    int rc = kvt_buf_new(tail_bytes(q), &t);
+    kvt_buf *t; /* rows past tail_rows are never read (internal.h, kvt__buf_new_uninit) */
+    int rc = kvt__buf_new_uninit(tail_bytes(q), &t);
     if (rc)
         return rc;
     if (q->tail && q->tail_rows) { /* copy-on-write of the rows held */
@@ -465,7 +465,7 @@ static int qkvc_decode(const kvt_cache_state *st, kvt_cache **out)
         if (tail == B && kvt__tensor_is_whole_owner(t)) {
             q->tail = kvt_buf_retain(t->owner); /* zero-copy; copied before a write */
         } else {
-            if ((rc = kvt_buf_new(tail_bytes(q), &q->tail)))
+            if ((rc = kvt__buf_new_uninit(tail_bytes(q), &q->tail))) /* rows past `tail` unread */
                 goto fail;
             size_t rb = (size_t)tail * (size_t)D * sizeof(float);
             float *d = kvt_buf_data(q->tail);
