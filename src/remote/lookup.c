@@ -81,6 +81,8 @@ static int kid_candidate(const redisReply *fk, const redisReply *fv, const int32
             cand = base + T;
         else if (flags & KVT__REC_TRIMMABLE)
             cand = KVT__MIN(base + q, n - 1);
+        if (standalone == 2 && cand < base)
+            cand = 0; /* sealed blocks: never cut below the node it hangs off */
         if (cand > beat && cand > 0) {
             if ((rc = kvt__remote_hslot_make(&h, ns, prompt, base, tt, T, keys, (int32_t)j, 1, k))) {
                 kvt__free(tt);

@@ -336,8 +336,9 @@ int kvt__remote_store(kvt_remote *r, const kvt_entry *e)
     write_layout = known && !r->layout_written;
     pthread_mutex_unlock(&r->mu);
     /* the entry record serves any length from its chained blocks' end to n
-     * (kv layers reach 0, a qkvc layer its sealed blocks, the chain) */
-    int trimmable = A == 0 && min_reach <= (int64_t)n_chain * B;
+     * (kv layers reach 0, a qkvc layer its sealed blocks, the chain); a
+     * layer reaching only n (recurrent, a wrapped ring) serves n alone */
+    int trimmable = A == 0 && (min_reach == 0 || (min_reach < n && min_reach <= (int64_t)n_chain * B));
     int need_entry = !(known && lsa && A == 0 && n > 0 && (int64_t)n_chain * B == n);
 
     keys = kvt__calloc((size_t)(n_chain ? n_chain : 1), sizeof *keys);
