@@ -18,6 +18,12 @@
  *   with inconsistent metadata (the on-disk record of docs/checkpoints.md).
  * - kvt_service_checkpoint's refusals.
  * - checkpoint_sync: every checkpoint is durable when the call returns.
+ * - The writes run as background write operations on the process's I/O
+ *   worker, not on a thread of their own: while another background
+ *   operation holds the worker's one background slot, a checkpoint stays
+ *   queued (a newer one of the request supersedes it) and nothing is
+ *   written; once the slot is free the newest is written by one write
+ *   operation, and a restart resumes from it exactly.
  * - K/V stored as f16, bf16 or q8 (the hybrid model's window layer as a
  *   rotating cache of that dtype): resume after a restart is exact against
  *   an uninterrupted run in the same scheme, from the checkpoint, prefilling
@@ -30,6 +36,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "io_gate.h"
 #include "seq.h"
 #include "synth_util.h"
 #include "tiers.h"
@@ -39,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -325,6 +333,98 @@ static void test_sync_each_durable(void **state)
     assert_memory_equal(whole.reply, ref.reply, (size_t)ref.n_reply * sizeof(int32_t));
     rig_close(&r);
     rig_sync = 0;
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec ts = {0, (long)ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static io_gate slot = IO_GATE_INIT; /* file scope: the teardown opens it after a failed assertion */
+
+static int slot_teardown(void **state)
+{
+    (void)state;
+    io_gate_open(&slot);
+    return 0;
+}
+
+/* The checkpoint writer runs on the I/O worker: with its background slot
+ * held, checkpoints wait in the writer's queue (a newer one supersedes the
+ * queued one) and nothing is written, however long; released, the newest
+ * is written by one write operation and a restart resumes from it. */
+static void test_writes_on_io_worker(void **state)
+{
+    (void)state;
+    rig r;
+    rig_fresh(&r, M_PLAIN);
+    int32_t prompt[NPROMPT];
+    run_result ref, part, whole;
+    long_prompt(&r, &samplings[0], prompt, &ref);
+    kvt_io *io;
+    assert_int_equal(kvt_io_default_acquire(&io), 0);
+    kvt_io_options o;
+    assert_int_equal(kvt_io_options_get(io, &o), 0);
+    assert_int_equal(o.max_background, 1); /* the default worker: one background operation at a time */
+    io_gate_hold(io, &slot, (kvt_io_key){0x636b70745f736c6full, 1}, KVT_IO_BACKGROUND);
+    kvt_io_stats before;
+    assert_int_equal(kvt_io_stats_get(io, &before), 0);
+
+    run_args a = {.prompt = prompt, .n_prompt = NPROMPT, .max_tokens = MAXT, .temp = samplings[0].temp,
+                  .topp = samplings[0].topp, .seed = samplings[0].seed, .id = "on-worker",
+                  .stop_after = 2 * EVERY + 1};
+    run(&r, &a, &part); /* checkpoints at EVERY and 2 * EVERY generated tokens; kept (interrupted) */
+    assert_int_equal(part.rc, 0);
+    kvt_checkpoint_stats cs;
+    kvt_io_stats during;
+    /* nothing can be written while the slot is held: look for a while */
+    for (int i = 0; i < 10; i++) {
+        nap_ms(30 * KVT_TEST_TIME_SCALE);
+        assert_int_equal(kvt_service_checkpoint_stats(r.svc, &cs), 0);
+        if (cs.written)
+            break;
+    }
+    assert_int_equal(kvt_io_stats_get(io, &during), 0);
+    print_message("  slot held: %llu queued, %llu written, %llu superseded, %llu pending; worker write ops "
+                  "queued %llu\n", (unsigned long long)cs.queued, (unsigned long long)cs.written,
+                  (unsigned long long)cs.superseded, (unsigned long long)cs.pending,
+                  (unsigned long long)during.by_kind[KVT_IO_KIND_WRITE].queued_ops);
+    assert_int_equal(cs.queued, 2);
+    assert_int_equal(cs.written, 0);
+    assert_int_equal(cs.superseded, 1);
+    assert_int_equal(cs.pending, 1);
+    assert_int_equal(during.by_kind[KVT_IO_KIND_WRITE].queued_ops, 1);
+
+    io_gate_open(&slot);
+    assert_int_equal(kvt_service_flush(r.svc), 0);
+    /* the writer's job is done; the worker counts its operation as it
+     * returns: wait for the worker to be idle before reading its counters */
+    assert_int_equal(kvt_io_flush(io, 10000ull * KVT_TEST_TIME_SCALE), 0);
+    kvt_io_stats after;
+    assert_int_equal(kvt_io_stats_get(io, &after), 0);
+    assert_int_equal(kvt_service_checkpoint_stats(r.svc, &cs), 0);
+    print_message("  released: %llu written, %llu pending; worker write ops submitted %llu, ran %llu\n",
+                  (unsigned long long)cs.written, (unsigned long long)cs.pending,
+                  (unsigned long long)(after.by_kind[KVT_IO_KIND_WRITE].submitted -
+                                       before.by_kind[KVT_IO_KIND_WRITE].submitted),
+                  (unsigned long long)(after.by_kind[KVT_IO_KIND_WRITE].ran - before.by_kind[KVT_IO_KIND_WRITE].ran));
+    assert_int_equal(cs.written, 1);
+    assert_int_equal(cs.pending, 0);
+    assert_int_equal(cs.failed, 0);
+    assert_int_equal(after.by_kind[KVT_IO_KIND_WRITE].submitted - before.by_kind[KVT_IO_KIND_WRITE].submitted, 1);
+    assert_int_equal(after.by_kind[KVT_IO_KIND_WRITE].ran - before.by_kind[KVT_IO_KIND_WRITE].ran, 1);
+    assert_int_equal(after.by_kind[KVT_IO_KIND_WRITE].failed - before.by_kind[KVT_IO_KIND_WRITE].failed, 0);
+    kvt_io_default_release(io);
+    rig_close(&r);
+    rig_reopen(&r, M_PLAIN);
+    a.stop_after = 0;
+    run(&r, &a, &whole);
+    assert_int_equal(whole.st.resumed_tokens, 2 * EVERY - 1);
+    assert_int_equal(whole.st.prefilled_tokens, 0);
+    assert_int_equal(whole.n_reply, ref.n_reply);
+    assert_memory_equal(whole.reply, ref.reply, (size_t)ref.n_reply * sizeof(int32_t));
+    rig_close(&r);
 }
 
 static void test_keeps_two_and_completed_removes(void **state)
@@ -760,6 +860,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_exact),
         cmocka_unit_test(test_sync_each_durable),
+        cmocka_unit_test_teardown(test_writes_on_io_worker, slot_teardown),
         cmocka_unit_test(test_keeps_two_and_completed_removes),
         cmocka_unit_test(test_corrupt_newest_takes_older),
         cmocka_unit_test(test_mismatch_each_field),

@@ -589,6 +589,7 @@ static void test_default(void **state)
     kvt_io_default_release(NULL);
     assert_int_equal(kvt_io_default_acquire(NULL), KVT_EINVAL);
     assert_string_equal(kvt_io_kind_name(KVT_IO_KIND_REMOTE_SET), "remote-set");
+    assert_string_equal(kvt_io_kind_name(KVT_IO_KIND_FIND), "find");
     assert_string_equal(kvt_io_kind_name(KVT_IO_KINDS), "unknown");
 }
 

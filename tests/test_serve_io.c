@@ -94,7 +94,7 @@ static void io_report(void **state)
     assert_true(json_integer_value(json_object_get(io, "max_queued_ops")) >= 1);
     assert_int_equal(json_integer_value(json_object_get(io, "running_ops")), 0);
     json_int_t kinds_submitted = 0;
-    const char *kinds[] = {"restore", "write", "hash", "remote-get", "remote-set", "prefetch"};
+    const char *kinds[] = {"restore", "write", "hash", "remote-get", "remote-set", "prefetch", "find"};
     for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
         kinds_submitted += io_field(st, kinds[k], "submitted");
     assert_int_equal(json_integer_value(json_object_get(io, "submitted")), kinds_submitted);

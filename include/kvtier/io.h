@@ -2,7 +2,8 @@
  * kvtier/io.h: one bounded background I/O worker for a process.
  *
  * A kvt_io runs prepared I/O operations (SSD writes and restores, shard
- * hashing, remote gets and sets, prefetches) on a fixed number of threads
+ * hashing, remote gets and sets, prefetches, a tier chain's budgeted
+ * lookups, generation checkpoints) on a fixed number of threads
  * from a queue bounded both in operations and in bytes. Callers never block
  * on admission: a full queue refuses (KVT_EAGAIN) and the caller decides
  * (write-behind counts a drop, a restore falls back to prefill).
@@ -25,8 +26,8 @@
  * restore) submits with kvt_io_submit_notify instead: it is told once, on
  * completion, on the thread that completed the operation.
  *
- * Two priorities: KVT_IO_FOREGROUND operations (a restore a request waits
- * for, a hash a writer waits for) start before any KVT_IO_BACKGROUND one
+ * Two priorities: KVT_IO_FOREGROUND operations (a restore or a lookup a
+ * request waits for, a hash a writer waits for) start before any KVT_IO_BACKGROUND one
  * (write-behind, prefetch); first in, first out within a priority. At most
  * max_background background operations run at once (by default all threads
  * but one), so a foreground operation finds a free thread even while
@@ -64,7 +65,8 @@ typedef enum kvt_io_kind {
     KVT_IO_KIND_REMOTE_GET = 3, /**< remote tier read */
     KVT_IO_KIND_REMOTE_SET = 4, /**< remote tier write */
     KVT_IO_KIND_PREFETCH = 5,   /**< speculative restore nobody waits for yet */
-    KVT_IO_KINDS = 6       /**< number of kinds, not a kind */
+    KVT_IO_KIND_FIND = 6,       /**< a tier's lookup (a tier chain level's find with a time budget) */
+    KVT_IO_KINDS = 7       /**< number of kinds, not a kind */
 } kvt_io_kind;
 
 /** Priority of an operation. */
@@ -275,7 +277,7 @@ KVT_API void kvt_io_ticket_release(kvt_io_ticket *ticket);
 KVT_API int kvt_io_flush(kvt_io *io, uint64_t timeout_ms);
 
 /** The name of a kind ("restore", "write", "hash", "remote-get",
- * "remote-set", "prefetch"; "unknown" out of range). Static storage.
+ * "remote-set", "prefetch", "find"; "unknown" out of range). Static storage.
  * Thread-safe. */
 KVT_API const char *kvt_io_kind_name(kvt_io_kind kind);
 

@@ -11,7 +11,10 @@
  *                      most any level can offer) is found. A level with a
  *                      lookup time budget answers within it or counts as a
  *                      miss for that prompt (a slow remote never stalls a
- *                      prompt for longer than its budget);
+ *                      prompt for longer than its budget): its find is a
+ *                      foreground find operation on the process's I/O
+ *                      worker (kvtier/io.h, KVT_IO_KIND_FIND), waited for
+ *                      at most the budget;
  *   restore            reads from the level that holds the entry, then
  *                      promotes it upward: a copy sharing the same buffers
  *                      (zero bytes copied) is queued for every writable level
@@ -49,10 +52,10 @@
  * Thread-safety: every operation of the chain's table may be called from any
  * thread at any time, as tier.h requires; the chain never calls back into
  * its caller. It calls each level's table from the caller's thread (find,
- * find_exact without a budget, restore, store, spill, pending, flush), from a
- * level's lookup thread (find, find_exact with a budget) and from an I/O
- * worker thread (promotion and demotion writes), so every level must be callable
- * from any thread, as tier.h already requires.
+ * find_exact without a budget, restore, store, spill, pending, flush) and
+ * from an I/O worker thread (find, find_exact with a budget; promotion and
+ * demotion writes), so every level must be callable from any thread, as
+ * tier.h already requires. The chain has no thread of its own.
  */
 #ifndef KVTIER_TIER_CHAIN_H
 #define KVTIER_TIER_CHAIN_H
@@ -93,11 +96,15 @@ typedef struct kvt_tier_level {
      * KVT_TIER_READ_ONLY. */
     kvt_cold_tier tier;
     /** Lookup time budget in milliseconds. 0: find and find_exact run on the
-     * caller's thread, unbounded. > 0: they run on this level's lookup
-     * thread and the chain waits at most this long; a late answer is a miss
-     * for that prompt (counted in finds_over_budget) and is discarded when
-     * it arrives. At most 4 lookups wait per level; a fifth is a miss at
-     * once. */
+     * caller's thread, unbounded. > 0: each is a foreground find operation
+     * on the process's default I/O worker (KVT_IO_KIND_FIND: it starts
+     * before write-behind) and the chain waits at most this long; a late
+     * answer is a miss for that prompt (counted in finds_over_budget): the
+     * operation is discarded unrun if it has not started, else its answer
+     * is discarded when it arrives. At most 4 finds of a level are on the
+     * worker at once (a late one counts until it returns); a fifth, or one
+     * the worker refuses (its queue is full), is a miss at once, counted
+     * the same way. */
     int32_t find_budget_ms;
     /** KVT_LEVEL_NO_PROMOTE | KVT_LEVEL_NO_DEMOTE | KVT_LEVEL_WRITE_BEHIND,
      * or 0 (promote and demote). */
@@ -119,21 +126,21 @@ typedef struct kvt_tier_chain_config {
 typedef struct kvt_tier_chain kvt_tier_chain;
 
 /** Makes a chain over cfg->levels: copies the tables, takes a reference on
- * the process's default I/O worker (its writes run there), starts one
- * lookup thread per level with a budget, and installs the
+ * the process's default I/O worker (its writes and budgeted lookups run
+ * there; it starts no thread of its own), and installs the
  * eviction hook of every level that demotes (not KVT_LEVEL_NO_DEMOTE, has
  * set_evict, and has a writable level below it).
  * @return 0 and *out (released by kvt_tier_chain_destroy); KVT_EINVAL (cfg
  * or out NULL, n_levels outside 1..KVT_TIER_CHAIN_MAX, a level without find
  * or restore, find_budget_ms < 0, a name that is empty, too long or has
- * another character, write_queue < 0); KVT_ENOMEM; -errno (a
- * thread could not start). On error nothing is left running. */
+ * another character, write_queue < 0); KVT_ENOMEM; kvt_io_default_acquire's
+ * errors (the worker could not start). On error nothing is left running. */
 KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_chain **out);
 
 /** Removes the eviction hooks it installed, writes every queued promotion
- * and demotion, stops its threads (waiting for a lookup still running in a
- * level), drops its reference on the default I/O worker and frees the
- * chain. Never call it from an I/O worker thread. The levels' tiers are not closed: the caller
+ * and demotion, waits for every find operation it submitted (a lookup that
+ * went over its budget may still be running in a level), drops its
+ * reference on the default I/O worker and frees the chain. Never call it from an I/O worker thread. The levels' tiers are not closed: the caller
  * closes them afterwards, upper levels first (an entry promoted into a level
  * holds a share of the release hook of the level it was restored from, e.g.
  * the mapping of an SSD shard). NULL is a no-op. Call it once no other

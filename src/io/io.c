@@ -405,7 +405,7 @@ void kvt_io_destroy(kvt_io *io)
 /* ---- submission ---------------------------------------------------------------- */
 
 static const char *const kind_names[KVT_IO_KINDS] = {"restore", "write", "hash", "remote-get", "remote-set",
-                                                     "prefetch"};
+                                                     "prefetch", "find"};
 
 const char *kvt_io_kind_name(kvt_io_kind kind)
 {

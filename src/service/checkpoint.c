@@ -2,24 +2,31 @@
  * checkpoint.c: generation checkpoints of replayable requests (service.h,
  * "generation checkpoints"; docs/checkpoints.md).
  *
- * Owns the checkpoint writer: one thread and a FIFO queue of jobs, each a
- * write (a zero-copy clone of a request's caches with its metadata
- * attachment, made durable with kvt_store_put: the store's crash-safe path,
- * kv blocks already on disk shared) or a removal (every checkpoint of a
- * completed request). Also the resume side: finding a request's newest
- * readable checkpoint, validating it against the request, and handing its
- * caches back.
+ * Owns the checkpoint writer: a FIFO queue of jobs, each a write (a
+ * zero-copy clone of a request's caches with its metadata attachment, made
+ * durable with kvt_store_put: the store's crash-safe path, kv blocks already
+ * on disk shared) or a removal (every checkpoint of a completed request),
+ * run one at a time in queue order by background write operations on the
+ * process's I/O worker (kvtier/io.h): at most one of them is queued or
+ * running at once, each runs the job at the head and queues the next one
+ * while jobs are left. No thread of its own. Also the resume side: finding
+ * a request's newest readable checkpoint, validating it against the
+ * request, and handing its caches back.
  *
  * Lock rule: `mu` guards the queue, the job in flight and the counters; no
- * store call runs under it (the writer unlocks before kvt_store_put and
- * kvt_store_remove). A caller of kvt_service_checkpoint pays the clone and
- * a queue append, never I/O: a full queue drops the checkpoint (counted).
+ * store call runs under it (the operation unlocks before kvt_store_put and
+ * kvt_store_remove); lock order: mu, then the worker's. A caller of
+ * kvt_service_checkpoint pays the clone and a queue append, never I/O: a
+ * full queue (or a worker that refuses the write operation) drops the
+ * checkpoint (counted).
  *
  * Must never: resume from a checkpoint that does not match its request
  * (each field is checked and named), write a removed request's checkpoint
  * after its removal, or lose a queued job at shutdown (destroy drains).
  */
 #include "checkpoint.h"
+
+#include "kvtier/io.h"
 
 #include "internal.h"
 
@@ -58,16 +65,17 @@ struct kvt__ckpt {
     int64_t every;
     uint64_t max_bytes;
     pthread_mutex_t mu;
-    pthread_cond_t cv;         /* a job was queued, or stop */
-    pthread_cond_t idle_cv;    /* a job finished */
+    pthread_cond_t idle_cv;    /* a job finished, or the last write operation ended */
     cjob *head, *tail;
     char busy_ns[KVT__CKPT_NS_LEN]; /* ns of the job in flight, "" none */
     int flush_rc;              /* last failure since the previous flush */
     int stop;
     int sync;                  /* kvt_service_checkpoint waits until its write is done */
+    int scheduled;             /* a write operation is queued or running on the worker */
     uint64_t next_seq;         /* seq of the last job queued */
     uint64_t done_seq;         /* seq of the last job the writer finished (FIFO) */
-    pthread_t thread;
+    uint64_t op_seq;           /* write operations submitted (their keys) */
+    kvt_io *io;                /* the process's default I/O worker (a reference) */
     kvt_checkpoint_stats st;
 };
 
@@ -246,7 +254,7 @@ static void job_free(cjob *j)
     kvt__free(j);
 }
 
-/* Removes the checkpoints of ns beyond the `keep` newest. Writer thread. */
+/* Removes the checkpoints of ns beyond the `keep` newest. On the I/O worker. */
 static int prune(kvt__ckpt *c, const char *ns, int64_t keep, uint64_t *removed)
 {
     hits h;
@@ -262,16 +270,41 @@ static int prune(kvt__ckpt *c, const char *ns, int64_t keep, uint64_t *removed)
     return rc;
 }
 
-static void *writer_main(void *arg)
+static int writer_run(void *task, void **result);
+
+/* Submits the writer's next operation (mu held: the worker accepts or
+ * refuses it before another job is queued). Background: a checkpoint is
+ * write-behind, nobody waits for it but a checkpoint_sync caller. Its key
+ * is unique, so it never joins an earlier operation about to return. */
+static int submit_writer(kvt__ckpt *c)
 {
-    kvt__ckpt *c = arg;
+    kvt_io_op op = {.kind = KVT_IO_KIND_WRITE,
+                    .key = {(uint64_t)(uintptr_t)c ^ UINT64_C(0x636b7074a0761d64),
+                            ++c->op_seq ^ UINT64_C(0x5bd1e99500000000)},
+                    .priority = KVT_IO_BACKGROUND,
+                    .run = writer_run,
+                    .task = c};
+    return kvt_io_submit(c->io, &op, NULL);
+}
+
+/* One write operation (on an I/O worker thread): runs the job at the head
+ * of the queue, then queues the next operation when jobs are left (so
+ * other background I/O gets its turn between two checkpoints; if the
+ * worker refuses it, this operation runs the next job itself) or clears
+ * c->scheduled. Never touches c after its last unlock (destroy may free it
+ * then). */
+static int writer_run(void *task, void **result)
+{
+    kvt__ckpt *c = task;
+    (void)result;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->head && !c->stop)
-            pthread_cond_wait(&c->cv, &c->mu);
         cjob *j = c->head;
-        if (!j)
-            break; /* stop, and the queue is drained */
+        if (!j) {
+            c->scheduled = 0;
+            pthread_cond_broadcast(&c->idle_cv);
+            break;
+        }
         c->head = j->next;
         if (!c->head)
             c->tail = NULL;
@@ -303,9 +336,11 @@ static void *writer_main(void *arg)
         c->st.pending_bytes -= KVT__MIN(c->st.pending_bytes, bytes);
         c->busy_ns[0] = '\0';
         pthread_cond_broadcast(&c->idle_cv);
+        if (c->head && submit_writer(c) == 0)
+            break; /* the next operation runs the next job */
     }
     pthread_mutex_unlock(&c->mu);
-    return NULL;
+    return 0;
 }
 
 int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, int sync, kvt__ckpt **out)
@@ -321,38 +356,37 @@ int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, int 
     c->every = every;
     c->sync = sync != 0;
     c->max_bytes = queue_bytes ? queue_bytes : KVT__CKPT_QUEUE_DEFAULT;
+    int rc = KVT_ENOMEM;
     if (pthread_mutex_init(&c->mu, NULL))
         goto fail_mu;
-    if (pthread_cond_init(&c->cv, NULL))
-        goto fail_cv;
     if (pthread_cond_init(&c->idle_cv, NULL))
         goto fail_idle;
-    if (pthread_create(&c->thread, NULL, writer_main, c))
-        goto fail_thread;
+    if ((rc = kvt_io_default_acquire(&c->io)) != 0)
+        goto fail_io;
     *out = c;
     return 0;
-fail_thread:
+fail_io:
     pthread_cond_destroy(&c->idle_cv);
 fail_idle:
-    pthread_cond_destroy(&c->cv);
-fail_cv:
     pthread_mutex_destroy(&c->mu);
 fail_mu:
     kvt__free(c);
-    return kvt__fail(KVT_ENOMEM, "service: cannot start the checkpoint writer");
+    return kvt__fail(rc, "service: cannot set up the checkpoint writer: %s", kvt_strerror(rc));
 }
 
 void kvt__ckpt_destroy(kvt__ckpt *c)
 {
     if (!c)
         return;
+    /* every queued job runs (the close guarantee); then no write operation
+     * refers to c any more */
     pthread_mutex_lock(&c->mu);
     c->stop = 1;
-    pthread_cond_broadcast(&c->cv);
+    while (c->head || c->scheduled || c->busy_ns[0])
+        pthread_cond_wait(&c->idle_cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
-    pthread_join(c->thread, NULL);
+    kvt_io_default_release(c->io);
     pthread_cond_destroy(&c->idle_cv);
-    pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     kvt__free(c);
 }
@@ -362,7 +396,7 @@ int kvt__ckpt_flush(kvt__ckpt *c)
     if (!c)
         return 0;
     pthread_mutex_lock(&c->mu);
-    while (c->head || c->busy_ns[0])
+    while (c->head || c->busy_ns[0] || c->scheduled)
         pthread_cond_wait(&c->idle_cv, &c->mu);
     int rc = c->flush_rc;
     c->flush_rc = 0;
@@ -400,9 +434,11 @@ static void jobs_free(cjob *j)
     }
 }
 
-/* Appends j (ownership passes on 0). A newer write replaces the queued
- * writes of its request; a removal drops them. */
-/* Queues j (the writer owns it from then on); *seq gets its place in the order. */
+/* Appends j (the writer owns it from then on, on 0); *seq gets its place
+ * in the order. A newer write replaces the queued writes of its request; a
+ * removal drops them. When no write operation is queued or running, one is
+ * submitted to the I/O worker; a worker that refuses it (its queue is full)
+ * refuses j like a full queue (a write counts as dropped). */
 static int enqueue(kvt__ckpt *c, cjob *j, uint64_t *seq)
 {
     cjob *dropped = NULL;
@@ -424,6 +460,17 @@ static int enqueue(kvt__ckpt *c, cjob *j, uint64_t *seq)
                          "its bound of %llu", (unsigned long long)queued, (unsigned long long)j->bytes,
                          (unsigned long long)c->max_bytes);
     }
+    if (!c->scheduled) { /* the queue is empty: nothing was unqueued above */
+        int rc = submit_writer(c);
+        if (rc) {
+            if (!j->remove)
+                c->st.dropped++;
+            pthread_mutex_unlock(&c->mu);
+            jobs_free(dropped);
+            return kvt__fail(rc, "checkpoint: the I/O worker refused the write: %s", kvt_strerror(rc));
+        }
+        c->scheduled = 1;
+    }
     j->next = NULL;
     j->seq = *seq = ++c->next_seq;
     if (c->tail)
@@ -435,7 +482,6 @@ static int enqueue(kvt__ckpt *c, cjob *j, uint64_t *seq)
     c->st.pending_bytes += j->bytes;
     if (!j->remove)
         c->st.queued++;
-    pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     jobs_free(dropped);
     return 0;

@@ -18,10 +18,14 @@ typedef struct kvt__ckpt_run kvt__ckpt_run;
  * @param queue_bytes bound of queued cache bytes, 0 = 256 MiB.
  * @param sync 1: kvt_service_checkpoint returns once the writer finished
  *   that checkpoint (kvt_service_config.checkpoint_sync).
- * @return 0; KVT_EINVAL (NULL store, every < 1); KVT_ENOMEM. */
+ * Its writes run as background write operations on the process's default
+ * I/O worker (a reference taken here, dropped by kvt__ckpt_destroy).
+ * @return 0; KVT_EINVAL (NULL store, every < 1); KVT_ENOMEM;
+ *   kvt_io_default_acquire's errors. */
 int kvt__ckpt_create(kvt_store *store, int64_t every, uint64_t queue_bytes, int sync, kvt__ckpt **out);
 
-/** Runs every queued job, stops the writer thread and frees. NULL is a no-op. */
+/** Runs every queued job (waits for the write operations on the I/O
+ * worker), drops its reference on the worker and frees. NULL is a no-op. */
 void kvt__ckpt_destroy(kvt__ckpt *c);
 
 /** Waits until the writer's queue is empty. @return 0, or the status of the

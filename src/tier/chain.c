@@ -7,12 +7,13 @@
  * Owns: the copied level tables, a bounded FIFO queue of promotion/demotion
  * writes drained by one background write operation at a time on the
  * process's I/O worker (kvtier/io.h: the writes of a chain run in queue
- * order, one after the other, never on a private thread), one lookup thread
- * per level with a budget, and the chain's per-level counters. Locks: c->mu
- * guards the write queue and the counters (lock order: c->mu, then the
- * worker's); each lookup worker has its own mutex. No level's table is ever
- * called with either lock held, so a slow or blocking level never holds up
- * another thread's bookkeeping. Never calls back into the chain's caller.
+ * order, one after the other, never on a private thread), the budgeted
+ * lookups (each a foreground find operation on the same worker, waited for
+ * at most the level's budget), and the chain's per-level counters. It starts
+ * no thread. Locks: c->mu guards the write queue, the counts of find
+ * operations and the counters (lock order: c->mu, then the worker's). No
+ * level's table is ever called with it held, so a slow or blocking level
+ * never holds up another thread's bookkeeping. Never calls back into the chain's caller.
  */
 #include "kvtier/tier_chain.h"
 
@@ -21,11 +22,9 @@
 #include "internal.h"
 #include "tier_internal.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #define LEVEL_SHIFT 60
 #define INNER_MASK ((UINT64_C(1) << LEVEL_SHIFT) - 1)
@@ -39,32 +38,22 @@ typedef struct kvt_tier_chain kvt_tier_chain;
 
 /* ---- lookups with a time budget ----------------------------------------------------- */
 
-/* One find handed to a level's lookup thread. The caller and the thread each
- * hold a reference (refs, under the worker's mutex); the last one frees it,
- * so a caller that gave up waiting never frees what the thread still reads. */
-typedef struct find_job {
-    struct find_job *next;
-    int refs;
-    int op;          /* OP_FIND / OP_FIND_EXACT */
-    int done;        /* the answer is in rc/hit */
-    int abandoned;   /* the caller stopped waiting */
-    int rc;
-    kvt_cold_hit hit;
-    char *ns;        /* owned copy */
-    int64_t n;
-    int32_t tokens[]; /* (n) owned copy of the prompt */
-} find_job;
+struct level;
 
-typedef struct lookup_worker {
-    pthread_mutex_t mu;
-    pthread_cond_t wake;   /* a job was queued, or stop */
-    pthread_cond_t done;   /* a job was answered (clock: CLOCK_MONOTONIC) */
-    find_job *head, *tail;
-    int waiting;           /* jobs queued or running */
-    int stop;
-    int started;
-    pthread_t th;
-} lookup_worker;
+/* One budgeted find: a foreground find operation on the I/O worker. The
+ * task is the operation's: its free_fn (find_free) runs once the level's
+ * find returned and no ticket holds it, or at once when the waiter gave up
+ * before it started (discarded unrun). It holds its own copy of the prompt,
+ * so a waiter that gave up never frees what the find still reads. */
+typedef struct find_task {
+    struct level *l;
+    int op;          /* OP_FIND / OP_FIND_EXACT */
+    int rc;          /* the level's answer (0 or KVT_ENOTFOUND) */
+    kvt_cold_hit hit;
+    char *ns;        /* points past tokens */
+    int64_t n;
+    int32_t tokens[]; /* (n) the prompt, then ns and its NUL */
+} find_task;
 
 typedef struct level {
     kvt_tier_chain *chain;
@@ -75,7 +64,7 @@ typedef struct level {
     uint32_t flags;
     int writable;
     int hooked;            /* its eviction hook points at the chain */
-    lookup_worker lk;
+    int finds_live;        /* its find operations not yet freed (queued, running, or a late answer); under chain->mu */
     kvt_tier_stats st;     /* the chain's view, under chain->mu */
 } level;
 
@@ -92,55 +81,17 @@ struct kvt_tier_chain {
     level lv[KVT_TIER_CHAIN_MAX];
     int n;
     pthread_mutex_t mu;
-    pthread_cond_t idle;   /* drain: queue empty and no drain operation */
+    pthread_cond_t idle;   /* drain: queue empty and no drain operation; destroy: no find operation left */
     wjob *head, *tail;
     int queued, cap;
     int writing;           /* a drain operation is inside a level's table */
     int scheduled;         /* a drain operation is queued or running on the worker */
     int stop;
     uint64_t seq;          /* drain operations submitted (their keys) */
+    uint64_t find_seq;     /* find operations submitted (their keys) */
+    int finds_live;        /* find operations of every level not yet freed */
     kvt_io *io;            /* the process's default I/O worker (a reference) */
 };
-
-static void *lookup_main(void *arg)
-{
-    level *l = arg;
-    lookup_worker *w = &l->lk;
-    pthread_mutex_lock(&w->mu);
-    for (;;) {
-        while (!w->stop && !w->head)
-            pthread_cond_wait(&w->wake, &w->mu);
-        if (!w->head)
-            break; /* stop, nothing left */
-        find_job *j = w->head;
-        w->head = j->next;
-        if (!w->head)
-            w->tail = NULL;
-        if (!j->abandoned && !w->stop) {
-            pthread_mutex_unlock(&w->mu);
-            kvt_cold_hit hit = {0};
-            int rc;
-            if (j->op == OP_FIND)
-                rc = l->t.find(l->t.self, j->tokens, j->n, j->ns, &hit);
-            else
-                rc = l->t.find_exact ? l->t.find_exact(l->t.self, j->tokens, j->n, j->ns, &hit) : KVT_ENOTFOUND;
-            pthread_mutex_lock(&w->mu);
-            j->rc = rc;
-            j->hit = hit;
-        } else {
-            j->rc = KVT_ENOTFOUND;
-        }
-        j->done = 1;
-        w->waiting--;
-        pthread_cond_broadcast(&w->done);
-        if (--j->refs == 0) {
-            kvt__free(j->ns);
-            kvt__free(j);
-        }
-    }
-    pthread_mutex_unlock(&w->mu);
-    return NULL;
-}
 
 static void count(kvt_tier_chain *c, int lvl, size_t field_offset, uint64_t by)
 {
@@ -150,60 +101,104 @@ static void count(kvt_tier_chain *c, int lvl, size_t field_offset, uint64_t by)
 }
 #define COUNT(c, lvl, field) count((c), (lvl), offsetof(kvt_tier_stats, field), 1)
 
-/* Asks level l for (op, tokens, ns) within its budget. A late answer is
- * KVT_ENOTFOUND for this caller. */
+/* The level's find on an I/O worker thread. A miss is an answer (0, with
+ * rc KVT_ENOTFOUND); only the level's errors are the operation's. */
+static int find_run(void *task, void **result)
+{
+    find_task *t = task;
+    const kvt_cold_tier *lt = &t->l->t;
+    kvt_cold_hit hit = {0};
+    int rc;
+    if (t->op == OP_FIND)
+        rc = lt->find(lt->self, t->tokens, t->n, t->ns, &hit);
+    else
+        rc = lt->find_exact ? lt->find_exact(lt->self, t->tokens, t->n, t->ns, &hit) : KVT_ENOTFOUND;
+    t->rc = rc;
+    t->hit = hit;
+    *result = t;
+    return rc == KVT_ENOTFOUND ? 0 : rc;
+}
+
+/* Frees a find task; the last one wakes a destroy waiting for them. */
+static void find_free(void *task, void *result)
+{
+    (void)result;
+    find_task *t = task;
+    level *l = t->l;
+    kvt_tier_chain *c = l->chain;
+    kvt__free(t);
+    pthread_mutex_lock(&c->mu);
+    l->finds_live--;
+    if (--c->finds_live == 0)
+        pthread_cond_broadcast(&c->idle);
+    pthread_mutex_unlock(&c->mu); /* c is not touched after this: destroy may free it */
+}
+
+/* Asks level l for (op, tokens, ns) within its budget: a foreground find
+ * operation on the I/O worker (a request waits for it, so it starts before
+ * write-behind), waited for at most budget_ms. A late answer is
+ * KVT_ENOTFOUND for this caller (counted in finds_over_budget): the ticket
+ * is released, so the operation is discarded unrun if it has not started,
+ * and its answer is discarded when it arrives if it has. So is a find the
+ * worker refuses (its queue is full), and one beyond the level's
+ * LOOKUP_WAITING_MAX finds still on the worker. */
 static int budgeted_lookup(level *l, int op, const int32_t *tokens, int64_t n, const char *ns, kvt_cold_hit *out)
 {
-    lookup_worker *w = &l->lk;
+    kvt_tier_chain *c = l->chain;
     size_t ns_len = strlen(ns);
-    find_job *j = kvt__malloc(sizeof *j + (size_t)n * sizeof(int32_t));
-    char *ns_copy = kvt__malloc(ns_len + 1);
-    if (!j || !ns_copy) {
-        kvt__free(j);
-        kvt__free(ns_copy);
+    find_task *t = kvt__malloc(sizeof *t + (size_t)n * sizeof(int32_t) + ns_len + 1);
+    if (!t)
         return KVT_ENOMEM;
-    }
-    memset(j, 0, sizeof *j);
-    memcpy(ns_copy, ns, ns_len + 1);
+    memset(t, 0, sizeof *t);
+    t->l = l;
+    t->op = op;
+    t->n = n;
     if (n)
-        memcpy(j->tokens, tokens, (size_t)n * sizeof(int32_t));
-    j->ns = ns_copy;
-    j->n = n;
-    j->op = op;
-    j->refs = 2;
-    pthread_mutex_lock(&w->mu);
-    if (w->waiting >= LOOKUP_WAITING_MAX) {
-        pthread_mutex_unlock(&w->mu);
-        kvt__free(ns_copy);
-        kvt__free(j);
-        COUNT(l->chain, l->index, finds_over_budget);
+        memcpy(t->tokens, tokens, (size_t)n * sizeof(int32_t));
+    t->ns = (char *)(t->tokens + n);
+    memcpy(t->ns, ns, ns_len + 1);
+    pthread_mutex_lock(&c->mu);
+    if (l->finds_live >= LOOKUP_WAITING_MAX) {
+        l->st.finds_over_budget++;
+        pthread_mutex_unlock(&c->mu);
+        kvt__free(t);
         return KVT_ENOTFOUND;
     }
-    if (w->tail)
-        w->tail->next = j;
-    else
-        w->head = j;
-    w->tail = j;
-    w->waiting++;
-    pthread_cond_signal(&w->wake);
-    struct timespec dl = kvt__deadline(CLOCK_MONOTONIC, (uint64_t)l->budget_ms);
-    while (!j->done) {
-        if (pthread_cond_timedwait(&w->done, &w->mu, &dl) == ETIMEDOUT && !j->done)
-            break;
-    }
-    int done = j->done, rc = j->rc;
-    kvt_cold_hit hit = j->hit;
-    j->abandoned = !done;
-    int last = --j->refs == 0;
-    pthread_mutex_unlock(&w->mu);
-    if (last) {
-        kvt__free(j->ns);
-        kvt__free(j);
-    }
-    if (!done) {
-        COUNT(l->chain, l->index, finds_over_budget);
+    l->finds_live++;
+    c->finds_live++;
+    uint64_t seq = ++c->find_seq;
+    pthread_mutex_unlock(&c->mu);
+    /* a key of its own: a find answers for the moment it was asked, never
+     * with the answer of an earlier find still running */
+    kvt_io_op o = {.kind = KVT_IO_KIND_FIND,
+                   .key = {(uint64_t)(uintptr_t)l ^ UINT64_C(0x66696e64c2b2ae3d), seq ^ UINT64_C(0x1f83d9ab00000000)},
+                   .priority = KVT_IO_FOREGROUND,
+                   .run = find_run,
+                   .free_fn = find_free,
+                   .task = t};
+    kvt_io_ticket *tk = NULL;
+    int rc = kvt_io_submit(c->io, &o, &tk);
+    if (rc) { /* refused: the task stays with this thread */
+        find_free(t, NULL);
+        COUNT(c, l->index, finds_over_budget);
         return KVT_ENOTFOUND;
     }
+    kvt_io_disposition d = KVT_IO_DISCARD;
+    void *res = NULL;
+    rc = kvt_io_wait(tk, (uint64_t)l->budget_ms, &d, &res);
+    kvt_cold_hit hit = {0};
+    if (rc == 0 && d == KVT_IO_PUBLISH && res) {
+        const find_task *r = res;
+        rc = r->rc;
+        hit = r->hit;
+    }
+    kvt_io_ticket_release(tk); /* a late answer is discarded: now, or when it arrives */
+    if (rc == KVT_EAGAIN) {
+        COUNT(c, l->index, finds_over_budget);
+        return KVT_ENOTFOUND;
+    }
+    if (rc == KVT_ECLOSED)
+        return KVT_ENOTFOUND;
     if (rc == 0)
         *out = hit;
     return rc;
@@ -310,7 +305,10 @@ static int write_entry(level *l, kvt_entry *e)
  * it is not written again (a write-behind level got every kept prefix when
  * it was put; a restored entry was promoted from there). Asks the level
  * (may block on I/O: runs in a drain operation, within the level's lookup
- * budget). */
+ * budget). A budgeted level's find is then an operation of the same worker
+ * waited for from one of its threads: the wait is timed, so with every
+ * other thread busy it is a miss after the budget (the demotion is
+ * written), never a wait on a queue nobody serves. */
 static int level_holds(level *l, const kvt_entry *e)
 {
     if (l->t.pending && l->t.pending(l->t.self, e->tokens, e->n_tokens, e->ns))
@@ -759,43 +757,6 @@ KVT_API void kvt_tier_chain_cold_tier(kvt_tier_chain *c, kvt_cold_tier *out)
 
 /* ---- create / destroy --------------------------------------------------------------- */
 
-static void stop_lookup(level *l)
-{
-    lookup_worker *w = &l->lk;
-    if (!w->started)
-        return;
-    pthread_mutex_lock(&w->mu);
-    w->stop = 1;
-    pthread_cond_broadcast(&w->wake);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->th, NULL);
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->wake);
-    pthread_cond_destroy(&w->done);
-    w->started = 0;
-}
-
-static int start_lookup(level *l)
-{
-    lookup_worker *w = &l->lk;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_mutex_init(&w->mu, NULL);
-    pthread_cond_init(&w->wake, NULL);
-    pthread_cond_init(&w->done, &ca);
-    pthread_condattr_destroy(&ca);
-    int err = pthread_create(&w->th, NULL, lookup_main, l);
-    if (err) {
-        pthread_mutex_destroy(&w->mu);
-        pthread_cond_destroy(&w->wake);
-        pthread_cond_destroy(&w->done);
-        return kvt__fail(-err, "tier chain: cannot start the lookup thread of level %d", l->index);
-    }
-    w->started = 1;
-    return 0;
-}
-
 KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c)
 {
     if (!c)
@@ -807,8 +768,12 @@ KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c)
         /* every queued write is written (the close/flush guarantee), then
          * no drain operation refers to the chain any more */
         kvt_tier_chain_drain(c);
+        /* a find that went over its budget may still be inside a level's
+         * table on the worker: wait until every find operation is freed */
         pthread_mutex_lock(&c->mu);
         c->stop = 1;
+        while (c->finds_live)
+            pthread_cond_wait(&c->idle, &c->mu);
         pthread_mutex_unlock(&c->mu);
         kvt_io_default_release(c->io);
     }
@@ -817,8 +782,6 @@ KVT_API void kvt_tier_chain_destroy(kvt_tier_chain *c)
         kvt_entry_clear(&j->e);
         kvt__free(j);
     }
-    for (int i = 0; i < c->n; i++)
-        stop_lookup(&c->lv[i]);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->idle);
     kvt__free(c);
@@ -882,8 +845,6 @@ KVT_API int kvt_tier_chain_create(const kvt_tier_chain_config *cfg, kvt_tier_cha
         l->budget_ms = cfg->levels[i].find_budget_ms;
         l->flags = cfg->levels[i].flags;
         l->writable = !(l->t.flags & KVT_TIER_READ_ONLY) && (l->t.store || l->t.spill);
-        if (rc == 0 && l->budget_ms > 0)
-            rc = start_lookup(l);
     }
     if (rc == 0 && (rc = kvt_io_default_acquire(&c->io)) != 0) {
         c->io = NULL;
