@@ -15,7 +15,10 @@
  *     refused as bad, whatever is found restores to exactly those bytes, and
  *     storing the workload again makes every entry restorable.
  * Also Redis unreachable on every call (path match on the peer): every
- * store fails cleanly and every lookup misses.
+ * store fails cleanly and every lookup misses; and, which no walk sees, one
+ * failed call of a restore leaves no failed connection in the pool (the next
+ * restores succeed, nothing more is counted), and a restore on a tier turned
+ * unhealthy fails at once saying Redis is unreachable.
  * The runs of a walk are spread over worker processes, each with a
  * redis-server of its own (tests/support/fault_walk.h; KVT_FAULT_WORKERS,
  * default 8): every N is run and checked as one after another would.
@@ -39,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const store_cfg CFG = {.n_kv = 2, .kv_dim = 8, .block = 4};
 static const store_cfg CFG_HYB = {.n_kv = 1, .kv_dim = 8, .block = 4, .recurrent = 24, .attach = 9};
@@ -325,6 +329,146 @@ static void walk_half_sent(void **state)
     walk("half sent", EPIPE, 1, &w);
 }
 
+/* One tier of model 0 on g_srv[0] holding WL[0], and a hit of it. */
+static kvt_remote *one_entry_tier(kvt_cold_tier *t, int32_t *tok, kvt_cold_hit *hit)
+{
+    g_worker = 0;
+    assert_int_equal(flushall(), 0);
+    kvt_remote_options opt = {.lookup_timeout_ms = 2000, .io_timeout_ms = 2000, .restore_timeout_ms = 2000,
+                              .quiet = 1};
+    kvt_remote *r = NULL;
+    assert_int_equal(kvt_remote_open(g_srv[0].url, &g_id[0], &opt, &r), 0);
+    kvt_remote_cold_tier(r, t);
+    pcu_seq(tok, 32, WL[0].base);
+    kvt_entry e;
+    assert_int_equal(store_make_entry(WL[0].cfg, "", tok, WL[0].n, &e), 0);
+    assert_int_equal(t->store(t->self, &e), 0);
+    kvt_entry_clear(&e);
+    assert_int_equal(t->find(t->self, tok, WL[0].n + 1, "", hit), 0);
+    assert_int_equal(hit->prefix_len, WL[0].n);
+    return r;
+}
+
+/* Restores hit and compares with the cache-off state: 0, or the restore's code. */
+static int restore_cmp(const kvt_cold_tier *t, const kvt_cold_hit *hit, const int32_t *tok)
+{
+    kvt_entry got, want;
+    int rc = t->restore(t->self, hit->handle, &got);
+    if (rc) {
+        assert_null(got.caches);
+        return rc;
+    }
+    assert_int_equal(got.n_tokens, hit->n_tokens);
+    assert_int_equal(store_make_entry(WL[0].cfg, "", tok, got.n_tokens, &want), 0);
+    assert_int_equal(store_entry_diff(&got, &want), 0);
+    kvt_entry_clear(&got);
+    kvt_entry_clear(&want);
+    return 0;
+}
+
+static kvt_remote_stats tier_stats(kvt_remote *r)
+{
+    kvt_remote_stats st;
+    assert_int_equal(kvt_remote_stats_get(r, &st), 0);
+    return st;
+}
+
+/* A connection whose call failed is closed, never handed back to the pool
+ * (src/remote/conn.c, node_give): hiredis keeps the error on its context,
+ * so a pooled failed context fails every later call that takes it (the pool
+ * hands out the last one given back first), and fail_threshold such calls
+ * mark a healthy Redis down. For each fault (a reset reply, a timed-out
+ * reply, a command cut in half on the wire), exactly one network call of a
+ * restore fails: that restore fails with KVT_EIO and a message saying
+ * why; then three restores of the same hit in a row succeed with the
+ * cache-off bytes, and no further failure is counted. */
+static void failed_conn_not_pooled(void **state)
+{
+    (void)state;
+    static const struct {
+        kvt__io_op op;
+        int err, short_write;
+        const char *what, *msg;
+    } F[] = {
+        {KVT_IO_RECV, ECONNRESET, 0, "reset reply", "did not answer"},
+        {KVT_IO_RECV, EAGAIN, 0, "timed-out reply", "did not answer within the restore timeout"},
+        {KVT_IO_SEND, EPIPE, 1, "half-sent GET", "did not answer"},
+    };
+    kvt_cold_tier t;
+    int32_t tok[32];
+    kvt_cold_hit hit;
+    kvt_remote *r = one_entry_tier(&t, tok, &hit);
+    assert_int_equal(restore_cmp(&t, &hit, tok), 0); /* the pool holds a good connection */
+    for (size_t f = 0; f < sizeof F / sizeof F[0]; f++) {
+        kvt_remote_stats s0 = tier_stats(r);
+        kvt__io_fault fault = {.ops = 1u << F[f].op, .fail_at = 1, .err = F[f].err, .short_write = F[f].short_write};
+        kvt__io_arm(&fault);
+        kvt__clear_error();
+        int rc = restore_cmp(&t, &hit, tok);
+        kvt__io_disarm();
+        assert_int_equal(kvt__io_failures(), 1);
+        if (rc != KVT_EIO || !strstr(kvt_last_error(), F[f].msg))
+            fail_msg("%s: the restore returned %d (want %d) with '%s' (want '%s')", F[f].what, rc, KVT_EIO,
+                     kvt_last_error(), F[f].msg);
+        kvt_remote_stats s1 = tier_stats(r);
+        assert_int_equal(s1.failures_conn + s1.failures_timeout, s0.failures_conn + s0.failures_timeout + 1);
+        assert_int_equal(s1.restore_failures, s0.restore_failures + 1);
+        for (int k = 0; k < 3; k++) {
+            kvt__clear_error();
+            rc = restore_cmp(&t, &hit, tok);
+            if (rc)
+                fail_msg("%s: restore %d after the one failed call failed (%d: %s): the failed connection was "
+                         "used again",
+                         F[f].what, k + 1, rc, kvt_last_error());
+        }
+        kvt_remote_stats s2 = tier_stats(r);
+        assert_int_equal(s2.failures_conn, s1.failures_conn);
+        assert_int_equal(s2.failures_timeout, s1.failures_timeout);
+        assert_int_equal(s2.restore_failures, s1.restore_failures);
+        assert_int_equal(s2.restores, s1.restores + 3);
+        assert_int_equal(s2.unhealthy_transitions, 0);
+        assert_int_equal(s2.healthy, 1);
+        print_message("  %-16s one restore failed ('%s'), the next 3 restored\n", F[f].what, F[f].msg);
+    }
+    assert_int_equal(kvt_remote_close(r), 0);
+}
+
+/* Redis unreachable after the lookup: with every call to it failed, the
+ * tier turns unhealthy (fail_threshold failed lookups), a restore then fails
+ * at once with KVT_EIO saying Redis is unreachable, and once calls go
+ * through again the tier comes back (its health thread's PING) and the same
+ * hit restores. */
+static void unreachable_restore(void **state)
+{
+    (void)state;
+    kvt_cold_tier t;
+    int32_t tok[32];
+    kvt_cold_hit hit, h2;
+    kvt_remote *r = one_entry_tier(&t, tok, &hit);
+    char peer[64];
+    snprintf(peer, sizeof peer, "127.0.0.1:%d", g_srv[0].port);
+    kvt__io_fault f = {.ops = KVT_IO_NET_OPS, .path_has = peer, .err = ECONNREFUSED};
+    kvt__io_arm(&f);
+    for (int i = 0; i < 10 && kvt_remote_healthy(r); i++)
+        assert_int_equal(t.find(t.self, tok, WL[0].n + 1, "", &h2), KVT_ENOTFOUND);
+    int healthy = kvt_remote_healthy(r);
+    kvt__clear_error();
+    int rc = restore_cmp(&t, &hit, tok);
+    int64_t failed = kvt__io_failures();
+    kvt__io_disarm();
+    assert_int_equal(healthy, 0);
+    assert_true(failed >= 3);
+    if (rc != KVT_EIO || !strstr(kvt_last_error(), "unreachable"))
+        fail_msg("the restore on an unhealthy tier returned %d (want %d) with '%s' (want 'unreachable')", rc, KVT_EIO,
+                 kvt_last_error());
+    int up = 0;
+    for (int i = 0; i < 3000 && !(up = kvt_remote_healthy(r)); i++)
+        usleep(10000); /* the health thread's backoff starts at 50 ms */
+    assert_true(up);
+    assert_int_equal(restore_cmp(&t, &hit, tok), 0);
+    assert_int_equal(kvt_remote_close(r), 0);
+}
+
 /* Redis unreachable on every call: stores fail with a message, lookups miss. */
 static void unreachable(void **state)
 {
@@ -368,6 +512,8 @@ int main(void)
         cmocka_unit_test(walk_timeout),
         cmocka_unit_test(walk_half_sent),
         cmocka_unit_test(unreachable),
+        cmocka_unit_test(failed_conn_not_pooled),
+        cmocka_unit_test(unreachable_restore),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < g_n_srv; i++)

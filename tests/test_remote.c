@@ -5,7 +5,9 @@
  * startup, stalled by CLIENT PAUSE (every call bounded by its timeout, a
  * restore by its own deadline), a
  * record corrupted with SETRANGE, another identity's record planted under a
- * key, a record evicted between lookup and restore, maxmemory reached; two
+ * key, a record evicted between lookup and restore (also an entry's last block
+ * before an exact lookup), a key of another Redis type (GET answers an
+ * error), each failed restore with its message; maxmemory reached; two
  * tiers sharing one Redis (two hosts); blocks Redis holds are not sent again;
  * passwords; and the URL parser. Skips (saying why) only when redis-server is
  * not installed.
@@ -24,6 +26,7 @@
 
 #include "kvtier/remote.h"
 #include "kvtier/tier_chain.h"
+#include "internal.h"
 #include "redis_util.h"
 #include "key.h"
 #include "store_util.h"
@@ -101,6 +104,17 @@ static int restore_rc(kvt_remote *r, uint64_t handle, const store_cfg *cfg, cons
     kvt_entry_clear(&got);
     kvt_entry_clear(&want);
     return 0;
+}
+
+/* restore_rc after clearing the error, for a restore that must fail with
+ * `want` and a message containing `msg`. */
+static void restore_fails(kvt_remote *r, uint64_t handle, const store_cfg *cfg, const int32_t *tok, int64_t n,
+                          int want, const char *msg)
+{
+    kvt__clear_error();
+    int rc = restore_rc(r, handle, cfg, tok, n);
+    if (rc != want || !strstr(kvt_last_error(), msg))
+        fail_msg("the restore returned %d with '%s' (want %d with '%s')", rc, kvt_last_error(), want, msg);
 }
 
 static kvt_remote_stats stats(kvt_remote *r)
@@ -309,7 +323,7 @@ static void f_pause_during_restore(void **state)
         uint64_t timeouts = stats(r).failures_timeout, failures = stats(r).restore_failures;
         assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "CLIENT PAUSE 1200 ALL"), 0);
         double t0 = now_ms();
-        assert_int_equal(restore_rc(r, h.handle, &KV, p, 36), KVT_EIO);
+        restore_fails(r, h.handle, &KV, p, 36, KVT_EIO, "did not answer within the restore timeout (150 ms)");
         took = now_ms() - t0;
         print_message("CLIENT PAUSE 1200 ms during a restore: it failed after %.1f ms (restore timeout 150 ms, "
                       "io timeout 1500 ms)\n",
@@ -398,7 +412,7 @@ static void f_setrange(void **state)
                      len);
     kvt_cold_hit h;
     assert_int_equal(find_len(r, p, 20, &h), 16);
-    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), KVT_ECORRUPT);
+    restore_fails(r, h.handle, &KV, p, 16, KVT_ECORRUPT, "checksum mismatch");
     assert_int_equal(stats(r).bad_records, 1);
     assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "EXISTS %s", key), 0);
     assert_int_equal(find_len(r, p, 20, &h), 8); /* blocks 0 and 1 remain */
@@ -428,7 +442,7 @@ static void f_foreign_record(void **state)
     }
     kvt_cold_hit h;
     assert_int_equal(find_len(a, p, 20, &h), 16);
-    assert_int_equal(restore_rc(a, h.handle, &KV, p, 16), KVT_ECORRUPT);
+    restore_fails(a, h.handle, &KV, p, 16, KVT_ECORRUPT, "block 0 belongs to another identity");
     assert_int_equal(stats(a).bad_records, 1);
     block_name(&ID_A, p, 4, 0, ka, sizeof ka);
     assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "EXISTS %s", ka), 0);
@@ -440,24 +454,84 @@ static void f_foreign_record(void **state)
     kvt_remote_close(b);
 }
 
+/* A tier of ID_A holding p = base, base+1, ... (20 tokens; the first 16
+ * stored as KV) and a lookup's 16-token hit of it. */
+static kvt_remote *tier_with_hit(int32_t *p, int32_t base, kvt_cold_hit *h)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
+    seq(p, 20, base);
+    put(r, &KV, p, 16);
+    assert_int_equal(find_len(r, p, 20, h), 16);
+    return r;
+}
+
+/* Deletes block j (4-token blocks, ID_A) of tok from Redis; its key into key. */
+static void del_block(const int32_t *tok, int j, char *key, size_t cap)
+{
+    block_name(&ID_A, tok, 4, j, key, cap);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "DEL %s", key), 1);
+}
+
 /* a block gone between the lookup and the restore: the restore fails
  * cleanly (KVT_ENOTFOUND), never a shortened or wrong entry */
 static void f_gone_before_restore(void **state)
 {
-    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
     int32_t p[20];
-    seq(p, 20, 600);
-    put(r, &KV, p, 16);
     kvt_cold_hit h;
-    assert_int_equal(find_len(r, p, 20, &h), 16);
+    kvt_remote *r = tier_with_hit(p, 600, &h);
     char key[160];
-    block_name(&ID_A, p, 4, 1, key, sizeof key);
-    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "DEL %s", key), 1);
-    assert_int_equal(restore_rc(r, h.handle, &KV, p, 16), KVT_ENOTFOUND);
+    del_block(p, 1, key, sizeof key);
+    restore_fails(r, h.handle, &KV, p, 16, KVT_ENOTFOUND, "record 2 of 4 is gone");
     kvt_remote_stats st = stats(r);
     assert_int_equal(st.restore_partial, 1);
     assert_int_equal(st.restore_failures, 1);
     assert_int_equal(find_len(r, p, 20, &h), 4);
+    kvt_remote_close(r);
+}
+
+/* the last block of an untrimmable entry gone before an exact lookup: the
+ * lookup finds the entry record over the 3 blocks still there, the restore
+ * sees that the entry names 4 and fails as a miss (KVT_ENOTFOUND, counted
+ * as partial), never calling a valid record bad */
+static void f_entry_block_gone_exact(void **state)
+{
+    kvt_remote *r = open_tier(g_srv.url, &ID_A, 1000);
+    int32_t p[20];
+    seq(p, 20, 650);
+    put(r, &HY, p, 16); /* blocks 0-3 and the entry record naming them */
+    char key[160];
+    del_block(p, 3, key, sizeof key);
+    kvt_cold_tier t;
+    kvt_remote_cold_tier(r, &t);
+    kvt_cold_hit h;
+    assert_int_equal(t.find_exact(t.self, p, 16, "", &h), 0);
+    assert_int_equal(h.prefix_len, 16);
+    restore_fails(r, h.handle, &HY, p, 16, KVT_ENOTFOUND, "the entry names 4 blocks, the lookup found 3");
+    kvt_remote_stats st = stats(r);
+    assert_int_equal(st.restore_partial, 1);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.bad_records, 0);
+    kvt_remote_close(r);
+}
+
+/* a key of ours holding another Redis type (a list: GET answers WRONGTYPE):
+ * the restore fails with KVT_EIO saying Redis answered GET with an error,
+ * counted as a reply failure; the key is not taken for a bad record */
+static void f_get_error_reply(void **state)
+{
+    int32_t p[20];
+    kvt_cold_hit h;
+    kvt_remote *r = tier_with_hit(p, 660, &h);
+    char key[160];
+    del_block(p, 1, key, sizeof key);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "RPUSH %s x", key), 1);
+    uint64_t reply_failures = stats(r).failures_reply;
+    restore_fails(r, h.handle, &KV, p, 16, KVT_EIO, "answered GET with an error");
+    kvt_remote_stats st = stats(r);
+    assert_int_equal(st.failures_reply, reply_failures + 1);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.bad_records, 0);
+    assert_int_equal(redis_cmd(g_srv.port, NULL, 0, NULL, "EXISTS %s", key), 1);
     kvt_remote_close(r);
 }
 
@@ -674,6 +748,8 @@ int main(void)
         cmocka_unit_test_setup(f_setrange, fx_flush),
         cmocka_unit_test_setup(f_foreign_record, fx_flush),
         cmocka_unit_test_setup(f_gone_before_restore, fx_flush),
+        cmocka_unit_test_setup(f_entry_block_gone_exact, fx_flush),
+        cmocka_unit_test_setup(f_get_error_reply, fx_flush),
         cmocka_unit_test(f_maxmemory),
         cmocka_unit_test_setup(f_two_hosts, fx_flush),
         cmocka_unit_test_setup(f_skip_present, fx_flush),

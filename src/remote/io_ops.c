@@ -6,18 +6,55 @@
  * own zero-copy clone; and its synchronous store, keyed by the entry's
  * content: identical stores at the same time are one write. Every
  * asynchronous waiter is told exactly once; close waits until all were told.
+ * A synchronous waiter whose operation failed on another thread (the
+ * worker's, or an identical call's) gets the message the run left there.
  */
 #include "io_entry.h"
 #include "remote_internal.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* One restore operation: read once, shared by every waiter. */
 typedef struct rtask {
     kvt_remote *r;
     uint64_t handle;
-    kvt_entry e; /* the result once run */
+    kvt_io_key key; /* its operation's key */
+    kvt_entry e;    /* the result once run */
 } rtask;
+
+/* Keeps the message of an operation (key) that failed with rc, run on this
+ * thread, for its waiters: kvt_last_error is per thread, and kvt_io_wait
+ * replaces it on the thread that ran it too. A success forgets a message
+ * kept for the same key. */
+static void fail_keep(kvt_remote *r, kvt_io_key key, int rc)
+{
+    pthread_mutex_lock(&r->mu);
+    int same = r->fail_set && r->fail_key.lo == key.lo && r->fail_key.hi == key.hi;
+    if (rc) {
+        r->fail_set = 1;
+        r->fail_rc = rc;
+        r->fail_key = key;
+        snprintf(r->fail_msg, sizeof r->fail_msg, "%s", kvt_last_error());
+    } else if (same) {
+        r->fail_set = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* A waiter whose operation (key) failed with rc: sets this thread's
+ * message to the one its run left, or, when there is none (another failure
+ * replaced it, or rc is not the run's: a cancel, a clone's out of memory),
+ * to `what` and the code. @return rc. */
+static int fail_tell(kvt_remote *r, kvt_io_key key, int rc, const char *what)
+{
+    char msg[512] = "";
+    pthread_mutex_lock(&r->mu);
+    if (r->fail_set && r->fail_rc == rc && r->fail_key.lo == key.lo && r->fail_key.hi == key.hi)
+        snprintf(msg, sizeof msg, "%s", r->fail_msg);
+    pthread_mutex_unlock(&r->mu);
+    return msg[0] ? kvt__fail(rc, "%s", msg) : kvt__fail(rc, "%s: %s", what, kvt_strerror(rc));
+}
 
 /* One restore_async call waiting for an operation. */
 typedef struct rwait {
@@ -29,9 +66,11 @@ typedef struct rwait {
 static int rtask_run(void *task, void **result)
 {
     rtask *t = task;
+    kvt__clear_error(); /* what fail_keep keeps is this run's message, or none */
     int rc = kvt__remote_restore_direct(t->r, t->handle, &t->e);
     if (!rc)
         *result = &t->e;
+    fail_keep(t->r, t->key, rc);
     return rc;
 }
 
@@ -67,8 +106,9 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
         return kvt__fail(KVT_ENOMEM, "remote restore: out of memory");
     t->r = r;
     t->handle = handle;
+    t->key = restore_key(r, handle);
     kvt_io_op op = {.kind = KVT_IO_KIND_REMOTE_GET,
-                    .key = restore_key(r, handle),
+                    .key = t->key,
                     .priority = KVT_IO_FOREGROUND,
                     .run = rtask_run,
                     .free_fn = rtask_free,
@@ -83,9 +123,12 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
     rc = kvt__entry_wait(tk, out, &here);
     if (rc == KVT_ECLOSED) /* the worker shut down before it ran */
         return kvt__remote_restore_direct(r, handle, out);
-    if (rc && !here) /* the message was set on the thread that read */
-        kvt__fail(rc, "remote restore: handle %llu: %s (read by another restore of it)", (unsigned long long)handle,
-                  kvt_strerror(rc));
+    (void)here;
+    if (rc) { /* the message its run left (on the I/O worker, an identical restore's thread or this one) */
+        char what[96];
+        snprintf(what, sizeof what, "remote restore: handle %llu", (unsigned long long)handle);
+        fail_tell(r, op.key, rc, what);
+    }
     return rc;
 }
 
@@ -97,13 +140,17 @@ typedef struct stask {
     kvt_remote *r;
     const kvt_entry *e;
     struct kvt_pool_reservation *res;
+    kvt_io_key key; /* its operation's key */
 } stask;
 
 static int stask_run(void *task, void **result)
 {
     stask *t = task;
     *result = task;
-    return kvt__remote_store(t->r, t->e);
+    kvt__clear_error();
+    int rc = kvt__remote_store(t->r, t->e);
+    fail_keep(t->r, t->key, rc);
+    return rc;
 }
 
 static void stask_free(void *task, void *result)
@@ -122,7 +169,7 @@ int kvt__remote_store_sync(void *self, const kvt_entry *e)
     stask *t = kvt__calloc(1, sizeof *t);
     if (!t)
         return kvt__fail(KVT_ENOMEM, "remote store: out of memory");
-    *t = (stask){r, e, NULL};
+    *t = (stask){r, e, NULL, {0, 0}};
     /* in flight from here: a refusal names the axis on this thread */
     int rc = kvt__remote_pool_reserve(r, kvt__remote_entry_bytes(e), &t->res);
     if (rc) {
@@ -132,8 +179,9 @@ int kvt__remote_store_sync(void *self, const kvt_entry *e)
     /* keyed by content, apart from write-behind's keys (a queued write-behind
      * may be withdrawn: a store must not count on it) */
     kvt__key ek = kvt__entry_key(r->seed, e->ns ? e->ns : "", e->tokens, e->n_tokens);
+    t->key = (kvt_io_key){ek.lo ^ r->io_seed.lo ^ 0x5c5c5c5c5c5c5c5cull, ek.hi ^ r->io_seed.hi};
     kvt_io_op op = {.kind = KVT_IO_KIND_REMOTE_SET,
-                    .key = {ek.lo ^ r->io_seed.lo ^ 0x5c5c5c5c5c5c5c5cull, ek.hi ^ r->io_seed.hi},
+                    .key = t->key,
                     .priority = KVT_IO_FOREGROUND,
                     .run = stask_run,
                     .free_fn = stask_free,
@@ -151,8 +199,9 @@ int kvt__remote_store_sync(void *self, const kvt_entry *e)
     kvt_io_ticket_release(tk);
     if (rc == KVT_ECLOSED)
         return kvt__remote_store_now(r, e);
-    if (rc && !here)
-        kvt__fail(rc, "remote store: %s (written by another store of the same entry)", kvt_strerror(rc));
+    (void)here;
+    if (rc) /* the message its run left (on the I/O worker, an identical store's thread or this one) */
+        fail_tell(r, op.key, rc, "remote store");
     return rc;
 }
 
