@@ -21,9 +21,18 @@
  *     a sequence's open block in f32 and store a block in the scheme once the
  *     next one starts, so smaller blocks round more of the context);
  *   - f16+open and bf16+open: the same policy simulated on f32 caches whose
- *     full blocks are rounded and written back: a cross-check that the real
- *     f16 and bf16 rows compute exactly that (printed: equal greedy tokens
- *     and equal logit differences, bit for bit);
+ *     full blocks are rounded and written back, rounded by this file's own
+ *     reference (kvt__round_ref, engine/kernels.h: the nearest multiple of each
+ *     value's quantum in double, ties to even; not the library's conversion): a cross-check
+ *     that the real f16 and bf16 rows compute exactly that (printed: equal
+ *     greedy tokens and equal logit differences, bit for bit), so the
+ *     scheme's conversion rounds as IEEE does and attention reads the
+ *     stored values exactly;
+ *   - per disagreeing prompt, its first divergence: the greedy step, f32's
+ *     margin for its token over the scheme's and f32's top-2 gap, the
+ *     scheme's margin for its own token, the largest |dlogit| there;
+ *   - --rounding-check: every one of the 2^32 floats through
+ *     kvt_dtype_from_f32 (F16, BF16) and back against kvt__round_ref;
  *   - the noise floor the schemes are read against: f32 again with only the
  *     order of its arithmetic changed: f32*isa on the next kernel set down
  *     (8 lanes instead of 16: every dot product, sum and exp), f32*pre with
@@ -79,6 +88,17 @@ typedef struct {
     int want[N_ROWS]; /* rows to run (the reference always runs) */
 } kvd_opts;
 
+/* A prompt's first greedy step whose token differs from f32's (the context
+ * still equal): f32 picked a, the row b. */
+typedef struct {
+    int prompt, step;
+    int32_t a, b;
+    double gap;        /* f32's top-2 logit gap there */
+    double ref_margin; /* f32's logit of a minus its logit of b (>= gap) */
+    double row_margin; /* the row's logit of b minus its logit of a (>= 0) */
+    double max_diff;   /* max |row logit - f32 logit| over the vocabulary at that step */
+} kvd_div;
+
 typedef struct {
     size_t kv_bytes[N_ROWS];
     double max_diff[N_ROWS], sum_diff[N_ROWS];
@@ -88,6 +108,7 @@ typedef struct {
     double secs[N_ROWS];      /* wall time of the row (the reference: with making the prompts) */
     double ppl[N_ROWS];       /* 0: not measured */
     double *gap[N_ROWS];      /* (prompts) f32's top-2 gap at each disagreeing prompt's first divergence */
+    kvd_div *div[N_ROWS];     /* (prompts) each disagreeing prompt's first divergence, in prompt order */
     int n_gap[N_ROWS];
     long ref_steps, ref_near; /* f32's greedy steps, and those whose top-2 gap is under NEAR_TIE */
     unsigned char *tied;      /* (prompts) 1 when f32's continuation passes a gap under NEAR_TIE */
@@ -108,7 +129,6 @@ typedef struct {
     float *logits;          /* (group, V) */
     int32_t *tok, *counts;  /* (group * KVT_MODEL_CHUNK), (group) */
     float *seal;            /* (2, B, kv_dim): a block being sealed */
-    uint16_t *seal16;       /* (B * kv_dim) */
     kvd_result *r;
 } kvd_run;
 
@@ -198,11 +218,46 @@ static void group_free(kvt_model *m, int n, kvt_cache ***cs)
         kvt_caches_destroy(cs[i], kvt_model_get_config(m)->n_layers);
 }
 
+/* --rounding-check: every float through kvt_dtype_from_f32 (F16, BF16) and
+ * kvt_dtype_to_f32, against kvt__round_ref (NaN: a NaN of the same sign).
+ * @return the floats that differ (0: none), or -1 out of memory. */
+static long long rounding_check(kvt_dtype dt, double *secs)
+{
+    enum { CHUNK = 1 << 16 };
+    float *x = malloc(sizeof(float) * CHUNK), *y = malloc(sizeof(float) * CHUNK);
+    uint16_t *h = malloc(sizeof(uint16_t) * CHUNK);
+    long long bad = 0;
+    double t0 = now_s();
+    if (!x || !y || !h) {
+        free(x), free(y), free(h);
+        return -1;
+    }
+    for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += CHUNK) {
+        for (uint32_t i = 0; i < CHUNK; i++) {
+            uint32_t b = (uint32_t)base + i;
+            memcpy(&x[i], &b, sizeof b);
+        }
+        (void)kvt_dtype_from_f32(dt, x, h, CHUNK);
+        (void)kvt_dtype_to_f32(dt, h, y, CHUNK);
+        for (uint32_t i = 0; i < CHUNK; i++) {
+            if (isnan(x[i])) {
+                bad += !isnan(y[i]) || signbit(y[i]) != signbit(x[i]);
+                continue;
+            }
+            float w = kvt__round_ref(dt, x[i]);
+            bad += memcmp(&w, &y[i], sizeof w) != 0;
+        }
+    }
+    *secs = now_s() - t0;
+    free(x), free(y), free(h);
+    return bad;
+}
+
 /* The simulated open-block rows: when a sequence's kv caches have just
  * filled a block (offset a multiple of B), that block's K/V are rounded to
- * dt (f16 or bf16, to nearest even) and written back (trim, append): the
- * rows before it were rounded when they filled, the open block stays f32,
- * as the 8-bit scheme's caches keep theirs. */
+ * dt (f16 or bf16) by kvt__round_ref and written back (trim, append): the rows
+ * before it were rounded when they filled, the open block stays f32, as the
+ * 8-bit scheme's caches keep theirs. */
 static int seal_full_blocks(kvd_run *x, int n, kvt_dtype dt)
 {
     const kvt_model_config *c = kvt_model_get_config(x->m);
@@ -222,11 +277,10 @@ static int seal_full_blocks(kvd_run *x, int n, kvt_dtype dt)
             float *kr = x->seal, *vr = x->seal + elems;
             memcpy(kr, k, elems * sizeof(float));
             memcpy(vr, v, elems * sizeof(float));
-            for (int h = 0; h < 2 && !rc; h++)
-                rc = kvt_dtype_from_f32(dt, h ? vr : kr, x->seal16, elems) ||
-                     kvt_dtype_to_f32(dt, x->seal16, h ? vr : kr, elems);
+            for (size_t e = 0; e < 2 * elems; e++)
+                kr[e] = kvt__round_ref(dt, kr[e]);
             const void *in[2] = {kr, vr};
-            if (rc || (rc = kvt_cache_trim(cache, off - B)) || (rc = kvt_cache_append(cache, B, in)))
+            if ((rc = kvt_cache_trim(cache, off - B)) || (rc = kvt_cache_append(cache, B, in)))
                 return rc ? rc : KVT_EINVAL;
         }
     }
@@ -259,15 +313,22 @@ static int greedy(kvd_run *x, int s, int g0, int n, int32_t *ids, float *last, c
                 r->tied[g0 + i] |= (unsigned char)near;
             } else if (same[i]) {
                 const float *ref = ref_last + row * (size_t)V;
+                double step_max = 0;
                 for (int v = 0; v < V; v++) {
                     double d = fabs((double)lg[v] - ref[v]);
-                    r->max_diff[s] = d > r->max_diff[s] ? d : r->max_diff[s];
+                    step_max = d > step_max ? d : step_max;
                     r->sum_diff[s] += d;
                 }
+                r->max_diff[s] = step_max > r->max_diff[s] ? step_max : r->max_diff[s];
                 r->n_diff[s] += V;
                 same[i] = ids[row] == ref_ids[row];
-                if (!same[i]) /* the first divergence: how close was f32's own choice? */
+                if (!same[i]) { /* the first divergence: how close was f32's own choice? */
+                    int32_t a = ref_ids[row], b = ids[row];
+                    r->div[s][r->n_gap[s]] = (kvd_div){g0 + i, step, a, b, top2_gap(ref, V),
+                                                       (double)ref[a] - (double)ref[b], (double)lg[b] - (double)lg[a],
+                                                       step_max};
                     r->gap[s][r->n_gap[s]++] = top2_gap(ref, V);
+                }
             }
             x->tok[i] = ids[row];
         }
@@ -450,13 +511,13 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
         o.group = o.prompts;
     const int P = o.prompts, T = o.prompt_tokens, N = o.gen_tokens, V = c->vocab_size, G = o.group;
     for (int s = 0; s < N_ROWS; s++)
-        free(r->gap[s]);
+        free(r->gap[s]), free(r->div[s]);
     free(r->tied);
     memset(r, 0, sizeof *r);
     snprintf(r->isa, sizeof r->isa, "%s", kvt__kernels_isa());
     snprintf(r->alt_isa, sizeof r->alt_isa, "%s", alt_isa(r->isa));
     for (int s = 0; s < N_ROWS; s++)
-        r->gap[s] = calloc((size_t)P, sizeof(double));
+        r->gap[s] = calloc((size_t)P, sizeof(double)), r->div[s] = calloc((size_t)P, sizeof(kvd_div));
     r->tied = calloc((size_t)P, 1);
     int32_t *prompts = malloc(sizeof(int32_t) * (size_t)P * T);
     int32_t *ids[N_ROWS] = {0};
@@ -465,14 +526,14 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
     kvd_run x = {m, &o, prompts, calloc((size_t)G * c->n_layers, sizeof(kvt_cache *)),
                  calloc((size_t)G, sizeof(kvt_cache **)), malloc(sizeof(float) * (size_t)G * V),
                  malloc(sizeof(int32_t) * (size_t)G * KVT_MODEL_CHUNK), malloc(sizeof(int32_t) * (size_t)G),
-                 malloc(sizeof(float) * 2 * seal_elems), malloc(sizeof(uint16_t) * seal_elems), r};
+                 malloc(sizeof(float) * 2 * seal_elems), r};
     for (int s = 0; s < N_ROWS; s++)
         ids[s] = malloc(sizeof(int32_t) * (size_t)P * N);
-    rc = prompts && ref_last && x.all && x.cs && x.logits && x.tok && x.counts && x.seal && x.seal16 && r->tied
+    rc = prompts && ref_last && x.all && x.cs && x.logits && x.tok && x.counts && x.seal && r->tied
              ? 0
              : KVT_ENOMEM;
     for (int s = 0; s < N_ROWS && !rc; s++)
-        rc = ids[s] && r->gap[s] ? 0 : KVT_ENOMEM;
+        rc = ids[s] && r->gap[s] && r->div[s] ? 0 : KVT_ENOMEM;
     r->same_ids[ROW_F16_OPEN] = r->same_ids[ROW_BF16_OPEN] = -1;
     fprintf(stderr, "%s: %d prompts of %d tokens, %d greedy tokens each, groups of %d, blocks of %d, %s kernels\n",
             name, P, T, N, G, o.block_tokens, r->isa);
@@ -526,7 +587,7 @@ static int bench_model(const char *name, const char *path, const char *tok_path,
     for (int s = 0; s < N_ROWS; s++)
         free(ids[s]);
     free(prompts), free(ref_last), free(x.all), free(x.cs), free(x.logits), free(x.tok), free(x.counts);
-    free(x.seal), free(x.seal16);
+    free(x.seal);
     kvt_tokenizer_free(tk);
     kvt_model_free(m);
     return rc;
@@ -572,6 +633,13 @@ static void print_result(const char *name, const kvd_opts *o, const kvd_result *
         printf("  %-9s %d disagreements: %d at a near-tie (f32's gap at the first divergence < %g); gap median "
                "%.3g, max %.3g\n",
                row_name(s), r->n_gap[s], near, NEAR_TIE, r->gap[s][r->n_gap[s] / 2], r->gap[s][r->n_gap[s] - 1]);
+        for (int i = 0; i < r->n_gap[s]; i++) {
+            const kvd_div *d = &r->div[s][i];
+            printf("    prompt %2d, greedy step %3d: f32 picks %d by %.3g over %s's %d (f32's top-2 gap %.3g), %s picks "
+                   "%d by %.3g; max|dlogit| there %.3g\n",
+                   d->prompt, d->step, (int)d->a, d->ref_margin, row_name(s), (int)d->b, d->gap, row_name(s),
+                   (int)d->b, d->row_margin, d->max_diff);
+        }
     }
     for (int s = ROW_F16_OPEN; s <= ROW_BF16_OPEN; s++) {
         int real = s == ROW_F16_OPEN ? KVT_KV_F16 : KVT_KV_BF16;
@@ -611,7 +679,7 @@ int kvt_bench_kv_dtype(int argc, char **argv)
 {
     kvd_opts o = {64, 256, 128, 64, 256, {0}}, od;
     const char *model = NULL, *tok_path = NULL;
-    int skip_default = 0, skip_stories = 0;
+    int skip_default = 0, skip_stories = 0, check_rounding = 0;
     for (int s = 0; s < N_ROWS; s++)
         o.want[s] = 1;
     od = o;
@@ -640,12 +708,15 @@ int kvt_bench_kv_dtype(int argc, char **argv)
             skip_default = 1;
         else if (!strcmp(a, "--no-stories"))
             skip_stories = 1;
+        else if (!strcmp(a, "--rounding-check"))
+            check_rounding = 1;
         else {
             int help = !strcmp(a, "--help");
             fprintf(help ? stdout : stderr,
                     "usage: kvtier bench kv-dtype [--model stories260K.bin --tokenizer tok512.bin] [--prompts N (64)]\n"
                     "       [--prompt-tokens T (256)] [--gen-tokens N (128)] [--default-prompts N (--prompts)]\n"
                     "       [--block-tokens B (256)] [--group N (64)] [--rows LIST] [--no-default] [--no-stories]\n"
+                    "       [--rounding-check]\n"
                     "Quality of each KV storage scheme (f16, bf16, q8) against f32 in the same run: max and mean\n"
                     "|logit difference|, greedy agreement (prompts whose greedy continuation equals f32's),\n"
                     "perplexity of stories260K on a held text, KV bytes per token. Goals: f16 and bf16 agree\n"
@@ -656,7 +727,12 @@ int kvt_bench_kv_dtype(int argc, char **argv)
                     "f16/bf16 when they fill: a cross-check, printed against f16 and bf16); the noise floor,\n"
                     "f32 with only the order of its arithmetic changed: f32*isa (the next kernel set down:\n"
                     "avx2 under avx512) and f32*pre (each prompt through kvt_model_prefill's GEMM instead of the batched pass).\n"
-                    "Sequences run batched, --group at a time (one set of caches per sequence).\n");
+                    "Sequences run batched, --group at a time (one set of caches per sequence). The simulated\n"
+                    "rows round with this benchmark's own reference (nearest multiple of each value's quantum,\n"
+                    "ties to even, in double), not the library's conversion; each disagreeing prompt's first\n"
+                    "divergence is printed (step, f32's margin and top-2 gap, the scheme's margin).\n"
+                    "--rounding-check first runs all 2^32 floats through the F16 and BF16 conversion against\n"
+                    "that reference and prints how many differ.\n");
             return help ? 0 : 2;
         }
     }
@@ -677,6 +753,15 @@ int kvt_bench_kv_dtype(int argc, char **argv)
     double load[1] = {0};
     if (getloadavg(load, 1) == 1)
         printf("load average at start: %.2f (quality figures do not depend on it; times do)\n", load[0]);
+    for (int d = 0; check_rounding && d < 2; d++) {
+        const kvt_dtype dt = d ? KVT_DTYPE_BF16 : KVT_DTYPE_F16;
+        double secs = 0;
+        long long bad = rounding_check(dt, &secs);
+        printf("rounding check: f32 -> %s -> f32 over all 4294967296 floats: %lld differ from the reference "
+               "(nearest, ties to even; NaN stays NaN of its sign) (%.1f s)\n",
+               kvt_dtype_name(dt), bad, secs);
+        status |= bad != 0;
+    }
     if (skip_stories) {
     } else if (access(model, R_OK) == 0) {
         if (!(status |= bench_model("stories260K", model, tok_path && !access(tok_path, R_OK) ? tok_path : NULL, &o,
@@ -710,7 +795,7 @@ int kvt_bench_kv_dtype(int argc, char **argv)
            "token), so a scheme differs from f32 only by its storage. f32*isa and f32*pre: f32 again with the\n"
            "order of its arithmetic changed: how far float rounding alone moves greedy text (the noise floor).\n");
     for (int s = 0; s < N_ROWS; s++)
-        free(r.gap[s]);
+        free(r.gap[s]), free(r.div[s]);
     free(r.tied);
     return status ? 1 : 0;
 }

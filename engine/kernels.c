@@ -1176,6 +1176,19 @@ void kvt__rows_to_f32(float *dst, const kvt_kv_rows *r, int v, size_t off, size_
 
 const char *kvt__kernels_isa(void) { return set()->name; }
 
+float kvt__round_ref(kvt_dtype dt, float x)
+{
+    const int p = dt == KVT_DTYPE_F16 ? 11 : 8, emin = dt == KVT_DTYPE_F16 ? -14 : -126;
+    const double max = dt == KVT_DTYPE_F16 ? 65504.0 : 0x1.fep127;
+    if (isnan(x) || isinf(x) || x == 0.0f)
+        return x;
+    double ax = fabs((double)x);
+    int e = ilogb(ax);
+    double q = ldexp(1.0, (e < emin ? emin : e) - (p - 1));
+    double r = nearbyint(ax / q) * q;
+    return (float)copysign(r > max ? INFINITY : r, (double)x);
+}
+
 int kvt__kernels_select(const char *isa)
 {
     set();

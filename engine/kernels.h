@@ -86,4 +86,17 @@ const char *kvt__kernels_isa(void);
  * pass runs. @return 0, or -1 when the CPU lacks it or the name is unknown. */
 int kvt__kernels_select(const char *isa);
 
+/** The reference rounding of x to dt (KVT_DTYPE_F16 or KVT_DTYPE_BF16; any
+ * other dt rounds as BF16), returned as the float it stands for: written
+ * apart from the library's conversion (kvt_dtype_from_f32 adds and shifts
+ * bits) so tests and `kvtier bench kv-dtype` can check that one against it.
+ * IEEE round to nearest, ties to even: the nearest multiple of x's quantum
+ * 2^(max(e, emin) - (p - 1)) for x of exponent e, p the significand bits
+ * with the implicit one (f16 11, bf16 8), emin the smallest normal exponent
+ * (f16 -14, bf16 -126), computed in double (exact: a power-of-two scaling)
+ * with nearbyint under the default rounding mode (ties to the even
+ * multiple); past the largest finite value, infinity with x's sign. NaN,
+ * infinities and zeros are returned unchanged. Thread-safe. */
+float kvt__round_ref(kvt_dtype dt, float x);
+
 #endif

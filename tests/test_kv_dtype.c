@@ -4,6 +4,11 @@
  *  - f32 <-> f16 / bf16 conversion: every one of the 65536 values of each
  *    comes back unchanged; ties round to even; overflow, subnormals, -0 and
  *    NaN; other dtypes refused;
+ *  - f32 -> f16 / bf16 against an independent reference (kvt__round_ref,
+ *    engine/kernels.h: the nearest multiple of the value's quantum in
+ *    double, ties to even by nearbyint): every f16/bf16 value's neighbourhood (its own bits, the
+ *    ties halfway to each neighbour and the floats next to them) and random
+ *    floats; a NaN keeps its sign and stays a NaN, infinities stay;
  *  - kv caches of F16 and BF16: what append stores is the rounded input,
  *    clones share and copy on write, trims, the encoded params and tensor
  *    dtypes, decode round trips and refuses a dtype that does not match;
@@ -22,7 +27,10 @@
 
 #include "kvtier/cache.h"
 #include "kvtier/store.h"
+#include "kernels.h"
 #include "model.h"
+#include "test_rng.h"
+#include "test_seed.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -42,6 +50,80 @@ static uint16_t to16(kvt_dtype dt, float f)
     uint16_t h;
     assert_int_equal(kvt_dtype_from_f32(dt, &f, &h, 1), 0);
     return h;
+}
+
+/* One float through kvt_dtype_from_f32 and back, checked against kvt__round_ref. */
+static void check_round(kvt_dtype dt, uint32_t bits)
+{
+    float x = bits_f(bits), got;
+    uint16_t h = to16(dt, x);
+    assert_int_equal(kvt_dtype_to_f32(dt, &h, &got, 1), 0);
+    if (isnan(x)) { /* a NaN stays a NaN of the same sign */
+        if (!isnan(got) || signbit(got) != signbit(x))
+            fail_msg("%s: NaN 0x%08x -> 0x%04x", kvt_dtype_name(dt), (unsigned)bits, (unsigned)h);
+        return;
+    }
+    float want = kvt__round_ref(dt, x);
+    uint32_t gb, wb;
+    memcpy(&gb, &got, sizeof gb);
+    memcpy(&wb, &want, sizeof wb);
+    if (gb != wb)
+        fail_msg("%s: %a (0x%08x) -> %a, the nearest (ties to even) is %a", kvt_dtype_name(dt), (double)x,
+                 (unsigned)bits, (double)got, (double)want);
+}
+
+static void test_round_reference(void **state)
+{
+    (void)state;
+    /* bf16: the high half of a float is a bf16 value; the low halves at and
+     * around 0 (the value), 0x8000 (halfway to the next), 0xffff (next to it) */
+    static const uint32_t low[] = {0x0000, 0x0001, 0x0002, 0x3fff, 0x7ffe, 0x7fff, 0x8000,
+                                   0x8001, 0x8002, 0xbfff, 0xfffe, 0xffff};
+    for (uint32_t hi = 0; hi < 65536; hi++)
+        for (size_t i = 0; i < sizeof low / sizeof *low; i++)
+            check_round(KVT_DTYPE_BF16, hi << 16 | low[i]);
+    /* f16: every f16 value as a float, and the floats around the ties
+     * halfway to its neighbours (the float's 13 dropped bits, or more below
+     * 2^-14) */
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint16_t h = (uint16_t)i;
+        float f;
+        assert_int_equal(kvt_dtype_to_f32(KVT_DTYPE_F16, &h, &f, 1), 0);
+        uint16_t n = (uint16_t)(i + 1);
+        float g;
+        assert_int_equal(kvt_dtype_to_f32(KVT_DTYPE_F16, &n, &g, 1), 0);
+        if (isnan(f) || isinf(f) || isnan(g) || (i & 0x7fff) == 0x7fff)
+            continue;
+        if (isinf(g)) /* past the largest finite: the tie is 65520 */
+            g = copysignf(65536.0f, f);
+        float mid = (float)(((double)f + (double)g) / 2); /* exact: one more bit than f16 */
+        uint32_t mb, fb;
+        memcpy(&mb, &mid, sizeof mb);
+        memcpy(&fb, &f, sizeof fb);
+        for (int d = -2; d <= 2; d++) {
+            check_round(KVT_DTYPE_F16, mb + (uint32_t)d);
+            check_round(KVT_DTYPE_F16, fb + (uint32_t)d);
+        }
+    }
+    /* random floats over every exponent (the test's seed, printed) */
+    uint64_t s = test_seed("test_kv_dtype");
+    for (int i = 0; i < 1 << 20; i++) {
+        uint64_t z = rng_next(&s);
+        check_round(KVT_DTYPE_BF16, (uint32_t)z);
+        check_round(KVT_DTYPE_F16, (uint32_t)(z >> 32));
+    }
+    /* infinities stay; NaN payloads: quiet, sign kept */
+    assert_int_equal(to16(KVT_DTYPE_BF16, INFINITY), 0x7f80);
+    assert_int_equal(to16(KVT_DTYPE_BF16, -INFINITY), 0xff80);
+    assert_int_equal(to16(KVT_DTYPE_BF16, bits_f(0xff800001u)) & 0x8000, 0x8000);
+    assert_int_equal(to16(KVT_DTYPE_BF16, bits_f(0x7fc00000u)), 0x7fc0);
+    /* the reference itself: ties to even on both sides of a bf16 value */
+    assert_true(kvt__round_ref(KVT_DTYPE_BF16, 1.0f + 0x1p-8f) == 1.0f);
+    assert_true(kvt__round_ref(KVT_DTYPE_BF16, 1.0f + 3 * 0x1p-8f) == 1.0f + 4 * 0x1p-8f);
+    assert_true(kvt__round_ref(KVT_DTYPE_BF16, 0x1.ffp127f) == INFINITY); /* halfway past the largest: to even, 2^128 */
+    assert_true(kvt__round_ref(KVT_DTYPE_F16, 0x1p-24f) == 0x1p-24f);
+    assert_true(kvt__round_ref(KVT_DTYPE_F16, 0x1p-25f) == 0.0f); /* halfway to the smallest subnormal: even */
+    assert_true(kvt__round_ref(KVT_DTYPE_F16, 65520.0f) == INFINITY);
 }
 
 static void test_convert(void **state)
@@ -439,6 +521,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_convert),
+        cmocka_unit_test(test_round_reference),
         cmocka_unit_test(test_kv_dtypes),
         cmocka_unit_test(test_rotating_dtypes),
         cmocka_unit_test(test_engine_schemes),

@@ -19,7 +19,12 @@
  *  - cutting back below the sealed tokens at a block boundary (granule B),
  *    and the prompt cache serving it: an f16/bf16/q8 entry of 283 tokens
  *    sharing 200 with a prompt is lent cut to 192, and the prefilled rest
- *    gives the uncached run's logits and state bit for bit.
+ *    gives the uncached run's logits and state bit for bit;
+ *  - supersede with the granule, in RAM and on SSD: an entry cut back to a
+ *    block boundary (nothing open: it reaches only its end) is dropped when
+ *    a longer entry extending it is put (every length it serves is a block
+ *    boundary of the longer one); one with rows in its open block is kept
+ *    (it serves lengths inside that block the longer one cannot).
  * Randomized: prints and accepts its seed (KVT_TEST_SEED).
  */
 #include <setjmp.h>
@@ -33,6 +38,7 @@
 #include "kvtier/prompt_cache.h"
 #include "kvtier/store.h"
 #include "model.h"
+#include "store_util.h"
 #include "test_rng.h"
 #include "test_seed.h"
 
@@ -505,6 +511,114 @@ static void test_engine_serves_block_boundary(void **state)
     model_done(m, dir, path);
 }
 
+/* Rows of the supersede test: NX tokens of K and V (D wide). */
+enum { NX = 22 };
+
+/* An f16 qkvc cache of the first n rows of k/v, cut back to `cut` tokens. */
+static kvt_cache *cut_cache(const float *k, const float *v, int n, int cut)
+{
+    kvt_cache *c = NULL;
+    const void *in[2] = {k, v};
+    assert_int_equal(kvt_qkvc_create_dtype(D, B, KVT_DTYPE_F16, &c), 0);
+    assert_int_equal(kvt_cache_append(c, n, in), 0);
+    if (cut < n)
+        assert_int_equal(kvt_cache_trim(c, cut), 0);
+    return c;
+}
+
+/* A prompt of tok[0..at) then tokens no entry holds: NX + 4 in all. */
+static void parting(const int32_t *tok, int at, int32_t *out)
+{
+    memcpy(out, tok, sizeof *tok * (size_t)at);
+    for (int i = at; i < NX + 4; i++)
+        out[i] = 900 + i;
+}
+
+/* Puts two entries in order into a prompt cache and a store: `first`
+ * (tok[0..n1), its rows cut back to c1) then x (all NX rows: 20 sealed, 2
+ * open); returns the prompt cache's supersedes and the store's superseded,
+ * and what each lends / finds for a prompt parting at `at`. */
+static void two_puts(const float *k, const float *v, const int32_t *tok, int n1, int c1, int at, uint64_t *pc_sup,
+                     uint64_t *pc_entries, int64_t *pc_len, uint64_t *ssd_sup, int64_t *ssd_len, int *ssd_first)
+{
+    kvt_prompt_cache_config cfg = {.max_bytes = (size_t)16 << 20, .block_tokens = B};
+    kvt_prompt_cache *pc = NULL;
+    assert_int_equal(kvt_prompt_cache_create(&cfg, &pc), 0);
+    char root[512];
+    store_tmpdir(root, sizeof root, "qkvc-supersede");
+    const kvt_store_identity id = {"qkvc-supersede", "f16", "tok"};
+    kvt_store *st = NULL;
+    assert_int_equal(kvt_store_open(root, &id, NULL, &st), 0);
+    for (int i = 0; i < 2; i++) {
+        int n = i ? NX : c1;
+        kvt_cache *c = i ? cut_cache(k, v, NX, NX) : cut_cache(k, v, n1, c1);
+        kvt_entry e = {.ns = "", .tokens = tok, .n_tokens = n, .caches = &c, .n_caches = 1};
+        assert_int_equal(kvt_store_put(st, &e), 0);
+        assert_int_equal(kvt_prompt_cache_put(pc, &e, NULL), 0); /* adopts c */
+    }
+    int32_t prompt[NX + 4];
+    parting(tok, at, prompt);
+    kvt_prompt_cache_stats ps;
+    kvt_prompt_cache_get_stats(pc, &ps);
+    *pc_sup = ps.supersedes;
+    *pc_entries = ps.entries;
+    kvt_hit hit;
+    memset(&hit, 0, sizeof hit);
+    assert_int_equal(kvt_prompt_cache_lend(pc, prompt, NX + 4, "", NULL, &hit), 0);
+    *pc_len = hit.prefix_len;
+    kvt_hit_clear(&hit);
+    kvt_store_stats ss;
+    kvt_store_get_stats(st, &ss);
+    *ssd_sup = ss.superseded;
+    kvt_cold_hit h;
+    memset(&h, 0, sizeof h);
+    *ssd_len = kvt_store_find(st, prompt, NX + 4, "", &h) == 0 ? h.prefix_len : 0;
+    *ssd_first = kvt_store_find_exact(st, tok, c1, "", &h) == 0;
+    kvt_prompt_cache_destroy(pc);
+    assert_int_equal(kvt_store_close(st), 0);
+    store_rmtree(root);
+}
+
+/* two_puts of `first` (n1 rows cut back to c1), then x, printed as `what`,
+ * and what both tiers must show: sup entries dropped (0 or 1), the first
+ * entry kept when none is, `lent` served for a prompt parting at 9. */
+static void supersede_case(const float *k, const float *v, const int32_t *tok, int n1, int c1, const char *what,
+                           uint64_t sup, int64_t lent)
+{
+    uint64_t got, entries, ssd_sup;
+    int64_t len, ssd_len;
+    int first;
+    two_puts(k, v, tok, n1, c1, 9, &got, &entries, &len, &ssd_sup, &ssd_len, &first);
+    print_message("  %s: RAM supersedes %llu, entries %llu, lent %lld; SSD superseded %llu, found %lld, the first "
+                  "entry %s\n",
+                  what, (unsigned long long)got, (unsigned long long)entries, (long long)len,
+                  (unsigned long long)ssd_sup, (long long)ssd_len, first ? "kept" : "gone");
+    assert_int_equal(got, sup);
+    assert_int_equal(entries, 2 - sup);
+    assert_int_equal(len, lent);
+    assert_int_equal(ssd_sup, sup);
+    assert_int_equal(ssd_len, lent);
+    assert_int_equal(first, !sup);
+}
+
+static void test_supersede_covered(void **state)
+{
+    (void)state;
+    float k[NX * D], v[NX * D];
+    int32_t tok[NX];
+    uint64_t s = g_seed;
+    for (int i = 0; i < NX * D; i++)
+        k[i] = rng_sym(&s), v[i] = rng_sym(&s);
+    for (int i = 0; i < NX; i++)
+        tok[i] = 100 + i;
+    /* 12 rows cut back to 8 (two sealed blocks, nothing open: range [8, 8]),
+     * then x: both tiers drop it; x serves 8 to a prompt parting at 9 */
+    supersede_case(k, v, tok, 12, 8, "cut to 8", 1, 8);
+    /* 10 rows (8 sealed, 2 open: range [8, 10]), then x: both keep it; it
+     * serves 9 to a prompt parting at 9, where x alone would serve 8 */
+    supersede_case(k, v, tok, 10, 10, "10 rows, 2 open", 0, 9);
+}
+
 int main(void)
 {
     g_seed = test_seed("test_qkvc");
@@ -518,6 +632,7 @@ int main(void)
         cmocka_unit_test(test_engine_split_at_blocks),
         cmocka_unit_test(test_cut_at_block_boundary),
         cmocka_unit_test(test_engine_serves_block_boundary),
+        cmocka_unit_test(test_supersede_covered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

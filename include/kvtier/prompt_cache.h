@@ -242,8 +242,13 @@ KVT_API int kvt_prompt_cache_lend(kvt_prompt_cache *pc, const int32_t *prompt, i
  *
  * An entry of equal tokens in the same ns is replaced (sessions pointing at
  * it follow the new one). If the new entry is trimmable, same-ns entries
- * whose tokens are a strict prefix of it (and that it can be trimmed back
- * to) are superseded: dropped without spill. An untrimmable entry supersedes
+ * whose tokens are a strict prefix of it and that it serves at every length
+ * they serve are superseded: dropped without spill. Those are the ones it
+ * can be trimmed back to (at least its reach long) and, for a new entry
+ * with a block granule (f16/bf16/q8), one cut back to a block boundary of
+ * it with nothing open (it reaches only its own end). One with rows in its
+ * open block below the new entry's reach stays: it serves lengths inside
+ * that block the new one cannot be cut to. An untrimmable entry supersedes
  * nothing. Then entries are evicted to the budget (spilling each to the cold
  * tier that does not hold it yet: write-behind, a refused spill is no
  * spill). An entry whose own bytes exceed max_bytes is spilled to the cold

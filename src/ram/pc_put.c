@@ -48,14 +48,27 @@ static int entry_build(const kvt_entry *e, pc_entry **out)
 typedef struct super_ctx {
     pc_entry **v; /* (n) strict prefix ancestors to supersede */
     size_t n, cap;
-    int64_t reach;
+    int64_t reach, granule; /* the new entry's (granule 0: none) */
 } super_ctx;
+
+/* Whether the new entry serves every length ancestor e (depth tokens, a
+ * strict prefix of it) serves: e's lengths inside the new entry's reach, or
+ * e reaching only its own end (nothing open) at a multiple of the new
+ * entry's granule, its own granule a multiple of it, so every length e can
+ * be cut to is a block boundary the new entry can be cut to as well. */
+static int covered(const pc_entry *e, int64_t depth, const super_ctx *s)
+{
+    if (depth >= s->reach)
+        return 1;
+    return s->granule > 0 && e->trimmable && e->reach == depth && depth % s->granule == 0 &&
+           e->granule % s->granule == 0 && e->granule > 0;
+}
 
 static void collect_ancestor(void *val, int64_t depth, void *ctx)
 {
     super_ctx *s = ctx;
     pc_entry *e = val;
-    if (depth < s->reach || e->pins > 0)
+    if (!covered(e, depth, s) || e->pins > 0)
         return;
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 8;
@@ -153,10 +166,11 @@ int kvt__pc_insert_locked(kvt_prompt_cache *pc, pc_entry *x, size_t standalone, 
         pc->st.replacements++;
     }
     if (x->trimmable && x->n_tokens > 0) {
-        /* supersede strict prefix ancestors it can be trimmed back to; the
+        /* supersede strict prefix ancestors it can be trimmed back to (at
+         * every length they serve: covered()); the
          * queued writes of those that were written behind are withdrawn once
          * x's own is queued (kvt__pc_gone_process_wb) */
-        super_ctx s = {NULL, 0, 0, x->reach};
+        super_ctx s = {NULL, 0, 0, x->reach, x->granule};
         kvt__index_prefixes(pc->ix, x->ns, x->tokens, x->n_tokens, collect_ancestor, &s);
         for (size_t i = 0; i < s.n; i++) {
             s.v[i]->withdraw = s.v[i]->wb != PC_WB_NONE && kvt__pc_write_behind_on(pc);

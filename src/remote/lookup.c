@@ -58,7 +58,7 @@ static int kid_candidate(const redisReply *fk, const redisReply *fv, const int32
     int64_t avail = n - base, q = common(tt, prompt + base, KVT__MIN(T, avail)), cand = 0;
     kvt__rhandle h;
     int rc = 0;
-    if (fk->str[0] == 'b' && standalone && (flags & KVT__REC_STANDALONE) && known && T == B && q > 0) {
+    if (fk->str[0] == 'b' && standalone == 1 && (flags & KVT__REC_STANDALONE) && known && T == B && q > 0) {
         cand = KVT__MIN(base + q, n - 1);
         if (cand > beat) {
             kvt__key *k2 = kvt__malloc(sizeof *k2 * (size_t)(j + 1));
@@ -81,6 +81,8 @@ static int kid_candidate(const redisReply *fk, const redisReply *fv, const int32
             cand = base + T;
         else if (flags & KVT__REC_TRIMMABLE)
             cand = KVT__MIN(base + q, n - 1);
+        if (standalone == 2 && cand < base)
+            cand = 0; /* sealed blocks: never cut below the node it hangs off */
         if (cand > beat && cand > 0) {
             if ((rc = kvt__remote_hslot_make(&h, ns, prompt, base, tt, T, keys, (int32_t)j, 1, k))) {
                 kvt__free(tt);
@@ -186,10 +188,12 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
         }
         goto done;
     }
-    if (standalone && run > 0) {
-        if ((rc = kvt__remote_hslot_make(&h, ns, prompt, run * B, NULL, 0, keys, (int32_t)run, 0, KVT__KEY_ZERO)))
+    /* standalone 2: blocks rebuild a prefix at block ends only (n - 1 is none) */
+    int64_t use = standalone == 2 && run * B > n - 1 ? run - 1 : run;
+    if (standalone && use > 0) {
+        if ((rc = kvt__remote_hslot_make(&h, ns, prompt, use * B, NULL, 0, keys, (int32_t)use, 0, KVT__KEY_ZERO)))
             goto out;
-        best_set(&bst, KVT__MIN(run * B, n - 1), &h);
+        best_set(&bst, KVT__MIN(use * B, n - 1), &h);
     } else if (known && !standalone) {
         for (int64_t j = KVT__MIN(run, (int64_t)ne); j >= 1; j--) {
             redisReply *e = p.cmds[nb + j - 1].reply;
@@ -210,7 +214,7 @@ static int do_find(kvt_remote *r, const int32_t *prompt, int64_t n, const char *
      * shallower node of the run is usable too (the prompt extends it), so
      * the children of the nodes from the best boundary entry down to the
      * deepest are read in the same round trip (at most KID_NODES of them). */
-    int64_t j_hi = run, j_lo = run;
+    int64_t j_hi = run, j_lo = use < run ? use : run; /* an entry off the node the blocks serve serves more */
     if (known && !standalone && !exact)
         j_lo = KVT__MAX(KVT__MAX(bst.have ? bst.prefix / B : 0, run - (KID_NODES - 1)), 0);
     char kb_field[17];

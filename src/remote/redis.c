@@ -158,7 +158,7 @@ int kvt__remote_layout_get(kvt_remote *r, int32_t timeout_ms, int32_t *B, int *s
         char tail;
         if (rep->type == REDIS_REPLY_STRING && rep->len < 64 &&
             sscanf(rep->str, "kvtier-layout 1 block=%d standalone=%d%c", &b, &sa, &tail) == 2 && b > 0 &&
-            b <= (1 << 20) && (sa == 0 || sa == 1)) {
+            b <= (1 << 20) && sa >= 0 && sa <= 2) {
             pthread_mutex_lock(&r->mu);
             if (!r->layout_known) {
                 r->layout_known = 1;

@@ -44,7 +44,9 @@
  *   H+P  XXH3-128 (lo, hi) of bytes [0, H + P)
  */
 #define KVT__REC_VERSION 1
-#define KVT__REC_TRIMMABLE 1u   /* entry: serves any prefix (no attachment, every layer reaches 0) */
+#define KVT__REC_TRIMMABLE 1u   /* entry: serves any length from its chained blocks' end to its tokens (no
+                                   attachment; every layer reaches that end: kv from 0, qkvc from its
+                                   sealed blocks) */
 #define KVT__REC_STANDALONE 2u  /* block: blocks alone rebuild a prefix of this identity */
 #define KVT__REC_MAX_LAYERS 4096
 #define KVT__REC_MAX_TENSORS (1 << 20)

@@ -242,9 +242,10 @@ int kvt__remote_restore_direct(void *self, uint64_t handle, kvt_entry *out)
             goto out;
         for (int32_t l = 0; l < L && !rc; l++) {
             kvt__rec_layer d = desc->layers[l];
-            if (!h.is_entry) {
+            if (!h.is_entry) { /* blocks alone: a layer whose block records say it is reachable at
+                                  their end only (standalone 2) holds whole blocks, nothing open */
                 d.offset = h.n_tokens;
-                d.min_offset = 0;
+                d.min_offset = d.min_offset > 0 ? h.n_tokens : 0;
             }
             rc = build_layer(recs, hs, nuse, &d, h.is_entry ? &recs[nk].layers[l] : NULL, h.is_entry ? hs[nk] : NULL,
                              l, &out->caches[l]);

@@ -25,15 +25,27 @@ static int cmp_range(const void *a, const void *b)
     return x->b < y->b ? -1 : x->b > y->b ? 1 : (x->e > y->e) - (x->e < y->e);
 }
 
-/* Whether blocks alone rebuild a prefix: every layer decodes from its
- * chained tensors only, at the chain's end. */
-static int standalone_test(const kvt_cache_state *st, int32_t L, int64_t end)
+/* Whether blocks (of B tokens) alone rebuild a prefix: every layer decodes
+ * from its chained tensors only, at the chain's end. @return 1: every layer
+ * reaches 0, so the chain serves a prefix of any length (its last block
+ * cut); 2: some layer reaches the chain's end only as a multiple of its
+ * block granule (kvt_cache_trim_granule: a qkvc layer's whole sealed
+ * blocks), so the chain serves a prefix at block ends only; 0: blocks alone
+ * rebuild none. */
+static int standalone_test(kvt_cache *const *caches, const kvt_cache_state *st, int32_t L, int64_t B, int64_t end)
 {
+    int kind = 1;
     for (int32_t l = 0; l < L; l++) {
-        if (st[l].min_offset != 0)
-            return 0;
         kvt_cache_state s = st[l];
         s.offset = end;
+        s.min_offset = 0;
+        if (st[l].min_offset != 0) {
+            int64_t g = kvt_cache_trim_granule(caches[l]);
+            if (g <= 0 || B % g != 0 || end > st[l].min_offset)
+                return 0;
+            s.min_offset = end; /* whole sealed blocks, nothing open */
+            kind = 2;
+        }
         s.tensors = kvt__calloc((size_t)(st[l].n_tensors ? st[l].n_tensors : 1), sizeof *s.tensors);
         if (!s.tensors)
             return 0;
@@ -50,7 +62,7 @@ static int standalone_test(const kvt_cache_state *st, int32_t L, int64_t end)
             return 0;
         }
     }
-    return 1;
+    return kind;
 }
 
 /* A children field: 'b' or 'e' then the 16-byte key; value: u8 flags, 3 zero
@@ -306,7 +318,7 @@ int kvt__remote_store(kvt_remote *r, const kvt_entry *e)
     int known = kvt__remote_layout_get(r, r->io_ms, &lB, &lsa);
     if (!known && n_chain > 0) {
         lB = (int32_t)B;
-        lsa = standalone_test(st, L, n_chain * B);
+        lsa = standalone_test(e->caches, st, L, B, n_chain * B);
         pthread_mutex_lock(&r->mu);
         if (!r->layout_known) {
             r->layout_known = 1;
@@ -323,7 +335,10 @@ int kvt__remote_store(kvt_remote *r, const kvt_entry *e)
     pthread_mutex_lock(&r->mu);
     write_layout = known && !r->layout_written;
     pthread_mutex_unlock(&r->mu);
-    int trimmable = A == 0 && min_reach == 0;
+    /* the entry record serves any length from its chained blocks' end to n
+     * (kv layers reach 0, a qkvc layer its sealed blocks, the chain); a
+     * layer reaching only n (recurrent, a wrapped ring) serves n alone */
+    int trimmable = A == 0 && (min_reach == 0 || (min_reach < n && min_reach <= (int64_t)n_chain * B));
     int need_entry = !(known && lsa && A == 0 && n > 0 && (int64_t)n_chain * B == n);
 
     keys = kvt__calloc((size_t)(n_chain ? n_chain : 1), sizeof *keys);
@@ -371,7 +386,9 @@ int kvt__remote_store(kvt_remote *r, const kvt_entry *e)
                         .n_tokens = B, .layers = layers, .n_layers = L};
         for (int32_t l = 0; l < L; l++) {
             kvt__rec_layer *ly = &layers[l];
-            if ((rc = layer_desc(ly, &st[l], (int64_t)(c + 1) * B, 0)))
+            /* standalone 2: a layer reachable only at block ends says so (min_offset its end) */
+            int64_t end = (int64_t)(c + 1) * B;
+            if ((rc = layer_desc(ly, &st[l], end, lsa == 2 && st[l].min_offset > 0 ? end : 0)))
                 break;
             for (int32_t t = 0; t < st[l].n_tensors; t++)
                 if (st[l].tensors[t].tok_begin == (int64_t)c * B && st[l].tensors[t].tok_end == (int64_t)(c + 1) * B)

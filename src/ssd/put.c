@@ -29,11 +29,14 @@ static int fsync_dir(kvt_store *s)
     return 0;
 }
 
-/* The first (shortest) entry a new trimmable entry of reach min_reach
- * supersedes: a strict prefix of it in its ns, non-empty, at least
- * min_reach long (it can be served by cutting the new one back). */
+/* The first (shortest) entry a new trimmable entry of reach min_reach (and
+ * block granule, 0: none) supersedes: a strict prefix of it in its ns,
+ * non-empty, that the new one serves at every length it serves: at least
+ * min_reach long (served by cutting the new one back), or reaching only its
+ * own end at a multiple of the granule, its own granule a multiple of it
+ * (every length it can be cut to is a block boundary of the new one). */
 typedef struct sup_ctx {
-    int64_t min_reach;
+    int64_t min_reach, granule;
     st_entry *found;
 } sup_ctx;
 
@@ -41,16 +44,20 @@ static void supersede_pick(void *val, int64_t depth, void *ctx)
 {
     sup_ctx *c = ctx;
     st_entry *old = val;
-    if (!c->found && old->n_tokens > 0 && old->n_tokens >= c->min_reach)
+    int covered = old->n_tokens >= c->min_reach ||
+                  (c->granule > 0 && old->min_reach == old->n_tokens && old->n_tokens % c->granule == 0 &&
+                   old->granule > 0 && old->granule % c->granule == 0);
+    if (!c->found && old->n_tokens > 0 && covered)
         c->found = old;
 }
 
 /* Drops every entry the new one supersedes (call with mu held). One walk
  * of the prompt per dropped entry: no allocation and no cap on how many. */
-static void supersede(kvt_store *s, const char *ns, const int32_t *tokens, int64_t n, int64_t min_reach)
+static void supersede(kvt_store *s, const char *ns, const int32_t *tokens, int64_t n, int64_t min_reach,
+                      int64_t granule)
 {
     for (;;) {
-        sup_ctx c = {min_reach, NULL};
+        sup_ctx c = {min_reach, granule, NULL};
         kvt__index_prefixes(s->tree, ns, tokens, n, supersede_pick, &c);
         if (!c.found)
             return;
@@ -299,9 +306,10 @@ static int put_index_entry(put_job *p, const char *name, uint64_t fb, uint64_t w
     memset(p->pinned, 0, (size_t)(enc->n_chain ? enc->n_chain : 1)); /* transferred */
     s->st.written++;
     s->st.bytes_written += fb;
-    /* supersede: a trimmable entry serves its strict same-ns prefixes */
-    if (enc->min_reach < n && e->n_attachments == 0 && !too_big)
-        supersede(s, e->ns, e->tokens, n, enc->min_reach);
+    /* supersede: a trimmable entry (its block granule counts) serves its
+     * strict same-ns prefixes */
+    if (kvt__store_trimmable(n, enc->min_reach, enc->granule) && e->n_attachments == 0 && !too_big)
+        supersede(s, e->ns, e->tokens, n, enc->min_reach, enc->granule);
     pthread_mutex_unlock(&s->mu);
     return 0;
 }
