@@ -5,8 +5,8 @@
  * sampling) runs alternately without checkpoints (plain kvt_generate: what
  * `kvtier generate` does without --request-id) and replayable with a
  * checkpoint every --every generated tokens (16 by default: the clone on the
- * decode thread, the durable write on the checkpoint writer's thread through
- * the SSD store under a temporary directory, removed at the end). Prints the
+ * decode thread, the durable write as a background write operation on the
+ * process's I/O worker (docs/io.md) through the SSD store under a temporary directory, removed at the end). Prints the
  * median decode tokens/s of each, their ratio, and the writer's counters;
  * checks that both runs printed the same text. Default model: stories260K
  * under $KVT_SHARED_DIR (else ../shared) when it is there, else the built-in

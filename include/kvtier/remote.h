@@ -195,7 +195,7 @@ KVT_API int kvt_remote_close(kvt_remote *r);
  * fail with KVT_ENOTFOUND, a record that fails validation with
  * KVT_ECORRUPT: never a shortened or wrong entry), store (blocks Redis holds
  * already are not sent again), spill / pending / withdraw / flush (the
- * write-behind queue and its writer thread) and stats. restore_async and
+ * write-behind queue, drained on the process's I/O worker) and stats. restore_async and
  * set_evict are NULL: Redis evicts on its own. Handles name the last 256
  * lookups; an older handle is KVT_ENOTFOUND. */
 KVT_API void kvt_remote_cold_tier(kvt_remote *r, kvt_cold_tier *out);

@@ -89,7 +89,8 @@ typedef struct kvt_store_identity {
  * replace it to inject ENOSPC, EIO or short writes.
  * pwrite_fn returns bytes written (may be short) or -1 with errno set, like
  * pwrite(2); fsync_fn returns 0 or -1 with errno set, like fsync(2). Both are
- * called from the writer thread and from kvt_store_put callers, concurrently. */
+ * called from the I/O worker's threads (write-behind, docs/io.md) and from
+ * kvt_store_put callers, concurrently. */
 typedef struct kvt_store_io {
     ssize_t (*pwrite_fn)(void *ctx, int fd, const void *buf, size_t bytes, off_t offset);
     int (*fsync_fn)(void *ctx, int fd);
