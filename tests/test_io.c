@@ -211,6 +211,8 @@ static void test_sixteen_one_read(void **state)
     }
     kvt_io_stats st;
     kvt_io_stats_get(io, &st);
+    print_message("16 threads, one restore: %d read, %llu ran, %llu coalesced of %llu submitted\n", c.runs[1],
+                  (unsigned long long)st.ran, (unsigned long long)st.coalesced, (unsigned long long)st.submitted);
     assert_int_equal(c.runs[1], 1);
     assert_int_equal(st.ran, 1);
     assert_int_equal(st.coalesced, 15);
@@ -280,6 +282,9 @@ static void test_cancel_all(void **state)
     assert_int_equal(kvt_io_wait(u[1], 0, &d, &r), KVT_ECANCELED);
     assert_int_equal(d, KVT_IO_DISCARD);
     kvt_io_stats_get(io, &st);
+    print_message("cancel every waiter: queued one discarded unrun (discarded %llu, its read ran %d times); "
+                  "running one's result discarded (results_discarded %llu)\n", (unsigned long long)st.discarded,
+                  c.runs[2], (unsigned long long)st.results_discarded);
     assert_int_equal(st.results_discarded, 1);
     assert_int_equal(c.runs[2], 0); /* the discarded restore never read */
     assert_int_equal(c.runs[3], 1);
@@ -318,6 +323,7 @@ static void test_full_queue(void **state)
     /* operations: a fourth distinct one is refused, the caller keeps its task */
     kvt_io_op op4 = make_op(&c, NULL, 3, KVT_IO_KIND_WRITE, 3, KVT_IO_BACKGROUND, 0);
     assert_int_equal(kvt_io_submit(io, &op4, &x), KVT_EAGAIN);
+    print_message("full queue: %s\n", kvt_last_error());
     assert_non_null(strstr(kvt_last_error(), "3 of 3 operations"));
     assert_int_equal(kvt_io_submit(io, &op4, NULL), KVT_EAGAIN);
     task_free(op4.task, NULL);
@@ -387,6 +393,8 @@ static void test_priority_order(void **state)
     gate_open(&g);
     assert_int_equal(kvt_io_flush(io, 10000), 0);
     int want[] = {0, 3, 6, 4, 1, 2, 5};
+    print_message("priority order: %d,%d,%d,%d,%d,%d,%d (foreground 3, 6, promoted prefetch 4, then background "
+                  "1, 2, 5)\n", c.order[0], c.order[1], c.order[2], c.order[3], c.order[4], c.order[5], c.order[6]);
     assert_int_equal(c.n_order, 7);
     for (int i = 0; i < 7; i++)
         assert_int_equal(c.order[i], want[i]);
