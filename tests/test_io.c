@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include "internal.h" /* kvt__fail, kvt__clear_error: a run's message as the library's runs set it */
 #include "kvtier/io.h"
 #include "test_seed.h"
 
@@ -83,7 +84,8 @@ typedef struct task {
     counts *c;
     gate *g; /* NULL: no gate */
     int id;
-    int fail; /* run returns this */
+    int fail;        /* run returns this */
+    const char *msg; /* with fail: the message the run sets (kvt__fail) */
 } task;
 
 static int task_run(void *arg, void **result)
@@ -95,6 +97,8 @@ static int task_run(void *arg, void **result)
         t->c->order[slot] = t->id;
     if (t->g)
         gate_pass(t->g);
+    if (t->fail && t->msg)
+        return kvt__fail(t->fail, "%s (task %d)", t->msg, t->id);
     if (t->fail)
         return t->fail;
     int *r = malloc(sizeof *r);
@@ -117,7 +121,7 @@ static kvt_io_op make_op(counts *c, gate *g, int id, kvt_io_kind kind, uint64_t 
                          uint64_t bytes)
 {
     task *t = malloc(sizeof *t);
-    *t = (task){c, g, id, 0};
+    *t = (task){c, g, id, 0, NULL};
     return (kvt_io_op){.kind = kind,
                        .key = {key, key * 0x9e3779b97f4a7c15ull},
                        .priority = prio,
@@ -653,6 +657,78 @@ static void test_errors(void **state)
     gate_destroy(&g);
 }
 
+/* ---- a failed run's message reaches every waiter, on every thread ---------- */
+
+static char g_told_msg[256];
+
+static void tell_msg(void *arg, int status, kvt_io_disposition d, void *result)
+{
+    (void)d;
+    (void)result;
+    *(int *)arg = status;
+    snprintf(g_told_msg, sizeof g_told_msg, "%s", kvt_last_error());
+}
+
+/* A run on the worker's thread fails with a sentence: the ticket's waiter
+ * (another thread) and a coalesced notify waiter both read that sentence
+ * from kvt_last_error(), not only its code; a run that set no message gives
+ * "the <kind> failed"; a later success's waiter is not told an old one. */
+static void test_error_message(void **state)
+{
+    (void)state;
+    counts c = {0};
+    gate g;
+    gate_init(&g);
+    kvt_io *io = new_io(1, 8, 1 << 20);
+    kvt_io_op op = make_op(&c, &g, 1, KVT_IO_KIND_RESTORE, 7, KVT_IO_FOREGROUND, 1);
+    ((task *)op.task)->fail = KVT_EFORMAT;
+    ((task *)op.task)->msg = "shard 3: checksum mismatch at byte 4242";
+    kvt_io_ticket *t = NULL;
+    assert_int_equal(kvt_io_submit(io, &op, &t), 0);
+    gate_wait_entered(&g, 1); /* running on the worker's thread */
+    int told_status = -1;
+    kvt_io_op same = make_op(&c, NULL, 2, KVT_IO_KIND_RESTORE, 7, KVT_IO_FOREGROUND, 1);
+    assert_int_equal(kvt_io_submit_notify(io, &same, tell_msg, &told_status), 0); /* coalesced */
+    kvt__fail(KVT_EINVAL, "an older message of this thread");
+    gate_open(&g);
+    assert_int_equal(kvt_io_wait(t, UINT64_MAX, NULL, NULL), KVT_EFORMAT);
+    assert_string_equal(kvt_last_error(), "shard 3: checksum mismatch at byte 4242 (task 1)");
+    kvt_io_ticket_release(t);
+    assert_int_equal(kvt_io_flush(io, 10000), 0);
+    assert_int_equal(told_status, KVT_EFORMAT);
+    assert_string_equal(g_told_msg, "shard 3: checksum mismatch at byte 4242 (task 1)");
+    assert_int_equal(c.runs[1], 1);
+    assert_int_equal(c.runs[2], 0);
+
+    /* no message set by the run: the generic sentence, not a stale one */
+    op = make_op(&c, NULL, 3, KVT_IO_KIND_WRITE, 8, KVT_IO_FOREGROUND, 1);
+    ((task *)op.task)->fail = KVT_EIO;
+    assert_int_equal(kvt_io_submit(io, &op, &t), 0);
+    assert_int_equal(kvt_io_wait(t, UINT64_MAX, NULL, NULL), KVT_EIO);
+    assert_non_null(strstr(kvt_last_error(), "kvt_io_wait: the write failed"));
+    kvt_io_ticket_release(t);
+
+    /* run here (the caller's thread), failing: its own message, kept */
+    gate g2;
+    gate_init(&g2);
+    kvt_io_ticket *blocker = block_thread(io, &c, &g2, 4);
+    op = make_op(&c, NULL, 5, KVT_IO_KIND_HASH, 9, KVT_IO_FOREGROUND, 1);
+    ((task *)op.task)->fail = KVT_ENOMEM;
+    ((task *)op.task)->msg = "no room";
+    assert_int_equal(kvt_io_submit(io, &op, &t), 0);
+    assert_int_equal(kvt_io_run_here(t), 1);
+    kvt__clear_error();
+    assert_int_equal(kvt_io_wait(t, 0, NULL, NULL), KVT_ENOMEM);
+    assert_string_equal(kvt_last_error(), "no room (task 5)");
+    kvt_io_ticket_release(t);
+    gate_open(&g2);
+    kvt_io_ticket_release(blocker);
+    kvt_io_destroy(io);
+    assert_int_equal(c.freed_tasks, 5);
+    gate_destroy(&g);
+    gate_destroy(&g2);
+}
+
 /* ---- randomized: several threads submit, wait, cancel, release ------------------ */
 
 typedef struct mix {
@@ -752,6 +828,7 @@ int main(void)
         cmocka_unit_test(test_sixteen_one_read), cmocka_unit_test(test_cancel_all),
         cmocka_unit_test(test_full_queue),       cmocka_unit_test(test_priority_order),
         cmocka_unit_test(test_errors),           cmocka_unit_test(test_random_mix),
+        cmocka_unit_test(test_error_message),
         cmocka_unit_test(test_notify),           cmocka_unit_test(test_run_here),
         cmocka_unit_test(test_background_bound), cmocka_unit_test(test_default),
     };

@@ -167,6 +167,7 @@ typedef struct kvt_io_stats {
 
 /** Tells a notify waiter (kvt_io_submit_notify) that its operation
  * completed: status is what kvt_io_wait would return (0, the run's error,
+ * with kvt_last_error() set to the run's message as kvt_io_wait sets it,
  * KVT_ECLOSED when the worker shut down before it started); result is the
  * shared result, borrowed for the call (NULL unless KVT_IO_PUBLISH). Runs
  * once, without any lock of the worker held, on the worker thread that ran
@@ -248,7 +249,9 @@ KVT_API int kvt_io_run_here(kvt_io_ticket *ticket);
  *   valid until this ticket is released; NULL unless the disposition is
  *   KVT_IO_PUBLISH.
  * @return 0 (ran and succeeded); the run function's error code (ran and
- *   failed); KVT_ECANCELED (this ticket was cancelled); KVT_ECLOSED (the
+ *   failed: kvt_last_error() on the waiting thread is then the message the
+ *   run set, on whichever thread ran it, or "the <kind> failed" when it set
+ *   none); KVT_ECANCELED (this ticket was cancelled); KVT_ECLOSED (the
  *   worker shut down before the operation started); KVT_EAGAIN (not
  *   complete within timeout_ms; the ticket stays valid); KVT_EINVAL (ticket
  *   NULL). Thread-safe.

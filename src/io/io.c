@@ -28,6 +28,9 @@
 
 enum { OP_QUEUED, OP_RUNNING, OP_DONE };
 
+static const char *const kind_names[KVT_IO_KINDS] = {"restore", "write", "hash", "remote-get", "remote-set",
+                                                     "prefetch", "find"};
+
 typedef struct io_op {
     kvt_io_op op;
     struct io_op *qprev, *qnext; /* the queue of its priority, while queued */
@@ -35,6 +38,7 @@ typedef struct io_op {
     int state;                   /* OP_* */
     int status;                  /* run's return code (or KVT_ECANCELED / KVT_ECLOSED) once done */
     void *result;                /* set by run; shared by the tickets */
+    char *msg;                   /* the kvt_last_error() its failed run left (NULL: none, or no memory) */
     uint32_t holds;              /* unreleased tickets + 1 for the worker until done */
     uint32_t interest;           /* tickets not cancelled */
     int pinned;                  /* submitted without a ticket: runs regardless of interest */
@@ -185,7 +189,35 @@ static void op_free(io_op *o)
 {
     if (o->op.free_fn)
         o->op.free_fn(o->op.task, o->result);
+    kvt__free(o->msg);
     kvt__free(o);
+}
+
+/* Runs o (without mu) on this thread. A failed run's message is kept in o,
+ * so every waiter, on any thread, is told the sentence the run set
+ * (kvt_last_error is per thread) and not only its code; when the message
+ * cannot be copied (no memory) or the run set none, waiters get a generic
+ * one. */
+static int run_op(io_op *o, void **result)
+{
+    kvt__clear_error(); /* what is kept is this run's message, or none */
+    int rc = o->op.run(o->op.task, result);
+    if (rc && kvt_last_error()[0]) {
+        size_t n = strlen(kvt_last_error()) + 1;
+        o->msg = kvt__malloc(n);
+        if (o->msg)
+            memcpy(o->msg, kvt_last_error(), n);
+    }
+    return rc;
+}
+
+/* Sets this thread's message for a waiter of o, which failed with rc:
+ * the run's own sentence when o kept one, else `the <kind> failed`. */
+static int tell_failure(const io_op *o, int rc)
+{
+    if (o->msg && rc == o->status)
+        return kvt__fail(rc, "%s", o->msg);
+    return kvt__fail(rc, "kvt_io_wait: the %s failed: %s", kind_names[o->op.kind], kvt_strerror(rc));
 }
 
 /* ---- running and completing ------------------------------------------------- */
@@ -229,6 +261,8 @@ static void complete_locked(kvt_io *io, io_op *o, int rc, void *result)
         pthread_mutex_unlock(&io->mu);
         while (n) {
             io_notify *next = n->next;
+            if (rc)
+                tell_failure(o, rc); /* the waiter's kvt_last_error() is the run's */
             n->fn(n->arg, rc, rc ? KVT_IO_DISCARD : KVT_IO_PUBLISH, rc ? NULL : result);
             kvt__free(n);
             told++;
@@ -289,7 +323,7 @@ static void *io_thread(void *arg)
         pthread_mutex_unlock(&io->mu);
 
         void *result = NULL;
-        int rc = o->op.run(o->op.task, &result);
+        int rc = run_op(o, &result);
 
         pthread_mutex_lock(&io->mu);
         int freed_bg = o->bg_slot;
@@ -403,9 +437,6 @@ void kvt_io_destroy(kvt_io *io)
 }
 
 /* ---- submission ---------------------------------------------------------------- */
-
-static const char *const kind_names[KVT_IO_KINDS] = {"restore", "write", "hash", "remote-get", "remote-set",
-                                                     "prefetch", "find"};
 
 const char *kvt_io_kind_name(kvt_io_kind kind)
 {
@@ -613,7 +644,7 @@ int kvt_io_wait(kvt_io_ticket *ticket, uint64_t timeout_ms, kvt_io_disposition *
                 if (result)
                     *result = o->result;
             } else {
-                rc = kvt__fail(rc, "kvt_io_wait: the %s failed: %s", kind_names[o->op.kind], kvt_strerror(rc));
+                rc = tell_failure(o, rc);
             }
             break;
         }
@@ -682,7 +713,7 @@ int kvt_io_run_here(kvt_io_ticket *ticket)
     start_locked(io, o, 0);
     pthread_mutex_unlock(&io->mu);
     void *result = NULL;
-    int rc = o->op.run(o->op.task, &result);
+    int rc = run_op(o, &result);
     pthread_mutex_lock(&io->mu);
     complete_locked(io, o, rc, result); /* the ticket's hold keeps o */
     pthread_mutex_unlock(&io->mu);

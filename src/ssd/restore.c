@@ -490,11 +490,8 @@ static int restore_coalesced(kvt_store *s, uint64_t handle, kvt_entry *out)
         return rc;
     }
     int here;
-    rc = kvt__entry_wait(tk, out, &here);
-    if (rc && !here) /* the message was set on the thread that read */
-        kvt__fail(rc, "store restore: entry %llu: %s (read by another restore of it)", (unsigned long long)handle,
-                  kvt_strerror(rc));
-    return rc;
+    /* a failure's message is the one its read set, on whichever thread read (kvt_io_wait) */
+    return kvt__entry_wait(tk, out, &here);
 }
 
 KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
