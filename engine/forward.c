@@ -513,10 +513,13 @@ static void win_part(void *vj, int part, int n_parts)
 #define WIN_SCORES_MAX ((size_t)4 << 20)
 
 /* T rows at positions p0.. (q and out rows of dim floats), per_row as in
- * win_job (forced for T = 1). @return 1 (attended through a window), 0 (no
+ * win_job (forced for T = 1); more: the next walk is over this cache again
+ * (another piece of the pass: kv_piece), so its close starts no read-ahead
+ * of the next layer (kvt_kv_window_close_same). @return 1 (attended through a window), 0 (no
  * block is paged out: nothing done, attend the resident blocks), or an
  * error. */
-static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, int per_row, const float *q, float *out)
+static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, int per_row, int more, const float *q,
+                         float *out)
 {
     const kvt_model_config *c = &m->cfg;
     int64_t ctx = p0 + T;
@@ -571,13 +574,17 @@ static int attn_windowed(kvt_model *m, kvt_cache *cache, int64_t p0, int T, int 
             }
         }
     }
-    kvt_kv_window_close(cache);
+    if (more)
+        kvt_kv_window_close_same(cache);
+    else
+        kvt_kv_window_close(cache);
     return rc ? rc : 1;
 }
 
-/* Causal attention of T queries at positions p0.. over a kv cache that
- * already holds p0 + T tokens (the chunk's K/V appended). Writes s.att. */
-static int attn_kv(kvt_model *m, kvt_cache *cache, int64_t p0, int T)
+/* Causal attention of T queries (q: rows of dim floats) at positions p0..
+ * over a kv cache that already holds p0 + T tokens (their K/V appended).
+ * Writes T rows of out; more as attn_windowed. */
+static int attn_kv(kvt_model *m, kvt_cache *cache, int64_t p0, int T, int more, const float *q, float *out)
 {
     int64_t ctx = p0 + T;
     int32_t B = kvt_kv_block_tokens(cache);
@@ -588,11 +595,43 @@ static int attn_kv(kvt_model *m, kvt_cache *cache, int64_t p0, int T)
     if (rc != 0)
         return rc;
     /* blocks paged out under a residency bound are read through a window */
-    if ((rc = attn_windowed(m, cache, p0, T, 0, m->s.q, m->s.att)) != 0)
+    if ((rc = attn_windowed(m, cache, p0, T, 0, more, q, out)) != 0)
         return rc < 0 ? rc : 0;
     if ((rc = kv_segs(m, cache, ctx, m->segs)) == 0)
-        rc = run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, m->s.q, m->s.att);
+        rc = run_attention(m, m->segs, (int)n_blocks, p0, ctx, T, q, out);
     return rc;
+}
+
+/* Rows of the next piece of n rows at position pos that a kv layer's cache
+ * takes and attends at once: all n, or up to the end of the open block of a
+ * cache that seals blocks ("qkvc"). Appending a token of the next block
+ * seals (converts) the open one, and each row must read its own block in
+ * f32 and the blocks before it sealed, as its decode does; so the rows of
+ * one block attend before the next block's rows are appended. Only
+ * attention is split this way: the pass's products stay one. */
+static int64_t kv_piece(kvt_cache *cache, int64_t pos, int64_t n)
+{
+    if (strcmp(kvt_cache_kind(cache), "qkvc") != 0)
+        return n;
+    int64_t B = kvt_kv_block_tokens(cache);
+    return KVT__MIN(n, B - pos % B);
+}
+
+/* A kv layer of a chunk of T rows at positions p0..: appends the K/V rows
+ * (s.k, s.v) and attends s.q into s.att, piece by piece (kv_piece). */
+static int kv_layer(kvt_model *m, kvt_cache *cache, int64_t p0, int T)
+{
+    size_t kvd = (size_t)m->cfg.kv_dim, d = (size_t)m->cfg.dim;
+    for (int t0 = 0, n; t0 < T; t0 += n) {
+        n = (int)kv_piece(cache, p0 + t0, T - t0);
+        const void *in[2] = {m->s.k + (size_t)t0 * kvd, m->s.v + (size_t)t0 * kvd};
+        int rc = kvt_cache_append(cache, n, in);
+        if (rc == 0)
+            rc = attn_kv(m, cache, p0 + t0, n, t0 + n < T, m->s.q + (size_t)t0 * d, m->s.att + (size_t)t0 * d);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
 }
 
 /* Sliding-window attention: token by token, append then attend the ring
@@ -701,10 +740,7 @@ static int forward_chunk(kvt_model *m, kvt_cache **caches, const int32_t *tokens
             if (c->layer_kind[l] == KVT_LAYER_WINDOW) {
                 rc = attn_window(m, caches[l], T);
             } else {
-                const void *in[2] = {s->k, s->v};
-                rc = kvt_cache_append(caches[l], T, in);
-                if (rc == 0)
-                    rc = attn_kv(m, caches[l], p0, T);
+                rc = kv_layer(m, caches[l], p0, T);
             }
             if (rc != 0)
                 return rc;
@@ -752,16 +788,6 @@ static int check_args(const kvt_model *m, kvt_cache **caches, const int32_t *tok
     return 0;
 }
 
-/* Block tokens of the first attention cache that seals blocks ("qkvc": its
- * open block is f32 until a token of the next block arrives), 0 when none. */
-static int64_t sealing_block(const kvt_model *m, kvt_cache **caches)
-{
-    for (int32_t l = 0; l < m->cfg.n_layers; l++)
-        if (m->cfg.layer_kind[l] == KVT_LAYER_ATTN && !strcmp(kvt_cache_kind(caches[l]), "qkvc"))
-            return kvt_kv_block_tokens(caches[l]);
-    return 0;
-}
-
 KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *tokens, int64_t n_tokens,
                               float *logits)
 {
@@ -774,11 +800,8 @@ KVT_API int kvt_model_prefill(kvt_model *m, kvt_cache **caches, const int32_t *t
     if (n_tokens == 1 && logits) /* one token: exactly what kvt_model_decode computes */
         return kvt_model_decode(m, caches, tokens[0], logits);
     int last = 0;
-    int64_t seal_block = sealing_block(m, caches);
     for (int64_t i = 0, T; i < n_tokens; i += T) {
         T = KVT__MIN((int64_t)KVT_MODEL_CHUNK, n_tokens - i);
-        if (seal_block) /* never across a block boundary: the open block must still be f32 for its own queries */
-            T = KVT__MIN(T, seal_block - (p0 + i) % seal_block);
         rc = forward_chunk(m, caches, tokens + i, (int)T, p0 + i);
         if (rc != 0)
             return rc;
@@ -871,11 +894,70 @@ static int run_rows_attention(kvt_model *m, int n_rows)
  * row0[i], at positions pos[i] ... */
 #define CNT(counts, i) ((counts) ? (counts)[i] : 1)
 
+/* Attention of one stage of a batched kv layer l: sequence i's piece[i]
+ * rows from row row0[i] + done[i] (at position pos[i] + done[i]; their K/V
+ * already appended) attend, every such row to the keys up to its own;
+ * total: blocks of all those sequences' contexts; counts as dec_attention. */
+static int kv_stage(kvt_model *m, kvt_cache **const *caches, const int64_t *pos, const int32_t *counts,
+                    const int32_t *row0, int l, int n, const int32_t *done, const int32_t *piece, size_t total)
+{
+    const kvt_model_config *c = &m->cfg;
+    void *a = m->segs;
+    int rc = ensure_array(m, &a, &m->segs_cap, total, sizeof(kvt_kv_rows), "block pointers");
+    m->segs = a;
+    if (rc != 0)
+        return rc;
+    /* a sequence with paged-out blocks attends alone through a window, all
+     * its rows against each staged block (per row the operations of the
+     * batch's decode_head) */
+    int windowed[KVT_MODEL_CHUNK] = {0}, pinned[KVT_MODEL_CHUNK] = {0};
+    for (int i = 0; i < n; i++) {
+        if (!piece[i])
+            continue;
+        size_t r = (size_t)(row0[i] + done[i]);
+        rc = attn_windowed(m, caches[i][l], pos[i] + done[i], piece[i], 1, done[i] + piece[i] < CNT(counts, i),
+                           m->s.q + r * c->dim, m->s.att + r * c->dim);
+        if (rc < 0)
+            return rc;
+        windowed[i] = rc == 1; /* 0: nothing paged out: it attends in the batch */
+    }
+    rc = 0;
+    int32_t k = 0;
+    int nr = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (!piece[i] || windowed[i])
+            continue;
+        kvt_cache *cache = caches[i][l];
+        int64_t ctx = pos[i] + done[i] + piece[i];
+        int32_t B = kvt_kv_block_tokens(cache), nseg = (int32_t)((ctx + B - 1) / B);
+        /* nothing of [0, ctx) is paged out (attn_windowed said so), so the pin
+         * only starts the next layer's read-ahead: not before this layer's
+         * last piece (as kvt_kv_window_close_same) */
+        pinned[i] = done[i] + piece[i] == CNT(counts, i);
+        if ((pinned[i] && (rc = kvt_kv_pin(cache, ctx)) != 0) || (rc = kv_segs(m, cache, ctx, m->segs + k)) != 0)
+            break;
+        for (int t = done[i]; t < done[i] + piece[i]; t++, nr++) {
+            m->dec_row[nr] = row0[i] + t;
+            m->dec_seg0[nr] = k;
+            m->dec_nseg[nr] = nseg;
+            m->dec_ctx[nr] = pos[i] + t + 1;
+        }
+        k += nseg;
+    }
+    if (rc == 0 && nr > 0)
+        rc = run_rows_attention(m, nr);
+    for (int i = 0; i < n; i++)
+        if (pinned[i])
+            kvt_kv_unpin(caches[i][l]);
+    return rc;
+}
+
 /* Appends the new K/V rows (s.k, s.v) of layer l to every sequence and
  * attends: s.att (rows, dim) from s.q (rows, dim). Every row attends to the
  * keys up to and including its own, as its decode would. A window layer's
  * ring is written and read one row of each sequence at a time (its slots
- * are reused), a kv layer's rows are appended at once. */
+ * are reused), a kv layer's rows a piece at a time (kv_piece: all at once
+ * unless the rows cross a block boundary of a cache that seals blocks). */
 static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t *pos, const int32_t *counts,
                          const int32_t *row0, int l, int n)
 {
@@ -910,57 +992,35 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
         }
         return rc;
     }
-    size_t total = 0;
-    for (int i = 0; i < n; i++) {
-        kvt_cache *cache = caches[i][l];
-        const void *in[2] = {m->s.k + (size_t)row0[i] * kvd, m->s.v + (size_t)row0[i] * kvd};
-        if ((rc = kvt_cache_append(cache, CNT(counts, i), in)) != 0)
-            return rc;
-        int32_t B = kvt_kv_block_tokens(cache);
-        int64_t ctx = pos[i] + CNT(counts, i);
-        total += (size_t)((ctx + B - 1) / B);
-    }
-    rc = ensure_array(m, &a, &m->segs_cap, total, sizeof(kvt_kv_rows), "block pointers");
-    m->segs = a;
-    if (rc != 0)
-        return rc;
-    /* a sequence with paged-out blocks attends alone through a window, all
-     * its rows against each staged block (per row the operations of the
-     * batch's decode_head) */
-    int windowed[KVT_MODEL_CHUNK] = {0}, pinned[KVT_MODEL_CHUNK] = {0};
-    for (int i = 0; i < n; i++) {
-        size_t r = (size_t)row0[i];
-        rc = attn_windowed(m, caches[i][l], pos[i], CNT(counts, i), 1, m->s.q + r * c->dim, m->s.att + r * c->dim);
-        if (rc < 0)
-            return rc;
-        windowed[i] = rc == 1; /* 0: nothing paged out: it attends in the batch */
-    }
-    rc = 0;
-    int32_t k = 0;
-    int nr = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
-        if (windowed[i])
-            continue;
-        kvt_cache *cache = caches[i][l];
-        int64_t ctx = pos[i] + CNT(counts, i);
-        int32_t B = kvt_kv_block_tokens(cache), nseg = (int32_t)((ctx + B - 1) / B);
-        pinned[i] = 1;
-        if ((rc = kvt_kv_pin(cache, ctx)) != 0 || (rc = kv_segs(m, cache, ctx, m->segs + k)) != 0)
-            break;
-        for (int t = 0; t < CNT(counts, i); t++, nr++) {
-            m->dec_row[nr] = row0[i] + t;
-            m->dec_seg0[nr] = k;
-            m->dec_nseg[nr] = nseg;
-            m->dec_ctx[nr] = pos[i] + t + 1;
+    /* kv layers in stages: each stage appends every unfinished sequence's
+     * next piece of rows (kv_piece: all of them, unless a sealing cache's
+     * block ends first) and attends those rows together */
+    int32_t done[KVT_MODEL_CHUNK] = {0}, piece[KVT_MODEL_CHUNK];
+    for (;;) {
+        size_t total = 0;
+        int any = 0;
+        for (int i = 0; i < n; i++) {
+            piece[i] = 0;
+            if (done[i] == CNT(counts, i))
+                continue;
+            kvt_cache *cache = caches[i][l];
+            int64_t at = pos[i] + done[i];
+            piece[i] = (int32_t)kv_piece(cache, at, CNT(counts, i) - done[i]);
+            size_t r = (size_t)(row0[i] + done[i]);
+            const void *in[2] = {m->s.k + r * kvd, m->s.v + r * kvd};
+            if ((rc = kvt_cache_append(cache, piece[i], in)) != 0)
+                return rc;
+            int32_t B = kvt_kv_block_tokens(cache);
+            total += (size_t)((at + piece[i] + B - 1) / B);
+            any = 1;
         }
-        k += nseg;
+        if (!any)
+            return 0;
+        if ((rc = kv_stage(m, caches, pos, counts, row0, l, n, done, piece, total)) != 0)
+            return rc;
+        for (int i = 0; i < n; i++)
+            done[i] += piece[i];
     }
-    if (rc == 0 && nr > 0)
-        rc = run_rows_attention(m, nr);
-    for (int i = 0; i < n; i++)
-        if (pinned[i])
-            kvt_kv_unpin(caches[i][l]);
-    return rc;
 }
 
 /* Recurrent layer l for the rows of the n sequences: s.xb (rows, dim) in,
@@ -1064,11 +1124,6 @@ static int forward_rows(kvt_model *m, int n, kvt_cache **const *caches, const in
             snprintf(why, sizeof why, "%s", kvt_last_error());
             return n == 1 ? rc : kvt__fail(rc, "batched decode, sequence %d: %s", i, why);
         }
-        int64_t seal = k > 1 ? sealing_block(m, caches[i]) : 0;
-        if (seal && m->dec_pos[i] % seal + k > seal) /* its earlier rows would read a sealed block */
-            return kvt__fail(KVT_EINVAL, "%s: batched pass, sequence %d: %d tokens from position %lld cross a "
-                             "block boundary of its sealed-block cache (at most %lld: kvt_model_pass_rows)", m->path, i,
-                             (int)k, (long long)m->dec_pos[i], (long long)(seal - m->dec_pos[i] % seal));
         memcpy(m->dec_ptrs + (size_t)i * L, caches[i], L * sizeof(void *));
         at += k;
     }
@@ -1108,12 +1163,7 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
 
 KVT_API int64_t kvt_model_pass_rows(const kvt_model *m, kvt_cache **caches)
 {
-    if (!m || !caches || !caches[0])
-        return 0;
-    int64_t seal = sealing_block(m, caches), rows = KVT_MODEL_CHUNK;
-    if (seal)
-        rows = KVT__MIN(rows, seal - kvt_cache_offset(caches[0]) % seal);
-    return rows;
+    return m && caches && caches[0] ? KVT_MODEL_CHUNK : 0;
 }
 
 KVT_API int kvt_model_forward_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,

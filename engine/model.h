@@ -233,7 +233,12 @@ KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m);
 
 /** Prefill: runs n_tokens tokens through the model as one batch (GEMM,
  * processed in chunks of at most KVT_MODEL_CHUNK tokens), appending their
- * state to every layer's cache.
+ * state to every layer's cache. A chunk may cross block boundaries; in a
+ * cache that seals its blocks ("qkvc") the rows of each block attend before
+ * the next block's K/V are appended, so every row reads its own block in
+ * f32 and the earlier ones sealed, however the prompt is split. (Chunks
+ * stop at the block boundaries of such a cache attached to a residency: see
+ * kvt_model_pass_rows.)
  *
  * Starts at position p = kvt_cache_offset(caches[0]); every cache must hold
  * exactly p tokens and have the kind and kv_dim its layer needs.
@@ -322,21 +327,28 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
  *                counts), each in [0, vocab_size).
  * @param logits  (n, vocab_size) floats: row i receives the logits after
  *                sequence i's last token.
+ * A sequence's rows may cross a block boundary of a cache that seals its
+ * blocks ("qkvc": f16, bf16 and q8 K/V): its rows of one block attend
+ * before the next block's K/V are appended (which seals the block), so
+ * each row still reads its own block in f32 and the earlier ones sealed,
+ * as its decode does.
  * @return as kvt_model_decode_batch; KVT_EINVAL also for a count out of
- *   range or past kvt_model_pass_rows (a block boundary of 8-bit K/V), and
- *   KVT_ELIMIT when a sequence's tokens would pass seq_len
+ *   range, and KVT_ELIMIT when a sequence's tokens would pass seq_len
  *   (nothing is modified on either).
  * Not thread-safe for one model.
  */
 KVT_API int kvt_model_forward_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,
                                     const int32_t *tokens, float *logits);
 
-/** Tokens a sequence whose caches are `caches` may feed in one
- * kvt_model_forward_batch pass from where it is: KVT_MODEL_CHUNK, or less
- * when an attention layer stores 8-bit K/V ("qkvc", KVT_KV_Q8), whose
- * block is sealed (quantized) when the next one starts: rows of one pass
- * stay inside the open block, so each row reads the block as its own decode
- * did. 0 for NULL arguments. Thread-safe for caches no one modifies. */
+/** Tokens a sequence whose caches are `caches` should feed in one
+ * kvt_model_forward_batch pass from where it is: KVT_MODEL_CHUNK, or up to
+ * the end of the open block when an attention layer's cache seals its
+ * blocks ("qkvc": f16, bf16, q8) and is attached to a residency
+ * (kvt_kv_has_residency): a pass crossing such a block attends one layer's
+ * paged blocks through a window per block while the next layer's
+ * read-ahead stays staged, two windows instead of one (docs/residency.md,
+ * Costs). Passes of more rows are still computed exactly. 0 for NULL
+ * arguments. Thread-safe for caches no one modifies. */
 KVT_API int64_t kvt_model_pass_rows(const kvt_model *m, kvt_cache **caches);
 
 /** Most threads kvt_model_set_threads() accepts. */

@@ -134,7 +134,8 @@ KVT_API int kvt_seq_prefill(kvt_seq *s, int64_t max_tokens, int *prompt_done);
 /** The next prompt piece for a prefill driven by the caller (a batched pass,
  * kvt_model_forward_batch, with other sequences' rows): at most max_tokens
  * of the prompt tokens not yet in the caches, ending where a snapshot is due
- * (as kvt_seq_prefill cuts its pieces) and at most kvt_model_pass_rows, so
+ * (as kvt_seq_prefill cuts its pieces) and at most kvt_model_pass_rows
+ * (KVT_MODEL_CHUNK), so
  * the caller feeds one piece per pass and then calls kvt_seq_after_prefill.
  * @param tokens receives a pointer to the piece's tokens (borrowed, valid
  *   until the next call on s); NULL when there is none.

@@ -60,8 +60,8 @@ static kvt_model *synth_model(char *dir, char *path, size_t cap)
 }
 
 /* Feeds tokens[0..n) to caches through kvt_model_forward_batch, in passes
- * as long as kvt_model_pass_rows allows (never past a block boundary of
- * sealed K/V): the decode path, whose logits and state do not depend on how
+ * as long as kvt_model_pass_rows allows (KVT_MODEL_CHUNK rows, across block
+ * boundaries of sealed K/V too): the decode path, whose logits and state do not depend on how
  * the tokens are split or whether a prefix came from a cache (bit for bit;
  * kvt_model_prefill's GEMM agrees only within float tolerance). logits:
  * NULL or V floats after the last token. */

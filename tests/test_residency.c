@@ -629,52 +629,64 @@ static void test_batched_prefill_walks_once(void **state)
     const kvt_model_config *c = kvt_model_get_config(m);
     int L = c->n_layers, V = c->vocab_size;
     enum { N = PROMPT, ROWS = 50 };
-    kvt_residency *r = residency(1, 0);
-    kvt_cache *a[8], *b[8], *solo[8];
-    assert_int_equal(kvt_model_new_caches(m, BLOCK, a), 0);
-    assert_int_equal(kvt_model_new_caches(m, BLOCK, b), 0);
-    assert_int_equal(kvt_model_new_caches(m, BLOCK, solo), 0);
-    for (int l = 0; l < L; l++)
-        assert_int_equal(kvt_kv_set_residency(a[l], r, l), 0);
-    static int32_t prompt[N], toks[2 * ROWS];
-    uint64_t s = g_seed ^ 11;
-    for (int i = 0; i < N; i++)
-        prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
-    float *lg = malloc(2 * (size_t)V * sizeof(float)), *ls = malloc(2 * (size_t)V * sizeof(float));
-    assert_non_null(lg);
-    assert_non_null(ls);
-    int chunks = 0;
-    for (int at = 0; at < N; at += ROWS, chunks++) {
-        int n = N - at < ROWS ? N - at : ROWS;
-        memcpy(toks, prompt + at, (size_t)n * sizeof(int32_t));
-        memcpy(toks + n, prompt + at, (size_t)n * sizeof(int32_t));
-        int32_t counts[2] = {n, n};
-        kvt_cache **cs[2] = {a, b}, **ref[1] = {solo};
-        assert_int_equal(kvt_model_forward_batch(m, 2, cs, counts, toks, lg), 0);
-        assert_int_equal(kvt_model_forward_batch(m, 1, ref, counts, toks, ls), 0);
-        assert_memory_equal(lg, ls, (size_t)V * sizeof(float));     /* bounded = fully resident */
-        assert_memory_equal(lg + V, ls, (size_t)V * sizeof(float)); /* its resident neighbour too */
+    /* f32 (kv: one walk per layer and chunk), then q8 (qkvc: a chunk's rows
+     * attend block by block, a walk per piece, each piece's window closed
+     * before the next opens with no read-ahead of the next layer between) */
+    static const kvt_kv_scheme schemes[2] = {KVT_KV_F32, KVT_KV_Q8};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(kvt_model_set_kv_scheme(m, schemes[k]), 0);
+        kvt_residency *r = residency(1, 0);
+        kvt_cache *a[8], *b[8], *solo[8];
+        assert_int_equal(kvt_model_new_caches(m, BLOCK, a), 0);
+        assert_int_equal(kvt_model_new_caches(m, BLOCK, b), 0);
+        assert_int_equal(kvt_model_new_caches(m, BLOCK, solo), 0);
+        assert_string_equal(kvt_cache_kind(a[0]), k ? "qkvc" : "kv");
+        for (int l = 0; l < L; l++)
+            assert_int_equal(kvt_kv_set_residency(a[l], r, l), 0);
+        static int32_t prompt[N], toks[2 * ROWS];
+        uint64_t s = g_seed ^ 11;
+        for (int i = 0; i < N; i++)
+            prompt[i] = (int32_t)(rng_below(&s, (uint64_t)V));
+        float *lg = malloc(2 * (size_t)V * sizeof(float)), *ls = malloc(2 * (size_t)V * sizeof(float));
+        assert_non_null(lg);
+        assert_non_null(ls);
+        int chunks = 0, walks = 0;
+        for (int at = 0; at < N; at += ROWS, chunks++) {
+            int n = N - at < ROWS ? N - at : ROWS;
+            walks += k ? (at + n - 1) / BLOCK - at / BLOCK + 1 : 1; /* the blocks the chunk's rows lie in */
+            memcpy(toks, prompt + at, (size_t)n * sizeof(int32_t));
+            memcpy(toks + n, prompt + at, (size_t)n * sizeof(int32_t));
+            int32_t counts[2] = {n, n};
+            kvt_cache **cs[2] = {a, b}, **ref[1] = {solo};
+            assert_int_equal(kvt_model_forward_batch(m, 2, cs, counts, toks, lg), 0);
+            assert_int_equal(kvt_model_forward_batch(m, 1, ref, counts, toks, ls), 0);
+            assert_memory_equal(lg, ls, (size_t)V * sizeof(float));     /* bounded = fully resident */
+            assert_memory_equal(lg + V, ls, (size_t)V * sizeof(float)); /* its resident neighbour too */
+        }
+        for (int l = 0; l < L; l++)
+            assert_int_equal(kvt_kv_residency_settle(a[l]), 0);
+        kvt_residency_stats st;
+        assert_int_equal(kvt_residency_stats_get(r, &st), 0);
+        /* each walk goes over each layer's blocks twice (K pass, V pass) at most */
+        uint64_t once = (uint64_t)walks * (uint64_t)L * 2 * (N / BLOCK + 1);
+        size_t bb = 2 * (size_t)BLOCK * (size_t)c->kv_dim * (k ? 1 : 4); /* a full block's K and V */
+        printf("%s batched prefill, %d chunks of %d rows, %d walks: paged out %llu blocks, in %llu (once per walk: "
+               "<= %llu), peak staged %llu B (window %llu B)\n", kvt_kv_scheme_name(schemes[k]), chunks, ROWS,
+               walks, (unsigned long long)st.blocks_out, (unsigned long long)st.blocks_in, (unsigned long long)once,
+               (unsigned long long)st.peak_staged_bytes, (unsigned long long)(8 * bb));
+        assert_true(st.blocks_out > 0);
+        assert_true(st.blocks_in > 0);
+        assert_true(st.blocks_in <= once);
+        assert_int_equal(st.read_failures, 0);
+        assert_true(st.peak_staged_bytes <= 8 * bb); /* the window, over every layer */
+        kvt_caches_destroy(a, L);
+        kvt_caches_destroy(b, L);
+        kvt_caches_destroy(solo, L);
+        kvt_residency_release(r);
+        free(lg);
+        free(ls);
     }
-    for (int l = 0; l < L; l++)
-        assert_int_equal(kvt_kv_residency_settle(a[l]), 0);
-    kvt_residency_stats st;
-    assert_int_equal(kvt_residency_stats_get(r, &st), 0);
-    /* each chunk walks each layer's blocks twice (K pass, V pass) at most */
-    uint64_t once = (uint64_t)chunks * (uint64_t)L * 2 * (N / BLOCK + 1);
-    printf("batched prefill, %d chunks of %d rows: paged out %llu blocks, in %llu (once per chunk: <= %llu), "
-           "peak staged %llu B\n", chunks, ROWS, (unsigned long long)st.blocks_out, (unsigned long long)st.blocks_in,
-           (unsigned long long)once, (unsigned long long)st.peak_staged_bytes);
-    assert_true(st.blocks_out > 0);
-    assert_true(st.blocks_in > 0);
-    assert_true(st.blocks_in <= once);
-    assert_int_equal(st.read_failures, 0);
-    assert_true(st.peak_staged_bytes <= 8 * (kvt_model_kv_bytes_per_token(m) / (size_t)L * BLOCK)); /* the window */
-    kvt_caches_destroy(a, L);
-    kvt_caches_destroy(b, L);
-    kvt_caches_destroy(solo, L);
-    kvt_residency_release(r);
-    free(lg);
-    free(ls);
+    assert_int_equal(kvt_model_set_kv_scheme(m, KVT_KV_F32), 0);
 }
 
 /* Decode under a strict bound of no full block per layer: every full block

@@ -135,8 +135,9 @@ static void feed(const eng *e, kvt_cache **c, const int32_t *tok, int from, int 
         int k = max_chunk ? max_chunk : rng_range(rs, 1, 37);
         if (k > n - at)
             k = n - at;
-        if (k > kvt_model_pass_rows(e->m, c)) /* 8-bit K/V: a pass stays in the open block */
-            k = (int)kvt_model_pass_rows(e->m, c);
+        /* passes cross block boundaries, a sealing cache's too (f16, q8):
+         * its rows of a block attend before the next block's are appended */
+        assert_int_equal(kvt_model_pass_rows(e->m, c), KVT_MODEL_CHUNK);
         kvt_cache **cs[3];
         int32_t counts[3];
         int ns = 0, rows = 0, me = rng_range(rs, 0, others); /* where the sequence sits in the batch */
@@ -149,7 +150,7 @@ static void feed(const eng *e, kvt_cache **c, const int32_t *tok, int from, int 
             }
             if (o < others) { /* another sequence: a decode row or a few prompt rows */
                 int ko = rng_range(rs, 1, 3);
-                if (kvt_cache_offset(oc[o][0]) + ko >= 500 || ko > kvt_model_pass_rows(e->m, oc[o]))
+                if (kvt_cache_offset(oc[o][0]) + ko >= 500)
                     ko = 1;
                 cs[ns] = oc[o];
                 counts[ns++] = ko;

@@ -270,6 +270,15 @@ KVT_API void kvt_kv_window_put(kvt_cache *c, int64_t index);
  * No-op without an open window or for NULL. */
 KVT_API void kvt_kv_window_close(kvt_cache *c);
 
+/** Closes the window as kvt_kv_window_close does but starts no read-ahead
+ * of the next layer: for a caller whose next walk is over this same cache
+ * (the reference engine's rows of a pass crossing a block boundary of a
+ * cache that seals its blocks attend block by block, a walk each). The
+ * next layer's blocks read ahead meanwhile would stay staged beside this
+ * cache's next window: two windows, not the one docs/residency.md (Costs)
+ * promises. No-op without an open window or for NULL. */
+KVT_API void kvt_kv_window_close_same(kvt_cache *c);
+
 /** Makes every block of a kv cache a RAM block of its own again and lets
  * go of its page-file copies: paged-out blocks are read back (checksummed),
  * staged and written ones keep their RAM copy, and the cache is detached

@@ -1156,7 +1156,9 @@ KVT_API void kvt_kv_window_put(kvt_cache *c, int64_t index)
     window_read_ahead(t);
 }
 
-KVT_API void kvt_kv_window_close(kvt_cache *c)
+/* kvt_kv_window_close (ahead 1: the next layer's read-ahead starts) and
+ * kvt_kv_window_close_same (0). */
+static void window_close(kvt_cache *c, int ahead)
 {
     int32_t B;
     size_t bb;
@@ -1171,6 +1173,8 @@ KVT_API void kvt_kv_window_close(kvt_cache *c)
     t->res->win_split = 0;
     for (int64_t i = 0; TX(t) && i < t->n; i++)
         unstage(t, i);
+    if (!ahead)
+        return;
     /* read-ahead: the first paged blocks of the next layer in attention order,
      * within the window, so they load while the rest of this layer computes */
     kvt_residency *r = TR(t);
@@ -1186,6 +1190,10 @@ KVT_API void kvt_kv_window_close(kvt_cache *c)
         want--;
     }
 }
+
+KVT_API void kvt_kv_window_close(kvt_cache *c) { window_close(c, 1); }
+
+KVT_API void kvt_kv_window_close_same(kvt_cache *c) { window_close(c, 0); }
 
 KVT_API int kvt_kv_make_resident(kvt_cache *c)
 {
