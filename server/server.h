@@ -88,7 +88,9 @@ typedef struct kvt_server_opts {
                                     engine's chunk; 0 = 256): a smaller bound shortens the
                                     stall a long prompt puts on running streams; values out of
                                     range are clamped to it) */
-    int kv_scheme;               /* storage scheme of the K/V, a kvt_kv_scheme (engine/model.h); 0 = f32 */
+    int kv_scheme;               /* storage scheme of the K/V, a kvt_kv_scheme (engine/model.h); 0 = f32, the
+                                    model's own; `kvtier serve` passes KVT_KV_F16 unless --kv-dtype
+                                    says otherwise: an embedder wanting that sets it here */
     int64_t checkpoint_every;    /* with ssd_dir: a request with an Idempotency-Key header is
                                     checkpointed every this many generated tokens and resumed
                                     by a repeat after a restart (docs/checkpoints.md); 0 = off */
