@@ -7,12 +7,12 @@
  * content: identical stores at the same time are one write. Every
  * asynchronous waiter is told exactly once; close waits until all were told.
  * A synchronous waiter whose operation failed on another thread (the
- * worker's, or an identical call's) gets the message the run left there.
+ * worker's, or an identical call's) gets the message the run left there:
+ * kvt_io_wait keeps it (src/io/io.c).
  */
 #include "io_entry.h"
 #include "remote_internal.h"
 
-#include <stdio.h>
 #include <string.h>
 
 /* One restore operation: read once, shared by every waiter. */
@@ -22,39 +22,6 @@ typedef struct rtask {
     kvt_io_key key; /* its operation's key */
     kvt_entry e;    /* the result once run */
 } rtask;
-
-/* Keeps the message of an operation (key) that failed with rc, run on this
- * thread, for its waiters: kvt_last_error is per thread, and kvt_io_wait
- * replaces it on the thread that ran it too. A success forgets a message
- * kept for the same key. */
-static void fail_keep(kvt_remote *r, kvt_io_key key, int rc)
-{
-    pthread_mutex_lock(&r->mu);
-    int same = r->fail_set && r->fail_key.lo == key.lo && r->fail_key.hi == key.hi;
-    if (rc) {
-        r->fail_set = 1;
-        r->fail_rc = rc;
-        r->fail_key = key;
-        snprintf(r->fail_msg, sizeof r->fail_msg, "%s", kvt_last_error());
-    } else if (same) {
-        r->fail_set = 0;
-    }
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* A waiter whose operation (key) failed with rc: sets this thread's
- * message to the one its run left, or, when there is none (another failure
- * replaced it, or rc is not the run's: a cancel, a clone's out of memory),
- * to `what` and the code. @return rc. */
-static int fail_tell(kvt_remote *r, kvt_io_key key, int rc, const char *what)
-{
-    char msg[512] = "";
-    pthread_mutex_lock(&r->mu);
-    if (r->fail_set && r->fail_rc == rc && r->fail_key.lo == key.lo && r->fail_key.hi == key.hi)
-        snprintf(msg, sizeof msg, "%s", r->fail_msg);
-    pthread_mutex_unlock(&r->mu);
-    return msg[0] ? kvt__fail(rc, "%s", msg) : kvt__fail(rc, "%s: %s", what, kvt_strerror(rc));
-}
 
 /* One restore_async call waiting for an operation. */
 typedef struct rwait {
@@ -66,11 +33,9 @@ typedef struct rwait {
 static int rtask_run(void *task, void **result)
 {
     rtask *t = task;
-    kvt__clear_error(); /* what fail_keep keeps is this run's message, or none */
     int rc = kvt__remote_restore_direct(t->r, t->handle, &t->e);
     if (!rc)
         *result = &t->e;
-    fail_keep(t->r, t->key, rc);
     return rc;
 }
 
@@ -123,12 +88,7 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
     rc = kvt__entry_wait(tk, out, &here);
     if (rc == KVT_ECLOSED) /* the worker shut down before it ran */
         return kvt__remote_restore_direct(r, handle, out);
-    (void)here;
-    if (rc) { /* the message its run left (on the I/O worker, an identical restore's thread or this one) */
-        char what[96];
-        snprintf(what, sizeof what, "remote restore: handle %llu", (unsigned long long)handle);
-        fail_tell(r, op.key, rc, what);
-    }
+    (void)here; /* on failure kvt_last_error() is the sentence its run left, on whichever thread (kvt_io_wait) */
     return rc;
 }
 
@@ -147,10 +107,7 @@ static int stask_run(void *task, void **result)
 {
     stask *t = task;
     *result = task;
-    kvt__clear_error();
-    int rc = kvt__remote_store(t->r, t->e);
-    fail_keep(t->r, t->key, rc);
-    return rc;
+    return kvt__remote_store(t->r, t->e);
 }
 
 static void stask_free(void *task, void *result)
@@ -199,9 +156,7 @@ int kvt__remote_store_sync(void *self, const kvt_entry *e)
     kvt_io_ticket_release(tk);
     if (rc == KVT_ECLOSED)
         return kvt__remote_store_now(r, e);
-    (void)here;
-    if (rc) /* the message its run left (on the I/O worker, an identical store's thread or this one) */
-        fail_tell(r, op.key, rc, "remote store");
+    (void)here; /* on failure kvt_last_error() is the sentence its run left (kvt_io_wait) */
     return rc;
 }
 

@@ -275,13 +275,6 @@ struct kvt_remote {
     uint64_t restores_live; /* asynchronous restore waiters not yet told */
     int closing;
     int flush_rc;
-
-    /* the code and message of the last restore or store run that failed,
-     * by its operation key, for its waiters: kvt_last_error is per thread,
-     * and kvt_io_wait replaces it (io_ops.c); under mu */
-    int fail_set, fail_rc;
-    kvt_io_key fail_key;
-    char fail_msg[512];
 };
 
 /** Adds n to the stats field of r under r->mu. */
