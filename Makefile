@@ -39,14 +39,16 @@ test-tsan: deps
 	ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -LE long
 
 # libFuzzer targets of fuzz/ (clang, ASan+UBSan) in build-fuzz; fuzz-run runs
-# each for SECONDS seconds on its corpus (fuzz/README.md)
+# each (or only TARGETS="fuzz_a fuzz_b") for SECONDS seconds on its corpus,
+# new inputs and crashes under build-fuzz/fuzz-run (fuzz/README.md)
 SECONDS ?= 30
+TARGETS ?=
 fuzz: deps
 	cmake -S . -B build-fuzz -DKVT_FUZZ=ON -DCMAKE_C_COMPILER=clang -DBUILD_TESTING=OFF $(CMAKE_ARGS) >/dev/null
 	cmake --build build-fuzz -j $(JOBS) --target fuzz
 
 fuzz-run: fuzz
-	./fuzz/run.sh build-fuzz/fuzz $(SECONDS)
+	./fuzz/run.sh build-fuzz/fuzz $(SECONDS) build-fuzz/fuzz-run $(TARGETS)
 
 # mutation testing: every mutation of tools/mutate/mutations.txt, one at a
 # time in a scratch copy under /tmp (never this tree), built and tested;
