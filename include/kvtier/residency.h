@@ -276,7 +276,8 @@ KVT_API void kvt_kv_window_close(kvt_cache *c);
  * cache that seals its blocks attend block by block, a walk each). The
  * next layer's blocks read ahead meanwhile would stay staged beside this
  * cache's next window: two windows, not the one docs/residency.md (Costs)
- * promises. No-op without an open window or for NULL. */
+ * promises. No-op without an open window or for NULL. Called on the
+ * cache's one thread, as the window calls are (thread-safety above). */
 KVT_API void kvt_kv_window_close_same(kvt_cache *c);
 
 /** Makes every block of a kv cache a RAM block of its own again and lets
