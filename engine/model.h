@@ -236,9 +236,10 @@ KVT_API size_t kvt_model_fixed_state_bytes(const kvt_model *m);
  * state to every layer's cache. A chunk may cross block boundaries; in a
  * cache that seals its blocks ("qkvc") the rows of each block attend before
  * the next block's K/V are appended, so every row reads its own block in
- * f32 and the earlier ones sealed, however the prompt is split. (Chunks
- * stop at the block boundaries of such a cache attached to a residency: see
- * kvt_model_pass_rows.)
+ * f32 and the earlier ones sealed, however the prompt is split. With a
+ * bounded residency, each block's rows attend through a window of their
+ * own, closed without next-layer read-ahead until the layer's last block
+ * (kvt_kv_window_close_same), so staging stays within one window.
  *
  * Starts at position p = kvt_cache_offset(caches[0]); every cache must hold
  * exactly p tokens and have the kind and kv_dim its layer needs.
@@ -340,15 +341,13 @@ KVT_API int kvt_model_decode_batch(kvt_model *m, int n, kvt_cache **const *cache
 KVT_API int kvt_model_forward_batch(kvt_model *m, int n, kvt_cache **const *caches, const int32_t *counts,
                                     const int32_t *tokens, float *logits);
 
-/** Tokens a sequence whose caches are `caches` should feed in one
- * kvt_model_forward_batch pass from where it is: KVT_MODEL_CHUNK, or up to
- * the end of the open block when an attention layer's cache seals its
- * blocks ("qkvc": f16, bf16, q8) and is attached to a residency
- * (kvt_kv_has_residency): a pass crossing such a block attends one layer's
- * paged blocks through a window per block while the next layer's
- * read-ahead stays staged, two windows instead of one (docs/residency.md,
- * Costs). Passes of more rows are still computed exactly. 0 for NULL
- * arguments. Thread-safe for caches no one modifies. */
+/** Tokens a sequence whose caches are `caches` may feed in one
+ * kvt_model_forward_batch pass from where it is: KVT_MODEL_CHUNK, for every
+ * cache kind and scheme. A pass may cross the block boundaries of a cache
+ * that seals its blocks ("qkvc": f16, bf16, q8): only its attention goes
+ * block by block (see kvt_model_forward_batch), and a bounded residency's
+ * staging stays within one window (docs/residency.md, Costs). Kept so that
+ * a caller need not know the rule. 0 for NULL arguments. Thread-safe. */
 KVT_API int64_t kvt_model_pass_rows(const kvt_model *m, kvt_cache **caches);
 
 /** Most threads kvt_model_set_threads() accepts. */
