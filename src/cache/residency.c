@@ -1055,9 +1055,15 @@ static int window_open(kvt_cache *c, int64_t n_tokens, int32_t passes, int halve
                          (long long)n_tokens, (long long)off, (int)passes);
     if (!TX(t)) /* never paged */
         return 0;
-    int64_t nb = (n_tokens + B - 1) / B, paged = 0; /* the walk's blocks (a qkvc open block too) */
+    /* the walk's blocks (a qkvc open block too) that a read must still give:
+     * paged out, being read, or staged with one half only (a split window's
+     * read-ahead of the next layer reads K halves; read on the spot when the
+     * worker refused it, such a block is resident without its V, and only a
+     * window, or a pin, fills the other half before it is used) */
+    int64_t nb = (n_tokens + B - 1) / B, paged = 0;
     for (int64_t i = 0; i < table_blocks(t, n_tokens, B); i++)
-        paged += t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING;
+        paged += t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING ||
+                 (t->v[i].staged && TX(t)[i].parts != PART_ALL);
     if (!paged)
         return 0;
     kvt__blocks_res *w = t->res;
