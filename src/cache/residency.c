@@ -474,6 +474,13 @@ static kvt__blkres *xres(const kvt__blocks *t, int64_t i) { return TX(t) ? &TX(t
 static kvt__page *page_of(const kvt__blocks *t, int64_t i) { return TX(t) ? TX(t)[i].page : NULL; }
 static kvt_io_ticket *read_of(const kvt__blocks *t, int64_t i) { return TX(t) ? TX(t)[i].rd : NULL; }
 
+/* Block i is staged with one half only (a split window's read-ahead): its
+ * RAM copy lacks the other half, so it must not be read as a whole block. */
+static int half_staged(const kvt__blocks *t, int64_t i)
+{
+    return TX(t) && t->v[i].staged && TX(t)[i].parts != PART_ALL;
+}
+
 /* Makes t->res if it does not exist. @return 0 or KVT_ENOMEM. */
 static int ensure_side(kvt__blocks *t)
 {
@@ -526,7 +533,7 @@ void kvt__blk_clone(const kvt__blocks *src, kvt__blocks *dst, int64_t i)
     kvt__blk *d = &dst->v[i];
     /* a clone holds no read in flight: a block being read is paged out for it;
      * a staged copy becomes the clone's own RAM copy (durable and resident) */
-    int reading = read_of(src, i) != NULL || (k->staged && TX(src)[i].parts != PART_ALL); /* or half staged */
+    int reading = read_of(src, i) != NULL || half_staged(src, i);
     *d = (kvt__blk){.heap = k->heap, .state = reading ? KVT_BLOCK_DURABLE : k->state};
     d->buf = k->buf && !reading ? kvt_buf_retain(k->buf) : NULL;
     if (TX(dst))
@@ -652,7 +659,7 @@ static int fill_parts(kvt__blocks *t, int64_t i, int want)
 int kvt__blk_read(const kvt__blocks *t, int64_t i, size_t block_bytes, kvt_buf **out)
 {
     const kvt__blk *k = &t->v[i];
-    if (k->buf && !read_of(t, i) && (!k->staged || TX(t)[i].parts == PART_ALL)) {
+    if (k->buf && !read_of(t, i) && !half_staged(t, i)) {
         *out = kvt_buf_retain(k->buf);
         return 0;
     }
@@ -1062,8 +1069,7 @@ static int window_open(kvt_cache *c, int64_t n_tokens, int32_t passes, int halve
      * window, or a pin, fills the other half before it is used) */
     int64_t nb = (n_tokens + B - 1) / B, paged = 0;
     for (int64_t i = 0; i < table_blocks(t, n_tokens, B); i++)
-        paged += t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING ||
-                 (t->v[i].staged && TX(t)[i].parts != PART_ALL);
+        paged += t->v[i].state == KVT_BLOCK_DURABLE || t->v[i].state == KVT_BLOCK_RESTORING || half_staged(t, i);
     if (!paged)
         return 0;
     kvt__blocks_res *w = t->res;
