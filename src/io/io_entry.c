@@ -30,9 +30,9 @@ int kvt__entry_from_result(int status, kvt_io_disposition d, const void *result,
     return status ? status : kvt__entry_share(result, out);
 }
 
-int kvt__entry_wait(kvt_io_ticket *tk, kvt_entry *out, int *here)
+int kvt__entry_wait(kvt_io_ticket *tk, kvt_entry *out)
 {
-    *here = kvt_io_run_here(tk) == 1;
+    (void)kvt_io_run_here(tk);
     kvt_io_disposition d = KVT_IO_DISCARD;
     void *res = NULL;
     int rc = kvt_io_wait(tk, UINT64_MAX, &d, &res);

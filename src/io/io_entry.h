@@ -25,11 +25,11 @@ int kvt__entry_from_result(int status, kvt_io_disposition d, const void *result,
 /** A synchronous restore's end, for a ticket the caller got from
  * kvt_io_submit: runs the operation on this thread if it is still queued
  * (kvt_io_run_here), waits for it without a bound, turns its completion into
- * *out (kvt__entry_from_result) and releases the ticket. *here is 1 when
- * this thread ran it. A failure's kvt_last_error() is the sentence the run
- * set, on whichever thread ran it (kvt_io_wait).
+ * *out (kvt__entry_from_result) and releases the ticket. A failure's
+ * kvt_last_error() is the sentence the run set, on whichever thread ran it
+ * (kvt_io_wait).
  * @return as kvt__entry_from_result; KVT_ECLOSED when the worker shut down
  * before it ran. */
-int kvt__entry_wait(kvt_io_ticket *tk, kvt_entry *out, int *here);
+int kvt__entry_wait(kvt_io_ticket *tk, kvt_entry *out);
 
 #endif

@@ -19,8 +19,7 @@
 typedef struct rtask {
     kvt_remote *r;
     uint64_t handle;
-    kvt_io_key key; /* its operation's key */
-    kvt_entry e;    /* the result once run */
+    kvt_entry e; /* the result once run */
 } rtask;
 
 /* One restore_async call waiting for an operation. */
@@ -54,14 +53,6 @@ static kvt_io_key restore_key(const kvt_remote *r, uint64_t handle)
     return (kvt_io_key){handle ^ r->io_seed.lo, 0x6e7 ^ r->io_seed.hi};
 }
 
-/* Waits for a submitted operation (running it here while still queued) and
- * ends the ticket; *res, valid until then, is handed to take(). */
-static int wait_here(kvt_io_ticket *tk, int *here, kvt_io_disposition *d, void **res)
-{
-    *here = kvt_io_run_here(tk) == 1;
-    return kvt_io_wait(tk, UINT64_MAX, d, res);
-}
-
 int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
 {
     kvt_remote *r = self;
@@ -71,9 +62,8 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
         return kvt__fail(KVT_ENOMEM, "remote restore: out of memory");
     t->r = r;
     t->handle = handle;
-    t->key = restore_key(r, handle);
     kvt_io_op op = {.kind = KVT_IO_KIND_REMOTE_GET,
-                    .key = t->key,
+                    .key = restore_key(r, handle),
                     .priority = KVT_IO_FOREGROUND,
                     .run = rtask_run,
                     .free_fn = rtask_free,
@@ -84,11 +74,10 @@ int kvt__remote_restore(void *self, uint64_t handle, kvt_entry *out)
         kvt__free(t);
         return kvt__remote_restore_direct(r, handle, out);
     }
-    int here;
-    rc = kvt__entry_wait(tk, out, &here);
+    /* on failure kvt_last_error() is the sentence its run left, on whichever thread (kvt_io_wait) */
+    rc = kvt__entry_wait(tk, out);
     if (rc == KVT_ECLOSED) /* the worker shut down before it ran */
         return kvt__remote_restore_direct(r, handle, out);
-    (void)here; /* on failure kvt_last_error() is the sentence its run left, on whichever thread (kvt_io_wait) */
     return rc;
 }
 
@@ -100,7 +89,6 @@ typedef struct stask {
     kvt_remote *r;
     const kvt_entry *e;
     struct kvt_pool_reservation *res;
-    kvt_io_key key; /* its operation's key */
 } stask;
 
 static int stask_run(void *task, void **result)
@@ -126,7 +114,7 @@ int kvt__remote_store_sync(void *self, const kvt_entry *e)
     stask *t = kvt__calloc(1, sizeof *t);
     if (!t)
         return kvt__fail(KVT_ENOMEM, "remote store: out of memory");
-    *t = (stask){r, e, NULL, {0, 0}};
+    *t = (stask){r, e, NULL};
     /* in flight from here: a refusal names the axis on this thread */
     int rc = kvt__remote_pool_reserve(r, kvt__remote_entry_bytes(e), &t->res);
     if (rc) {
@@ -136,9 +124,8 @@ int kvt__remote_store_sync(void *self, const kvt_entry *e)
     /* keyed by content, apart from write-behind's keys (a queued write-behind
      * may be withdrawn: a store must not count on it) */
     kvt__key ek = kvt__entry_key(r->seed, e->ns ? e->ns : "", e->tokens, e->n_tokens);
-    t->key = (kvt_io_key){ek.lo ^ r->io_seed.lo ^ 0x5c5c5c5c5c5c5c5cull, ek.hi ^ r->io_seed.hi};
     kvt_io_op op = {.kind = KVT_IO_KIND_REMOTE_SET,
-                    .key = t->key,
+                    .key = {ek.lo ^ r->io_seed.lo ^ 0x5c5c5c5c5c5c5c5cull, ek.hi ^ r->io_seed.hi},
                     .priority = KVT_IO_FOREGROUND,
                     .run = stask_run,
                     .free_fn = stask_free,
@@ -149,14 +136,13 @@ int kvt__remote_store_sync(void *self, const kvt_entry *e)
         stask_free(t, NULL);
         return kvt__remote_store_now(r, e);
     }
-    int here;
-    kvt_io_disposition d = KVT_IO_DISCARD;
-    void *res = NULL;
-    rc = wait_here(tk, &here, &d, &res);
+    /* still queued: written on this thread; on failure kvt_last_error() is
+     * the sentence its run left, on whichever thread (kvt_io_wait) */
+    (void)kvt_io_run_here(tk);
+    rc = kvt_io_wait(tk, UINT64_MAX, NULL, NULL);
     kvt_io_ticket_release(tk);
     if (rc == KVT_ECLOSED)
         return kvt__remote_store_now(r, e);
-    (void)here; /* on failure kvt_last_error() is the sentence its run left (kvt_io_wait) */
     return rc;
 }
 

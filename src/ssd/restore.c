@@ -489,9 +489,8 @@ static int restore_coalesced(kvt_store *s, uint64_t handle, kvt_entry *out)
         kvt__free(t);
         return rc;
     }
-    int here;
     /* a failure's message is the one its read set, on whichever thread read (kvt_io_wait) */
-    return kvt__entry_wait(tk, out, &here);
+    return kvt__entry_wait(tk, out);
 }
 
 KVT_API int kvt_store_restore(kvt_store *s, uint64_t handle, const int32_t *prompt, int64_t n_prompt,
