@@ -122,6 +122,31 @@ int store_make_entry(const store_cfg *cfg, const char *ns, const int32_t *tokens
     return rc;
 }
 
+int store_cache_diff(const kvt_cache *a, const kvt_cache *b)
+{
+    kvt_cache_state x, y;
+    if (kvt_cache_encode(a, &x))
+        return 4;
+    if (kvt_cache_encode(b, &y)) {
+        kvt_cache_state_clear(&x);
+        return 4;
+    }
+    int d = 0;
+    if (strcmp(x.kind, y.kind) || x.offset != y.offset || x.min_offset != y.min_offset || x.n_params != y.n_params ||
+        memcmp(x.params, y.params, sizeof x.params) || x.n_tensors != y.n_tensors)
+        d = 5;
+    for (int32_t t = 0; !d && t < x.n_tensors; t++) {
+        const kvt_tensor *p = &x.tensors[t], *q = &y.tensors[t];
+        if (strcmp(p->name, q->name) || p->dtype != q->dtype || p->ndim != q->ndim ||
+            memcmp(p->shape, q->shape, sizeof p->shape) || p->bytes != q->bytes || memcmp(p->data, q->data, p->bytes) ||
+            p->tok_begin != q->tok_begin || p->tok_end != q->tok_end)
+            d = 6;
+    }
+    kvt_cache_state_clear(&x);
+    kvt_cache_state_clear(&y);
+    return d;
+}
+
 int store_entry_diff(const kvt_entry *a, const kvt_entry *b)
 {
     if (strcmp(a->ns, b->ns) || a->n_tokens != b->n_tokens)
@@ -132,30 +157,11 @@ int store_entry_diff(const kvt_entry *a, const kvt_entry *b)
     if (a->n_caches != b->n_caches || a->n_attachments != b->n_attachments)
         return fprintf(stderr, "diff: layer or attachment count\n"), 3;
     for (int32_t l = 0; l < a->n_caches; l++) {
-        kvt_cache_state x, y;
-        if (kvt_cache_encode(a->caches[l], &x))
-            return 4;
-        if (kvt_cache_encode(b->caches[l], &y)) {
-            kvt_cache_state_clear(&x);
-            return 4;
-        }
-        int d = 0;
-        if (strcmp(x.kind, y.kind) || x.offset != y.offset || x.min_offset != y.min_offset ||
-            x.n_params != y.n_params || memcmp(x.params, y.params, sizeof x.params) || x.n_tensors != y.n_tensors)
-            d = 5;
-        for (int32_t t = 0; !d && t < x.n_tensors; t++) {
-            const kvt_tensor *p = &x.tensors[t], *q = &y.tensors[t];
-            if (strcmp(p->name, q->name) || p->dtype != q->dtype || p->ndim != q->ndim ||
-                memcmp(p->shape, q->shape, sizeof p->shape) || p->bytes != q->bytes ||
-                memcmp(p->data, q->data, p->bytes) || p->tok_begin != q->tok_begin || p->tok_end != q->tok_end)
-                d = 6;
-        }
-        if (d)
-            fprintf(stderr, "diff: layer %d (%s) differs (%d)\n", (int)l, x.kind, d);
-        kvt_cache_state_clear(&x);
-        kvt_cache_state_clear(&y);
-        if (d)
+        int d = store_cache_diff(a->caches[l], b->caches[l]);
+        if (d) {
+            fprintf(stderr, "diff: layer %d (%s) differs (%d)\n", (int)l, kvt_cache_kind(a->caches[l]), d);
             return d;
+        }
     }
     for (int32_t i = 0; i < a->n_attachments; i++) {
         size_t na = 0, nb = 0;

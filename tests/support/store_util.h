@@ -36,6 +36,11 @@ int store_make_entry(const store_cfg *cfg, const char *ns, const int32_t *tokens
  * disposes with kvt_caches_destroy. @return layers created. */
 int store_make_empty(const store_cfg *cfg, kvt_cache **caches, int max);
 
+/** 0 when caches a and b encode identically (kind, offsets, params, tensor
+ * names, dtypes, shapes, token ranges and bytes); 4 when either cannot be
+ * encoded, 5 (header) or 6 (a tensor) when they differ. */
+int store_cache_diff(const kvt_cache *a, const kvt_cache *b);
+
 /** 0 when a and b hold identical ns, tokens, per-layer encoded state (kind,
  * offsets, params, tensor names, dtypes, shapes and bytes) and attachments;
  * else a line number-ish code > 0 and a message on stderr. */
