@@ -964,8 +964,8 @@ static int dec_attention(kvt_model *m, kvt_cache **const *caches, const int64_t 
     const kvt_model_config *c = &m->cfg;
     size_t kvd = (size_t)c->kv_dim;
     int rc, window = c->layer_kind[l] == KVT_LAYER_WINDOW;
-    void *a = m->segs;
     if (window) {
+        void *a = m->segs;
         rc = ensure_array(m, &a, &m->segs_cap, (size_t)n, sizeof(kvt_kv_rows), "block pointers");
         m->segs = a;
         int waves = 0;
